@@ -1,0 +1,85 @@
+// Row dequantisation of checkpoint-format weights.
+#include "tensor/matrix_ref.h"
+
+#include "base/check.h"
+#include "numeric/float_formats.h"
+
+namespace dsinfer {
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFloat:
+      return "float";
+    case WeightFormat::kFp8Block128:
+      return "fp8-block128";
+    case WeightFormat::kMxfp4:
+      return "mxfp4";
+  }
+  return "?";
+}
+
+void MatrixRef::dequant_row(int64_t r, float* out) const {
+  DSI_DCHECK(r >= 0 && r < rows, "row %lld of %lld", static_cast<long long>(r),
+             static_cast<long long>(rows));
+  switch (format) {
+    case WeightFormat::kFloat:
+      if (dtype == DType::kF32) {
+        const auto* p = static_cast<const float*>(data) + r * cols;
+        for (int64_t c = 0; c < cols; ++c) out[c] = p[c];
+      } else {
+        for (int64_t c = 0; c < cols; ++c) out[c] = load_float(data, dtype, r * cols + c);
+      }
+      return;
+    case WeightFormat::kFp8Block128: {
+      const auto* q = static_cast<const uint8_t*>(data) + r * cols;
+      const int64_t scale_cols = (cols + 127) / 128;
+      const int64_t srow = (r / 128) * scale_cols;
+      for (int64_t cb = 0; cb < scale_cols; ++cb) {
+        const float s = load_float(scale, scale_dtype, srow + cb);
+        const int64_t end = cb * 128 + 128 < cols ? cb * 128 + 128 : cols;
+        for (int64_t c = cb * 128; c < end; ++c) out[c] = numeric::fp8_e4m3_to_f32(q[c]) * s;
+      }
+      return;
+    }
+    case WeightFormat::kMxfp4: {
+      const auto* q = static_cast<const uint8_t*>(data) + r * (cols / 2);
+      const auto* s = static_cast<const uint8_t*>(scale) + r * (cols / 32);
+      for (int64_t c = 0; c < cols; ++c) {
+        out[c] = numeric::fp4_packed_get(q, c) * numeric::e8m0_to_f32(s[c / 32]);
+      }
+      return;
+    }
+  }
+}
+
+float MatrixRef::at(int64_t r, int64_t c) const {
+  switch (format) {
+    case WeightFormat::kFloat:
+      return load_float(data, dtype, r * cols + c);
+    case WeightFormat::kFp8Block128: {
+      const int64_t scale_cols = (cols + 127) / 128;
+      const float s = load_float(scale, scale_dtype, (r / 128) * scale_cols + c / 128);
+      return numeric::fp8_e4m3_to_f32(static_cast<const uint8_t*>(data)[r * cols + c]) * s;
+    }
+    case WeightFormat::kMxfp4: {
+      const auto* q = static_cast<const uint8_t*>(data) + r * (cols / 2);
+      const auto* s = static_cast<const uint8_t*>(scale) + r * (cols / 32);
+      return numeric::fp4_packed_get(q, c) * numeric::e8m0_to_f32(s[c / 32]);
+    }
+  }
+  return 0.0f;
+}
+
+int64_t MatrixRef::nbytes() const {
+  switch (format) {
+    case WeightFormat::kFloat:
+      return rows * cols * dtype_size(dtype);
+    case WeightFormat::kFp8Block128:
+      return rows * cols + ((rows + 127) / 128) * ((cols + 127) / 128) * dtype_size(scale_dtype);
+    case WeightFormat::kMxfp4:
+      return rows * cols / 2 + rows * (cols / 32);
+  }
+  return 0;
+}
+
+}  // namespace dsinfer
