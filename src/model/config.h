@@ -26,8 +26,8 @@ const char* scoring_func_name(ScoringFunc f);
 struct RopeParams {
   double theta = 10000.0;
   bool yarn = false;
-  double factor = 1.0;                      // YaRN scale factor
-  int64_t original_max_position = 0;        // YaRN original context
+  double factor = 1.0;                // YaRN scale factor
+  int64_t original_max_position = 0;  // YaRN original context
   double beta_fast = 32.0;
   double beta_slow = 1.0;
 };

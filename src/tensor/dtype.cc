@@ -74,7 +74,8 @@ std::optional<DType> dtype_from_name(const std::string& s) {
                               DType::kU8,
                               DType::kBool};
   for (DType t : all) {
-    if (s == dtype_name(t)) return t;
+    if (s == dtype_name(t))
+      return t;
   }
   return std::nullopt;
 }

@@ -19,7 +19,9 @@ const char* weight_format_name(WeightFormat f) {
 }
 
 void MatrixRef::dequant_row(int64_t r, float* out) const {
-  DSI_DCHECK(r >= 0 && r < rows, "row %lld of %lld", static_cast<long long>(r),
+  DSI_DCHECK(r >= 0 && r < rows,
+             "row %lld of %lld",
+             static_cast<long long>(r),
              static_cast<long long>(rows));
   switch (format) {
     case WeightFormat::kFloat:

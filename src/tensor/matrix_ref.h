@@ -11,19 +11,19 @@ namespace dsinfer {
 enum class WeightFormat {
   kFloat,        // data: [rows, cols] of `dtype` (F32/BF16/F16)
   kFp8Block128,  // data: [rows, cols] F8_E4M3; scale: [ceil(rows/128), ceil(cols/128)] E8M0 or F32
-  kMxfp4,        // data: [rows, cols/2] I8 packed (low nibble = even col); scale: [rows, cols/32] E8M0
+  kMxfp4,  // data: [rows, cols/2] I8 packed (low nibble = even col); scale: [rows, cols/32] E8M0
 };
 
 const char* weight_format_name(WeightFormat f);
 
 struct MatrixRef {
   WeightFormat format = WeightFormat::kFloat;
-  DType dtype = DType::kF32;        // element dtype of `data` (kFloat) or F8E4M3 / I8
+  DType dtype = DType::kF32;  // element dtype of `data` (kFloat) or F8E4M3 / I8
   DType scale_dtype = DType::kF8E8M0;
-  const void* data = nullptr;       // not owned (mmap'ed checkpoint)
-  const void* scale = nullptr;      // not owned; null for kFloat
-  int64_t rows = 0;                 // logical output features
-  int64_t cols = 0;                 // logical input features
+  const void* data = nullptr;   // not owned (mmap'ed checkpoint)
+  const void* scale = nullptr;  // not owned; null for kFloat
+  int64_t rows = 0;             // logical output features
+  int64_t cols = 0;             // logical input features
 
   bool empty() const { return data == nullptr; }
   // Writes logical row r, dequantised to fp32, into out[0, cols).

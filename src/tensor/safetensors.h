@@ -28,7 +28,8 @@ class SafetensorsFile {
   // Maps `path` and validates its header. Errors name the file and the offending tensor.
   static Result<std::unique_ptr<SafetensorsFile>> open(const std::string& path);
   // Parses an in-memory image (used by the fuzzer and tests); `bytes` must outlive the object.
-  static Result<std::unique_ptr<SafetensorsFile>> parse(const uint8_t* bytes, size_t size,
+  static Result<std::unique_ptr<SafetensorsFile>> parse(const uint8_t* bytes,
+                                                        size_t size,
                                                         const std::string& source);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -57,11 +58,13 @@ struct TensorToWrite {
 };
 
 // Writes a safetensors file (tensors in the given order, 8-byte aligned header).
-Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+Status write_safetensors(const std::string& path,
+                         const std::vector<TensorToWrite>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
 // Convenience: a float32 tensor from values.
-TensorToWrite f32_tensor(const std::string& name, std::vector<int64_t> shape,
+TensorToWrite f32_tensor(const std::string& name,
+                         std::vector<int64_t> shape,
                          const std::vector<float>& values);
 
 }  // namespace dsinfer
