@@ -1,0 +1,55 @@
+// Shared CLI helpers.
+#include "cli/common.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+
+#include "base/strings.h"
+
+namespace dsinfer::cli {
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "dsinfer: error: %s\n", s.message().c_str());
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kFailedPrecondition:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+Result<std::vector<int32_t>> parse_token_ids(const std::string& csv) {
+  std::vector<int32_t> ids;
+  const std::vector<std::string> parts = str_split(csv, ',');
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::string p = parts[i];
+    while (!p.empty() && p.front() == ' ') p.erase(p.begin());
+    while (!p.empty() && p.back() == ' ') p.pop_back();
+    if (p.empty() && parts.size() == 1)
+      break;
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(p.c_str(), &end, 10);
+    if (p.empty() || *end != '\0' || errno != 0 || v < 0 || v > 2147483647LL) {
+      return invalid_argument(
+          str_format("--input-ids: item %zu (\"%s\") is not a token id", i + 1, p.c_str()));
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty())
+    return invalid_argument("--input-ids: no token ids given");
+  return ids;
+}
+
+Result<model::Numerics> parse_numerics(const std::string& s) {
+  if (s == "reference")
+    return model::Numerics::kReference;
+  if (s == "deepseek")
+    return model::Numerics::kDeepSeek;
+  return invalid_argument("--numerics must be `reference` or `deepseek`, got `" + s + "`");
+}
+
+}  // namespace dsinfer::cli

@@ -1,0 +1,19 @@
+// dsinfer: command-line entry point (vLLM-like subcommands).
+#include <cstdio>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsinfer: inference engine for DeepSeek V4 models"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  dsinfer::cli::add_inspect_command(app, exit_code);
+  dsinfer::cli::add_score_command(app, exit_code);
+  dsinfer::cli::add_make_checkpoint_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}

@@ -1,0 +1,325 @@
+// SequenceState: page reservation, trimming, rollback, accounting and the integrity checker.
+#include "state/sequence_state.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+#include "base/strings.h"
+
+namespace dsinfer::state {
+
+using model::AttentionType;
+
+CompressorRows::CompressorRows(PageArena* arena, int64_t width, int64_t capacity, PageOwner owner)
+    : rows_(arena, 2 * width, owner), width_(width), capacity_(capacity) {}
+
+void CompressorRows::append(const float* kv, const float* score) {
+  float* r = rows_.row(end_pos_ % capacity_);
+  std::copy(kv, kv + width_, r);
+  std::copy(score, score + width_, r + width_);
+  ++end_pos_;
+  first_pos_ = std::max(first_pos_, end_pos_ - capacity_);
+}
+
+const float* CompressorRows::kv_row(int64_t pos) const {
+  DSI_DCHECK(pos >= first_pos_ && pos < end_pos_,
+             "compressor row %lld outside [%lld, %lld)",
+             static_cast<long long>(pos),
+             static_cast<long long>(first_pos_),
+             static_cast<long long>(end_pos_));
+  return rows_.row(pos % capacity_);
+}
+
+const float* CompressorRows::score_row(int64_t pos) const {
+  return kv_row(pos) + width_;
+}
+
+void CompressorRows::drop_before(int64_t pos) {
+  first_pos_ = std::clamp(pos, first_pos_, end_pos_);
+}
+
+void CompressorRows::truncate(int64_t pos) {
+  end_pos_ = std::clamp(pos, first_pos_, end_pos_);
+}
+
+void LayerState::put_entry(int64_t w, const float* e) {
+  DSI_CHECK(w == num_entries && w < entries.capacity(),
+            "entry %lld appended at count %lld with room for %lld (reserve() first)",
+            static_cast<long long>(w),
+            static_cast<long long>(num_entries),
+            static_cast<long long>(entries.capacity()));
+  std::copy(e, e + head_dim, entries.row(w));
+  ++num_entries;
+}
+
+void LayerState::put_index_key(int64_t w, const float* k) {
+  DSI_CHECK(
+      w < index_keys.capacity(), "index key %lld without reserved room", static_cast<long long>(w));
+  std::copy(k, k + index_head_dim, index_keys.row(w));
+}
+
+namespace {
+LayerState make_layer_state(const model::ModelConfig& c,
+                            const model::LayerPlan& plan,
+                            PageArena* arena,
+                            int64_t seq,
+                            int32_t layer,
+                            int64_t max_rollback,
+                            bool mtp) {
+  LayerState ls;
+  ls.attention = plan.attention;
+  ls.ratio = plan.compress_ratio;
+  ls.head_dim = c.head_dim;
+  ls.ring_capacity = c.sliding_window + max_rollback;
+  auto owner = [&](StateKind k) { return PageOwner{seq, layer, mtp ? StateKind::kMtp : k}; };
+  ls.ring = PagedRows(arena, c.head_dim, owner(StateKind::kWindow));
+  if (plan.attention == AttentionType::kSliding)
+    return ls;
+  const int64_t m = plan.compress_ratio;
+  // Rows needed at once: two blocks for pooling with overlap, plus the rollback window, plus
+  // one block of slack for the block-aligned retention boundary.
+  const int64_t row_capacity = 3 * m + max_rollback;
+  ls.entries = PagedRows(arena, c.head_dim, owner(StateKind::kCompressed));
+  if (plan.attention == AttentionType::kCsa) {
+    ls.index_head_dim = c.index_head_dim;
+    ls.index_keys = PagedRows(arena, c.index_head_dim, owner(StateKind::kIndexKeys));
+    ls.comp_rows = CompressorRows(arena, 2 * c.head_dim, row_capacity, owner(StateKind::kPartial));
+    ls.index_rows =
+        CompressorRows(arena, 2 * c.index_head_dim, row_capacity, owner(StateKind::kPartial));
+  } else {
+    ls.comp_rows = CompressorRows(arena, c.head_dim, row_capacity, owner(StateKind::kPartial));
+  }
+  return ls;
+}
+
+bool reserve_fixed(LayerState& ls) {
+  bool ok = ls.ring.reserve(ls.ring_capacity);
+  if (ls.comp_rows.enabled())
+    ok = ok && ls.comp_rows.reserve_all();
+  if (ls.index_rows.enabled())
+    ok = ok && ls.index_rows.reserve_all();
+  return ok;
+}
+}  // namespace
+
+int64_t min_page_bytes(const model::ModelConfig& c) {
+  int64_t floats = std::max<int64_t>(c.head_dim, 4 * c.head_dim);  // CSA rows: kv|score, 2d each
+  floats = std::max(floats, 4 * c.index_head_dim);
+  if (!c.mtp_layers.empty())
+    floats = std::max(floats, c.hc_mult * c.hidden_size);
+  return floats * 4;
+}
+
+int64_t default_page_bytes(const model::ModelConfig& c) {
+  return std::max<int64_t>(64 * 1024, min_page_bytes(c));
+}
+
+SequenceState::SequenceState(const model::ModelConfig& config,
+                             PageArena* arena,
+                             int64_t sequence_id,
+                             int64_t max_rollback)
+    : arena_(arena),
+      id_(sequence_id),
+      max_rollback_(max_rollback),
+      sliding_window_(config.sliding_window),
+      hc_width_(config.hc_mult * config.hidden_size) {
+  DSI_CHECK(max_rollback >= 0, "max_rollback %lld", static_cast<long long>(max_rollback));
+  for (size_t l = 0; l < config.layers.size(); ++l) {
+    layers_.push_back(make_layer_state(config,
+                                       config.layers[l],
+                                       arena,
+                                       sequence_id,
+                                       static_cast<int32_t>(l),
+                                       max_rollback,
+                                       false));
+    ok_ = ok_ && reserve_fixed(layers_.back());
+  }
+  for (size_t l = 0; l < config.mtp_layers.size(); ++l) {
+    mtp_layers_.push_back(make_layer_state(config,
+                                           config.mtp_layers[l],
+                                           arena,
+                                           sequence_id,
+                                           static_cast<int32_t>(config.layers.size() + l),
+                                           max_rollback,
+                                           true));
+    ok_ = ok_ && reserve_fixed(mtp_layers_.back());
+  }
+  if (!config.mtp_layers.empty()) {
+    final_streams_ = PagedRows(arena, hc_width_, PageOwner{sequence_id, -1, StateKind::kMtp});
+    final_positions_.assign(static_cast<size_t>(max_rollback + 1), -1);
+    ok_ = ok_ && final_streams_.reserve(max_rollback + 1);
+  }
+}
+
+int64_t SequenceState::pages_needed(int64_t n) const {
+  int64_t pages = 0;
+  const int64_t total = num_tokens_ + n;
+  for (const auto& ls : layers_) {
+    if (ls.ratio == 0)
+      continue;
+    const int64_t entries = total / ls.ratio;
+    pages += std::max<int64_t>(0, ls.entries.pages_for(entries) - ls.entries.num_pages());
+    if (ls.index_head_dim) {
+      pages += std::max<int64_t>(0, ls.index_keys.pages_for(entries) - ls.index_keys.num_pages());
+    }
+  }
+  return pages;
+}
+
+bool SequenceState::reserve(int64_t n) {
+  const int64_t total = num_tokens_ + n;
+  for (auto& ls : layers_) {
+    if (ls.ratio == 0)
+      continue;
+    const int64_t entries = total / ls.ratio;
+    bool ok = ls.entries.reserve(entries);
+    if (ls.index_head_dim)
+      ok = ok && ls.index_keys.reserve(entries);
+    if (!ok) {
+      for (auto& l2 : layers_) {
+        if (l2.ratio == 0)
+          continue;
+        l2.entries.shrink_to(l2.num_entries);
+        if (l2.index_head_dim)
+          l2.index_keys.shrink_to(l2.num_entries);
+      }
+      return false;
+    }
+  }
+  return true;
+}
+
+void SequenceState::store_final_streams(int64_t pos, const float* streams) {
+  if (final_positions_.empty())
+    return;
+  const int64_t slot = pos % static_cast<int64_t>(final_positions_.size());
+  std::copy(streams, streams + hc_width_, final_streams_.row(slot));
+  final_positions_[static_cast<size_t>(slot)] = pos;
+}
+
+const float* SequenceState::final_streams(int64_t pos) const {
+  if (final_positions_.empty() || pos < 0)
+    return nullptr;
+  const int64_t slot = pos % static_cast<int64_t>(final_positions_.size());
+  return final_positions_[static_cast<size_t>(slot)] == pos ? final_streams_.row(slot) : nullptr;
+}
+
+void SequenceState::trim(LayerState& ls) const {
+  if (ls.ratio == 0)
+    return;
+  const int64_t m = ls.ratio;
+  const int64_t oldest = std::max<int64_t>(0, num_tokens_ - max_rollback_);
+  const int64_t overlap = ls.attention == AttentionType::kCsa ? 1 : 0;
+  const int64_t keep_from = std::max<int64_t>(0, (oldest / m - overlap) * m);
+  ls.comp_rows.drop_before(keep_from);
+  ls.index_rows.drop_before(keep_from);
+}
+
+void SequenceState::advance(int64_t n) {
+  DSI_CHECK(n >= 0, "advance by %lld", static_cast<long long>(n));
+  num_tokens_ += n;
+  for (auto& ls : layers_) trim(ls);
+}
+
+Status SequenceState::rollback(int64_t k) {
+  if (k < 0 || k > max_rollback_ || k > num_tokens_) {
+    return invalid_argument(str_format("cannot roll back %lld tokens (have %lld, limit %lld)",
+                                       static_cast<long long>(k),
+                                       static_cast<long long>(num_tokens_),
+                                       static_cast<long long>(max_rollback_)));
+  }
+  num_tokens_ -= k;
+  for (auto& ls : layers_) {
+    if (ls.ratio == 0)
+      continue;
+    ls.num_entries = num_tokens_ / ls.ratio;
+    ls.entries.shrink_to(ls.num_entries);
+    if (ls.index_head_dim)
+      ls.index_keys.shrink_to(ls.num_entries);
+    ls.comp_rows.truncate(num_tokens_);
+    ls.index_rows.truncate(num_tokens_);
+  }
+  // The MTP block at position i consumed token i+1: keep positions i < num_tokens - 1.
+  mtp_num_tokens_ = std::min(mtp_num_tokens_, std::max<int64_t>(0, num_tokens_ - 1));
+  for (auto& p : final_positions_) {
+    if (p >= num_tokens_)
+      p = -1;
+  }
+  check_integrity();
+  return Status();
+}
+
+StateBytes SequenceState::bytes() const {
+  const int64_t pb = arena_->page_bytes();
+  StateBytes b;
+  for (const auto& ls : layers_) {
+    b.window += ls.ring.num_pages() * pb;
+    b.compressed += ls.entries.num_pages() * pb;
+    b.index_keys += ls.index_keys.num_pages() * pb;
+    b.partial += (ls.comp_rows.num_pages() + ls.index_rows.num_pages()) * pb;
+  }
+  for (const auto& ls : mtp_layers_) {
+    b.mtp += (ls.ring.num_pages() + ls.entries.num_pages() + ls.comp_rows.num_pages()) * pb;
+  }
+  b.mtp += final_streams_.num_pages() * pb;
+  return b;
+}
+
+void SequenceState::check_integrity() const {
+  DSI_CHECK(num_tokens_ >= 0, "negative token count");
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerState& ls = layers_[l];
+    DSI_CHECK(ls.ring.capacity() >= ls.ring_capacity,
+              "layer %zu ring has %lld of %lld slots",
+              l,
+              static_cast<long long>(ls.ring.capacity()),
+              static_cast<long long>(ls.ring_capacity));
+    DSI_CHECK(ls.ring_capacity >= sliding_window_, "layer %zu ring smaller than the window", l);
+    for (int32_t p : ls.ring.pages()) {
+      const PageOwner& o = arena_->owner(p);
+      DSI_CHECK(o.sequence == id_ && o.layer == static_cast<int32_t>(l),
+                "layer %zu ring page %d owned by sequence %lld layer %d",
+                l,
+                p,
+                static_cast<long long>(o.sequence),
+                o.layer);
+    }
+    if (ls.ratio == 0) {
+      DSI_CHECK(ls.num_entries == 0, "sliding layer %zu has entries", l);
+      continue;
+    }
+    const int64_t n_entries = num_tokens_ / ls.ratio;
+    DSI_CHECK(ls.num_entries == n_entries,
+              "layer %zu: %lld entries for %lld tokens (ratio %lld)",
+              l,
+              static_cast<long long>(ls.num_entries),
+              static_cast<long long>(num_tokens_),
+              static_cast<long long>(ls.ratio));
+    DSI_CHECK(ls.entries.capacity() >= n_entries, "layer %zu: entries exceed their pages", l);
+    if (ls.index_head_dim) {
+      DSI_CHECK(ls.index_keys.capacity() >= n_entries, "layer %zu: index keys exceed pages", l);
+    }
+    const CompressorRows* rows[2] = {&ls.comp_rows, &ls.index_rows};
+    for (const CompressorRows* r : rows) {
+      if (!r->enabled())
+        continue;
+      DSI_CHECK(r->end_pos() == num_tokens_,
+                "layer %zu: compressor rows end at %lld but %lld tokens were processed",
+                l,
+                static_cast<long long>(r->end_pos()),
+                static_cast<long long>(num_tokens_));
+      const int64_t overlap = ls.attention == AttentionType::kCsa ? 1 : 0;
+      const int64_t needed = std::max<int64_t>(0, (num_tokens_ / ls.ratio - overlap) * ls.ratio);
+      DSI_CHECK(r->first_pos() <= needed,
+                "layer %zu: rows start at %lld, pooling needs %lld",
+                l,
+                static_cast<long long>(r->first_pos()),
+                static_cast<long long>(needed));
+      DSI_CHECK(r->end_pos() - r->first_pos() <= r->capacity(), "layer %zu: ring overflow", l);
+    }
+  }
+  DSI_CHECK(mtp_layers_.empty() || mtp_num_tokens_ <= std::max<int64_t>(0, num_tokens_ - 1),
+            "MTP is ahead of the main model");
+}
+
+}  // namespace dsinfer::state

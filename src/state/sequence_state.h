@@ -1,0 +1,143 @@
+// SequenceState: everything DeepSeek V4 keeps per sequence between forward calls (spec §4), in
+// pages of a shared PageArena: per layer a window ring of raw KV, CSA/HCA compressed entries,
+// CSA indexer keys, and ring buffers of the compressors' per-token rows (kept per token, not as
+// running sums, so that rollback by k tokens is exact); plus the MTP block's state.
+//
+// Contract with the forward pass: before a forward over n new tokens, the owner calls
+// reserve(n) (which may fail when the arena is out of pages); the forward then writes rows
+// without allocating and calls advance(n).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "state/page_arena.h"
+
+namespace dsinfer::state {
+
+// Ring of per-token compressor rows [kv (width) | score (width)]; score = gate logits + ape.
+// Holds positions [first_pos, end_pos); a row is addressed by position modulo the capacity.
+class CompressorRows {
+ public:
+  CompressorRows() = default;
+  CompressorRows(PageArena* arena, int64_t width, int64_t capacity, PageOwner owner);
+  int64_t width() const { return width_; }
+  bool enabled() const { return width_ > 0; }
+  int64_t first_pos() const { return first_pos_; }
+  int64_t end_pos() const { return end_pos_; }
+  int64_t capacity() const { return capacity_; }
+  // Backs the whole ring with pages; false when the arena is out of pages.
+  bool reserve_all() { return rows_.reserve(capacity_); }
+  // Appends the row of position end_pos(); the oldest row is dropped when the ring is full.
+  void append(const float* kv, const float* score);
+  const float* kv_row(int64_t pos) const;
+  const float* score_row(int64_t pos) const;
+  void drop_before(int64_t pos);  // forget rows before pos
+  void truncate(int64_t pos);     // forget rows at and after pos
+  int64_t num_pages() const { return rows_.num_pages(); }
+
+ private:
+  PagedRows rows_;
+  int64_t width_ = 0;
+  int64_t capacity_ = 0;
+  int64_t first_pos_ = 0;
+  int64_t end_pos_ = 0;
+};
+
+struct LayerState {
+  model::AttentionType attention = model::AttentionType::kSliding;
+  int64_t ratio = 0;  // compress ratio m (0 for sliding)
+  int64_t head_dim = 0;
+  int64_t index_head_dim = 0;  // CSA only
+  int64_t ring_capacity = 0;   // sliding_window + max_rollback
+  PagedRows ring;              // [ring_capacity, head_dim], slot = position % ring_capacity
+  PagedRows entries;           // [num_entries, head_dim] compressed K=V entries
+  PagedRows index_keys;        // [num_entries, index_head_dim] (CSA)
+  int64_t num_entries = 0;
+  CompressorRows comp_rows;   // main compressor (CSA/HCA)
+  CompressorRows index_rows;  // indexer compressor (CSA)
+
+  float* ring_slot(int64_t pos) { return ring.row(pos % ring_capacity); }
+  const float* ring_slot(int64_t pos) const { return ring.row(pos % ring_capacity); }
+  const float* entry(int64_t w) const { return entries.row(w); }
+  const float* index_key(int64_t w) const { return index_keys.row(w); }
+  // Appends compressed entry / index key number `w` (capacity reserved beforehand).
+  void put_entry(int64_t w, const float* e);
+  void put_index_key(int64_t w, const float* k);
+};
+
+struct StateBytes {
+  int64_t window = 0;      // raw-KV rings
+  int64_t compressed = 0;  // CSA/HCA entries
+  int64_t index_keys = 0;  // CSA indexer keys
+  int64_t partial = 0;     // compressor partial rows
+  int64_t mtp = 0;         // MTP block state
+  int64_t total() const { return window + compressed + index_keys + partial + mtp; }
+};
+
+// Smallest page size (bytes) that holds the widest row the model keeps; the default page size is
+// the larger of this and 64 KiB.
+int64_t min_page_bytes(const model::ModelConfig& c);
+int64_t default_page_bytes(const model::ModelConfig& c);
+
+class SequenceState {
+ public:
+  // Allocates the fixed-size parts (rings, compressor rows) from `arena`; ok() is false when the
+  // arena had no room. max_rollback: how many of the latest tokens rollback() may remove.
+  SequenceState(const model::ModelConfig& config,
+                PageArena* arena,
+                int64_t sequence_id,
+                int64_t max_rollback);
+  SequenceState(const SequenceState&) = delete;
+  SequenceState& operator=(const SequenceState&) = delete;
+  bool ok() const { return ok_; }
+
+  int64_t id() const { return id_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  int64_t max_rollback() const { return max_rollback_; }
+  std::vector<LayerState>& layers() { return layers_; }
+  const std::vector<LayerState>& layers() const { return layers_; }
+
+  // Pages needed (beyond those held) to extend the sequence by n tokens.
+  int64_t pages_needed(int64_t n) const;
+  // Reserves the pages for n more tokens; false (and no partial growth kept) when out of pages.
+  bool reserve(int64_t n);
+
+  // MTP block: its own layer state, the number of MTP positions processed, and the main model's
+  // final residual streams ([hc*hidden]) of the latest max_rollback+1 positions.
+  std::vector<LayerState>& mtp_layers() { return mtp_layers_; }
+  int64_t mtp_num_tokens() const { return mtp_num_tokens_; }
+  void set_mtp_num_tokens(int64_t n) { mtp_num_tokens_ = n; }
+  void store_final_streams(int64_t pos, const float* streams);
+  const float* final_streams(int64_t pos) const;  // null when not kept
+
+  // Called by the forward after it appended n tokens; trims what rollback no longer needs.
+  void advance(int64_t n);
+  // Removes the last k tokens (k <= max_rollback()); afterwards the state equals the state
+  // after a forward over the first num_tokens()-k tokens, and unused pages are freed.
+  Status rollback(int64_t k);
+
+  StateBytes bytes() const;
+  // Aborts (DSI_CHECK) when an invariant is broken: entry counts vs num_tokens, row windows,
+  // page ownership.
+  void check_integrity() const;
+
+ private:
+  void trim(LayerState& ls) const;
+  PageArena* arena_;
+  int64_t id_;
+  bool ok_ = true;
+  int64_t num_tokens_ = 0;
+  int64_t max_rollback_ = 0;
+  int64_t sliding_window_ = 0;
+  int64_t hc_width_ = 0;
+  std::vector<LayerState> layers_;
+  std::vector<LayerState> mtp_layers_;
+  int64_t mtp_num_tokens_ = 0;
+  PagedRows final_streams_;               // [max_rollback+1, hc_width] ring by position
+  std::vector<int64_t> final_positions_;  // position held in each slot (-1 empty)
+};
+
+}  // namespace dsinfer::state

@@ -1,0 +1,141 @@
+// CPU reference ops against straightforward double-precision formulations and invariants.
+#include "kernels/cpu/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/mhc.h"
+#include "numeric/float_formats.h"
+
+namespace dsinfer::cpu {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+TEST(Ops, AttentionWithSinkMatchesDoubleReference) {
+  const int64_t heads = 3, dim = 16, nk = 7;
+  const auto q = randn(heads * dim, 1);
+  const auto kv = randn(nk * dim, 2);
+  const std::vector<float> sinks = {0.5f, -1.0f, 2.0f};
+  std::vector<const float*> keys;
+  for (int64_t j = 0; j < nk; ++j) keys.push_back(kv.data() + j * dim);
+  std::vector<float> out(heads * dim);
+  const float scale = 0.25f;
+  attention_with_sink(q.data(), heads, dim, keys, sinks.data(), scale, out.data());
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<double> e(nk);
+    double denom = std::exp(static_cast<double>(sinks[h]));
+    for (int64_t j = 0; j < nk; ++j) {
+      double s = 0;
+      for (int64_t d = 0; d < dim; ++d) s += static_cast<double>(q[h * dim + d]) * kv[j * dim + d];
+      e[j] = std::exp(s * scale);
+      denom += e[j];
+    }
+    for (int64_t d = 0; d < dim; ++d) {
+      double o = 0;
+      for (int64_t j = 0; j < nk; ++j) o += e[j] / denom * kv[j * dim + d];
+      EXPECT_NEAR(out[h * dim + d], o, 1e-5);
+    }
+  }
+}
+
+TEST(Ops, AttentionWithNoKeysIsZero) {
+  const std::vector<float> q(8, 1.0f), sinks(2, 0.0f);
+  std::vector<float> out(8, 7.0f);
+  attention_with_sink(q.data(), 2, 4, {}, sinks.data(), 1.0f, out.data());
+  for (float v : out) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Ops, RopeInverseUndoesRopeAndKeepsNope) {
+  auto x = randn(128, 3);
+  const auto orig = x;
+  std::vector<float> inv(32);
+  for (int i = 0; i < 32; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / 64.0f);
+  rope_apply(x.data(), 128, inv, 1234, false);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(x[i], orig[i]);
+  // Pair (x[64], x[65]) rotates by angle 1234 * inv[0].
+  const double a = 1234.0;
+  EXPECT_NEAR(x[64], orig[64] * std::cos(a) - orig[65] * std::sin(a), 1e-4);
+  rope_apply(x.data(), 128, inv, 1234, true);
+  for (int i = 0; i < 128; ++i) EXPECT_NEAR(x[i], orig[i], 1e-5);
+}
+
+TEST(Ops, TopKOrdersByScoreThenIndex) {
+  const std::vector<float> s = {1.0f, 3.0f, 3.0f, -1.0f, 2.0f};
+  EXPECT_EQ(top_k_indices(s.data(), 5, 3), (std::vector<int32_t>{1, 2, 4}));
+  EXPECT_TRUE(top_k_indices(s.data(), 5, 0).empty());
+}
+
+TEST(Ops, LinearRowsDequantisesFp8Blocks) {
+  // 130 x 5 FP8 weight with two row blocks of scales.
+  const int64_t rows = 130, cols = 5;
+  std::vector<uint8_t> q(rows * cols);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<uint8_t>((i * 37) % 0x7e);
+  const std::vector<uint8_t> scale = {126, 129};  // 0.5 and 4
+  MatrixRef w;
+  w.format = WeightFormat::kFp8Block128;
+  w.dtype = DType::kF8E4M3;
+  w.scale_dtype = DType::kF8E8M0;
+  w.data = q.data();
+  w.scale = scale.data();
+  w.rows = rows;
+  w.cols = cols;
+  const auto x = randn(2 * cols, 4);
+  std::vector<float> y(2 * 3);
+  linear_rows(w, 127, 3, x.data(), 2, y.data(), false);
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int64_t r = 0; r < 3; ++r) {
+      double ref = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double s = (127 + r) < 128 ? 0.5 : 4.0;
+        ref += numeric::fp8_e4m3_to_f32(q[(127 + r) * cols + c]) * s * x[t * cols + c];
+      }
+      EXPECT_NEAR(y[t * 3 + r], ref, 1e-4 * (1 + std::fabs(ref)));
+    }
+  }
+}
+
+TEST(Mhc, SinkhornGivesDoublyStochasticMix) {
+  const int64_t hc = 4, hidden = 8;
+  const auto fn = randn((2 + hc) * hc * hc * hidden, 5, 0.3f);
+  const auto base = randn((2 + hc) * hc, 6);
+  const std::vector<float> scale = {0.7f, 1.1f, 1.3f};
+  const auto x = randn(hc * hidden, 7);
+  HyperConnParams p;
+  p.fn = fn.data();
+  p.base = base.data();
+  p.scale = scale.data();
+  p.hc = hc;
+  p.hidden = hidden;
+  std::vector<float> post(hc), comb(hc * hc), collapsed(hidden);
+  hc_pre(p, x.data(), post.data(), comb.data(), collapsed.data());
+  for (int64_t k = 0; k < hc; ++k) {
+    double col = 0, row = 0;
+    for (int64_t j = 0; j < hc; ++j) {
+      col += comb[j * hc + k];
+      row += comb[k * hc + j];
+    }
+    EXPECT_NEAR(col, 1.0, 1e-5);
+    EXPECT_NEAR(row, 1.0, 1e-3);
+    EXPECT_GT(post[k], 0.0f);
+    EXPECT_LT(post[k], 2.0f);
+  }
+  // post step: with f = 0 the output is the comb-mixed input.
+  std::vector<float> f(hidden, 0.0f), out(hc * hidden);
+  hc_post(hc, hidden, f.data(), x.data(), post.data(), comb.data(), out.data());
+  double ref = 0;
+  for (int64_t j = 0; j < hc; ++j) ref += comb[j * hc + 2] * x[j * hidden + 3];
+  EXPECT_NEAR(out[2 * hidden + 3], ref, 1e-5);
+}
+
+}  // namespace
+}  // namespace dsinfer::cpu
