@@ -151,6 +151,38 @@ SequenceState::SequenceState(const model::ModelConfig& config,
   }
 }
 
+int64_t SequenceState::pages_for(const model::ModelConfig& c,
+                                 int64_t page_bytes,
+                                 int64_t num_tokens,
+                                 int64_t max_rollback) {
+  const int64_t page_floats = page_bytes / 4;
+  auto pages = [page_floats](int64_t width, int64_t rows) {
+    const int64_t per_page = page_floats / width;
+    return (rows + per_page - 1) / per_page;
+  };
+  int64_t total = 0;
+  auto add_layer = [&](const model::LayerPlan& plan, bool grows) {
+    total += pages(c.head_dim, c.sliding_window + max_rollback);
+    if (plan.attention == AttentionType::kSliding)
+      return;
+    const int64_t m = plan.compress_ratio;
+    const int64_t entries = grows ? num_tokens / m : 0;
+    total += pages(c.head_dim, entries);
+    if (plan.attention == AttentionType::kCsa) {
+      total += pages(c.index_head_dim, entries);
+      total += pages(4 * c.head_dim, 3 * m + max_rollback);
+      total += pages(4 * c.index_head_dim, 3 * m + max_rollback);
+    } else {
+      total += pages(2 * c.head_dim, 3 * m + max_rollback);
+    }
+  };
+  for (const auto& plan : c.layers) add_layer(plan, true);
+  for (const auto& plan : c.mtp_layers) add_layer(plan, false);
+  if (!c.mtp_layers.empty())
+    total += pages(c.hc_mult * c.hidden_size, max_rollback + 1);
+  return total;
+}
+
 int64_t SequenceState::pages_needed(int64_t n) const {
   int64_t pages = 0;
   const int64_t total = num_tokens_ + n;

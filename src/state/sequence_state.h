@@ -93,6 +93,11 @@ class SequenceState {
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
   bool ok() const { return ok_; }
+  // Pages a sequence of num_tokens tokens holds (fixed parts included), without allocating.
+  static int64_t pages_for(const model::ModelConfig& config,
+                           int64_t page_bytes,
+                           int64_t num_tokens,
+                           int64_t max_rollback);
 
   int64_t id() const { return id_; }
   int64_t num_tokens() const { return num_tokens_; }

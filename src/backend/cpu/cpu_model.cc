@@ -123,8 +123,13 @@ Status CpuModel::forward(state::SequenceState& st,
     out->mtp_count = 0;
   }
   if (options.want_logits && out) {
-    out->logits.resize(static_cast<size_t>(n * c.vocab_size));
-    head(weights_.hc_head, weights_.norm, x.data(), n, out->logits.data());
+    const int64_t rows = options.last_logits_only ? 1 : n;
+    out->logits.resize(static_cast<size_t>(rows * c.vocab_size));
+    head(weights_.hc_head,
+         weights_.norm,
+         x.data() + (n - rows) * hc * hidden,
+         rows,
+         out->logits.data());
   }
 
   // MTP for positions whose next token is now known: first_pos-1 (streams kept from the last

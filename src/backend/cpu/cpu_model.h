@@ -16,7 +16,8 @@
 namespace dsinfer::cpu {
 
 struct ForwardOutputs {
-  std::vector<float> logits;  // [n, vocab] for the chunk's tokens (when want_logits)
+  std::vector<float> logits;  // [n, vocab] for the chunk's tokens (when want_logits), or
+                              // [1, vocab] with last_logits_only
   // MTP draft logits for the positions whose next token became known in this call:
   // mtp_first_pos .. mtp_first_pos + mtp_count - 1; row i predicts token (pos + 2).
   std::vector<float> mtp_logits;  // [mtp_count, vocab]
@@ -26,7 +27,8 @@ struct ForwardOutputs {
 
 struct ForwardOptions {
   bool want_logits = true;
-  bool run_mtp = false;  // requires MTP weights
+  bool last_logits_only = false;  // logits of the chunk's last token only ([1, vocab])
+  bool run_mtp = false;           // requires MTP weights
 };
 
 class CpuModel {

@@ -1,0 +1,311 @@
+// Engine: request validation, the step loop, sampling and stop conditions.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/check.h"
+#include "base/strings.h"
+
+namespace dsinfer::engine {
+
+// The scheduler's memory hooks: one SequenceState per admitted request, in the shared arena.
+class Engine::Memory : public MemoryHooks {
+ public:
+  Memory(const model::ModelConfig& config, state::PageArena* arena)
+      : config_(config), arena_(arena) {}
+  bool admit(Request& r) override {
+    if (states_.count(r.id))
+      return true;
+    auto st = std::make_unique<state::SequenceState>(config_, arena_, r.id, 0);
+    if (!st->ok())
+      return false;  // its pages go back to the arena with it
+    states_.emplace(r.id, std::move(st));
+    return true;
+  }
+  bool reserve(Request& r, int64_t n) override {
+    auto it = states_.find(r.id);
+    DSI_CHECK(it != states_.end(),
+              "reserve for request %lld without state",
+              static_cast<long long>(r.id));
+    return it->second->reserve(n);
+  }
+  void release(Request& r) override { states_.erase(r.id); }
+  state::SequenceState& state(RequestId id) {
+    auto it = states_.find(id);
+    DSI_CHECK(it != states_.end(), "no state for request %lld", static_cast<long long>(id));
+    return *it->second;
+  }
+  const std::map<RequestId, std::unique_ptr<state::SequenceState>>& states() const {
+    return states_;
+  }
+
+ private:
+  const model::ModelConfig& config_;
+  state::PageArena* arena_;
+  std::map<RequestId, std::unique_ptr<state::SequenceState>> states_;
+};
+
+Engine::Engine() = default;
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
+  auto ckpt = model::Checkpoint::open(config.model_dir);
+  if (!ckpt.ok())
+    return ckpt.status();
+  return create(config, std::shared_ptr<const model::Checkpoint>(std::move(ckpt).value()));
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
+                                               std::shared_ptr<const model::Checkpoint> ckpt) {
+  const auto& mc = ckpt->config();
+  const int64_t page_bytes = config.page_bytes ? config.page_bytes : state::default_page_bytes(mc);
+  if (page_bytes < state::min_page_bytes(mc) || page_bytes % 4 != 0) {
+    return invalid_argument(
+        str_format("page size %lld bytes is too small for this model (min %lld)",
+                   static_cast<long long>(page_bytes),
+                   static_cast<long long>(state::min_page_bytes(mc))));
+  }
+  const SchedulerConfig& sc = config.scheduler;
+  if (sc.max_tokens_per_step < 1 || sc.max_running < 1 || sc.prefill_chunk < 1) {
+    return invalid_argument(
+        "scheduler limits (max tokens per step, max running sequences, "
+        "prefill chunk) must be >= 1");
+  }
+  std::unique_ptr<Engine> e(new Engine());
+  e->config_ = config;
+  e->ckpt_ = std::move(ckpt);
+  e->model_ = std::make_unique<cpu::CpuModel>(mc, e->ckpt_->weights(), config.numerics);
+  e->arena_ = state::PageArena::with_budget(config.state_budget_bytes, page_bytes);
+  if (e->arena_->num_pages() < state::SequenceState::pages_for(mc, page_bytes, 1, 0)) {
+    return invalid_argument(str_format(
+        "state memory budget %s is smaller than one sequence's fixed state (%s)",
+        human_bytes(static_cast<uint64_t>(config.state_budget_bytes)).c_str(),
+        human_bytes(static_cast<uint64_t>(state::SequenceState::pages_for(mc, page_bytes, 1, 0) *
+                                          page_bytes))
+            .c_str()));
+  }
+  e->memory_ = std::make_unique<Memory>(mc, e->arena_.get());
+  e->scheduler_ = std::make_unique<Scheduler>(sc, e->memory_.get());
+  e->max_model_len_ = config.max_model_len > 0
+                          ? std::min(config.max_model_len, mc.max_position_embeddings)
+                          : mc.max_position_embeddings;
+  e->t0_ = 0;
+  e->t0_ = e->now_s();
+  return e;
+}
+
+double Engine::now_s() const {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count() - t0_;
+}
+
+Result<RequestId> Engine::submit(RequestSpec spec, TokenCallback on_token) {
+  const auto& mc = ckpt_->config();
+  if (spec.prompt.empty())
+    return invalid_argument("prompt is empty");
+  for (size_t i = 0; i < spec.prompt.size(); ++i) {
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= mc.vocab_size) {
+      return invalid_argument(
+          str_format("prompt token %zu (id %d) is outside the vocabulary [0, %lld)",
+                     i,
+                     spec.prompt[i],
+                     static_cast<long long>(mc.vocab_size)));
+    }
+  }
+  for (int32_t t : spec.stop_token_ids) {
+    if (t < 0 || t >= mc.vocab_size) {
+      return invalid_argument(str_format("stop_token_ids: %d is outside the vocabulary", t));
+    }
+  }
+  if (spec.max_tokens < 1) {
+    return invalid_argument(
+        str_format("max_tokens must be >= 1, got %lld", static_cast<long long>(spec.max_tokens)));
+  }
+  DSI_RETURN_IF_ERROR(sampling::validate(spec.sampling));
+  const int64_t total = static_cast<int64_t>(spec.prompt.size()) + spec.max_tokens;
+  if (total > max_model_len_) {
+    return invalid_argument(str_format(
+        "prompt (%zu tokens) + max_tokens (%lld) exceeds the model's context limit of %lld tokens",
+        spec.prompt.size(),
+        static_cast<long long>(spec.max_tokens),
+        static_cast<long long>(max_model_len_)));
+  }
+  const int64_t pages = state::SequenceState::pages_for(mc, arena_->page_bytes(), total, 0);
+  if (pages > arena_->num_pages()) {
+    return invalid_argument(str_format(
+        "prompt (%zu tokens) + max_tokens (%lld) needs %s of sequence state; the state memory "
+        "budget is %s",
+        spec.prompt.size(),
+        static_cast<long long>(spec.max_tokens),
+        human_bytes(static_cast<uint64_t>(pages * arena_->page_bytes())).c_str(),
+        human_bytes(static_cast<uint64_t>(arena_->num_pages() * arena_->page_bytes())).c_str()));
+  }
+  auto r = std::make_unique<Request>();
+  r->id = next_id_++;
+  r->spec = std::move(spec);
+  r->penalties.add_prompt(r->spec.prompt);
+  r->timings.arrival_s = now_s();
+  r->output.reserve(static_cast<size_t>(r->spec.max_tokens));
+  Request* raw = r.get();
+  requests_.emplace(raw->id, std::move(r));
+  if (on_token)
+    callbacks_.emplace(raw->id, std::move(on_token));
+  scheduler_->add(raw);
+  return raw->id;
+}
+
+void Engine::abort(RequestId id, const std::string& why) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->done())
+    return;
+  it->second->error = why;
+  finish(*it->second, FinishReason::kAbort);
+}
+
+void Engine::finish(Request& r, FinishReason why) {
+  r.finish_reason = why;
+  r.state = (why == FinishReason::kAbort || why == FinishReason::kError) ? RequestState::kAborted
+                                                                         : RequestState::kFinished;
+  r.timings.finish_s = now_s();
+  scheduler_->remove(&r);
+}
+
+void Engine::execute(const ScheduledChunk& c) {
+  Request& r = *c.request;
+  state::SequenceState& st = memory_->state(r.id);
+  DSI_CHECK(st.num_tokens() == c.first_pos,
+            "request %lld: state at %lld, chunk at %lld",
+            static_cast<long long>(r.id),
+            static_cast<long long>(st.num_tokens()),
+            static_cast<long long>(c.first_pos));
+  tokens_.resize(static_cast<size_t>(c.num_tokens));
+  for (int64_t i = 0; i < c.num_tokens; ++i) tokens_[i] = r.token_at(c.first_pos + i);
+  cpu::ForwardOptions opts;
+  opts.want_logits = c.samples;
+  opts.last_logits_only = true;
+  Status s = model_->forward(st, tokens_, opts, &out_);
+  if (!s.ok()) {
+    r.error = s.message();
+    finish(r, FinishReason::kError);
+    return;
+  }
+  r.num_computed += c.num_tokens;
+  const int64_t plen = static_cast<int64_t>(r.spec.prompt.size());
+  stats_.prompt_tokens += std::min(c.first_pos + c.num_tokens, plen) - std::min(c.first_pos, plen);
+  if (!c.samples) {
+    r.state = RequestState::kPrefilling;
+    return;
+  }
+  // Sample the next token from the last position's logits.
+  const auto& mc = ckpt_->config();
+  const sampling::SampleResult sr =
+      sampling::sample(std::span<float>(out_.logits.data(), static_cast<size_t>(mc.vocab_size)),
+                       r.spec.sampling,
+                       r.penalties,
+                       static_cast<uint64_t>(r.output.size()));
+  r.output.push_back(sr.token);
+  r.output_logprobs.push_back(sr.logprob);
+  r.penalties.add_output(sr.token);
+  r.state = RequestState::kDecoding;
+  ++stats_.generated_tokens;
+  if (r.timings.first_token_s == 0)
+    r.timings.first_token_s = now_s();
+
+  FinishReason why = FinishReason::kNone;
+  const bool is_stop_id =
+      std::find(r.spec.stop_token_ids.begin(), r.spec.stop_token_ids.end(), sr.token) !=
+      r.spec.stop_token_ids.end();
+  if ((!r.spec.ignore_eos && sr.token == mc.eos_token_id) || is_stop_id) {
+    why = FinishReason::kStop;
+  } else if (r.spec.stop_checker && r.spec.stop_checker->on_token(sr.token)) {
+    why = FinishReason::kStop;
+  } else if (static_cast<int64_t>(r.output.size()) >= r.spec.max_tokens ||
+             r.num_tokens() >= max_model_len_) {
+    why = FinishReason::kLength;
+  }
+  if (why != FinishReason::kNone)
+    finish(r, why);
+  auto cb = callbacks_.find(r.id);
+  if (cb != callbacks_.end()) {
+    TokenEvent ev;
+    ev.id = r.id;
+    ev.token = sr.token;
+    ev.logprob = sr.logprob;
+    ev.top_logprobs = sr.top;
+    ev.finished = why != FinishReason::kNone;
+    ev.finish_reason = why;
+    cb->second(ev);
+  }
+}
+
+bool Engine::step() {
+  if (scheduler_->idle())
+    return false;
+  scheduler_->plan(plan_);
+  stats_.preemptions += static_cast<int64_t>(plan_.preempted.size());
+  if (plan_.chunks.empty()) {
+    // Nothing fits even with every sequence preempted: fail the oldest waiting request instead
+    // of spinning (submit() rejects what can never fit, so this is a last resort).
+    for (auto& [id, r] : requests_) {
+      if (r->state == RequestState::kWaiting) {
+        r->error = "the request does not fit in the state memory";
+        finish(*r, FinishReason::kError);
+        break;
+      }
+    }
+  }
+  for (const ScheduledChunk& c : plan_.chunks) {
+    if (!c.request->done())
+      execute(c);
+  }
+  ++stats_.steps;
+  return !scheduler_->idle();
+}
+
+void Engine::run_until_done() {
+  while (step()) {
+  }
+}
+
+const Request* Engine::request(RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+void Engine::release(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end())
+    return;
+  if (!it->second->done())
+    abort(id, "released");
+  callbacks_.erase(id);
+  requests_.erase(it);
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.running = scheduler_->num_running();
+  s.waiting = scheduler_->num_waiting();
+  s.state_bytes_used = arena_->used_bytes();
+  s.state_bytes_total = arena_->num_pages() * arena_->page_bytes();
+  return s;
+}
+
+void Engine::check_integrity() const {
+  scheduler_->check_integrity();
+  arena_->check_integrity();
+  for (const auto& [id, st] : memory_->states()) {
+    st->check_integrity();
+    auto it = requests_.find(id);
+    DSI_CHECK(
+        it != requests_.end(), "state held for unknown request %lld", static_cast<long long>(id));
+    DSI_CHECK(st->num_tokens() == it->second->num_computed,
+              "request %lld: state has %lld tokens, request computed %lld",
+              static_cast<long long>(id),
+              static_cast<long long>(st->num_tokens()),
+              static_cast<long long>(it->second->num_computed));
+  }
+}
+
+}  // namespace dsinfer::engine

@@ -1,0 +1,102 @@
+// Engine: the offline/online facade over model, state arena, scheduler and sampler. step() is
+// the spine: plan -> execute every scheduled chunk -> sample -> stop checks -> emit -> retire.
+// Not thread-safe: one thread drives step(); a later server puts an inbox in front of it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_model.h"
+#include "base/status.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "model/checkpoint.h"
+#include "state/page_arena.h"
+#include "state/sequence_state.h"
+
+namespace dsinfer::engine {
+
+struct EngineConfig {
+  std::string model_dir;
+  model::Numerics numerics = model::Numerics::kReference;
+  int64_t state_budget_bytes = int64_t{1} << 30;  // the one memory budget for sequence state
+  int64_t page_bytes = 0;                         // 0 = state::default_page_bytes(model)
+  int64_t max_model_len = 0;                      // 0 = model's max_position_embeddings
+  SchedulerConfig scheduler;
+};
+
+using TokenCallback = std::function<void(const TokenEvent&)>;
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0;  // prompt tokens prefilled (recomputation included)
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t state_bytes_used = 0;
+  int64_t state_bytes_total = 0;
+};
+
+class Engine {
+ public:
+  // Loads the checkpoint and sizes the state arena. Errors name the file/field/flag.
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& config);
+  // Same over an already opened checkpoint (tests share one across engines).
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& config,
+                                                std::shared_ptr<const model::Checkpoint> ckpt);
+
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request. Bad input (empty prompt, token ids outside the vocabulary,
+  // invalid sampling values, prompt + max_tokens beyond the model's or the memory's limit) is an
+  // invalid-argument Status and leaves the engine untouched.
+  Result<RequestId> submit(RequestSpec spec, TokenCallback on_token = {});
+  // Aborts a request (no-op when unknown or finished).
+  void abort(RequestId id, const std::string& why = "aborted");
+  // One iteration. Returns false when there is nothing left to do.
+  bool step();
+  void run_until_done();
+
+  // The request record (valid until release()); null when unknown.
+  const Request* request(RequestId id) const;
+  // Drops a finished request's record.
+  void release(RequestId id);
+
+  EngineStats stats() const;
+  const model::ModelConfig& model_config() const { return ckpt_->config(); }
+  const state::PageArena& arena() const { return *arena_; }
+  // Runs every integrity checker (scheduler, arena, sequence states); aborts on violation.
+  void check_integrity() const;
+  double now_s() const;
+
+ private:
+  class Memory;
+  Engine();
+  void execute(const ScheduledChunk& c);
+  void finish(Request& r, FinishReason why);
+
+  EngineConfig config_;
+  std::shared_ptr<const model::Checkpoint> ckpt_;
+  std::unique_ptr<cpu::CpuModel> model_;
+  std::unique_ptr<state::PageArena> arena_;
+  std::unique_ptr<Memory> memory_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::map<RequestId, std::unique_ptr<Request>> requests_;
+  std::map<RequestId, TokenCallback> callbacks_;
+  RequestId next_id_ = 1;
+  int64_t max_model_len_ = 0;
+  StepPlan plan_;
+  cpu::ForwardOutputs out_;
+  std::vector<int32_t> tokens_;
+  EngineStats stats_;
+  double t0_ = 0;
+};
+
+}  // namespace dsinfer::engine

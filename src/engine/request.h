@@ -1,0 +1,81 @@
+// Request: what a caller submits (prompt token ids + sampling + stop conditions) and the
+// engine-side record of its progress. State machine:
+//   kWaiting -> kPrefilling -> kDecoding -> kFinished (with a FinishReason)
+//   any non-finished state -> kAborted (abort() or a request-level error)
+//   kPrefilling/kDecoding -> kWaiting on preemption (state freed, recomputed later)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sampling/sampler.h"
+
+namespace dsinfer::engine {
+
+using RequestId = int64_t;
+
+enum class RequestState { kWaiting, kPrefilling, kDecoding, kFinished, kAborted };
+const char* request_state_name(RequestState s);
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+// Optional text-level stop check (stop strings need a detokenizer, which lives above the engine).
+// Called with each new token; returns true when the output must stop after this token.
+class StopChecker {
+ public:
+  virtual ~StopChecker() = default;
+  virtual bool on_token(int32_t token) = 0;
+};
+
+struct RequestSpec {
+  std::vector<int32_t> prompt;  // token ids, non-empty
+  sampling::SamplingConfig sampling;
+  int64_t max_tokens = 16;              // generated tokens, >= 1
+  std::vector<int32_t> stop_token_ids;  // besides EOS
+  bool ignore_eos = false;
+  std::unique_ptr<StopChecker> stop_checker;  // optional
+};
+
+// One generated token, as delivered to streaming callbacks.
+struct TokenEvent {
+  RequestId id = 0;
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<sampling::TokenLogprob> top_logprobs;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+struct RequestTimings {
+  double arrival_s = 0;      // engine clock
+  double first_token_s = 0;  // 0 until the first token
+  double finish_s = 0;
+};
+
+struct Request {
+  RequestId id = 0;
+  RequestSpec spec;
+  RequestState state = RequestState::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error;            // kError / kAborted detail
+  std::vector<int32_t> output;  // generated tokens
+  std::vector<float> output_logprobs;
+  int64_t num_computed = 0;  // tokens of prompt+output already in the state
+  int64_t num_preemptions = 0;
+  sampling::PenaltyState penalties;
+  RequestTimings timings;
+
+  // Tokens the model must see: prompt followed by generated output.
+  int64_t num_tokens() const { return static_cast<int64_t>(spec.prompt.size() + output.size()); }
+  int32_t token_at(int64_t i) const {
+    const int64_t p = static_cast<int64_t>(spec.prompt.size());
+    return i < p ? spec.prompt[static_cast<size_t>(i)] : output[static_cast<size_t>(i - p)];
+  }
+  bool done() const { return state == RequestState::kFinished || state == RequestState::kAborted; }
+};
+
+}  // namespace dsinfer::engine

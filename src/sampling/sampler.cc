@@ -1,0 +1,179 @@
+// Host sampler.
+#include "sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "base/check.h"
+#include "base/strings.h"
+
+namespace dsinfer::sampling {
+
+Status validate(const SamplingConfig& c) {
+  if (!(c.temperature >= 0.0f && c.temperature <= 100.0f)) {
+    return invalid_argument(str_format("temperature must be in [0, 100], got %g", c.temperature));
+  }
+  if (!(c.top_p > 0.0f && c.top_p <= 1.0f)) {
+    return invalid_argument(str_format("top_p must be in (0, 1], got %g", c.top_p));
+  }
+  if (c.top_k < 0)
+    return invalid_argument(str_format("top_k must be >= 0, got %d", c.top_k));
+  if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) {
+    return invalid_argument(str_format("min_p must be in [0, 1], got %g", c.min_p));
+  }
+  if (!(c.presence_penalty >= -2.0f && c.presence_penalty <= 2.0f)) {
+    return invalid_argument(
+        str_format("presence_penalty must be in [-2, 2], got %g", c.presence_penalty));
+  }
+  if (!(c.frequency_penalty >= -2.0f && c.frequency_penalty <= 2.0f)) {
+    return invalid_argument(
+        str_format("frequency_penalty must be in [-2, 2], got %g", c.frequency_penalty));
+  }
+  if (!(c.repetition_penalty > 0.0f && c.repetition_penalty <= 10.0f)) {
+    return invalid_argument(
+        str_format("repetition_penalty must be in (0, 10], got %g", c.repetition_penalty));
+  }
+  if (c.top_logprobs < 0 || c.top_logprobs > 20) {
+    return invalid_argument(str_format("top_logprobs must be in [0, 20], got %d", c.top_logprobs));
+  }
+  return Status();
+}
+
+double uniform_from(uint64_t seed, uint64_t counter) {
+  // splitmix64 over a mix of seed and counter: stateless, so any request step can be replayed.
+  uint64_t z = seed * 0x9e3779b97f4a7c15ULL + (counter + 1) * 0xbf58476d1ce4e5b9ULL;
+  for (int i = 0; i < 2; ++i) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+  }
+  return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+}
+
+void PenaltyState::add_prompt(std::span<const int32_t> tokens) {
+  for (int32_t t : tokens) ++seen_[t];
+}
+
+void PenaltyState::add_output(int32_t token) {
+  ++output_counts_[token];
+  ++seen_[token];
+}
+
+namespace {
+// log-softmax normaliser: log(sum(exp(x - max))) + max
+double log_sum_exp(std::span<const float> x) {
+  const float m = *std::max_element(x.begin(), x.end());
+  double s = 0.0;
+  for (float v : x) s += std::exp(static_cast<double>(v) - m);
+  return std::log(s) + m;
+}
+}  // namespace
+
+SampleResult sample(std::span<float> logits,
+                    const SamplingConfig& c,
+                    const PenaltyState& pen,
+                    uint64_t step) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  DSI_CHECK(vocab > 0, "empty logits");
+  SampleResult r;
+  // Logprobs report the model's own distribution (before penalties and temperature).
+  const double lse_raw = (c.logprobs || c.top_logprobs > 0) ? log_sum_exp(logits) : 0.0;
+  std::vector<TokenLogprob> top_raw;
+  if (c.top_logprobs > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(vocab));
+    std::iota(idx.begin(), idx.end(), 0);
+    const int64_t k = std::min<int64_t>(c.top_logprobs, vocab);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int64_t i = 0; i < k; ++i) {
+      top_raw.push_back({idx[i], static_cast<float>(logits[idx[i]] - lse_raw)});
+    }
+  }
+  std::vector<float> raw;
+  if (c.logprobs)
+    raw.assign(logits.begin(), logits.end());
+
+  // Penalties.
+  if (c.repetition_penalty != 1.0f) {
+    for (const auto& [tok, cnt] : pen.seen()) {
+      if (tok < 0 || tok >= vocab)
+        continue;
+      float& l = logits[tok];
+      l = l > 0.0f ? l / c.repetition_penalty : l * c.repetition_penalty;
+    }
+  }
+  if (c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) {
+    for (const auto& [tok, cnt] : pen.output_counts()) {
+      if (tok < 0 || tok >= vocab)
+        continue;
+      logits[tok] -= c.presence_penalty + c.frequency_penalty * static_cast<float>(cnt);
+    }
+  }
+
+  int32_t chosen = 0;
+  if (c.temperature == 0.0f || c.top_k == 1) {
+    chosen = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  } else {
+    // Candidates sorted by logit (descending, ties by id), then top-k / top-p / min-p.
+    std::vector<int32_t> idx(static_cast<size_t>(vocab));
+    std::iota(idx.begin(), idx.end(), 0);
+    int64_t n = vocab;
+    auto by_logit = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    if (c.top_k > 0 && c.top_k < vocab) {
+      n = c.top_k;
+      std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), by_logit);
+    } else {
+      std::sort(idx.begin(), idx.end(), by_logit);
+    }
+    const double inv_t = 1.0 / c.temperature;
+    const double m = logits[idx[0]] * inv_t;
+    std::vector<double> p(static_cast<size_t>(n));
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = std::exp(logits[idx[i]] * inv_t - m);
+      sum += p[i];
+    }
+    for (auto& v : p) v /= sum;
+    int64_t keep = n;
+    if (c.top_p < 1.0f) {  // smallest prefix whose mass reaches top_p
+      double acc = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        acc += p[i];
+        if (acc >= c.top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    if (c.min_p > 0.0f) {
+      const double floor = c.min_p * p[0];
+      int64_t i = 1;
+      while (i < keep && p[i] >= floor) ++i;
+      keep = i;
+    }
+    double total = 0.0;
+    for (int64_t i = 0; i < keep; ++i) total += p[i];
+    const double u = uniform_from(c.seed, step) * total;
+    double acc = 0.0;
+    chosen = idx[keep - 1];
+    for (int64_t i = 0; i < keep; ++i) {
+      acc += p[i];
+      if (u < acc) {
+        chosen = idx[i];
+        break;
+      }
+    }
+  }
+  r.token = chosen;
+  if (c.logprobs)
+    r.logprob = static_cast<float>(raw[chosen] - lse_raw);
+  r.top = std::move(top_raw);
+  return r;
+}
+
+}  // namespace dsinfer::sampling

@@ -1,0 +1,67 @@
+// Host sampler: penalties, temperature, top-k, top-p, min-p, greedy, logprobs. Each request owns
+// a counter-based RNG keyed by (seed, step), so its samples do not depend on what else is in
+// the batch or on arrival order.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+
+namespace dsinfer::sampling {
+
+struct SamplingConfig {
+  float temperature = 1.0f;         // 0 = greedy
+  float top_p = 1.0f;               // (0, 1]
+  int32_t top_k = 0;                // 0 = off
+  float min_p = 0.0f;               // [0, 1]
+  float presence_penalty = 0.0f;    // [-2, 2], on generated tokens
+  float frequency_penalty = 0.0f;   // [-2, 2], on generated tokens
+  float repetition_penalty = 1.0f;  // > 0, on prompt and generated tokens
+  uint64_t seed = 0;
+  int32_t top_logprobs = 0;  // number of alternatives to report (0..20)
+  bool logprobs = false;
+};
+
+// Checks ranges; the message names the field.
+Status validate(const SamplingConfig& c);
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;           // of the chosen token under the model distribution
+  std::vector<TokenLogprob> top;  // top_logprobs alternatives, descending
+};
+
+// Counter-based uniform in [0, 1): a pure function of (seed, counter).
+double uniform_from(uint64_t seed, uint64_t counter);
+
+// Token-occurrence counts a request keeps for its penalties.
+class PenaltyState {
+ public:
+  void add_prompt(std::span<const int32_t> tokens);
+  void add_output(int32_t token);
+  const std::unordered_map<int32_t, int32_t>& output_counts() const { return output_counts_; }
+  const std::unordered_map<int32_t, int32_t>& seen() const { return seen_; }
+
+ private:
+  std::unordered_map<int32_t, int32_t> output_counts_;
+  std::unordered_map<int32_t, int32_t> seen_;  // prompt + output (repetition penalty)
+};
+
+// Samples one token from `logits` (modified in place as scratch). `step` is the index of the
+// token being generated within its request: the RNG draw is uniform_from(seed, step).
+SampleResult sample(std::span<float> logits,
+                    const SamplingConfig& c,
+                    const PenaltyState& pen,
+                    uint64_t step);
+
+}  // namespace dsinfer::sampling

@@ -1,0 +1,239 @@
+// Engine end to end on the CPU backend with a golden fixture model: batching invariance,
+// agreement with the score path, preemption under a tight state budget, a randomized
+// arrival/abort run with every integrity checker after each step, and bad input.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_model.h"
+#include "model/checkpoint.h"
+
+namespace dsinfer::engine {
+namespace {
+
+std::shared_ptr<const model::Checkpoint> fixture() {
+  static std::shared_ptr<const model::Checkpoint> ckpt = [] {
+    auto r =
+        model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official");
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return std::shared_ptr<const model::Checkpoint>(std::move(r).value());
+  }();
+  return ckpt;
+}
+
+std::unique_ptr<Engine> make_engine(int64_t budget_bytes, SchedulerConfig sc = {}) {
+  EngineConfig cfg;
+  cfg.state_budget_bytes = budget_bytes;
+  cfg.page_bytes = state::min_page_bytes(fixture()->config());
+  cfg.scheduler = sc;
+  auto e = Engine::create(cfg, fixture());
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return std::move(e).value();
+}
+
+struct Case {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens;
+};
+
+std::vector<Case> mixed_cases(int n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<Case> cases;
+  for (int i = 0; i < n; ++i) {
+    Case c;
+    const int len = 1 + static_cast<int>(g() % 45);
+    for (int j = 0; j < len; ++j) c.prompt.push_back(static_cast<int32_t>(2 + g() % 500));
+    c.max_tokens = 1 + static_cast<int64_t>(g() % 12);
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+RequestSpec greedy(const Case& c) {
+  RequestSpec s;
+  s.prompt = c.prompt;
+  s.max_tokens = c.max_tokens;
+  s.sampling.temperature = 0.0f;
+  s.ignore_eos = true;
+  return s;
+}
+
+std::vector<int32_t> run_alone(const Case& c) {
+  auto e = make_engine(int64_t{64} << 20);
+  auto id = e->submit(greedy(c));
+  EXPECT_TRUE(id.ok());
+  e->run_until_done();
+  return e->request(*id)->output;
+}
+
+std::vector<std::vector<int32_t>> run_batch(Engine& e, const std::vector<Case>& cases) {
+  std::vector<RequestId> ids;
+  for (const Case& c : cases) {
+    auto id = e.submit(greedy(c));
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  while (e.step()) e.check_integrity();
+  e.check_integrity();
+  std::vector<std::vector<int32_t>> out;
+  for (RequestId id : ids) {
+    const Request* r = e.request(id);
+    EXPECT_EQ(r->state, RequestState::kFinished);
+    EXPECT_EQ(r->finish_reason, FinishReason::kLength);
+    out.push_back(r->output);
+  }
+  return out;
+}
+
+TEST(Engine, BatchOf64EqualsAloneAndScoreArgmax) {
+  const auto cases = mixed_cases(64, 7);
+  SchedulerConfig sc;
+  sc.max_tokens_per_step = 48;
+  sc.prefill_chunk = 16;
+  auto e = make_engine(int64_t{256} << 20, sc);
+  const auto batch = run_batch(*e, cases);
+  EXPECT_EQ(e->stats().preemptions, 0);
+  const auto& mc = fixture()->config();
+  cpu::CpuModel model(mc, fixture()->weights(), model::Numerics::kReference);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_EQ(static_cast<int64_t>(batch[i].size()), cases[i].max_tokens);
+    if (i % 8 == 0) {
+      EXPECT_EQ(batch[i], run_alone(cases[i])) << "request " << i;
+    }
+    // The score path: one full forward over prompt + output; the argmax after each prefix is the
+    // next generated token.
+    std::vector<int32_t> seq = cases[i].prompt;
+    seq.insert(seq.end(), batch[i].begin(), batch[i].end());
+    auto arena = state::PageArena::growable(state::default_page_bytes(mc));
+    state::SequenceState st(mc, arena.get(), 0, 0);
+    cpu::ForwardOutputs out;
+    ASSERT_TRUE(model.forward(st, seq, cpu::ForwardOptions(), &out).ok());
+    for (size_t k = 0; k < batch[i].size(); ++k) {
+      const float* row = out.logits.data() + (cases[i].prompt.size() - 1 + k) * mc.vocab_size;
+      EXPECT_EQ(std::max_element(row, row + mc.vocab_size) - row, batch[i][k])
+          << "request " << i << " token " << k;
+    }
+  }
+}
+
+TEST(Engine, PreemptionUnderATightBudgetKeepsOutputs) {
+  const auto cases = mixed_cases(24, 11);
+  auto roomy = make_engine(int64_t{256} << 20);
+  const auto expected = run_batch(*roomy, cases);
+  // Room for only a few sequences at a time: admission waits and running ones get preempted.
+  const auto& mc = fixture()->config();
+  const int64_t page = state::min_page_bytes(mc);
+  // Fixed state (rings, compressor rows) for two sequences plus eight spare pages: two sequences
+  // are admitted with 4-token prefill chunks, then their growing compressed entries and index
+  // keys no longer fit and the newer one is preempted (and recomputed later).
+  const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 0);
+  SchedulerConfig sc;
+  sc.max_tokens_per_step = 64;
+  sc.prefill_chunk = 4;
+  auto tight = make_engine((2 * fixed + 8) * page, sc);
+  const auto got = run_batch(*tight, cases);
+  EXPECT_GT(tight->stats().preemptions, 0);
+  EXPECT_EQ(got, expected);
+}
+
+TEST(Engine, RandomArrivalsAndAbortsKeepEveryInvariant) {
+  std::mt19937 g(3);
+  const auto& mc = fixture()->config();
+  const int64_t page = state::min_page_bytes(mc);
+  SchedulerConfig sc;
+  sc.max_tokens_per_step = 20;
+  sc.prefill_chunk = 6;
+  sc.max_running = 5;
+  auto e = make_engine(4 * state::SequenceState::pages_for(mc, page, 60, 0) * page, sc);
+  std::vector<RequestId> live;
+  int submitted = 0, aborted = 0;
+  for (int step = 0; step < 400; ++step) {
+    if (submitted < 60 && g() % 3 == 0) {
+      Case c = mixed_cases(1, g())[0];
+      RequestSpec s = greedy(c);
+      s.sampling.temperature = (g() % 2) ? 0.0f : 0.8f;
+      s.sampling.seed = g();
+      auto id = e->submit(std::move(s));
+      ASSERT_TRUE(id.ok());
+      live.push_back(*id);
+      ++submitted;
+    }
+    if (!live.empty() && g() % 11 == 0) {
+      const RequestId victim = live[g() % live.size()];
+      if (!e->request(victim)->done())
+        ++aborted;
+      e->abort(victim);
+    }
+    e->step();
+    e->check_integrity();
+  }
+  e->run_until_done();
+  e->check_integrity();
+  EXPECT_EQ(e->stats().running, 0);
+  EXPECT_EQ(e->arena().used_bytes(), 0) << "every page returned";
+  for (RequestId id : live) EXPECT_TRUE(e->request(id)->done());
+  EXPECT_GT(aborted, 0);
+}
+
+TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
+  const auto cases = mixed_cases(6, 5);
+  auto sample_all = [&](bool together) {
+    std::vector<std::vector<int32_t>> out;
+    auto e = make_engine(int64_t{64} << 20);
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      RequestSpec s = greedy(cases[i]);
+      s.sampling.temperature = 1.0f;
+      s.sampling.top_p = 0.9f;
+      s.sampling.seed = 100 + i;
+      ids.push_back(*e->submit(std::move(s)));
+      if (!together)
+        e->run_until_done();
+    }
+    e->run_until_done();
+    for (RequestId id : ids) out.push_back(e->request(id)->output);
+    return out;
+  };
+  EXPECT_EQ(sample_all(true), sample_all(false));
+}
+
+TEST(Engine, BadInputIsRejectedAndOthersContinue) {
+  auto e = make_engine(int64_t{64} << 20);
+  auto good = e->submit(greedy({{5, 6, 7}, 4}));
+  ASSERT_TRUE(good.ok());
+  auto expect_error = [&](RequestSpec s, const std::string& needle) {
+    auto r = e->submit(std::move(s));
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  };
+  expect_error(greedy({{}, 4}), "prompt is empty");
+  expect_error(greedy({{5, 9999}, 4}), "outside the vocabulary");
+  expect_error(greedy({{5}, 0}), "max_tokens");
+  RequestSpec bad = greedy({{5}, 4});
+  bad.sampling.top_p = 1.5f;
+  expect_error(std::move(bad), "top_p");
+  expect_error(greedy({std::vector<int32_t>(10, 5), int64_t{1} << 40}), "context limit");
+  auto small =
+      make_engine(state::SequenceState::pages_for(
+                      fixture()->config(), state::min_page_bytes(fixture()->config()), 40, 0) *
+                  state::min_page_bytes(fixture()->config()));
+  auto r = small->submit(greedy({std::vector<int32_t>(400, 5), 100}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("state memory budget"), std::string::npos);
+  e->run_until_done();
+  EXPECT_EQ(e->request(*good)->output.size(), 4u);
+  EngineConfig missing;
+  missing.model_dir = "/nonexistent/model";
+  auto m = Engine::create(missing);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("/nonexistent/model"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsinfer::engine

@@ -1,0 +1,184 @@
+// Sampler: each mode's empirical distribution against its target, penalties, seeding, logprobs.
+#include "sampling/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+namespace dsinfer::sampling {
+namespace {
+
+const std::vector<float> kLogits = {2.0f, 1.0f, 0.5f, 0.0f, -1.0f, 3.0f, -2.0f, 1.5f};
+
+std::vector<double> softmax(const std::vector<float>& l, double t) {
+  std::vector<double> p(l.size());
+  double m = -1e30, s = 0;
+  for (float v : l) m = std::max(m, v / t);
+  for (size_t i = 0; i < l.size(); ++i) s += (p[i] = std::exp(l[i] / t - m));
+  for (auto& v : p) v /= s;
+  return p;
+}
+
+// Empirical frequencies over `draws` samples with seeds 0.. (one step each).
+std::vector<double> frequencies(const SamplingConfig& base, int draws) {
+  std::vector<double> f(kLogits.size(), 0.0);
+  PenaltyState pen;
+  for (int i = 0; i < draws; ++i) {
+    SamplingConfig c = base;
+    c.seed = 1000 + static_cast<uint64_t>(i);
+    std::vector<float> l = kLogits;
+    f[sample(l, c, pen, 0).token] += 1.0;
+  }
+  for (auto& v : f) v /= draws;
+  return f;
+}
+
+// |freq - p| within 5 standard errors for every token.
+void expect_matches(const std::vector<double>& f, const std::vector<double>& p, int draws) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double se = std::sqrt(std::max(p[i] * (1 - p[i]), 1e-12) / draws);
+    EXPECT_NEAR(f[i], p[i], 5 * se + 1e-9) << "token " << i;
+  }
+}
+
+constexpr int kDraws = 40000;
+
+TEST(Sampler, GreedyPicksArgmax) {
+  SamplingConfig c;
+  c.temperature = 0.0f;
+  std::vector<float> l = kLogits;
+  EXPECT_EQ(sample(l, c, PenaltyState(), 0).token, 5);
+}
+
+TEST(Sampler, TemperatureMatchesSoftmax) {
+  for (float t : {1.0f, 0.5f, 2.0f}) {
+    SamplingConfig c;
+    c.temperature = t;
+    expect_matches(frequencies(c, kDraws), softmax(kLogits, t), kDraws);
+  }
+}
+
+TEST(Sampler, TopKRenormalisesOverTheKBest) {
+  SamplingConfig c;
+  c.top_k = 3;  // tokens 5 (3.0), 0 (2.0), 7 (1.5)
+  auto p = softmax(kLogits, 1.0);
+  const double z = p[5] + p[0] + p[7];
+  std::vector<double> target(kLogits.size(), 0.0);
+  target[5] = p[5] / z;
+  target[0] = p[0] / z;
+  target[7] = p[7] / z;
+  expect_matches(frequencies(c, kDraws), target, kDraws);
+}
+
+TEST(Sampler, TopPKeepsTheSmallestPrefixReachingP) {
+  SamplingConfig c;
+  c.top_p = 0.8f;
+  auto p = softmax(kLogits, 1.0);
+  // Sorted: 5, 0, 7, 1, 2, 3, 4, 6. Prefix mass: find the cut.
+  const std::vector<int> order = {5, 0, 7, 1, 2, 3, 4, 6};
+  std::vector<double> target(kLogits.size(), 0.0);
+  double acc = 0;
+  size_t keep = 0;
+  while (keep < order.size()) {
+    acc += p[order[keep++]];
+    if (acc >= 0.8)
+      break;
+  }
+  for (size_t i = 0; i < keep; ++i) target[order[i]] = p[order[i]] / acc;
+  expect_matches(frequencies(c, kDraws), target, kDraws);
+}
+
+TEST(Sampler, MinPDropsTokensBelowTheFraction) {
+  SamplingConfig c;
+  c.min_p = 0.3f;  // keep p >= 0.3 * p_max
+  auto p = softmax(kLogits, 1.0);
+  std::vector<double> target(kLogits.size(), 0.0);
+  double z = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] >= 0.3 * p[5])
+      z += p[i];
+  }
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] >= 0.3 * p[5])
+      target[i] = p[i] / z;
+  }
+  expect_matches(frequencies(c, kDraws), target, kDraws);
+}
+
+TEST(Sampler, PenaltiesShiftLogits) {
+  SamplingConfig c;
+  c.temperature = 0.0f;
+  PenaltyState pen;
+  pen.add_output(5);
+  pen.add_output(5);
+  c.frequency_penalty = 0.6f;  // 3.0 - 1.2 = 1.8 < 2.0
+  std::vector<float> l = kLogits;
+  EXPECT_EQ(sample(l, c, pen, 0).token, 0);
+  c.frequency_penalty = 0.0f;
+  c.presence_penalty = 1.5f;  // 3.0 - 1.5 = 1.5 < 2.0
+  l = kLogits;
+  EXPECT_EQ(sample(l, c, pen, 0).token, 0);
+  c.presence_penalty = 0.0f;
+  c.repetition_penalty = 2.0f;  // 3.0 / 2 = 1.5 < 2.0
+  l = kLogits;
+  EXPECT_EQ(sample(l, c, pen, 0).token, 0);
+  PenaltyState prompt_only;
+  const std::vector<int32_t> prompt = {5};
+  prompt_only.add_prompt(prompt);
+  l = kLogits;
+  EXPECT_EQ(sample(l, c, prompt_only, 0).token, 0) << "repetition covers the prompt";
+  c.repetition_penalty = 1.0f;
+  c.presence_penalty = 1.5f;
+  l = kLogits;
+  EXPECT_EQ(sample(l, c, prompt_only, 0).token, 5) << "presence covers generated tokens only";
+}
+
+TEST(Sampler, SeededDrawsAreReproducibleAndStepDependent) {
+  SamplingConfig c;
+  c.seed = 42;
+  std::map<int32_t, int> seen;
+  for (uint64_t step = 0; step < 200; ++step) {
+    std::vector<float> a = kLogits, b = kLogits;
+    const int32_t ta = sample(a, c, PenaltyState(), step).token;
+    EXPECT_EQ(ta, sample(b, c, PenaltyState(), step).token);
+    ++seen[ta];
+  }
+  EXPECT_GE(seen.size(), 4u);
+  EXPECT_NE(uniform_from(1, 0), uniform_from(2, 0));
+  EXPECT_NE(uniform_from(1, 0), uniform_from(1, 1));
+}
+
+TEST(Sampler, LogprobsAreTheModelDistribution) {
+  SamplingConfig c;
+  c.temperature = 0.0f;
+  c.logprobs = true;
+  c.top_logprobs = 3;
+  c.presence_penalty = 2.0f;  // penalties do not change reported logprobs
+  std::vector<float> l = kLogits;
+  const SampleResult r = sample(l, c, PenaltyState(), 0);
+  const auto p = softmax(kLogits, 1.0);
+  EXPECT_NEAR(r.logprob, std::log(p[5]), 1e-5);
+  ASSERT_EQ(r.top.size(), 3u);
+  EXPECT_EQ(r.top[0].token, 5);
+  EXPECT_EQ(r.top[1].token, 0);
+  EXPECT_EQ(r.top[2].token, 7);
+  EXPECT_NEAR(r.top[1].logprob, std::log(p[0]), 1e-5);
+}
+
+TEST(Sampler, ValidateNamesTheField) {
+  SamplingConfig c;
+  c.top_p = 0.0f;
+  EXPECT_NE(validate(c).message().find("top_p"), std::string::npos);
+  c = SamplingConfig();
+  c.temperature = -1.0f;
+  EXPECT_NE(validate(c).message().find("temperature"), std::string::npos);
+  c = SamplingConfig();
+  c.top_logprobs = 21;
+  EXPECT_NE(validate(c).message().find("top_logprobs"), std::string::npos);
+  EXPECT_TRUE(validate(SamplingConfig()).ok());
+}
+
+}  // namespace
+}  // namespace dsinfer::sampling
