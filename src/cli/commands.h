@@ -9,5 +9,7 @@ namespace dsinfer::cli {
 void add_inspect_command(CLI::App& app, int& exit_code);
 void add_score_command(CLI::App& app, int& exit_code);
 void add_make_checkpoint_command(CLI::App& app, int& exit_code);
+void add_tokenize_command(CLI::App& app, int& exit_code);
+void add_detokenize_command(CLI::App& app, int& exit_code);
 
 }  // namespace dsinfer::cli

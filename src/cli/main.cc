@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   dsinfer::cli::add_inspect_command(app, exit_code);
   dsinfer::cli::add_score_command(app, exit_code);
   dsinfer::cli::add_make_checkpoint_command(app, exit_code);
+  dsinfer::cli::add_tokenize_command(app, exit_code);
+  dsinfer::cli::add_detokenize_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
