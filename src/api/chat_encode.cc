@@ -1,0 +1,208 @@
+// Chat Completions response encoding: chat.completion and chat.completion.chunk (spec §3.1).
+#include "api/chat.h"
+#include "api/detail/blocks.h"
+#include "api/detail/common.h"
+
+namespace dsinfer::api {
+
+using detail::Block;
+using detail::BlockOp;
+using detail::Json;
+using recipe::FinishReason;
+
+const char* chat_finish_reason(FinishReason f) {
+  switch (f) {
+    case FinishReason::kStop:
+    case FinishReason::kStopSequence:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kToolCalls:
+      return "tool_calls";
+    case FinishReason::kAborted:
+      return "aborted";
+    case FinishReason::kError:
+      return "insufficient_system_resource";
+  }
+  return "stop";
+}
+
+namespace {
+
+Json usage_json(const recipe::Usage& u) {
+  Json j = Json::object();
+  j["prompt_tokens"] = u.prompt_tokens;
+  j["completion_tokens"] = u.completion_tokens;
+  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  j["prompt_tokens_details"] = Json{{"cached_tokens", u.cached_prompt_tokens}};
+  j["prompt_cache_hit_tokens"] = u.cached_prompt_tokens;
+  j["prompt_cache_miss_tokens"] = u.prompt_tokens - u.cached_prompt_tokens;
+  j["completion_tokens_details"] = Json{{"reasoning_tokens", u.reasoning_tokens}};
+  return j;
+}
+
+ResponseMeta fill_meta(ResponseMeta meta, const recipe::GenerationRequest& request) {
+  if (meta.id.empty())
+    meta.id = detail::IdGen(detail::mix_seed(meta.seed, 1)).uuid();
+  if (meta.model.empty())
+    meta.model = request.model;
+  return meta;
+}
+
+}  // namespace
+
+ChatStreamEncoder::ChatStreamEncoder(const recipe::GenerationRequest& request, ResponseMeta meta)
+    : meta_(fill_meta(std::move(meta), request)),
+      include_usage_(request.include_usage),
+      tracker_(std::make_unique<detail::BlockTracker>(
+          [seed = meta_.seed](int i) { return detail::openai_tool_call_id(seed, i); })) {}
+
+ChatStreamEncoder::~ChatStreamEncoder() = default;
+
+namespace {
+
+std::string make_chunk(const ResponseMeta& meta,
+                       Json delta,
+                       const char* finish_reason,
+                       bool include_usage,
+                       const recipe::Usage* usage) {
+  Json choice = Json::object();
+  choice["index"] = 0;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason ? Json(finish_reason) : Json(nullptr);
+  Json c = Json::object();
+  c["id"] = meta.id;
+  c["object"] = "chat.completion.chunk";
+  c["created"] = meta.created;
+  c["model"] = meta.model;
+  c["system_fingerprint"] = meta.system_fingerprint;
+  c["choices"] = Json::array({std::move(choice)});
+  if (usage) {
+    c["usage"] = usage_json(*usage);
+  } else if (include_usage) {
+    c["usage"] = nullptr;
+  }
+  return detail::sse_data(c);
+}
+
+}  // namespace
+
+std::string ChatStreamEncoder::start() {
+  if (started_)
+    return "";
+  started_ = true;
+  return make_chunk(
+      meta_, Json{{"role", "assistant"}, {"content", ""}}, nullptr, include_usage_, nullptr);
+}
+
+std::string ChatStreamEncoder::add(const recipe::OutputEvent& event) {
+  if (done_)
+    return "";
+  std::string out = start();
+  for (const BlockOp& op : tracker_->apply(event)) {
+    const Block& b = tracker_->blocks()[op.block];
+    Json delta;
+    if (b.kind == Block::Kind::kTool) {
+      Json call = Json::object();
+      call["index"] = b.tool_ordinal;
+      if (op.type == BlockOp::Type::kOpen) {
+        call["id"] = b.tool_id;
+        call["type"] = "function";
+        call["function"] = Json{{"name", b.tool_name}, {"arguments", ""}};
+      } else if (op.type == BlockOp::Type::kDelta) {
+        call["function"] = Json{{"arguments", op.text}};
+      } else {
+        continue;
+      }
+      delta = Json{{"tool_calls", Json::array({std::move(call)})}};
+    } else {
+      if (op.type != BlockOp::Type::kDelta)
+        continue;
+      if (b.kind == Block::Kind::kReasoning) {
+        delta = Json{{"content", nullptr}, {"reasoning_content", op.text}};
+      } else {
+        delta = Json{{"content", op.text}, {"reasoning_content", nullptr}};
+      }
+    }
+    out += make_chunk(meta_, std::move(delta), nullptr, include_usage_, nullptr);
+  }
+  return out;
+}
+
+std::string ChatStreamEncoder::finish(const recipe::Usage& usage) {
+  if (done_)
+    return "";
+  std::string out = start();
+  tracker_->close_open();
+  done_ = true;
+  out += make_chunk(meta_,
+                    Json{{"content", ""}},
+                    chat_finish_reason(tracker_->finish_reason()),
+                    include_usage_,
+                    &usage);
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
+std::string ChatStreamEncoder::error(const ApiError& e) {
+  if (done_)
+    return "";
+  done_ = true;
+  return "data: " + render_openai_error(e) + "\n\ndata: [DONE]\n\n";
+}
+
+std::string ChatStreamEncoder::response_json(const recipe::Usage& usage) const {
+  std::string content;
+  std::optional<std::string> reasoning;
+  Json calls = Json::array();
+  for (const Block& b : tracker_->blocks()) {
+    switch (b.kind) {
+      case Block::Kind::kReasoning:
+        reasoning = reasoning.value_or("") + b.text;
+        break;
+      case Block::Kind::kText:
+        content += b.text;
+        break;
+      case Block::Kind::kTool: {
+        Json call = Json::object();
+        call["id"] = b.tool_id;
+        call["type"] = "function";
+        call["function"] = Json{{"name", b.tool_name}, {"arguments", b.text}};
+        calls.push_back(std::move(call));
+        break;
+      }
+    }
+  }
+  Json message = Json::object();
+  message["role"] = "assistant";
+  message["content"] = content;
+  message["reasoning_content"] = reasoning ? Json(*reasoning) : Json(nullptr);
+  if (!calls.empty())
+    message["tool_calls"] = std::move(calls);
+  Json choice = Json::object();
+  choice["index"] = 0;
+  choice["message"] = std::move(message);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = chat_finish_reason(tracker_->finish_reason());
+  Json j = Json::object();
+  j["id"] = meta_.id;
+  j["object"] = "chat.completion";
+  j["created"] = meta_.created;
+  j["model"] = meta_.model;
+  j["system_fingerprint"] = meta_.system_fingerprint;
+  j["choices"] = Json::array({std::move(choice)});
+  j["usage"] = usage_json(usage);
+  return detail::dump(j);
+}
+
+std::string build_chat_response(const recipe::GenerationRequest& request,
+                                const ResponseMeta& meta,
+                                const std::vector<recipe::OutputEvent>& events,
+                                const recipe::Usage& usage) {
+  ChatStreamEncoder enc(request, meta);
+  for (const recipe::OutputEvent& e : events) (void)enc.add(e);
+  return enc.response_json(usage);
+}
+
+}  // namespace dsinfer::api

@@ -1,0 +1,283 @@
+#include "api/detail/common.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "recipe/pyjson.h"
+
+namespace dsinfer::api::detail {
+
+Err read_model(const Reader& r,
+               const Json& root,
+               const DecodeOptions& opts,
+               bool accept_claude,
+               std::string* out) {
+  Path p = Path().key("model");
+  DSI_API_TRY(r.req_string(root, Path(), "model", out));
+  if (out->empty())
+    return r.invalid(p, "must not be empty.");
+  if (opts.served_models.empty())
+    return std::nullopt;
+  if (std::find(opts.served_models.begin(), opts.served_models.end(), *out) !=
+      opts.served_models.end()) {
+    return std::nullopt;
+  }
+  if (accept_claude && out->rfind("claude", 0) == 0)
+    return std::nullopt;
+  std::string served;
+  for (const std::string& m : opts.served_models) {
+    if (!served.empty())
+      served += ", ";
+    served += "'" + m + "'";
+  }
+  ApiError e =
+      r.invalid(p, "model '" + *out + "' does not exist; this server serves " + served + ".");
+  e.code = "model_not_found";
+  return e;
+}
+
+Err check_tool_name(const Reader& r,
+                    const Path& p,
+                    const std::string& name,
+                    std::set<std::string>* seen) {
+  bool ok = !name.empty() && name.size() <= 128;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+          c == '-')) {
+      ok = false;
+      break;
+    }
+  }
+  if (!ok) {
+    return r.invalid(
+        p, "tool names must match ^[a-zA-Z0-9_-]{1,128}$, got '" + name.substr(0, 160) + "'.");
+  }
+  if (!seen->insert(name).second)
+    return r.invalid(p, "duplicate tool name '" + name + "'.");
+  return std::nullopt;
+}
+
+Err read_effort(const Reader& r, const Path& p, const Json& v, EffortSetting* out) {
+  std::string s;
+  DSI_API_TRY(r.as_string(v, p, &s));
+  std::optional<EffortSetting> e = parse_effort(s);
+  if (!e) {
+    return r.invalid(p,
+                     "'" + s.substr(0, 64) +
+                         "' is not one of 'none', 'minimal', 'low', 'medium', 'high', "
+                         "'xhigh', 'max', 'ultra'.");
+  }
+  *out = *e;
+  return std::nullopt;
+}
+
+void apply_thinking(const ThinkingControls& c,
+                    const DecodeOptions& opts,
+                    recipe::Conversation* conv) {
+  bool on = c.enabled.value_or(true);
+  if (c.effort && c.effort->thinking_off)
+    on = false;
+  conv->thinking = on ? recipe::ThinkingMode::kThinking : recipe::ThinkingMode::kChat;
+  conv->effort = recipe::ReasoningEffort::kUnset;
+  if (on) {
+    conv->effort = c.effort && c.effort->effort != recipe::ReasoningEffort::kUnset
+                       ? c.effort->effort
+                       : opts.default_effort;
+  }
+}
+
+Err check_tool_choice_mode(const Reader& r,
+                           const Path& tool_choice_path,
+                           const recipe::Conversation& conv) {
+  if (conv.thinking == recipe::ThinkingMode::kThinking &&
+      (conv.tool_choice == recipe::ToolChoice::kRequired ||
+       conv.tool_choice == recipe::ToolChoice::kNamed)) {
+    return r.invalid(tool_choice_path,
+                     "forcing a tool call (required or a named tool) is not supported in "
+                     "thinking mode; disable thinking to use it.");
+  }
+  return std::nullopt;
+}
+
+Err read_temperature_top_p(const Reader& r,
+                           const Json& root,
+                           const DecodeOptions& opts,
+                           recipe::GenerationRequest* req) {
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  DSI_API_TRY(r.opt_number(root, Path(), "temperature", &temperature));
+  DSI_API_TRY(r.opt_number(root, Path(), "top_p", &top_p));
+  if (temperature && (*temperature < 0.0 || *temperature > 2.0)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", *temperature);
+    return r.invalid(Path().key("temperature"),
+                     std::string("must be between 0 and 2, got ") + buf + ".");
+  }
+  if (top_p && (*top_p <= 0.0 || *top_p > 1.0)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", *top_p);
+    return r.invalid(Path().key("top_p"),
+                     std::string("must be greater than 0 and at most 1, got ") + buf + ".");
+  }
+  recipe::SamplingParams& s = req->sampling;
+  s.temperature = static_cast<float>(temperature.value_or(1.0));
+  s.top_p = static_cast<float>(top_p.value_or(1.0));
+  if (opts.apply_thinking_sampling_rules) {
+    if (req->conversation.thinking == recipe::ThinkingMode::kThinking) {
+      s.temperature = 1.0f;
+      s.top_p = std::max(s.top_p, 0.95f);
+    } else {
+      s.top_p = 1.0f;
+    }
+  }
+  return std::nullopt;
+}
+
+Err read_max_tokens(const Reader& r,
+                    const Json& root,
+                    std::string_view key,
+                    const DecodeOptions& opts,
+                    std::optional<int64_t>* out) {
+  std::optional<int64_t> v;
+  DSI_API_TRY(r.opt_int(root, Path(), key, &v));
+  if (!v)
+    return std::nullopt;
+  if (*v < 1 || *v > opts.max_output_tokens) {
+    return r.invalid(Path().key(key),
+                     "must be between 1 and " + std::to_string(opts.max_output_tokens) + ", got " +
+                         std::to_string(*v) + ".");
+  }
+  *out = v;
+  return std::nullopt;
+}
+
+Err read_stop(const Reader& r,
+              const Json& root,
+              std::string_view key,
+              size_t max_count,
+              std::vector<std::string>* out) {
+  const Json* v = find(root, key);
+  if (!v)
+    return std::nullopt;
+  Path p = Path().key(key);
+  if (v->is_string()) {
+    std::string s = v->get<std::string>();
+    if (!s.empty())
+      out->push_back(std::move(s));
+    return std::nullopt;
+  }
+  if (!v->is_array())
+    return r.type_error(p, "a string or an array of strings", *v);
+  if (max_count != 0 && v->size() > max_count) {
+    return r.invalid(p,
+                     "at most " + std::to_string(max_count) + " stop sequences are allowed, got " +
+                         std::to_string(v->size()) + ".");
+  }
+  for (size_t i = 0; i < v->size(); ++i) {
+    std::string s;
+    DSI_API_TRY(r.as_string((*v)[i], p.index(i), &s));
+    if (!s.empty())
+      out->push_back(std::move(s));
+  }
+  return std::nullopt;
+}
+
+bool is_json_text(const std::string& text) {
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    return true;
+  // Same nesting guard as request bodies.
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return Json::accept(text);
+}
+
+std::string py_dumps(const Json& v) {
+  return recipe::py_json_dumps(v);
+}
+
+std::string dump(const Json& v) {
+  return v.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string sse_data(const Json& v) {
+  return "data: " + dump(v) + "\n\n";
+}
+
+std::string sse_event(const std::string& name, const Json& v) {
+  return "event: " + name + "\ndata: " + dump(v) + "\n\n";
+}
+
+uint64_t IdGen::next() {
+  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::string IdGen::alnum(int n) {
+  static constexpr char kChars[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  std::string s;
+  s.reserve(n);
+  for (int i = 0; i < n; ++i) s += kChars[next() % 62];
+  return s;
+}
+
+std::string IdGen::hex(int n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(n);
+  for (int i = 0; i < n; ++i) s += kHex[next() % 16];
+  return s;
+}
+
+std::string IdGen::uuid() {
+  std::string h = hex(32);
+  h[12] = '4';
+  h[16] = "89ab"[next() % 4];
+  return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) +
+         "-" + h.substr(20);
+}
+
+uint64_t mix_seed(uint64_t seed, uint64_t salt) {
+  IdGen g(seed ^ (salt * 0xD6E8FEB86659FD93ull));
+  return g.next();
+}
+
+std::string openai_tool_call_id(uint64_t seed, int index) {
+  IdGen g(mix_seed(seed, 0x7001u + static_cast<uint64_t>(index)));
+  char prefix[32];
+  std::snprintf(prefix, sizeof prefix, "call_%02d_", index % 100);
+  return prefix + g.alnum(24);
+}
+
+std::string anthropic_tool_use_id(uint64_t seed, int index) {
+  IdGen g(mix_seed(seed, 0x7001u + static_cast<uint64_t>(index)));
+  return "toolu_" + g.alnum(24);
+}
+
+recipe::FinishReason effective_finish(recipe::FinishReason f, bool has_tool_calls) {
+  if (has_tool_calls && (f == recipe::FinishReason::kStop))
+    return recipe::FinishReason::kToolCalls;
+  return f;
+}
+
+}  // namespace dsinfer::api::detail

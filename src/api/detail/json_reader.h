@@ -1,0 +1,117 @@
+// Internal: exception-free, type-checked access to request JSON with errors that name the
+// field. Every value is type-checked before any get<>.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/error.h"
+
+namespace dsinfer::api::detail {
+
+using Json = nlohmann::ordered_json;
+using Err = std::optional<ApiError>;
+
+// Propagates an Err from a helper.
+#define DSI_API_TRY(expr)                              \
+  do {                                                 \
+    ::dsinfer::api::detail::Err dsi_api_err_ = (expr); \
+    if (dsi_api_err_)                                  \
+      return std::move(*dsi_api_err_);                 \
+  } while (0)
+
+// How error messages spell paths: OpenAI "messages[1].content[0].text", Anthropic
+// "messages.1.content.0.text".
+enum class Dialect { kOpenAI, kAnthropic };
+
+class Path {
+ public:
+  Path() = default;
+  Path key(std::string_view k) const;
+  Path index(size_t i) const;
+  std::string render(Dialect d) const;
+  bool empty() const { return segs_.empty(); }
+
+ private:
+  struct Seg {
+    std::string key;
+    size_t idx = 0;
+    bool is_index = false;
+  };
+  std::vector<Seg> segs_;
+};
+
+// Nesting limit for request bodies (checked on the raw text before parsing).
+inline constexpr int kMaxJsonDepth = 128;
+
+// Parses a request body: 400 on bad JSON, excessive nesting or a non-object root.
+Err parse_body(std::string_view body, Dialect d, Json* out);
+
+// "a string", "an integer", … for messages.
+const char* json_kind(const Json& v);
+
+// Lookup: nullptr when the key is absent or null.
+const Json* find(const Json& obj, std::string_view key);
+
+class Reader {
+ public:
+  explicit Reader(Dialect d) : d_(d) {}
+  Dialect dialect() const { return d_; }
+
+  ApiError missing(const Path& p) const;
+  ApiError type_error(const Path& p, std::string_view expected, const Json& got) const;
+  ApiError invalid(const Path& p, const std::string& detail) const;
+
+  // Typed field access on `obj` (an object) at `obj_path`. opt_*: absent/null leaves *out
+  // unset. req_*: absent/null is a "missing" error.
+  Err opt_string(const Json& obj,
+                 const Path& obj_path,
+                 std::string_view key,
+                 std::optional<std::string>* out) const;
+  Err req_string(const Json& obj,
+                 const Path& obj_path,
+                 std::string_view key,
+                 std::string* out) const;
+  Err opt_bool(const Json& obj,
+               const Path& obj_path,
+               std::string_view key,
+               std::optional<bool>* out) const;
+  Err opt_number(const Json& obj,
+                 const Path& obj_path,
+                 std::string_view key,
+                 std::optional<double>* out) const;
+  Err opt_int(const Json& obj,
+              const Path& obj_path,
+              std::string_view key,
+              std::optional<int64_t>* out) const;
+  Err opt_object(const Json& obj,
+                 const Path& obj_path,
+                 std::string_view key,
+                 const Json** out) const;
+  Err req_object(const Json& obj,
+                 const Path& obj_path,
+                 std::string_view key,
+                 const Json** out) const;
+  Err opt_array(const Json& obj,
+                const Path& obj_path,
+                std::string_view key,
+                const Json** out) const;
+  Err req_array(const Json& obj,
+                const Path& obj_path,
+                std::string_view key,
+                const Json** out) const;
+
+  // Value-level checks (v at path p).
+  Err as_string(const Json& v, const Path& p, std::string* out) const;
+  Err as_object(const Json& v, const Path& p) const;
+  Err as_int(const Json& v, const Path& p, int64_t* out) const;
+
+ private:
+  Dialect d_;
+};
+
+}  // namespace dsinfer::api::detail

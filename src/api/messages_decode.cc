@@ -1,0 +1,379 @@
+// Anthropic Messages request decoding (spec §3.2).
+#include <set>
+
+#include "api/detail/common.h"
+#include "api/messages.h"
+
+namespace dsinfer::api {
+
+using detail::Dialect;
+using detail::Err;
+using detail::find;
+using detail::Json;
+using detail::Path;
+using detail::Reader;
+using recipe::ContentBlock;
+using recipe::GenerationRequest;
+using recipe::Message;
+using recipe::Role;
+
+namespace {
+
+// Block types DeepSeek documents as not supported.
+bool is_rejected_block(const std::string& type) {
+  return type == "document" || type == "search_result" || type == "redacted_thinking" ||
+         type == "code_execution_tool_result" || type == "mcp_tool_use" ||
+         type == "mcp_tool_result" || type == "container_upload";
+}
+
+Err unsupported_block(const Reader& r, const Path& type_path, const std::string& type) {
+  return r.invalid(type_path,
+                   "content blocks of type '" + type.substr(0, 64) + "' are not supported.");
+}
+
+Err read_system(const Reader& r, const Json& root, GenerationRequest* req) {
+  const Json* sys = find(root, "system");
+  if (!sys)
+    return std::nullopt;
+  Path p = Path().key("system");
+  std::string text;
+  if (sys->is_string()) {
+    text = sys->get<std::string>();
+  } else if (sys->is_array()) {
+    for (size_t i = 0; i < sys->size(); ++i) {
+      const Json& b = (*sys)[i];
+      Path bp = p.index(i);
+      DSI_API_TRY(r.as_object(b, bp));
+      std::string type;
+      DSI_API_TRY(r.req_string(b, bp, "type", &type));
+      if (type != "text")
+        return r.invalid(bp.key("type"), "system blocks must be 'text' blocks.");
+      std::string t;
+      DSI_API_TRY(r.req_string(b, bp, "text", &t));
+      if (!text.empty() && !t.empty())
+        text += "\n\n";
+      text += t;
+    }
+  } else {
+    return r.type_error(p, "a string or an array of text blocks", *sys);
+  }
+  if (text.empty())
+    return std::nullopt;
+  Message m;
+  m.role = Role::kSystem;
+  m.content = std::move(text);
+  req->conversation.messages.push_back(std::move(m));
+  return std::nullopt;
+}
+
+Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
+  const Json* tools = nullptr;
+  DSI_API_TRY(r.opt_array(root, Path(), "tools", &tools));
+  if (!tools)
+    return std::nullopt;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const Json& t = (*tools)[i];
+    Path tp = Path().key("tools").index(i);
+    DSI_API_TRY(r.as_object(t, tp));
+    std::optional<std::string> type;
+    DSI_API_TRY(r.opt_string(t, tp, "type", &type));
+    if (type && *type != "custom") {
+      return r.invalid(
+          tp.key("type"),
+          "tools of type '" + type->substr(0, 64) + "' are not supported; only client tools are.");
+    }
+    recipe::ToolSpec spec;
+    DSI_API_TRY(r.req_string(t, tp, "name", &spec.name));
+    DSI_API_TRY(detail::check_tool_name(r, tp.key("name"), spec.name, &seen));
+    std::optional<std::string> description;
+    DSI_API_TRY(r.opt_string(t, tp, "description", &description));
+    const Json* schema = nullptr;
+    DSI_API_TRY(r.req_object(t, tp, "input_schema", &schema));
+    Json fn = Json::object();
+    fn["name"] = spec.name;
+    if (description)
+      fn["description"] = *description;
+    fn["parameters"] = *schema;
+    spec.function_json = detail::py_dumps(fn);
+    conv->tools.push_back(std::move(spec));
+  }
+  return std::nullopt;
+}
+
+Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* conv) {
+  conv->tool_choice = conv->tools.empty() ? recipe::ToolChoice::kNone : recipe::ToolChoice::kAuto;
+  const Json* tc = nullptr;
+  DSI_API_TRY(r.opt_object(root, Path(), "tool_choice", &tc));
+  if (!tc)
+    return std::nullopt;
+  Path p = Path().key("tool_choice");
+  std::string type;
+  DSI_API_TRY(r.req_string(*tc, p, "type", &type));
+  std::optional<bool> dptu;
+  DSI_API_TRY(r.opt_bool(*tc, p, "disable_parallel_tool_use", &dptu));  // ignored
+  if (type == "none") {
+    conv->tool_choice = recipe::ToolChoice::kNone;
+  } else if (type == "auto") {
+    // Keeps the default (auto with tools, none without).
+  } else if (type == "any") {
+    if (conv->tools.empty())
+      return r.invalid(p.key("type"), "'any' needs at least one tool.");
+    conv->tool_choice = recipe::ToolChoice::kRequired;
+  } else if (type == "tool") {
+    std::string name;
+    DSI_API_TRY(r.req_string(*tc, p, "name", &name));
+    bool known = false;
+    for (const recipe::ToolSpec& t : conv->tools) known = known || t.name == name;
+    if (!known) {
+      return r.invalid(p.key("name"), "no tool named '" + name.substr(0, 128) + "' in tools.");
+    }
+    conv->tool_choice = recipe::ToolChoice::kNamed;
+    conv->tool_choice_name = name;
+  } else {
+    return r.invalid(
+        p.key("type"),
+        "Input should be 'auto', 'any', 'tool' or 'none', got '" + type.substr(0, 64) + "'.");
+  }
+  return std::nullopt;
+}
+
+// tool_result content: a string or text/image blocks, reduced to text.
+Err read_tool_result_content(const Reader& r, const Json& block, const Path& bp, std::string* out) {
+  const Json* c = find(block, "content");
+  if (!c)
+    return std::nullopt;
+  Path cp = bp.key("content");
+  if (c->is_string()) {
+    *out = c->get<std::string>();
+    return std::nullopt;
+  }
+  if (!c->is_array())
+    return r.type_error(cp, "a string or an array of content blocks", *c);
+  for (size_t k = 0; k < c->size(); ++k) {
+    const Json& part = (*c)[k];
+    Path pp = cp.index(k);
+    DSI_API_TRY(r.as_object(part, pp));
+    std::string type;
+    DSI_API_TRY(r.req_string(part, pp, "type", &type));
+    std::string piece;
+    if (type == "text") {
+      DSI_API_TRY(r.req_string(part, pp, "text", &piece));
+    } else if (type == "image") {
+      piece = "[Unsupported image]";
+    } else {
+      return r.invalid(pp.key("type"), "tool_result content blocks must be 'text' or 'image'.");
+    }
+    if (k > 0)
+      *out += "\n\n";
+    *out += piece;
+  }
+  return std::nullopt;
+}
+
+Err read_user_blocks(const Reader& r,
+                     const Json& content,
+                     const Path& cp,
+                     const std::set<std::string>& known_tool_ids,
+                     Message* msg) {
+  for (size_t j = 0; j < content.size(); ++j) {
+    const Json& b = content[j];
+    Path bp = cp.index(j);
+    DSI_API_TRY(r.as_object(b, bp));
+    std::string type;
+    DSI_API_TRY(r.req_string(b, bp, "type", &type));
+    ContentBlock block;
+    if (type == "text") {
+      block.type = ContentBlock::Type::kText;
+      DSI_API_TRY(r.req_string(b, bp, "text", &block.text));
+    } else if (type == "tool_result") {
+      block.type = ContentBlock::Type::kToolResult;
+      DSI_API_TRY(r.req_string(b, bp, "tool_use_id", &block.tool_use_id));
+      if (known_tool_ids.count(block.tool_use_id) == 0) {
+        return r.invalid(
+            bp.key("tool_use_id"),
+            "no earlier tool_use block has id '" + block.tool_use_id.substr(0, 128) + "'.");
+      }
+      std::optional<bool> is_error;
+      DSI_API_TRY(r.opt_bool(b, bp, "is_error", &is_error));  // ignored
+      DSI_API_TRY(read_tool_result_content(r, b, bp, &block.text));
+    } else if (type == "image" || type == "server_tool_use" || type == "web_search_tool_result") {
+      block.type = ContentBlock::Type::kUnsupported;
+      block.unsupported_type = type;
+    } else if (is_rejected_block(type)) {
+      return unsupported_block(r, bp.key("type"), type);
+    } else if (type == "thinking" || type == "tool_use") {
+      return r.invalid(bp.key("type"),
+                       "'" + type + "' blocks are only allowed in assistant messages.");
+    } else {
+      return r.invalid(bp.key("type"), "unknown content block type '" + type.substr(0, 64) + "'.");
+    }
+    msg->blocks.push_back(std::move(block));
+  }
+  return std::nullopt;
+}
+
+Err read_assistant_blocks(const Reader& r,
+                          const Json& content,
+                          const Path& cp,
+                          std::set<std::string>* known_tool_ids,
+                          Message* msg) {
+  for (size_t j = 0; j < content.size(); ++j) {
+    const Json& b = content[j];
+    Path bp = cp.index(j);
+    DSI_API_TRY(r.as_object(b, bp));
+    std::string type;
+    DSI_API_TRY(r.req_string(b, bp, "type", &type));
+    if (type == "text") {
+      std::string text;
+      DSI_API_TRY(r.req_string(b, bp, "text", &text));
+      msg->content += text;
+    } else if (type == "thinking") {
+      std::string thinking;
+      DSI_API_TRY(r.req_string(b, bp, "thinking", &thinking));
+      std::optional<std::string> signature;
+      DSI_API_TRY(r.opt_string(b, bp, "signature", &signature));  // ignored
+      msg->reasoning_content = msg->reasoning_content.value_or("") + thinking;
+    } else if (type == "tool_use") {
+      recipe::ToolCall call;
+      DSI_API_TRY(r.req_string(b, bp, "id", &call.id));
+      DSI_API_TRY(r.req_string(b, bp, "name", &call.name));
+      const Json* input = nullptr;
+      DSI_API_TRY(r.req_object(b, bp, "input", &input));
+      call.arguments = detail::py_dumps(*input);
+      known_tool_ids->insert(call.id);
+      msg->tool_calls.push_back(std::move(call));
+    } else if (type == "server_tool_use" || type == "web_search_tool_result") {
+      // Server tool history: nothing to render.
+    } else if (is_rejected_block(type)) {
+      return unsupported_block(r, bp.key("type"), type);
+    } else if (type == "image" || type == "tool_result") {
+      return r.invalid(bp.key("type"), "'" + type + "' blocks are only allowed in user messages.");
+    } else {
+      return r.invalid(bp.key("type"), "unknown content block type '" + type.substr(0, 64) + "'.");
+    }
+  }
+  return std::nullopt;
+}
+
+Err read_messages(const Reader& r, const Json& root, GenerationRequest* req) {
+  const Json* msgs = nullptr;
+  DSI_API_TRY(r.req_array(root, Path(), "messages", &msgs));
+  if (msgs->empty())
+    return r.invalid(Path().key("messages"), "at least one message is required.");
+  std::set<std::string> known_tool_ids;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const Json& m = (*msgs)[i];
+    Path mp = Path().key("messages").index(i);
+    DSI_API_TRY(r.as_object(m, mp));
+    std::string role;
+    DSI_API_TRY(r.req_string(m, mp, "role", &role));
+    Message msg;
+    if (role == "user") {
+      msg.role = Role::kUser;
+    } else if (role == "assistant") {
+      msg.role = Role::kAssistant;
+    } else {
+      return r.invalid(mp.key("role"),
+                       "Input should be 'user' or 'assistant', got '" + role.substr(0, 64) + "'.");
+    }
+    const Json* content = find(m, "content");
+    if (!content)
+      return r.missing(mp.key("content"));
+    Path cp = mp.key("content");
+    if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      if (msg.role == Role::kUser) {
+        DSI_API_TRY(read_user_blocks(r, *content, cp, known_tool_ids, &msg));
+      } else {
+        DSI_API_TRY(read_assistant_blocks(r, *content, cp, &known_tool_ids, &msg));
+      }
+    } else {
+      return r.type_error(cp, "a string or an array of content blocks", *content);
+    }
+    // A final assistant message is a prefill: generation continues it.
+    if (msg.role == Role::kAssistant && i + 1 == msgs->size())
+      msg.prefix = true;
+    req->conversation.messages.push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* req) {
+  const Reader r(Dialect::kAnthropic);
+  Json root;
+  DSI_API_TRY(detail::parse_body(body, Dialect::kAnthropic, &root));
+  DSI_API_TRY(detail::read_model(r, root, opts, /*accept_claude=*/true, &req->model));
+  DSI_API_TRY(detail::read_max_tokens(r, root, "max_tokens", opts, &req->sampling.max_tokens));
+  if (!req->sampling.max_tokens)
+    return r.missing(Path().key("max_tokens"));
+  std::optional<bool> stream;
+  DSI_API_TRY(r.opt_bool(root, Path(), "stream", &stream));
+  req->stream = stream.value_or(false);
+
+  detail::ThinkingControls tc;
+  const Json* thinking = nullptr;
+  DSI_API_TRY(r.opt_object(root, Path(), "thinking", &thinking));
+  if (thinking) {
+    Path tp = Path().key("thinking");
+    std::string type;
+    DSI_API_TRY(r.req_string(*thinking, tp, "type", &type));
+    if (type == "enabled" || type == "adaptive") {
+      tc.enabled = true;
+    } else if (type == "disabled") {
+      tc.enabled = false;
+    } else {
+      return r.invalid(
+          tp.key("type"),
+          "Input should be 'enabled', 'disabled' or 'adaptive', got '" + type.substr(0, 64) + "'.");
+    }
+    std::optional<int64_t> budget;
+    DSI_API_TRY(r.opt_int(*thinking, tp, "budget_tokens", &budget));  // ignored
+  }
+  const Json* output_config = nullptr;
+  DSI_API_TRY(r.opt_object(root, Path(), "output_config", &output_config));
+  if (output_config) {
+    if (const Json* e = find(*output_config, "effort")) {
+      EffortSetting es;
+      DSI_API_TRY(detail::read_effort(r, Path().key("output_config").key("effort"), *e, &es));
+      tc.effort = es;
+    }
+  }
+  detail::apply_thinking(tc, opts, &req->conversation);
+
+  DSI_API_TRY(read_tools(r, root, &req->conversation));
+  DSI_API_TRY(read_tool_choice(r, root, &req->conversation));
+  DSI_API_TRY(detail::check_tool_choice_mode(r, Path().key("tool_choice"), req->conversation));
+  DSI_API_TRY(read_system(r, root, req));
+  DSI_API_TRY(read_messages(r, root, req));
+
+  DSI_API_TRY(detail::read_temperature_top_p(r, root, opts, req));
+  std::optional<int64_t> top_k;
+  DSI_API_TRY(r.opt_int(root, Path(), "top_k", &top_k));  // ignored (spec §3.2)
+  if (const Json* ss = find(root, "stop_sequences"); ss && !ss->is_array()) {
+    return r.type_error(Path().key("stop_sequences"), "an array of strings", *ss);
+  }
+  DSI_API_TRY(detail::read_stop(r, root, "stop_sequences", 0, &req->sampling.stop));
+  const Json* metadata = nullptr;
+  DSI_API_TRY(r.opt_object(root, Path(), "metadata", &metadata));
+  if (metadata) {
+    std::optional<std::string> user_id;
+    DSI_API_TRY(r.opt_string(*metadata, Path().key("metadata"), "user_id", &user_id));
+    if (user_id)
+      req->user = *user_id;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ApiResult<GenerationRequest> decode_messages_request(std::string_view body,
+                                                     const DecodeOptions& opts) {
+  GenerationRequest req;
+  if (Err e = decode(body, opts, &req))
+    return std::move(*e);
+  return req;
+}
+
+}  // namespace dsinfer::api

@@ -1,0 +1,511 @@
+// Request decoding for the three protocols: request JSON -> GenerationRequest.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "api/chat.h"
+#include "api/messages.h"
+#include "api/options.h"
+#include "api/responses.h"
+#include "api_test_util.h"
+
+namespace dsinfer::api {
+namespace {
+
+using recipe::ContentBlock;
+using recipe::GenerationRequest;
+using recipe::ReasoningEffort;
+using recipe::Role;
+using recipe::ThinkingMode;
+using recipe::ToolChoice;
+
+GenerationRequest chat_ok(const std::string& body, const DecodeOptions& opts = {}) {
+  ApiResult<GenerationRequest> r = decode_chat_request(body, opts);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? std::move(r).value() : GenerationRequest{};
+}
+GenerationRequest messages_ok(const std::string& body, const DecodeOptions& opts = {}) {
+  ApiResult<GenerationRequest> r = decode_messages_request(body, opts);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? std::move(r).value() : GenerationRequest{};
+}
+GenerationRequest responses_ok(const std::string& body, const DecodeOptions& opts = {}) {
+  ApiResult<GenerationRequest> r = decode_responses_request(body, opts);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? std::move(r).value() : GenerationRequest{};
+}
+
+// ---------------------------------------------------------------- Chat Completions
+
+TEST(ChatDecode, MinimalRequestGetsDefaults) {
+  GenerationRequest r = chat_ok(R"({"model":"deepseek-flash","messages":[
+      {"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]})");
+  EXPECT_EQ(r.model, "deepseek-flash");
+  ASSERT_EQ(r.conversation.messages.size(), 2u);
+  EXPECT_EQ(r.conversation.messages[0].role, Role::kSystem);
+  EXPECT_EQ(r.conversation.messages[0].content, "Be brief.");
+  EXPECT_EQ(r.conversation.messages[1].role, Role::kUser);
+  EXPECT_EQ(r.conversation.messages[1].content, "Hi");
+  EXPECT_EQ(r.conversation.thinking, ThinkingMode::kThinking);
+  EXPECT_EQ(r.conversation.effort, ReasoningEffort::kHigh);
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNone);
+  EXPECT_FALSE(r.sampling.max_tokens.has_value());
+  EXPECT_FALSE(r.stream);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 1.0f);
+}
+
+TEST(ChatDecode, ThinkingDisabledUsesTemperatureAndFixesTopP) {
+  GenerationRequest r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+      "thinking":{"type":"disabled"},"temperature":0.3,"top_p":0.5})");
+  EXPECT_EQ(r.conversation.thinking, ThinkingMode::kChat);
+  EXPECT_EQ(r.conversation.effort, ReasoningEffort::kUnset);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.3f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 1.0f);
+}
+
+TEST(ChatDecode, ThinkingClampsTopPAndIgnoresTemperature) {
+  GenerationRequest r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+      "thinking":{"type":"enabled"},"temperature":0.3,"top_p":0.5})");
+  EXPECT_EQ(r.conversation.thinking, ThinkingMode::kThinking);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.95f);
+  r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_p":0.97})");
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.97f);
+  DecodeOptions raw;
+  raw.apply_thinking_sampling_rules = false;
+  r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+      "temperature":0.3,"top_p":0.5})",
+              raw);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.3f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.5f);
+}
+
+TEST(ChatDecode, EffortAliases) {
+  struct Case {
+    const char* effort;
+    ThinkingMode mode;
+    ReasoningEffort effort_out;
+  };
+  const Case cases[] = {
+      {"none", ThinkingMode::kChat, ReasoningEffort::kUnset},
+      {"minimal", ThinkingMode::kThinking, ReasoningEffort::kLow},
+      {"low", ThinkingMode::kThinking, ReasoningEffort::kLow},
+      {"medium", ThinkingMode::kThinking, ReasoningEffort::kHigh},
+      {"high", ThinkingMode::kThinking, ReasoningEffort::kHigh},
+      {"xhigh", ThinkingMode::kThinking, ReasoningEffort::kHigh},
+      {"max", ThinkingMode::kThinking, ReasoningEffort::kMax},
+      {"ultra", ThinkingMode::kThinking, ReasoningEffort::kMax},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.effort);
+    GenerationRequest r = chat_ok(std::string(R"({"model":"m","messages":[{"role":"user",
+        "content":"x"}],"reasoning_effort":")") +
+                                  c.effort + "\"}");
+    EXPECT_EQ(r.conversation.thinking, c.mode);
+    EXPECT_EQ(r.conversation.effort, c.effort_out);
+  }
+  // thinking.type disabled wins over an effort.
+  GenerationRequest r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+      "thinking":{"type":"disabled"},"reasoning_effort":"max"})");
+  EXPECT_EQ(r.conversation.thinking, ThinkingMode::kChat);
+}
+
+TEST(ChatDecode, DefaultMaxTokens) {
+  EXPECT_EQ(default_max_tokens(ThinkingMode::kChat, ReasoningEffort::kUnset), 8192);
+  EXPECT_EQ(default_max_tokens(ThinkingMode::kThinking, ReasoningEffort::kHigh), 65536);
+  EXPECT_EQ(default_max_tokens(ThinkingMode::kThinking, ReasoningEffort::kLow), 65536);
+  EXPECT_EQ(default_max_tokens(ThinkingMode::kThinking, ReasoningEffort::kMax), 131072);
+  GenerationRequest r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+      "reasoning_effort":"max"})");
+  ApiResult<int64_t> mt = resolve_max_tokens(r, 1000, 1 << 20);
+  ASSERT_TRUE(mt.ok());
+  EXPECT_EQ(mt.value(), 131072);
+  mt = resolve_max_tokens(r, (1 << 20) - 10, 1 << 20);
+  ASSERT_TRUE(mt.ok());
+  EXPECT_EQ(mt.value(), 10);
+  r.sampling.max_tokens = 100;
+  mt = resolve_max_tokens(r, (1 << 20) - 10, 1 << 20);
+  ASSERT_FALSE(mt.ok());
+  EXPECT_EQ(mt.error().param, "max_tokens");
+}
+
+TEST(ChatDecode, ToolsKeepFunctionObjectKeyOrder) {
+  GenerationRequest r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+      "thinking":{"type":"disabled"},
+      "tools":[{"type":"function","function":{"name":"get_weather",
+        "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},
+        "description":"Weather for a city — °C"}}]})");
+  ASSERT_EQ(r.conversation.tools.size(), 1u);
+  EXPECT_EQ(r.conversation.tools[0].name, "get_weather");
+  EXPECT_EQ(r.conversation.tools[0].function_json,
+            "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \"properties\": "
+            "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}, \"description\": "
+            "\"Weather for a city — °C\"}");
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
+}
+
+TEST(ChatDecode, ToolChoiceVariants) {
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"a"}},
+      {"type":"function","function":{"name":"b"}}])";
+  auto body = [&](const std::string& extra) {
+    return R"({"model":"m","messages":[{"role":"user","content":"x"}],)" + tools + "," + extra +
+           "}";
+  };
+  GenerationRequest r = chat_ok(body(R"("tool_choice":"none")"));
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNone);
+  r = chat_ok(body(R"("tool_choice":"required","thinking":{"type":"disabled"})"));
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kRequired);
+  r = chat_ok(body(
+      R"("tool_choice":{"type":"function","function":{"name":"b"}},"reasoning_effort":"none")"));
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(r.conversation.tool_choice_name, "b");
+}
+
+TEST(ChatDecode, ToolHistoryAndReasoning) {
+  GenerationRequest r = chat_ok(R"({"model":"m","tools":[{"type":"function","function":{
+      "name":"get_weather","parameters":{"type":"object"}}}],
+      "messages":[
+        {"role":"user","content":"Weather in Paris?"},
+        {"role":"assistant","content":"","reasoning_content":"Call the tool.","tool_calls":[
+          {"id":"call_00_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}},
+          {"id":"call_01_b","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Nice\"}"}}]},
+        {"role":"tool","tool_call_id":"call_00_a","content":"Sunny"},
+        {"role":"tool","tool_call_id":"call_01_b","content":[{"type":"text","text":"Rain"}]}]})");
+  const auto& m = r.conversation.messages;
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_EQ(m[1].role, Role::kAssistant);
+  ASSERT_TRUE(m[1].reasoning_content.has_value());
+  EXPECT_EQ(*m[1].reasoning_content, "Call the tool.");
+  ASSERT_EQ(m[1].tool_calls.size(), 2u);
+  EXPECT_EQ(m[1].tool_calls[0].id, "call_00_a");
+  EXPECT_EQ(m[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(m[1].tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+  EXPECT_EQ(m[2].role, Role::kTool);
+  EXPECT_EQ(m[2].tool_call_id, "call_00_a");
+  EXPECT_EQ(m[2].content, "Sunny");
+  EXPECT_EQ(m[3].tool_call_id, "call_01_b");
+  ASSERT_EQ(m[3].blocks.size(), 1u);
+  EXPECT_EQ(m[3].blocks[0].text, "Rain");
+}
+
+TEST(ChatDecode, ReasoningPassbackCanBeRelaxed) {
+  const std::string body = R"({"model":"m","tools":[{"type":"function","function":{"name":"f"}}],
+      "messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},
+                  {"role":"user","content":"c"}]})";
+  EXPECT_FALSE(decode_chat_request(body, {}).ok());
+  DecodeOptions opts;
+  opts.require_reasoning_passback = false;
+  EXPECT_TRUE(decode_chat_request(body, opts).ok());
+}
+
+TEST(ChatDecode, SamplingFieldsStopSeedLogprobsStream) {
+  GenerationRequest r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+      "max_tokens":50,"max_completion_tokens":70,"stop":["END","","\n\n"],"seed":-1,
+      "logprobs":true,"top_logprobs":5,"stream":true,"stream_options":{"include_usage":true},
+      "frequency_penalty":0.5,"presence_penalty":0,"user_id":"user-1_a","n":1})");
+  EXPECT_EQ(r.sampling.max_tokens, 70);
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"END", "\n\n"}));
+  ASSERT_TRUE(r.sampling.seed.has_value());
+  EXPECT_EQ(*r.sampling.seed, ~uint64_t{0});
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 5);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.user, "user-1_a");
+  r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":"###"})");
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"###"}));
+}
+
+TEST(ChatDecode, PrefixCompletion) {
+  GenerationRequest r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"Write"},
+      {"role":"assistant","content":"```python\n","prefix":true,"reasoning_content":"ok"}],
+      "stop":["```"]})");
+  ASSERT_EQ(r.conversation.messages.size(), 2u);
+  EXPECT_TRUE(r.conversation.messages[1].prefix);
+  EXPECT_EQ(r.conversation.messages[1].content, "```python\n");
+  EXPECT_EQ(r.conversation.messages[1].reasoning_content, "ok");
+}
+
+TEST(ChatDecode, ContentPartsAndDeveloperAndJsonMode) {
+  GenerationRequest r = chat_ok(R"({"model":"m","response_format":{"type":"json_object"},
+      "messages":[{"role":"developer","content":[{"type":"text","text":"Answer in json."}]},
+      {"role":"user","content":[{"type":"text","text":"Look:"},
+        {"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]})");
+  EXPECT_TRUE(r.conversation.json_output);
+  const auto& m = r.conversation.messages;
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].role, Role::kSystem);
+  EXPECT_EQ(m[0].content, "Answer in json.");
+  ASSERT_EQ(m[1].blocks.size(), 2u);
+  EXPECT_EQ(m[1].blocks[0].type, ContentBlock::Type::kText);
+  EXPECT_EQ(m[1].blocks[1].type, ContentBlock::Type::kUnsupported);
+  EXPECT_EQ(m[1].blocks[1].unsupported_type, "image_url");
+}
+
+TEST(ChatDecode, ServedModels) {
+  DecodeOptions opts;
+  opts.served_models = {"deepseek-flash"};
+  EXPECT_TRUE(decode_chat_request(
+                  R"({"model":"deepseek-flash","messages":[{"role":"user","content":"x"}]})", opts)
+                  .ok());
+  ApiResult<GenerationRequest> r =
+      decode_chat_request(R"({"model":"gpt-4o","messages":[{"role":"user","content":"x"}]})", opts);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().param, "model");
+  EXPECT_EQ(r.error().code, "model_not_found");
+}
+
+// ---------------------------------------------------------------- Anthropic Messages
+
+TEST(MessagesDecode, BasicFields) {
+  GenerationRequest r = messages_ok(R"({"model":"deepseek-flash","max_tokens":1024,
+      "system":"You are terse.","messages":[{"role":"user","content":"Hi"}],
+      "stop_sequences":["\n\nHuman:"],"temperature":0.2,"top_k":5,"stream":true,
+      "metadata":{"user_id":"u-42"},"thinking":{"type":"disabled"}})");
+  EXPECT_EQ(r.sampling.max_tokens, 1024);
+  ASSERT_EQ(r.conversation.messages.size(), 2u);
+  EXPECT_EQ(r.conversation.messages[0].role, Role::kSystem);
+  EXPECT_EQ(r.conversation.messages[0].content, "You are terse.");
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"\n\nHuman:"}));
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.2f);
+  EXPECT_TRUE(r.stream);
+  EXPECT_EQ(r.user, "u-42");
+  EXPECT_EQ(r.conversation.thinking, ThinkingMode::kChat);
+}
+
+TEST(MessagesDecode, ThinkingAndEffort) {
+  GenerationRequest r = messages_ok(R"({"model":"m","max_tokens":10,
+      "messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(r.conversation.thinking, ThinkingMode::kThinking);
+  EXPECT_EQ(r.conversation.effort, ReasoningEffort::kHigh);
+  r = messages_ok(R"({"model":"m","max_tokens":10,"messages":[{"role":"user","content":"x"}],
+      "thinking":{"type":"enabled","budget_tokens":2048},"output_config":{"effort":"max"}})");
+  EXPECT_EQ(r.conversation.thinking, ThinkingMode::kThinking);
+  EXPECT_EQ(r.conversation.effort, ReasoningEffort::kMax);
+  r = messages_ok(R"({"model":"m","max_tokens":10,"messages":[{"role":"user","content":"x"}],
+      "thinking":{"type":"adaptive"},"output_config":{"effort":"low"}})");
+  EXPECT_EQ(r.conversation.effort, ReasoningEffort::kLow);
+}
+
+TEST(MessagesDecode, SystemBlocksAndTools) {
+  GenerationRequest r = messages_ok(R"({"model":"claude-sonnet-4-5","max_tokens":100,
+      "system":[{"type":"text","text":"A"},{"type":"text","text":"B","cache_control":{"type":"ephemeral"}}],
+      "tools":[{"name":"get_weather","description":"Get weather","input_schema":{"type":"object",
+        "properties":{"city":{"type":"string"}}},"cache_control":{"type":"ephemeral"}}],
+      "messages":[{"role":"user","content":[{"type":"text","text":"Paris?"}]}]})");
+  EXPECT_EQ(r.model, "claude-sonnet-4-5");
+  EXPECT_EQ(r.conversation.messages[0].content, "A\n\nB");
+  ASSERT_EQ(r.conversation.tools.size(), 1u);
+  EXPECT_EQ(r.conversation.tools[0].function_json,
+            "{\"name\": \"get_weather\", \"description\": \"Get weather\", \"parameters\": "
+            "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}");
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
+}
+
+TEST(MessagesDecode, ToolUseToolResultThinkingHistory) {
+  GenerationRequest r = messages_ok(R"({"model":"m","max_tokens":100,
+      "tools":[{"name":"get_weather","input_schema":{"type":"object"}}],
+      "messages":[
+        {"role":"user","content":"Weather?"},
+        {"role":"assistant","content":[
+          {"type":"thinking","thinking":"Use the tool.","signature":"sig"},
+          {"type":"text","text":"Checking."},
+          {"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris","days":2}},
+          {"type":"tool_use","id":"toolu_2","name":"get_weather","input":{}}]},
+        {"role":"user","content":[
+          {"type":"tool_result","tool_use_id":"toolu_1","content":"Sunny"},
+          {"type":"tool_result","tool_use_id":"toolu_2","is_error":true,
+           "content":[{"type":"text","text":"a"},{"type":"text","text":"b"},{"type":"image","source":{}}]},
+          {"type":"text","text":"Thanks"}]}]})");
+  const auto& m = r.conversation.messages;
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_EQ(m[1].reasoning_content, "Use the tool.");
+  EXPECT_EQ(m[1].content, "Checking.");
+  ASSERT_EQ(m[1].tool_calls.size(), 2u);
+  EXPECT_EQ(m[1].tool_calls[0].id, "toolu_1");
+  EXPECT_EQ(m[1].tool_calls[0].arguments, "{\"city\": \"Paris\", \"days\": 2}");
+  EXPECT_EQ(m[1].tool_calls[1].arguments, "{}");
+  EXPECT_FALSE(m[1].prefix);
+  ASSERT_EQ(m[2].blocks.size(), 3u);
+  EXPECT_EQ(m[2].blocks[0].type, ContentBlock::Type::kToolResult);
+  EXPECT_EQ(m[2].blocks[0].tool_use_id, "toolu_1");
+  EXPECT_EQ(m[2].blocks[0].text, "Sunny");
+  EXPECT_EQ(m[2].blocks[1].text, "a\n\nb\n\n[Unsupported image]");
+  EXPECT_EQ(m[2].blocks[2].type, ContentBlock::Type::kText);
+  EXPECT_EQ(m[2].blocks[2].text, "Thanks");
+}
+
+TEST(MessagesDecode, FinalAssistantIsPrefill) {
+  GenerationRequest r = messages_ok(R"({"model":"m","max_tokens":10,"messages":[
+      {"role":"user","content":"JSON please"},{"role":"assistant","content":"{"}]})");
+  ASSERT_EQ(r.conversation.messages.size(), 2u);
+  EXPECT_TRUE(r.conversation.messages[1].prefix);
+  EXPECT_EQ(r.conversation.messages[1].content, "{");
+}
+
+TEST(MessagesDecode, ToolChoiceMapping) {
+  const std::string base = R"({"model":"m","max_tokens":10,"thinking":{"type":"disabled"},
+      "tools":[{"name":"a","input_schema":{}},{"name":"b","input_schema":{}}],
+      "messages":[{"role":"user","content":"x"}],)";
+  GenerationRequest r = messages_ok(base + R"("tool_choice":{"type":"any"}})");
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kRequired);
+  r = messages_ok(base + R"("tool_choice":{"type":"tool","name":"b"}})");
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(r.conversation.tool_choice_name, "b");
+  r = messages_ok(base + R"("tool_choice":{"type":"none"}})");
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNone);
+  r = messages_ok(base + R"("tool_choice":{"type":"auto","disable_parallel_tool_use":true}})");
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
+}
+
+TEST(MessagesDecode, ClaudeNamesAcceptedWhenServingOtherModels) {
+  DecodeOptions opts;
+  opts.served_models = {"deepseek-flash"};
+  const char* tail = R"(","max_tokens":5,"messages":[{"role":"user","content":"x"}]})";
+  EXPECT_TRUE(decode_messages_request(std::string(R"({"model":"claude-opus-4)") + tail, opts).ok());
+  EXPECT_FALSE(decode_messages_request(std::string(R"({"model":"gpt-4)") + tail, opts).ok());
+}
+
+// ---------------------------------------------------------------- Responses
+
+TEST(ResponsesDecode, StringInputAndInstructions) {
+  GenerationRequest r = responses_ok(R"({"model":"m","instructions":"Be nice.","input":"Hi",
+      "max_output_tokens":256,"temperature":0.5,"user":"u1","stream":true})");
+  const auto& m = r.conversation.messages;
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].role, Role::kSystem);
+  EXPECT_EQ(m[0].content, "Be nice.");
+  EXPECT_EQ(m[1].role, Role::kUser);
+  EXPECT_EQ(m[1].content, "Hi");
+  EXPECT_EQ(r.sampling.max_tokens, 256);
+  EXPECT_EQ(r.user, "u1");
+  EXPECT_TRUE(r.stream);
+  // Instructions alone are enough.
+  responses_ok(R"({"model":"m","instructions":"Say hi."})");
+}
+
+TEST(ResponsesDecode, ItemsMergeIntoAssistantMessages) {
+  GenerationRequest r = responses_ok(R"({"model":"m",
+      "tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}},
+               {"type":"web_search"}],
+      "input":[
+        {"role":"developer","content":"Use tools."},
+        {"type":"message","role":"user","content":[{"type":"input_text","text":"Weather?"}]},
+        {"type":"reasoning","id":"rs_1","summary":[],"content":[{"type":"reasoning_text","text":"Call it."}]},
+        {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Checking."}]},
+        {"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
+        {"type":"function_call","call_id":"c2","name":"get_weather","arguments":"{}"},
+        {"type":"function_call_output","call_id":"c1","output":"Sunny"},
+        {"type":"function_call_output","call_id":"c2","output":[{"type":"input_text","text":"Rain"}]},
+        {"type":"web_search_call","id":"ws_1"},
+        {"type":"reasoning","content":[{"type":"reasoning_text","text":"Done."}]},
+        {"type":"message","role":"assistant","content":"Sunny in Paris."},
+        {"role":"user","content":"Thanks"}]})");
+  const auto& m = r.conversation.messages;
+  ASSERT_EQ(m.size(), 7u);
+  EXPECT_EQ(m[0].role, Role::kUser);  // developer -> user
+  EXPECT_EQ(m[0].content, "Use tools.");
+  EXPECT_EQ(m[1].role, Role::kUser);
+  ASSERT_EQ(m[1].blocks.size(), 1u);
+  EXPECT_EQ(m[2].role, Role::kAssistant);
+  EXPECT_EQ(m[2].reasoning_content, "Call it.");
+  EXPECT_EQ(m[2].content, "Checking.");
+  ASSERT_EQ(m[2].tool_calls.size(), 2u);
+  EXPECT_EQ(m[2].tool_calls[0].id, "c1");
+  EXPECT_EQ(m[2].tool_calls[0].arguments, "{\"city\":\"Paris\"}");
+  EXPECT_EQ(m[3].role, Role::kTool);
+  EXPECT_EQ(m[3].tool_call_id, "c1");
+  EXPECT_EQ(m[3].content, "Sunny");
+  EXPECT_EQ(m[4].tool_call_id, "c2");
+  ASSERT_EQ(m[4].blocks.size(), 1u);
+  EXPECT_EQ(m[4].blocks[0].text, "Rain");
+  EXPECT_EQ(m[5].role, Role::kAssistant);
+  EXPECT_EQ(m[5].reasoning_content, "Done.");
+  EXPECT_EQ(m[5].content, "Sunny in Paris.");
+  EXPECT_EQ(m[6].content, "Thanks");
+  ASSERT_EQ(r.conversation.tools.size(), 1u);  // web_search ignored
+  EXPECT_EQ(r.conversation.tools[0].function_json,
+            "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}");
+}
+
+TEST(ResponsesDecode, ToolSpecOrderAndStrict) {
+  GenerationRequest r = responses_ok(R"({"model":"m","input":"x",
+      "tools":[{"type":"function","strict":true,"parameters":{"type":"object"},"description":"D","name":"f"}]})");
+  ASSERT_EQ(r.conversation.tools.size(), 1u);
+  EXPECT_EQ(r.conversation.tools[0].function_json,
+            "{\"name\": \"f\", \"description\": \"D\", \"parameters\": {\"type\": \"object\"}, "
+            "\"strict\": true}");
+}
+
+TEST(ResponsesDecode, ReasoningEffortAndTextFormat) {
+  GenerationRequest r = responses_ok(R"({"model":"m","input":"x","reasoning":{"effort":"none"}})");
+  EXPECT_EQ(r.conversation.thinking, ThinkingMode::kChat);
+  r = responses_ok(R"({"model":"m","input":"x","reasoning":{"effort":"xhigh","summary":"auto"}})");
+  EXPECT_EQ(r.conversation.thinking, ThinkingMode::kThinking);
+  EXPECT_EQ(r.conversation.effort, ReasoningEffort::kHigh);
+  r = responses_ok(R"({"model":"m","input":"x","text":{"format":{"type":"json_schema",
+      "name":"out","schema":{"type":"object"}},"verbosity":"low"}})");
+  EXPECT_TRUE(r.conversation.json_output);
+  EXPECT_EQ(r.conversation.response_format_json,
+            "{\"type\": \"json_schema\", \"name\": \"out\", \"schema\": {\"type\": \"object\"}}");
+  r = responses_ok(R"({"model":"m","input":"x","text":{"format":{"type":"json_object"}},
+      "top_logprobs":3,"tool_choice":"auto","parallel_tool_calls":false})");
+  EXPECT_TRUE(r.conversation.json_output);
+  EXPECT_FALSE(r.conversation.response_format_json.has_value());
+  EXPECT_EQ(r.sampling.top_logprobs, 3);
+}
+
+TEST(ResponsesDecode, NamedToolChoiceWithoutThinking) {
+  GenerationRequest r = responses_ok(R"({"model":"m","input":"x","reasoning":{"effort":"none"},
+      "tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"f"}})");
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(r.conversation.tool_choice_name, "f");
+}
+
+}  // namespace
+}  // namespace dsinfer::api
+
+namespace dsinfer::api {
+namespace {
+
+// The fuzz seed corpora are valid requests (so the fuzzers start from accepted inputs).
+TEST(FuzzCorpus, SeedsDecode) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(DSI_SOURCE_DIR) / "tests/fuzz/corpus";
+  int seen = 0;
+  for (const char* dir : {"api_chat_fuzz", "api_messages_fuzz", "api_responses_fuzz"}) {
+    if (!fs::exists(root / dir))
+      continue;
+    for (const fs::directory_entry& f : fs::directory_iterator(root / dir)) {
+      std::ifstream in(f.path(), std::ios::binary);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      const std::string body = ss.str();
+      SCOPED_TRACE(f.path().string());
+      std::optional<ApiError> err;
+      if (std::string(dir) == "api_chat_fuzz") {
+        auto r = decode_chat_request(body, {});
+        if (!r.ok())
+          err = r.error();
+      } else if (std::string(dir) == "api_messages_fuzz") {
+        auto r = decode_messages_request(body, {});
+        if (!r.ok())
+          err = r.error();
+      } else {
+        auto r = decode_responses_request(body, {});
+        if (!r.ok())
+          err = r.error();
+      }
+      EXPECT_FALSE(err.has_value()) << err->message;
+      ++seen;
+    }
+  }
+  EXPECT_GE(seen, 9);
+}
+
+}  // namespace
+}  // namespace dsinfer::api
