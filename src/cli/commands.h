@@ -11,5 +11,7 @@ void add_score_command(CLI::App& app, int& exit_code);
 void add_make_checkpoint_command(CLI::App& app, int& exit_code);
 void add_tokenize_command(CLI::App& app, int& exit_code);
 void add_detokenize_command(CLI::App& app, int& exit_code);
+void add_generate_command(CLI::App& app, int& exit_code);
+void add_recipe_command(CLI::App& app, int& exit_code);
 
 }  // namespace dsinfer::cli

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "base/strings.h"
 
@@ -50,6 +51,35 @@ Result<model::Numerics> parse_numerics(const std::string& s) {
   if (s == "deepseek")
     return model::Numerics::kDeepSeek;
   return invalid_argument("--numerics must be `reference` or `deepseek`, got `" + s + "`");
+}
+
+Result<recipe::ModelVersion> parse_model_version(const std::string& s) {
+  if (s == "v4")
+    return recipe::ModelVersion::kV4;
+  if (s == "v4-0731")
+    return recipe::ModelVersion::kV40731;
+  if (s == "v4.1")
+    return recipe::ModelVersion::kV41;
+  return invalid_argument("--model-version must be v4, v4-0731 or v4.1, got `" + s + "`");
+}
+
+std::string resolve_model_dir(const std::string& flag) {
+  if (!flag.empty())
+    return flag;
+  if (const char* env = std::getenv("DSINFER_MODEL"); env && *env)
+    return env;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(fs::path(kBundledModel) / "config.json", ec))
+    return kBundledModel;
+  // build/bin/dsinfer -> <repo>/models/...
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path candidate = exe.parent_path().parent_path().parent_path() / kBundledModel;
+    if (fs::exists(candidate / "config.json", ec))
+      return candidate.string();
+  }
+  return kBundledModel;
 }
 
 }  // namespace dsinfer::cli

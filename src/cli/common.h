@@ -7,6 +7,7 @@
 
 #include "base/status.h"
 #include "model/numerics.h"
+#include "recipe/types.h"
 
 namespace dsinfer::cli {
 
@@ -15,5 +16,11 @@ int fail(const Status& s);
 // "0,17,42" -> ids; errors name the offending item.
 Result<std::vector<int32_t>> parse_token_ids(const std::string& csv);
 Result<model::Numerics> parse_numerics(const std::string& s);
+// "v4" | "v4-0731" | "v4.1".
+Result<recipe::ModelVersion> parse_model_version(const std::string& s);
+// --model value, else $DSINFER_MODEL, else the bundled model (models/<name> under the current
+// directory or next to the executable's build tree).
+std::string resolve_model_dir(const std::string& flag);
+inline constexpr const char* kBundledModel = "models/dsv4-mini";
 
 }  // namespace dsinfer::cli

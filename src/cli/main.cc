@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   dsinfer::cli::add_make_checkpoint_command(app, exit_code);
   dsinfer::cli::add_tokenize_command(app, exit_code);
   dsinfer::cli::add_detokenize_command(app, exit_code);
+  dsinfer::cli::add_generate_command(app, exit_code);
+  dsinfer::cli::add_recipe_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,527 @@
+// `dsinfer generate`: offline batch generation through the engine. One request from flags
+// (--prompt, --prompt-token-ids or --messages; completion printed to stdout) or many from a
+// JSONL file (--input/--output, one output line per input line, in input order), with a
+// progress bar on a terminal and a closing summary (throughput, TTFT/TPOT percentiles).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "api/chat.h"
+#include "base/strings.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "engine/engine.h"
+#include "frontend/prepare.h"
+#include "recipe/output_parser.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsinfer::cli {
+
+namespace {
+using json = nlohmann::ordered_json;
+
+struct GenerateArgs {
+  std::string model_dir;
+  std::string prompt;
+  std::string prompt_token_ids;
+  std::string messages;
+  std::string input;
+  std::string output;
+  int64_t max_tokens = 128;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  std::string stop_token_ids;
+  bool ignore_eos = false;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t logprobs = 0;
+  std::string numerics = "reference";
+  std::string state_memory = "1GiB";
+  int64_t max_num_seqs = 64;
+  int64_t max_tokens_per_step = 256;
+  std::string model_version = "v4";
+  std::string thinking = "off";
+  bool no_progress = false;
+};
+
+// One input line / flag set, resolved to engine input.
+struct Job {
+  std::vector<int32_t> prompt;
+  engine::RequestSpec spec;  // prompt filled in at submit
+  std::vector<std::string> stops;
+  bool chat = false;
+  recipe::OutputParserOptions parser;
+  std::string error;  // set: the line failed validation
+  engine::RequestId id = 0;
+};
+
+template <typename T>
+bool read_field(const json& j, const char* key, T* out, std::string* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null())
+    return true;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!it->is_boolean()) {
+      *err = std::string("field '") + key + "' must be a boolean";
+      return false;
+    }
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) {
+      *err = std::string("field '") + key + "' must be an integer";
+      return false;
+    }
+  } else {
+    if (!it->is_number()) {
+      *err = std::string("field '") + key + "' must be a number";
+      return false;
+    }
+  }
+  *out = it->get<T>();
+  return true;
+}
+
+// Builds a job from a JSON object (a JSONL line, or the flags rendered as one).
+Job make_job(const json& line,
+             const GenerateArgs& a,
+             const tokenizer::Tokenizer* tok,
+             recipe::ModelVersion version) {
+  Job job;
+  auto& s = job.spec;
+  s.max_tokens = a.max_tokens;
+  s.sampling.temperature = a.temperature;
+  s.sampling.top_p = a.top_p;
+  s.sampling.top_k = a.top_k;
+  s.sampling.min_p = a.min_p;
+  s.sampling.seed = a.seed;
+  s.sampling.presence_penalty = a.presence_penalty;
+  s.sampling.frequency_penalty = a.frequency_penalty;
+  s.sampling.repetition_penalty = a.repetition_penalty;
+  s.sampling.top_logprobs = a.logprobs;
+  s.sampling.logprobs = a.logprobs > 0;
+  s.ignore_eos = a.ignore_eos;
+  job.stops = a.stop;
+  std::string& err = job.error;
+  if (!line.is_object()) {
+    err = "each input line must be a JSON object";
+    return job;
+  }
+  int64_t lp = a.logprobs;
+  if (!read_field(line, "max_tokens", &s.max_tokens, &err) ||
+      !read_field(line, "temperature", &s.sampling.temperature, &err) ||
+      !read_field(line, "top_p", &s.sampling.top_p, &err) ||
+      !read_field(line, "top_k", &s.sampling.top_k, &err) ||
+      !read_field(line, "min_p", &s.sampling.min_p, &err) ||
+      !read_field(line, "seed", &s.sampling.seed, &err) ||
+      !read_field(line, "presence_penalty", &s.sampling.presence_penalty, &err) ||
+      !read_field(line, "frequency_penalty", &s.sampling.frequency_penalty, &err) ||
+      !read_field(line, "repetition_penalty", &s.sampling.repetition_penalty, &err) ||
+      !read_field(line, "ignore_eos", &s.ignore_eos, &err) ||
+      !read_field(line, "logprobs", &lp, &err)) {
+    return job;
+  }
+  s.sampling.top_logprobs = static_cast<int32_t>(lp);
+  s.sampling.logprobs = lp > 0;
+  if (auto it = line.find("stop"); it != line.end() && !it->is_null()) {
+    job.stops.clear();
+    if (it->is_string()) {
+      job.stops.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& v : *it) {
+        if (!v.is_string()) {
+          err = "field 'stop' must be a string or a list of strings";
+          return job;
+        }
+        job.stops.push_back(v.get<std::string>());
+      }
+    } else {
+      err = "field 'stop' must be a string or a list of strings";
+      return job;
+    }
+  }
+  if (auto it = line.find("stop_token_ids"); it != line.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      err = "field 'stop_token_ids' must be a list of integers";
+      return job;
+    }
+    for (const auto& v : *it) {
+      if (!v.is_number_integer()) {
+        err = "field 'stop_token_ids' must be a list of integers";
+        return job;
+      }
+      s.stop_token_ids.push_back(v.get<int32_t>());
+    }
+  }
+  const int inputs = static_cast<int>(line.contains("prompt")) +
+                     static_cast<int>(line.contains("prompt_token_ids")) +
+                     static_cast<int>(line.contains("messages"));
+  if (inputs != 1) {
+    err = "give exactly one of 'prompt', 'prompt_token_ids' or 'messages'";
+    return job;
+  }
+  if (auto it = line.find("prompt_token_ids"); it != line.end()) {
+    if (!it->is_array()) {
+      err = "field 'prompt_token_ids' must be a list of integers";
+      return job;
+    }
+    for (const auto& v : *it) {
+      if (!v.is_number_integer()) {
+        err = "field 'prompt_token_ids' must be a list of integers";
+        return job;
+      }
+      job.prompt.push_back(v.get<int32_t>());
+    }
+  } else if (tok == nullptr) {
+    err =
+        "the model directory has no tokenizer.json: text prompts and messages need one "
+        "(use prompt_token_ids / --prompt-token-ids)";
+    return job;
+  } else if (auto p = line.find("prompt"); p != line.end()) {
+    if (!p->is_string()) {
+      err = "field 'prompt' must be a string";
+      return job;
+    }
+    auto ids = tok->encode(p->get<std::string>(), /*allow_special=*/false);
+    if (!ids.ok()) {
+      err = ids.status().message();
+      return job;
+    }
+    job.prompt = std::move(ids).value();
+  } else {
+    // Chat messages: through the Chat Completions decoder and the DeepSeek prompt format.
+    json body = {{"model", "dsinfer"}, {"messages", line["messages"]}};
+    const bool think = line.value("thinking", a.thinking == "on");
+    body["thinking"] = {{"type", think ? "enabled" : "disabled"}};
+    api::DecodeOptions opts;
+    opts.apply_thinking_sampling_rules = false;
+    auto req = api::decode_chat_request(body.dump(), opts);
+    if (!req.ok()) {
+      err = req.error().message;
+      return job;
+    }
+    auto prepared = frontend::prepare_conversation(req.value(), *tok, version);
+    if (!prepared.ok()) {
+      err = prepared.status().message();
+      return job;
+    }
+    job.prompt = std::move(prepared->tokens);
+    job.parser = prepared->parser;
+    job.parser.stop_sequences = job.stops;
+    job.chat = true;
+  }
+  return job;
+}
+
+Result<int64_t> parse_size(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  double mul = 1;
+  if (unit == "" || unit == "B") {
+    mul = 1;
+  } else if (unit == "KiB" || unit == "K" || unit == "KB") {
+    mul = 1024.0;
+  } else if (unit == "MiB" || unit == "M" || unit == "MB") {
+    mul = 1024.0 * 1024;
+  } else if (unit == "GiB" || unit == "G" || unit == "GB") {
+    mul = 1024.0 * 1024 * 1024;
+  } else {
+    return invalid_argument("--state-memory: cannot parse size `" + s + "` (e.g. 512MiB, 2GiB)");
+  }
+  if (!(v > 0))
+    return invalid_argument("--state-memory must be positive, got `" + s + "`");
+  return static_cast<int64_t>(v * mul);
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty())
+    return 0.0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+int run_generate(const GenerateArgs& a) {
+  const int sources = static_cast<int>(!a.prompt.empty()) +
+                      static_cast<int>(!a.prompt_token_ids.empty()) +
+                      static_cast<int>(!a.messages.empty()) + static_cast<int>(!a.input.empty());
+  if (sources != 1) {
+    return fail(invalid_argument(
+        "give exactly one of --prompt, --prompt-token-ids, --messages or --input FILE.jsonl"));
+  }
+  if (!a.input.empty() && a.output.empty()) {
+    return fail(invalid_argument("--input needs --output FILE.jsonl"));
+  }
+  auto numerics = parse_numerics(a.numerics);
+  if (!numerics.ok())
+    return fail(numerics.status());
+  auto budget = parse_size(a.state_memory);
+  if (!budget.ok())
+    return fail(budget.status());
+  auto version = parse_model_version(a.model_version);
+  if (!version.ok())
+    return fail(version.status());
+  if (a.thinking != "on" && a.thinking != "off") {
+    return fail(invalid_argument("--thinking must be `on` or `off`"));
+  }
+  const std::string model_dir = resolve_model_dir(a.model_dir);
+
+  engine::EngineConfig ec;
+  ec.model_dir = model_dir;
+  ec.numerics = *numerics;
+  ec.state_budget_bytes = *budget;
+  ec.scheduler.max_running = a.max_num_seqs;
+  ec.scheduler.max_tokens_per_step = a.max_tokens_per_step;
+  auto eng = engine::Engine::create(ec);
+  if (!eng.ok())
+    return fail(eng.status());
+  engine::Engine& e = **eng;
+
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  const std::string tok_path = model_dir + "/tokenizer.json";
+  if (FILE* f = std::fopen(tok_path.c_str(), "rb")) {
+    std::fclose(f);
+    auto t = tokenizer::Tokenizer::load(tok_path);
+    if (!t.ok())
+      return fail(t.status());
+    tok = std::move(t).value();
+  }
+
+  // Inputs as JSON objects.
+  std::vector<json> lines;
+  if (!a.input.empty()) {
+    std::ifstream in(a.input);
+    if (!in)
+      return fail(not_found("--input: cannot open " + a.input));
+    std::string text;
+    int64_t n = 0;
+    while (std::getline(in, text)) {
+      ++n;
+      if (text.find_first_not_of(" \t\r") == std::string::npos)
+        continue;
+      json j = json::parse(text, nullptr, false);
+      if (j.is_discarded())
+        j = json(str_format("line %lld is not valid JSON", static_cast<long long>(n)));
+      lines.push_back(std::move(j));
+    }
+  } else if (!a.prompt.empty()) {
+    lines.push_back({{"prompt", a.prompt}});
+  } else if (!a.messages.empty()) {
+    json m = json::parse(a.messages, nullptr, false);
+    if (m.is_discarded())
+      return fail(invalid_argument("--messages is not valid JSON"));
+    lines.push_back({{"messages", m}});
+  } else {
+    auto ids = parse_token_ids(a.prompt_token_ids);
+    if (!ids.ok())
+      return fail(ids.status().with_context("--prompt-token-ids"));
+    lines.push_back({{"prompt_token_ids", *ids}});
+  }
+  std::vector<int32_t> flag_stop_ids;
+  if (!a.stop_token_ids.empty()) {
+    auto ids = parse_token_ids(a.stop_token_ids);
+    if (!ids.ok())
+      return fail(ids.status().with_context("--stop-token-ids"));
+    flag_stop_ids = *ids;
+  }
+
+  std::vector<Job> jobs;
+  jobs.reserve(lines.size());
+  for (const json& line : lines) {
+    jobs.push_back(line.is_string() ? Job{} : make_job(line, a, tok.get(), *version));
+    if (line.is_string())
+      jobs.back().error = line.get<std::string>();
+    Job& job = jobs.back();
+    if (!job.error.empty())
+      continue;
+    job.spec.prompt = job.prompt;
+    job.spec.stop_token_ids.insert(
+        job.spec.stop_token_ids.end(), flag_stop_ids.begin(), flag_stop_ids.end());
+    if (!job.stops.empty()) {
+      if (!tok) {
+        job.error = "stop strings need the model's tokenizer.json";
+        continue;
+      }
+      job.spec.stop_checker = std::make_unique<frontend::TextStopChecker>(*tok, job.stops);
+    }
+    auto id = e.submit(std::move(job.spec));
+    if (!id.ok()) {
+      job.error = id.status().message();
+      continue;
+    }
+    job.id = *id;
+  }
+  if (lines.size() == 1 && !jobs[0].error.empty())
+    return fail(invalid_argument(jobs[0].error));
+
+  // Run with a progress bar on a terminal.
+  const bool progress = !a.no_progress && isatty(STDERR_FILENO);
+  const double t_start = e.now_s();
+  int64_t last_draw = -1;
+  while (e.step()) {
+    if (!progress)
+      continue;
+    const auto st = e.stats();
+    if (st.steps - last_draw < 4)
+      continue;
+    last_draw = st.steps;
+    int64_t done = 0;
+    for (const Job& j : jobs) done += j.id && e.request(j.id)->done();
+    const double dt = std::max(1e-9, e.now_s() - t_start);
+    std::fprintf(stderr,
+                 "\r[generate] %lld/%zu done | %lld prompt + %lld generated tokens | %.1f tok/s   ",
+                 static_cast<long long>(done),
+                 jobs.size(),
+                 static_cast<long long>(st.prompt_tokens),
+                 static_cast<long long>(st.generated_tokens),
+                 static_cast<double>(st.generated_tokens) / dt);
+  }
+  if (progress)
+    std::fprintf(stderr, "\n");
+  const double wall = std::max(1e-9, e.now_s() - t_start);
+
+  // Results.
+  std::vector<double> ttft, tpot;
+  int64_t prompt_tokens = 0, gen_tokens = 0, failed = 0;
+  std::ofstream out;
+  if (!a.output.empty()) {
+    out.open(a.output);
+    if (!out)
+      return fail(io_error("--output: cannot write " + a.output));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& job = jobs[i];
+    json o = {{"index", i}};
+    if (!job.error.empty() || job.id == 0) {
+      ++failed;
+      o["error"] = job.error;
+      if (out.is_open())
+        out << o.dump() << "\n";
+      continue;
+    }
+    const engine::Request* r = e.request(job.id);
+    std::string text;
+    if (tok) {
+      auto t = tok->decode(r->output, /*skip_special=*/true);
+      if (t.ok())
+        text = *t;
+    }
+    std::string matched = frontend::truncate_at_stop(text, job.stops);
+    std::string reason = engine::finish_reason_name(r->finish_reason);
+    o["text"] = text;
+    if (job.chat) {
+      auto parsed = recipe::parse_completion(text,
+                                             job.parser,
+                                             r->finish_reason == engine::FinishReason::kLength
+                                                 ? recipe::FinishReason::kLength
+                                                 : recipe::FinishReason::kStop);
+      o["reasoning_content"] = parsed.reasoning;
+      o["content"] = parsed.content;
+    }
+    o["output_token_ids"] = r->output;
+    o["finish_reason"] = reason;
+    if (!matched.empty())
+      o["stop_reason"] = matched;
+    if (!r->error.empty())
+      o["error"] = r->error;
+    o["prompt_tokens"] = r->spec.prompt.size();
+    o["completion_tokens"] = r->output.size();
+    const double t_first = r->timings.first_token_s - r->timings.arrival_s;
+    const double t_total = r->timings.finish_s - r->timings.arrival_s;
+    o["ttft_s"] = t_first;
+    o["latency_s"] = t_total;
+    if (r->timings.first_token_s > 0)
+      ttft.push_back(t_first);
+    if (r->output.size() > 1) {
+      tpot.push_back((r->timings.finish_s - r->timings.first_token_s) /
+                     static_cast<double>(r->output.size() - 1));
+    }
+    prompt_tokens += static_cast<int64_t>(r->spec.prompt.size());
+    gen_tokens += static_cast<int64_t>(r->output.size());
+    if (out.is_open()) {
+      out << o.dump() << "\n";
+    } else {
+      if (tok) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fputc('\n', stdout);
+      } else {
+        std::printf("%s\n", o["output_token_ids"].dump().c_str());
+      }
+    }
+  }
+  const auto st = e.stats();
+  std::fprintf(stderr,
+               "[generate] %zu requests (%lld failed) | prompt %lld tok, generated %lld tok | "
+               "%.2f s | %.1f generated tok/s | TTFT p50 %.1f ms p90 %.1f ms p99 %.1f ms | "
+               "TPOT p50 %.1f ms p90 %.1f ms p99 %.1f ms | preemptions %lld\n",
+               jobs.size(),
+               static_cast<long long>(failed),
+               static_cast<long long>(prompt_tokens),
+               static_cast<long long>(gen_tokens),
+               wall,
+               static_cast<double>(gen_tokens) / wall,
+               1e3 * percentile(ttft, 0.5),
+               1e3 * percentile(ttft, 0.9),
+               1e3 * percentile(ttft, 0.99),
+               1e3 * percentile(tpot, 0.5),
+               1e3 * percentile(tpot, 0.9),
+               1e3 * percentile(tpot, 0.99),
+               static_cast<long long>(st.preemptions));
+  return failed == static_cast<int64_t>(jobs.size()) ? 1 : 0;
+}
+}  // namespace
+
+void add_generate_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate completions offline");
+  cmd->add_option(
+      "--model", a->model_dir, "Model directory (default: $DSINFER_MODEL or the bundled model)");
+  cmd->add_option("--prompt", a->prompt, "Prompt text (completion, no chat template)");
+  cmd->add_option("--prompt-token-ids", a->prompt_token_ids, "Prompt as comma-separated ids");
+  cmd->add_option("--messages",
+                  a->messages,
+                  "Chat messages as a JSON list ([{\"role\":\"user\",\"content\":\"...\"}])");
+  cmd->add_option("--input",
+                  a->input,
+                  "JSONL requests: prompt | prompt_token_ids | messages, plus per-line sampling "
+                  "fields (max_tokens, temperature, top_p, top_k, min_p, seed, stop, ...)");
+  cmd->add_option("--output", a->output, "JSONL results, one line per input line, in order");
+  cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate per request (default 128)");
+  cmd->add_option("--temperature", a->temperature, "Sampling temperature; 0 = greedy (default 1)");
+  cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass (default 1)");
+  cmd->add_option("--top-k", a->top_k, "Keep the k most likely tokens (0 = off)");
+  cmd->add_option("--min-p", a->min_p, "Drop tokens below min_p * p_max (default 0)");
+  cmd->add_option("--seed", a->seed, "Sampling seed (per request)");
+  cmd->add_option("--stop", a->stop, "Stop string (repeatable)");
+  cmd->add_option("--stop-token-ids", a->stop_token_ids, "Comma-separated stop token ids");
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating after EOS");
+  cmd->add_option("--presence-penalty", a->presence_penalty, "[-2, 2]");
+  cmd->add_option("--frequency-penalty", a->frequency_penalty, "[-2, 2]");
+  cmd->add_option("--repetition-penalty", a->repetition_penalty, "(0, 10], 1 = off");
+  cmd->add_option("--logprobs", a->logprobs, "Top logprobs to compute per token (0..20)");
+  cmd->add_option("--numerics", a->numerics, "reference | deepseek");
+  cmd->add_option("--state-memory", a->state_memory, "Sequence-state memory budget (default 1GiB)");
+  cmd->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once (default 64)");
+  cmd->add_option("--max-tokens-per-step",
+                  a->max_tokens_per_step,
+                  "Token budget of one engine step (default 256)");
+  cmd->add_option("--model-version", a->model_version, "Prompt format: v4 | v4-0731 | v4.1");
+  cmd->add_option("--thinking", a->thinking, "Chat thinking mode: on | off (default off)");
+  cmd->add_flag("--no-progress", a->no_progress, "No progress bar");
+  cmd->callback([a, &exit_code] { exit_code = run_generate(*a); });
+}
+
+}  // namespace dsinfer::cli

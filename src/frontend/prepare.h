@@ -1,0 +1,54 @@
+// The glue between the API/recipe layer and the engine, shared by `dsinfer generate` and the
+// server: decoded requests -> prompt token ids + engine RequestSpec; a stop-string checker over
+// streamed tokens; sampling-parameter mapping.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/request.h"
+#include "recipe/encoder.h"
+#include "recipe/output_parser.h"
+#include "recipe/types.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsinfer::frontend {
+
+struct PreparedPrompt {
+  std::string text;  // the rendered prompt (empty for raw token ids)
+  std::vector<int32_t> tokens;
+  recipe::OutputParserOptions parser;  // how to parse what the model generates
+};
+
+// Renders a conversation with the DeepSeek prompt format and tokenizes it with added tokens
+// allowed, so the template's markers become their ids. User text is inserted verbatim, exactly
+// as DeepSeek's reference encoder does (it also tokenizes the rendered string as a whole).
+Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& request,
+                                            const tokenizer::Tokenizer& tok,
+                                            recipe::ModelVersion version);
+
+// Engine sampling config from API sampling params (seed: the request's or `default_seed`).
+sampling::SamplingConfig to_sampling(const recipe::SamplingParams& p, uint64_t default_seed);
+
+// Stops when any stop string appears in the decoded output; remembers which one.
+class TextStopChecker : public engine::StopChecker {
+ public:
+  TextStopChecker(const tokenizer::Tokenizer& tok, std::vector<std::string> stops);
+  bool on_token(int32_t token) override;
+  const std::string& matched() const { return matched_; }
+
+ private:
+  tokenizer::IncrementalDecoder decoder_;
+  std::vector<std::string> stops_;
+  std::string tail_;  // last decoded bytes, long enough to contain any stop string
+  size_t max_len_ = 0;
+  std::string matched_;
+};
+
+// Cuts `text` at the first occurrence of any stop string; returns the matched one (or "").
+std::string truncate_at_stop(std::string& text, const std::vector<std::string>& stops);
+
+}  // namespace dsinfer::frontend
