@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# End-to-end checks of the dsinfer command line: every subcommand on a fixture or synthetic
+# model, JSONL generation with bad lines, and clear errors (exit code + message) on bad input.
+# Usage: cli_test.sh path/to/dsinfer SOURCE_DIR
+set -uo pipefail
+DSI=$1
+SRC=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+pass=0
+check() {  # check NAME CONDITION...
+  local name=$1
+  shift
+  if "$@"; then pass=$((pass + 1)); else echo "FAIL: $name"; fails=$((fails + 1)); fi
+}
+contains() { grep -q -- "$2" "$1"; }
+
+FIX=$SRC/tests/fixtures/tiny-a/official
+
+# inspect: plan and inventory; a missing directory is a clear error, not a crash.
+"$DSI" inspect --model "$FIX" >"$TMP/inspect.txt" 2>&1
+check "inspect prints the plan" contains "$TMP/inspect.txt" "csa"
+"$DSI" inspect --model "$TMP/nope" >"$TMP/err.txt" 2>&1
+rc=$?
+check "inspect missing dir exits 2" test "$rc" -eq 2
+check "inspect missing dir names it" contains "$TMP/err.txt" "$TMP/nope"
+
+# score: full and chunked logits agree in shape; bad ids are rejected.
+"$DSI" score --model "$FIX" --input-ids 0,5,6,7,8 --output "$TMP/s.safetensors" --mtp 2>/dev/null
+check "score writes logits" test -s "$TMP/s.safetensors"
+"$DSI" score --model "$FIX" --input-ids 0,5,x --output "$TMP/s2.safetensors" >"$TMP/err.txt" 2>&1
+check "score rejects a bad id" contains "$TMP/err.txt" "item 3"
+"$DSI" score --model "$FIX" --input-ids 0,99999 --output "$TMP/s3.safetensors" >"$TMP/err.txt" 2>&1
+check "score rejects an id outside the vocabulary" contains "$TMP/err.txt" "outside the vocabulary"
+
+# make-checkpoint -> inspect -> generate on the synthetic model.
+"$DSI" make-checkpoint --preset tiny --seed 3 --out "$TMP/m" 2>/dev/null
+check "make-checkpoint writes config" test -s "$TMP/m/config.json"
+"$DSI" generate --model "$TMP/m" --prompt-token-ids 0,5,6 --max-tokens 4 --temperature 0 \
+  >"$TMP/g.txt" 2>"$TMP/g.err"
+check "generate prints token ids" contains "$TMP/g.txt" "\["
+check "generate prints a summary" contains "$TMP/g.err" "TTFT p50"
+
+# JSONL: good lines succeed, bad lines get an error line, order is kept.
+cat >"$TMP/in.jsonl" <<'JSONL'
+{"prompt_token_ids": [0, 5, 6], "max_tokens": 3, "temperature": 0}
+{"prompt_token_ids": []}
+{"prompt_token_ids": [0, 7], "max_tokens": 2, "temperature": 0.7, "seed": 4, "top_p": 0.9}
+not json
+{"prompt_token_ids": [0, 7], "temperature": -1}
+JSONL
+"$DSI" generate --model "$TMP/m" --input "$TMP/in.jsonl" --output "$TMP/out.jsonl" 2>/dev/null
+check "jsonl: five output lines" test "$(wc -l <"$TMP/out.jsonl")" -eq 5
+check "jsonl: line 1 ok" sh -c "sed -n 1p '$TMP/out.jsonl' | grep -q '\"finish_reason\":\"length\"'"
+check "jsonl: empty prompt error" sh -c "sed -n 2p '$TMP/out.jsonl' | grep -q 'prompt is empty'"
+check "jsonl: line 3 ok" sh -c "sed -n 3p '$TMP/out.jsonl' | grep -q '\"index\":2,\"text\"'"
+check "jsonl: bad json error" sh -c "sed -n 4p '$TMP/out.jsonl' | grep -q 'not valid JSON'"
+check "jsonl: bad temperature error" sh -c "sed -n 5p '$TMP/out.jsonl' | grep -q 'temperature'"
+
+# Text prompts need a tokenizer; the error says so.
+"$DSI" generate --model "$TMP/m" --prompt "hello" >"$TMP/err.txt" 2>&1
+check "generate text without tokenizer explains" contains "$TMP/err.txt" "tokenizer.json"
+"$DSI" generate --model "$TMP/nope" --prompt-token-ids 1 >"$TMP/err.txt" 2>&1
+check "generate missing model dir names it" contains "$TMP/err.txt" "$TMP/nope"
+
+# tokenize / detokenize round trip with the tiny fixture tokenizer.
+TOK=$SRC/tests/fixtures/tokenizer/tiny/tokenizer.json
+"$DSI" tokenize --tokenizer "$TOK" --text "def f(x): return x" >"$TMP/ids.json" 2>/dev/null
+check "tokenize prints ids" contains "$TMP/ids.json" "\["
+
+# recipe render / parse.
+printf '%s' '{"model":"m","messages":[{"role":"user","content":"Hi"}],"thinking":{"type":"disabled"}}' \
+  >"$TMP/req.json"
+"$DSI" recipe render --protocol chat --request "$TMP/req.json" >"$TMP/r.txt" 2>&1
+check "recipe render ends with the chat transition" contains "$TMP/r.txt" "Assistant｜></think>"
+printf 'Thinking.</think>Answer.' >"$TMP/o.txt"
+"$DSI" recipe parse --thinking on --text-file "$TMP/o.txt" >"$TMP/p.txt" 2>&1
+check "recipe parse splits reasoning" contains "$TMP/p.txt" '"reasoning_delta","text":"Thinking."'
+
+echo "cli: $pass passed, $fails failed"
+[ "$fails" -eq 0 ]
