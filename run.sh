@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ./run.sh: install what is missing, build, then run the main job on the bundled default model.
-# The CUDA backend is built only where a GPU is present.
+# ./run.sh: install what is missing, build, then run the main job on the bundled default model
+# (models/dsv4-mini, a small DeepSeek-V4-architecture model trained on Python sources).
+# The CUDA backend is built only where a GPU is present. DSINFER_MODEL=DIR picks another model.
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/deps.sh
@@ -15,18 +16,20 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSINFER_TESTS=OFF "${C
 ninja -C build -j "$(nproc)" dsinfer
 
 DSI=build/bin/dsinfer
-MODEL=${DSINFER_MODEL:-models/default-random}
-if [ ! -f "$MODEL/config.json" ]; then
-  # Until the bundled trained model exists, the default model is a small RANDOM-weight V4 model
-  # that dsinfer generates itself (every layer type, FP8/MXFP4 weights, MTP block).
-  echo "[run] generating the default random-weight model in $MODEL"
-  "$DSI" make-checkpoint --preset tiny --seed 1 --out "$MODEL"
-fi
-echo "[run] model:"
-"$DSI" inspect --model "$MODEL" | head -40
-IDS=0,17,42,7,99,3,256,311,8,64,128,5,77,13,200,150
-echo "[run] scoring $IDS (full forward and token by token, reference and deepseek numerics)"
-"$DSI" score --model "$MODEL" --input-ids "$IDS" --output build/run_full.safetensors
-"$DSI" score --model "$MODEL" --input-ids "$IDS" --chunk 1 --mtp --output build/run_chunk1.safetensors
-"$DSI" score --model "$MODEL" --input-ids "$IDS" --numerics deepseek --output build/run_ds.safetensors
-echo "[run] done: logits in build/run_*.safetensors"
+MODEL=${DSINFER_MODEL:-models/dsv4-mini}
+echo "[run] model $MODEL:"
+"$DSI" inspect --model "$MODEL" | sed -n '1,12p'
+echo
+echo "[run] completing a Python function header (greedy, 64 tokens):"
+PROMPT=$'def fibonacci(n):\n'
+printf '%s' "$PROMPT"
+"$DSI" generate --model "$MODEL" --prompt "$PROMPT" --max-tokens 64 --temperature 0
+echo
+echo "[run] a small batch (JSONL in, JSONL out; sampled, seeded):"
+cat > build/run_requests.jsonl <<'JSONL'
+{"prompt": "import os\n\n\ndef list_python_files(root):\n", "max_tokens": 48, "temperature": 0.7, "seed": 1}
+{"prompt": "class Stack:\n    def __init__(self):\n", "max_tokens": 48, "temperature": 0.7, "seed": 2}
+{"messages": [{"role": "user", "content": "How do I read a file line by line in Python?"}], "max_tokens": 48, "temperature": 0}
+JSONL
+"$DSI" generate --model "$MODEL" --input build/run_requests.jsonl --output build/run_results.jsonl
+cat build/run_results.jsonl
