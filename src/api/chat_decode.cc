@@ -26,139 +26,95 @@ bool is_placeholder_part(const std::string& type) {
 
 // A string or an array of {"type":"text","text":…} parts, concatenated.
 Err read_text_content(const Reader& r, const Json& v, const Path& p, std::string* out) {
-  if (v.is_string()) {
-    *out = v.get<std::string>();
-    return std::nullopt;
-  }
-  if (!v.is_array())
-    return r.type_error(p, "a string or an array of content parts", v);
-  for (size_t j = 0; j < v.size(); ++j) {
-    const Json& part = v[j];
-    Path pp = p.index(j);
-    DSI_API_TRY(r.as_object(part, pp));
-    std::string type;
-    DSI_API_TRY(r.req_string(part, pp, "type", &type));
-    if (type == "text") {
-      std::string text;
-      DSI_API_TRY(r.req_string(part, pp, "text", &text));
-      *out += text;
-    } else if (type == "refusal") {
-      // Assistant refusals carry no prompt text.
-    } else {
-      return r.invalid(
-          pp.key("type"),
-          "'" + type.substr(0, 64) + "' parts are not allowed here; only 'text' parts are.");
-    }
-  }
-  return std::nullopt;
+  return detail::read_text_or_typed(
+      r,
+      v,
+      p,
+      "a string or an array of content parts",
+      out,
+      [&](const Json& part, const Path& pp, const std::string& type) -> Err {
+        if (type == "text") {
+          std::string text;
+          DSI_API_TRY(r.req_string(part, pp, "text", &text));
+          *out += text;
+        } else if (type == "refusal") {
+          // Assistant refusals carry no prompt text.
+        } else {
+          return r.invalid(
+              pp.key("type"),
+              "'" + type.substr(0, 64) + "' parts are not allowed here; only 'text' parts are.");
+        }
+        return std::nullopt;
+      });
 }
 
 // User/tool content: a string (-> content) or parts (-> blocks).
 Err read_parts_content(const Reader& r, const Json& v, const Path& p, Message* m) {
-  if (v.is_string()) {
-    m->content = v.get<std::string>();
-    return std::nullopt;
-  }
-  if (!v.is_array())
-    return r.type_error(p, "a string or an array of content parts", v);
-  for (size_t j = 0; j < v.size(); ++j) {
-    const Json& part = v[j];
-    Path pp = p.index(j);
-    DSI_API_TRY(r.as_object(part, pp));
-    std::string type;
-    DSI_API_TRY(r.req_string(part, pp, "type", &type));
-    ContentBlock b;
-    if (type == "text") {
-      b.type = ContentBlock::Type::kText;
-      DSI_API_TRY(r.req_string(part, pp, "text", &b.text));
-    } else if (is_placeholder_part(type)) {
-      b.type = ContentBlock::Type::kUnsupported;
-      b.unsupported_type = type;
-    } else {
-      return r.invalid(
-          pp.key("type"),
-          "'" + type.substr(0, 64) + "' is not one of 'text', 'image_url', 'file', 'input_audio'.");
-    }
-    m->blocks.push_back(std::move(b));
-  }
-  return std::nullopt;
+  return detail::read_text_or_typed(
+      r,
+      v,
+      p,
+      "a string or an array of content parts",
+      &m->content,
+      [&](const Json& part, const Path& pp, const std::string& type) -> Err {
+        ContentBlock b;
+        if (type == "text") {
+          b.type = ContentBlock::Type::kText;
+          DSI_API_TRY(r.req_string(part, pp, "text", &b.text));
+        } else if (is_placeholder_part(type)) {
+          b.type = ContentBlock::Type::kUnsupported;
+          b.unsupported_type = type;
+        } else {
+          return r.invalid(pp.key("type"),
+                           "'" + type.substr(0, 64) +
+                               "' is not one of 'text', 'image_url', 'file', 'input_audio'.");
+        }
+        m->blocks.push_back(std::move(b));
+        return std::nullopt;
+      });
 }
 
+// Chat tools nest the function: {"type": "function", "function": {"name", …}}. The function
+// object is passed on as given.
 Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
-  const Json* tools = nullptr;
-  DSI_API_TRY(r.opt_array(root, Path(), "tools", &tools));
-  if (!tools)
-    return std::nullopt;
-  std::set<std::string> seen;
-  for (size_t i = 0; i < tools->size(); ++i) {
-    const Json& t = (*tools)[i];
-    Path tp = Path().key("tools").index(i);
-    DSI_API_TRY(r.as_object(t, tp));
-    std::string type;
-    DSI_API_TRY(r.req_string(t, tp, "type", &type));
-    if (type != "function") {
-      return r.invalid(tp.key("type"),
-                       "only 'function' tools are supported, got '" + type.substr(0, 64) + "'.");
-    }
-    const Json* fn = nullptr;
-    DSI_API_TRY(r.req_object(t, tp, "function", &fn));
-    Path fp = tp.key("function");
-    recipe::ToolSpec spec;
-    DSI_API_TRY(r.req_string(*fn, fp, "name", &spec.name));
-    DSI_API_TRY(detail::check_tool_name(r, fp.key("name"), spec.name, &seen));
-    std::optional<std::string> description;
-    DSI_API_TRY(r.opt_string(*fn, fp, "description", &description));
-    const Json* params = nullptr;
-    DSI_API_TRY(r.opt_object(*fn, fp, "parameters", &params));
-    std::optional<bool> strict;
-    DSI_API_TRY(r.opt_bool(*fn, fp, "strict", &strict));
-    spec.function_json = detail::py_dumps(*fn);
-    conv->tools.push_back(std::move(spec));
-  }
-  return std::nullopt;
+  return detail::for_each_tool(
+      r, root, [&](const Json& t, const Path& tp, std::set<std::string>* seen) -> Err {
+        std::string type;
+        DSI_API_TRY(r.req_string(t, tp, "type", &type));
+        if (type != "function") {
+          return r.invalid(
+              tp.key("type"),
+              "only 'function' tools are supported, got '" + type.substr(0, 64) + "'.");
+        }
+        const Json* fn = nullptr;
+        DSI_API_TRY(r.req_object(t, tp, "function", &fn));
+        Path fp = tp.key("function");
+        detail::FunctionFields f;
+        DSI_API_TRY(detail::read_function_fields(r, *fn, fp, seen, &f));
+        DSI_API_TRY(r.opt_object(*fn, fp, "parameters", &f.parameters));
+        DSI_API_TRY(r.opt_bool(*fn, fp, "strict", &f.strict));
+        conv->tools.push_back(recipe::ToolSpec{std::move(f.name), detail::py_dumps(*fn)});
+        return std::nullopt;
+      });
 }
 
+// Chat names a tool as {"type": "function", "function": {"name": …}}.
 Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* conv) {
-  conv->tool_choice = conv->tools.empty() ? recipe::ToolChoice::kNone : recipe::ToolChoice::kAuto;
-  const Json* tc = find(root, "tool_choice");
+  const Json* tc = nullptr;
+  std::string type;
+  DSI_API_TRY(detail::read_openai_tool_choice(
+      r, root, "'required' needs at least one tool in 'tools'.", conv, &tc, &type));
   if (!tc)
     return std::nullopt;
   Path p = Path().key("tool_choice");
-  if (tc->is_string()) {
-    std::string s = tc->get<std::string>();
-    if (s == "none") {
-      conv->tool_choice = recipe::ToolChoice::kNone;
-    } else if (s == "auto") {
-      conv->tool_choice =
-          conv->tools.empty() ? recipe::ToolChoice::kNone : recipe::ToolChoice::kAuto;
-    } else if (s == "required") {
-      if (conv->tools.empty())
-        return r.invalid(p, "'required' needs at least one tool in 'tools'.");
-      conv->tool_choice = recipe::ToolChoice::kRequired;
-    } else {
-      return r.invalid(p, "'" + s.substr(0, 64) + "' is not one of 'none', 'auto', 'required'.");
-    }
-    return std::nullopt;
-  }
-  if (!tc->is_object())
-    return r.type_error(p, "a string or an object", *tc);
-  std::string type;
-  DSI_API_TRY(r.req_string(*tc, p, "type", &type));
   if (type != "function")
     return r.invalid(p.key("type"), "must be 'function'.");
   const Json* fn = nullptr;
   DSI_API_TRY(r.req_object(*tc, p, "function", &fn));
   std::string name;
   DSI_API_TRY(r.req_string(*fn, p.key("function"), "name", &name));
-  bool known = false;
-  for (const recipe::ToolSpec& t : conv->tools) known = known || t.name == name;
-  if (!known) {
-    return r.invalid(p.key("function").key("name"),
-                     "no tool named '" + name.substr(0, 128) + "' in 'tools'.");
-  }
-  conv->tool_choice = recipe::ToolChoice::kNamed;
-  conv->tool_choice_name = name;
-  return std::nullopt;
+  return detail::name_tool_choice(
+      r, p.key("function").key("name"), name, "tool", " in 'tools'", conv);
 }
 
 Err read_assistant_tool_calls(const Reader& r, const Json& m, const Path& mp, Message* msg) {
@@ -166,27 +122,25 @@ Err read_assistant_tool_calls(const Reader& r, const Json& m, const Path& mp, Me
   DSI_API_TRY(r.opt_array(m, mp, "tool_calls", &calls));
   if (!calls)
     return std::nullopt;
-  for (size_t j = 0; j < calls->size(); ++j) {
-    const Json& c = (*calls)[j];
-    Path cp = mp.key("tool_calls").index(j);
-    DSI_API_TRY(r.as_object(c, cp));
-    recipe::ToolCall call;
-    DSI_API_TRY(r.req_string(c, cp, "id", &call.id));
-    std::optional<std::string> type;
-    DSI_API_TRY(r.opt_string(c, cp, "type", &type));
-    if (type && *type != "function")
-      return r.invalid(cp.key("type"), "must be 'function'.");
-    const Json* fn = nullptr;
-    DSI_API_TRY(r.req_object(c, cp, "function", &fn));
-    Path fp = cp.key("function");
-    DSI_API_TRY(r.req_string(*fn, fp, "name", &call.name));
-    DSI_API_TRY(r.req_string(*fn, fp, "arguments", &call.arguments));
-    if (!detail::is_json_text(call.arguments)) {
-      return r.invalid(fp.key("arguments"), "must be a JSON-encoded string.");
-    }
-    msg->tool_calls.push_back(std::move(call));
-  }
-  return std::nullopt;
+  return detail::for_each_object(
+      r, *calls, mp.key("tool_calls"), [&](const Json& c, const Path& cp, size_t) -> Err {
+        recipe::ToolCall call;
+        DSI_API_TRY(r.req_string(c, cp, "id", &call.id));
+        std::optional<std::string> type;
+        DSI_API_TRY(r.opt_string(c, cp, "type", &type));
+        if (type && *type != "function")
+          return r.invalid(cp.key("type"), "must be 'function'.");
+        const Json* fn = nullptr;
+        DSI_API_TRY(r.req_object(c, cp, "function", &fn));
+        Path fp = cp.key("function");
+        DSI_API_TRY(r.req_string(*fn, fp, "name", &call.name));
+        DSI_API_TRY(r.req_string(*fn, fp, "arguments", &call.arguments));
+        if (!detail::is_json_text(call.arguments)) {
+          return r.invalid(fp.key("arguments"), "must be a JSON-encoded string.");
+        }
+        msg->tool_calls.push_back(std::move(call));
+        return std::nullopt;
+      });
 }
 
 Err read_messages(const Reader& r,
@@ -202,80 +156,79 @@ Err read_messages(const Reader& r,
                                !req->conversation.tools.empty();
   std::set<std::string> open_call_ids;  // ids of the tool calls that tool messages may answer
   bool after_tool_calls = false;        // the previous message is assistant+tool_calls or tool
-  for (size_t i = 0; i < msgs->size(); ++i) {
-    const Json& m = (*msgs)[i];
-    Path mp = Path().key("messages").index(i);
-    DSI_API_TRY(r.as_object(m, mp));
-    std::string role;
-    DSI_API_TRY(r.req_string(m, mp, "role", &role));
-    Message msg;
-    if (role == "system" || role == "developer") {
-      msg.role = Role::kSystem;
-      const Json* c = find(m, "content");
-      if (!c)
-        return r.missing(mp.key("content"));
-      DSI_API_TRY(read_text_content(r, *c, mp.key("content"), &msg.content));
-      after_tool_calls = false;
-    } else if (role == "user") {
-      msg.role = Role::kUser;
-      const Json* c = find(m, "content");
-      if (!c)
-        return r.missing(mp.key("content"));
-      DSI_API_TRY(read_parts_content(r, *c, mp.key("content"), &msg));
-      after_tool_calls = false;
-    } else if (role == "assistant") {
-      msg.role = Role::kAssistant;
-      if (const Json* c = find(m, "content")) {
-        DSI_API_TRY(read_text_content(r, *c, mp.key("content"), &msg.content));
-      }
-      std::optional<std::string> reasoning;
-      DSI_API_TRY(r.opt_string(m, mp, "reasoning_content", &reasoning));
-      msg.reasoning_content = reasoning;
-      std::optional<bool> prefix;
-      DSI_API_TRY(r.opt_bool(m, mp, "prefix", &prefix));
-      if (prefix.value_or(false)) {
-        if (i + 1 != msgs->size()) {
-          return r.invalid(mp.key("prefix"),
-                           "only the last message may be an assistant prefix (prefix: true).");
+  return detail::for_each_object(
+      r, *msgs, Path().key("messages"), [&](const Json& m, const Path& mp, size_t i) -> Err {
+        std::string role;
+        DSI_API_TRY(r.req_string(m, mp, "role", &role));
+        Message msg;
+        if (role == "system" || role == "developer") {
+          msg.role = Role::kSystem;
+          const Json* c = find(m, "content");
+          if (!c)
+            return r.missing(mp.key("content"));
+          DSI_API_TRY(read_text_content(r, *c, mp.key("content"), &msg.content));
+          after_tool_calls = false;
+        } else if (role == "user") {
+          msg.role = Role::kUser;
+          const Json* c = find(m, "content");
+          if (!c)
+            return r.missing(mp.key("content"));
+          DSI_API_TRY(read_parts_content(r, *c, mp.key("content"), &msg));
+          after_tool_calls = false;
+        } else if (role == "assistant") {
+          msg.role = Role::kAssistant;
+          if (const Json* c = find(m, "content")) {
+            DSI_API_TRY(read_text_content(r, *c, mp.key("content"), &msg.content));
+          }
+          std::optional<std::string> reasoning;
+          DSI_API_TRY(r.opt_string(m, mp, "reasoning_content", &reasoning));
+          msg.reasoning_content = reasoning;
+          std::optional<bool> prefix;
+          DSI_API_TRY(r.opt_bool(m, mp, "prefix", &prefix));
+          if (prefix.value_or(false)) {
+            if (i + 1 != msgs->size()) {
+              return r.invalid(mp.key("prefix"),
+                               "only the last message may be an assistant prefix (prefix: true).");
+            }
+            msg.prefix = true;
+          }
+          DSI_API_TRY(read_assistant_tool_calls(r, m, mp, &msg));
+          if (check_reasoning && !msg.prefix && !msg.reasoning_content) {
+            return r.invalid(
+                mp.key("reasoning_content"),
+                "The reasoning_content in the thinking mode must be passed back to the "
+                "API.");
+          }
+          open_call_ids.clear();
+          for (const recipe::ToolCall& c : msg.tool_calls) open_call_ids.insert(c.id);
+          after_tool_calls = !msg.tool_calls.empty();
+        } else if (role == "tool") {
+          msg.role = Role::kTool;
+          DSI_API_TRY(r.req_string(m, mp, "tool_call_id", &msg.tool_call_id));
+          const Json* c = find(m, "content");
+          if (!c)
+            return r.missing(mp.key("content"));
+          DSI_API_TRY(read_parts_content(r, *c, mp.key("content"), &msg));
+          if (!after_tool_calls) {
+            return r.invalid(mp.key("role"),
+                             "messages with role 'tool' must follow an assistant message with "
+                             "'tool_calls'.");
+          }
+          if (open_call_ids.count(msg.tool_call_id) == 0) {
+            return r.invalid(mp.key("tool_call_id"),
+                             "'" + msg.tool_call_id.substr(0, 128) +
+                                 "' does not match any tool call of the preceding assistant "
+                                 "message.");
+          }
+        } else {
+          return r.invalid(mp.key("role"),
+                           "'" + role.substr(0, 64) +
+                               "' is not one of 'system', 'user', 'assistant', "
+                               "'tool'.");
         }
-        msg.prefix = true;
-      }
-      DSI_API_TRY(read_assistant_tool_calls(r, m, mp, &msg));
-      if (check_reasoning && !msg.prefix && !msg.reasoning_content) {
-        return r.invalid(mp.key("reasoning_content"),
-                         "The reasoning_content in the thinking mode must be passed back to the "
-                         "API.");
-      }
-      open_call_ids.clear();
-      for (const recipe::ToolCall& c : msg.tool_calls) open_call_ids.insert(c.id);
-      after_tool_calls = !msg.tool_calls.empty();
-    } else if (role == "tool") {
-      msg.role = Role::kTool;
-      DSI_API_TRY(r.req_string(m, mp, "tool_call_id", &msg.tool_call_id));
-      const Json* c = find(m, "content");
-      if (!c)
-        return r.missing(mp.key("content"));
-      DSI_API_TRY(read_parts_content(r, *c, mp.key("content"), &msg));
-      if (!after_tool_calls) {
-        return r.invalid(mp.key("role"),
-                         "messages with role 'tool' must follow an assistant message with "
-                         "'tool_calls'.");
-      }
-      if (open_call_ids.count(msg.tool_call_id) == 0) {
-        return r.invalid(mp.key("tool_call_id"),
-                         "'" + msg.tool_call_id.substr(0, 128) +
-                             "' does not match any tool call of the preceding assistant "
-                             "message.");
-      }
-    } else {
-      return r.invalid(mp.key("role"),
-                       "'" + role.substr(0, 64) +
-                           "' is not one of 'system', 'user', 'assistant', "
-                           "'tool'.");
-    }
-    req->conversation.messages.push_back(std::move(msg));
-  }
-  return std::nullopt;
+        req->conversation.messages.push_back(std::move(msg));
+        return std::nullopt;
+      });
 }
 
 Err read_response_format(const Reader& r, const Json& root, recipe::Conversation* conv) {
@@ -387,12 +340,8 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(r.opt_bool(root, Path(), "logprobs", &logprobs));
   s.logprobs = logprobs.value_or(false);
   std::optional<int64_t> top_logprobs;
-  DSI_API_TRY(r.opt_int(root, Path(), "top_logprobs", &top_logprobs));
+  DSI_API_TRY(detail::read_top_logprobs(r, root, &top_logprobs));
   if (top_logprobs) {
-    if (*top_logprobs < 0 || *top_logprobs > 20) {
-      return r.invalid(Path().key("top_logprobs"),
-                       "must be between 0 and 20, got " + std::to_string(*top_logprobs) + ".");
-    }
     if (!s.logprobs) {
       return r.invalid(Path().key("top_logprobs"),
                        "logprobs must be true when top_logprobs is set.");
@@ -417,10 +366,7 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
 }  // namespace
 
 ApiResult<GenerationRequest> decode_chat_request(std::string_view body, const DecodeOptions& opts) {
-  GenerationRequest req;
-  if (Err e = decode(body, opts, &req))
-    return std::move(*e);
-  return req;
+  return detail::decode_request(decode, body, opts);
 }
 
 }  // namespace dsinfer::api

@@ -41,6 +41,19 @@ Json usage_json(const recipe::Usage& u) {
   return j;
 }
 
+// The envelope of a completion or chunk: {id, object, created, model, system_fingerprint,
+// choices: [choice]}.
+Json completion_json(const ResponseMeta& meta, const char* object, Json choice) {
+  Json j = Json::object();
+  j["id"] = meta.id;
+  j["object"] = object;
+  j["created"] = meta.created;
+  j["model"] = meta.model;
+  j["system_fingerprint"] = meta.system_fingerprint;
+  j["choices"] = Json::array({std::move(choice)});
+  return j;
+}
+
 ResponseMeta fill_meta(ResponseMeta meta, const recipe::GenerationRequest& request) {
   if (meta.id.empty())
     meta.id = detail::IdGen(detail::mix_seed(meta.seed, 1)).uuid();
@@ -71,13 +84,7 @@ std::string make_chunk(const ResponseMeta& meta,
   choice["delta"] = std::move(delta);
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = finish_reason ? Json(finish_reason) : Json(nullptr);
-  Json c = Json::object();
-  c["id"] = meta.id;
-  c["object"] = "chat.completion.chunk";
-  c["created"] = meta.created;
-  c["model"] = meta.model;
-  c["system_fingerprint"] = meta.system_fingerprint;
-  c["choices"] = Json::array({std::move(choice)});
+  Json c = completion_json(meta, "chat.completion.chunk", std::move(choice));
   if (usage) {
     c["usage"] = usage_json(*usage);
   } else if (include_usage) {
@@ -185,13 +192,7 @@ std::string ChatStreamEncoder::response_json(const recipe::Usage& usage) const {
   choice["message"] = std::move(message);
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = chat_finish_reason(tracker_->finish_reason());
-  Json j = Json::object();
-  j["id"] = meta_.id;
-  j["object"] = "chat.completion";
-  j["created"] = meta_.created;
-  j["model"] = meta_.model;
-  j["system_fingerprint"] = meta_.system_fingerprint;
-  j["choices"] = Json::array({std::move(choice)});
+  Json j = completion_json(meta_, "chat.completion", std::move(choice));
   j["usage"] = usage_json(usage);
   return detail::dump(j);
 }
@@ -200,9 +201,7 @@ std::string build_chat_response(const recipe::GenerationRequest& request,
                                 const ResponseMeta& meta,
                                 const std::vector<recipe::OutputEvent>& events,
                                 const recipe::Usage& usage) {
-  ChatStreamEncoder enc(request, meta);
-  for (const recipe::OutputEvent& e : events) (void)enc.add(e);
-  return enc.response_json(usage);
+  return detail::build_response<ChatStreamEncoder>(request, meta, events, usage);
 }
 
 }  // namespace dsinfer::api

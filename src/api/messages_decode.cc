@@ -37,26 +37,22 @@ Err read_system(const Reader& r, const Json& root, GenerationRequest* req) {
     return std::nullopt;
   Path p = Path().key("system");
   std::string text;
-  if (sys->is_string()) {
-    text = sys->get<std::string>();
-  } else if (sys->is_array()) {
-    for (size_t i = 0; i < sys->size(); ++i) {
-      const Json& b = (*sys)[i];
-      Path bp = p.index(i);
-      DSI_API_TRY(r.as_object(b, bp));
-      std::string type;
-      DSI_API_TRY(r.req_string(b, bp, "type", &type));
-      if (type != "text")
-        return r.invalid(bp.key("type"), "system blocks must be 'text' blocks.");
-      std::string t;
-      DSI_API_TRY(r.req_string(b, bp, "text", &t));
-      if (!text.empty() && !t.empty())
-        text += "\n\n";
-      text += t;
-    }
-  } else {
-    return r.type_error(p, "a string or an array of text blocks", *sys);
-  }
+  DSI_API_TRY(detail::read_text_or_typed(
+      r,
+      *sys,
+      p,
+      "a string or an array of text blocks",
+      &text,
+      [&](const Json& b, const Path& bp, const std::string& type) -> Err {
+        if (type != "text")
+          return r.invalid(bp.key("type"), "system blocks must be 'text' blocks.");
+        std::string t;
+        DSI_API_TRY(r.req_string(b, bp, "text", &t));
+        if (!text.empty() && !t.empty())
+          text += "\n\n";
+        text += t;
+        return std::nullopt;
+      }));
   if (text.empty())
     return std::nullopt;
   Message m;
@@ -66,43 +62,28 @@ Err read_system(const Reader& r, const Json& root, GenerationRequest* req) {
   return std::nullopt;
 }
 
+// Anthropic tools: {"type"?: "custom", "name", "description", "input_schema"}.
 Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
-  const Json* tools = nullptr;
-  DSI_API_TRY(r.opt_array(root, Path(), "tools", &tools));
-  if (!tools)
-    return std::nullopt;
-  std::set<std::string> seen;
-  for (size_t i = 0; i < tools->size(); ++i) {
-    const Json& t = (*tools)[i];
-    Path tp = Path().key("tools").index(i);
-    DSI_API_TRY(r.as_object(t, tp));
-    std::optional<std::string> type;
-    DSI_API_TRY(r.opt_string(t, tp, "type", &type));
-    if (type && *type != "custom") {
-      return r.invalid(
-          tp.key("type"),
-          "tools of type '" + type->substr(0, 64) + "' are not supported; only client tools are.");
-    }
-    recipe::ToolSpec spec;
-    DSI_API_TRY(r.req_string(t, tp, "name", &spec.name));
-    DSI_API_TRY(detail::check_tool_name(r, tp.key("name"), spec.name, &seen));
-    std::optional<std::string> description;
-    DSI_API_TRY(r.opt_string(t, tp, "description", &description));
-    const Json* schema = nullptr;
-    DSI_API_TRY(r.req_object(t, tp, "input_schema", &schema));
-    Json fn = Json::object();
-    fn["name"] = spec.name;
-    if (description)
-      fn["description"] = *description;
-    fn["parameters"] = *schema;
-    spec.function_json = detail::py_dumps(fn);
-    conv->tools.push_back(std::move(spec));
-  }
-  return std::nullopt;
+  return detail::for_each_tool(
+      r, root, [&](const Json& t, const Path& tp, std::set<std::string>* seen) -> Err {
+        std::optional<std::string> type;
+        DSI_API_TRY(r.opt_string(t, tp, "type", &type));
+        if (type && *type != "custom") {
+          return r.invalid(tp.key("type"),
+                           "tools of type '" + type->substr(0, 64) +
+                               "' are not supported; only client tools are.");
+        }
+        detail::FunctionFields f;
+        DSI_API_TRY(detail::read_function_fields(r, t, tp, seen, &f));
+        DSI_API_TRY(r.req_object(t, tp, "input_schema", &f.parameters));
+        conv->tools.push_back(recipe::ToolSpec{f.name, detail::function_json(f)});
+        return std::nullopt;
+      });
 }
 
+// Anthropic tool_choice is always an object: {"type": "auto" | "any" | "tool" | "none", …}.
 Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* conv) {
-  conv->tool_choice = conv->tools.empty() ? recipe::ToolChoice::kNone : recipe::ToolChoice::kAuto;
+  detail::default_tool_choice(conv);
   const Json* tc = nullptr;
   DSI_API_TRY(r.opt_object(root, Path(), "tool_choice", &tc));
   if (!tc)
@@ -117,19 +98,11 @@ Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* co
   } else if (type == "auto") {
     // Keeps the default (auto with tools, none without).
   } else if (type == "any") {
-    if (conv->tools.empty())
-      return r.invalid(p.key("type"), "'any' needs at least one tool.");
-    conv->tool_choice = recipe::ToolChoice::kRequired;
+    return detail::require_tool_choice(r, p.key("type"), "'any' needs at least one tool.", conv);
   } else if (type == "tool") {
     std::string name;
     DSI_API_TRY(r.req_string(*tc, p, "name", &name));
-    bool known = false;
-    for (const recipe::ToolSpec& t : conv->tools) known = known || t.name == name;
-    if (!known) {
-      return r.invalid(p.key("name"), "no tool named '" + name.substr(0, 128) + "' in tools.");
-    }
-    conv->tool_choice = recipe::ToolChoice::kNamed;
-    conv->tool_choice_name = name;
+    return detail::name_tool_choice(r, p.key("name"), name, "tool", " in tools", conv);
   } else {
     return r.invalid(
         p.key("type"),
@@ -144,114 +117,101 @@ Err read_tool_result_content(const Reader& r, const Json& block, const Path& bp,
   if (!c)
     return std::nullopt;
   Path cp = bp.key("content");
-  if (c->is_string()) {
-    *out = c->get<std::string>();
-    return std::nullopt;
-  }
-  if (!c->is_array())
-    return r.type_error(cp, "a string or an array of content blocks", *c);
-  for (size_t k = 0; k < c->size(); ++k) {
-    const Json& part = (*c)[k];
-    Path pp = cp.index(k);
-    DSI_API_TRY(r.as_object(part, pp));
-    std::string type;
-    DSI_API_TRY(r.req_string(part, pp, "type", &type));
-    std::string piece;
-    if (type == "text") {
-      DSI_API_TRY(r.req_string(part, pp, "text", &piece));
-    } else if (type == "image") {
-      piece = "[Unsupported image]";
-    } else {
-      return r.invalid(pp.key("type"), "tool_result content blocks must be 'text' or 'image'.");
+  bool first = true;
+  return detail::read_text_or_typed(
+      r,
+      *c,
+      cp,
+      "a string or an array of content blocks",
+      out,
+      [&](const Json& part, const Path& pp, const std::string& type) -> Err {
+        std::string piece;
+        if (type == "text") {
+          DSI_API_TRY(r.req_string(part, pp, "text", &piece));
+        } else if (type == "image") {
+          piece = "[Unsupported image]";
+        } else {
+          return r.invalid(pp.key("type"), "tool_result content blocks must be 'text' or 'image'.");
+        }
+        if (!first)
+          *out += "\n\n";
+        first = false;
+        *out += piece;
+        return std::nullopt;
+      });
+}
+
+// One content block (type `type`) of a user message.
+Err read_user_block(const Reader& r,
+                    const Json& b,
+                    const Path& bp,
+                    const std::string& type,
+                    const std::set<std::string>& known_tool_ids,
+                    Message* msg) {
+  ContentBlock block;
+  if (type == "text") {
+    block.type = ContentBlock::Type::kText;
+    DSI_API_TRY(r.req_string(b, bp, "text", &block.text));
+  } else if (type == "tool_result") {
+    block.type = ContentBlock::Type::kToolResult;
+    DSI_API_TRY(r.req_string(b, bp, "tool_use_id", &block.tool_use_id));
+    if (known_tool_ids.count(block.tool_use_id) == 0) {
+      return r.invalid(
+          bp.key("tool_use_id"),
+          "no earlier tool_use block has id '" + block.tool_use_id.substr(0, 128) + "'.");
     }
-    if (k > 0)
-      *out += "\n\n";
-    *out += piece;
+    std::optional<bool> is_error;
+    DSI_API_TRY(r.opt_bool(b, bp, "is_error", &is_error));  // ignored
+    DSI_API_TRY(read_tool_result_content(r, b, bp, &block.text));
+  } else if (type == "image" || type == "server_tool_use" || type == "web_search_tool_result") {
+    block.type = ContentBlock::Type::kUnsupported;
+    block.unsupported_type = type;
+  } else if (is_rejected_block(type)) {
+    return unsupported_block(r, bp.key("type"), type);
+  } else if (type == "thinking" || type == "tool_use") {
+    return r.invalid(bp.key("type"),
+                     "'" + type + "' blocks are only allowed in assistant messages.");
+  } else {
+    return r.invalid(bp.key("type"), "unknown content block type '" + type.substr(0, 64) + "'.");
   }
+  msg->blocks.push_back(std::move(block));
   return std::nullopt;
 }
 
-Err read_user_blocks(const Reader& r,
-                     const Json& content,
-                     const Path& cp,
-                     const std::set<std::string>& known_tool_ids,
-                     Message* msg) {
-  for (size_t j = 0; j < content.size(); ++j) {
-    const Json& b = content[j];
-    Path bp = cp.index(j);
-    DSI_API_TRY(r.as_object(b, bp));
-    std::string type;
-    DSI_API_TRY(r.req_string(b, bp, "type", &type));
-    ContentBlock block;
-    if (type == "text") {
-      block.type = ContentBlock::Type::kText;
-      DSI_API_TRY(r.req_string(b, bp, "text", &block.text));
-    } else if (type == "tool_result") {
-      block.type = ContentBlock::Type::kToolResult;
-      DSI_API_TRY(r.req_string(b, bp, "tool_use_id", &block.tool_use_id));
-      if (known_tool_ids.count(block.tool_use_id) == 0) {
-        return r.invalid(
-            bp.key("tool_use_id"),
-            "no earlier tool_use block has id '" + block.tool_use_id.substr(0, 128) + "'.");
-      }
-      std::optional<bool> is_error;
-      DSI_API_TRY(r.opt_bool(b, bp, "is_error", &is_error));  // ignored
-      DSI_API_TRY(read_tool_result_content(r, b, bp, &block.text));
-    } else if (type == "image" || type == "server_tool_use" || type == "web_search_tool_result") {
-      block.type = ContentBlock::Type::kUnsupported;
-      block.unsupported_type = type;
-    } else if (is_rejected_block(type)) {
-      return unsupported_block(r, bp.key("type"), type);
-    } else if (type == "thinking" || type == "tool_use") {
-      return r.invalid(bp.key("type"),
-                       "'" + type + "' blocks are only allowed in assistant messages.");
-    } else {
-      return r.invalid(bp.key("type"), "unknown content block type '" + type.substr(0, 64) + "'.");
-    }
-    msg->blocks.push_back(std::move(block));
-  }
-  return std::nullopt;
-}
-
-Err read_assistant_blocks(const Reader& r,
-                          const Json& content,
-                          const Path& cp,
-                          std::set<std::string>* known_tool_ids,
-                          Message* msg) {
-  for (size_t j = 0; j < content.size(); ++j) {
-    const Json& b = content[j];
-    Path bp = cp.index(j);
-    DSI_API_TRY(r.as_object(b, bp));
-    std::string type;
-    DSI_API_TRY(r.req_string(b, bp, "type", &type));
-    if (type == "text") {
-      std::string text;
-      DSI_API_TRY(r.req_string(b, bp, "text", &text));
-      msg->content += text;
-    } else if (type == "thinking") {
-      std::string thinking;
-      DSI_API_TRY(r.req_string(b, bp, "thinking", &thinking));
-      std::optional<std::string> signature;
-      DSI_API_TRY(r.opt_string(b, bp, "signature", &signature));  // ignored
-      msg->reasoning_content = msg->reasoning_content.value_or("") + thinking;
-    } else if (type == "tool_use") {
-      recipe::ToolCall call;
-      DSI_API_TRY(r.req_string(b, bp, "id", &call.id));
-      DSI_API_TRY(r.req_string(b, bp, "name", &call.name));
-      const Json* input = nullptr;
-      DSI_API_TRY(r.req_object(b, bp, "input", &input));
-      call.arguments = detail::py_dumps(*input);
-      known_tool_ids->insert(call.id);
-      msg->tool_calls.push_back(std::move(call));
-    } else if (type == "server_tool_use" || type == "web_search_tool_result") {
-      // Server tool history: nothing to render.
-    } else if (is_rejected_block(type)) {
-      return unsupported_block(r, bp.key("type"), type);
-    } else if (type == "image" || type == "tool_result") {
-      return r.invalid(bp.key("type"), "'" + type + "' blocks are only allowed in user messages.");
-    } else {
-      return r.invalid(bp.key("type"), "unknown content block type '" + type.substr(0, 64) + "'.");
-    }
+// One content block (type `type`) of an assistant message.
+Err read_assistant_block(const Reader& r,
+                         const Json& b,
+                         const Path& bp,
+                         const std::string& type,
+                         std::set<std::string>* known_tool_ids,
+                         Message* msg) {
+  if (type == "text") {
+    std::string text;
+    DSI_API_TRY(r.req_string(b, bp, "text", &text));
+    msg->content += text;
+  } else if (type == "thinking") {
+    std::string thinking;
+    DSI_API_TRY(r.req_string(b, bp, "thinking", &thinking));
+    std::optional<std::string> signature;
+    DSI_API_TRY(r.opt_string(b, bp, "signature", &signature));  // ignored
+    msg->reasoning_content = msg->reasoning_content.value_or("") + thinking;
+  } else if (type == "tool_use") {
+    recipe::ToolCall call;
+    DSI_API_TRY(r.req_string(b, bp, "id", &call.id));
+    DSI_API_TRY(r.req_string(b, bp, "name", &call.name));
+    const Json* input = nullptr;
+    DSI_API_TRY(r.req_object(b, bp, "input", &input));
+    call.arguments = detail::py_dumps(*input);
+    known_tool_ids->insert(call.id);
+    msg->tool_calls.push_back(std::move(call));
+  } else if (type == "server_tool_use" || type == "web_search_tool_result") {
+    // Server tool history: nothing to render.
+  } else if (is_rejected_block(type)) {
+    return unsupported_block(r, bp.key("type"), type);
+  } else if (type == "image" || type == "tool_result") {
+    return r.invalid(bp.key("type"), "'" + type + "' blocks are only allowed in user messages.");
+  } else {
+    return r.invalid(bp.key("type"), "unknown content block type '" + type.substr(0, 64) + "'.");
   }
   return std::nullopt;
 }
@@ -262,42 +222,40 @@ Err read_messages(const Reader& r, const Json& root, GenerationRequest* req) {
   if (msgs->empty())
     return r.invalid(Path().key("messages"), "at least one message is required.");
   std::set<std::string> known_tool_ids;
-  for (size_t i = 0; i < msgs->size(); ++i) {
-    const Json& m = (*msgs)[i];
-    Path mp = Path().key("messages").index(i);
-    DSI_API_TRY(r.as_object(m, mp));
-    std::string role;
-    DSI_API_TRY(r.req_string(m, mp, "role", &role));
-    Message msg;
-    if (role == "user") {
-      msg.role = Role::kUser;
-    } else if (role == "assistant") {
-      msg.role = Role::kAssistant;
-    } else {
-      return r.invalid(mp.key("role"),
-                       "Input should be 'user' or 'assistant', got '" + role.substr(0, 64) + "'.");
-    }
-    const Json* content = find(m, "content");
-    if (!content)
-      return r.missing(mp.key("content"));
-    Path cp = mp.key("content");
-    if (content->is_string()) {
-      msg.content = content->get<std::string>();
-    } else if (content->is_array()) {
-      if (msg.role == Role::kUser) {
-        DSI_API_TRY(read_user_blocks(r, *content, cp, known_tool_ids, &msg));
-      } else {
-        DSI_API_TRY(read_assistant_blocks(r, *content, cp, &known_tool_ids, &msg));
-      }
-    } else {
-      return r.type_error(cp, "a string or an array of content blocks", *content);
-    }
-    // A final assistant message is a prefill: generation continues it.
-    if (msg.role == Role::kAssistant && i + 1 == msgs->size())
-      msg.prefix = true;
-    req->conversation.messages.push_back(std::move(msg));
-  }
-  return std::nullopt;
+  return detail::for_each_object(
+      r, *msgs, Path().key("messages"), [&](const Json& m, const Path& mp, size_t i) -> Err {
+        std::string role;
+        DSI_API_TRY(r.req_string(m, mp, "role", &role));
+        Message msg;
+        if (role == "user") {
+          msg.role = Role::kUser;
+        } else if (role == "assistant") {
+          msg.role = Role::kAssistant;
+        } else {
+          return r.invalid(
+              mp.key("role"),
+              "Input should be 'user' or 'assistant', got '" + role.substr(0, 64) + "'.");
+        }
+        const Json* content = find(m, "content");
+        if (!content)
+          return r.missing(mp.key("content"));
+        auto block = [&](const Json& b, const Path& bp, const std::string& type) {
+          return msg.role == Role::kUser
+                     ? read_user_block(r, b, bp, type, known_tool_ids, &msg)
+                     : read_assistant_block(r, b, bp, type, &known_tool_ids, &msg);
+        };
+        DSI_API_TRY(detail::read_text_or_typed(r,
+                                               *content,
+                                               mp.key("content"),
+                                               "a string or an array of content blocks",
+                                               &msg.content,
+                                               block));
+        // A final assistant message is a prefill: generation continues it.
+        if (msg.role == Role::kAssistant && i + 1 == msgs->size())
+          msg.prefix = true;
+        req->conversation.messages.push_back(std::move(msg));
+        return std::nullopt;
+      });
 }
 
 Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* req) {
@@ -370,10 +328,7 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
 
 ApiResult<GenerationRequest> decode_messages_request(std::string_view body,
                                                      const DecodeOptions& opts) {
-  GenerationRequest req;
-  if (Err e = decode(body, opts, &req))
-    return std::move(*e);
-  return req;
+  return detail::decode_request(decode, body, opts);
 }
 
 }  // namespace dsinfer::api

@@ -220,9 +220,7 @@ std::string build_messages_response(const recipe::GenerationRequest& request,
                                     const ResponseMeta& meta,
                                     const std::vector<recipe::OutputEvent>& events,
                                     const recipe::Usage& usage) {
-  MessagesStreamEncoder enc(request, meta);
-  for (const recipe::OutputEvent& e : events) (void)enc.add(e);
-  return enc.response_json(usage);
+  return detail::build_response<MessagesStreamEncoder>(request, meta, events, usage);
 }
 
 }  // namespace dsinfer::api

@@ -28,75 +28,39 @@ bool is_ignored_tool(const std::string& type) {
          type.rfind("web_search_preview_", 0) == 0 || type.rfind("web_search_", 0) == 0;
 }
 
+// Responses tools are flat: {"type": "function", "name", "description", "parameters", "strict"}.
 Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
-  const Json* tools = nullptr;
-  DSI_API_TRY(r.opt_array(root, Path(), "tools", &tools));
-  if (!tools)
-    return std::nullopt;
-  std::set<std::string> seen;
-  for (size_t i = 0; i < tools->size(); ++i) {
-    const Json& t = (*tools)[i];
-    Path tp = Path().key("tools").index(i);
-    DSI_API_TRY(r.as_object(t, tp));
-    std::string type;
-    DSI_API_TRY(r.req_string(t, tp, "type", &type));
-    if (is_ignored_tool(type))
-      continue;
-    if (type == "custom") {
-      return r.invalid(tp.key("type"), "custom tools are not supported; use function tools.");
-    }
-    if (type != "function") {
-      return r.invalid(tp.key("type"),
-                       "tools of type '" + type.substr(0, 64) + "' are not supported.");
-    }
-    recipe::ToolSpec spec;
-    DSI_API_TRY(r.req_string(t, tp, "name", &spec.name));
-    DSI_API_TRY(detail::check_tool_name(r, tp.key("name"), spec.name, &seen));
-    std::optional<std::string> description;
-    DSI_API_TRY(r.opt_string(t, tp, "description", &description));
-    const Json* params = nullptr;
-    DSI_API_TRY(r.opt_object(t, tp, "parameters", &params));
-    std::optional<bool> strict;
-    DSI_API_TRY(r.opt_bool(t, tp, "strict", &strict));
-    Json fn = Json::object();
-    fn["name"] = spec.name;
-    if (description)
-      fn["description"] = *description;
-    if (params)
-      fn["parameters"] = *params;
-    if (strict)
-      fn["strict"] = *strict;
-    spec.function_json = detail::py_dumps(fn);
-    conv->tools.push_back(std::move(spec));
-  }
-  return std::nullopt;
+  return detail::for_each_tool(
+      r, root, [&](const Json& t, const Path& tp, std::set<std::string>* seen) -> Err {
+        std::string type;
+        DSI_API_TRY(r.req_string(t, tp, "type", &type));
+        if (is_ignored_tool(type))
+          return std::nullopt;
+        if (type == "custom") {
+          return r.invalid(tp.key("type"), "custom tools are not supported; use function tools.");
+        }
+        if (type != "function") {
+          return r.invalid(tp.key("type"),
+                           "tools of type '" + type.substr(0, 64) + "' are not supported.");
+        }
+        detail::FunctionFields f;
+        DSI_API_TRY(detail::read_function_fields(r, t, tp, seen, &f));
+        DSI_API_TRY(r.opt_object(t, tp, "parameters", &f.parameters));
+        DSI_API_TRY(r.opt_bool(t, tp, "strict", &f.strict));
+        conv->tools.push_back(recipe::ToolSpec{f.name, detail::function_json(f)});
+        return std::nullopt;
+      });
 }
 
+// Responses names a tool as {"type": "function", "name": …}.
 Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* conv) {
-  conv->tool_choice = conv->tools.empty() ? recipe::ToolChoice::kNone : recipe::ToolChoice::kAuto;
-  const Json* tc = find(root, "tool_choice");
+  const Json* tc = nullptr;
+  std::string type;
+  DSI_API_TRY(detail::read_openai_tool_choice(
+      r, root, "'required' needs at least one function tool.", conv, &tc, &type));
   if (!tc)
     return std::nullopt;
   Path p = Path().key("tool_choice");
-  if (tc->is_string()) {
-    std::string s = tc->get<std::string>();
-    if (s == "none") {
-      conv->tool_choice = recipe::ToolChoice::kNone;
-    } else if (s == "auto") {
-      // default
-    } else if (s == "required") {
-      if (conv->tools.empty())
-        return r.invalid(p, "'required' needs at least one function tool.");
-      conv->tool_choice = recipe::ToolChoice::kRequired;
-    } else {
-      return r.invalid(p, "'" + s.substr(0, 64) + "' is not one of 'none', 'auto', 'required'.");
-    }
-    return std::nullopt;
-  }
-  if (!tc->is_object())
-    return r.type_error(p, "a string or an object", *tc);
-  std::string type;
-  DSI_API_TRY(r.req_string(*tc, p, "type", &type));
   if (type != "function") {
     return r.invalid(
         p.key("type"),
@@ -104,13 +68,7 @@ Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* co
   }
   std::string name;
   DSI_API_TRY(r.req_string(*tc, p, "name", &name));
-  bool known = false;
-  for (const recipe::ToolSpec& t : conv->tools) known = known || t.name == name;
-  if (!known)
-    return r.invalid(p.key("name"), "no function tool named '" + name.substr(0, 128) + "'.");
-  conv->tool_choice = recipe::ToolChoice::kNamed;
-  conv->tool_choice_name = name;
-  return std::nullopt;
+  return detail::name_tool_choice(r, p.key("name"), name, "function tool", "", conv);
 }
 
 Err read_text_format(const Reader& r, const Json& root, recipe::Conversation* conv) {
@@ -152,51 +110,47 @@ enum class PartsFor { kUser, kSystem, kAssistant, kToolOutput };
 
 // Message content / tool output: a string or content parts.
 Err read_parts(const Reader& r, const Json& v, const Path& p, PartsFor who, Message* m) {
-  if (v.is_string()) {
-    m->content = v.get<std::string>();
-    return std::nullopt;
-  }
-  if (!v.is_array())
-    return r.type_error(p, "a string or an array of content parts", v);
   const bool text_only = who == PartsFor::kSystem || who == PartsFor::kAssistant;
-  for (size_t j = 0; j < v.size(); ++j) {
-    const Json& part = v[j];
-    Path pp = p.index(j);
-    DSI_API_TRY(r.as_object(part, pp));
-    std::string type;
-    DSI_API_TRY(r.req_string(part, pp, "type", &type));
-    if (type == "input_text" || type == "output_text" || type == "text") {
-      std::string text;
-      DSI_API_TRY(r.req_string(part, pp, "text", &text));
-      if (text_only) {
-        m->content += text;
-      } else {
-        ContentBlock b;
-        b.type = ContentBlock::Type::kText;
-        b.text = std::move(text);
-        m->blocks.push_back(std::move(b));
-      }
-    } else if (type == "refusal" && who == PartsFor::kAssistant) {
-      // no prompt text
-    } else if (type == "input_image") {
-      if (text_only) {
-        return r.invalid(pp.key("type"),
-                         "images are only allowed in user/developer messages and tool outputs.");
-      }
-      ContentBlock b;
-      b.type = ContentBlock::Type::kUnsupported;
-      b.unsupported_type = type;
-      m->blocks.push_back(std::move(b));
-    } else if (type == "input_file") {
-      return r.invalid(pp.key("type"), "file inputs are not supported.");
-    } else {
-      return r.invalid(pp.key("type"),
-                       "'" + type.substr(0, 64) +
-                           "' is not one of 'input_text', 'output_text', "
-                           "'input_image'.");
-    }
-  }
-  return std::nullopt;
+  return detail::read_text_or_typed(
+      r,
+      v,
+      p,
+      "a string or an array of content parts",
+      &m->content,
+      [&](const Json& part, const Path& pp, const std::string& type) -> Err {
+        if (type == "input_text" || type == "output_text" || type == "text") {
+          std::string text;
+          DSI_API_TRY(r.req_string(part, pp, "text", &text));
+          if (text_only) {
+            m->content += text;
+          } else {
+            ContentBlock b;
+            b.type = ContentBlock::Type::kText;
+            b.text = std::move(text);
+            m->blocks.push_back(std::move(b));
+          }
+        } else if (type == "refusal" && who == PartsFor::kAssistant) {
+          // no prompt text
+        } else if (type == "input_image") {
+          if (text_only) {
+            return r.invalid(
+                pp.key("type"),
+                "images are only allowed in user/developer messages and tool outputs.");
+          }
+          ContentBlock b;
+          b.type = ContentBlock::Type::kUnsupported;
+          b.unsupported_type = type;
+          m->blocks.push_back(std::move(b));
+        } else if (type == "input_file") {
+          return r.invalid(pp.key("type"), "file inputs are not supported.");
+        } else {
+          return r.invalid(pp.key("type"),
+                           "'" + type.substr(0, 64) +
+                               "' is not one of 'input_text', 'output_text', "
+                               "'input_image'.");
+        }
+        return std::nullopt;
+      });
 }
 
 class ItemReader {
@@ -205,30 +159,29 @@ class ItemReader {
 
   Err read(const Json& items) {
     Path base = Path().key("input");
-    for (size_t i = 0; i < items.size(); ++i) {
-      const Json& item = items[i];
-      Path ip = base.index(i);
-      DSI_API_TRY(r_.as_object(item, ip));
-      std::optional<std::string> type;
-      DSI_API_TRY(r_.opt_string(item, ip, "type", &type));
-      if (!type) {
-        if (!find(item, "role"))
-          return r_.missing(ip.key("type"));
-        type = "message";
-      }
-      if (*type == "message") {
-        DSI_API_TRY(message(item, ip));
-      } else if (*type == "function_call") {
-        DSI_API_TRY(function_call(item, ip, i));
-      } else if (*type == "function_call_output") {
-        DSI_API_TRY(function_call_output(item, ip));
-      } else if (*type == "reasoning") {
-        DSI_API_TRY(reasoning(item, ip));
-      } else if (*type == "custom_tool_call" || *type == "custom_tool_call_output") {
-        return r_.invalid(ip.key("type"), "custom tool items are not supported.");
-      }
-      // Other item types (web_search_call, item_reference, …) are ignored.
-    }
+    DSI_API_TRY(detail::for_each_object(
+        r_, items, base, [&](const Json& item, const Path& ip, size_t i) -> Err {
+          std::optional<std::string> type;
+          DSI_API_TRY(r_.opt_string(item, ip, "type", &type));
+          if (!type) {
+            if (!find(item, "role"))
+              return r_.missing(ip.key("type"));
+            type = "message";
+          }
+          if (*type == "message") {
+            DSI_API_TRY(message(item, ip));
+          } else if (*type == "function_call") {
+            DSI_API_TRY(function_call(item, ip, i));
+          } else if (*type == "function_call_output") {
+            DSI_API_TRY(function_call_output(item, ip));
+          } else if (*type == "reasoning") {
+            DSI_API_TRY(reasoning(item, ip));
+          } else if (*type == "custom_tool_call" || *type == "custom_tool_call_output") {
+            return r_.invalid(ip.key("type"), "custom tool items are not supported.");
+          }
+          // Other item types (web_search_call, item_reference, …) are ignored.
+          return std::nullopt;
+        }));
     for (const auto& [id, index] : calls_) {
       if (outputs_.count(id) == 0) {
         return r_.invalid(
@@ -331,19 +284,20 @@ class ItemReader {
     const Json* content = nullptr;
     DSI_API_TRY(r_.opt_array(item, ip, "content", &content));
     if (content) {
-      for (size_t j = 0; j < content->size(); ++j) {
-        const Json& part = (*content)[j];
-        Path pp = ip.key("content").index(j);
-        DSI_API_TRY(r_.as_object(part, pp));
-        std::string type;
-        DSI_API_TRY(r_.req_string(part, pp, "type", &type));
-        if (type != "reasoning_text") {
-          return r_.invalid(pp.key("type"), "reasoning content parts must be 'reasoning_text'.");
-        }
-        std::string t;
-        DSI_API_TRY(r_.req_string(part, pp, "text", &t));
-        text += t;
-      }
+      DSI_API_TRY(detail::for_each_typed(
+          r_,
+          *content,
+          ip.key("content"),
+          [&](const Json& part, const Path& pp, const std::string& type) -> Err {
+            if (type != "reasoning_text") {
+              return r_.invalid(pp.key("type"),
+                                "reasoning content parts must be 'reasoning_text'.");
+            }
+            std::string t;
+            DSI_API_TRY(r_.req_string(part, pp, "text", &t));
+            text += t;
+            return std::nullopt;
+          }));
     }
     // `summary` and `encrypted_content` are not supported and ignored.
     Message* a = last_assistant();
@@ -420,12 +374,8 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(detail::read_max_tokens(r, root, "max_output_tokens", opts, &s.max_tokens));
   DSI_API_TRY(detail::read_temperature_top_p(r, root, opts, req));
   std::optional<int64_t> top_logprobs;
-  DSI_API_TRY(r.opt_int(root, Path(), "top_logprobs", &top_logprobs));
+  DSI_API_TRY(detail::read_top_logprobs(r, root, &top_logprobs));
   if (top_logprobs) {
-    if (*top_logprobs < 0 || *top_logprobs > 20) {
-      return r.invalid(Path().key("top_logprobs"),
-                       "must be between 0 and 20, got " + std::to_string(*top_logprobs) + ".");
-    }
     s.top_logprobs = static_cast<int32_t>(*top_logprobs);
     s.logprobs = *top_logprobs > 0;
   }
@@ -444,10 +394,7 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
 
 ApiResult<GenerationRequest> decode_responses_request(std::string_view body,
                                                       const DecodeOptions& opts) {
-  GenerationRequest req;
-  if (Err e = decode(body, opts, &req))
-    return std::move(*e);
-  return req;
+  return detail::decode_request(decode, body, opts);
 }
 
 }  // namespace dsinfer::api

@@ -221,33 +221,32 @@ std::string ResponsesStreamEncoder::add(const recipe::OutputEvent& event) {
     }
     const std::string& id = s.block_item_ids[op.block];
     const size_t out_index = op.block;
+    // Payload of the content events of a reasoning or message item.
+    auto content = [&](const char* key, Json value) {
+      Json j{{"item_id", id}, {"output_index", out_index}, {"content_index", 0}};
+      j[key] = std::move(value);
+      return j;
+    };
+    // Output text deltas and dones also carry (empty) logprobs.
+    auto output_text = [&](const char* key, const std::string& value) {
+      Json j = content(key, value);
+      j["logprobs"] = Json::array();
+      return j;
+    };
     switch (op.type) {
       case BlockOp::Type::kOpen:
         out +=
             s.event("response.output_item.added",
                     Json{{"output_index", out_index}, {"item", item_json(b, id, "in_progress")}});
         if (b.kind != Block::Kind::kTool) {
-          out += s.event("response.content_part.added",
-                         Json{{"item_id", id},
-                              {"output_index", out_index},
-                              {"content_index", 0},
-                              {"part", part_json(b, true)}});
+          out += s.event("response.content_part.added", content("part", part_json(b, true)));
         }
         break;
       case BlockOp::Type::kDelta:
         if (b.kind == Block::Kind::kReasoning) {
-          out += s.event("response.reasoning_text.delta",
-                         Json{{"item_id", id},
-                              {"output_index", out_index},
-                              {"content_index", 0},
-                              {"delta", op.text}});
+          out += s.event("response.reasoning_text.delta", content("delta", op.text));
         } else if (b.kind == Block::Kind::kText) {
-          out += s.event("response.output_text.delta",
-                         Json{{"item_id", id},
-                              {"output_index", out_index},
-                              {"content_index", 0},
-                              {"delta", op.text},
-                              {"logprobs", Json::array()}});
+          out += s.event("response.output_text.delta", output_text("delta", op.text));
         } else {
           out += s.event("response.function_call_arguments.delta",
                          Json{{"item_id", id}, {"output_index", out_index}, {"delta", op.text}});
@@ -255,18 +254,9 @@ std::string ResponsesStreamEncoder::add(const recipe::OutputEvent& event) {
         break;
       case BlockOp::Type::kClose:
         if (b.kind == Block::Kind::kReasoning) {
-          out += s.event("response.reasoning_text.done",
-                         Json{{"item_id", id},
-                              {"output_index", out_index},
-                              {"content_index", 0},
-                              {"text", b.text}});
+          out += s.event("response.reasoning_text.done", content("text", b.text));
         } else if (b.kind == Block::Kind::kText) {
-          out += s.event("response.output_text.done",
-                         Json{{"item_id", id},
-                              {"output_index", out_index},
-                              {"content_index", 0},
-                              {"text", b.text},
-                              {"logprobs", Json::array()}});
+          out += s.event("response.output_text.done", output_text("text", b.text));
         } else {
           out += s.event("response.function_call_arguments.done",
                          Json{{"item_id", id},
@@ -275,11 +265,7 @@ std::string ResponsesStreamEncoder::add(const recipe::OutputEvent& event) {
                               {"arguments", b.text}});
         }
         if (b.kind != Block::Kind::kTool) {
-          out += s.event("response.content_part.done",
-                         Json{{"item_id", id},
-                              {"output_index", out_index},
-                              {"content_index", 0},
-                              {"part", part_json(b, false)}});
+          out += s.event("response.content_part.done", content("part", part_json(b, false)));
         }
         out += s.event("response.output_item.done",
                        Json{{"output_index", out_index}, {"item", item_json(b, id, "completed")}});
@@ -382,9 +368,7 @@ std::string build_responses_response(const recipe::GenerationRequest& request,
                                      const ResponseMeta& meta,
                                      const std::vector<recipe::OutputEvent>& events,
                                      const recipe::Usage& usage) {
-  ResponsesStreamEncoder enc(request, meta);
-  for (const recipe::OutputEvent& e : events) (void)enc.add(e);
-  return enc.response_json(usage);
+  return detail::build_response<ResponsesStreamEncoder>(request, meta, events, usage);
 }
 
 }  // namespace dsinfer::api

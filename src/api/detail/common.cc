@@ -57,6 +57,101 @@ Err check_tool_name(const Reader& r,
   return std::nullopt;
 }
 
+Err read_top_logprobs(const Reader& r, const Json& root, std::optional<int64_t>* out) {
+  DSI_API_TRY(r.opt_int(root, Path(), "top_logprobs", out));
+  if (*out && (**out < 0 || **out > 20)) {
+    return r.invalid(Path().key("top_logprobs"),
+                     "must be between 0 and 20, got " + std::to_string(**out) + ".");
+  }
+  return std::nullopt;
+}
+
+Err read_function_fields(const Reader& r,
+                         const Json& fn,
+                         const Path& fp,
+                         std::set<std::string>* seen,
+                         FunctionFields* out) {
+  DSI_API_TRY(r.req_string(fn, fp, "name", &out->name));
+  DSI_API_TRY(check_tool_name(r, fp.key("name"), out->name, seen));
+  return r.opt_string(fn, fp, "description", &out->description);
+}
+
+std::string function_json(const FunctionFields& f) {
+  Json fn = Json::object();
+  fn["name"] = f.name;
+  if (f.description)
+    fn["description"] = *f.description;
+  if (f.parameters)
+    fn["parameters"] = *f.parameters;
+  if (f.strict)
+    fn["strict"] = *f.strict;
+  return py_dumps(fn);
+}
+
+void default_tool_choice(recipe::Conversation* conv) {
+  conv->tool_choice = conv->tools.empty() ? recipe::ToolChoice::kNone : recipe::ToolChoice::kAuto;
+}
+
+Err require_tool_choice(const Reader& r,
+                        const Path& p,
+                        std::string_view no_tools_message,
+                        recipe::Conversation* conv) {
+  if (conv->tools.empty())
+    return r.invalid(p, std::string(no_tools_message));
+  conv->tool_choice = recipe::ToolChoice::kRequired;
+  return std::nullopt;
+}
+
+Err name_tool_choice(const Reader& r,
+                     const Path& name_path,
+                     const std::string& name,
+                     std::string_view tool_kind,
+                     std::string_view where,
+                     recipe::Conversation* conv) {
+  bool known = false;
+  for (const recipe::ToolSpec& t : conv->tools) known = known || t.name == name;
+  if (!known) {
+    return r.invalid(name_path,
+                     "no " + std::string(tool_kind) + " named '" + name.substr(0, 128) + "'" +
+                         std::string(where) + ".");
+  }
+  conv->tool_choice = recipe::ToolChoice::kNamed;
+  conv->tool_choice_name = name;
+  return std::nullopt;
+}
+
+Err read_openai_tool_choice(const Reader& r,
+                            const Json& root,
+                            std::string_view required_without_tools,
+                            recipe::Conversation* conv,
+                            const Json** object,
+                            std::string* type) {
+  *object = nullptr;
+  default_tool_choice(conv);
+  const Json* tc = find(root, "tool_choice");
+  if (!tc)
+    return std::nullopt;
+  Path p = Path().key("tool_choice");
+  if (tc->is_string()) {
+    std::string s = tc->get<std::string>();
+    if (s == "none") {
+      conv->tool_choice = recipe::ToolChoice::kNone;
+    } else if (s == "auto") {
+      // Keeps the default (auto with tools, none without).
+    } else if (s == "required") {
+      DSI_API_TRY(require_tool_choice(r, p, required_without_tools, conv));
+    } else {
+      return r.invalid(p, "'" + s.substr(0, 64) + "' is not one of 'none', 'auto', 'required'.");
+    }
+    return std::nullopt;
+  }
+  if (!tc->is_object())
+    return r.type_error(p, "a string or an object", *tc);
+  DSI_API_TRY(r.req_string(*tc, p, "type", type));
+  *object = tc;
+  return std::nullopt;
+}
+
 Err read_effort(const Reader& r, const Path& p, const Json& v, EffortSetting* out) {
   std::string s;
   DSI_API_TRY(r.as_string(v, p, &s));
@@ -186,27 +281,8 @@ bool is_json_text(const std::string& text) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     return true;
   // Same nesting guard as request bodies.
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth)
-        return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
+  if (nests_deeper_than(text, kMaxJsonDepth))
+    return false;
   return Json::accept(text);
 }
 
@@ -233,20 +309,19 @@ uint64_t IdGen::next() {
   return z ^ (z >> 31);
 }
 
-std::string IdGen::alnum(int n) {
-  static constexpr char kChars[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+std::string IdGen::draw(int n, std::string_view alphabet) {
   std::string s;
   s.reserve(n);
-  for (int i = 0; i < n; ++i) s += kChars[next() % 62];
+  for (int i = 0; i < n; ++i) s += alphabet[next() % alphabet.size()];
   return s;
 }
 
+std::string IdGen::alnum(int n) {
+  return draw(n, "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz");
+}
+
 std::string IdGen::hex(int n) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s;
-  s.reserve(n);
-  for (int i = 0; i < n; ++i) s += kHex[next() % 16];
-  return s;
+  return draw(n, "0123456789abcdef");
 }
 
 std::string IdGen::uuid() {

@@ -5,6 +5,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "api/detail/json_reader.h"
 #include "api/options.h"
@@ -27,6 +29,88 @@ Err check_tool_name(const Reader& r,
                     const Path& p,
                     const std::string& name,
                     std::set<std::string>* seen);
+
+// The body of a public decode_*_request: runs decode(body, opts, &request).
+template <typename Decode>
+ApiResult<recipe::GenerationRequest> decode_request(Decode decode,
+                                                    std::string_view body,
+                                                    const DecodeOptions& opts) {
+  recipe::GenerationRequest req;
+  if (Err e = decode(body, opts, &req))
+    return std::move(*e);
+  return req;
+}
+
+// OpenAI top_logprobs: absent or null, or an integer in [0, 20].
+Err read_top_logprobs(const Reader& r, const Json& root, std::optional<int64_t>* out);
+
+// ---- tools ----
+
+// Calls read(tool, tool_path, &seen) -> Err for each element of root["tools"] (absent or null:
+// no tools) once it is checked to be an object; `seen` collects names for check_tool_name.
+template <typename Read>
+Err for_each_tool(const Reader& r, const Json& root, Read&& read) {
+  const Json* tools = nullptr;
+  DSI_API_TRY(r.opt_array(root, Path(), "tools", &tools));
+  if (!tools)
+    return std::nullopt;
+  std::set<std::string> seen;
+  return for_each_object(
+      r, *tools, Path().key("tools"), [&](const Json& t, const Path& tp, size_t) {
+        return read(t, tp, &seen);
+      });
+}
+
+// A function definition: Chat's tools[i].function, a Responses function tool or an Anthropic
+// tool.
+struct FunctionFields {
+  std::string name;
+  std::optional<std::string> description;
+  const Json* parameters = nullptr;  // "parameters" (Anthropic: "input_schema")
+  std::optional<bool> strict;        // OpenAI only
+};
+
+// Reads `name` (check_tool_name against `seen`) and `description` of fn at fp. The parameter
+// schema and `strict` differ between the protocols and are left to the caller.
+Err read_function_fields(const Reader& r,
+                         const Json& fn,
+                         const Path& fp,
+                         std::set<std::string>* seen,
+                         FunctionFields* out);
+
+// ToolSpec::function_json of a flat tool: {"name", "description"?, "parameters"?, "strict"?}.
+std::string function_json(const FunctionFields& f);
+
+// ---- tool_choice ----
+
+// The default tool_choice: auto with tools, none without.
+void default_tool_choice(recipe::Conversation* conv);
+
+// tool_choice "required" (Anthropic "any") needs a tool; else the error at p is no_tools_message.
+Err require_tool_choice(const Reader& r,
+                        const Path& p,
+                        std::string_view no_tools_message,
+                        recipe::Conversation* conv);
+
+// A named tool_choice. `name` must be one of conv->tools; otherwise the error at name_path reads
+// "no <tool_kind> named '<name>'<where>.".
+Err name_tool_choice(const Reader& r,
+                     const Path& name_path,
+                     const std::string& name,
+                     std::string_view tool_kind,
+                     std::string_view where,
+                     recipe::Conversation* conv);
+
+// OpenAI tool_choice (Chat and Responses): absent or null keeps the default; a string is a mode
+// "none" | "auto" | "required" ('required' without tools: required_without_tools); otherwise it
+// must be an object with a string "type". That object and its type are left in *object / *type
+// for the protocol's own named form; *object is nullptr when there is nothing left to read.
+Err read_openai_tool_choice(const Reader& r,
+                            const Json& root,
+                            std::string_view required_without_tools,
+                            recipe::Conversation* conv,
+                            const Json** object,
+                            std::string* type);
 
 // An effort string at path p (with aliases).
 Err read_effort(const Reader& r, const Path& p, const Json& v, EffortSetting* out);
@@ -94,6 +178,8 @@ class IdGen {
   std::string uuid();
 
  private:
+  std::string draw(int n, std::string_view alphabet);  // n characters of `alphabet`
+
   uint64_t state_;
 };
 
@@ -102,6 +188,18 @@ uint64_t mix_seed(uint64_t seed, uint64_t salt);
 std::string openai_tool_call_id(uint64_t seed, int index);
 // "toolu_" + 24 alphanumerics (Messages).
 std::string anthropic_tool_use_id(uint64_t seed, int index);
+
+// The body of a public build_*_response: the non-streaming response of `Encoder` (a protocol's
+// stream encoder) after all of `events`.
+template <typename Encoder>
+std::string build_response(const recipe::GenerationRequest& request,
+                           const ResponseMeta& meta,
+                           const std::vector<recipe::OutputEvent>& events,
+                           const recipe::Usage& usage) {
+  Encoder enc(request, meta);
+  for (const recipe::OutputEvent& e : events) (void)enc.add(e);
+  return enc.response_json(usage);
+}
 
 // The effective finish reason: tool calls turn a plain stop into tool_calls (spec §2.3).
 recipe::FinishReason effective_finish(recipe::FinishReason f, bool has_tool_calls);

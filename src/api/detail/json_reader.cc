@@ -46,12 +46,11 @@ ApiError body_error(Dialect d, std::string message) {
 
 }  // namespace
 
-Err parse_body(std::string_view body, Dialect d, Json* out) {
-  // Reject deep nesting before parsing: serialisers further down recurse.
+bool nests_deeper_than(std::string_view text, int max_depth) {
   int depth = 0;
   bool in_string = false;
   bool escaped = false;
-  for (char c : body) {
+  for (char c : text) {
     if (in_string) {
       if (escaped) {
         escaped = false;
@@ -60,19 +59,23 @@ Err parse_body(std::string_view body, Dialect d, Json* out) {
       } else if (c == '"') {
         in_string = false;
       }
-      continue;
-    }
-    if (c == '"') {
+    } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) {
-        return body_error(d,
-                          "The request body nests JSON deeper than " +
-                              std::to_string(kMaxJsonDepth) + " levels.");
-      }
+      if (++depth > max_depth)
+        return true;
     } else if (c == ']' || c == '}') {
       --depth;
     }
+  }
+  return false;
+}
+
+Err parse_body(std::string_view body, Dialect d, Json* out) {
+  // Reject deep nesting before parsing: serialisers further down recurse.
+  if (nests_deeper_than(body, kMaxJsonDepth)) {
+    return body_error(
+        d, "The request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
   }
   Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
@@ -188,17 +191,64 @@ Err Reader::as_int(const Json& v, const Path& p, int64_t* out) const {
   return type_error(p, "an integer", v);
 }
 
+namespace {
+
+// The shape of opt_string / opt_bool / opt_number / opt_int: absent or null leaves *out unset;
+// otherwise `as(value, path, &x)` checks and converts the value.
+template <typename T, typename As>
+Err opt_scalar(
+    const Json& obj, const Path& obj_path, std::string_view key, As&& as, std::optional<T>* out) {
+  const Json* v = find(obj, key);
+  if (!v)
+    return std::nullopt;
+  T x{};
+  DSI_API_TRY(as(*v, obj_path.key(key), &x));
+  *out = std::move(x);
+  return std::nullopt;
+}
+
+using IsKind = bool (Json::*)() const noexcept;
+
+// The shape of opt_object / opt_array: *out is the value, or nullptr when absent or null.
+Err opt_node(const Reader& r,
+             const Json& obj,
+             const Path& obj_path,
+             std::string_view key,
+             IsKind is_kind,
+             std::string_view expected,
+             const Json** out) {
+  *out = nullptr;
+  const Json* v = find(obj, key);
+  if (!v)
+    return std::nullopt;
+  if (!(v->*is_kind)())
+    return r.type_error(obj_path.key(key), expected, *v);
+  *out = v;
+  return std::nullopt;
+}
+
+// req_object / req_array: as opt_node, but absent or null is a "missing" error.
+Err req_node(const Reader& r,
+             const Json& obj,
+             const Path& obj_path,
+             std::string_view key,
+             IsKind is_kind,
+             std::string_view expected,
+             const Json** out) {
+  DSI_API_TRY(opt_node(r, obj, obj_path, key, is_kind, expected, out));
+  if (!*out)
+    return r.missing(obj_path.key(key));
+  return std::nullopt;
+}
+
+}  // namespace
+
 Err Reader::opt_string(const Json& obj,
                        const Path& obj_path,
                        std::string_view key,
                        std::optional<std::string>* out) const {
-  const Json* v = find(obj, key);
-  if (!v)
-    return std::nullopt;
-  std::string s;
-  DSI_API_TRY(as_string(*v, obj_path.key(key), &s));
-  *out = std::move(s);
-  return std::nullopt;
+  auto as = [this](const Json& v, const Path& p, std::string* x) { return as_string(v, p, x); };
+  return opt_scalar(obj, obj_path, key, as, out);
 }
 
 Err Reader::req_string(const Json& obj,
@@ -215,90 +265,64 @@ Err Reader::opt_bool(const Json& obj,
                      const Path& obj_path,
                      std::string_view key,
                      std::optional<bool>* out) const {
-  const Json* v = find(obj, key);
-  if (!v)
+  auto as = [this](const Json& v, const Path& p, bool* x) -> Err {
+    if (!v.is_boolean())
+      return type_error(p, "a boolean", v);
+    *x = v.get<bool>();
     return std::nullopt;
-  if (!v->is_boolean())
-    return type_error(obj_path.key(key), "a boolean", *v);
-  *out = v->get<bool>();
-  return std::nullopt;
+  };
+  return opt_scalar(obj, obj_path, key, as, out);
 }
 
 Err Reader::opt_number(const Json& obj,
                        const Path& obj_path,
                        std::string_view key,
                        std::optional<double>* out) const {
-  const Json* v = find(obj, key);
-  if (!v)
+  auto as = [this](const Json& v, const Path& p, double* x) -> Err {
+    if (!v.is_number())
+      return type_error(p, "a number", v);
+    *x = v.get<double>();
+    if (!std::isfinite(*x))
+      return invalid(p, "number out of range.");
     return std::nullopt;
-  if (!v->is_number())
-    return type_error(obj_path.key(key), "a number", *v);
-  double x = v->get<double>();
-  if (!std::isfinite(x))
-    return invalid(obj_path.key(key), "number out of range.");
-  *out = x;
-  return std::nullopt;
+  };
+  return opt_scalar(obj, obj_path, key, as, out);
 }
 
 Err Reader::opt_int(const Json& obj,
                     const Path& obj_path,
                     std::string_view key,
                     std::optional<int64_t>* out) const {
-  const Json* v = find(obj, key);
-  if (!v)
-    return std::nullopt;
-  int64_t x = 0;
-  DSI_API_TRY(as_int(*v, obj_path.key(key), &x));
-  *out = x;
-  return std::nullopt;
+  auto as = [this](const Json& v, const Path& p, int64_t* x) { return as_int(v, p, x); };
+  return opt_scalar(obj, obj_path, key, as, out);
 }
 
 Err Reader::opt_object(const Json& obj,
                        const Path& obj_path,
                        std::string_view key,
                        const Json** out) const {
-  *out = nullptr;
-  const Json* v = find(obj, key);
-  if (!v)
-    return std::nullopt;
-  if (!v->is_object())
-    return type_error(obj_path.key(key), "an object", *v);
-  *out = v;
-  return std::nullopt;
+  return opt_node(*this, obj, obj_path, key, &Json::is_object, "an object", out);
 }
 
 Err Reader::req_object(const Json& obj,
                        const Path& obj_path,
                        std::string_view key,
                        const Json** out) const {
-  DSI_API_TRY(opt_object(obj, obj_path, key, out));
-  if (!*out)
-    return missing(obj_path.key(key));
-  return std::nullopt;
+  return req_node(*this, obj, obj_path, key, &Json::is_object, "an object", out);
 }
 
 Err Reader::opt_array(const Json& obj,
                       const Path& obj_path,
                       std::string_view key,
                       const Json** out) const {
-  *out = nullptr;
-  const Json* v = find(obj, key);
-  if (!v)
-    return std::nullopt;
-  if (!v->is_array())
-    return type_error(obj_path.key(key), "an array", *v);
-  *out = v;
-  return std::nullopt;
+  return opt_node(*this, obj, obj_path, key, &Json::is_array, "an array", out);
 }
 
 Err Reader::req_array(const Json& obj,
                       const Path& obj_path,
                       std::string_view key,
                       const Json** out) const {
-  DSI_API_TRY(opt_array(obj, obj_path, key, out));
-  if (!*out)
-    return missing(obj_path.key(key));
-  return std::nullopt;
+  return req_node(*this, obj, obj_path, key, &Json::is_array, "an array", out);
 }
 
 }  // namespace dsinfer::api::detail

@@ -48,6 +48,10 @@ class Path {
 // Nesting limit for request bodies (checked on the raw text before parsing).
 inline constexpr int kMaxJsonDepth = 128;
 
+// Whether `text` nests arrays/objects deeper than max_depth (brackets inside strings do not
+// count). A cheap pre-check before parsing: serialisers further down recurse.
+bool nests_deeper_than(std::string_view text, int max_depth);
+
 // Parses a request body: 400 on bad JSON, excessive nesting or a non-object root.
 Err parse_body(std::string_view body, Dialect d, Json* out);
 
@@ -113,5 +117,47 @@ class Reader {
  private:
   Dialect d_;
 };
+
+// Calls f(element, element_path, index) -> Err for each element of the array `arr` at p once it
+// is checked to be an object.
+template <typename F>
+Err for_each_object(const Reader& r, const Json& arr, const Path& p, F&& f) {
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const Json& e = arr[i];
+    Path ep = p.index(i);
+    DSI_API_TRY(r.as_object(e, ep));
+    DSI_API_TRY(f(e, ep, i));
+  }
+  return std::nullopt;
+}
+
+// Calls f(element, element_path, type) -> Err for each element of the array `arr` at p once it is
+// checked to be an object with a string "type" (content parts and blocks).
+template <typename F>
+Err for_each_typed(const Reader& r, const Json& arr, const Path& p, F&& f) {
+  return for_each_object(r, arr, p, [&](const Json& e, const Path& ep, size_t) -> Err {
+    std::string type;
+    DSI_API_TRY(r.req_string(e, ep, "type", &type));
+    return f(e, ep, type);
+  });
+}
+
+// Content at p that is a string (copied to *text) or an array of typed parts or blocks (each
+// passed to for_each_typed's f); anything else is a type error that expects `expected`.
+template <typename F>
+Err read_text_or_typed(const Reader& r,
+                       const Json& v,
+                       const Path& p,
+                       std::string_view expected,
+                       std::string* text,
+                       F&& f) {
+  if (v.is_string()) {
+    *text = v.get<std::string>();
+    return std::nullopt;
+  }
+  if (!v.is_array())
+    return r.type_error(p, expected, v);
+  return for_each_typed(r, v, p, f);
+}
 
 }  // namespace dsinfer::api::detail
