@@ -95,6 +95,7 @@ class Engine {
   StepPlan plan_;
   cpu::ForwardOutputs out_;
   std::vector<int32_t> tokens_;
+  sampling::SamplerScratch sampler_scratch_;
   EngineStats stats_;
   double t0_ = 0;
 };

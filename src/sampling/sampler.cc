@@ -75,14 +75,24 @@ SampleResult sample(std::span<float> logits,
                     const SamplingConfig& c,
                     const PenaltyState& pen,
                     uint64_t step) {
+  SamplerScratch scratch;
+  return sample(logits, c, pen, step, scratch);
+}
+
+SampleResult sample(std::span<float> logits,
+                    const SamplingConfig& c,
+                    const PenaltyState& pen,
+                    uint64_t step,
+                    SamplerScratch& scratch) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   DSI_CHECK(vocab > 0, "empty logits");
   SampleResult r;
   // Logprobs report the model's own distribution (before penalties and temperature).
   const double lse_raw = (c.logprobs || c.top_logprobs > 0) ? log_sum_exp(logits) : 0.0;
   std::vector<TokenLogprob> top_raw;
+  std::vector<int32_t>& idx = scratch.idx;
   if (c.top_logprobs > 0) {
-    std::vector<int32_t> idx(static_cast<size_t>(vocab));
+    idx.resize(static_cast<size_t>(vocab));
     std::iota(idx.begin(), idx.end(), 0);
     const int64_t k = std::min<int64_t>(c.top_logprobs, vocab);
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
@@ -118,7 +128,7 @@ SampleResult sample(std::span<float> logits,
     chosen = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else {
     // Candidates sorted by logit (descending, ties by id), then top-k / top-p / min-p.
-    std::vector<int32_t> idx(static_cast<size_t>(vocab));
+    idx.resize(static_cast<size_t>(vocab));
     std::iota(idx.begin(), idx.end(), 0);
     int64_t n = vocab;
     auto by_logit = [&](int32_t a, int32_t b) {
@@ -132,7 +142,8 @@ SampleResult sample(std::span<float> logits,
     }
     const double inv_t = 1.0 / c.temperature;
     const double m = logits[idx[0]] * inv_t;
-    std::vector<double> p(static_cast<size_t>(n));
+    std::vector<double>& p = scratch.p;
+    p.resize(static_cast<size_t>(n));
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) {
       p[i] = std::exp(logits[idx[i]] * inv_t - m);

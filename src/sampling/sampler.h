@@ -57,11 +57,24 @@ class PenaltyState {
   std::unordered_map<int32_t, int32_t> seen_;  // prompt + output (repetition penalty)
 };
 
+// Reusable buffers, so that sampling in the steady state does not allocate.
+struct SamplerScratch {
+  std::vector<int32_t> idx;
+  std::vector<double> p;
+  std::vector<float> raw;
+};
+
 // Samples one token from `logits` (modified in place as scratch). `step` is the index of the
 // token being generated within its request: the RNG draw is uniform_from(seed, step).
 SampleResult sample(std::span<float> logits,
                     const SamplingConfig& c,
                     const PenaltyState& pen,
                     uint64_t step);
+// Same with caller-owned scratch buffers (the engine's step loop).
+SampleResult sample(std::span<float> logits,
+                    const SamplingConfig& c,
+                    const PenaltyState& pen,
+                    uint64_t step,
+                    SamplerScratch& scratch);
 
 }  // namespace dsinfer::sampling
