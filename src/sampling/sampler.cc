@@ -7,6 +7,7 @@
 
 #include "base/check.h"
 #include "base/strings.h"
+#include "numeric/counter_rng.h"
 
 namespace dsinfer::sampling {
 
@@ -41,15 +42,7 @@ Status validate(const SamplingConfig& c) {
 }
 
 double uniform_from(uint64_t seed, uint64_t counter) {
-  // splitmix64 over a mix of seed and counter: stateless, so any request step can be replayed.
-  uint64_t z = seed * 0x9e3779b97f4a7c15ULL + (counter + 1) * 0xbf58476d1ce4e5b9ULL;
-  for (int i = 0; i < 2; ++i) {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-  }
-  return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+  return rng::uniform_from(seed, counter);  // shared with the GPU sampling kernels
 }
 
 void PenaltyState::add_prompt(std::span<const int32_t> tokens) {

@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/dequant.h"
+#include "kernels/cuda/launch_util.h"
 
 namespace dsinfer::cuda {
 namespace {
@@ -14,10 +15,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGridX = 1 << 16;  // grid-stride beyond this
 constexpr int64_t kMaxGridY = 65535;
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 
 // Rows over grid.y, columns over grid.x * threads, both grid-strided.
 dim3 row_col_grid(int64_t rows, int64_t cols_work) {
@@ -94,22 +91,6 @@ __global__ void act_quant_fp8_kernel(ActQuantParams p) {
     if (lane == 0)
       p.scale_bytes[w] = numeric::e8m0_from_pow2(s);  // w = r * nkb + kb
   }
-}
-
-Status check_shape(int64_t rows, int64_t cols, const char* what) {
-  if (rows < 0 || cols < 0) {
-    return invalid_argument(std::string(what) + ": negative shape [" + std::to_string(rows) + ", " +
-                            std::to_string(cols) + "]");
-  }
-  return Status();
-}
-
-Status null_pointer(const char* what) {
-  return invalid_argument(std::string(what) + ": null device pointer for a non-empty shape");
-}
-
-Status launched(const char* what) {
-  return cuda_status(cudaGetLastError(), what);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "numeric/float_formats.h"
 #include "numeric/quant.h"
+#include "tensor/matrix_ref.h"
 
 namespace dsinfer::cuda {
 
@@ -29,6 +30,34 @@ __device__ __forceinline__ uint8_t act_quant_code(float x, float s) {
   constexpr float kMax = numeric::kFp8Max;
   const float c = q < -kMax ? -kMax : (kMax < q ? kMax : q);
   return numeric::f32_to_fp8_e4m3(c);
+}
+
+// Element (r, c) of a weight in its checkpoint format, dequantised to fp32 exactly as
+// MatrixRef::dequant_row does. Float weights: F32, BF16, F16 (other dtypes read as NaN; the
+// launchers reject them). Branches on the format are uniform across a launch.
+__device__ __forceinline__ float load_weight(const MatrixRef& w, int64_t r, int64_t c) {
+  switch (w.format) {
+    case WeightFormat::kFloat:
+      if (w.dtype == DType::kF32)
+        return static_cast<const float*>(w.data)[r * w.cols + c];
+      if (w.dtype == DType::kBF16)
+        return numeric::bf16_to_f32(static_cast<const uint16_t*>(w.data)[r * w.cols + c]);
+      if (w.dtype == DType::kF16)
+        return numeric::f16_to_f32(static_cast<const uint16_t*>(w.data)[r * w.cols + c]);
+      return __int_as_float(0x7fc00000);
+    case WeightFormat::kFp8Block128: {
+      const int64_t scale_cols = (w.cols + 127) / 128;
+      const float s =
+          fp8_block_scale(w.scale, w.scale_dtype == DType::kF32, (r / 128) * scale_cols + c / 128);
+      return numeric::fp8_e4m3_to_f32(static_cast<const uint8_t*>(w.data)[r * w.cols + c]) * s;
+    }
+    case WeightFormat::kMxfp4: {
+      const auto* q = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);
+      const auto* s = static_cast<const uint8_t*>(w.scale) + r * (w.cols / 32);
+      return numeric::fp4_packed_get(q, c) * numeric::e8m0_to_f32(s[c / 32]);
+    }
+  }
+  return __int_as_float(0x7fc00000);
 }
 
 }  // namespace dsinfer::cuda

@@ -1,0 +1,140 @@
+// Attention-side kernels of the forward pass (spec §3.4-3.8) on the GPU: sink attention over
+// per-query key lists (sliding window, CSA, HCA; prefill and decode are the same op), the
+// compressors (token rows -> pooled entries), the Lightning indexer's scores and the per-query
+// top-k. fp32 K=V rows for now; see docs/gpu.md for the FP8 record layout that replaces them.
+//
+// Addressing the engine's paged state. The state manager's PageArena is mirrored on the device
+// as one pool of pages (`pool`, page_floats floats per page); a PagedRows row i of a sequence
+// lives at element offset pages[i / rows_per_page] * page_floats + (i % rows_per_page) * width.
+// Ops that read rows of several kinds (attention keys: window ring + compressed entries + the
+// chunk's own new rows) take *key references*: int64 element offsets, either into the pool
+// (ref >= 0) or into a chunk-local buffer (ref = kv_ref_local(offset) <= -2); kKvRefNone (-1)
+// marks an empty slot that contributes nothing. The engine builds these lists from its page
+// tables; the kernels never see engine types.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+
+namespace dsinfer::cuda {
+
+inline constexpr int64_t kKvRefNone = -1;
+constexpr int64_t kv_ref_pool(int64_t elem_offset) {
+  return elem_offset;
+}
+constexpr int64_t kv_ref_local(int64_t elem_offset) {
+  return -2 - elem_offset;
+}
+// Element offset of row i of a PagedRows in the pool.
+constexpr int64_t paged_row_offset(
+    const int32_t* pages, int64_t rows_per_page, int64_t page_floats, int64_t width, int64_t i) {
+  return static_cast<int64_t>(pages[i / rows_per_page]) * page_floats + (i % rows_per_page) * width;
+}
+
+inline constexpr int64_t kMaxAttnDim = 512;
+
+// Per query q and head h (cpu::attention_with_sink):
+//   l_j = (q_h . k_j) * scale over the query's keys j (K = V rows of `dim` floats),
+//   out_h = sum_j exp(l_j - m) k_j / (sum_j exp(l_j - m) + exp(sink_h - m)), m = max(sink_h, l).
+// Query q's keys are key_refs[key_begin[q] .. key_begin[q+1]) (CSR). No keys: out = 0.
+struct SinkAttentionParams {
+  const float* q = nullptr;  // [nq, heads, dim]
+  int64_t nq = 0;
+  int64_t heads = 0;
+  int64_t dim = 0;  // <= kMaxAttnDim
+  const float* pool = nullptr;
+  const float* local = nullptr;
+  const int64_t* key_begin = nullptr;  // [nq + 1]
+  const int64_t* key_refs = nullptr;
+  const float* sinks = nullptr;  // [heads]
+  float scale = 1.0f;
+  float* out = nullptr;  // [nq, heads, dim]
+};
+Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream);
+
+// Compressor token rows (state::CompressorRows layout): row of position pos = [kv | score] with
+// score = gate logits + ape[pos % ratio]; written to dest_refs[t] (a key reference of the
+// 2*width-float row).
+struct CompressorAppendParams {
+  const float* kv = nullptr;           // [n, width] (wkv x)
+  const float* score = nullptr;        // [n, width] (wgate x)
+  const float* ape = nullptr;          // [ratio, width]
+  const int64_t* positions = nullptr;  // [n]
+  int64_t n = 0;
+  int64_t width = 0;
+  int64_t ratio = 0;
+  float* pool = nullptr;
+  float* local = nullptr;
+  const int64_t* dest_refs = nullptr;  // [n]
+};
+Status launch_compressor_append(const CompressorAppendParams& p, cudaStream_t stream);
+
+enum class CompressorPost { kNone, kKvFp8, kIndexFp4 };
+
+// Pools closed blocks into entries (spec §3.6, the CPU's compress_chunk): per channel c < d, a
+// softmax over the candidates' scores weights their kv values. Candidates of entry e are the
+// rows token_refs[e, :]: with overlap (CSA), the previous block's m rows (channel c; kKvRefNone
+// for block 0) then the own block's m rows (channel d + c); without (HCA) the own block's m rows
+// (channel c). Then RMSNorm (norm_weight, eps), RoPE at position block[e] * ratio on the last
+// 2*rope_half dims, and the storage simulation: kKvFp8 = FP8 1x64 on [0, d - 2*rope_half),
+// kIndexFp4 = Hadamard over d, FP4 1x32. Entry e is written to out + out_offsets[e] (or e * d).
+struct CompressorPoolParams {
+  int64_t n_entries = 0;
+  int64_t ratio = 0;  // m <= 128
+  int64_t d = 0;      // entry width, <= 512 (a power of two with kIndexFp4)
+  bool overlap = false;
+  const float* pool = nullptr;
+  const float* local = nullptr;
+  const int64_t* token_refs = nullptr;  // [n_entries, (overlap ? 2 : 1) * ratio]
+  const int64_t* block = nullptr;       // [n_entries] block index w
+  const float* norm_weight = nullptr;   // [d]
+  float eps = 1e-6f;
+  const float* inv_freq = nullptr;  // [rope_half]
+  int64_t rope_half = 0;
+  CompressorPost post = CompressorPost::kNone;
+  float* out = nullptr;
+  const int64_t* out_offsets = nullptr;  // [n_entries] or null
+};
+Status launch_compressor_pool(const CompressorPoolParams& p, cudaStream_t stream);
+
+// Lightning-indexer scores (spec §3.8 step 4, as the CPU forward computes them):
+//   score[q, w] = sum_h (head_w[q, h] * w_scale) * max(0, q_h . key_w)   for w < visible[q],
+// summed serially in fp32 in the CPU's order (bit-identical to it). The keys of query q are the
+// rows of its sequence's index-key PagedRows: page table pages[page_begin[q] ...].
+struct IndexerScoreParams {
+  const float* q = nullptr;       // [nq, heads, dim] (after RoPE, Hadamard, FP4 simulation)
+  const float* head_w = nullptr;  // [nq, heads] (weights_proj x)
+  float w_scale = 1.0f;           // 1/sqrt(dim)/sqrt(heads)
+  int64_t nq = 0;
+  int64_t heads = 0;
+  int64_t dim = 0;  // heads * dim <= 16384
+  const float* pool = nullptr;
+  int64_t page_floats = 0;
+  int64_t rows_per_page = 0;
+  const int32_t* pages = nullptr;
+  const int64_t* page_begin = nullptr;  // [nq]
+  const int64_t* visible = nullptr;     // [nq]
+  int64_t max_visible = 0;              // >= every visible[q] (grid size)
+  float* scores = nullptr;              // [nq, ld]
+  int64_t ld = 0;
+};
+Status launch_indexer_scores(const IndexerScoreParams& p, cudaStream_t stream);
+
+inline constexpr int64_t kMaxTopK = 2048;
+
+// Per query: the indices of the min(k, n[q]) largest scores[q, 0 .. n[q]), ordered by descending
+// score, ties towards the lower index (cpu::top_k_indices); slots past n[q] are -1. k <= 2048.
+struct TopKParams {
+  const float* scores = nullptr;  // [nq, ld]
+  int64_t ld = 0;
+  const int64_t* n = nullptr;  // [nq]
+  int64_t nq = 0;
+  int64_t k = 0;
+  int32_t* out = nullptr;  // [nq, k]
+};
+Status launch_top_k(const TopKParams& p, cudaStream_t stream);
+
+}  // namespace dsinfer::cuda

@@ -1,0 +1,68 @@
+// Device-side building blocks shared by the kernels: warp/block reductions and the decoding of
+// key references (attention.h) and paged rows (the engine's PageArena layout on the device).
+#pragma once
+
+#include <cstdint>
+
+namespace dsinfer::cuda {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// `scratch` holds 32 values; it may be reused after the call returns.
+template <typename T>
+__device__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0)
+    scratch[warp] = v;
+  __syncthreads();
+  T r = lane < nwarps ? scratch[lane] : T(0);
+  return warp_sum(r);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0)
+    scratch[warp] = v;
+  __syncthreads();
+  const float r = lane < nwarps ? scratch[lane] : -INFINITY;
+  return warp_max(r);
+}
+
+// Key references (attention.h): >= 0 is an element offset into the pool, <= -2 an element offset
+// (-2 - ref) into the chunk-local buffer, -1 no key.
+__device__ __forceinline__ const float* kv_ref_ptr(const float* pool,
+                                                   const float* local,
+                                                   int64_t ref) {
+  if (ref >= 0)
+    return pool + ref;
+  if (ref <= -2)
+    return local + (-2 - ref);
+  return nullptr;
+}
+
+}  // namespace dsinfer::cuda

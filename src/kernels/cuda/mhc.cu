@@ -1,0 +1,188 @@
+// mHC kernels (mhc.h). The per-token scalar work (gates, Sinkhorn) mirrors kernels/cpu/mhc.cc
+// operation by operation with explicit round-to-nearest intrinsics, so the only differences from
+// the CPU are the exp() ulps and the order of the double-precision mixing sums.
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/mhc.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65535;
+constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
+
+__device__ __forceinline__ float sigmoidf(float x) {
+  return 1.0f / __fadd_rn(1.0f, expf(-x));
+}
+
+// mix[i] = rsqrt(mean(x^2) + eps) * (fn[i] . x) for i < rows, x of width `width` (cpu
+// rms_scaled_mix): one warp per mixing row, double accumulation.
+__device__ void rms_scaled_mix(
+    const float* fn, int rows, const float* x, int64_t width, float eps, float* mix) {
+  __shared__ double scratch[32];
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
+  ss = block_sum(ss, scratch);
+  const float r = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(width)) + eps);
+  const int lane = threadIdx.x & 31;
+  for (int i = threadIdx.x >> 5; i < rows; i += blockDim.x >> 5) {
+    const float* w = fn + i * width;
+    double acc = 0.0;
+    for (int64_t c = lane; c < width; c += 32) {
+      acc += static_cast<double>(w[c]) * static_cast<double>(__fmul_rn(x[c], r));
+    }
+    acc = warp_sum(acc);
+    if (lane == 0)
+      mix[i] = static_cast<float>(acc);
+  }
+  __syncthreads();
+}
+
+// collapsed[c] = sum_j pre[j] * x[j, c], serial over j in fp32 as the CPU.
+__device__ void collapse(const float* pre, int64_t hc, const float* x, int64_t hidden, float* out) {
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < hc; ++j) acc = __fadd_rn(acc, __fmul_rn(pre[j], x[j * hidden + c]));
+    out[c] = acc;
+  }
+}
+
+__global__ void hc_pre_kernel(HcPreParams p) {
+  __shared__ float mix[kMaxMix];
+  __shared__ float pre[kMaxHc];
+  const int hc = static_cast<int>(p.hc);
+  const int64_t width = p.hc * p.hidden;
+  for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
+    const float* x = p.x + t * width;
+    rms_scaled_mix(p.fn, (2 + hc) * hc, x, width, p.norm_eps, mix);
+    if (threadIdx.x == 0) {
+      float* post = p.post + t * hc;
+      float* comb = p.comb + t * hc * hc;
+      const float eps = p.hc_eps;
+      for (int j = 0; j < hc; ++j) {
+        pre[j] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(mix[j], p.scale[0]), p.base[j])), eps);
+        post[j] = 2.0f * sigmoidf(__fadd_rn(__fmul_rn(mix[hc + j], p.scale[1]), p.base[hc + j]));
+      }
+      for (int j = 0; j < hc; ++j) {
+        float* row = comb + j * hc;
+        float m = -INFINITY;
+        for (int k = 0; k < hc; ++k) {
+          row[k] = __fadd_rn(__fmul_rn(mix[2 * hc + j * hc + k], p.scale[2]),
+                             p.base[2 * hc + j * hc + k]);
+          m = fmaxf(m, row[k]);
+        }
+        float s = 0.0f;
+        for (int k = 0; k < hc; ++k) {
+          row[k] = expf(__fsub_rn(row[k], m));
+          s = __fadd_rn(s, row[k]);
+        }
+        for (int k = 0; k < hc; ++k) row[k] = __fadd_rn(__fdiv_rn(row[k], s), eps);
+      }
+      auto normalise_columns = [&] {
+        for (int k = 0; k < hc; ++k) {
+          float s = 0.0f;
+          for (int j = 0; j < hc; ++j) s = __fadd_rn(s, comb[j * hc + k]);
+          for (int j = 0; j < hc; ++j) comb[j * hc + k] = __fdiv_rn(comb[j * hc + k], s + eps);
+        }
+      };
+      auto normalise_rows = [&] {
+        for (int j = 0; j < hc; ++j) {
+          float s = 0.0f;
+          for (int k = 0; k < hc; ++k) s = __fadd_rn(s, comb[j * hc + k]);
+          for (int k = 0; k < hc; ++k) comb[j * hc + k] = __fdiv_rn(comb[j * hc + k], s + eps);
+        }
+      };
+      normalise_columns();
+      for (int64_t it = 0; it + 1 < p.sinkhorn_iters; ++it) {
+        normalise_rows();
+        normalise_columns();
+      }
+    }
+    __syncthreads();
+    collapse(pre, hc, x, p.hidden, p.collapsed + t * p.hidden);
+    __syncthreads();
+  }
+}
+
+__global__ void hc_head_kernel(HcHeadParams p) {
+  __shared__ float mix[kMaxHc];
+  __shared__ float pre[kMaxHc];
+  const int hc = static_cast<int>(p.hc);
+  const int64_t width = p.hc * p.hidden;
+  for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
+    const float* x = p.x + t * width;
+    rms_scaled_mix(p.fn, hc, x, width, p.norm_eps, mix);
+    if (threadIdx.x < hc) {
+      const int j = threadIdx.x;
+      pre[j] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(mix[j], p.scale[0]), p.base[j])), p.hc_eps);
+    }
+    __syncthreads();
+    collapse(pre, hc, x, p.hidden, p.collapsed + t * p.hidden);
+    __syncthreads();
+  }
+}
+
+__global__ void hc_post_kernel(HcPostParams p) {
+  const int64_t per_token = p.hc * p.hidden;
+  const int64_t total = p.n * per_token;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / per_token;
+    const int64_t k = (i % per_token) / p.hidden;
+    const int64_t c = i % p.hidden;
+    const float* comb = p.comb + t * p.hc * p.hc;
+    const float* x = p.x + t * per_token;
+    float acc = __fmul_rn(p.post[t * p.hc + k], p.f[t * p.hidden + c]);
+    for (int64_t j = 0; j < p.hc; ++j) {
+      acc = __fadd_rn(acc, __fmul_rn(comb[j * p.hc + k], x[j * p.hidden + c]));
+    }
+    p.x_out[i] = acc;
+  }
+}
+
+Status check_hc(int64_t hc, int64_t hidden, int64_t n, const char* what) {
+  DSI_RETURN_IF_ERROR(check_nonneg(what, {hidden, n}));
+  return require(hc > 0 && hc <= kMaxHc, what, "hc_mult must be in [1, 16]");
+}
+
+}  // namespace
+
+Status launch_hc_pre(const HcPreParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_hc(p.hc, p.hidden, p.n, "hc_pre"));
+  if (p.n == 0)
+    return Status();
+  if (!p.fn || !p.base || !p.scale || !p.x || !p.post || !p.comb || !p.collapsed)
+    return null_pointer("hc_pre");
+  hc_pre_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxBlocks)), kThreads, 0, stream>>>(p);
+  return launched("hc_pre launch");
+}
+
+Status launch_hc_head(const HcHeadParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_hc(p.hc, p.hidden, p.n, "hc_head"));
+  if (p.n == 0)
+    return Status();
+  if (!p.fn || !p.base || !p.scale || !p.x || !p.collapsed)
+    return null_pointer("hc_head");
+  hc_head_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxBlocks)), kThreads, 0, stream>>>(p);
+  return launched("hc_head launch");
+}
+
+Status launch_hc_post(const HcPostParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_hc(p.hc, p.hidden, p.n, "hc_post"));
+  const int64_t total = p.n * p.hc * p.hidden;
+  if (total == 0)
+    return Status();
+  if (!p.f || !p.x || !p.post || !p.comb || !p.x_out)
+    return null_pointer("hc_post");
+  if (p.x_out == p.x)
+    return invalid_argument("hc_post: x_out must not alias x");
+  const auto blocks = static_cast<unsigned>(std::min(ceil_div(total, kThreads), kMaxBlocks));
+  hc_post_kernel<<<blocks, kThreads, 0, stream>>>(p);
+  return launched("hc_post launch");
+}
+
+}  // namespace dsinfer::cuda

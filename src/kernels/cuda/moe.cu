@@ -1,0 +1,329 @@
+// MoE kernels (moe.h): routing, grouping, the grouped expert GEMMs (the gemm.cuh tile over each
+// expert's own weights) and the deterministic combine.
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/moe.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int64_t kMaxGrid = 65535;
+
+// ---- routing: one warp per token --------------------------------------------------------------
+
+constexpr int kRouteWarps = 4;
+
+__device__ __forceinline__ float router_score(float x, RouterScoring f) {
+  if (f == RouterScoring::kSqrtSoftplus)
+    return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+  return 1.0f / __fadd_rn(1.0f, expf(-x));  // sigmoid; softmax is handled by the caller
+}
+
+__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteParams p) {
+  __shared__ float sc[kRouteWarps][kMaxExperts];
+  __shared__ float biased[kRouteWarps][kMaxExperts];
+  __shared__ int32_t sel[kRouteWarps][kMaxExpertsPerToken];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int64_t ne = p.n_experts;
+  float* s = sc[warp];
+  float* b = biased[warp];
+  int32_t* chosen = sel[warp];
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp; t < p.n;
+       t += static_cast<int64_t>(gridDim.x) * kRouteWarps) {
+    const float* lg = p.logits + t * ne;
+    if (p.scoring == RouterScoring::kSoftmax) {  // cpu::softmax: float exp, double sum
+      float mx = -INFINITY;
+      for (int64_t e = lane; e < ne; e += 32) mx = fmaxf(mx, lg[e]);
+      mx = warp_max(mx);
+      double sum = 0.0;
+      for (int64_t e = lane; e < ne; e += 32) {
+        s[e] = expf(__fsub_rn(lg[e], mx));
+        sum += s[e];
+      }
+      const float inv = static_cast<float>(1.0 / warp_sum(sum));
+      for (int64_t e = lane; e < ne; e += 32) s[e] = __fmul_rn(s[e], inv);
+    } else {
+      for (int64_t e = lane; e < ne; e += 32) s[e] = router_score(lg[e], p.scoring);
+    }
+    __syncwarp();
+    if (p.tid2eid != nullptr) {
+      const int32_t tok = p.tokens[t];
+      for (int64_t i = lane; i < p.k; i += 32) chosen[i] = p.tid2eid[tok * p.k + i];
+    } else {
+      for (int64_t e = lane; e < ne; e += 32) b[e] = p.bias ? __fadd_rn(s[e], p.bias[e]) : s[e];
+      __syncwarp();
+      // k rounds of a warp argmax (larger value, then lower id), excluding earlier picks.
+      for (int64_t i = 0; i < p.k; ++i) {
+        float best = 0.0f;
+        int32_t best_e = -1;
+        for (int64_t e = lane; e < ne; e += 32) {
+          bool taken = false;
+          for (int64_t j = 0; j < i; ++j) taken |= chosen[j] == e;
+          const float v = b[e];
+          if (taken || v != v)
+            continue;
+          if (best_e < 0 || v > best) {
+            best = v;
+            best_e = static_cast<int32_t>(e);
+          }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          const float ov = __shfl_xor_sync(0xffffffffu, best, off);
+          const int32_t oe = __shfl_xor_sync(0xffffffffu, best_e, off);
+          if (oe >= 0 && (best_e < 0 || ov > best || (ov == best && oe < best_e))) {
+            best = ov;
+            best_e = oe;
+          }
+        }
+        if (lane == 0)
+          chosen[i] = best_e;
+        __syncwarp();
+      }
+    }
+    __syncwarp();
+    if (lane == 0) {
+      const auto valid = [&](int32_t e) { return e >= 0 && e < ne; };
+      float sum = 0.0f;
+      for (int64_t i = 0; i < p.k; ++i)
+        sum = __fadd_rn(sum, valid(chosen[i]) ? s[chosen[i]] : 0.0f);
+      for (int64_t i = 0; i < p.k; ++i) {
+        float g = valid(chosen[i]) ? s[chosen[i]] : 0.0f;
+        if (p.norm_topk_prob)
+          g = __fdiv_rn(g, __fadd_rn(sum, 1e-20f));
+        p.expert_ids[t * p.k + i] = chosen[i];
+        p.weights[t * p.k + i] = __fmul_rn(g, p.routed_scaling_factor);
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// ---- grouping: one block, thread e owns expert e ----------------------------------------------
+
+__global__ void moe_group_kernel(MoeGroupParams p) {
+  __shared__ int64_t begin[kMaxExperts + 1];
+  const int64_t pairs = p.n * p.k;
+  for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) p.pair_pos[i] = -1;
+  for (int64_t e = threadIdx.x; e < p.n_experts; e += blockDim.x) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < pairs; ++i) c += p.expert_ids[i] == e;
+    begin[e + 1] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    begin[0] = 0;
+    for (int64_t e = 0; e < p.n_experts; ++e) begin[e + 1] += begin[e];
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e <= p.n_experts; e += blockDim.x) p.expert_begin[e] = begin[e];
+  for (int64_t e = threadIdx.x; e < p.n_experts; e += blockDim.x) {
+    int64_t pos = begin[e];
+    for (int64_t i = 0; i < pairs; ++i) {
+      if (p.expert_ids[i] == e) {
+        p.pair_src[pos] = static_cast<int32_t>(i);
+        p.pair_pos[i] = static_cast<int32_t>(pos);
+        ++pos;
+      }
+    }
+  }
+}
+
+// ---- grouped expert GEMMs ----------------------------------------------------------------------
+
+// Tile ty of the flattened schedule -> (expert, first grouped pair, end); false past the last.
+__device__ bool expert_tile(
+    const ExpertFfnParams& p, int64_t ty, int64_t* e_out, int64_t* g0, int64_t* g_end) {
+  if (p.expert_begin == nullptr) {
+    *e_out = 0;
+    *g0 = ty * kGemmTileT;
+    *g_end = p.num_pairs;
+    return *g0 < p.num_pairs;
+  }
+  for (int64_t e = 0; e < p.n_experts; ++e) {
+    const int64_t b = p.expert_begin[e];
+    const int64_t end = p.expert_begin[e + 1];
+    const int64_t tiles = (end - b + kGemmTileT - 1) / kGemmTileT;
+    if (ty < tiles) {
+      *e_out = e;
+      *g0 = b + ty * kGemmTileT;
+      *g_end = end;
+      return true;
+    }
+    ty -= tiles;
+  }
+  return false;
+}
+
+__device__ __forceinline__ int64_t pair_index(const ExpertFfnParams& p, int64_t g) {
+  return p.pair_src ? p.pair_src[g] : g;
+}
+
+__global__ void __launch_bounds__(kGemmThreads) expert_gate_up_kernel(ExpertFfnParams p) {
+  __shared__ GemmSmem sm;
+  int64_t e, g0, g_end;
+  if (!expert_tile(p, blockIdx.y, &e, &g0, &g_end))
+    return;  // block-uniform
+  if (threadIdx.x < kGemmTileT) {
+    const int64_t g = g0 + threadIdx.x;
+    sm.src[threadIdx.x] = g < g_end ? pair_index(p, g) / p.k : -1;
+  }
+  __syncthreads();
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGemmTileR;
+  const MatrixRef w1 = p.w1[e];
+  const MatrixRef w3 = p.w3[e];
+  float a[kGemmRowsPerThread];
+  float u[kGemmRowsPerThread];
+  gemm_tile(w1, r0, p.inter, p.x, p.hidden, p.quantize_activations, sm, a);
+  gemm_tile(w3, r0, p.inter, p.x, p.hidden, p.quantize_activations, sm, u);
+  const int64_t g = g0 + gemm_tile_token();
+  if (g >= g_end)
+    return;
+  const float gate = p.gates ? p.gates[pair_index(p, g)] : 1.0f;
+  const float lim = p.swiglu_limit;
+#pragma unroll
+  for (int j = 0; j < kGemmRowsPerThread; ++j) {
+    const int64_t r = r0 + gemm_tile_row(j);
+    if (r >= p.inter)
+      continue;
+    float gv = a[j];
+    float v = u[j];
+    if (lim > 0.0f) {
+      gv = fminf(gv, lim);
+      v = v < -lim ? -lim : (lim < v ? lim : v);
+    }
+    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
+    p.h[g * p.inter + r] = __fmul_rn(__fmul_rn(silu, v), gate);
+  }
+}
+
+__global__ void __launch_bounds__(kGemmThreads) expert_down_kernel(ExpertFfnParams p) {
+  __shared__ GemmSmem sm;
+  int64_t e, g0, g_end;
+  if (!expert_tile(p, blockIdx.y, &e, &g0, &g_end))
+    return;
+  if (threadIdx.x < kGemmTileT) {
+    const int64_t g = g0 + threadIdx.x;
+    sm.src[threadIdx.x] = g < g_end ? g : -1;
+  }
+  __syncthreads();
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGemmTileR;
+  const MatrixRef w2 = p.w2[e];
+  float acc[kGemmRowsPerThread];
+  gemm_tile(w2, r0, p.hidden, p.h, p.inter, p.quantize_activations, sm, acc);
+  const int64_t g = g0 + gemm_tile_token();
+  if (g >= g_end)
+    return;
+#pragma unroll
+  for (int j = 0; j < kGemmRowsPerThread; ++j) {
+    const int64_t r = r0 + gemm_tile_row(j);
+    if (r < p.hidden)
+      p.y[g * p.hidden + r] = acc[j];
+  }
+}
+
+// ---- combine: one block per token --------------------------------------------------------------
+
+__global__ void moe_combine_kernel(MoeCombineParams p) {
+  __shared__ int32_t order[kMaxExpertsPerToken];
+  __shared__ int count;
+  for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
+    if (threadIdx.x == 0) {
+      // The token's slots by (expert id, slot), as the CPU's loop over experts visits them.
+      int c = 0;
+      for (int64_t i = 0; i < p.k; ++i) {
+        if (p.pair_pos[t * p.k + i] < 0)
+          continue;
+        const int32_t e = p.expert_ids[t * p.k + i];
+        int j = c++;
+        while (j > 0 && p.expert_ids[t * p.k + order[j - 1]] > e) {
+          order[j] = order[j - 1];
+          --j;
+        }
+        order[j] = static_cast<int32_t>(i);
+      }
+      count = c;
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < p.hidden; c += blockDim.x) {
+      float acc = 0.0f;
+      if (p.shared)
+        acc = __fadd_rn(acc, p.shared[t * p.hidden + c]);
+      for (int j = 0; j < count; ++j) {
+        const int64_t g = p.pair_pos[t * p.k + order[j]];
+        acc = __fadd_rn(acc, p.y[g * p.hidden + c]);
+      }
+      p.out[t * p.hidden + c] = acc;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+Status launch_moe_route(const MoeRouteParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("moe_route", {p.n, p.n_experts, p.k}));
+  DSI_RETURN_IF_ERROR(require(p.n_experts <= kMaxExperts, "moe_route", "more than 1024 experts"));
+  DSI_RETURN_IF_ERROR(require(p.k <= kMaxExpertsPerToken, "moe_route", "k > 32"));
+  DSI_RETURN_IF_ERROR(require(
+      p.tid2eid != nullptr || p.k <= p.n_experts, "moe_route", "k exceeds the number of experts"));
+  if (p.n == 0 || p.k == 0)
+    return Status();
+  if (!p.logits || !p.expert_ids || !p.weights || (p.tid2eid && !p.tokens))
+    return null_pointer("moe_route");
+  const int64_t blocks = std::min(ceil_div(p.n, kRouteWarps), kMaxGrid);
+  moe_route_kernel<<<static_cast<unsigned>(blocks), kRouteWarps * 32, 0, stream>>>(p);
+  return launched("moe_route launch");
+}
+
+Status launch_moe_group(const MoeGroupParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("moe_group", {p.n, p.k, p.n_experts}));
+  DSI_RETURN_IF_ERROR(require(p.n_experts <= kMaxExperts, "moe_group", "more than 1024 experts"));
+  DSI_RETURN_IF_ERROR(require(p.n * p.k < (int64_t{1} << 31), "moe_group", "too many pairs"));
+  if (!p.expert_begin)
+    return null_pointer("moe_group");
+  if (p.n * p.k > 0 && (!p.expert_ids || !p.pair_src || !p.pair_pos))
+    return null_pointer("moe_group");
+  moe_group_kernel<<<1, 1024, 0, stream>>>(p);
+  return launched("moe_group launch");
+}
+
+Status launch_expert_ffn(const ExpertFfnParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("expert_ffn", {p.hidden, p.inter, p.num_pairs}));
+  DSI_RETURN_IF_ERROR(require(p.n_experts > 0, "expert_ffn", "no experts"));
+  DSI_RETURN_IF_ERROR(require(p.k > 0, "expert_ffn", "k must be positive"));
+  DSI_RETURN_IF_ERROR(require(p.expert_begin != nullptr || p.n_experts == 1,
+                              "expert_ffn",
+                              "several experts need expert_begin"));
+  if (p.num_pairs == 0 || p.hidden == 0 || p.inter == 0)
+    return Status();
+  if (!p.w1 || !p.w3 || !p.w2 || !p.x || !p.h || !p.y)
+    return null_pointer("expert_ffn");
+  // Upper bound of the flattened tile count: sum_e ceil(c_e / T) <= pairs / T + experts.
+  const int64_t tiles = ceil_div(p.num_pairs, kGemmTileT) + (p.expert_begin ? p.n_experts : 0);
+  DSI_RETURN_IF_ERROR(require(tiles <= kMaxGrid, "expert_ffn", "too many pairs for one launch"));
+  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kGemmTileR)), static_cast<unsigned>(tiles));
+  expert_gate_up_kernel<<<g1, kGemmThreads, 0, stream>>>(p);
+  DSI_RETURN_IF_ERROR(launched("expert gate/up launch"));
+  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kGemmTileR)),
+                static_cast<unsigned>(tiles));
+  expert_down_kernel<<<g2, kGemmThreads, 0, stream>>>(p);
+  return launched("expert down launch");
+}
+
+Status launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("moe_combine", {p.n, p.k, p.hidden}));
+  DSI_RETURN_IF_ERROR(require(p.k <= kMaxExpertsPerToken, "moe_combine", "k > 32"));
+  if (p.n == 0 || p.hidden == 0)
+    return Status();
+  if (!p.out || (p.k > 0 && (!p.y || !p.pair_pos || !p.expert_ids)))
+    return null_pointer("moe_combine");
+  moe_combine_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxGrid)), 256, 0, stream>>>(p);
+  return launched("moe_combine launch");
+}
+
+}  // namespace dsinfer::cuda

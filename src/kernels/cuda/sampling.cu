@@ -1,0 +1,286 @@
+// GPU sampling (sampling.h): one 256-thread block per request. Sorting is a stable LSD radix sort
+// (4-bit digits, 8 passes) over the whole vocabulary in the workspace, so ties keep ascending
+// ids exactly like the host's comparator. Correct first: a later issue replaces the full sort
+// with a top-k/threshold pre-selection.
+#include <algorithm>
+#include <string>
+
+#include "numeric/counter_rng.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/sampling.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBins = 16;
+constexpr int64_t kMaxGrid = 65535;
+
+// Per-request workspace: work logits (float), keys x2 (uint32), ids x2 (int32), probs (double).
+constexpr size_t kBytesPerToken = 4 + 8 + 8 + 8;
+
+__host__ __device__ size_t request_bytes(int64_t vocab) {
+  return (static_cast<size_t>(vocab) * kBytesPerToken + 255) / 256 * 256;
+}
+
+// Sort key: ascending key = descending logit; -0 and +0 equal.
+__device__ __forceinline__ uint32_t desc_key(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) == 0)
+    u = 0;
+  const uint32_t ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ~ord;
+}
+
+struct SampleSmem {
+  int counts[kBins][kThreads];
+  double dscratch[32];
+  float fscratch[32];
+  double part[kThreads];
+  int first_hit;
+  int best_idx;
+};
+
+// Exclusive scan of counts in bin-major order (bin, thread): stable scatter offsets.
+__device__ void scan_counts(SampleSmem& sm) {
+  constexpr int kPer = kBins * kThreads / kThreads;  // 16 entries per thread
+  int* flat = &sm.counts[0][0];
+  const int base = threadIdx.x * kPer;
+  int local = 0;
+  for (int i = 0; i < kPer; ++i) local += flat[base + i];
+  __shared__ int tsum[kThreads];
+  tsum[threadIdx.x] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int acc = 0;
+    for (int t = 0; t < kThreads; ++t) {
+      const int v = tsum[t];
+      tsum[t] = acc;
+      acc += v;
+    }
+  }
+  __syncthreads();
+  int acc = tsum[threadIdx.x];
+  for (int i = 0; i < kPer; ++i) {
+    const int v = flat[base + i];
+    flat[base + i] = acc;
+    acc += v;
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
+  __shared__ SampleSmem sm;
+  const int tid = threadIdx.x;
+  const int64_t vocab = p.vocab;
+  const int64_t ld = p.ld > 0 ? p.ld : vocab;
+  for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
+    const SamplingRequest c = p.requests[r];
+    const float* raw = p.logits + r * ld;
+    char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab);
+    double* prob = reinterpret_cast<double*>(ws);
+    float* work = reinterpret_cast<float*>(ws + vocab * 8);
+    uint32_t* keys[2] = {reinterpret_cast<uint32_t*>(ws + vocab * 12),
+                         reinterpret_cast<uint32_t*>(ws + vocab * 16)};
+    int32_t* ids[2] = {reinterpret_cast<int32_t*>(ws + vocab * 20),
+                       reinterpret_cast<int32_t*>(ws + vocab * 24)};
+
+    // Raw log-sum-exp (logprobs report the model's own distribution).
+    double lse = 0.0;
+    if (p.out_logprobs) {
+      float mx = -INFINITY;
+      for (int64_t i = tid; i < vocab; i += blockDim.x) mx = fmaxf(mx, raw[i]);
+      mx = block_max(mx, sm.fscratch);
+      double s = 0.0;
+      for (int64_t i = tid; i < vocab; i += blockDim.x) s += exp(static_cast<double>(raw[i]) - mx);
+      s = block_sum(s, sm.dscratch);
+      lse = log(s) + mx;
+    }
+
+    // Penalties on a copy (tokens are distinct, so threads never touch the same logit).
+    for (int64_t i = tid; i < vocab; i += blockDim.x) work[i] = raw[i];
+    __syncthreads();
+    if (p.penalty_begin) {
+      for (int64_t j = p.penalty_begin[r] + tid; j < p.penalty_begin[r + 1]; j += blockDim.x) {
+        const int32_t tok = p.penalty_token[j];
+        if (tok < 0 || tok >= vocab)
+          continue;
+        float l = work[tok];
+        if (c.repetition_penalty != 1.0f) {
+          l = l > 0.0f ? __fdiv_rn(l, c.repetition_penalty) : __fmul_rn(l, c.repetition_penalty);
+        }
+        const int32_t cnt = p.penalty_count[j];
+        if ((c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) && cnt > 0) {
+          l = __fsub_rn(l,
+                        __fadd_rn(c.presence_penalty,
+                                  __fmul_rn(c.frequency_penalty, static_cast<float>(cnt))));
+        }
+        work[tok] = l;
+      }
+    }
+    __syncthreads();
+
+    int32_t chosen = 0;
+    if (c.temperature == 0.0f || c.top_k == 1) {
+      // First maximum (std::max_element).
+      float best = -INFINITY;
+      int64_t best_i = -1;
+      for (int64_t i = tid; i < vocab; i += blockDim.x) {
+        const float v = work[i];
+        if (best_i < 0 || v > best) {
+          best = v;
+          best_i = i;
+        }
+      }
+      const float mx = block_max(best, sm.fscratch);
+      if (tid == 0)
+        sm.best_idx = 0x7fffffff;
+      __syncthreads();
+      if (best_i >= 0 && best == mx)
+        atomicMin(&sm.best_idx, static_cast<int>(best_i));
+      __syncthreads();
+      chosen = sm.best_idx == 0x7fffffff ? 0 : sm.best_idx;
+    } else {
+      // Stable LSD radix sort of (key, id), ids initially ascending.
+      const int64_t chunk = (vocab + blockDim.x - 1) / blockDim.x;
+      const int64_t lo = min(vocab, tid * chunk);
+      const int64_t hi = min(vocab, lo + chunk);
+      for (int64_t i = tid; i < vocab; i += blockDim.x) {
+        keys[0][i] = desc_key(work[i]);
+        ids[0][i] = static_cast<int32_t>(i);
+      }
+      __syncthreads();
+      int cur = 0;
+      for (int shift = 0; shift < 32; shift += 4) {
+        for (int b = 0; b < kBins; ++b) sm.counts[b][tid] = 0;
+        for (int64_t i = lo; i < hi; ++i) ++sm.counts[(keys[cur][i] >> shift) & 15u][tid];
+        __syncthreads();
+        scan_counts(sm);
+        for (int64_t i = lo; i < hi; ++i) {
+          const uint32_t k = keys[cur][i];
+          const int dst = sm.counts[(k >> shift) & 15u][tid]++;
+          keys[cur ^ 1][dst] = k;
+          ids[cur ^ 1][dst] = ids[cur][i];
+        }
+        __syncthreads();
+        cur ^= 1;
+      }
+      const int32_t* idx = ids[cur];
+      const int64_t n = (c.top_k > 0 && c.top_k < vocab) ? c.top_k : vocab;
+      const double inv_t = 1.0 / c.temperature;
+      const double m = work[idx[0]] * inv_t;
+      double s = 0.0;
+      for (int64_t i = tid; i < n; i += blockDim.x) {
+        prob[i] = exp(work[idx[i]] * inv_t - m);
+        s += prob[i];
+      }
+      s = block_sum(s, sm.dscratch);
+      __syncthreads();
+      for (int64_t i = tid; i < n; i += blockDim.x) prob[i] /= s;
+      __syncthreads();
+
+      // Chunked inclusive prefix sums over prob[0, n): thread t owns [t*ch, (t+1)*ch).
+      const int64_t ch = (n + blockDim.x - 1) / blockDim.x;
+      const int64_t a0 = min(n, tid * ch);
+      const int64_t a1 = min(n, a0 + ch);
+      auto chunk_offsets = [&](int64_t end) {  // exclusive offset of this thread's chunk
+        double local = 0.0;
+        for (int64_t i = a0; i < min(a1, end); ++i) local += prob[i];
+        sm.part[tid] = local;
+        __syncthreads();
+        if (tid == 0) {
+          double acc = 0.0;
+          for (int t = 0; t < static_cast<int>(blockDim.x); ++t) {
+            const double v = sm.part[t];
+            sm.part[t] = acc;
+            acc += v;
+          }
+        }
+        __syncthreads();
+        const double off = sm.part[tid];
+        __syncthreads();
+        return off;
+      };
+      auto first_index = [&](auto&& pred, double off, int64_t end) {  // smallest i < end
+        if (tid == 0)
+          sm.first_hit = 0x7fffffff;
+        __syncthreads();
+        double acc = off;
+        for (int64_t i = a0; i < min(a1, end); ++i) {
+          acc += prob[i];
+          if (pred(i, acc)) {
+            atomicMin(&sm.first_hit, static_cast<int>(i));
+            break;
+          }
+        }
+        __syncthreads();
+        const int hit = sm.first_hit;
+        __syncthreads();
+        return hit;
+      };
+      int64_t keep = n;
+      if (c.top_p < 1.0f) {
+        const double off = chunk_offsets(n);
+        const double top_p = c.top_p;
+        const int hit = first_index([&](int64_t, double acc) { return acc >= top_p; }, off, n);
+        if (hit != 0x7fffffff)
+          keep = hit + 1;
+      }
+      if (c.min_p > 0.0f) {
+        const double floor_p = c.min_p * prob[0];
+        const int hit =
+            first_index([&](int64_t i, double) { return i >= 1 && prob[i] < floor_p; }, 0.0, keep);
+        if (hit != 0x7fffffff)
+          keep = hit;
+      }
+      // total = sum of the kept mass; pick the first i with u * total < cumsum_i.
+      const double off = chunk_offsets(keep);
+      if (a0 < keep && min(a1, keep) == keep) {
+        double acc = off;
+        for (int64_t i = a0; i < keep; ++i) acc += prob[i];
+        sm.part[0] = acc;  // only the thread holding the last kept element writes
+      }
+      __syncthreads();
+      const double total = sm.part[0];
+      __syncthreads();
+      const double u = rng::uniform_from(c.seed, c.step) * total;
+      const int hit = first_index([&](int64_t, double acc) { return u < acc; }, off, keep);
+      chosen = idx[hit != 0x7fffffff ? hit : keep - 1];
+    }
+    if (tid == 0) {
+      p.out_tokens[r] = chosen;
+      if (p.out_logprobs)
+        p.out_logprobs[r] = static_cast<float>(raw[chosen] - lse);
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+size_t sample_workspace_bytes(int64_t n, int64_t vocab) {
+  return n <= 0 || vocab <= 0 ? 0 : static_cast<size_t>(n) * request_bytes(vocab);
+}
+
+Status launch_sample(const SampleParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("sample", {p.n, p.vocab, p.ld}));
+  DSI_RETURN_IF_ERROR(require(p.ld == 0 || p.ld >= p.vocab, "sample", "ld < vocab"));
+  DSI_RETURN_IF_ERROR(require(p.vocab < (int64_t{1} << 31), "sample", "vocab too large"));
+  if (p.n == 0)
+    return Status();
+  DSI_RETURN_IF_ERROR(require(p.vocab > 0, "sample", "empty vocabulary"));
+  if (!p.logits || !p.requests || !p.workspace || !p.out_tokens)
+    return null_pointer("sample");
+  if (p.penalty_begin && (!p.penalty_token || !p.penalty_count))
+    return null_pointer("sample penalties");
+  DSI_RETURN_IF_ERROR(require(
+      p.workspace_bytes >= sample_workspace_bytes(p.n, p.vocab), "sample", "workspace too small"));
+  DSI_RETURN_IF_ERROR(require(reinterpret_cast<uintptr_t>(p.workspace) % 8 == 0,
+                              "sample",
+                              "workspace must be 8-byte aligned"));
+  sample_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxGrid)), kThreads, 0, stream>>>(p);
+  return launched("sample launch");
+}
+
+}  // namespace dsinfer::cuda

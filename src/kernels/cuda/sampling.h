@@ -1,0 +1,55 @@
+// Token sampling on the GPU, one block per request, choosing exactly what the host sampler
+// (sampling/sampler.cc) chooses for the same logits, config and step: penalties (repetition on
+// prompt + output tokens, presence/frequency on output tokens), greedy (temperature 0 or
+// top_k 1; first maximum), otherwise candidates sorted by (logit desc, id asc), top-k, softmax at
+// temperature in double, top-p (smallest prefix reaching the mass), min-p (relative to the top
+// probability), and the inverse-CDF pick with u = rng::uniform_from(seed, step)
+// (numeric/counter_rng.h, shared with the host). The double sums are reduced in a different order
+// than the host's serial loops, so a pick can differ only when u falls within a few ulps of a
+// cumulative boundary.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/status.h"
+
+namespace dsinfer::cuda {
+
+// One request's sampling settings (sampling::SamplingConfig's fields, plus the draw's step).
+struct SamplingRequest {
+  float temperature = 1.0f;  // 0 = greedy
+  float top_p = 1.0f;
+  int32_t top_k = 0;  // 0 = off
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  uint64_t seed = 0;
+  uint64_t step = 0;  // index of the token being generated (the RNG counter)
+};
+
+struct SampleParams {
+  const float* logits = nullptr;  // [n, ld], read only
+  int64_t ld = 0;                 // 0: vocab
+  int64_t n = 0;                  // requests
+  int64_t vocab = 0;
+  const SamplingRequest* requests = nullptr;  // [n] (device)
+  // Penalty tokens per request, CSR: request r's entries are [penalty_begin[r],
+  // penalty_begin[r+1]), each a distinct token seen in the prompt or output, with its number of
+  // occurrences among the generated tokens (0 for prompt-only tokens). Null: no penalties.
+  const int64_t* penalty_begin = nullptr;  // [n + 1]
+  const int32_t* penalty_token = nullptr;
+  const int32_t* penalty_count = nullptr;
+  void* workspace = nullptr;  // sample_workspace_bytes(n, vocab) bytes, 8-byte aligned
+  size_t workspace_bytes = 0;
+  int32_t* out_tokens = nullptr;  // [n]
+  float* out_logprobs = nullptr;  // [n] or null: log-softmax of the raw logits at the pick
+};
+
+size_t sample_workspace_bytes(int64_t n, int64_t vocab);
+Status launch_sample(const SampleParams& p, cudaStream_t stream);
+
+}  // namespace dsinfer::cuda

@@ -1,0 +1,490 @@
+// Attention-side ops against the CPU: sink attention over CSR key lists (pool / chunk-local /
+// empty refs, 0 .. 8320 keys), the compressor (row append bit-exact; pooling with and without
+// overlap, RMSNorm, RoPE at the block start, FP8 / Hadamard+FP4 storage simulation), the
+// Lightning indexer scores over paged keys (bit-exact, up to 262144 blocks) and the per-query
+// top-k (exact, ties, k > n, all invalid).
+//
+// Tolerances. Sink attention: the output is a convex combination of key rows; CUDA's expf and
+// the online-softmax order move each weight by a few ulps, so |gpu - cpu| <= 2e-5 * max|k|.
+// Compressor without simulation: the CPU's softmax and sums in the CPU's order, differing by
+// expf / sinf / cosf ulps: 1e-5 relative to the entry's RMS. With FP8/FP4 simulation a ulp can
+// move a value across a rounding boundary: at most 2% of the values may differ by up to one grid
+// step (<= 2/3 of the block's amax for FP4 (4 -> 6 at scale amax/3), 1/8 for FP8), the rest as
+// without simulation.
+// Indexer scores and top-k: bit-exact (same serial fp32 operations; exact selection).
+#include "kernels/cuda/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "numeric/quant.h"
+#include "test_util.h"
+
+namespace dsinfer::cuda::test {
+namespace {
+
+// ---- sink attention ----------------------------------------------------------------------------
+
+void run_sink_attention(int64_t heads,
+                        int64_t dim,
+                        const std::vector<int64_t>& key_counts,
+                        uint32_t seed) {
+  SCOPED_TRACE("sink attention heads " + std::to_string(heads) + " dim " + std::to_string(dim));
+  std::mt19937 rng(seed);
+  const int64_t nq = static_cast<int64_t>(key_counts.size());
+  const int64_t pool_rows = 9000;
+  const int64_t local_rows = 300;
+  const int64_t row_stride = dim + 3;  // rows need not be packed
+  const std::vector<float> pool =
+      normal_floats(static_cast<size_t>(pool_rows * row_stride), seed + 1);
+  const std::vector<float> local =
+      normal_floats(static_cast<size_t>(local_rows * row_stride), seed + 2);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  std::vector<float> q = normal_floats(static_cast<size_t>(nq * heads * dim), seed + 3, 1.5f);
+  std::vector<float> sinks = normal_floats(static_cast<size_t>(heads), seed + 4, 2.0f);
+  std::vector<int64_t> begin{0};
+  std::vector<int64_t> refs;
+  std::vector<float> want(static_cast<size_t>(nq * heads * dim));
+  std::vector<double> tol(want.size());
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    std::vector<const float*> keys;
+    double kmax = 0.0;
+    for (int64_t j = 0; j < key_counts[qi]; ++j) {
+      const uint32_t kind = rng() % 10;
+      if (kind == 0) {
+        refs.push_back(kKvRefNone);  // an empty slot
+        continue;
+      }
+      const bool in_local = kind < 4;
+      const int64_t row = static_cast<int64_t>(rng() % (in_local ? local_rows : pool_rows));
+      refs.push_back(in_local ? kv_ref_local(row * row_stride) : kv_ref_pool(row * row_stride));
+      const float* k = (in_local ? local.data() : pool.data()) + row * row_stride;
+      keys.push_back(k);
+      for (int64_t d = 0; d < dim; ++d) kmax = std::max<double>(kmax, std::fabs(k[d]));
+    }
+    begin.push_back(static_cast<int64_t>(refs.size()));
+    cpu::attention_with_sink(q.data() + qi * heads * dim,
+                             heads,
+                             dim,
+                             keys,
+                             sinks.data(),
+                             scale,
+                             want.data() + qi * heads * dim);
+    for (int64_t i = 0; i < heads * dim; ++i) tol[qi * heads * dim + i] = 2e-5 * kmax + 1e-30;
+  }
+  if (refs.empty())
+    refs.push_back(kKvRefNone);
+  DevVec<float> d_pool(pool), d_local(local), d_q(q), d_sinks(sinks), d_out(want.size() + 1, 3.0f);
+  DevVec<int64_t> d_begin(begin), d_refs(refs);
+  DSI_EXPECT_OK(launch_sink_attention(SinkAttentionParams{.q = d_q.get(),
+                                                          .nq = nq,
+                                                          .heads = heads,
+                                                          .dim = dim,
+                                                          .pool = d_pool.get(),
+                                                          .local = d_local.get(),
+                                                          .key_begin = d_begin.get(),
+                                                          .key_refs = d_refs.get(),
+                                                          .sinks = d_sinks.get(),
+                                                          .scale = scale,
+                                                          .out = d_out.get()},
+                                      nullptr));
+  sync();
+  const std::vector<float> got = d_out.download();
+  expect_within(want, got, tol, "sink attention");
+  EXPECT_EQ(got.back(), 3.0f) << "write past the end";
+}
+
+TEST_F(GpuTest, SinkAttentionMatchesCpu) {
+  uint32_t seed = 1;
+  for (int64_t dim : {512, 64, 7, 129}) {
+    for (int64_t heads : {1, 3, 8}) {
+      run_sink_attention(heads, dim, {0, 1, 3, 7, 129, 640, 733}, seed += 10);
+    }
+  }
+  run_sink_attention(64, 512, {128, 640, 1}, seed += 10);  // decode-like, all 64 heads
+  if (!small_mode())
+    run_sink_attention(2, 512, {8320, 4096}, seed += 10);  // HCA at 1M context: 128 + 8192 keys
+}
+
+// ---- compressor --------------------------------------------------------------------------------
+
+// CPU pooling of one entry, transcribed from the CPU forward's compress_chunk: candidates'
+// (score, value) per channel, softmax, weighted sum, RMSNorm, RoPE at w*m, simulation.
+std::vector<float> cpu_pool_entry(const std::vector<const float*>& prev,
+                                  const std::vector<const float*>& own,
+                                  int64_t d,
+                                  bool overlap,
+                                  const std::vector<float>& norm_w,
+                                  float eps,
+                                  const std::vector<float>& inv_freq,
+                                  int64_t block,
+                                  int64_t m,
+                                  CompressorPost post) {
+  const int64_t width = (overlap ? 2 : 1) * d;
+  std::vector<float> e(static_cast<size_t>(d));
+  std::vector<float> logit, value;
+  for (int64_t c = 0; c < d; ++c) {
+    logit.clear();
+    value.clear();
+    for (const float* r : prev) {
+      logit.push_back(r[width + c]);
+      value.push_back(r[c]);
+    }
+    const int64_t off = overlap ? d : 0;
+    for (const float* r : own) {
+      logit.push_back(r[width + off + c]);
+      value.push_back(r[off + c]);
+    }
+    cpu::softmax(logit.data(), static_cast<int64_t>(logit.size()));
+    float acc = 0.0f;
+    for (size_t i = 0; i < logit.size(); ++i) acc += logit[i] * value[i];
+    e[c] = acc;
+  }
+  cpu::rms_norm(e.data(), 1, d, norm_w.data(), eps, e.data());
+  cpu::rope_apply(e.data(), d, inv_freq, block * m, false);
+  if (post == CompressorPost::kKvFp8) {
+    numeric::fp8_block_simulate(e.data(), d - 2 * static_cast<int64_t>(inv_freq.size()), 64);
+  } else if (post == CompressorPost::kIndexFp4) {
+    numeric::hadamard_transform(e.data(), d);
+    numeric::fp4_block_simulate(e.data(), d, 32);
+  }
+  return e;
+}
+
+void run_compressor(int64_t m,
+                    int64_t d,
+                    bool overlap,
+                    int64_t rope_half,
+                    CompressorPost post,
+                    int64_t n_blocks,
+                    uint32_t seed) {
+  SCOPED_TRACE("compressor m " + std::to_string(m) + " d " + std::to_string(d) +
+               (overlap ? " overlap" : "") + " post " + std::to_string(static_cast<int>(post)) +
+               " blocks " + std::to_string(n_blocks));
+  std::mt19937 rng(seed);
+  const int64_t width = (overlap ? 2 : 1) * d;
+  const int64_t row = 2 * width;
+  const int64_t tokens = n_blocks * m;
+  // 1. Append: token rows go to scattered pool rows (a ring in pages).
+  const std::vector<float> kv = normal_floats(static_cast<size_t>(tokens * width), seed + 1);
+  const std::vector<float> score =
+      normal_floats(static_cast<size_t>(tokens * width), seed + 2, 2.0f);
+  const std::vector<float> ape = normal_floats(static_cast<size_t>(m * width), seed + 3);
+  const int64_t first_pos = 0;
+  std::vector<int64_t> positions(static_cast<size_t>(tokens));
+  std::iota(positions.begin(), positions.end(), first_pos);
+  std::vector<int64_t> slot(static_cast<size_t>(tokens));
+  std::iota(slot.begin(), slot.end(), 0);
+  std::shuffle(slot.begin(), slot.end(), rng);
+  std::vector<int64_t> dest(static_cast<size_t>(tokens));
+  for (int64_t t = 0; t < tokens; ++t) dest[t] = kv_ref_pool(slot[t] * row);
+  std::vector<float> want_rows(static_cast<size_t>(std::max<int64_t>(tokens, 1) * row), 0.0f);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* r = want_rows.data() + slot[t] * row;
+    for (int64_t i = 0; i < width; ++i) {
+      r[i] = kv[t * width + i];
+      r[width + i] = score[t * width + i] + ape[(positions[t] % m) * width + i];
+    }
+  }
+  DevVec<float> d_pool(want_rows.size(), 0.0f);
+  DevVec<float> d_kv(kv), d_score(score), d_ape(ape);
+  DevVec<int64_t> d_pos(positions), d_dest(dest);
+  DSI_EXPECT_OK(launch_compressor_append(CompressorAppendParams{.kv = d_kv.get(),
+                                                                .score = d_score.get(),
+                                                                .ape = d_ape.get(),
+                                                                .positions = d_pos.get(),
+                                                                .n = tokens,
+                                                                .width = width,
+                                                                .ratio = m,
+                                                                .pool = d_pool.get(),
+                                                                .dest_refs = d_dest.get()},
+                                         nullptr));
+  sync();
+  expect_rel(want_rows, d_pool.download(), 0.0, 0.0, "compressor rows");
+
+  // 2. Pool every block.
+  std::vector<int64_t> token_refs;
+  std::vector<int64_t> blocks;
+  std::vector<float> norm_w = normal_floats(static_cast<size_t>(d), seed + 4, 0.5f);
+  for (auto& v : norm_w) v += 1.0f;
+  std::vector<float> inv(static_cast<size_t>(rope_half));
+  for (int64_t i = 0; i < rope_half; ++i)
+    inv[i] = std::pow(160000.0f, -2.0f * i / (2.0f * rope_half));
+  std::vector<float> want;
+  for (int64_t w = 0; w < n_blocks; ++w) {
+    std::vector<const float*> prev, own;
+    if (overlap) {
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t t = (w - 1) * m + i;
+        token_refs.push_back(w > 0 ? dest[t] : kKvRefNone);
+        if (w > 0)
+          prev.push_back(want_rows.data() + slot[t] * row);
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t t = w * m + i;
+      token_refs.push_back(dest[t]);
+      own.push_back(want_rows.data() + slot[t] * row);
+    }
+    blocks.push_back(w);
+    const std::vector<float> e =
+        cpu_pool_entry(prev, own, d, overlap, norm_w, 1e-6f, inv, w, m, post);
+    want.insert(want.end(), e.begin(), e.end());
+  }
+  // Entries land at scattered page offsets of an output pool.
+  std::vector<int64_t> out_off(static_cast<size_t>(n_blocks));
+  for (int64_t w = 0; w < n_blocks; ++w) out_off[w] = (n_blocks - 1 - w) * (d + 1);
+  DevVec<int64_t> d_refs(token_refs), d_blocks(blocks), d_off(out_off);
+  DevVec<float> d_norm(norm_w), d_inv(inv.empty() ? std::vector<float>{0.0f} : inv);
+  DevVec<float> d_out(static_cast<size_t>(n_blocks * (d + 1)), 5.0f);
+  DSI_EXPECT_OK(launch_compressor_pool(CompressorPoolParams{.n_entries = n_blocks,
+                                                            .ratio = m,
+                                                            .d = d,
+                                                            .overlap = overlap,
+                                                            .pool = d_pool.get(),
+                                                            .token_refs = d_refs.get(),
+                                                            .block = d_blocks.get(),
+                                                            .norm_weight = d_norm.get(),
+                                                            .eps = 1e-6f,
+                                                            .inv_freq = d_inv.get(),
+                                                            .rope_half = rope_half,
+                                                            .post = post,
+                                                            .out = d_out.get(),
+                                                            .out_offsets = d_off.get()},
+                                       nullptr));
+  sync();
+  const std::vector<float> all = d_out.download();
+  int64_t flips = 0;
+  int64_t bad = 0;
+  for (int64_t w = 0; w < n_blocks; ++w) {
+    const float* g = all.data() + out_off[w];
+    const float* e = want.data() + w * d;
+    EXPECT_EQ(g[d], 5.0f) << "entry " << w << " wrote past its end";
+    double ss = 0.0, amax = 0.0;
+    for (int64_t c = 0; c < d; ++c) {
+      ss += static_cast<double>(e[c]) * e[c];
+      amax = std::max<double>(amax, std::fabs(e[c]));
+    }
+    const double rms = std::sqrt(ss / static_cast<double>(d));
+    for (int64_t c = 0; c < d; ++c) {
+      const double err = std::fabs(static_cast<double>(g[c]) - e[c]);
+      if (err <= 1e-5 * rms + 1e-30)
+        continue;
+      const double step = post == CompressorPost::kIndexFp4 ? 0.7 * amax : 0.125 * amax;
+      if (post != CompressorPost::kNone && err <= step * 1.0001) {
+        ++flips;
+        continue;
+      }
+      if (bad++ < 5)
+        ADD_FAILURE() << "entry " << w << " channel " << c << ": cpu " << e[c] << " gpu " << g[c];
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_LE(flips, std::max<int64_t>(2, n_blocks * d / 50)) << "too many rounding flips";
+}
+
+TEST_F(GpuTest, CompressorMatchesCpu) {
+  uint32_t seed = 100;
+  for (int64_t blocks : {1, 3, 7}) {
+    run_compressor(4, 512, true, 32, CompressorPost::kKvFp8, blocks, seed += 10);     // CSA main
+    run_compressor(4, 128, true, 32, CompressorPost::kIndexFp4, blocks, seed += 10);  // indexer
+    run_compressor(128, 512, false, 32, CompressorPost::kKvFp8, blocks, seed += 10);  // HCA
+    run_compressor(4, 512, true, 32, CompressorPost::kNone, blocks, seed += 10);
+    run_compressor(8, 7, false, 2, CompressorPost::kNone, blocks, seed += 10);
+    run_compressor(3, 129, true, 0, CompressorPost::kNone, blocks, seed += 10);
+  }
+  run_compressor(4, 512, true, 32, CompressorPost::kKvFp8, 33, seed += 10);
+}
+
+// ---- indexer scores + top-k -------------------------------------------------------------------
+
+struct PagedKeys {
+  std::vector<float> pool;
+  std::vector<int32_t> pages;  // concatenated page tables
+  std::vector<int64_t> page_begin;
+  int64_t page_floats = 0;
+  int64_t rows_per_page = 0;
+};
+
+void run_indexer(int64_t heads, int64_t dim, const std::vector<int64_t>& visible, uint32_t seed) {
+  SCOPED_TRACE("indexer heads " + std::to_string(heads) + " dim " + std::to_string(dim));
+  std::mt19937 rng(seed);
+  const int64_t nq = static_cast<int64_t>(visible.size());
+  PagedKeys pk;
+  pk.page_floats = 16384;  // 64 KiB pages, as the engine's default
+  pk.rows_per_page = pk.page_floats / dim;
+  // Each query gets its own sequence; pages of all sequences interleave in the pool.
+  int64_t total_pages = 0;
+  std::vector<int64_t> npages(static_cast<size_t>(nq));
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    npages[qi] = (visible[qi] + pk.rows_per_page - 1) / pk.rows_per_page;
+    total_pages += npages[qi];
+  }
+  std::vector<int32_t> perm(static_cast<size_t>(total_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  pk.pool.resize(static_cast<size_t>(std::max<int64_t>(total_pages, 1) * pk.page_floats));
+  // FP4-simulated keys take few distinct values: scores tie often, exercising the tie rule.
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : pk.pool) v = std::round(nd(rng) * 2.0f) / 2.0f;
+  int64_t next = 0;
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    pk.page_begin.push_back(static_cast<int64_t>(pk.pages.size()));
+    for (int64_t i = 0; i < npages[qi]; ++i) pk.pages.push_back(perm[next++]);
+  }
+  if (pk.pages.empty())
+    pk.pages.push_back(0);
+  std::vector<float> q(static_cast<size_t>(nq * heads * dim));
+  for (auto& v : q) v = std::round(nd(rng) * 2.0f) / 2.0f;
+  const std::vector<float> hw = normal_floats(static_cast<size_t>(nq * heads), seed + 1);
+  const float w_scale =
+      1.0f / std::sqrt(static_cast<float>(dim)) / std::sqrt(static_cast<float>(heads));
+  const int64_t max_visible = *std::max_element(visible.begin(), visible.end());
+  const int64_t ld = max_visible + 3;
+  // CPU: the forward's loops.
+  std::vector<float> want(static_cast<size_t>(nq * ld), -7.0f);
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const int32_t* pages = pk.pages.data() + pk.page_begin[qi];
+    for (int64_t w = 0; w < visible[qi]; ++w) {
+      const float* key = pk.pool.data() +
+                         static_cast<int64_t>(pages[w / pk.rows_per_page]) * pk.page_floats +
+                         (w % pk.rows_per_page) * dim;
+      float s = 0.0f;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* v = q.data() + (qi * heads + h) * dim;
+        float dotv = 0.0f;
+        for (int64_t i = 0; i < dim; ++i) dotv += v[i] * key[i];
+        s += hw[qi * heads + h] * w_scale * std::max(0.0f, dotv);
+      }
+      want[qi * ld + w] = s;
+    }
+  }
+  DevVec<float> d_pool(pk.pool), d_q(q), d_hw(hw), d_scores(want.size(), -7.0f);
+  DevVec<int32_t> d_pages(pk.pages);
+  DevVec<int64_t> d_pbeg(pk.page_begin), d_vis(visible);
+  DSI_EXPECT_OK(launch_indexer_scores(IndexerScoreParams{.q = d_q.get(),
+                                                         .head_w = d_hw.get(),
+                                                         .w_scale = w_scale,
+                                                         .nq = nq,
+                                                         .heads = heads,
+                                                         .dim = dim,
+                                                         .pool = d_pool.get(),
+                                                         .page_floats = pk.page_floats,
+                                                         .rows_per_page = pk.rows_per_page,
+                                                         .pages = d_pages.get(),
+                                                         .page_begin = d_pbeg.get(),
+                                                         .visible = d_vis.get(),
+                                                         .max_visible = max_visible,
+                                                         .scores = d_scores.get(),
+                                                         .ld = ld},
+                                      nullptr));
+  sync();
+  expect_rel(want, d_scores.download(), 0.0, 0.0, "indexer scores");  // bit-exact
+
+  // Top-k of those scores (index_topk 512), exactly cpu::top_k_indices.
+  const int64_t k = 512;
+  DevVec<int32_t> d_top(static_cast<size_t>(nq * k), 99);
+  DSI_EXPECT_OK(launch_top_k(TopKParams{.scores = d_scores.get(),
+                                        .ld = ld,
+                                        .n = d_vis.get(),
+                                        .nq = nq,
+                                        .k = k,
+                                        .out = d_top.get()},
+                             nullptr));
+  sync();
+  const std::vector<int32_t> got = d_top.download();
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    std::vector<int32_t> ref =
+        cpu::top_k_indices(want.data() + qi * ld, visible[qi], std::min(k, visible[qi]));
+    ref.resize(static_cast<size_t>(k), -1);
+    const std::vector<int32_t> g(got.begin() + qi * k, got.begin() + (qi + 1) * k);
+    EXPECT_EQ(g, ref) << "top-k of query " << qi << " (visible " << visible[qi] << ")";
+  }
+}
+
+TEST_F(GpuTest, IndexerScoresAndTopKMatchCpu) {
+  run_indexer(64, 128, {0, 1, 3, 7, 129, 733}, 1);  // the real shape, short contexts
+  run_indexer(3, 7, {5, 0, 2000}, 2);               // awkward head count and width
+  if (!small_mode())
+    run_indexer(8, 128, {262144, 4}, 3);  // longest context: 1M tokens / ratio 4
+}
+
+void run_top_k(int64_t n, int64_t k, int kind, uint32_t seed) {
+  SCOPED_TRACE("top_k n " + std::to_string(n) + " k " + std::to_string(k) + " kind " +
+               std::to_string(kind));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> s(static_cast<size_t>(std::max<int64_t>(n, 1)));
+  for (auto& v : s) {
+    switch (kind) {
+      case 0:
+        v = nd(rng);
+        break;
+      case 1:
+        v = static_cast<float>(rng() % 5);  // heavy ties
+        break;
+      case 2:
+        v = (rng() % 2) ? 0.0f : -0.0f;  // all equal (signed zeros compare equal)
+        break;
+      default:
+        v = (rng() % 3 == 0) ? -INFINITY : -std::ldexp(1.0f, -static_cast<int>(rng() % 100));
+    }
+  }
+  std::vector<int64_t> ns{n, std::min<int64_t>(n, 3), 0};
+  const int64_t nq = static_cast<int64_t>(ns.size());
+  std::vector<float> scores;
+  for (int64_t qi = 0; qi < nq; ++qi) scores.insert(scores.end(), s.begin(), s.end());
+  const int64_t ld = static_cast<int64_t>(s.size());
+  DevVec<float> d_s(scores);
+  DevVec<int64_t> d_n(ns);
+  DevVec<int32_t> d_out(static_cast<size_t>(nq * k) + 1, 99);
+  DSI_EXPECT_OK(launch_top_k(
+      TopKParams{
+          .scores = d_s.get(), .ld = ld, .n = d_n.get(), .nq = nq, .k = k, .out = d_out.get()},
+      nullptr));
+  sync();
+  const std::vector<int32_t> got = d_out.download();
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    std::vector<int32_t> ref = cpu::top_k_indices(s.data(), ns[qi], std::min(k, ns[qi]));
+    ref.resize(static_cast<size_t>(k), -1);  // all-invalid slots
+    const std::vector<int32_t> g(got.begin() + qi * k, got.begin() + (qi + 1) * k);
+    EXPECT_EQ(g, ref) << "query " << qi << " n " << ns[qi];
+  }
+  EXPECT_EQ(got.back(), 99) << "write past the end";
+}
+
+TEST_F(GpuTest, TopKMatchesCpu) {
+  uint32_t seed = 1;
+  for (int64_t n : {1, 3, 7, 129, 733, 5000}) {
+    for (int64_t k : {1, 7, 512, 2048}) {
+      for (int kind = 0; kind < 4; ++kind) run_top_k(n, k, kind, seed++);
+    }
+  }
+  if (!small_mode()) {
+    for (int kind = 0; kind < 4; ++kind) run_top_k(262144, 512, kind, seed++);
+  }
+}
+
+TEST(GpuOpsArgs, AttentionValidates) {
+  EXPECT_EQ(
+      launch_sink_attention(SinkAttentionParams{.nq = 1, .heads = 1, .dim = 513}, nullptr).code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(launch_top_k(TopKParams{.nq = 1, .k = 4096}, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(launch_top_k(TopKParams{.nq = 0, .k = 8}, nullptr).ok());
+  EXPECT_EQ(launch_compressor_pool(
+                CompressorPoolParams{
+                    .n_entries = 1, .ratio = 4, .d = 96, .post = CompressorPost::kIndexFp4},
+                nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dsinfer::cuda::test

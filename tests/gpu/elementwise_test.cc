@@ -1,0 +1,259 @@
+// Row ops against the CPU reference: embedding gather (every weight format, hc copies, bad ids),
+// RMSNorm (weighted / unweighted / in place), RoPE (both tables' shapes, heads, strides, inverse,
+// positions up to 2^20), and the FP8/FP4 simulations with and without Hadamard (bit-exact).
+//
+// Tolerances. Embedding and the quantisation simulations are bit-exact (same DSI_HD conversions,
+// same IEEE operations). RMSNorm differs only in the order of the double sum of squares: equal
+// up to 1 ulp of the fp32 result (2^-23 relative). RoPE: CUDA's sinf/cosf are within 2 ulp of
+// glibc's, so each rotated value is within ~4 ulp of |a| + |b| (bound 2e-6 relative to the pair's
+// magnitude).
+#include "kernels/cuda/elementwise.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "numeric/quant.h"
+#include "test_util.h"
+
+namespace dsinfer::cuda::test {
+namespace {
+
+const int64_t kRows[] = {1, 3, 7, 129};
+const int64_t kDims[] = {1, 3, 7, 129, 257, 733};
+
+bool same_bits(float a, float b) {
+  uint32_t x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  return (std::isnan(a) && std::isnan(b)) || x == y;
+}
+
+void expect_bits(const std::vector<float>& want,
+                 const std::vector<float>& got,
+                 const std::string& what) {
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!same_bits(want[i], got[i]) && bad++ < 5)
+      ADD_FAILURE() << what << " [" << i << "]: cpu " << want[i] << " gpu " << got[i];
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+// ---- embedding ---------------------------------------------------------------------------------
+
+TEST_F(GpuTest, EmbedMatchesDequantRow) {
+  uint32_t seed = 1;
+  for (Fmt f : {Fmt::kF32, Fmt::kBF16, Fmt::kF16, Fmt::kFp8E8M0, Fmt::kFp8F32, Fmt::kMxfp4}) {
+    for (int64_t cols : {32, 96, 160, 736}) {
+      const int64_t vocab = 300;
+      auto w = make_weight(f, vocab, cols, seed++);
+      for (int64_t n : {0, 1, 3, 7, 129}) {
+        for (int64_t copies : {1, 4}) {
+          SCOPED_TRACE(std::string(fmt_name(f)) + " cols " + std::to_string(cols) + " n " +
+                       std::to_string(n) + " copies " + std::to_string(copies));
+          std::vector<int32_t> tokens(static_cast<size_t>(n));
+          for (int64_t t = 0; t < n; ++t) tokens[t] = static_cast<int32_t>((t * 131 + 7) % vocab);
+          if (n >= 3) {
+            tokens[1] = -1;  // invalid ids give NaN rows, no out-of-bounds read
+            tokens[2] = static_cast<int32_t>(vocab);
+          }
+          DevVec<int32_t> d_tok(tokens);
+          DevVec<float> d_out(static_cast<size_t>(n * copies * cols) + 1, 7.0f);
+          DSI_EXPECT_OK(launch_embed(EmbedParams{.table = w->dev,
+                                                 .tokens = d_tok.get(),
+                                                 .n = n,
+                                                 .copies = copies,
+                                                 .out = d_out.get()},
+                                     nullptr));
+          sync();
+          const std::vector<float> got = d_out.download();
+          std::vector<float> want(static_cast<size_t>(n * copies * cols));
+          std::vector<float> row(static_cast<size_t>(cols));
+          for (int64_t t = 0; t < n; ++t) {
+            const bool valid = tokens[t] >= 0 && tokens[t] < vocab;
+            if (valid)
+              w->host.dequant_row(tokens[t], row.data());
+            for (int64_t j = 0; j < copies; ++j) {
+              for (int64_t c = 0; c < cols; ++c) {
+                want[(t * copies + j) * cols + c] = valid ? row[c] : NAN;
+              }
+            }
+          }
+          expect_bits(want, got, "embed");
+          EXPECT_EQ(got.back(), 7.0f) << "write past the end";
+        }
+      }
+    }
+  }
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------------
+
+TEST_F(GpuTest, RmsNormMatchesCpu) {
+  uint32_t seed = 100;
+  for (int64_t rows : {0, 1, 3, 7, 129}) {
+    for (int64_t dim : {1, 3, 7, 129, 257, 733, 4096}) {
+      for (int mode = 0; mode < 3; ++mode) {  // 0 weighted, 1 unweighted, 2 weighted in place
+        SCOPED_TRACE("rms " + std::to_string(rows) + "x" + std::to_string(dim) + " mode " +
+                     std::to_string(mode));
+        std::vector<float> x = normal_floats(static_cast<size_t>(rows * dim), seed++, 3.0f);
+        if (rows > 2)
+          std::fill(x.begin() + dim, x.begin() + 2 * dim, 0.0f);  // an all-zero row: eps only
+        const std::vector<float> w = normal_floats(static_cast<size_t>(dim), seed++);
+        std::vector<float> want(x.size());
+        cpu::rms_norm(x.data(), rows, dim, mode == 1 ? nullptr : w.data(), 1e-6f, want.data());
+        DevVec<float> d_x(x);
+        DevVec<float> d_w(w);
+        DevVec<float> d_out(x.size());
+        float* out = mode == 2 ? d_x.get() : d_out.get();
+        DSI_EXPECT_OK(launch_rms_norm(RmsNormParams{.x = d_x.get(),
+                                                    .rows = rows,
+                                                    .dim = dim,
+                                                    .weight = mode == 1 ? nullptr : d_w.get(),
+                                                    .eps = 1e-6f,
+                                                    .out = out},
+                                      nullptr));
+        sync();
+        expect_rel(want, mode == 2 ? d_x.download() : d_out.download(), 2.4e-7, 1e-30, "rms");
+      }
+    }
+  }
+}
+
+// ---- RoPE --------------------------------------------------------------------------------------
+
+TEST_F(GpuTest, RopeMatchesCpu) {
+  uint32_t seed = 200;
+  for (int64_t tokens : {0, 1, 3, 7, 129}) {
+    for (auto [dim, half, heads] : {std::tuple<int64_t, int64_t, int64_t>{512, 32, 3},
+                                    {128, 32, 7},
+                                    {64, 32, 1},
+                                    {7, 3, 2},
+                                    {129, 1, 4}}) {
+      for (bool inverse : {false, true}) {
+        SCOPED_TRACE("rope t" + std::to_string(tokens) + " dim " + std::to_string(dim) + " half " +
+                     std::to_string(half) + (inverse ? " inverse" : ""));
+        const int64_t ld = dim + 5;  // strided rows
+        std::vector<float> x = normal_floats(static_cast<size_t>(tokens * heads * ld), seed++);
+        std::vector<int64_t> pos(static_cast<size_t>(tokens));
+        for (int64_t t = 0; t < tokens; ++t) pos[t] = (t * 7919 + seed) % (int64_t{1} << 20);
+        if (tokens > 0)
+          pos[0] = (int64_t{1} << 20) - 1;  // the longest context
+        std::vector<float> inv(static_cast<size_t>(half));
+        for (int64_t i = 0; i < half; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / (2.0f * half));
+        std::vector<float> want = x;
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t h = 0; h < heads; ++h) {
+            cpu::rope_apply(want.data() + (t * heads + h) * ld, dim, inv, pos[t], inverse);
+          }
+        }
+        DevVec<float> d_x(x);
+        DevVec<int64_t> d_pos(pos);
+        DevVec<float> d_inv(inv);
+        DSI_EXPECT_OK(launch_rope(RopeParams{.x = d_x.get(),
+                                             .tokens = tokens,
+                                             .heads = heads,
+                                             .dim = dim,
+                                             .ld = ld,
+                                             .positions = d_pos.get(),
+                                             .inv_freq = d_inv.get(),
+                                             .half = half,
+                                             .inverse = inverse},
+                                  nullptr));
+        sync();
+        const std::vector<float> got = d_x.download();
+        std::vector<double> tol(x.size(), 0.0);
+        for (size_t r = 0; r < x.size() / ld; ++r) {
+          for (int64_t c = 0; c < ld; ++c) {
+            const size_t i = r * ld + c;
+            const int64_t pc = c - (dim - 2 * half);
+            if (pc >= 0 && c < dim) {
+              const size_t p0 = r * ld + (dim - 2 * half) + (pc & ~int64_t{1});
+              tol[i] = 2e-6 * (std::fabs(x[p0]) + std::fabs(x[p0 + 1]));
+            }
+          }
+        }
+        expect_within(want, got, tol, "rope");
+      }
+    }
+  }
+}
+
+// ---- quantisation simulations ----------------------------------------------------------------
+
+TEST_F(GpuTest, QuantSimIsBitExact) {
+  uint32_t seed = 300;
+  struct Case {
+    QuantSim kind;
+    int64_t len;
+    int64_t block;
+    bool hadamard;
+  };
+  for (const Case& c : {Case{QuantSim::kFp8, 448, 64, false},
+                        Case{QuantSim::kFp8, 733, 128, false},
+                        Case{QuantSim::kFp8, 4096, 128, false},
+                        Case{QuantSim::kFp8, 7, 64, false},
+                        Case{QuantSim::kFp4, 128, 32, true},
+                        Case{QuantSim::kFp4, 64, 32, true},
+                        Case{QuantSim::kFp4, 129, 32, false},
+                        Case{QuantSim::kNone, 256, 32, true},
+                        Case{QuantSim::kFp4, 1, 32, true}}) {
+    for (int64_t rows : kRows) {
+      SCOPED_TRACE("quant_sim len " + std::to_string(c.len) + " block " + std::to_string(c.block) +
+                   (c.hadamard ? " hadamard" : "") + " rows " + std::to_string(rows));
+      const int64_t ld = c.len + 3;
+      std::vector<float> x(static_cast<size_t>(rows * ld));
+      std::mt19937 rng(seed++);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int k = static_cast<int>(rng() % 40) - 20;
+        for (int64_t i = 0; i < ld; ++i) x[r * ld + i] = std::ldexp(nd(rng), r % 3 == 1 ? -30 : k);
+      }
+      std::vector<float> want = x;
+      for (int64_t r = 0; r < rows; ++r) {
+        float* v = want.data() + r * ld;
+        if (c.hadamard)
+          numeric::hadamard_transform(v, c.len);
+        if (c.kind == QuantSim::kFp8)
+          numeric::fp8_block_simulate(v, c.len, c.block);
+        if (c.kind == QuantSim::kFp4)
+          numeric::fp4_block_simulate(v, c.len, c.block);
+      }
+      DevVec<float> d_x(x);
+      DSI_EXPECT_OK(launch_quant_sim(QuantSimParams{.x = d_x.get(),
+                                                    .rows = rows,
+                                                    .ld = ld,
+                                                    .len = c.len,
+                                                    .block = c.block,
+                                                    .kind = c.kind,
+                                                    .hadamard = c.hadamard},
+                                     nullptr));
+      sync();
+      expect_bits(want, d_x.download(), "quant_sim");
+    }
+  }
+}
+
+TEST(GpuOpsArgs, RowOpsValidate) {
+  // Checked before any CUDA call: holds without a GPU.
+  EXPECT_TRUE(launch_rms_norm(RmsNormParams{.rows = 0, .dim = 8}, nullptr).ok());
+  EXPECT_EQ(launch_rms_norm(RmsNormParams{.rows = 2, .dim = 8}, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(launch_rope(RopeParams{.tokens = 1, .dim = 4, .half = 3}, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      launch_quant_sim(QuantSimParams{.rows = 1, .len = 48, .hadamard = true}, nullptr).code(),
+      StatusCode::kInvalidArgument);
+  MatrixRef bad;
+  bad.format = WeightFormat::kFloat;
+  bad.dtype = DType::kI32;
+  EXPECT_EQ(launch_embed(EmbedParams{.table = bad, .n = 1}, nullptr).code(),
+            StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace dsinfer::cuda::test

@@ -1,0 +1,488 @@
+// MoE against a transcription of the CPU forward (CpuModel::moe / expert): routing (sqrtsoftplus
+// with bias, sigmoid, softmax, hash via tid2eid), grouping, the grouped SwiGLU expert GEMMs over
+// MXFP4 routed and FP8 shared weights with 1x128 FP8 activation quantisation, and the combine.
+//
+// Tolerances. Router scores: CUDA expf/log1pf are within 2 ulp of glibc, so weights are checked
+// at 1e-5 relative and the selection exactly, except for tokens whose top-(k+1) biased scores
+// contain a pair closer than 1e-5 relative (a legitimate near-tie; counted, must be rare).
+// Expert output: the GEMMs' fp32 order differences (1e-5 of sum |w x|, see gemm_test.cc)
+// propagated through SwiGLU and W2 give a per-output bound 2e-5 * M, with
+// M = sum_pairs sum_i |w2_ci| (|h_i| + |g| (|u_i| A_i + |silu(a_i)| U_i)), A_i / U_i the
+// magnitudes sum |w1 x| / sum |w3 x|. With activation quantisation an ulp of h can also flip one
+// FP8 code of the down projection's input: at most 1% of outputs may use an extra allowance of
+// one FP8 step, 0.13 * max_i |w2_ci h_i|.
+#include "kernels/cuda/moe.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "numeric/quant.h"
+#include "test_util.h"
+
+namespace dsinfer::cuda::test {
+namespace {
+
+struct RouteCase {
+  int64_t n;
+  int64_t n_experts;
+  int64_t k;
+  RouterScoring scoring;
+  bool bias;
+  bool hash;
+};
+
+struct RouteResult {
+  std::vector<int32_t> ids;
+  std::vector<float> gates;
+  std::vector<bool> near_tie;
+};
+
+// CpuModel::moe's routing.
+RouteResult cpu_route(const std::vector<float>& logits,
+                      const RouteCase& c,
+                      const std::vector<float>& bias,
+                      const std::vector<int32_t>& tid2eid,
+                      const std::vector<int32_t>& tokens,
+                      float scaling) {
+  RouteResult r;
+  r.ids.resize(static_cast<size_t>(c.n * c.k));
+  r.gates.resize(r.ids.size());
+  r.near_tie.assign(static_cast<size_t>(c.n), false);
+  std::vector<float> scores = logits;
+  std::vector<float> biased(static_cast<size_t>(c.n_experts));
+  for (int64_t t = 0; t < c.n; ++t) {
+    float* s = scores.data() + t * c.n_experts;
+    switch (c.scoring) {
+      case RouterScoring::kSqrtSoftplus:
+        for (int64_t e = 0; e < c.n_experts; ++e) s[e] = std::sqrt(cpu::softplus(s[e]));
+        break;
+      case RouterScoring::kSigmoid:
+        for (int64_t e = 0; e < c.n_experts; ++e) s[e] = 1.0f / (1.0f + std::exp(-s[e]));
+        break;
+      case RouterScoring::kSoftmax:
+        cpu::softmax(s, c.n_experts);
+        break;
+    }
+    int32_t* sel = r.ids.data() + t * c.k;
+    if (c.hash) {
+      for (int64_t i = 0; i < c.k; ++i) sel[i] = tid2eid[static_cast<size_t>(tokens[t] * c.k + i)];
+    } else {
+      for (int64_t e = 0; e < c.n_experts; ++e) biased[e] = s[e] + (bias.empty() ? 0.0f : bias[e]);
+      const std::vector<int32_t> top = cpu::top_k_indices(biased.data(), c.n_experts, c.k);
+      std::copy(top.begin(), top.end(), sel);
+      const std::vector<int32_t> top1 =
+          cpu::top_k_indices(biased.data(), c.n_experts, std::min(c.k + 1, c.n_experts));
+      for (size_t i = 0; i + 1 < top1.size(); ++i) {
+        const float a = biased[top1[i]];
+        const float b = biased[top1[i + 1]];
+        if (std::fabs(a - b) <= 1e-5f * std::max(std::fabs(a), std::fabs(b)))
+          r.near_tie[t] = true;
+      }
+    }
+    float sum = 0.0f;
+    for (int64_t i = 0; i < c.k; ++i) sum += s[sel[i]];
+    for (int64_t i = 0; i < c.k; ++i) {
+      r.gates[t * c.k + i] = s[sel[i]] / (sum + 1e-20f) * scaling;
+    }
+  }
+  return r;
+}
+
+RouteResult gpu_route(const std::vector<float>& logits,
+                      const RouteCase& c,
+                      const std::vector<float>& bias,
+                      const std::vector<int32_t>& tid2eid,
+                      const std::vector<int32_t>& tokens,
+                      float scaling) {
+  DevVec<float> d_logits(logits), d_bias(bias);
+  DevVec<int32_t> d_tid(tid2eid), d_tok(tokens);
+  DevVec<int32_t> d_ids(static_cast<size_t>(c.n * c.k));
+  DevVec<float> d_w(static_cast<size_t>(c.n * c.k));
+  const Status st = launch_moe_route(MoeRouteParams{.logits = d_logits.get(),
+                                                    .n = c.n,
+                                                    .n_experts = c.n_experts,
+                                                    .k = c.k,
+                                                    .scoring = c.scoring,
+                                                    .bias = c.bias ? d_bias.get() : nullptr,
+                                                    .tid2eid = c.hash ? d_tid.get() : nullptr,
+                                                    .tokens = d_tok.get(),
+                                                    .norm_topk_prob = true,
+                                                    .routed_scaling_factor = scaling,
+                                                    .expert_ids = d_ids.get(),
+                                                    .weights = d_w.get()},
+                                     nullptr);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  sync();
+  return RouteResult{d_ids.download(), d_w.download(), {}};
+}
+
+struct MoeInputs {
+  std::vector<float> logits, bias;
+  std::vector<int32_t> tid2eid, tokens;
+};
+
+MoeInputs make_inputs(const RouteCase& c, uint32_t seed) {
+  MoeInputs in;
+  std::mt19937 rng(seed);
+  in.logits = normal_floats(static_cast<size_t>(c.n * c.n_experts), seed + 1, 2.0f);
+  in.bias = normal_floats(static_cast<size_t>(c.n_experts), seed + 2, 0.1f);
+  const int64_t vocab = 50;
+  in.tid2eid.resize(static_cast<size_t>(vocab * c.k));
+  for (int64_t v = 0; v < vocab; ++v) {
+    std::vector<int32_t> ids(static_cast<size_t>(c.n_experts));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::copy(ids.begin(), ids.begin() + c.k, in.tid2eid.begin() + v * c.k);
+  }
+  in.tokens.resize(static_cast<size_t>(c.n));
+  for (auto& t : in.tokens) t = static_cast<int32_t>(rng() % vocab);
+  return in;
+}
+
+TEST_F(GpuTest, MoeRouteMatchesCpu) {
+  uint32_t seed = 1;
+  int64_t near_ties = 0;
+  int64_t tokens_total = 0;
+  for (int64_t n : {0, 1, 3, 7, 129, 733}) {
+    for (RouteCase c : {RouteCase{n, 256, 6, RouterScoring::kSqrtSoftplus, true, false},
+                        RouteCase{n, 256, 6, RouterScoring::kSqrtSoftplus, false, true},
+                        RouteCase{n, 7, 2, RouterScoring::kSigmoid, true, false},
+                        RouteCase{n, 33, 7, RouterScoring::kSoftmax, false, false},
+                        RouteCase{n, 384, 1, RouterScoring::kSqrtSoftplus, true, false}}) {
+      SCOPED_TRACE("route n " + std::to_string(c.n) + " experts " + std::to_string(c.n_experts) +
+                   " k " + std::to_string(c.k) + (c.hash ? " hash" : ""));
+      const MoeInputs in = make_inputs(c, seed += 7);
+      const std::vector<float> bias = c.bias ? in.bias : std::vector<float>{};
+      const RouteResult want = cpu_route(in.logits, c, bias, in.tid2eid, in.tokens, 1.5f);
+      const RouteResult got = gpu_route(in.logits, c, in.bias, in.tid2eid, in.tokens, 1.5f);
+      for (int64_t t = 0; t < c.n; ++t) {
+        ++tokens_total;
+        if (want.near_tie[t]) {
+          ++near_ties;
+          continue;
+        }
+        for (int64_t i = 0; i < c.k; ++i) {
+          const size_t j = static_cast<size_t>(t * c.k + i);
+          ASSERT_EQ(got.ids[j], want.ids[j]) << "token " << t << " slot " << i;
+          EXPECT_NEAR(got.gates[j], want.gates[j], 1e-5 * std::fabs(want.gates[j]) + 1e-12);
+        }
+      }
+    }
+  }
+  EXPECT_LE(near_ties * 50, tokens_total + 50) << "too many near-ties to be a fair test";
+}
+
+// ---- grouped experts -------------------------------------------------------------------------
+
+struct ExpertSet {
+  std::vector<std::unique_ptr<TestWeight>> store;  // distinct weights (reused by index)
+  std::vector<const TestWeight*> w1, w3, w2;       // per expert
+};
+
+ExpertSet make_experts(
+    Fmt f, int64_t n_experts, int64_t distinct, int64_t hidden, int64_t inter, uint32_t seed) {
+  ExpertSet s;
+  for (int64_t i = 0; i < distinct; ++i) {
+    s.store.push_back(make_weight(f, inter, hidden, seed + 3 * i));
+    s.store.push_back(make_weight(f, inter, hidden, seed + 3 * i + 1));
+    s.store.push_back(make_weight(f, hidden, inter, seed + 3 * i + 2));
+  }
+  for (int64_t e = 0; e < n_experts; ++e) {
+    const int64_t i = (e * 5) % distinct;
+    s.w1.push_back(s.store[3 * i].get());
+    s.w3.push_back(s.store[3 * i + 1].get());
+    s.w2.push_back(s.store[3 * i + 2].get());
+  }
+  return s;
+}
+
+// CpuModel::expert for m rows, plus the magnitude bounds of the tolerance.
+void cpu_expert(const TestWeight& w1,
+                const TestWeight& w3,
+                const TestWeight& w2,
+                const float* x,
+                int64_t m,
+                const float* gates,
+                float limit,
+                bool quant,
+                float* out_accum,
+                double* mag,
+                double* flip) {
+  const int64_t inter = w1.host.rows;
+  const int64_t hidden = w2.host.rows;
+  std::vector<float> a(static_cast<size_t>(m * inter)), u(a.size());
+  cpu::linear(w1.host, x, m, a.data(), quant);
+  cpu::linear(w3.host, x, m, u.data(), quant);
+  std::vector<float> xq(x, x + m * hidden);
+  if (quant) {
+    for (int64_t t = 0; t < m; ++t)
+      numeric::fp8_block_simulate(xq.data() + t * hidden, hidden, 128);
+  }
+  std::vector<double> amag(a.size()), umag(a.size());
+  std::vector<float> row(static_cast<size_t>(hidden));
+  for (int64_t i = 0; i < inter; ++i) {
+    w1.host.dequant_row(i, row.data());
+    for (int64_t t = 0; t < m; ++t) {
+      double s = 0.0;
+      for (int64_t c = 0; c < hidden; ++c) s += std::fabs(row[c] * xq[t * hidden + c]);
+      amag[t * inter + i] = s;
+    }
+    w3.host.dequant_row(i, row.data());
+    for (int64_t t = 0; t < m; ++t) {
+      double s = 0.0;
+      for (int64_t c = 0; c < hidden; ++c) s += std::fabs(row[c] * xq[t * hidden + c]);
+      umag[t * inter + i] = s;
+    }
+  }
+  std::vector<double> hmag(a.size());
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t i = 0; i < inter; ++i) {
+      float g = a[t * inter + i];
+      float v = u[t * inter + i];
+      if (limit > 0.0f) {
+        g = std::min(g, limit);
+        v = std::clamp(v, -limit, limit);
+      }
+      const float h = cpu::silu(g) * v * gates[t];
+      a[t * inter + i] = h;
+      hmag[t * inter + i] =
+          std::fabs(h) + std::fabs(gates[t]) * (std::fabs(v) * amag[t * inter + i] * 1.1 +
+                                                std::fabs(cpu::silu(g)) * umag[t * inter + i]);
+    }
+  }
+  std::vector<float> y(static_cast<size_t>(m * hidden));
+  cpu::linear(w2.host, a.data(), m, y.data(), quant);
+  std::vector<float> w2row(static_cast<size_t>(inter));
+  for (int64_t c = 0; c < hidden; ++c) {
+    w2.host.dequant_row(c, w2row.data());
+    for (int64_t t = 0; t < m; ++t) {
+      double s = 0.0, f = 0.0;
+      for (int64_t i = 0; i < inter; ++i) {
+        s += std::fabs(w2row[i]) * hmag[t * inter + i];
+        f = std::max<double>(f, std::fabs(w2row[i] * a[t * inter + i]));
+      }
+      mag[t * hidden + c] += s;
+      flip[t * hidden + c] = std::max(flip[t * hidden + c], f);
+    }
+  }
+  for (int64_t i = 0; i < m * hidden; ++i) out_accum[i] += y[i];
+}
+
+void run_moe(int64_t n,
+             int64_t n_experts,
+             int64_t k,
+             int64_t hidden,
+             int64_t inter,
+             bool hash,
+             bool quant,
+             int64_t distinct,
+             uint32_t seed) {
+  SCOPED_TRACE("moe n " + std::to_string(n) + " experts " + std::to_string(n_experts) + " k " +
+               std::to_string(k) + " hidden " + std::to_string(hidden) + " inter " +
+               std::to_string(inter) + (hash ? " hash" : "") + (quant ? " q8" : ""));
+  const RouteCase rc{n, n_experts, k, RouterScoring::kSqrtSoftplus, !hash, hash};
+  const MoeInputs in = make_inputs(rc, seed);
+  const float limit = 10.0f;
+  // Activations large enough that the SwiGLU clamps engage for some rows.
+  const std::vector<float> x = normal_floats(static_cast<size_t>(n * hidden), seed + 5, 8.0f);
+  ExpertSet routed = make_experts(Fmt::kMxfp4, n_experts, distinct, hidden, inter, seed + 100);
+  ExpertSet shared = make_experts(Fmt::kFp8E8M0, 1, 1, hidden, inter, seed + 200);
+
+  // GPU routing (selection compared in MoeRouteMatchesCpu); the CPU reference uses the GPU's
+  // selection and weights so that near-ties cannot make the outputs incomparable.
+  const RouteResult r = gpu_route(in.logits, rc, in.bias, in.tid2eid, in.tokens, 1.5f);
+
+  // CPU reference: shared expert, then routed experts in ascending id.
+  std::vector<float> want(static_cast<size_t>(n * hidden), 0.0f);
+  std::vector<double> mag(want.size(), 0.0), flip(want.size(), 0.0);
+  {
+    std::vector<float> ones(static_cast<size_t>(n), 1.0f);
+    cpu_expert(*shared.w1[0],
+               *shared.w3[0],
+               *shared.w2[0],
+               x.data(),
+               n,
+               ones.data(),
+               limit,
+               quant,
+               want.data(),
+               mag.data(),
+               flip.data());
+  }
+  for (int64_t e = 0; e < n_experts; ++e) {
+    std::vector<int64_t> rows;
+    std::vector<float> gs;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < k; ++i) {
+        if (r.ids[t * k + i] == e) {
+          rows.push_back(t);
+          gs.push_back(r.gates[t * k + i]);
+        }
+      }
+    }
+    if (rows.empty())
+      continue;
+    const auto m = static_cast<int64_t>(rows.size());
+    std::vector<float> xs(static_cast<size_t>(m * hidden));
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy(x.begin() + rows[i] * hidden,
+                x.begin() + (rows[i] + 1) * hidden,
+                xs.begin() + i * hidden);
+    }
+    std::vector<float> ys(xs.size(), 0.0f);
+    std::vector<double> ymag(xs.size(), 0.0), yflip(xs.size(), 0.0);
+    cpu_expert(*routed.w1[e],
+               *routed.w3[e],
+               *routed.w2[e],
+               xs.data(),
+               m,
+               gs.data(),
+               limit,
+               quant,
+               ys.data(),
+               ymag.data(),
+               yflip.data());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t c = 0; c < hidden; ++c) {
+        want[rows[i] * hidden + c] += ys[i * hidden + c];
+        mag[rows[i] * hidden + c] += ymag[i * hidden + c];
+        flip[rows[i] * hidden + c] = std::max(flip[rows[i] * hidden + c], yflip[i * hidden + c]);
+      }
+    }
+  }
+
+  // GPU: group, routed experts, shared expert, combine.
+  auto upload_refs = [](const std::vector<const TestWeight*>& ws) {
+    std::vector<MatrixRef> refs;
+    for (const TestWeight* w : ws) refs.push_back(w->dev);
+    std::vector<uint8_t> bytes(refs.size() * sizeof(MatrixRef));
+    std::memcpy(bytes.data(), refs.data(), bytes.size());
+    return DevVec<uint8_t>(bytes);
+  };
+  DevVec<uint8_t> d_w1 = upload_refs(routed.w1), d_w3 = upload_refs(routed.w3),
+                  d_w2 = upload_refs(routed.w2);
+  DevVec<uint8_t> d_s1 = upload_refs(shared.w1), d_s3 = upload_refs(shared.w3),
+                  d_s2 = upload_refs(shared.w2);
+  auto as_refs = [](const DevVec<uint8_t>& v) {
+    return reinterpret_cast<const MatrixRef*>(v.get());
+  };
+  const int64_t pairs = n * k;
+  DevVec<int32_t> d_ids(r.ids);
+  DevVec<float> d_gates(r.gates), d_x(x);
+  DevVec<int64_t> d_begin(static_cast<size_t>(n_experts + 1));
+  DevVec<int32_t> d_src(static_cast<size_t>(std::max<int64_t>(pairs, 1)));
+  DevVec<int32_t> d_pos(static_cast<size_t>(std::max<int64_t>(pairs, 1)));
+  DevVec<float> d_h(static_cast<size_t>(std::max<int64_t>(pairs, n) * inter + 1));
+  DevVec<float> d_y(static_cast<size_t>(pairs * hidden + 1));
+  DevVec<float> d_shared(static_cast<size_t>(n * hidden + 1));
+  DevVec<float> d_out(static_cast<size_t>(n * hidden + 1), 4.0f);
+  DSI_EXPECT_OK(launch_moe_group(MoeGroupParams{.expert_ids = d_ids.get(),
+                                                .n = n,
+                                                .k = k,
+                                                .n_experts = n_experts,
+                                                .expert_begin = d_begin.get(),
+                                                .pair_src = d_src.get(),
+                                                .pair_pos = d_pos.get()},
+                                 nullptr));
+  DSI_EXPECT_OK(launch_expert_ffn(ExpertFfnParams{.w1 = as_refs(d_w1),
+                                                  .w3 = as_refs(d_w3),
+                                                  .w2 = as_refs(d_w2),
+                                                  .n_experts = n_experts,
+                                                  .hidden = hidden,
+                                                  .inter = inter,
+                                                  .expert_begin = d_begin.get(),
+                                                  .pair_src = d_src.get(),
+                                                  .k = k,
+                                                  .gates = d_gates.get(),
+                                                  .x = d_x.get(),
+                                                  .num_pairs = pairs,
+                                                  .swiglu_limit = limit,
+                                                  .quantize_activations = quant,
+                                                  .h = d_h.get(),
+                                                  .y = d_y.get()},
+                                  nullptr));
+  DSI_EXPECT_OK(launch_expert_ffn(ExpertFfnParams{.w1 = as_refs(d_s1),
+                                                  .w3 = as_refs(d_s3),
+                                                  .w2 = as_refs(d_s2),
+                                                  .hidden = hidden,
+                                                  .inter = inter,
+                                                  .x = d_x.get(),
+                                                  .num_pairs = n,
+                                                  .swiglu_limit = limit,
+                                                  .quantize_activations = quant,
+                                                  .h = d_h.get(),
+                                                  .y = d_shared.get()},
+                                  nullptr));
+  DSI_EXPECT_OK(launch_moe_combine(MoeCombineParams{.n = n,
+                                                    .k = k,
+                                                    .hidden = hidden,
+                                                    .y = d_y.get(),
+                                                    .pair_pos = d_pos.get(),
+                                                    .expert_ids = d_ids.get(),
+                                                    .shared = d_shared.get(),
+                                                    .out = d_out.get()},
+                                   nullptr));
+  sync();
+  // Grouping: expert_begin is the exclusive prefix count, pairs ascending within an expert.
+  const std::vector<int64_t> begin = d_begin.download();
+  const std::vector<int32_t> src = d_src.download();
+  EXPECT_EQ(begin.front(), 0);
+  EXPECT_EQ(begin.back(), pairs);
+  for (int64_t e = 0; e < n_experts; ++e) {
+    for (int64_t g = begin[e]; g < begin[e + 1]; ++g) {
+      ASSERT_EQ(r.ids[src[g]], e);
+      if (g > begin[e]) {
+        ASSERT_LT(src[g - 1], src[g]);
+      }
+    }
+  }
+  const std::vector<float> got = d_out.download();
+  int64_t flips = 0;
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (err <= 2e-5 * mag[i] + 1e-30)
+      continue;
+    if (quant && err <= 2e-5 * mag[i] + 0.13 * flip[i]) {
+      ++flips;
+      continue;
+    }
+    if (bad++ < 5)
+      ADD_FAILURE() << "out[" << i << "]: cpu " << want[i] << " gpu " << got[i] << " bound "
+                    << 2e-5 * mag[i];
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_LE(flips * 100, static_cast<int64_t>(want.size()) + 100);
+  EXPECT_EQ(got.back(), 4.0f) << "write past the end";
+}
+
+TEST_F(GpuTest, MoeExpertsMatchCpu) {
+  uint32_t seed = 1000;
+  for (int64_t n : {0, 1, 3, 7, 33}) {
+    for (bool quant : {true, false}) {
+      run_moe(n, 16, 6, 256, 128, false, quant, 4, seed += 500);
+      run_moe(n, 7, 2, 96, 160, true, quant, 3, seed += 500);
+    }
+  }
+  if (!small_mode())
+    run_moe(5, 256, 6, 4096, 2048, false, true, 8, seed += 500);  // Flash shapes, decode batch
+}
+
+TEST(GpuOpsArgs, MoeValidates) {
+  EXPECT_EQ(launch_moe_route(MoeRouteParams{.n = 1, .n_experts = 4, .k = 5}, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(launch_moe_route(MoeRouteParams{.n = 0, .n_experts = 4, .k = 2}, nullptr).ok());
+  EXPECT_EQ(launch_expert_ffn(
+                ExpertFfnParams{.n_experts = 3, .hidden = 8, .inter = 8, .num_pairs = 4}, nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dsinfer::cuda::test
