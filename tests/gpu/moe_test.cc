@@ -178,6 +178,30 @@ TEST_F(GpuTest, MoeRouteMatchesCpu) {
   EXPECT_LE(near_ties * 50, tokens_total + 50) << "too many near-ties to be a fair test";
 }
 
+// Logits from a 9-value grid, so most experts tie exactly with others (ties -> lower id on both
+// sides) and distinct scores are far apart; up to 1024 experts and k = 32 use every bit of the
+// kernel's per-lane "already picked" mask (bit j = expert lane + 32 j).
+TEST_F(GpuTest, MoeRouteExactTiesWideMask) {
+  uint32_t seed = 5;
+  for (int64_t n : {1, 5, 67}) {
+    for (RouteCase c : {RouteCase{n, 1024, 32, RouterScoring::kSigmoid, false, false},
+                        RouteCase{n, 1000, 32, RouterScoring::kSqrtSoftplus, false, false},
+                        RouteCase{n, 65, 17, RouterScoring::kSoftmax, false, false},
+                        RouteCase{n, 32, 32, RouterScoring::kSigmoid, false, false}}) {
+      SCOPED_TRACE("route n " + std::to_string(c.n) + " experts " + std::to_string(c.n_experts) +
+                   " k " + std::to_string(c.k));
+      MoeInputs in = make_inputs(c, seed += 7);
+      std::mt19937 rng(seed);
+      for (float& x : in.logits) x = 0.5f * static_cast<float>(static_cast<int>(rng() % 9) - 4);
+      const RouteResult want = cpu_route(in.logits, c, {}, in.tid2eid, in.tokens, 1.5f);
+      const RouteResult got = gpu_route(in.logits, c, in.bias, in.tid2eid, in.tokens, 1.5f);
+      ASSERT_EQ(got.ids, want.ids);
+      for (size_t j = 0; j < want.gates.size(); ++j)
+        EXPECT_NEAR(got.gates[j], want.gates[j], 1e-5 * std::fabs(want.gates[j]) + 1e-12) << j;
+    }
+  }
+}
+
 // ---- grouped experts -------------------------------------------------------------------------
 
 struct ExpertSet {

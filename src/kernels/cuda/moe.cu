@@ -56,15 +56,17 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRoutePar
     } else {
       for (int64_t e = lane; e < ne; e += 32) b[e] = p.bias ? __fadd_rn(s[e], p.bias[e]) : s[e];
       __syncwarp();
-      // k rounds of a warp argmax (larger value, then lower id), excluding earlier picks.
+      // k rounds of a warp argmax (larger value, then lower id), excluding earlier picks. Each lane
+      // keeps its own picked experts in a register mask (bit j = expert lane + 32 j; ne <= 1024),
+      // so `chosen` is written and read by lane 0 alone (no shared-memory scan, no race).
+      uint32_t taken = 0;
       for (int64_t i = 0; i < p.k; ++i) {
         float best = 0.0f;
         int32_t best_e = -1;
-        for (int64_t e = lane; e < ne; e += 32) {
-          bool taken = false;
-          for (int64_t j = 0; j < i; ++j) taken |= chosen[j] == e;
+        int j = 0;
+        for (int64_t e = lane; e < ne; e += 32, ++j) {
           const float v = b[e];
-          if (taken || v != v)
+          if (((taken >> j) & 1u) != 0 || v != v)
             continue;
           if (best_e < 0 || v > best) {
             best = v;
@@ -80,9 +82,11 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRoutePar
             best_e = oe;
           }
         }
+        best_e = __shfl_sync(0xffffffffu, best_e, 0);  // lane 0's pick, as before
+        if (best_e >= 0 && (best_e & 31) == lane)
+          taken |= 1u << (best_e >> 5);
         if (lane == 0)
           chosen[i] = best_e;
-        __syncwarp();
       }
     }
     __syncwarp();
