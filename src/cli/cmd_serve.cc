@@ -1,0 +1,269 @@
+// `dsinfer serve`: the online server. OpenAI Chat Completions and Responses, Anthropic Messages
+// (SSE streaming and not), /v1/models, /health and Prometheus /metrics over HTTP, in front of
+// the engine (src/server). See docs/server.md.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "engine/engine.h"
+#include "server/engine_loop.h"
+#include "server/generation.h"
+#include "server/log.h"
+#include "server/metrics.h"
+#include "server/protocol.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsinfer::cli {
+
+namespace {
+
+struct ServeArgs {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string device = "cpu";
+  std::vector<std::string> served_model_names;
+  std::string api_key;
+  std::string numerics = "reference";
+  std::string state_memory = "1GiB";
+  int64_t max_num_seqs = 64;
+  int64_t max_tokens_per_step = 256;
+  int64_t max_model_len = 0;
+  int64_t max_queue = 256;
+  int64_t max_prompt_tokens = 0;
+  std::string max_body = "8MiB";
+  double request_timeout_s = 600;
+  double shutdown_grace_s = 60;
+  double idle_timeout_s = 60;
+  int io_threads = 2;
+  std::string model_version = "v4";
+  std::string log_level = "info";
+  std::string debug_scripted_output;
+  double debug_step_delay_ms = 0;
+};
+
+Result<int64_t> parse_bytes(const std::string& flag, const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  const std::string unit(end);
+  double mul = 0;
+  if (unit.empty() || unit == "B") {
+    mul = 1;
+  } else if (unit == "K" || unit == "KB" || unit == "KiB") {
+    mul = 1024.0;
+  } else if (unit == "M" || unit == "MB" || unit == "MiB") {
+    mul = 1024.0 * 1024;
+  } else if (unit == "G" || unit == "GB" || unit == "GiB") {
+    mul = 1024.0 * 1024 * 1024;
+  }
+  if (mul == 0 || !(v > 0)) {
+    return invalid_argument(flag + ": cannot parse size `" + s + "` (e.g. 512KiB, 8MiB, 2GiB)");
+  }
+  return static_cast<int64_t>(v * mul);
+}
+
+std::string basename_of(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  return slash == std::string::npos ? dir : dir.substr(slash + 1);
+}
+
+int run_serve(const ServeArgs& a) {
+  server::LogLevel level;
+  if (!server::parse_log_level(a.log_level.c_str(), &level)) {
+    return fail(invalid_argument("--log-level must be debug, info, warn, error or off"));
+  }
+  server::set_log_level(level);
+  if (a.device != "cpu" && a.device != "cuda") {
+    return fail(invalid_argument("--device must be `cpu` or `cuda`"));
+  }
+  if (a.device == "cuda") {
+    return fail(unimplemented(
+        "--device cuda: the engine runs on the CPU backend only in this build; use --device cpu"));
+  }
+  if (a.port < 0 || a.port > 65535)
+    return fail(invalid_argument("--port must be in [0, 65535]"));
+  if (a.max_queue < 0)
+    return fail(invalid_argument("--max-queue must be >= 0"));
+  if (a.io_threads < 1 || a.io_threads > 256)
+    return fail(invalid_argument("--io-threads must be in [1, 256]"));
+  if (a.request_timeout_s < 0 || a.shutdown_grace_s < 0 || a.idle_timeout_s <= 0) {
+    return fail(invalid_argument(
+        "--request-timeout and --shutdown-grace must be >= 0, --idle-timeout > 0 (seconds)"));
+  }
+  auto numerics = parse_numerics(a.numerics);
+  if (!numerics.ok())
+    return fail(numerics.status());
+  auto budget = parse_bytes("--state-memory", a.state_memory);
+  if (!budget.ok())
+    return fail(budget.status());
+  auto max_body = parse_bytes("--max-body-bytes", a.max_body);
+  if (!max_body.ok())
+    return fail(max_body.status());
+  auto version = parse_model_version(a.model_version);
+  if (!version.ok())
+    return fail(version.status());
+  const std::string model_dir = resolve_model_dir(a.model_dir);
+
+  auto tok = tokenizer::Tokenizer::load(model_dir + "/tokenizer.json");
+  if (!tok.ok()) {
+    return fail(tok.status().with_context("the server needs the model's tokenizer.json"));
+  }
+  engine::EngineConfig ec;
+  ec.model_dir = model_dir;
+  ec.numerics = *numerics;
+  ec.state_budget_bytes = *budget;
+  ec.max_model_len = a.max_model_len;
+  ec.scheduler.max_running = a.max_num_seqs;
+  ec.scheduler.max_tokens_per_step = a.max_tokens_per_step;
+  auto eng = engine::Engine::create(ec);
+  if (!eng.ok())
+    return fail(eng.status());
+  const model::ModelConfig& mc = (*eng)->model_config();
+  const int64_t max_context = a.max_model_len > 0
+                                  ? std::min(a.max_model_len, mc.max_position_embeddings)
+                                  : mc.max_position_embeddings;
+  int64_t max_prompt = max_context - 1;
+  if (a.max_prompt_tokens > 0)
+    max_prompt = std::min(a.max_prompt_tokens, max_prompt);
+
+  std::unique_ptr<server::ScriptedOutputs> scripted;
+  if (!a.debug_scripted_output.empty()) {
+    auto s = server::ScriptedOutputs::load(
+        a.debug_scripted_output, **tok, static_cast<int32_t>(mc.eos_token_id));
+    if (!s.ok())
+      return fail(s.status());
+    scripted = std::move(s).value();
+    DSI_LOG_WARN(
+        "TEST MODE: --debug-scripted-output %s (%zu rules) replaces the model's tokens "
+        "for matching requests",
+        a.debug_scripted_output.c_str(),
+        scripted->size());
+  }
+  if (a.debug_step_delay_ms > 0) {
+    DSI_LOG_WARN("TEST MODE: --debug-step-delay-ms %.1f slows every engine step",
+                 a.debug_step_delay_ms);
+  }
+
+  server::ServerOptions so;
+  so.host = a.host;
+  so.port = static_cast<uint16_t>(a.port);
+  so.model_names = a.served_model_names;
+  if (so.model_names.empty())
+    so.model_names.push_back(basename_of(model_dir));
+  so.api_key = a.api_key;
+  if (so.api_key.empty()) {
+    if (const char* env = std::getenv("DSINFER_API_KEY"))
+      so.api_key = env;
+  }
+  so.io_threads = a.io_threads;
+  so.max_body_bytes = *max_body;
+  so.idle_timeout_s = a.idle_timeout_s;
+  so.shutdown_grace_s = a.shutdown_grace_s;
+  so.max_model_len = max_context;
+
+  server::ServingContext ctx;
+  ctx.tokenizer = tok->get();
+  ctx.version = *version;
+  ctx.decode.served_models = so.model_names;
+  ctx.max_context = max_context;
+  ctx.max_prompt_tokens = max_prompt;
+  ctx.request_timeout_s = a.request_timeout_s;
+  ctx.scripted = scripted.get();
+
+  server::Metrics metrics;
+  metrics.set_max_concurrency(a.max_num_seqs, a.max_queue);
+  server::EngineLoop loop(std::move(eng).value(),
+                          **tok,
+                          &metrics,
+                          a.max_num_seqs + a.max_queue,
+                          a.debug_step_delay_ms / 1e3);
+  server::Server srv(so, ctx, &loop, &metrics);
+  Status s = srv.listen();
+  if (!s.ok())
+    return fail(s);
+  loop.start();
+  DSI_LOG_INFO(
+      "serving %s as '%s' on http://%s:%u (context %lld tokens, %lld running + %lld "
+      "queued requests, state memory %s, %d I/O threads%s)",
+      model_dir.c_str(),
+      so.model_names.front().c_str(),
+      so.host.c_str(),
+      static_cast<unsigned>(srv.port()),
+      static_cast<long long>(max_context),
+      static_cast<long long>(a.max_num_seqs),
+      static_cast<long long>(a.max_queue),
+      a.state_memory.c_str(),
+      a.io_threads,
+      so.api_key.empty() ? "" : ", API key required");
+  srv.run(/*handle_signals=*/true);
+  loop.stop();
+  DSI_LOG_INFO("server stopped");
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Serve the model over HTTP: OpenAI Chat Completions/Responses, Anthropic Messages");
+  cmd->add_option(
+      "--model", a->model_dir, "Model directory (default: $DSINFER_MODEL or the bundled model)");
+  cmd->add_option("--host", a->host, "Address to bind (default 127.0.0.1: loopback only)");
+  cmd->add_option("--port", a->port, "TCP port (default 8000; 0 = any free port)");
+  cmd->add_option("--device", a->device, "cpu | cuda (default cpu)");
+  cmd->add_option("--served-model-name",
+                  a->served_model_names,
+                  "Model name(s) the API answers to (repeatable; default: the model "
+                  "directory's name)");
+  cmd->add_option("--api-key",
+                  a->api_key,
+                  "Require this key (Authorization: Bearer KEY or x-api-key: KEY); default "
+                  "$DSINFER_API_KEY, else no authentication");
+  cmd->add_option("--numerics", a->numerics, "reference | deepseek");
+  cmd->add_option("--state-memory", a->state_memory, "Sequence-state memory budget (default 1GiB)");
+  cmd->add_option("--max-num-seqs", a->max_num_seqs, "Requests running at once (default 64)");
+  cmd->add_option("--max-tokens-per-step",
+                  a->max_tokens_per_step,
+                  "Token budget of one engine step (default 256)");
+  cmd->add_option("--max-model-len",
+                  a->max_model_len,
+                  "Context limit, prompt + output tokens (default: the model's)");
+  cmd->add_option("--max-queue",
+                  a->max_queue,
+                  "Requests that may wait for a running slot; beyond that 429 (default 256)");
+  cmd->add_option("--max-prompt-tokens",
+                  a->max_prompt_tokens,
+                  "Longest prompt accepted, in tokens (default: the context limit - 1)");
+  cmd->add_option(
+      "--max-body-bytes", a->max_body, "Largest request body (default 8MiB); larger ones get 413");
+  cmd->add_option("--request-timeout",
+                  a->request_timeout_s,
+                  "Seconds a request may take from admission to its last token (default 600; "
+                  "0 = none)");
+  cmd->add_option("--shutdown-grace",
+                  a->shutdown_grace_s,
+                  "Seconds in-flight requests get to finish after SIGTERM (default 60)");
+  cmd->add_option("--idle-timeout",
+                  a->idle_timeout_s,
+                  "Seconds to wait for a request on an open connection (default 60)");
+  cmd->add_option("--io-threads", a->io_threads, "HTTP I/O threads (default 2)");
+  cmd->add_option("--model-version", a->model_version, "Prompt format: v4 | v4-0731 | v4.1");
+  cmd->add_option("--log-level", a->log_level, "debug | info | warn | error | off");
+  cmd->add_option("--debug-scripted-output",
+                  a->debug_scripted_output,
+                  "TEST ONLY: JSON rules that replace the model's output for matching requests "
+                  "(see docs/server.md)");
+  cmd->add_option(
+      "--debug-step-delay-ms", a->debug_step_delay_ms, "TEST ONLY: sleep after every engine step");
+  cmd->callback([a, &exit_code] { exit_code = run_serve(*a); });
+}
+
+}  // namespace dsinfer::cli

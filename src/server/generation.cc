@@ -1,0 +1,161 @@
+#include "server/generation.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace dsinfer::server {
+
+using recipe::OutputEvent;
+
+OutputPipeline::OutputPipeline(const tokenizer::Tokenizer& tok,
+                               recipe::OutputParserOptions options,
+                               std::vector<int32_t> script)
+    : decoder_(tok, /*skip_special=*/false),
+      parser_(options),
+      script_(std::move(script)),
+      in_reasoning_(options.start == recipe::ParseStart::kReasoningStart ||
+                    options.start == recipe::ParseStart::kReasoning) {}
+
+void OutputPipeline::push(std::vector<OutputEvent> evs, Seen* seen) {
+  for (OutputEvent& e : evs) {
+    switch (e.type) {
+      case OutputEvent::Type::kReasoningDelta:
+        in_reasoning_ = true;
+        seen->reasoning = true;
+        break;
+      case OutputEvent::Type::kContentDelta:
+      case OutputEvent::Type::kToolCallStart:
+      case OutputEvent::Type::kToolCallArgumentsDelta:
+      case OutputEvent::Type::kToolCallEnd:
+        in_reasoning_ = false;
+        seen->answer = true;
+        break;
+      case OutputEvent::Type::kFinish:
+        finish_reason_ = e.finish;
+        break;
+    }
+    events_.push_back(std::move(e));
+  }
+}
+
+bool OutputPipeline::feed(int32_t sampled_token) {
+  if (finished_)
+    return true;
+  int32_t token = sampled_token;
+  if (!script_.empty()) {
+    const size_t i = static_cast<size_t>(tokens_);
+    token = i < script_.size() ? script_[i] : script_.back();
+  }
+  ++tokens_;
+  // A token counts as reasoning when it produced reasoning text, or produced nothing (held back,
+  // or `</think>` itself) while the output was in reasoning.
+  const bool was_reasoning = in_reasoning_;
+  Seen seen;
+  if (!parser_.done()) {
+    Result<std::string> text = decoder_.feed(token);
+    // An id with no token (a model vocabulary padded past the tokenizer's) contributes nothing.
+    if (text.ok() && !text->empty())
+      push(parser_.feed(*text), &seen);
+  }
+  if (seen.reasoning || (was_reasoning && !seen.answer))
+    ++reasoning_tokens_;
+  return parser_.done();
+}
+
+void OutputPipeline::finish(recipe::FinishReason backend_reason) {
+  if (finished_)
+    return;
+  finished_ = true;
+  Seen unused;
+  if (!parser_.done()) {
+    std::string rest = decoder_.flush();
+    if (!rest.empty())
+      push(parser_.feed(rest), &unused);
+  }
+  push(parser_.finish(backend_reason), &unused);
+}
+
+std::vector<OutputEvent> OutputPipeline::take_events() {
+  std::vector<OutputEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+std::string last_input_text(const recipe::Conversation& conversation) {
+  for (auto it = conversation.messages.rbegin(); it != conversation.messages.rend(); ++it) {
+    if (it->role != recipe::Role::kUser && it->role != recipe::Role::kTool)
+      continue;
+    if (it->blocks.empty())
+      return it->content;
+    std::string text;
+    for (const recipe::ContentBlock& b : it->blocks) {
+      if (b.type != recipe::ContentBlock::Type::kUnsupported)
+        text += b.text;
+    }
+    return text;
+  }
+  return "";
+}
+
+Result<std::unique_ptr<ScriptedOutputs>> ScriptedOutputs::load(const std::string& path,
+                                                               const tokenizer::Tokenizer& tok,
+                                                               int32_t eos_token_id) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return not_found("--debug-scripted-output: cannot open " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto r = from_json(ss.str(), tok, eos_token_id);
+  if (!r.ok())
+    return r.status().with_context(path);
+  return r;
+}
+
+Result<std::unique_ptr<ScriptedOutputs>> ScriptedOutputs::from_json(std::string_view json_text,
+                                                                    const tokenizer::Tokenizer& tok,
+                                                                    int32_t eos_token_id) {
+  using nlohmann::json;
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return invalid_argument("scripted outputs: not a JSON object");
+  auto rules = j.find("rules");
+  if (rules == j.end() || !rules->is_array())
+    return invalid_argument("scripted outputs: `rules` must be a list");
+  std::unique_ptr<ScriptedOutputs> s(new ScriptedOutputs(tok, eos_token_id));
+  for (size_t i = 0; i < rules->size(); ++i) {
+    const json& r = (*rules)[i];
+    auto m = r.is_object() ? r.find("match") : r.end();
+    auto o = r.is_object() ? r.find("output") : r.end();
+    if (!r.is_object() || m == r.end() || o == r.end() || !m->is_string() || !o->is_string()) {
+      return invalid_argument("scripted outputs: rules[" + std::to_string(i) +
+                              "] needs string fields `match` and `output`");
+    }
+    s->rules_.push_back({m->get<std::string>(), o->get<std::string>()});
+  }
+  return s;
+}
+
+std::optional<std::vector<int32_t>> ScriptedOutputs::select(
+    const recipe::GenerationRequest& request) const {
+  const std::string user = last_input_text(request.conversation);
+  for (const Rule& r : rules_) {
+    if (user.find(r.match) == std::string::npos)
+      continue;
+    std::string text = r.output;
+    static constexpr std::string_view kVar = "{last_user}";
+    for (size_t at = text.find(kVar); at != std::string::npos; at = text.find(kVar, at)) {
+      text.replace(at, kVar.size(), user);
+      at += user.size();
+    }
+    auto ids = tok_->encode(text, /*allow_special=*/true);
+    if (!ids.ok())
+      return std::nullopt;
+    std::vector<int32_t> out = std::move(ids).value();
+    out.push_back(eos_);
+    return out;
+  }
+  return std::nullopt;
+}
+
+}  // namespace dsinfer::server

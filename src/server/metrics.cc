@@ -1,0 +1,245 @@
+#include "server/metrics.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+namespace dsinfer::server {
+
+namespace {
+
+std::string fmt_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+void header(std::string* out, const char* name, const char* type, const char* help) {
+  *out += "# HELP ";
+  *out += name;
+  *out += ' ';
+  *out += help;
+  *out += "\n# TYPE ";
+  *out += name;
+  *out += ' ';
+  *out += type;
+  *out += '\n';
+}
+
+void sample(std::string* out, const std::string& name, int64_t v) {
+  *out += name;
+  *out += ' ';
+  *out += std::to_string(v);
+  *out += '\n';
+}
+
+// Label values are route names and reasons chosen by the server; escape anyway.
+std::string label_value(std::string_view v) {
+  std::string s;
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      s += '\\';
+      s += c;
+    } else if (c == '\n') {
+      s += "\\n";
+    } else {
+      s += c;
+    }
+  }
+  return s;
+}
+
+std::vector<double> latency_buckets() {
+  return {0.001,
+          0.0025,
+          0.005,
+          0.01,
+          0.025,
+          0.05,
+          0.075,
+          0.1,
+          0.25,
+          0.5,
+          0.75,
+          1.0,
+          2.5,
+          5.0,
+          7.5,
+          10.0,
+          20.0,
+          40.0,
+          80.0};
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::render(const std::string& name, std::string* out) const {
+  int64_t cum = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cum += counts_[i];
+    *out += name + "_bucket{le=\"" + (i < bounds_.size() ? fmt_double(bounds_[i]) : "+Inf") +
+            "\"} " + std::to_string(cum) + "\n";
+  }
+  *out += name + "_sum " + fmt_double(sum_) + "\n";
+  *out += name + "_count " + std::to_string(count_) + "\n";
+}
+
+Metrics::Metrics()
+    : ttft_(latency_buckets()),
+      itl_({0.0005,
+            0.001,
+            0.0025,
+            0.005,
+            0.01,
+            0.025,
+            0.05,
+            0.075,
+            0.1,
+            0.15,
+            0.2,
+            0.3,
+            0.4,
+            0.5,
+            0.75,
+            1.0,
+            2.5,
+            5.0}),
+      duration_(latency_buckets()) {}
+
+void Metrics::count_request(std::string_view endpoint, int status) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++requests_[{std::string(endpoint), status}];
+}
+
+void Metrics::add_prompt_tokens(int64_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  prompt_tokens_ += n;
+}
+
+void Metrics::on_token(double itl_s) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++generation_tokens_;
+  if (itl_s >= 0)
+    itl_.observe(itl_s);
+}
+
+void Metrics::observe_ttft(double s) {
+  std::lock_guard<std::mutex> l(mu_);
+  ttft_.observe(s);
+}
+
+void Metrics::observe_request_duration(double s) {
+  std::lock_guard<std::mutex> l(mu_);
+  duration_.observe(s);
+}
+
+void Metrics::count_abort(std::string_view reason) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++aborts_[std::string(reason)];
+}
+
+void Metrics::set_gauges(const EngineGauges& g) {
+  std::lock_guard<std::mutex> l(mu_);
+  gauges_ = g;
+}
+
+void Metrics::set_max_concurrency(int64_t running, int64_t queue) {
+  std::lock_guard<std::mutex> l(mu_);
+  max_running_ = running;
+  max_queue_ = queue;
+}
+
+int64_t Metrics::requests(std::string_view endpoint, int status) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = requests_.find({std::string(endpoint), status});
+  return it == requests_.end() ? 0 : it->second;
+}
+
+int64_t Metrics::aborts(std::string_view reason) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = aborts_.find(std::string(reason));
+  return it == aborts_.end() ? 0 : it->second;
+}
+
+EngineGauges Metrics::gauges() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return gauges_;
+}
+
+std::string Metrics::render() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string out;
+  out.reserve(8192);
+  header(&out, "dsinfer_requests_total", "counter", "HTTP requests by endpoint and status code.");
+  for (const auto& [key, n] : requests_) {
+    out += "dsinfer_requests_total{endpoint=\"" + label_value(key.first) + "\",status=\"" +
+           std::to_string(key.second) + "\"} " + std::to_string(n) + "\n";
+  }
+  header(&out,
+         "dsinfer_requests_aborted_total",
+         "counter",
+         "Generation requests ended early, by reason (disconnect, timeout, shutdown, error).");
+  for (const char* reason : {"disconnect", "timeout", "shutdown", "error"}) {
+    auto it = aborts_.find(reason);
+    out += std::string("dsinfer_requests_aborted_total{reason=\"") + reason + "\"} " +
+           std::to_string(it == aborts_.end() ? 0 : it->second) + "\n";
+  }
+  header(&out, "dsinfer_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.");
+  sample(&out, "dsinfer_prompt_tokens_total", prompt_tokens_);
+  header(&out, "dsinfer_generation_tokens_total", "counter", "Generated tokens.");
+  sample(&out, "dsinfer_generation_tokens_total", generation_tokens_);
+  header(&out,
+         "dsinfer_time_to_first_token_seconds",
+         "histogram",
+         "Time from admission to the first generated token.");
+  ttft_.render("dsinfer_time_to_first_token_seconds", &out);
+  header(&out,
+         "dsinfer_inter_token_latency_seconds",
+         "histogram",
+         "Time between consecutive generated tokens of a request.");
+  itl_.render("dsinfer_inter_token_latency_seconds", &out);
+  header(&out,
+         "dsinfer_request_duration_seconds",
+         "histogram",
+         "Time from admission to the end of generation.");
+  duration_.render("dsinfer_request_duration_seconds", &out);
+  header(&out, "dsinfer_queue_depth", "gauge", "Admitted requests waiting to run.");
+  sample(&out, "dsinfer_queue_depth", gauges_.queue_depth);
+  header(&out, "dsinfer_running_requests", "gauge", "Requests holding sequence state.");
+  sample(&out, "dsinfer_running_requests", gauges_.running);
+  header(&out, "dsinfer_requests_in_flight", "gauge", "Admitted requests not yet finished.");
+  sample(&out, "dsinfer_requests_in_flight", gauges_.in_flight);
+  header(&out,
+         "dsinfer_max_requests",
+         "gauge",
+         "Admission limits: running sequences and queue slots (429 beyond their sum).");
+  out += "dsinfer_max_requests{kind=\"running\"} " + std::to_string(max_running_) + "\n";
+  out += "dsinfer_max_requests{kind=\"queue\"} " + std::to_string(max_queue_) + "\n";
+  header(&out,
+         "dsinfer_state_memory_bytes",
+         "gauge",
+         "Sequence-state memory (the one budget of the state arena), used and total.");
+  out += "dsinfer_state_memory_bytes{kind=\"used\"} " + std::to_string(gauges_.state_used_bytes) +
+         "\n";
+  out += "dsinfer_state_memory_bytes{kind=\"total\"} " + std::to_string(gauges_.state_total_bytes) +
+         "\n";
+  header(&out, "dsinfer_state_memory_used_bytes", "gauge", "Sequence-state memory in use.");
+  sample(&out, "dsinfer_state_memory_used_bytes", gauges_.state_used_bytes);
+  header(&out, "dsinfer_engine_steps_total", "counter", "Engine iterations.");
+  sample(&out, "dsinfer_engine_steps_total", gauges_.steps);
+  header(&out, "dsinfer_engine_preemptions_total", "counter", "Sequences preempted for memory.");
+  sample(&out, "dsinfer_engine_preemptions_total", gauges_.preemptions);
+  return out;
+}
+
+}  // namespace dsinfer::server

@@ -1,0 +1,78 @@
+// Server metrics in the Prometheus text exposition format (version 0.0.4), hand-written:
+// counters, gauges and fixed-bucket histograms behind one mutex. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace dsinfer::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double v);
+  // `name`_bucket{le=…}, `name`_sum, `name`_count lines (HELP/TYPE written by the caller).
+  void render(const std::string& name, std::string* out) const;
+  int64_t count() const { return count_; }
+  double sum() const { return sum_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<int64_t> counts_;  // per bucket (not cumulative); +Inf last
+  double sum_ = 0;
+  int64_t count_ = 0;
+};
+
+// Engine-side gauges, published by the engine loop after every iteration.
+struct EngineGauges {
+  int64_t queue_depth = 0;  // admitted requests not yet running (inbox + engine waiting)
+  int64_t running = 0;      // requests holding sequence state
+  int64_t in_flight = 0;    // admitted and not finished (queue_depth + running + finishing)
+  int64_t state_used_bytes = 0;
+  int64_t state_total_bytes = 0;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+
+  // One finished HTTP exchange. `endpoint` is a route label (see server.cc), never raw input.
+  void count_request(std::string_view endpoint, int status);
+  void add_prompt_tokens(int64_t n);
+  // One generated token; `itl_s` >= 0 is the gap since the request's previous token.
+  void on_token(double itl_s);
+  void observe_ttft(double s);
+  void observe_request_duration(double s);
+  void count_abort(std::string_view reason);  // disconnect | timeout | shutdown | error
+  void set_gauges(const EngineGauges& g);
+  void set_max_concurrency(int64_t running, int64_t queue);
+
+  std::string render() const;
+
+  // For tests.
+  int64_t requests(std::string_view endpoint, int status) const;
+  int64_t aborts(std::string_view reason) const;
+  EngineGauges gauges() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, int64_t> requests_;
+  std::map<std::string, int64_t> aborts_;
+  int64_t prompt_tokens_ = 0;
+  int64_t generation_tokens_ = 0;
+  Histogram ttft_;
+  Histogram itl_;
+  Histogram duration_;
+  EngineGauges gauges_;
+  int64_t max_running_ = 0;
+  int64_t max_queue_ = 0;
+};
+
+}  // namespace dsinfer::server

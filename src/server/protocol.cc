@@ -1,0 +1,214 @@
+#include "server/protocol.h"
+
+#include <utility>
+
+#include "base/strings.h"
+#include "frontend/prepare.h"
+#include "sampling/sampler.h"
+
+namespace dsinfer::server {
+
+const char* endpoint_label(Endpoint e) {
+  switch (e) {
+    case Endpoint::kChat:
+      return "/v1/chat/completions";
+    case Endpoint::kResponses:
+      return "/v1/responses";
+    case Endpoint::kMessages:
+      return "/v1/messages";
+  }
+  return "/v1/chat/completions";
+}
+
+namespace {
+
+const char* prompt_param(Endpoint e) {
+  return e == Endpoint::kResponses ? "input" : "messages";
+}
+
+const char* max_tokens_param(Endpoint e) {
+  return e == Endpoint::kResponses ? "max_output_tokens" : "max_tokens";
+}
+
+// The leading field name of an engine/sampler validation message ("top_p must be ...").
+std::string leading_field(const std::string& message) {
+  size_t n = 0;
+  while (n < message.size() && ((message[n] >= 'a' && message[n] <= 'z') || message[n] == '_')) {
+    ++n;
+  }
+  if (n == 0 || n >= message.size() || message[n] != ' ')
+    return "";
+  std::string field = message.substr(0, n);
+  return field == "prompt" ? "" : field;
+}
+
+}  // namespace
+
+api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
+                                                std::string_view body,
+                                                const ServingContext& ctx,
+                                                uint64_t default_seed) {
+  api::ApiResult<recipe::GenerationRequest> decoded = [&] {
+    switch (endpoint) {
+      case Endpoint::kChat:
+        return api::decode_chat_request(body, ctx.decode);
+      case Endpoint::kResponses:
+        return api::decode_responses_request(body, ctx.decode);
+      case Endpoint::kMessages:
+        return api::decode_messages_request(body, ctx.decode);
+    }
+    return api::decode_chat_request(body, ctx.decode);
+  }();
+  if (!decoded.ok())
+    return decoded.error();
+  PreparedRequest p;
+  p.request = std::move(decoded).value();
+  const recipe::GenerationRequest& req = p.request;
+
+  auto prompt = frontend::prepare_conversation(req, *ctx.tokenizer, ctx.version);
+  if (!prompt.ok())
+    return api::invalid_request(prompt_param(endpoint), prompt.status().message());
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt->tokens.size());
+  if (prompt_tokens > ctx.max_prompt_tokens) {
+    api::ApiError e = api::invalid_request(
+        prompt_param(endpoint),
+        str_format("The prompt is %lld tokens long; this server accepts at most %lld prompt "
+                   "tokens. Shorten the %s.",
+                   static_cast<long long>(prompt_tokens),
+                   static_cast<long long>(ctx.max_prompt_tokens),
+                   prompt_param(endpoint)));
+    e.code = "context_length_exceeded";
+    return e;
+  }
+  api::ApiResult<int64_t> max_tokens = api::resolve_max_tokens(req, prompt_tokens, ctx.max_context);
+  if (!max_tokens.ok()) {
+    api::ApiError e = max_tokens.error();
+    if (e.param.empty())
+      e.param = max_tokens_param(endpoint);
+    return e;
+  }
+
+  engine::RequestSpec& spec = p.job.spec;
+  spec.prompt = std::move(prompt->tokens);
+  spec.sampling = frontend::to_sampling(req.sampling, default_seed);
+  spec.max_tokens = max_tokens.value();
+  spec.stop_token_ids = req.sampling.stop_token_ids;
+  spec.ignore_eos = req.sampling.ignore_eos;
+  Status valid = sampling::validate(spec.sampling);
+  if (!valid.ok())
+    return api::invalid_request(leading_field(valid.message()), valid.message());
+  p.job.parser = prompt->parser;
+  p.job.timeout_s = ctx.request_timeout_s;
+  if (ctx.scripted != nullptr) {
+    if (auto script = ctx.scripted->select(req))
+      p.job.script = std::move(*script);
+  }
+  return p;
+}
+
+std::string render_error(Endpoint endpoint, const api::ApiError& e) {
+  return endpoint == Endpoint::kMessages ? api::render_anthropic_error(e)
+                                         : api::render_openai_error(e);
+}
+
+api::ApiError rejection_error(const Status& s) {
+  if (s.code() == StatusCode::kFailedPrecondition) {
+    api::ApiError e;
+    e.http_status = 503;
+    e.type = "service_unavailable";
+    e.message = s.message();
+    return e;
+  }
+  if (s.code() == StatusCode::kInvalidArgument)
+    return api::invalid_request(leading_field(s.message()), s.message());
+  return api::internal_error(s.message());
+}
+
+std::optional<api::ApiError> completion_error(const Completion& c) {
+  api::ApiError e;
+  switch (c.cause) {
+    case EndCause::kNone:
+    case EndCause::kDisconnect:
+      return std::nullopt;
+    case EndCause::kTimeout:
+      e.http_status = 504;
+      e.type = "timeout_error";
+      e.message = "The request did not finish within the server's per-request timeout.";
+      return e;
+    case EndCause::kShutdown:
+      e.http_status = 503;
+      e.type = "service_unavailable";
+      e.message = "The server is shutting down; the request was stopped.";
+      return e;
+    case EndCause::kError:
+      return api::internal_error("Generation failed: " +
+                                 (c.error.empty() ? std::string("engine error") : c.error));
+  }
+  return std::nullopt;
+}
+
+ProtocolEncoder::ProtocolEncoder(Endpoint endpoint,
+                                 const recipe::GenerationRequest& request,
+                                 const api::ResponseMeta& meta) {
+  switch (endpoint) {
+    case Endpoint::kChat:
+      chat_ = std::make_unique<api::ChatStreamEncoder>(request, meta);
+      break;
+    case Endpoint::kResponses:
+      responses_ = std::make_unique<api::ResponsesStreamEncoder>(request, meta);
+      break;
+    case Endpoint::kMessages:
+      messages_ = std::make_unique<api::MessagesStreamEncoder>(request, meta);
+      break;
+  }
+}
+
+ProtocolEncoder::~ProtocolEncoder() = default;
+
+std::string ProtocolEncoder::start(const recipe::Usage& prompt_usage) {
+  if (chat_)
+    return chat_->start();
+  if (responses_)
+    return responses_->start();
+  return messages_->start(prompt_usage);
+}
+
+std::string ProtocolEncoder::add(const std::vector<recipe::OutputEvent>& events) {
+  std::string out;
+  for (const recipe::OutputEvent& e : events) {
+    if (chat_) {
+      out += chat_->add(e);
+    } else if (responses_) {
+      out += responses_->add(e);
+    } else {
+      out += messages_->add(e);
+    }
+  }
+  return out;
+}
+
+std::string ProtocolEncoder::finish(const recipe::Usage& usage) {
+  if (chat_)
+    return chat_->finish(usage);
+  if (responses_)
+    return responses_->finish(usage);
+  return messages_->finish(usage);
+}
+
+std::string ProtocolEncoder::error(const api::ApiError& e) {
+  if (chat_)
+    return chat_->error(e);
+  if (responses_)
+    return responses_->error(e);
+  return messages_->error(e);
+}
+
+std::string ProtocolEncoder::response_json(const recipe::Usage& usage) const {
+  if (chat_)
+    return chat_->response_json(usage);
+  if (responses_)
+    return responses_->response_json(usage);
+  return messages_->response_json(usage);
+}
+
+}  // namespace dsinfer::server

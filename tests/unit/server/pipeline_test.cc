@@ -1,0 +1,233 @@
+// OutputPipeline (token ids -> decoder -> parser -> events, reasoning-token accounting) and the
+// test-only ScriptedOutputs, driven by a deterministic token source: model text tokenized with
+// the fixture tokenizer and fed one id at a time.
+#include <gtest/gtest.h>
+
+#include "recipe/encoder.h"
+#include "recipe/output_parser.h"
+#include "recipe/tokens.h"
+#include "server/generation.h"
+#include "server_test_util.h"
+
+namespace dsinfer::server {
+namespace {
+
+using recipe::FinishReason;
+using recipe::OutputEvent;
+using recipe::OutputParserOptions;
+using recipe::ParseStart;
+using testing::tok;
+
+OutputParserOptions thinking_parser() {
+  OutputParserOptions o;
+  o.start = ParseStart::kReasoningStart;
+  o.parse_tool_calls = true;
+  return o;
+}
+
+std::vector<int32_t> ids(const std::string& text) {
+  return tok().encode(text, /*allow_special=*/true).value();
+}
+
+std::string tool_call_text() {
+  recipe::ToolCall call;
+  call.name = "get_weather";
+  call.arguments = R"({"city": "Paris", "days": 3})";
+  return recipe::render_tool_calls({call}, recipe::ModelVersion::kV4);
+}
+
+// Feeds every id; returns the events of the whole run (finish() included).
+std::vector<OutputEvent> run(OutputPipeline& p,
+                             const std::vector<int32_t>& tokens,
+                             FinishReason backend = FinishReason::kStop) {
+  std::vector<OutputEvent> all;
+  for (int32_t t : tokens) {
+    p.feed(t);
+    for (auto& e : p.take_events()) all.push_back(std::move(e));
+  }
+  p.finish(backend);
+  for (auto& e : p.take_events()) all.push_back(std::move(e));
+  return all;
+}
+
+TEST(OutputPipeline, ReasoningContentToolCallMatchesWholeTextParse) {
+  const std::string text = "Let me think: weather needs a tool.</think>Checking.\n\n" +
+                           tool_call_text() + std::string(recipe::tok::kEos);
+  OutputPipeline p(tok(), thinking_parser());
+  std::vector<OutputEvent> events = run(p, ids(text));
+  recipe::ParsedMessage got = recipe::aggregate_events(events);
+  recipe::ParsedMessage want = recipe::parse_completion(text, thinking_parser());
+  EXPECT_EQ(got.reasoning, want.reasoning);
+  EXPECT_EQ(got.reasoning, "Let me think: weather needs a tool.");
+  EXPECT_EQ(got.content, "Checking.");
+  ASSERT_EQ(got.tool_calls.size(), 1u);
+  EXPECT_EQ(got.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(got.tool_calls[0].arguments, want.tool_calls[0].arguments);
+  EXPECT_EQ(got.finish, FinishReason::kToolCalls);
+  EXPECT_TRUE(p.done());
+  // Reasoning tokens: those of the reasoning text plus the closing </think>.
+  const int64_t reasoning = static_cast<int64_t>(ids("Let me think: weather needs a tool.").size());
+  EXPECT_GE(p.reasoning_tokens(), reasoning);
+  EXPECT_LE(p.reasoning_tokens(), reasoning + 1);
+  EXPECT_EQ(p.tokens(), static_cast<int64_t>(ids(text).size()));
+}
+
+TEST(OutputPipeline, EndsAtEosAndIgnoresLaterTokens) {
+  OutputParserOptions o;
+  o.start = ParseStart::kContentStart;
+  OutputPipeline p(tok(), o);
+  bool done = false;
+  for (int32_t t : ids("Hello")) done = p.feed(t);
+  EXPECT_FALSE(done);
+  EXPECT_TRUE(p.feed(testing::eos_id()));
+  EXPECT_TRUE(p.feed(ids("x")[0]));  // ignored
+  p.finish(FinishReason::kStop);
+  recipe::ParsedMessage m = recipe::aggregate_events(p.take_events());
+  EXPECT_EQ(m.content, "Hello");
+  EXPECT_EQ(m.finish, FinishReason::kStop);
+  EXPECT_EQ(p.reasoning_tokens(), 0);
+}
+
+TEST(OutputPipeline, StopSequenceEndsOutputInContentOnly) {
+  OutputParserOptions o = thinking_parser();
+  o.stop_sequences = {"STOP"};
+  OutputPipeline p(tok(), o);
+  bool done_at_stop = false;
+  for (int32_t t : ids("no STOP in reasoning</think>one two STOP three")) {
+    if (p.feed(t)) {
+      done_at_stop = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(done_at_stop);
+  p.finish(FinishReason::kStop);
+  recipe::ParsedMessage m = recipe::aggregate_events(p.take_events());
+  EXPECT_EQ(m.reasoning, "no STOP in reasoning");
+  EXPECT_EQ(m.content, "one two ");
+  EXPECT_EQ(m.finish, FinishReason::kStopSequence);
+  EXPECT_EQ(m.stop_sequence, "STOP");
+}
+
+TEST(OutputPipeline, MultiByteCharactersSplitAcrossTokensStayValidUtf8) {
+  OutputParserOptions o;
+  o.start = ParseStart::kContentStart;
+  OutputPipeline p(tok(), o);
+  const std::string text = "héllo wörld 你好 🙂";
+  std::vector<OutputEvent> events = run(p, ids(text));
+  std::string joined;
+  for (const auto& e : events) {
+    if (e.type == OutputEvent::Type::kContentDelta) {
+      // Every delta is valid UTF-8 on its own: no lead byte without its continuation bytes.
+      int need = 0;
+      for (unsigned char c : e.text) {
+        if (need > 0) {
+          EXPECT_EQ(c & 0xC0, 0x80);
+          --need;
+        } else if (c >= 0xF0) {
+          need = 3;
+        } else if (c >= 0xE0) {
+          need = 2;
+        } else if (c >= 0xC0) {
+          need = 1;
+        }
+      }
+      EXPECT_EQ(need, 0) << e.text;
+      joined += e.text;
+    }
+  }
+  EXPECT_EQ(joined, text);
+}
+
+TEST(OutputPipeline, LengthFinishCompletesAnOpenToolCall) {
+  const std::string text = "</think>" + tool_call_text();
+  std::vector<int32_t> all = ids(text);
+  all.resize(all.size() - 6);  // cut inside the call
+  OutputPipeline p(tok(), thinking_parser());
+  recipe::ParsedMessage m = recipe::aggregate_events(run(p, all, FinishReason::kLength));
+  EXPECT_EQ(m.finish, FinishReason::kLength);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].arguments.front(), '{');
+  EXPECT_EQ(m.tool_calls[0].arguments.back(), '}');
+}
+
+TEST(OutputPipeline, ScriptReplacesSampledTokens) {
+  OutputParserOptions o;
+  o.start = ParseStart::kContentStart;
+  OutputPipeline p(tok(), o, testing::script_ids("scripted answer"));
+  bool done = false;
+  int fed = 0;
+  while (!done && fed < 100) {
+    done = p.feed(ids("z")[0]);  // whatever the model sampled
+    ++fed;
+  }
+  EXPECT_TRUE(done);
+  p.finish(FinishReason::kStop);
+  EXPECT_EQ(recipe::aggregate_events(p.take_events()).content, "scripted answer");
+  EXPECT_EQ(fed, static_cast<int>(testing::script_ids("scripted answer").size()));
+}
+
+TEST(OutputPipeline, FinishIsIdempotentAndAbortedReasonSurvives) {
+  OutputParserOptions o;
+  o.start = ParseStart::kContentStart;
+  OutputPipeline p(tok(), o);
+  for (int32_t t : ids("partial")) p.feed(t);
+  p.finish(FinishReason::kAborted);
+  p.finish(FinishReason::kStop);
+  std::vector<OutputEvent> events = p.take_events();
+  int finishes = 0;
+  for (const auto& e : events) finishes += e.type == OutputEvent::Type::kFinish;
+  EXPECT_EQ(finishes, 1);
+  EXPECT_EQ(p.finish_reason(), FinishReason::kAborted);
+}
+
+recipe::GenerationRequest request_with_user(const std::string& text) {
+  recipe::GenerationRequest r;
+  recipe::Message m;
+  m.role = recipe::Role::kUser;
+  m.content = text;
+  r.conversation.messages.push_back(m);
+  return r;
+}
+
+TEST(ScriptedOutputs, SelectsByLastUserMessageAndEchoes) {
+  auto s = ScriptedOutputs::from_json(
+      R"({"rules":[{"match":"[[tool]]","output":"A</think>B"},
+                   {"match":"[[echo]]","output":"echo: {last_user}"}]})",
+      tok(),
+      testing::eos_id());
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_FALSE((*s)->select(request_with_user("nothing")).has_value());
+  auto a = (*s)->select(request_with_user("x [[tool]] y"));
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->back(), testing::eos_id());
+  auto b = (*s)->select(request_with_user("[[echo]] 42"));
+  ASSERT_TRUE(b.has_value());
+  std::vector<int32_t> text(b->begin(), b->end() - 1);
+  EXPECT_EQ(tok().decode(text).value(), "echo: [[echo]] 42");
+
+  recipe::GenerationRequest blocks;
+  recipe::Message m;
+  m.role = recipe::Role::kUser;
+  recipe::ContentBlock part;
+  part.text = "[[to";
+  m.blocks.push_back(part);
+  part.text = "ol]]";
+  m.blocks.push_back(part);
+  blocks.conversation.messages.push_back(m);
+  EXPECT_EQ(last_input_text(blocks.conversation), "[[tool]]");
+  EXPECT_TRUE((*s)->select(blocks).has_value());
+}
+
+TEST(ScriptedOutputs, RejectsMalformedFiles) {
+  for (const char* bad : {"",
+                          "[]",
+                          "{\"rules\":{}}",
+                          "{\"rules\":[{\"match\":1,\"output\":\"x\"}]}",
+                          "{\"rules\":[{\"match\":\"a\"}]}"}) {
+    EXPECT_FALSE(ScriptedOutputs::from_json(bad, tok(), 1).ok()) << bad;
+  }
+  EXPECT_FALSE(ScriptedOutputs::load("/nonexistent/rules.json", tok(), 1).ok());
+}
+
+}  // namespace
+}  // namespace dsinfer::server

@@ -1,0 +1,278 @@
+// The protocol layer without HTTP: request decoding + prompt limits into engine jobs, the
+// protocol error shapes, and each protocol's stream encoder fed a deterministic event stream.
+// Also the Prometheus exposition.
+#include "server/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "recipe/encoder.h"
+#include "recipe/output_parser.h"
+#include "recipe/tokens.h"
+#include "server/metrics.h"
+#include "server_test_util.h"
+
+namespace dsinfer::server {
+namespace {
+
+using nlohmann::json;
+using testing::tok;
+
+ServingContext context() {
+  ServingContext c;
+  c.tokenizer = &tok();
+  c.version = recipe::ModelVersion::kV4;
+  c.decode.served_models = {"tiny"};
+  c.max_context = 4096;
+  c.max_prompt_tokens = 200;
+  c.request_timeout_s = 30;
+  return c;
+}
+
+api::ApiError error_of(Endpoint e, const std::string& body) {
+  auto r = prepare_request(e, body, context(), 1);
+  EXPECT_FALSE(r.ok()) << body;
+  return r.ok() ? api::ApiError{} : r.error();
+}
+
+TEST(PrepareRequest, ChatBuildsTheEngineJob) {
+  auto r = prepare_request(Endpoint::kChat,
+                           R"({"model":"tiny","messages":[{"role":"user","content":"Hi"}],
+                               "max_tokens":7,"stop":["X"],"seed":5,"temperature":0.5,
+                               "thinking":{"type":"disabled"}})",
+                           context(),
+                           99);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const Job& j = r->job;
+  EXPECT_FALSE(j.spec.prompt.empty());
+  EXPECT_EQ(j.spec.max_tokens, 7);
+  EXPECT_EQ(j.spec.sampling.seed, 5u);
+  EXPECT_FLOAT_EQ(j.spec.sampling.temperature, 0.5f);
+  EXPECT_EQ(j.parser.start, recipe::ParseStart::kContentStart);
+  EXPECT_EQ(j.parser.stop_sequences, std::vector<std::string>{"X"});
+  EXPECT_EQ(j.timeout_s, 30);
+  EXPECT_TRUE(j.script.empty());
+  // Thinking on (the default): the output starts in reasoning; default seed when none given.
+  auto t = prepare_request(Endpoint::kChat,
+                           R"({"model":"tiny","messages":[{"role":"user","content":"Hi"}]})",
+                           context(),
+                           99);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->job.parser.start, recipe::ParseStart::kReasoningStart);
+  EXPECT_EQ(t->job.spec.sampling.seed, 99u);
+  EXPECT_EQ(t->job.spec.max_tokens, 4096 - static_cast<int64_t>(t->job.spec.prompt.size()));
+}
+
+TEST(PrepareRequest, MessagesAndResponses) {
+  auto m = prepare_request(Endpoint::kMessages,
+                           R"({"model":"claude-x","max_tokens":5,
+                               "messages":[{"role":"user","content":"Hi"}]})",
+                           context(),
+                           1);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->job.spec.max_tokens, 5);
+  auto r = prepare_request(
+      Endpoint::kResponses, R"({"model":"tiny","input":"Hi","max_output_tokens":6})", context(), 1);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->job.spec.max_tokens, 6);
+}
+
+TEST(PrepareRequest, BadInputIsAProtocolError) {
+  EXPECT_EQ(error_of(Endpoint::kChat, "{not json").http_status, 400);
+  api::ApiError wrong_type = error_of(Endpoint::kChat, R"({"model":"tiny","messages":"hello"})");
+  EXPECT_EQ(wrong_type.param, "messages");
+  api::ApiError unknown =
+      error_of(Endpoint::kChat, R"({"model":"gpt-9","messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(unknown.code, "model_not_found");
+  EXPECT_NE(unknown.message.find("gpt-9"), std::string::npos);
+  api::ApiError temp =
+      error_of(Endpoint::kChat,
+               R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"temperature":7})");
+  EXPECT_EQ(temp.param, "temperature");
+  api::ApiError n = error_of(
+      Endpoint::kChat, R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"n":2})");
+  EXPECT_EQ(n.param, "n");
+  api::ApiError top_p = error_of(
+      Endpoint::kMessages,
+      R"({"model":"tiny","max_tokens":4,"top_p":1.5,"messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(top_p.http_status, 400);
+  EXPECT_EQ(error_of(Endpoint::kMessages, R"({"model":"tiny","messages":[]})").http_status, 400);
+}
+
+TEST(PrepareRequest, PromptAndOutputLimits) {
+  std::string long_text;
+  for (int i = 0; i < 300; ++i) long_text += "word" + std::to_string(i) + " ";
+  api::ApiError e = error_of(
+      Endpoint::kChat,
+      json({{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", long_text}}}}}).dump());
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  EXPECT_EQ(e.param, "messages");
+  EXPECT_NE(e.message.find("at most 200 prompt tokens"), std::string::npos) << e.message;
+  api::ApiError r =
+      error_of(Endpoint::kResponses, json({{"model", "tiny"}, {"input", long_text}}).dump());
+  EXPECT_EQ(r.param, "input");
+  api::ApiError big =
+      error_of(Endpoint::kChat,
+               R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"max_tokens":5000})");
+  EXPECT_EQ(big.http_status, 400);
+  EXPECT_EQ(big.param, "max_tokens");
+}
+
+TEST(PrepareRequest, ScriptedRulesApply) {
+  auto s = ScriptedOutputs::from_json(
+      R"({"rules":[{"match":"[[s]]","output":"hi"}]})", tok(), testing::eos_id());
+  ASSERT_TRUE(s.ok());
+  ServingContext c = context();
+  c.scripted = s->get();
+  auto r = prepare_request(
+      Endpoint::kChat, R"({"model":"tiny","messages":[{"role":"user","content":"[[s]]"}]})", c, 1);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->job.script.empty());
+}
+
+TEST(ServerErrors, ShapesAndMappings) {
+  api::ApiError e = api::invalid_request("messages", "bad");
+  json o = json::parse(render_error(Endpoint::kChat, e));
+  EXPECT_EQ(o["error"]["param"], "messages");
+  EXPECT_EQ(o["error"]["type"], "invalid_request_error");
+  json a = json::parse(render_error(Endpoint::kMessages, e));
+  EXPECT_EQ(a["type"], "error");
+  EXPECT_EQ(a["error"]["type"], "invalid_request_error");
+
+  EXPECT_EQ(rejection_error(invalid_argument("top_p must be in (0, 1], got 2")).param, "top_p");
+  EXPECT_EQ(rejection_error(invalid_argument("prompt (5 tokens) exceeds")).param, "");
+  EXPECT_EQ(rejection_error(failed_precondition("shutting down")).http_status, 503);
+  Completion c;
+  EXPECT_FALSE(completion_error(c).has_value());
+  c.cause = EndCause::kDisconnect;
+  EXPECT_FALSE(completion_error(c).has_value());
+  c.cause = EndCause::kTimeout;
+  EXPECT_EQ(completion_error(c)->http_status, 504);
+  c.cause = EndCause::kShutdown;
+  EXPECT_EQ(completion_error(c)->http_status, 503);
+  c.cause = EndCause::kError;
+  c.error = "boom";
+  EXPECT_EQ(completion_error(c)->http_status, 500);
+  EXPECT_NE(completion_error(c)->message.find("boom"), std::string::npos);
+}
+
+// Events for: reasoning, content, one tool call, via the real parser.
+std::vector<recipe::OutputEvent> sample_events() {
+  recipe::ToolCall call;
+  call.name = "get_weather";
+  call.arguments = R"({"city": "Paris"})";
+  const std::string text = "Think.</think>Answer.\n\n" +
+                           recipe::render_tool_calls({call}, recipe::ModelVersion::kV4) +
+                           std::string(recipe::tok::kEos);
+  recipe::OutputParserOptions o;
+  o.start = recipe::ParseStart::kReasoningStart;
+  recipe::OutputParser p(o);
+  std::vector<recipe::OutputEvent> evs = p.feed(text);
+  for (auto& e : p.finish(recipe::FinishReason::kStop)) evs.push_back(std::move(e));
+  return evs;
+}
+
+recipe::GenerationRequest decoded(Endpoint e, const std::string& body) {
+  ServingContext c = context();
+  c.max_prompt_tokens = 4000;
+  auto r = prepare_request(e, body, c, 1);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? r->request : recipe::GenerationRequest{};
+}
+
+TEST(ProtocolEncoder, EachProtocolStreamsAndBuildsTheResponse) {
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])";
+  struct Case {
+    Endpoint endpoint;
+    std::string body;
+    std::string last_frame;
+  } cases[] = {
+      {Endpoint::kChat,
+       R"({"model":"tiny","stream":true,"messages":[{"role":"user","content":"w"}],)" + tools + "}",
+       "data: [DONE]\n\n"},
+      {Endpoint::kMessages,
+       R"({"model":"tiny","stream":true,"max_tokens":50,"messages":[{"role":"user","content":"w"}],
+          "tools":[{"name":"get_weather","input_schema":{"type":"object"}}]})",
+       "event: message_stop\n"},
+      {Endpoint::kResponses,
+       R"({"model":"tiny","stream":true,"input":"w",
+          "tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}]})",
+       "event: response.completed\n"},
+  };
+  recipe::Usage u;
+  u.prompt_tokens = 10;
+  u.completion_tokens = 20;
+  u.reasoning_tokens = 3;
+  for (const Case& c : cases) {
+    recipe::GenerationRequest req = decoded(c.endpoint, c.body);
+    ProtocolEncoder enc(c.endpoint, req, api::ResponseMeta{});
+    recipe::Usage prompt_usage;
+    prompt_usage.prompt_tokens = 10;
+    std::string sse = enc.start(prompt_usage);
+    sse += enc.add(sample_events());
+    sse += enc.finish(u);
+    EXPECT_NE(sse.rfind(c.last_frame), std::string::npos) << endpoint_label(c.endpoint) << sse;
+    EXPECT_NE(sse.find("get_weather"), std::string::npos);
+    json body = json::parse(enc.response_json(u));
+    EXPECT_NE(body.dump().find("Paris"), std::string::npos) << body.dump();
+    EXPECT_NE(body.dump().find("Answer."), std::string::npos);
+    ProtocolEncoder failing(c.endpoint, req, api::ResponseMeta{});
+    (void)failing.start(prompt_usage);
+    std::string err = failing.error(api::internal_error("boom"));
+    EXPECT_NE(err.find("boom"), std::string::npos) << err;
+  }
+}
+
+TEST(ServerMetrics, PrometheusExposition) {
+  Metrics m;
+  m.count_request("/v1/chat/completions", 200);
+  m.count_request("/v1/chat/completions", 200);
+  m.count_request("/v1/messages", 429);
+  m.add_prompt_tokens(12);
+  m.on_token(-1);
+  m.on_token(0.004);
+  m.observe_ttft(0.02);
+  m.count_abort("disconnect");
+  EngineGauges g;
+  g.running = 3;
+  g.queue_depth = 2;
+  g.state_used_bytes = 4096;
+  g.state_total_bytes = 1 << 20;
+  m.set_gauges(g);
+  const std::string text = m.render();
+  for (const char* line : {
+           "dsinfer_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2\n",
+           "dsinfer_requests_total{endpoint=\"/v1/messages\",status=\"429\"} 1\n",
+           "dsinfer_prompt_tokens_total 12\n",
+           "dsinfer_generation_tokens_total 2\n",
+           "dsinfer_inter_token_latency_seconds_bucket{le=\"0.005\"} 1\n",
+           "dsinfer_inter_token_latency_seconds_count 1\n",
+           "dsinfer_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1\n",
+           "dsinfer_requests_aborted_total{reason=\"disconnect\"} 1\n",
+           "dsinfer_running_requests 3\n",
+           "dsinfer_queue_depth 2\n",
+           "dsinfer_state_memory_used_bytes 4096\n",
+           "dsinfer_state_memory_bytes{kind=\"total\"} 1048576\n",
+           "# TYPE dsinfer_time_to_first_token_seconds histogram\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+  }
+  // Every sample line is `name{labels} value`.
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    ASSERT_NE(end, std::string::npos);
+    std::string l = text.substr(pos, end - pos);
+    if (l[0] != '#') {
+      EXPECT_EQ(l.rfind("dsinfer_", 0), 0u) << l;
+      EXPECT_NE(l.find(' '), std::string::npos) << l;
+    }
+    pos = end + 1;
+  }
+}
+
+}  // namespace
+}  // namespace dsinfer::server
