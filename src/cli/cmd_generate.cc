@@ -223,27 +223,6 @@ Job make_job(const json& line,
   return job;
 }
 
-Result<int64_t> parse_size(const std::string& s) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  std::string unit(end);
-  double mul = 1;
-  if (unit == "" || unit == "B") {
-    mul = 1;
-  } else if (unit == "KiB" || unit == "K" || unit == "KB") {
-    mul = 1024.0;
-  } else if (unit == "MiB" || unit == "M" || unit == "MB") {
-    mul = 1024.0 * 1024;
-  } else if (unit == "GiB" || unit == "G" || unit == "GB") {
-    mul = 1024.0 * 1024 * 1024;
-  } else {
-    return invalid_argument("--state-memory: cannot parse size `" + s + "` (e.g. 512MiB, 2GiB)");
-  }
-  if (!(v > 0))
-    return invalid_argument("--state-memory must be positive, got `" + s + "`");
-  return static_cast<int64_t>(v * mul);
-}
-
 double percentile(std::vector<double> v, double q) {
   if (v.empty())
     return 0.0;
@@ -268,7 +247,7 @@ int run_generate(const GenerateArgs& a) {
   auto numerics = parse_numerics(a.numerics);
   if (!numerics.ok())
     return fail(numerics.status());
-  auto budget = parse_size(a.state_memory);
+  auto budget = parse_bytes("--state-memory", a.state_memory);
   if (!budget.ok())
     return fail(budget.status());
   auto version = parse_model_version(a.model_version);

@@ -48,26 +48,6 @@ struct ServeArgs {
   double debug_step_delay_ms = 0;
 };
 
-Result<int64_t> parse_bytes(const std::string& flag, const std::string& s) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  const std::string unit(end);
-  double mul = 0;
-  if (unit.empty() || unit == "B") {
-    mul = 1;
-  } else if (unit == "K" || unit == "KB" || unit == "KiB") {
-    mul = 1024.0;
-  } else if (unit == "M" || unit == "MB" || unit == "MiB") {
-    mul = 1024.0 * 1024;
-  } else if (unit == "G" || unit == "GB" || unit == "GiB") {
-    mul = 1024.0 * 1024 * 1024;
-  }
-  if (mul == 0 || !(v > 0)) {
-    return invalid_argument(flag + ": cannot parse size `" + s + "` (e.g. 512KiB, 8MiB, 2GiB)");
-  }
-  return static_cast<int64_t>(v * mul);
-}
-
 std::string basename_of(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const size_t slash = dir.rfind('/');

@@ -53,6 +53,26 @@ Result<model::Numerics> parse_numerics(const std::string& s) {
   return invalid_argument("--numerics must be `reference` or `deepseek`, got `" + s + "`");
 }
 
+Result<int64_t> parse_bytes(const std::string& flag, const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  const std::string unit(end);
+  double mul = 0;
+  if (unit.empty() || unit == "B") {
+    mul = 1;
+  } else if (unit == "K" || unit == "KB" || unit == "KiB") {
+    mul = 1024.0;
+  } else if (unit == "M" || unit == "MB" || unit == "MiB") {
+    mul = 1024.0 * 1024;
+  } else if (unit == "G" || unit == "GB" || unit == "GiB") {
+    mul = 1024.0 * 1024 * 1024;
+  }
+  if (mul == 0 || !(v > 0)) {
+    return invalid_argument(flag + ": cannot parse size `" + s + "` (e.g. 512KiB, 8MiB, 2GiB)");
+  }
+  return static_cast<int64_t>(v * mul);
+}
+
 Result<recipe::ModelVersion> parse_model_version(const std::string& s) {
   if (s == "v4")
     return recipe::ModelVersion::kV4;

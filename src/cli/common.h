@@ -16,6 +16,8 @@ int fail(const Status& s);
 // "0,17,42" -> ids; errors name the offending item.
 Result<std::vector<int32_t>> parse_token_ids(const std::string& csv);
 Result<model::Numerics> parse_numerics(const std::string& s);
+// "512MiB", "2GiB", "8MB", "4096" -> bytes; errors name `flag`.
+Result<int64_t> parse_bytes(const std::string& flag, const std::string& s);
 // "v4" | "v4-0731" | "v4.1".
 Result<recipe::ModelVersion> parse_model_version(const std::string& s);
 // --model value, else $DSINFER_MODEL, else the bundled model (models/<name> under the current
