@@ -13,6 +13,7 @@
 #include <set>
 #include <utility>
 
+#include "base/file.h"
 #include "base/strings.h"
 
 namespace dsinfer::model {
@@ -43,33 +44,6 @@ std::string shape_str(const std::vector<int64_t>& shape) {
     s += std::to_string(shape[i]);
   }
   return s + "]";
-}
-
-Result<std::string> read_text_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    const int err = errno;
-    if (err == ENOENT) {
-      return not_found(path + ": no such file");
-    }
-    return io_error(path + ": cannot open: " + std::strerror(err));
-  }
-  std::string text;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
-    text.append(buf, n);
-    if (text.size() > (size_t{1} << 30)) {
-      std::fclose(f);
-      return invalid_argument(path + ": file is larger than 1 GiB");
-    }
-  }
-  const bool err = std::ferror(f) != 0;
-  std::fclose(f);
-  if (err) {
-    return io_error(path + ": read error");
-  }
-  return text;
 }
 
 bool is_digits(const std::string& s) {
@@ -241,7 +215,7 @@ Status CheckpointBinder::load_files() {
   const std::string index_path = dir + "/" + kIndexName;
   std::error_code ec;
   if (fs::exists(index_path, ec)) {
-    DSI_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path));
+    DSI_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path, uint64_t{1} << 30));
     json idx = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (idx.is_discarded()) {
       return data_loss(index_path + ": not valid JSON");

@@ -13,6 +13,7 @@
 #include <numbers>
 #include <set>
 
+#include "base/file.h"
 #include "base/strings.h"
 
 namespace dsinfer::model {
@@ -429,7 +430,8 @@ Status plan_from_compress_ratios(const Fields& f, const json& j, const char* nam
     }
   }
   if (distinct.size() > 2) {
-    return f.error(name, "has more than two distinct non-zero ratios (expected one CSA and one HCA)");
+    return f.error(name,
+                   "has more than two distinct non-zero ratios (expected one CSA and one HCA)");
   }
   if (distinct.size() == 2) {
     csa_ratio = std::min(distinct[0], distinct[1]);
@@ -826,29 +828,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
 }
 
 Result<ModelConfig> load_model_config(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    const int err = errno;
-    if (err == ENOENT) {
-      return not_found(path + ": no such file");
-    }
-    return io_error(path + ": cannot open: " + std::strerror(err));
-  }
-  std::string text;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
-    text.append(buf, n);
-    if (text.size() > (size_t{64} << 20)) {
-      std::fclose(f);
-      return invalid_argument(path + ": config file is larger than 64 MiB");
-    }
-  }
-  const bool read_error = std::ferror(f) != 0;
-  std::fclose(f);
-  if (read_error) {
-    return io_error(path + ": read error");
-  }
+  DSI_ASSIGN_OR_RETURN(std::string text, read_text_file(path, uint64_t{64} << 20));
   return parse_model_config(text, path);
 }
 
