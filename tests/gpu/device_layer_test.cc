@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "device/allocator.h"
-#include "numeric/counter_rng.h"
 #include "device/device_error.h"
 #include "device/stream.h"
+#include "numeric/counter_rng.h"
 #include "sampling/sampler.h"
 #include "test_util.h"
 

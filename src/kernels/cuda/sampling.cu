@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <string>
 
-#include "numeric/counter_rng.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/sampling.h"
+#include "numeric/counter_rng.h"
 
 namespace dsinfer::cuda {
 namespace {
