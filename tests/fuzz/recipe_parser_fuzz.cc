@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "recipe/output_parser.h"
+#include "tokenizer/utf8.h"
 
 namespace {
 
@@ -62,42 +63,9 @@ const char* const kMarkers[] = {
 constexpr size_t kNumMarkers = sizeof(kMarkers) / sizeof(kMarkers[0]);
 
 // Strict UTF-8 (no overlong forms, surrogates or code points above U+10FFFF), as JSON parsers
-// require.
+// require: the tokenizer's validator.
 bool valid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      n = 1;
-      cp = c;
-    } else if ((c >> 5) == 6) {
-      n = 2;
-      cp = c & 0x1F;
-    } else if ((c >> 4) == 14) {
-      n = 3;
-      cp = c & 0x0F;
-    } else if ((c >> 3) == 30) {
-      n = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + n > s.size())
-      return false;
-    for (size_t k = 1; k < n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xC0) != 0x80)
-        return false;
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-      return false;
-    i += n;
-  }
-  return true;
+  return dsinfer::tokenizer::utf8::is_valid(s);
 }
 
 bool is_delta(OutputEvent::Type t) {
