@@ -28,7 +28,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 struct GenerateArgs {
-  std::string model_dir;
+  EngineFlags engine;
   std::string prompt;
   std::string prompt_token_ids;
   std::string messages;
@@ -47,11 +47,6 @@ struct GenerateArgs {
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
   int32_t logprobs = 0;
-  std::string numerics = "reference";
-  std::string state_memory = "1GiB";
-  int64_t max_num_seqs = 64;
-  int64_t max_tokens_per_step = 256;
-  std::string model_version = "v4";
   std::string thinking = "off";
   bool no_progress = false;
 };
@@ -244,27 +239,14 @@ int run_generate(const GenerateArgs& a) {
   if (!a.input.empty() && a.output.empty()) {
     return fail(invalid_argument("--input needs --output FILE.jsonl"));
   }
-  auto numerics = parse_numerics(a.numerics);
-  if (!numerics.ok())
-    return fail(numerics.status());
-  auto budget = parse_bytes("--state-memory", a.state_memory);
-  if (!budget.ok())
-    return fail(budget.status());
-  auto version = parse_model_version(a.model_version);
-  if (!version.ok())
-    return fail(version.status());
+  auto setup = resolve_engine_flags(a.engine);
+  if (!setup.ok())
+    return fail(setup.status());
   if (a.thinking != "on" && a.thinking != "off") {
     return fail(invalid_argument("--thinking must be `on` or `off`"));
   }
-  const std::string model_dir = resolve_model_dir(a.model_dir);
-
-  engine::EngineConfig ec;
-  ec.model_dir = model_dir;
-  ec.numerics = *numerics;
-  ec.state_budget_bytes = *budget;
-  ec.scheduler.max_running = a.max_num_seqs;
-  ec.scheduler.max_tokens_per_step = a.max_tokens_per_step;
-  auto eng = engine::Engine::create(ec);
+  const std::string model_dir = setup->config.model_dir;
+  auto eng = engine::Engine::create(setup->config);
   if (!eng.ok())
     return fail(eng.status());
   engine::Engine& e = **eng;
@@ -320,7 +302,7 @@ int run_generate(const GenerateArgs& a) {
   std::vector<Job> jobs;
   jobs.reserve(lines.size());
   for (const json& line : lines) {
-    jobs.push_back(line.is_string() ? Job{} : make_job(line, a, tok.get(), *version));
+    jobs.push_back(line.is_string() ? Job{} : make_job(line, a, tok.get(), setup->version));
     if (line.is_string())
       jobs.back().error = line.get<std::string>();
     Job& job = jobs.back();
@@ -466,8 +448,7 @@ int run_generate(const GenerateArgs& a) {
 void add_generate_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate completions offline");
-  cmd->add_option(
-      "--model", a->model_dir, "Model directory (default: $DSINFER_MODEL or the bundled model)");
+  add_engine_flags(cmd, &a->engine);
   cmd->add_option("--prompt", a->prompt, "Prompt text (completion, no chat template)");
   cmd->add_option("--prompt-token-ids", a->prompt_token_ids, "Prompt as comma-separated ids");
   cmd->add_option("--messages",
@@ -491,13 +472,6 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--frequency-penalty", a->frequency_penalty, "[-2, 2]");
   cmd->add_option("--repetition-penalty", a->repetition_penalty, "(0, 10], 1 = off");
   cmd->add_option("--logprobs", a->logprobs, "Top logprobs to compute per token (0..20)");
-  cmd->add_option("--numerics", a->numerics, "reference | deepseek");
-  cmd->add_option("--state-memory", a->state_memory, "Sequence-state memory budget (default 1GiB)");
-  cmd->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once (default 64)");
-  cmd->add_option("--max-tokens-per-step",
-                  a->max_tokens_per_step,
-                  "Token budget of one engine step (default 256)");
-  cmd->add_option("--model-version", a->model_version, "Prompt format: v4 | v4-0731 | v4.1");
   cmd->add_option("--thinking", a->thinking, "Chat thinking mode: on | off (default off)");
   cmd->add_flag("--no-progress", a->no_progress, "No progress bar");
   cmd->callback([a, &exit_code] { exit_code = run_generate(*a); });

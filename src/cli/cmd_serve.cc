@@ -24,17 +24,12 @@ namespace dsinfer::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model_dir;
+  EngineFlags engine;
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string device = "cpu";
   std::vector<std::string> served_model_names;
   std::string api_key;
-  std::string numerics = "reference";
-  std::string state_memory = "1GiB";
-  int64_t max_num_seqs = 64;
-  int64_t max_tokens_per_step = 256;
-  int64_t max_model_len = 0;
   int64_t max_queue = 256;
   int64_t max_prompt_tokens = 0;
   std::string max_body = "8MiB";
@@ -42,7 +37,6 @@ struct ServeArgs {
   double shutdown_grace_s = 60;
   double idle_timeout_s = 60;
   int io_threads = 2;
-  std::string model_version = "v4";
   std::string log_level = "info";
   std::string debug_scripted_output;
   double debug_step_delay_ms = 0;
@@ -77,37 +71,24 @@ int run_serve(const ServeArgs& a) {
     return fail(invalid_argument(
         "--request-timeout and --shutdown-grace must be >= 0, --idle-timeout > 0 (seconds)"));
   }
-  auto numerics = parse_numerics(a.numerics);
-  if (!numerics.ok())
-    return fail(numerics.status());
-  auto budget = parse_bytes("--state-memory", a.state_memory);
-  if (!budget.ok())
-    return fail(budget.status());
+  auto setup = resolve_engine_flags(a.engine);
+  if (!setup.ok())
+    return fail(setup.status());
   auto max_body = parse_bytes("--max-body-bytes", a.max_body);
   if (!max_body.ok())
     return fail(max_body.status());
-  auto version = parse_model_version(a.model_version);
-  if (!version.ok())
-    return fail(version.status());
-  const std::string model_dir = resolve_model_dir(a.model_dir);
+  const std::string model_dir = setup->config.model_dir;
 
   auto tok = tokenizer::Tokenizer::load(model_dir + "/tokenizer.json");
   if (!tok.ok()) {
     return fail(tok.status().with_context("the server needs the model's tokenizer.json"));
   }
-  engine::EngineConfig ec;
-  ec.model_dir = model_dir;
-  ec.numerics = *numerics;
-  ec.state_budget_bytes = *budget;
-  ec.max_model_len = a.max_model_len;
-  ec.scheduler.max_running = a.max_num_seqs;
-  ec.scheduler.max_tokens_per_step = a.max_tokens_per_step;
-  auto eng = engine::Engine::create(ec);
+  auto eng = engine::Engine::create(setup->config);
   if (!eng.ok())
     return fail(eng.status());
   const model::ModelConfig& mc = (*eng)->model_config();
-  const int64_t max_context = a.max_model_len > 0
-                                  ? std::min(a.max_model_len, mc.max_position_embeddings)
+  const int64_t max_context = a.engine.max_model_len > 0
+                                  ? std::min(a.engine.max_model_len, mc.max_position_embeddings)
                                   : mc.max_position_embeddings;
   int64_t max_prompt = max_context - 1;
   if (a.max_prompt_tokens > 0)
@@ -150,7 +131,7 @@ int run_serve(const ServeArgs& a) {
 
   server::ServingContext ctx;
   ctx.tokenizer = tok->get();
-  ctx.version = *version;
+  ctx.version = setup->version;
   ctx.decode.served_models = so.model_names;
   ctx.max_context = max_context;
   ctx.max_prompt_tokens = max_prompt;
@@ -158,11 +139,11 @@ int run_serve(const ServeArgs& a) {
   ctx.scripted = scripted.get();
 
   server::Metrics metrics;
-  metrics.set_max_concurrency(a.max_num_seqs, a.max_queue);
+  metrics.set_max_concurrency(a.engine.max_num_seqs, a.max_queue);
   server::EngineLoop loop(std::move(eng).value(),
                           **tok,
                           &metrics,
-                          a.max_num_seqs + a.max_queue,
+                          a.engine.max_num_seqs + a.max_queue,
                           a.debug_step_delay_ms / 1e3);
   server::Server srv(so, ctx, &loop, &metrics);
   Status s = srv.listen();
@@ -177,9 +158,9 @@ int run_serve(const ServeArgs& a) {
       so.host.c_str(),
       static_cast<unsigned>(srv.port()),
       static_cast<long long>(max_context),
-      static_cast<long long>(a.max_num_seqs),
+      static_cast<long long>(a.engine.max_num_seqs),
       static_cast<long long>(a.max_queue),
-      a.state_memory.c_str(),
+      a.engine.state_memory.c_str(),
       a.io_threads,
       so.api_key.empty() ? "" : ", API key required");
   srv.run(/*handle_signals=*/true);
@@ -194,8 +175,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand(
       "serve", "Serve the model over HTTP: OpenAI Chat Completions/Responses, Anthropic Messages");
-  cmd->add_option(
-      "--model", a->model_dir, "Model directory (default: $DSINFER_MODEL or the bundled model)");
+  add_engine_flags(cmd, &a->engine);
   cmd->add_option("--host", a->host, "Address to bind (default 127.0.0.1: loopback only)");
   cmd->add_option("--port", a->port, "TCP port (default 8000; 0 = any free port)");
   cmd->add_option("--device", a->device, "cpu | cuda (default cpu)");
@@ -207,15 +187,6 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   a->api_key,
                   "Require this key (Authorization: Bearer KEY or x-api-key: KEY); default "
                   "$DSINFER_API_KEY, else no authentication");
-  cmd->add_option("--numerics", a->numerics, "reference | deepseek");
-  cmd->add_option("--state-memory", a->state_memory, "Sequence-state memory budget (default 1GiB)");
-  cmd->add_option("--max-num-seqs", a->max_num_seqs, "Requests running at once (default 64)");
-  cmd->add_option("--max-tokens-per-step",
-                  a->max_tokens_per_step,
-                  "Token budget of one engine step (default 256)");
-  cmd->add_option("--max-model-len",
-                  a->max_model_len,
-                  "Context limit, prompt + output tokens (default: the model's)");
   cmd->add_option("--max-queue",
                   a->max_queue,
                   "Requests that may wait for a running slot; beyond that 429 (default 256)");
@@ -235,7 +206,6 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   a->idle_timeout_s,
                   "Seconds to wait for a request on an open connection (default 60)");
   cmd->add_option("--io-threads", a->io_threads, "HTTP I/O threads (default 2)");
-  cmd->add_option("--model-version", a->model_version, "Prompt format: v4 | v4-0731 | v4.1");
   cmd->add_option("--log-level", a->log_level, "debug | info | warn | error | off");
   cmd->add_option("--debug-scripted-output",
                   a->debug_scripted_output,

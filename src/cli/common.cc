@@ -102,4 +102,33 @@ std::string resolve_model_dir(const std::string& flag) {
   return kBundledModel;
 }
 
+void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
+  cmd->add_option(
+      "--model", f->model_dir, "Model directory (default: $DSINFER_MODEL or the bundled model)");
+  cmd->add_option("--numerics", f->numerics, "reference | deepseek");
+  cmd->add_option("--state-memory", f->state_memory, "Sequence-state memory budget (default 1GiB)");
+  cmd->add_option("--max-num-seqs", f->max_num_seqs, "Sequences running at once (default 64)");
+  cmd->add_option("--max-tokens-per-step",
+                  f->max_tokens_per_step,
+                  "Token budget of one engine step (default 256)");
+  cmd->add_option("--max-model-len",
+                  f->max_model_len,
+                  "Context limit, prompt + output tokens (default: the model's)");
+  cmd->add_option("--model-version", f->model_version, "Prompt format: v4 | v4-0731 | v4.1");
+}
+
+Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
+  EngineSetup s;
+  DSI_ASSIGN_OR_RETURN(s.config.numerics, parse_numerics(f.numerics));
+  DSI_ASSIGN_OR_RETURN(s.config.state_budget_bytes, parse_bytes("--state-memory", f.state_memory));
+  DSI_ASSIGN_OR_RETURN(s.version, parse_model_version(f.model_version));
+  if (f.max_model_len < 0)
+    return invalid_argument("--max-model-len must be >= 0");
+  s.config.model_dir = resolve_model_dir(f.model_dir);
+  s.config.max_model_len = f.max_model_len;
+  s.config.scheduler.max_running = f.max_num_seqs;
+  s.config.scheduler.max_tokens_per_step = f.max_tokens_per_step;
+  return s;
+}
+
 }  // namespace dsinfer::cli

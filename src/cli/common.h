@@ -1,11 +1,13 @@
 // Helpers shared by the subcommands: error printing and flag parsing.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
+#include "engine/engine.h"
 #include "model/numerics.h"
 #include "recipe/types.h"
 
@@ -24,5 +26,24 @@ Result<recipe::ModelVersion> parse_model_version(const std::string& s);
 // directory or next to the executable's build tree).
 std::string resolve_model_dir(const std::string& flag);
 inline constexpr const char* kBundledModel = "models/dsv4-mini";
+
+// The model and engine flags that `generate` and `serve` share.
+struct EngineFlags {
+  std::string model_dir;
+  std::string numerics = "reference";
+  std::string state_memory = "1GiB";
+  int64_t max_num_seqs = 64;
+  int64_t max_tokens_per_step = 256;
+  int64_t max_model_len = 0;  // 0 = the model's
+  std::string model_version = "v4";
+};
+void add_engine_flags(CLI::App* cmd, EngineFlags* f);
+
+struct EngineSetup {
+  engine::EngineConfig config;  // model_dir resolved (flag, $DSINFER_MODEL, bundled model)
+  recipe::ModelVersion version = recipe::ModelVersion::kV4;
+};
+// Validates the flags; errors name the flag.
+Result<EngineSetup> resolve_engine_flags(const EngineFlags& f);
 
 }  // namespace dsinfer::cli
