@@ -17,42 +17,100 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
     bool bf16 = false;
     bool no_mtp = false;
     int shards = 1;
+    int layers = 0;
+    int threads = 0;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "make-checkpoint", "Write a random-weight V4 checkpoint (official FP8/MXFP4 layout)");
-  cmd->add_option("--preset", args->preset, "tiny (a small V4 with every layer type)");
+  cmd->add_option("--preset",
+                  args->preset,
+                  "tiny: a small V4 with every layer type (5 layers, written in memory); "
+                  "v4-flash: DeepSeek-V4-Flash at its real widths (43 layers, ~3.6 GB per layer "
+                  "and ~2 GB embed/head; use --layers), streamed to disk on all cores with one "
+                  "shard per layer + index json");
   cmd->add_option("--out", args->out, "Output directory")->required();
   cmd->add_option("--seed", args->seed, "Random seed");
+  cmd->add_option("--layers",
+                  args->layers,
+                  "Keep only the first N main layers of the preset's layer schedule (1..43 for "
+                  "v4-flash, 1..5 for tiny); compress_ratios and num_hash_layers are truncated "
+                  "to match; default: all");
+  cmd->add_option("--threads", args->threads, "v4-flash: worker threads (default: all cores)");
   cmd->add_flag("--bf16", args->bf16, "Store matrices in bf16 instead of FP8/MXFP4");
   cmd->add_flag("--no-mtp", args->no_mtp, "Leave out the MTP block");
-  cmd->add_option("--shards", args->shards, "Number of safetensors shards (index json when > 1)");
-  cmd->callback([args, &exit_code] {
-    if (args->preset != "tiny") {
-      exit_code = fail(
-          invalid_argument("--preset: unknown preset `" + args->preset + "` (available: tiny)"));
+  cmd->add_option("--shards",
+                  args->shards,
+                  "tiny: number of safetensors shards (index json when > 1); v4-flash always "
+                  "writes one shard per layer");
+  cmd->callback([args, cmd, &exit_code] {
+    const bool flash = args->preset == "v4-flash";
+    if (args->preset != "tiny" && !flash) {
+      exit_code = fail(invalid_argument("--preset: unknown preset `" + args->preset +
+                                        "` (available: tiny, v4-flash)"));
       return;
     }
     if (args->shards < 1) {
       exit_code = fail(invalid_argument("--shards must be >= 1"));
       return;
     }
+    if (flash && cmd->count("--shards") > 0) {
+      exit_code = fail(invalid_argument(
+          "--shards applies to the tiny preset; v4-flash writes one shard per layer"));
+      return;
+    }
+    if (args->threads < 0) {
+      exit_code = fail(invalid_argument("--threads must be >= 0 (0 = all cores)"));
+      return;
+    }
+    const bool layers_given = cmd->count("--layers") > 0;
     model::SyntheticSpec spec;
-    spec.config = model::tiny_preset_config();
+    if (flash) {
+      auto config =
+          model::v4_flash_preset_config(layers_given ? args->layers : model::kV4FlashLayers);
+      if (!config.ok()) {
+        exit_code = fail(config.status().with_context("--layers"));
+        return;
+      }
+      spec.config = std::move(config).value();
+      spec.generator = model::SyntheticGenerator::kStreaming;
+      spec.threads = args->threads;
+      spec.progress = [](const std::string& line) {
+        std::fprintf(stderr, "dsinfer make-checkpoint: %s\n", line.c_str());
+      };
+    } else {
+      spec.config = model::tiny_preset_config();
+      if (layers_given) {
+        auto config = model::truncate_layers(spec.config, args->layers);
+        if (!config.ok()) {
+          exit_code = fail(config.status().with_context("--layers (tiny preset)"));
+          return;
+        }
+        spec.config = std::move(config).value();
+      }
+    }
     spec.seed = args->seed;
     spec.quantized = !args->bf16;
     spec.with_mtp = !args->no_mtp;
     spec.num_shards = args->shards;
+    model::SyntheticWriteStats stats;
+    spec.stats = &stats;
     Status s = model::write_synthetic_checkpoint(spec, args->out);
     if (!s.ok()) {
       exit_code = fail(s);
       return;
     }
     std::fprintf(stderr,
-                 "dsinfer make-checkpoint: wrote %s (preset %s, seed %llu)\n",
+                 "dsinfer make-checkpoint: wrote %s (preset %s, %lld layers%s, seed %llu): "
+                 "%lld tensors, %llu bytes in %d safetensors files\n",
                  args->out.c_str(),
                  args->preset.c_str(),
-                 static_cast<unsigned long long>(args->seed));
+                 static_cast<long long>(spec.config.num_hidden_layers),
+                 spec.with_mtp ? " + MTP" : "",
+                 static_cast<unsigned long long>(args->seed),
+                 static_cast<long long>(stats.tensors),
+                 static_cast<unsigned long long>(stats.bytes),
+                 stats.files);
     exit_code = 0;
   });
 }

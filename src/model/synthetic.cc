@@ -2,11 +2,16 @@
 #include "model/synthetic.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "base/strings.h"
 #include "numeric/float_formats.h"
@@ -296,6 +301,301 @@ void materialise(const TensorPlan& p,
   }
 }
 
+// ---- streaming generator (SyntheticGenerator::kStreaming) ----
+
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Counter-based streams: value i of stream `key` is splitmix64 evaluated at position i, so any
+// row can be generated on its own, by any thread, in any order.
+inline uint64_t hash_at(uint64_t key, uint64_t i) {
+  return mix64(key + (i + 1) * kGolden);
+}
+uint64_t tensor_key(uint64_t seed, const std::string& name) {
+  return mix64(seed ^ fnv1a(name));
+}
+inline uint64_t row_key(uint64_t tkey, int64_t row) {
+  return mix64(tkey + static_cast<uint64_t>(row) * 0xd1b54a32d192ed03ull);
+}
+
+// Approximately N(0, 1) from one hash: the sum of its four 16-bit lanes (Irwin-Hall, n = 4),
+// centred and scaled to unit variance; |x| <= 2*sqrt(3).
+inline float approx_normal(uint64_t h) {
+  const float s = static_cast<float>(h & 0xffffu) + static_cast<float>((h >> 16) & 0xffffu) +
+                  static_cast<float>((h >> 32) & 0xffffu) + static_cast<float>(h >> 48);
+  return (s - 131070.0f) * (1.7320508075688772f / 65536.0f);
+}
+
+// E2M1 magnitude codes (0, 0.5, 1, 1.5, 2, 3, 4, 6) drawn with the probabilities of a normal with
+// sigma 2 rounded to that grid, as 128 equally likely entries; their RMS is exactly 2.
+constexpr std::array<uint8_t, 128> make_fp4_magnitudes() {
+  constexpr int kCounts[8] = {13, 25, 22, 19, 22, 17, 8, 2};
+  std::array<uint8_t, 128> t{};
+  int k = 0;
+  for (int code = 0; code < 8; ++code) {
+    for (int i = 0; i < kCounts[code]; ++i) {
+      t[static_cast<size_t>(k++)] = static_cast<uint8_t>(code);
+    }
+  }
+  return t;
+}
+constexpr std::array<uint8_t, 128> kFp4Magnitudes = make_fp4_magnitudes();
+constexpr float kFp4CodeRms = 2.0f;
+// Block exponents are jittered by {-1, 0, 0, +1}: RMS factor sqrt((1/4 + 1 + 1 + 4) / 4) = 1.25.
+constexpr float kFp4JitterRms = 1.25f;
+
+// One planned tensor inside a shard file.
+struct StreamTensor {
+  const TensorPlan* plan = nullptr;
+  uint64_t key = 0;
+  size_t weight = 0;  // writer index of the data tensor
+  size_t scale = 0;   // writer index of `.scale` (kFp8, kMxfp4)
+  int64_t rows = 1;   // generation grid: one random stream per row
+  int64_t cols = 1;
+  int64_t rows_per_item = 1;
+};
+
+struct WorkItem {
+  size_t tensor = 0;
+  int64_t r0 = 0, r1 = 0;
+};
+
+struct Scratch {
+  std::vector<float> f;
+  std::vector<uint8_t> a, b;
+};
+
+void fill_normal_rows(const StreamTensor& t, int64_t r0, int64_t r1, float* out) {
+  const TensorPlan& p = *t.plan;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint64_t key = row_key(t.key, r);
+    float* row = out + (r - r0) * t.cols;
+    for (int64_t c = 0; c < t.cols; ++c) {
+      row[c] = p.mean + p.stddev * approx_normal(hash_at(key, static_cast<uint64_t>(c)));
+    }
+  }
+}
+
+// Generates rows [r0, r1) of one tensor (and the matching scale rows) and writes them in place.
+Status generate_rows(
+    const StreamTensor& t, int64_t r0, int64_t r1, Scratch& s, SafetensorsWriter& w) {
+  const TensorPlan& p = *t.plan;
+  const int64_t n = r1 - r0, cols = t.cols;
+  const auto count = static_cast<size_t>(n * cols);
+  switch (p.storage) {
+    case Storage::kF32: {
+      s.f.resize(count);
+      fill_normal_rows(t, r0, r1, s.f.data());
+      return w.write(t.weight, r0 * cols * 4, s.f.data(), n * cols * 4);
+    }
+    case Storage::kBf16: {
+      s.f.resize(count);
+      s.a.resize(count * 2);
+      fill_normal_rows(t, r0, r1, s.f.data());
+      auto* h = reinterpret_cast<uint16_t*>(s.a.data());
+      for (size_t i = 0; i < count; ++i) h[i] = numeric::f32_to_bf16(s.f[i]);
+      return w.write(t.weight, r0 * cols * 2, s.a.data(), n * cols * 2);
+    }
+    case Storage::kFp8: {
+      // Items start on a 128-row boundary, so every 128x128 tile is quantised from its full
+      // contents whatever the item size.
+      const int64_t sc = (cols + 127) / 128, sr = (n + 127) / 128;
+      s.f.resize(count);
+      s.a.resize(count);
+      s.b.resize(static_cast<size_t>(sr * sc));
+      fill_normal_rows(t, r0, r1, s.f.data());
+      fp8_block128_quantize(s.f.data(), n, cols, s.a.data(), s.b.data());
+      DSI_RETURN_IF_ERROR(w.write(t.weight, r0 * cols, s.a.data(), n * cols));
+      return w.write(t.scale, (r0 / 128) * sc, s.b.data(), sr * sc);
+    }
+    case Storage::kMxfp4: {
+      const int64_t blocks = cols / 32;
+      const int exp0 =
+          static_cast<int>(std::lround(std::log2(p.stddev / (kFp4CodeRms * kFp4JitterRms))));
+      s.a.resize(count / 2);
+      s.b.resize(static_cast<size_t>(n * blocks));
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint64_t key = row_key(t.key, r);
+        uint8_t* packed = s.a.data() + (r - r0) * (cols / 2);
+        // Stream positions [0, cols/8): 8 codes per hash (7 bits magnitude, 1 bit sign).
+        for (int64_t c = 0; c < cols; c += 8) {
+          uint64_t h = hash_at(key, static_cast<uint64_t>(c / 8));
+          for (int64_t k = 0; k < 8; k += 2) {
+            const auto lo = static_cast<uint8_t>(kFp4Magnitudes[h & 127u] | ((h >> 4) & 8u));
+            h >>= 8;
+            const auto hi = static_cast<uint8_t>(kFp4Magnitudes[h & 127u] | ((h >> 4) & 8u));
+            h >>= 8;
+            packed[(c + k) / 2] = static_cast<uint8_t>(lo | (hi << 4));
+          }
+        }
+        // Positions from cols/8 on: 2 bits of exponent jitter per 32-element block.
+        uint8_t* scales = s.b.data() + (r - r0) * blocks;
+        const auto base = static_cast<uint64_t>(cols / 8);
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint64_t h = hash_at(key, base + static_cast<uint64_t>(b / 32));
+          static constexpr int kJitter[4] = {-1, 0, 0, 1};
+          const int e = exp0 + kJitter[(h >> (2 * (b % 32))) & 3u];
+          scales[b] = static_cast<uint8_t>(std::clamp(e + 127, 1, 254));
+        }
+      }
+      DSI_RETURN_IF_ERROR(w.write(t.weight, r0 * cols / 2, s.a.data(), n * cols / 2));
+      return w.write(t.scale, r0 * blocks, s.b.data(), n * blocks);
+    }
+    case Storage::kTid2eid: {
+      // k distinct expert ids per token by rejection.
+      const auto experts = static_cast<uint64_t>(p.id_range);
+      s.a.resize(count * 4);
+      auto* ids = reinterpret_cast<int32_t*>(s.a.data());
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint64_t key = row_key(t.key, r);
+        int32_t* row = ids + (r - r0) * cols;
+        uint64_t pos = 0;
+        for (int64_t j = 0; j < cols;) {
+          const uint64_t h = hash_at(key, pos++);
+          const auto id = static_cast<int32_t>(((h >> 32) * experts) >> 32);
+          if (std::find(row, row + j, id) == row + j) {
+            row[j++] = id;
+          }
+        }
+      }
+      return w.write(t.weight, r0 * cols * 4, s.a.data(), n * cols * 4);
+    }
+  }
+  return Status::ok_status();
+}
+
+// Bytes one row of `p` occupies in the file (scales not counted).
+int64_t stored_row_bytes(const TensorPlan& p, int64_t cols) {
+  switch (p.storage) {
+    case Storage::kF32:
+    case Storage::kTid2eid:
+      return cols * 4;
+    case Storage::kBf16:
+      return cols * 2;
+    case Storage::kFp8:
+      return cols;
+    case Storage::kMxfp4:
+      return cols / 2;
+  }
+  return cols;
+}
+
+// The stored tensors of `p` (data, then `.scale` for quantised formats).
+std::vector<TensorSpec> stored_specs(const TensorPlan& p) {
+  switch (p.storage) {
+    case Storage::kF32:
+      return {{p.name, DType::kF32, p.shape}};
+    case Storage::kBf16:
+      return {{p.name, DType::kBF16, p.shape}};
+    case Storage::kTid2eid:
+      return {{p.name, DType::kI32, p.shape}};
+    case Storage::kFp8: {
+      const int64_t rows = p.shape[0], cols = p.shape[1];
+      return {{p.name, DType::kF8E4M3, p.shape},
+              {scale_name_for(p.name), DType::kF8E8M0, {(rows + 127) / 128, (cols + 127) / 128}}};
+    }
+    case Storage::kMxfp4: {
+      const int64_t rows = p.shape[0], cols = p.shape[1];
+      return {{p.name, DType::kI8, {rows, cols / 2}},
+              {scale_name_for(p.name), DType::kF8E8M0, {rows, cols / 32}}};
+    }
+  }
+  return {};
+}
+
+int64_t spec_bytes(const TensorSpec& t) {
+  return numel_of(t.shape) * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
+// "layers.7", "mtp.0" or "" (top-level tensors) for a tensor name.
+std::string block_of(const std::string& name) {
+  for (const char* prefix : {"layers.", "mtp."}) {
+    if (str_starts_with(name, prefix)) {
+      const size_t dot = name.find('.', std::strlen(prefix));
+      return name.substr(0, dot);
+    }
+  }
+  return "";
+}
+
+std::string gib(uint64_t bytes) {
+  return str_format("%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+}
+
+constexpr int64_t kItemBytes = 4 << 20;  // target output bytes per work item
+
+// Writes one shard file with `threads` workers; returns the file size.
+Result<uint64_t> write_stream_shard(const std::string& path,
+                                    const std::vector<const TensorPlan*>& plans,
+                                    uint64_t seed,
+                                    int threads) {
+  std::vector<TensorSpec> specs;
+  std::vector<StreamTensor> tensors;
+  for (const TensorPlan* p : plans) {
+    StreamTensor t;
+    t.plan = p;
+    t.key = tensor_key(seed, p->name);
+    if (p->shape.size() >= 2) {
+      t.rows = p->shape[0];
+      t.cols = numel_of(p->shape) / std::max<int64_t>(1, t.rows);
+    } else {
+      t.rows = 1;
+      t.cols = numel_of(p->shape);
+    }
+    const int64_t row_bytes = std::max<int64_t>(1, stored_row_bytes(*p, t.cols));
+    t.rows_per_item = std::clamp<int64_t>(kItemBytes / row_bytes, 1, std::max<int64_t>(1, t.rows));
+    if (p->storage == Storage::kFp8) {
+      t.rows_per_item = (t.rows_per_item + 127) / 128 * 128;
+    }
+    std::vector<TensorSpec> st = stored_specs(*p);
+    t.weight = specs.size();
+    t.scale = specs.size() + 1;
+    for (TensorSpec& s : st) specs.push_back(std::move(s));
+    tensors.push_back(t);
+  }
+  DSI_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::create(path, specs, {{"format", "pt"}}));
+  std::vector<WorkItem> items;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const StreamTensor& t = tensors[i];
+    for (int64_t r = 0; r < t.rows; r += t.rows_per_item) {
+      items.push_back({i, r, std::min(t.rows, r + t.rows_per_item)});
+    }
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  Status first_error;
+  auto worker = [&] {
+    Scratch scratch;
+    for (size_t i = next++; i < items.size() && !failed.load(); i = next++) {
+      const WorkItem& it = items[i];
+      Status s = generate_rows(tensors[it.tensor], it.r0, it.r1, scratch, *writer);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) {
+          first_error = s;
+        }
+        failed = true;
+      }
+    }
+  };
+  const int n_threads = std::max(1, std::min<int>(threads, static_cast<int>(items.size())));
+  std::vector<std::thread> pool;
+  for (int i = 1; i < n_threads; ++i) pool.emplace_back(worker);
+  worker();
+  for (std::thread& th : pool) th.join();
+  if (!first_error.ok()) {
+    return first_error;
+  }
+  DSI_RETURN_IF_ERROR(writer->finish());
+  return writer->file_bytes();
+}
+
 Status write_text(const std::string& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
@@ -469,6 +769,108 @@ Result<std::string> deepseek_config_json(const ModelConfig& c, bool fp8_quantize
   return text;
 }
 
+namespace {
+
+// SyntheticGenerator::kStreaming: one shard per block, generated in place on spec.threads.
+Status write_streaming(const SyntheticSpec& spec,
+                       const std::string& dir,
+                       const std::vector<TensorPlan>& plan) {
+  if (spec.values_out != nullptr) {
+    return invalid_argument("synthetic checkpoint: values_out needs the reference generator");
+  }
+  const auto report = [&](const std::string& line) {
+    if (spec.progress) {
+      spec.progress(line);
+    }
+  };
+  const ModelConfig& c = spec.config;
+  int threads = spec.threads;
+  if (threads <= 0) {
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }
+  // Consecutive tensors of one block share a shard.
+  std::vector<std::pair<std::string, std::vector<const TensorPlan*>>> groups;
+  uint64_t planned = 0;
+  int64_t stored = 0;
+  for (const TensorPlan& p : plan) {
+    const std::string block = block_of(p.name);
+    if (groups.empty() || groups.back().first != block) {
+      groups.push_back({block, {}});
+    }
+    groups.back().second.push_back(&p);
+    for (const TensorSpec& t : stored_specs(p)) {
+      planned += static_cast<uint64_t>(spec_bytes(t));
+      ++stored;
+    }
+  }
+  std::error_code ec;
+  const fs::space_info space = fs::space(dir, ec);
+  if (!ec && space.available < planned) {
+    return io_error(str_format("%s: not enough disk space: the checkpoint needs %s, %s available",
+                               dir.c_str(),
+                               gib(planned).c_str(),
+                               gib(space.available).c_str()));
+  }
+  report(str_format("writing %zu shards, %lld tensors, %s with %d threads into %s",
+                    groups.size(),
+                    static_cast<long long>(stored),
+                    gib(planned).c_str(),
+                    threads,
+                    dir.c_str()));
+  json weight_map = json::object();
+  uint64_t data_total = 0, file_total = 0;
+  const auto t_start = std::chrono::steady_clock::now();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& [block, plans] = groups[g];
+    const std::string file = str_format("model-%05zu-of-%05zu.safetensors", g + 1, groups.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    DSI_ASSIGN_OR_RETURN(uint64_t bytes,
+                         write_stream_shard(dir + "/" + file, plans, spec.seed, threads));
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const TensorPlan* p : plans) {
+      for (const TensorSpec& t : stored_specs(*p)) {
+        weight_map[t.name] = file;
+        data_total += static_cast<uint64_t>(spec_bytes(t));
+      }
+    }
+    file_total += bytes;
+    std::string what = "embed, head, norm, hc_head";
+    if (str_starts_with(block, "layers.")) {
+      const LayerPlan& lp = c.layers[std::stoul(block.substr(7))];
+      what = str_format("%s (%s", block.c_str(), attention_type_name(lp.attention));
+      if (lp.compress_ratio > 0) {
+        what += str_format(" ratio %d", lp.compress_ratio);
+      }
+      what += str_format(", %s MoE)", moe_type_name(lp.moe));
+    } else if (!block.empty()) {
+      what = block + " (MTP: sliding, score MoE)";
+    }
+    report(str_format("[%zu/%zu] %s: %s in %.1f s (%.0f MiB/s)",
+                      g + 1,
+                      groups.size(),
+                      what.c_str(),
+                      gib(bytes).c_str(),
+                      secs,
+                      static_cast<double>(bytes) / (1024.0 * 1024.0) / std::max(secs, 1e-9)));
+  }
+  json index = {{"metadata", {{"total_size", data_total}}}, {"weight_map", weight_map}};
+  DSI_RETURN_IF_ERROR(write_text(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+  const double total_secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  report(str_format("done: %llu bytes (%s) in %zu files, %.1f s",
+                    static_cast<unsigned long long>(file_total),
+                    gib(file_total).c_str(),
+                    groups.size(),
+                    total_secs));
+  if (spec.stats != nullptr) {
+    *spec.stats = {static_cast<int>(groups.size()), stored, file_total};
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
 Status write_synthetic_checkpoint(const SyntheticSpec& spec, const std::string& dir) {
   const ModelConfig& c = spec.config;
   if (spec.num_shards < 1) {
@@ -502,6 +904,9 @@ Status write_synthetic_checkpoint(const SyntheticSpec& spec, const std::string& 
 
   Planner planner(c, spec.quantized);
   std::vector<TensorPlan> plan = planner.plan(spec.with_mtp);
+  if (spec.generator == SyntheticGenerator::kStreaming) {
+    return write_streaming(spec, dir, plan);
+  }
   const auto shards = static_cast<size_t>(spec.num_shards);
   if (shards > plan.size()) {
     return invalid_argument(
@@ -529,7 +934,106 @@ Status write_synthetic_checkpoint(const SyntheticSpec& spec, const std::string& 
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     DSI_RETURN_IF_ERROR(write_text(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
   }
+  if (spec.stats != nullptr) {
+    *spec.stats = {static_cast<int>(shards), static_cast<int64_t>(weight_map.size()), 0};
+    for (size_t s = 0; s < shards; ++s) {
+      const std::string file = shards == 1
+                                   ? "model.safetensors"
+                                   : str_format("model-%05zu-of-%05zu.safetensors", s + 1, shards);
+      spec.stats->bytes += fs::file_size(dir + "/" + file, ec);
+    }
+  }
   return Status::ok_status();
+}
+
+Result<ModelConfig> truncate_layers(const ModelConfig& config, int64_t layers) {
+  if (layers < 1 || layers > config.num_hidden_layers) {
+    return invalid_argument(str_format("layers must be between 1 and %lld, got %lld",
+                                       static_cast<long long>(config.num_hidden_layers),
+                                       static_cast<long long>(layers)));
+  }
+  ModelConfig t = config;
+  t.num_hidden_layers = layers;
+  t.layers.resize(static_cast<size_t>(layers));
+  DSI_ASSIGN_OR_RETURN(std::string text, deepseek_config_json(t, t.fp8_quantized));
+  return parse_model_config(text, "truncated config");
+}
+
+Result<ModelConfig> v4_flash_preset_config(int layers) {
+  if (layers < 1 || layers > kV4FlashLayers) {
+    return invalid_argument(str_format(
+        "v4-flash preset: layers must be between 1 and %d (the real checkpoint's main layer "
+        "count), got %d",
+        kV4FlashLayers,
+        layers));
+  }
+  // Spec §1.2: [0, 0, 4, 128, 4, 128, ..., 4] for the 43 main layers, then 0 for the MTP block.
+  json ratios = json::array();
+  for (int i = 0; i <= kV4FlashLayers; ++i) {
+    ratios.push_back(i >= 2 && i < kV4FlashLayers ? (i % 2 == 0 ? 4 : 128) : 0);
+  }
+  const json j = {{"architectures", {"DeepseekV4ForCausalLM"}},
+                  {"model_type", "deepseek_v4"},
+                  {"vocab_size", 129280},
+                  {"hidden_size", 4096},
+                  {"num_hidden_layers", kV4FlashLayers},
+                  {"num_attention_heads", 64},
+                  {"num_key_value_heads", 1},
+                  {"head_dim", 512},
+                  {"qk_rope_head_dim", 64},
+                  {"q_lora_rank", 1024},
+                  {"o_groups", 8},
+                  {"o_lora_rank", 1024},
+                  {"sliding_window", 128},
+                  {"compress_ratios", ratios},
+                  {"rope_theta", 10000.0},
+                  {"compress_rope_theta", 160000.0},
+                  {"rope_scaling",
+                   {{"type", "yarn"},
+                    {"factor", 16},
+                    {"original_max_position_embeddings", 65536},
+                    {"beta_fast", 32},
+                    {"beta_slow", 1}}},
+                  {"max_position_embeddings", 1048576},
+                  {"index_n_heads", 64},
+                  {"index_head_dim", 128},
+                  {"index_topk", 512},
+                  {"hc_mult", 4},
+                  {"hc_sinkhorn_iters", 20},
+                  {"hc_eps", 1e-6},
+                  {"rms_norm_eps", 1e-6},
+                  {"n_routed_experts", 256},
+                  {"n_shared_experts", 1},
+                  {"num_experts_per_tok", 6},
+                  {"moe_intermediate_size", 2048},
+                  {"num_hash_layers", 3},
+                  {"scoring_func", "sqrtsoftplus"},
+                  {"topk_method", "noaux_tc"},
+                  {"norm_topk_prob", true},
+                  {"routed_scaling_factor", 1.5},
+                  {"swiglu_limit", 10.0},
+                  {"hidden_act", "silu"},
+                  {"tie_word_embeddings", false},
+                  {"num_nextn_predict_layers", 1},
+                  {"bos_token_id", 0},
+                  {"eos_token_id", 1},
+                  {"torch_dtype", "bfloat16"},
+                  {"quantization_config",
+                   {{"activation_scheme", "dynamic"},
+                    {"fmt", "e4m3"},
+                    {"quant_method", "fp8"},
+                    {"scale_fmt", "ue8m0"},
+                    {"weight_block_size", {128, 128}}}}};
+  auto full = parse_model_config(j.dump(), "v4-flash preset");
+  DSI_CHECK(full.ok(), "v4-flash preset: %s", full.status().to_string().c_str());
+  if (layers == kV4FlashLayers) {
+    return std::move(full).value();
+  }
+  auto cut = truncate_layers(*full, layers);
+  if (!cut.ok()) {
+    return cut.status().with_context("v4-flash preset");
+  }
+  return cut;
 }
 
 ModelConfig tiny_preset_config() {

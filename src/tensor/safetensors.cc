@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -403,13 +404,21 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(const uint8_t* b
   return file;
 }
 
-Status write_safetensors(const std::string& path,
-                         const std::vector<TensorToWrite>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The header text (padded to a multiple of 8) for tensors stored back to back in the given order.
+// `byte_sizes`, when given, are the caller's data sizes, checked against dtype x shape.
+Result<std::string> build_header(const std::string& path,
+                                 const std::vector<TensorSpec>& tensors,
+                                 const std::vector<size_t>* byte_sizes,
+                                 const std::map<std::string, std::string>& metadata,
+                                 std::vector<uint64_t>* offsets) {
   json header = json::object();
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const TensorToWrite& t : tensors) {
+  offsets->clear();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& t = tensors[i];
     if (t.name.empty() || t.name == "__metadata__" || !valid_utf8(t.name)) {
       return invalid_argument(path + ": invalid tensor name '" + t.name + "'");
     }
@@ -423,13 +432,17 @@ Status write_safetensors(const std::string& path,
                                 shape_string(t.shape));
       }
     }
-    const int64_t expected = numel * dtype_size(t.dtype);
-    if (static_cast<int64_t>(t.bytes.size()) != expected) {
+    int64_t expected = 0;
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(dtype_size(t.dtype)), &expected)) {
+      return invalid_argument(path + ": tensor '" + t.name + "' has an invalid shape " +
+                              shape_string(t.shape));
+    }
+    if (byte_sizes != nullptr && static_cast<int64_t>((*byte_sizes)[i]) != expected) {
       return invalid_argument(
           str_format("%s: tensor '%s' has %zu bytes, but dtype %s shape %s needs %lld",
                      path.c_str(),
                      t.name.c_str(),
-                     t.bytes.size(),
+                     (*byte_sizes)[i],
                      dtype_name(t.dtype),
                      shape_string(t.shape).c_str(),
                      static_cast<long long>(expected)));
@@ -437,10 +450,12 @@ Status write_safetensors(const std::string& path,
     json entry = json::object();
     entry["dtype"] = dtype_name(t.dtype);
     entry["shape"] = t.shape;
-    entry["data_offsets"] = {offset, offset + t.bytes.size()};
+    entry["data_offsets"] = {offset, offset + static_cast<uint64_t>(expected)};
     header[t.name] = std::move(entry);
-    offset += t.bytes.size();
+    offsets->push_back(offset);
+    offset += static_cast<uint64_t>(expected);
   }
+  offsets->push_back(offset);
   if (!metadata.empty()) {
     json meta = json::object();
     for (const auto& [k, v] : metadata) {
@@ -453,29 +468,133 @@ Status write_safetensors(const std::string& path,
   }
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');
+  return text;
+}
 
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) {
+// pwrite until done (short writes and EINTR retried).
+bool pwrite_all(int fd, const void* data, size_t n, uint64_t offset) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::create(
+    const std::string& path,
+    const std::vector<TensorSpec>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter());
+  DSI_ASSIGN_OR_RETURN(std::string text,
+                       build_header(path, tensors, nullptr, metadata, &w->offsets_));
+  w->path_ = path;
+  w->data_begin_ = 8 + text.size();
+  w->file_bytes_ = w->data_begin_ + w->offsets_.back();
+  w->written_ = std::make_unique<std::atomic<int64_t>[]>(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) w->written_[i] = 0;
+  w->num_tensors_ = tensors.size();
+  w->names_.reserve(tensors.size());
+  for (const TensorSpec& t : tensors) w->names_.push_back(t.name);
+
+  w->fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w->fd_ < 0) {
     return io_error(path + ": cannot create: " + std::strerror(errno));
   }
   uint8_t len_bytes[8];
-  uint64_t n = text.size();
+  const uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(n >> (8 * i));
-  bool ok = std::fwrite(len_bytes, 1, 8, f) == 8 &&
-            std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  for (const TensorToWrite& t : tensors) {
-    if (!ok) {
-      break;
-    }
-    if (!t.bytes.empty()) {
-      ok = std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size();
-    }
-  }
-  const int close_rc = std::fclose(f);
-  if (!ok || close_rc != 0) {
+  // Size the file up front: every tensor then has its final place, and gaps read as zeros.
+  if (::ftruncate(w->fd_, static_cast<off_t>(w->file_bytes_)) != 0 ||
+      !pwrite_all(w->fd_, len_bytes, 8, 0) || !pwrite_all(w->fd_, text.data(), text.size(), 8)) {
     return io_error(path + ": write failed: " + std::strerror(errno));
   }
+  return w;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+  }
+}
+
+int64_t SafetensorsWriter::tensor_bytes(size_t i) const {
+  return static_cast<int64_t>(offsets_[i + 1] - offsets_[i]);
+}
+
+Status SafetensorsWriter::write(size_t tensor, int64_t offset, const void* data, int64_t n) {
+  if (fd_ < 0) {
+    return failed_precondition(path_ + ": writer is closed");
+  }
+  if (tensor >= num_tensors_ || offset < 0 || n < 0 || offset + n > tensor_bytes(tensor)) {
+    return invalid_argument(str_format("%s: write of %lld bytes at %lld is outside tensor %zu",
+                                       path_.c_str(),
+                                       static_cast<long long>(n),
+                                       static_cast<long long>(offset),
+                                       tensor));
+  }
+  if (n > 0 && !pwrite_all(fd_,
+                           data,
+                           static_cast<size_t>(n),
+                           data_begin_ + offsets_[tensor] + static_cast<uint64_t>(offset))) {
+    return io_error(path_ + ": write failed: " + std::strerror(errno));
+  }
+  written_[tensor] += n;
   return Status::ok_status();
+}
+
+Status SafetensorsWriter::finish() {
+  if (fd_ < 0) {
+    return failed_precondition(path_ + ": writer is closed");
+  }
+  for (size_t i = 0; i < num_tensors_; ++i) {
+    if (written_[i].load() != tensor_bytes(i)) {
+      ::close(fd_);
+      fd_ = -1;
+      return failed_precondition(str_format("%s: tensor '%s' got %lld of its %lld bytes",
+                                            path_.c_str(),
+                                            names_[i].c_str(),
+                                            static_cast<long long>(written_[i].load()),
+                                            static_cast<long long>(tensor_bytes(i))));
+    }
+  }
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) {
+    return io_error(path_ + ": write failed: " + std::strerror(errno));
+  }
+  return Status::ok_status();
+}
+
+Status write_safetensors(const std::string& path,
+                         const std::vector<TensorToWrite>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  std::vector<size_t> sizes;
+  specs.reserve(tensors.size());
+  sizes.reserve(tensors.size());
+  for (const TensorToWrite& t : tensors) {
+    specs.push_back({t.name, t.dtype, t.shape});
+    sizes.push_back(t.bytes.size());
+  }
+  std::vector<uint64_t> offsets;
+  DSI_RETURN_IF_ERROR(build_header(path, specs, &sizes, metadata, &offsets).status());
+  DSI_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::create(path, specs, metadata));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    DSI_RETURN_IF_ERROR(writer->write(
+        i, 0, tensors[i].bytes.data(), static_cast<int64_t>(tensors[i].bytes.size())));
+  }
+  return writer->finish();
 }
 
 TensorToWrite f32_tensor(const std::string& name,

@@ -42,6 +42,22 @@ check "make-checkpoint writes config" test -s "$TMP/m/config.json"
 check "generate prints token ids" contains "$TMP/g.txt" "\["
 check "generate prints a summary" contains "$TMP/g.err" "TTFT p50"
 
+# make-checkpoint argument errors (never writes a real-width checkpoint: that is GBs).
+"$DSI" make-checkpoint --preset v4-flash --layers 0 --out "$TMP/flash" >"$TMP/err.txt" 2>&1
+rc=$?
+check "make-checkpoint --layers 0 exits 2" test "$rc" -eq 2
+check "make-checkpoint --layers 0 explains" contains "$TMP/err.txt" "between 1 and 43"
+check "make-checkpoint --layers 0 writes nothing" test ! -e "$TMP/flash"
+"$DSI" make-checkpoint --preset nope --out "$TMP/nope-preset" >"$TMP/err.txt" 2>&1
+rc=$?
+check "make-checkpoint unknown preset exits 2" test "$rc" -eq 2
+check "make-checkpoint unknown preset lists presets" \
+  contains "$TMP/err.txt" "unknown preset .nope. (available: tiny, v4-flash)"
+"$DSI" make-checkpoint --preset tiny --layers 2 --no-mtp --out "$TMP/m2" 2>/dev/null
+"$DSI" inspect --model "$TMP/m2" >"$TMP/inspect2.txt" 2>&1
+check "make-checkpoint --layers 2 keeps two layers" \
+  contains "$TMP/inspect2.txt" "num_hidden_layers          2"
+
 # JSONL: good lines succeed, bad lines get an error line, order is kept.
 cat >"$TMP/in.jsonl" <<'JSONL'
 {"prompt_token_ids": [0, 5, 6], "max_tokens": 3, "temperature": 0}

@@ -1,4 +1,4 @@
-// safetensors reader/writer: round trip and every header corruption.
+// safetensors reader/writers: round trip, the streaming writer and every header corruption.
 #include "tensor/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dsinfer {
@@ -225,6 +226,73 @@ TEST(Safetensors, WriterRejectsBadInput) {
   EXPECT_FALSE(write_safetensors(dir + "/a.safetensors", {f32_tensor("\xff", {1}, {1})}).ok());
   EXPECT_FALSE(
       write_safetensors(dir + "/no/such/dir/a.safetensors", {f32_tensor("w", {1}, {1})}).ok());
+}
+
+TEST(SafetensorsWriter, PiecewiseFromSeveralThreadsMatchesTheInMemoryWriter) {
+  const std::string dir = test_dir();
+  std::vector<TensorToWrite> ts;
+  std::vector<float> big(10000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f;
+  ts.push_back(f32_tensor("big", {100, 100}, big));
+  ts.push_back({"b", DType::kBF16, {3}, {1, 2, 3, 4, 5, 6}});
+  ts.push_back({"empty", DType::kF32, {0}, {}});
+  ts.push_back({"i8", DType::kI8, {5}, {9, 8, 7, 6, 5}});
+  ASSERT_TRUE(write_safetensors(dir + "/ref.safetensors", ts, {{"format", "pt"}}).ok());
+
+  std::vector<TensorSpec> specs;
+  for (const auto& t : ts) specs.push_back({t.name, t.dtype, t.shape});
+  auto w = SafetensorsWriter::create(dir + "/s.safetensors", specs, {{"format", "pt"}});
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  ASSERT_EQ((*w)->num_tensors(), 4u);
+  EXPECT_EQ((*w)->tensor_bytes(0), 40000);
+  // Rows of `big` in reverse order from 4 threads; the small tensors byte by byte.
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 4; ++t) {
+    pool.emplace_back([&, t] {
+      for (int r = 99 - t; r >= 0; r -= 4) {
+        ASSERT_TRUE((*w)->write(0, r * 400, ts[0].bytes.data() + r * 400, 400).ok());
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (size_t i = 1; i < ts.size(); ++i) {
+    for (size_t k = ts[i].bytes.size(); k-- > 0;) {
+      ASSERT_TRUE((*w)->write(i, static_cast<int64_t>(k), &ts[i].bytes[k], 1).ok());
+    }
+  }
+  ASSERT_TRUE((*w)->finish().ok());
+  std::ifstream a(dir + "/ref.safetensors", std::ios::binary),
+      b(dir + "/s.safetensors", std::ios::binary);
+  const std::string ra((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
+  const std::string rb((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(ra, rb);
+  EXPECT_EQ(fs::file_size(dir + "/s.safetensors"), rb.size());
+  auto f = SafetensorsFile::open(dir + "/s.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(static_cast<const float*>(f.value()->find("big")->data)[9999], 4999.5f);
+}
+
+TEST(SafetensorsWriter, RejectsOutOfRangeWritesAndIncompleteFiles) {
+  const std::string dir = test_dir();
+  auto w = SafetensorsWriter::create(dir + "/a.safetensors",
+                                     {{"x", DType::kF32, {2}}, {"y", DType::kI8, {3}}});
+  ASSERT_TRUE(w.ok());
+  const uint8_t buf[16] = {};
+  EXPECT_FALSE((*w)->write(0, 4, buf, 8).ok());   // past the end of x
+  EXPECT_FALSE((*w)->write(2, 0, buf, 1).ok());   // no tensor 2
+  EXPECT_FALSE((*w)->write(1, -1, buf, 1).ok());  // negative offset
+  ASSERT_TRUE((*w)->write(0, 0, buf, 8).ok());
+  ASSERT_TRUE((*w)->write(1, 0, buf, 2).ok());
+  const Status s = (*w)->finish();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("'y' got 2 of its 3 bytes"), std::string::npos) << s.message();
+  EXPECT_FALSE((*w)->write(1, 2, buf, 1).ok());  // closed
+
+  EXPECT_FALSE(SafetensorsWriter::create(dir + "/b.safetensors", {{"x", DType::kF32, {-1}}}).ok());
+  EXPECT_FALSE(SafetensorsWriter::create(dir + "/b.safetensors",
+                                         {{"x", DType::kF32, {1}}, {"x", DType::kF32, {1}}})
+                   .ok());
+  EXPECT_FALSE(SafetensorsWriter::create(dir + "/no/such/b.safetensors", {}).ok());
 }
 
 }  // namespace
