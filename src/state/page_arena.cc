@@ -25,11 +25,13 @@ const char* state_kind_name(StateKind k) {
   return "?";
 }
 
-std::unique_ptr<PageArena> PageArena::with_budget(int64_t budget_bytes, int64_t page_bytes) {
+std::unique_ptr<PageArena> PageArena::with_budget(int64_t budget_bytes,
+                                                  int64_t page_bytes,
+                                                  Storage storage) {
   DSI_CHECK(page_bytes >= 64 && page_bytes % 4 == 0,
             "page size %lld",
             static_cast<long long>(page_bytes));
-  std::unique_ptr<PageArena> a(new PageArena(page_bytes, false));
+  std::unique_ptr<PageArena> a(new PageArena(page_bytes, false, storage));
   const int64_t pages = budget_bytes / page_bytes;
   while (a->num_pages() < pages) a->add_chunk();
   // Trim the last chunk's surplus pages out of the free list.
@@ -39,16 +41,18 @@ std::unique_ptr<PageArena> PageArena::with_budget(int64_t budget_bytes, int64_t 
   return a;
 }
 
-std::unique_ptr<PageArena> PageArena::growable(int64_t page_bytes) {
+std::unique_ptr<PageArena> PageArena::growable(int64_t page_bytes, Storage storage) {
   DSI_CHECK(page_bytes >= 64 && page_bytes % 4 == 0,
             "page size %lld",
             static_cast<long long>(page_bytes));
-  return std::unique_ptr<PageArena>(new PageArena(page_bytes, true));
+  return std::unique_ptr<PageArena>(new PageArena(page_bytes, true, storage));
 }
 
 void PageArena::add_chunk() {
-  const int64_t first = static_cast<int64_t>(chunks_.size()) * kChunkPages;
-  chunks_.push_back(std::make_unique<float[]>(static_cast<size_t>(kChunkPages * page_floats())));
+  const int64_t first = num_chunks_ * kChunkPages;
+  ++num_chunks_;
+  if (storage_ == Storage::kHost)
+    chunks_.push_back(std::make_unique<float[]>(static_cast<size_t>(kChunkPages * page_floats())));
   owners_.resize(static_cast<size_t>(first + kChunkPages));
   for (int64_t i = first + kChunkPages - 1; i >= first; --i)
     free_.push_back(static_cast<int32_t>(i));

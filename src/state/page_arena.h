@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "base/check.h"
 #include "base/status.h"
 
 namespace dsinfer::state {
@@ -23,10 +24,16 @@ struct PageOwner {
 
 class PageArena {
  public:
+  // Where page contents live. kHost: the arena owns host memory for every page (the CPU
+  // backend). kNone: the arena only hands out page ids and tracks owners; the contents live
+  // elsewhere (the CUDA backend mirrors the pages in device memory) and page() must not be used.
+  enum class Storage { kHost, kNone };
   // A fixed budget: floor(budget_bytes / page_bytes) pages.
-  static std::unique_ptr<PageArena> with_budget(int64_t budget_bytes, int64_t page_bytes);
+  static std::unique_ptr<PageArena> with_budget(int64_t budget_bytes,
+                                                int64_t page_bytes,
+                                                Storage storage = Storage::kHost);
   // No fixed budget: pages are added on demand (offline tools and tests).
-  static std::unique_ptr<PageArena> growable(int64_t page_bytes);
+  static std::unique_ptr<PageArena> growable(int64_t page_bytes, Storage storage = Storage::kHost);
 
   int64_t page_bytes() const { return page_bytes_; }
   int64_t page_floats() const { return page_bytes_ / 4; }
@@ -35,14 +42,19 @@ class PageArena {
     return static_cast<int64_t>(free_.size()) + (growable_ ? 1 << 30 : 0);
   }
   bool growable() const { return growable_; }
+  bool has_host_storage() const { return storage_ == Storage::kHost; }
 
   // Allocates one page for `owner`; -1 when the budget is exhausted.
   int32_t alloc(const PageOwner& owner);
   void free(int32_t page);
   float* page(int32_t id) {
+    DSI_CHECK(
+        storage_ == Storage::kHost, "page %d has no host storage (device-mirrored arena)", id);
     return chunks_[id / kChunkPages].get() + (id % kChunkPages) * page_floats();
   }
   const float* page(int32_t id) const {
+    DSI_CHECK(
+        storage_ == Storage::kHost, "page %d has no host storage (device-mirrored arena)", id);
     return chunks_[id / kChunkPages].get() + (id % kChunkPages) * page_floats();
   }
   const PageOwner& owner(int32_t id) const { return owners_[static_cast<size_t>(id)]; }
@@ -54,11 +66,14 @@ class PageArena {
 
  private:
   static constexpr int64_t kChunkPages = 256;
-  PageArena(int64_t page_bytes, bool growable) : page_bytes_(page_bytes), growable_(growable) {}
+  PageArena(int64_t page_bytes, bool growable, Storage storage)
+      : page_bytes_(page_bytes), growable_(growable), storage_(storage) {}
   void add_chunk();
   int64_t page_bytes_;
   bool growable_;
-  std::vector<std::unique_ptr<float[]>> chunks_;
+  Storage storage_;
+  int64_t num_chunks_ = 0;
+  std::vector<std::unique_ptr<float[]>> chunks_;  // empty with Storage::kNone
   std::vector<PageOwner> owners_;
   std::vector<int32_t> free_;
   int64_t used_pages_[static_cast<int>(StateKind::kCount)] = {};
@@ -97,6 +112,13 @@ class PagedRows {
            (i % rows_per_page_) * width_;
   }
   const std::vector<int32_t>& pages() const { return pages_; }
+  // Element offset of row i from the start of a pool of pages laid out by page id (the device
+  // mirror of the arena): page_id * page_floats + (i % rows_per_page) * width.
+  int64_t pool_offset(int64_t i) const {
+    return static_cast<int64_t>(pages_[static_cast<size_t>(i / rows_per_page_)]) *
+               (arena_->page_bytes() / 4) +
+           (i % rows_per_page_) * width_;
+  }
   const PageOwner& owner() const { return owner_; }
   void release();
 

@@ -2,6 +2,7 @@
 #include "state/sequence_state.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/check.h"
 #include "base/strings.h"
@@ -14,11 +15,25 @@ CompressorRows::CompressorRows(PageArena* arena, int64_t width, int64_t capacity
     : rows_(arena, 2 * width, owner), width_(width), capacity_(capacity) {}
 
 void CompressorRows::append(const float* kv, const float* score) {
-  float* r = rows_.row(end_pos_ % capacity_);
+  float* r = rows_.row(push_row());
   std::copy(kv, kv + width_, r);
   std::copy(score, score + width_, r + width_);
+}
+
+int64_t CompressorRows::push_row() {
+  const int64_t row = end_pos_ % capacity_;
   ++end_pos_;
   first_pos_ = std::max(first_pos_, end_pos_ - capacity_);
+  return row;
+}
+
+int64_t CompressorRows::ring_row(int64_t pos) const {
+  DSI_CHECK(pos >= first_pos_ && pos < end_pos_,
+            "compressor row %lld outside [%lld, %lld)",
+            static_cast<long long>(pos),
+            static_cast<long long>(first_pos_),
+            static_cast<long long>(end_pos_));
+  return pos % capacity_;
 }
 
 const float* CompressorRows::kv_row(int64_t pos) const {
@@ -43,19 +58,27 @@ void CompressorRows::truncate(int64_t pos) {
 }
 
 void LayerState::put_entry(int64_t w, const float* e) {
+  add_entry(w);
+  std::copy(e, e + head_dim, entries.row(w));
+}
+
+void LayerState::add_entry(int64_t w) {
   DSI_CHECK(w == num_entries && w < entries.capacity(),
             "entry %lld appended at count %lld with room for %lld (reserve() first)",
             static_cast<long long>(w),
             static_cast<long long>(num_entries),
             static_cast<long long>(entries.capacity()));
-  std::copy(e, e + head_dim, entries.row(w));
   ++num_entries;
 }
 
 void LayerState::put_index_key(int64_t w, const float* k) {
+  check_index_key(w);
+  std::copy(k, k + index_head_dim, index_keys.row(w));
+}
+
+void LayerState::check_index_key(int64_t w) const {
   DSI_CHECK(
       w < index_keys.capacity(), "index key %lld without reserved room", static_cast<long long>(w));
-  std::copy(k, k + index_head_dim, index_keys.row(w));
 }
 
 namespace {
@@ -222,18 +245,29 @@ bool SequenceState::reserve(int64_t n) {
 }
 
 void SequenceState::store_final_streams(int64_t pos, const float* streams) {
-  if (final_positions_.empty())
-    return;
-  const int64_t slot = pos % static_cast<int64_t>(final_positions_.size());
-  std::copy(streams, streams + hc_width_, final_streams_.row(slot));
-  final_positions_[static_cast<size_t>(slot)] = pos;
+  const int64_t slot = mark_final_streams(pos);
+  if (slot >= 0)
+    std::copy(streams, streams + hc_width_, final_streams_.row(slot));
 }
 
 const float* SequenceState::final_streams(int64_t pos) const {
+  const int64_t slot = final_streams_row(pos);
+  return slot >= 0 ? final_streams_.row(slot) : nullptr;
+}
+
+int64_t SequenceState::mark_final_streams(int64_t pos) {
   if (final_positions_.empty() || pos < 0)
-    return nullptr;
+    return -1;
   const int64_t slot = pos % static_cast<int64_t>(final_positions_.size());
-  return final_positions_[static_cast<size_t>(slot)] == pos ? final_streams_.row(slot) : nullptr;
+  final_positions_[static_cast<size_t>(slot)] = pos;
+  return slot;
+}
+
+int64_t SequenceState::final_streams_row(int64_t pos) const {
+  if (final_positions_.empty() || pos < 0)
+    return -1;
+  const int64_t slot = pos % static_cast<int64_t>(final_positions_.size());
+  return final_positions_[static_cast<size_t>(slot)] == pos ? slot : -1;
 }
 
 void SequenceState::trim(LayerState& ls) const {
@@ -276,6 +310,82 @@ Status SequenceState::rollback(int64_t k) {
   for (auto& p : final_positions_) {
     if (p >= num_tokens_)
       p = -1;
+  }
+  check_integrity();
+  return Status();
+}
+
+Status SequenceState::fork_from(const SequenceState& src,
+                                std::vector<std::pair<int32_t, int32_t>>* pairs) {
+  DSI_CHECK(num_tokens_ == 0 && layers_.size() == src.layers_.size() &&
+                mtp_layers_.size() == src.mtp_layers_.size() &&
+                max_rollback_ == src.max_rollback_ && arena_ == src.arena_,
+            "fork_from needs a fresh sequence of the same model, rollback limit and arena");
+  // Reserve first, so that a failure leaves this sequence fresh.
+  auto grow = [&](const std::vector<LayerState>& from, std::vector<LayerState>& to) {
+    for (size_t l = 0; l < from.size(); ++l) {
+      if (from[l].ratio == 0)
+        continue;
+      if (!to[l].entries.reserve(from[l].num_entries))
+        return false;
+      if (from[l].index_head_dim && !to[l].index_keys.reserve(from[l].num_entries))
+        return false;
+    }
+    return true;
+  };
+  if (!grow(src.layers_, layers_) || !grow(src.mtp_layers_, mtp_layers_)) {
+    for (auto* v : {&layers_, &mtp_layers_}) {
+      for (LayerState& ls : *v) {
+        if (ls.ratio == 0)
+          continue;
+        ls.entries.shrink_to(0);
+        if (ls.index_head_dim)
+          ls.index_keys.shrink_to(0);
+      }
+    }
+    return Status(
+        StatusCode::kResourceExhausted,
+        str_format("no state memory to fork sequence %lld", static_cast<long long>(src.id_)));
+  }
+  std::vector<std::pair<int32_t, int32_t>> local;
+  auto pair_pages = [&](const PagedRows& a, const PagedRows& b, int64_t rows) {
+    const int64_t n = std::min<int64_t>(a.pages_for(rows), a.num_pages());
+    for (int64_t i = 0; i < n; ++i) local.emplace_back(a.pages()[i], b.pages()[i]);
+  };
+  auto copy_layers = [&](const std::vector<LayerState>& from, std::vector<LayerState>& to) {
+    for (size_t l = 0; l < from.size(); ++l) {
+      const LayerState& a = from[l];
+      LayerState& b = to[l];
+      pair_pages(a.ring, b.ring, a.ring_capacity);
+      if (a.ratio == 0)
+        continue;
+      pair_pages(a.entries, b.entries, a.num_entries);
+      if (a.index_head_dim)
+        pair_pages(a.index_keys, b.index_keys, a.num_entries);
+      b.num_entries = a.num_entries;
+      for (int k = 0; k < 2; ++k) {
+        const CompressorRows& ra = k == 0 ? a.comp_rows : a.index_rows;
+        CompressorRows& rb = k == 0 ? b.comp_rows : b.index_rows;
+        if (!ra.enabled())
+          continue;
+        pair_pages(ra.rows(), rb.rows(), ra.capacity());
+        rb.copy_positions_from(ra);
+      }
+    }
+  };
+  copy_layers(src.layers_, layers_);
+  copy_layers(src.mtp_layers_, mtp_layers_);
+  if (!final_positions_.empty()) {
+    pair_pages(src.final_streams_, final_streams_, max_rollback_ + 1);
+    final_positions_ = src.final_positions_;
+  }
+  num_tokens_ = src.num_tokens_;
+  mtp_num_tokens_ = src.mtp_num_tokens_;
+  if (arena_->has_host_storage()) {
+    const size_t bytes = static_cast<size_t>(arena_->page_bytes());
+    for (const auto& [from, to] : local) std::memcpy(arena_->page(to), arena_->page(from), bytes);
+  } else if (pairs) {
+    pairs->insert(pairs->end(), local.begin(), local.end());
   }
   check_integrity();
   return Status();

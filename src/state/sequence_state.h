@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -32,10 +33,21 @@ class CompressorRows {
   bool reserve_all() { return rows_.reserve(capacity_); }
   // Appends the row of position end_pos(); the oldest row is dropped when the ring is full.
   void append(const float* kv, const float* score);
+  // Metadata-only append (the row's contents are written elsewhere, e.g. on the device):
+  // advances end_pos() like append() and returns the ring row that position occupies.
+  int64_t push_row();
+  // Ring row of position pos (must be held) and the row storage itself.
+  int64_t ring_row(int64_t pos) const;
+  const PagedRows& rows() const { return rows_; }
   const float* kv_row(int64_t pos) const;
   const float* score_row(int64_t pos) const;
   void drop_before(int64_t pos);  // forget rows before pos
-  void truncate(int64_t pos);     // forget rows at and after pos
+  // Takes src's positions (same width and capacity; this ring's pages already reserved).
+  void copy_positions_from(const CompressorRows& src) {
+    first_pos_ = src.first_pos_;
+    end_pos_ = src.end_pos_;
+  }
+  void truncate(int64_t pos);  // forget rows at and after pos
   int64_t num_pages() const { return rows_.num_pages(); }
 
  private:
@@ -66,6 +78,9 @@ struct LayerState {
   // Appends compressed entry / index key number `w` (capacity reserved beforehand).
   void put_entry(int64_t w, const float* e);
   void put_index_key(int64_t w, const float* k);
+  // Metadata-only variant of put_entry (contents written elsewhere): checks and counts entry w.
+  void add_entry(int64_t w);
+  void check_index_key(int64_t w) const;
 };
 
 struct StateBytes {
@@ -117,6 +132,20 @@ class SequenceState {
   void set_mtp_num_tokens(int64_t n) { mtp_num_tokens_ = n; }
   void store_final_streams(int64_t pos, const float* streams);
   const float* final_streams(int64_t pos) const;  // null when not kept
+  // Metadata-only variants (contents kept elsewhere, e.g. on the device): the row of
+  // final_streams_rows() that holds position pos after mark_final_streams(pos), or -1 when no
+  // row holds pos (no MTP state, or not kept).
+  int64_t mark_final_streams(int64_t pos);
+  int64_t final_streams_row(int64_t pos) const;
+  const PagedRows& final_streams_rows() const { return final_streams_; }
+  PageArena* arena() const { return arena_; }
+
+  // Makes this fresh sequence (no tokens yet, same model and max_rollback) a copy of `src`:
+  // allocates the same pages and copies the metadata. With a host-storage arena the page contents
+  // are copied too; otherwise the (source page, destination page) pairs are appended to `pairs`
+  // for the backend to copy (CudaModel::copy_pages). kResourceExhausted (and nothing kept beyond
+  // the fixed parts) when the arena is out of pages.
+  Status fork_from(const SequenceState& src, std::vector<std::pair<int32_t, int32_t>>* pairs);
 
   // Called by the forward after it appended n tokens; trims what rollback no longer needs.
   void advance(int64_t n);

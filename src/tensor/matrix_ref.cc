@@ -73,13 +73,29 @@ float MatrixRef::at(int64_t r, int64_t c) const {
 }
 
 int64_t MatrixRef::nbytes() const {
+  return data_bytes() + scale_bytes();
+}
+
+int64_t MatrixRef::data_bytes() const {
   switch (format) {
     case WeightFormat::kFloat:
       return rows * cols * dtype_size(dtype);
     case WeightFormat::kFp8Block128:
-      return rows * cols + ((rows + 127) / 128) * ((cols + 127) / 128) * dtype_size(scale_dtype);
+      return rows * cols;
     case WeightFormat::kMxfp4:
-      return rows * cols / 2 + rows * (cols / 32);
+      return rows * cols / 2;
+  }
+  return 0;
+}
+
+int64_t MatrixRef::scale_bytes() const {
+  switch (format) {
+    case WeightFormat::kFloat:
+      return 0;
+    case WeightFormat::kFp8Block128:
+      return ((rows + 127) / 128) * ((cols + 127) / 128) * dtype_size(scale_dtype);
+    case WeightFormat::kMxfp4:
+      return rows * (cols / 32);
   }
   return 0;
 }

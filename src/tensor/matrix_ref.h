@@ -32,6 +32,8 @@ struct MatrixRef {
   float at(int64_t r, int64_t c) const;
   // Bytes of data + scale.
   int64_t nbytes() const;
+  int64_t data_bytes() const;
+  int64_t scale_bytes() const;
 };
 
 }  // namespace dsinfer

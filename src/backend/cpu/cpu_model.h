@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/model.h"
 #include "base/status.h"
 #include "model/config.h"
 #include "model/numerics.h"
@@ -15,23 +16,10 @@
 
 namespace dsinfer::cpu {
 
-struct ForwardOutputs {
-  std::vector<float> logits;  // [n, vocab] for the chunk's tokens (when want_logits), or
-                              // [1, vocab] with last_logits_only
-  // MTP draft logits for the positions whose next token became known in this call:
-  // mtp_first_pos .. mtp_first_pos + mtp_count - 1; row i predicts token (pos + 2).
-  std::vector<float> mtp_logits;  // [mtp_count, vocab]
-  int64_t mtp_first_pos = 0;
-  int64_t mtp_count = 0;
-};
+using ForwardOutputs = backend::ForwardOutputs;
+using ForwardOptions = backend::ForwardOptions;
 
-struct ForwardOptions {
-  bool want_logits = true;
-  bool last_logits_only = false;  // logits of the chunk's last token only ([1, vocab])
-  bool run_mtp = false;           // requires MTP weights
-};
-
-class CpuModel {
+class CpuModel final : public backend::Model {
  public:
   CpuModel(const model::ModelConfig& config,
            const model::ModelWeights& weights,
@@ -43,9 +31,16 @@ class CpuModel {
                  std::span<const int32_t> tokens,
                  const ForwardOptions& options,
                  ForwardOutputs* out) const;
+  Status forward(state::SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const ForwardOptions& options,
+                 ForwardOutputs* out) override {
+    return static_cast<const CpuModel*>(this)->forward(st, tokens, options, out);
+  }
 
-  const model::ModelConfig& config() const { return config_; }
-  model::Numerics numerics() const { return numerics_; }
+  const char* name() const override { return "cpu"; }
+  const model::ModelConfig& config() const override { return config_; }
+  model::Numerics numerics() const override { return numerics_; }
 
  private:
   void decoder_layer(const model::LayerWeights& w,

@@ -1,0 +1,72 @@
+// backend::Model: the seam between the engine and a compute backend (CPU reference, CUDA). A
+// backend runs the whole DeepSeek V4 forward over sequences whose state lives in a
+// state::SequenceState (page ids from the engine's PageArena; the page contents in host memory
+// for the CPU backend, in a device mirror for CUDA).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "model/numerics.h"
+#include "state/page_arena.h"
+#include "state/sequence_state.h"
+
+namespace dsinfer::backend {
+
+struct ForwardOutputs {
+  std::vector<float> logits;  // [n, vocab] for the chunk's tokens (when want_logits), or
+                              // [1, vocab] with last_logits_only
+  // MTP draft logits for the positions whose next token became known in this call:
+  // mtp_first_pos .. mtp_first_pos + mtp_count - 1; row i predicts token (pos + 2).
+  std::vector<float> mtp_logits;  // [mtp_count, vocab]
+  int64_t mtp_first_pos = 0;
+  int64_t mtp_count = 0;
+};
+
+struct ForwardOptions {
+  bool want_logits = true;
+  bool last_logits_only = false;  // logits of the chunk's last token only ([1, vocab])
+  bool run_mtp = false;           // requires MTP weights
+};
+
+// One sequence's chunk in a batched forward. `status` reports a per-item failure (bad token id,
+// no state memory, MTP precondition): that item's state is untouched and the others proceed.
+struct ForwardItem {
+  state::SequenceState* state = nullptr;
+  std::span<const int32_t> tokens;
+  ForwardOptions options;
+  ForwardOutputs* out = nullptr;  // may be null
+  Status status;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // Appends `tokens` to the sequence in `st` and computes their logits. Token ids are validated
+  // (a bad id is an invalid-argument Status and leaves `st` untouched).
+  virtual Status forward(state::SequenceState& st,
+                         std::span<const int32_t> tokens,
+                         const ForwardOptions& options,
+                         ForwardOutputs* out) = 0;
+  // Several sequences at once (each sequence at most once). Per-item errors go to item.status;
+  // the returned Status is a failure of the whole batch (a device error), after which the
+  // backend is unusable. The default runs the items one after another.
+  virtual Status forward_batch(std::span<ForwardItem> items) {
+    for (ForwardItem& it : items) it.status = forward(*it.state, it.tokens, it.options, it.out);
+    return Status();
+  }
+  // Where the arena's page contents must live for this backend.
+  virtual state::PageArena::Storage state_storage() const {
+    return state::PageArena::Storage::kHost;
+  }
+  // A latched unrecoverable device error (OK for the CPU).
+  virtual Status health() const { return Status(); }
+  virtual const char* name() const = 0;
+  virtual const model::ModelConfig& config() const = 0;
+  virtual model::Numerics numerics() const = 0;
+};
+
+}  // namespace dsinfer::backend

@@ -1,0 +1,138 @@
+// Sequence state features the backends rely on: forking a sequence (identical continuation),
+// metadata-only arenas (Storage::kNone), and the cost model used by `dsinfer bench`.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_model.h"
+#include "model/checkpoint.h"
+#include "model/cost.h"
+
+namespace dsinfer {
+namespace {
+
+std::unique_ptr<model::Checkpoint> tiny() {
+  auto r = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official");
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+std::vector<int32_t> ids(int n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> v;
+  for (int i = 0; i < n; ++i) v.push_back(static_cast<int32_t>(2 + g() % 500));
+  return v;
+}
+
+TEST(Fork, ForkedSequenceContinuesExactlyLikeTheSource) {
+  auto ckpt = tiny();
+  const auto& c = ckpt->config();
+  cpu::CpuModel m(c, ckpt->weights(), model::Numerics::kDeepSeek);
+  auto arena = state::PageArena::growable(state::min_page_bytes(c));
+  backend::ForwardOptions opts;
+  opts.run_mtp = true;
+  for (int64_t rollback : {0, 3}) {
+    state::SequenceState a(c, arena.get(), 1, rollback);
+    backend::ForwardOutputs out;
+    ASSERT_TRUE(m.forward(a, ids(37, 1), opts, &out).ok());
+    state::SequenceState b(c, arena.get(), 2, rollback);
+    ASSERT_TRUE(b.fork_from(a, nullptr).ok());
+    EXPECT_EQ(b.num_tokens(), a.num_tokens());
+    b.check_integrity();
+    const auto more = ids(23, 2);
+    backend::ForwardOutputs oa, ob;
+    ASSERT_TRUE(m.forward(a, more, opts, &oa).ok());
+    ASSERT_TRUE(m.forward(b, more, opts, &ob).ok());
+    EXPECT_EQ(oa.logits, ob.logits);
+    EXPECT_EQ(oa.mtp_logits, ob.mtp_logits);
+    arena->check_integrity();
+  }
+}
+
+TEST(Fork, OutOfPagesLeavesTheTargetFresh) {
+  auto ckpt = tiny();
+  const auto& c = ckpt->config();
+  cpu::CpuModel m(c, ckpt->weights(), model::Numerics::kReference);
+  const int64_t page = state::min_page_bytes(c);
+  const int64_t fixed = state::SequenceState::pages_for(c, page, 0, 0);
+  const int64_t full = state::SequenceState::pages_for(c, page, 60, 0);
+  // Room for the source and only the fixed part of the fork.
+  auto arena = state::PageArena::with_budget((full + fixed) * page, page);
+  state::SequenceState a(c, arena.get(), 1, 0);
+  backend::ForwardOutputs out;
+  ASSERT_TRUE(m.forward(a, ids(60, 3), {}, &out).ok());
+  state::SequenceState b(c, arena.get(), 2, 0);
+  ASSERT_TRUE(b.ok());
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  const Status s = b.fork_from(a, &pairs);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+  EXPECT_EQ(b.num_tokens(), 0);
+  EXPECT_TRUE(pairs.empty());
+  b.check_integrity();
+  arena->check_integrity();
+}
+
+TEST(Fork, MetadataOnlyArenaReportsPagePairs) {
+  auto ckpt = tiny();
+  const auto& c = ckpt->config();
+  auto host = state::PageArena::growable(state::min_page_bytes(c));
+  auto meta =
+      state::PageArena::growable(state::min_page_bytes(c), state::PageArena::Storage::kNone);
+  EXPECT_TRUE(host->has_host_storage());
+  EXPECT_FALSE(meta->has_host_storage());
+  state::SequenceState a(c, meta.get(), 1, 0);
+  ASSERT_TRUE(a.reserve(40));
+  // Metadata-only appends, as the CUDA backend does them.
+  for (auto& ls : a.layers()) {
+    for (int64_t p = 0; p < 40; ++p) {
+      if (ls.comp_rows.enabled())
+        ls.comp_rows.push_row();
+      if (ls.index_rows.enabled())
+        ls.index_rows.push_row();
+      if (ls.ratio && (p + 1) % ls.ratio == 0)
+        ls.add_entry((p + 1) / ls.ratio - 1);
+    }
+  }
+  a.advance(40);
+  a.check_integrity();
+  state::SequenceState b(c, meta.get(), 2, 0);
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  ASSERT_TRUE(b.fork_from(a, &pairs).ok());
+  EXPECT_FALSE(pairs.empty());
+  for (const auto& [from, to] : pairs) {
+    EXPECT_EQ(meta->owner(from).sequence, 1);
+    EXPECT_EQ(meta->owner(to).sequence, 2);
+  }
+  EXPECT_DEATH(meta->page(pairs.front().first), "no host storage");
+}
+
+TEST(Cost, CountsWeightsAttentionAndExperts) {
+  auto ckpt = tiny();
+  const auto& c = ckpt->config();
+  const auto& w = ckpt->weights();
+  const model::ForwardCost p1 = model::prefill_cost(c, w, 1);
+  const model::ForwardCost p64 = model::prefill_cost(c, w, 64);
+  // Matmul work is linear in tokens (apart from the one LM-head row); attention grows faster.
+  const double head = 2.0 * static_cast<double>(w.head.rows * w.head.cols);
+  EXPECT_NEAR(p64.matmul_flops - head, 64 * (p1.matmul_flops - head), 1e-6 * p64.matmul_flops);
+  EXPECT_GT(p64.attention_flops, 64 * p1.attention_flops);
+  // One decode step of batch 1 applies the same weights as a one-token prefill.
+  const model::ForwardCost d1 = model::decode_cost(c, w, 1, 0);
+  EXPECT_DOUBLE_EQ(d1.matmul_flops, p1.matmul_flops);
+  // Larger batches touch more distinct experts, never more than all of them.
+  const model::ForwardCost d4 = model::decode_cost(c, w, 4, 100);
+  const model::ForwardCost d4k = model::decode_cost(c, w, 4096, 100);
+  EXPECT_GT(d4k.weight_bytes, d4.weight_bytes);
+  double all = 0;
+  for (const auto& l : w.layers) {
+    for (const auto& e : l.ffn.experts) all += e.w1.nbytes() + e.w3.nbytes() + e.w2.nbytes();
+  }
+  EXPECT_LT(d4k.weight_bytes, p1.weight_bytes + 1);  // prefill reads every expert once
+  EXPECT_GT(all, 0);
+  EXPECT_GT(d4.state_bytes, 0);
+}
+
+}  // namespace
+}  // namespace dsinfer
