@@ -352,6 +352,8 @@ int run_generate(const GenerateArgs& a) {
   }
   if (progress)
     std::fprintf(stderr, "\n");
+  if (Status h = e.health(); !h.ok())
+    return fail(h);  // a device failure: every request failed, nothing to report
   const double wall = std::max(1e-9, e.now_s() - t_start);
 
   // Results.

@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_model.h"
 #include "base/strings.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -32,10 +31,10 @@ int run_score(const ScoreArgs& args) {
   auto numerics = parse_numerics(args.numerics);
   if (!numerics.ok())
     return fail(numerics.status());
-  if (args.device != "cpu") {
-    return fail(unimplemented("--device " + args.device +
-                              " is not available yet in this build (use --device cpu)"));
-  }
+  engine::EngineConfig ec;
+  ec.numerics = *numerics;
+  if (Status s = parse_device(args.device, &ec); !s.ok())
+    return fail(s);
   if (args.chunk < 0)
     return fail(invalid_argument("--chunk must be >= 1"));
   auto ckpt = model::Checkpoint::open(args.model_dir);
@@ -46,21 +45,24 @@ int run_score(const ScoreArgs& args) {
     return fail(
         failed_precondition("--mtp: the checkpoint in " + args.model_dir + " has no MTP weights"));
   }
-  cpu::CpuModel model(cfg, (*ckpt)->weights(), *numerics);
-  auto arena = state::PageArena::growable(state::default_page_bytes(cfg));
+  auto model = engine::create_model(ec, cfg, (*ckpt)->weights());
+  if (!model.ok())
+    return fail(model.status());
+  auto arena =
+      state::PageArena::growable(state::default_page_bytes(cfg), (*model)->state_storage());
   state::SequenceState st(cfg, arena.get(), 0, 0);
   const int64_t total = static_cast<int64_t>(ids->size());
   const int64_t chunk = args.chunk == 0 ? total : args.chunk;
   std::vector<float> logits;
   std::vector<float> mtp_logits;
   logits.reserve(static_cast<size_t>(total * cfg.vocab_size));
-  cpu::ForwardOptions opts;
+  backend::ForwardOptions opts;
   opts.run_mtp = args.mtp;
-  cpu::ForwardOutputs out;
+  backend::ForwardOutputs out;
   for (int64_t begin = 0; begin < total; begin += chunk) {
     const int64_t n = std::min(chunk, total - begin);
     std::span<const int32_t> span(ids->data() + begin, static_cast<size_t>(n));
-    Status s = model.forward(st, span, opts, &out);
+    Status s = (*model)->forward(st, span, opts, &out);
     if (!s.ok())
       return fail(s);
     logits.insert(logits.end(), out.logits.begin(), out.logits.end());
@@ -72,16 +74,18 @@ int run_score(const ScoreArgs& args) {
     tensors.push_back(
         f32_tensor("mtp_logits", {std::max<int64_t>(0, total - 1), cfg.vocab_size}, mtp_logits));
   }
-  Status s = write_safetensors(
-      args.output,
-      tensors,
-      {{"numerics", model::numerics_name(*numerics)}, {"chunk", std::to_string(chunk)}});
+  Status s = write_safetensors(args.output,
+                               tensors,
+                               {{"numerics", model::numerics_name(*numerics)},
+                                {"chunk", std::to_string(chunk)},
+                                {"device", args.device}});
   if (!s.ok())
     return fail(s);
   std::fprintf(stderr,
-               "dsinfer score: %lld tokens, %s numerics, chunk %lld -> %s\n",
+               "dsinfer score: %lld tokens, %s numerics, %s, chunk %lld -> %s\n",
                static_cast<long long>(total),
                model::numerics_name(*numerics),
+               (*model)->name(),
                static_cast<long long>(chunk),
                args.output.c_str());
   return 0;
@@ -101,7 +105,7 @@ void add_score_command(CLI::App& app, int& exit_code) {
                   "Feed the prompt N tokens at a time through the incremental path (1 = token by "
                   "token); default: one full forward");
   cmd->add_option("--numerics", args->numerics, "reference | deepseek");
-  cmd->add_option("--device", args->device, "cpu (cuda arrives with the GPU backend)");
+  cmd->add_option("--device", args->device, "cpu | cuda | cuda:N");
   cmd->add_flag("--mtp",
                 args->mtp,
                 "Also write `mtp_logits` [T-1, vocab]: the MTP block's prediction of token i+2");

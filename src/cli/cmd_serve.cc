@@ -2,6 +2,7 @@
 // (SSE streaming and not), /v1/models, /health and Prometheus /metrics over HTTP, in front of
 // the engine (src/server). See docs/server.md.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -27,7 +28,6 @@ struct ServeArgs {
   EngineFlags engine;
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string device = "cpu";
   std::vector<std::string> served_model_names;
   std::string api_key;
   int64_t max_queue = 256;
@@ -54,13 +54,6 @@ int run_serve(const ServeArgs& a) {
     return fail(invalid_argument("--log-level must be debug, info, warn, error or off"));
   }
   server::set_log_level(level);
-  if (a.device != "cpu" && a.device != "cuda") {
-    return fail(invalid_argument("--device must be `cpu` or `cuda`"));
-  }
-  if (a.device == "cuda") {
-    return fail(unimplemented(
-        "--device cuda: the engine runs on the CPU backend only in this build; use --device cpu"));
-  }
   if (a.port < 0 || a.port > 65535)
     return fail(invalid_argument("--port must be in [0, 65535]"));
   if (a.max_queue < 0)
@@ -145,6 +138,8 @@ int run_serve(const ServeArgs& a) {
                           &metrics,
                           a.engine.max_num_seqs + a.max_queue,
                           a.debug_step_delay_ms / 1e3);
+  // A device failure fails every request; then the server drains and exits non-zero.
+  loop.set_on_fatal([](const Status&) { std::raise(SIGTERM); });
   server::Server srv(so, ctx, &loop, &metrics);
   Status s = srv.listen();
   if (!s.ok())
@@ -165,6 +160,8 @@ int run_serve(const ServeArgs& a) {
       so.api_key.empty() ? "" : ", API key required");
   srv.run(/*handle_signals=*/true);
   loop.stop();
+  if (Status f = loop.fatal(); !f.ok())
+    return fail(f);
   DSI_LOG_INFO("server stopped");
   return 0;
 }
@@ -178,7 +175,6 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   add_engine_flags(cmd, &a->engine);
   cmd->add_option("--host", a->host, "Address to bind (default 127.0.0.1: loopback only)");
   cmd->add_option("--port", a->port, "TCP port (default 8000; 0 = any free port)");
-  cmd->add_option("--device", a->device, "cpu | cuda (default cpu)");
   cmd->add_option("--served-model-name",
                   a->served_model_names,
                   "Model name(s) the API answers to (repeatable; default: the model "

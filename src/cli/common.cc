@@ -115,6 +115,29 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
                   f->max_model_len,
                   "Context limit, prompt + output tokens (default: the model's)");
   cmd->add_option("--model-version", f->model_version, "Prompt format: v4 | v4-0731 | v4.1");
+  cmd->add_option("--device", f->device, "cpu | cuda | cuda:N (the CUDA backend needs a GPU)");
+  cmd->add_flag("--no-cuda-graphs",
+                f->no_cuda_graphs,
+                "Launch decode steps eagerly instead of replaying CUDA graphs");
+}
+
+Status parse_device(const std::string& s, engine::EngineConfig* config) {
+  if (s == "cpu") {
+    config->device = engine::Device::kCpu;
+    return Status();
+  }
+  if (s == "cuda") {
+    config->device = engine::Device::kCuda;
+    config->device_ordinal = 0;
+    return Status();
+  }
+  if (s.rfind("cuda:", 0) == 0 && s.size() > 5 && s.size() < 9 &&
+      s.find_first_not_of("0123456789", 5) == std::string::npos) {
+    config->device = engine::Device::kCuda;
+    config->device_ordinal = std::stoi(s.substr(5));
+    return Status();
+  }
+  return invalid_argument("--device: `" + s + "` is not one of cpu, cuda, cuda:N");
 }
 
 Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
@@ -122,6 +145,8 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   DSI_ASSIGN_OR_RETURN(s.config.numerics, parse_numerics(f.numerics));
   DSI_ASSIGN_OR_RETURN(s.config.state_budget_bytes, parse_bytes("--state-memory", f.state_memory));
   DSI_ASSIGN_OR_RETURN(s.version, parse_model_version(f.model_version));
+  DSI_RETURN_IF_ERROR(parse_device(f.device, &s.config));
+  s.config.cuda_graphs = !f.no_cuda_graphs;
   if (f.max_model_len < 0)
     return invalid_argument("--max-model-len must be >= 0");
   s.config.model_dir = resolve_model_dir(f.model_dir);

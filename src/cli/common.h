@@ -20,6 +20,8 @@ Result<std::vector<int32_t>> parse_token_ids(const std::string& csv);
 Result<model::Numerics> parse_numerics(const std::string& s);
 // "512MiB", "2GiB", "8MB", "4096" -> bytes; errors name `flag`.
 Result<int64_t> parse_bytes(const std::string& flag, const std::string& s);
+// "cpu" | "cuda" | "cuda:N" -> the engine's device and ordinal.
+Status parse_device(const std::string& s, engine::EngineConfig* config);
 // "v4" | "v4-0731" | "v4.1".
 Result<recipe::ModelVersion> parse_model_version(const std::string& s);
 // --model value, else $DSINFER_MODEL, else the bundled model (models/<name> under the current
@@ -36,6 +38,8 @@ struct EngineFlags {
   int64_t max_tokens_per_step = 256;
   int64_t max_model_len = 0;  // 0 = the model's
   std::string model_version = "v4";
+  std::string device = "cpu";
+  bool no_cuda_graphs = false;
 };
 void add_engine_flags(CLI::App* cmd, EngineFlags* f);
 

@@ -6,6 +6,9 @@
 
 #include "base/check.h"
 #include "base/strings.h"
+#if DSINFER_HAVE_CUDA_BACKEND
+#include "backend/cuda/cuda_model.h"
+#endif
 
 namespace dsinfer::engine {
 
@@ -46,6 +49,32 @@ class Engine::Memory : public MemoryHooks {
   std::map<RequestId, std::unique_ptr<state::SequenceState>> states_;
 };
 
+Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
+                                                     const model::ModelConfig& mc,
+                                                     const model::ModelWeights& weights) {
+  switch (config.device) {
+    case Device::kCpu:
+      return std::unique_ptr<backend::Model>(
+          std::make_unique<cpu::CpuModel>(mc, weights, config.numerics));
+    case Device::kCuda: {
+#if DSINFER_HAVE_CUDA_BACKEND
+      gpu::CudaModelOptions co;
+      co.device = config.device_ordinal;
+      co.cuda_graphs = config.cuda_graphs;
+      auto m = gpu::CudaModel::create(mc, weights, config.numerics, co);
+      if (!m.ok())
+        return m.status();
+      return std::unique_ptr<backend::Model>(std::move(m).value());
+#else
+      return Status(StatusCode::kUnimplemented,
+                    "--device cuda: this build has no CUDA backend (configure with "
+                    "-DDSINFER_CUDA=ON on a machine with nvcc)");
+#endif
+    }
+  }
+  return invalid_argument("unknown device");
+}
+
 Engine::Engine() = default;
 Engine::~Engine() = default;
 
@@ -75,8 +104,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   std::unique_ptr<Engine> e(new Engine());
   e->config_ = config;
   e->ckpt_ = std::move(ckpt);
-  e->model_ = std::make_unique<cpu::CpuModel>(mc, e->ckpt_->weights(), config.numerics);
-  e->arena_ = state::PageArena::with_budget(config.state_budget_bytes, page_bytes);
+  auto model = create_model(config, mc, e->ckpt_->weights());
+  if (!model.ok())
+    return model.status();
+  e->model_ = std::move(model).value();
+  e->arena_ = state::PageArena::with_budget(
+      config.state_budget_bytes, page_bytes, e->model_->state_storage());
   if (e->arena_->num_pages() < state::SequenceState::pages_for(mc, page_bytes, 1, 0)) {
     return invalid_argument(str_format(
         "state memory budget %s is smaller than one sequence's fixed state (%s)",
@@ -171,20 +204,62 @@ void Engine::finish(Request& r, FinishReason why) {
   scheduler_->remove(&r);
 }
 
-void Engine::execute(const ScheduledChunk& c) {
+void Engine::run_chunks() {
+  // Every scheduled chunk in one batched forward; then sampling and stop checks per chunk.
+  const size_t n = plan_.chunks.size();
+  if (chunk_tokens_.size() < n)
+    chunk_tokens_.resize(n);
+  if (outs_.size() < n)
+    outs_.resize(n);
+  items_.clear();
+  item_chunk_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const ScheduledChunk& c = plan_.chunks[i];
+    Request& r = *c.request;
+    if (r.done())
+      continue;
+    state::SequenceState& st = memory_->state(r.id);
+    DSI_CHECK(st.num_tokens() == c.first_pos,
+              "request %lld: state at %lld, chunk at %lld",
+              static_cast<long long>(r.id),
+              static_cast<long long>(st.num_tokens()),
+              static_cast<long long>(c.first_pos));
+    std::vector<int32_t>& tokens = chunk_tokens_[i];
+    tokens.resize(static_cast<size_t>(c.num_tokens));
+    for (int64_t t = 0; t < c.num_tokens; ++t) tokens[t] = r.token_at(c.first_pos + t);
+    backend::ForwardItem item;
+    item.state = &st;
+    item.tokens = tokens;
+    item.options.want_logits = c.samples;
+    item.options.last_logits_only = true;
+    item.out = &outs_[i];
+    items_.push_back(item);
+    item_chunk_.push_back(i);
+  }
+  if (items_.empty())
+    return;
+  const Status s = model_->forward_batch(items_);
+  if (!s.ok() && !model_->health().ok()) {
+    fail_all(model_->health());
+    return;
+  }
+  for (size_t k = 0; k < items_.size(); ++k) {
+    finish_chunk(plan_.chunks[item_chunk_[k]], items_[k].status, outs_[item_chunk_[k]]);
+  }
+}
+
+void Engine::fail_all(const Status& why) {
+  failure_ = why;
+  for (auto& [id, r] : requests_) {
+    if (!r->done()) {
+      r->error = why.message();
+      finish(*r, FinishReason::kError);
+    }
+  }
+}
+
+void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::ForwardOutputs& out) {
   Request& r = *c.request;
-  state::SequenceState& st = memory_->state(r.id);
-  DSI_CHECK(st.num_tokens() == c.first_pos,
-            "request %lld: state at %lld, chunk at %lld",
-            static_cast<long long>(r.id),
-            static_cast<long long>(st.num_tokens()),
-            static_cast<long long>(c.first_pos));
-  tokens_.resize(static_cast<size_t>(c.num_tokens));
-  for (int64_t i = 0; i < c.num_tokens; ++i) tokens_[i] = r.token_at(c.first_pos + i);
-  cpu::ForwardOptions opts;
-  opts.want_logits = c.samples;
-  opts.last_logits_only = true;
-  Status s = model_->forward(st, tokens_, opts, &out_);
   if (!s.ok()) {
     r.error = s.message();
     finish(r, FinishReason::kError);
@@ -200,7 +275,7 @@ void Engine::execute(const ScheduledChunk& c) {
   // Sample the next token from the last position's logits.
   const auto& mc = ckpt_->config();
   const sampling::SampleResult sr =
-      sampling::sample(std::span<float>(out_.logits.data(), static_cast<size_t>(mc.vocab_size)),
+      sampling::sample(std::span<float>(out.logits.data(), static_cast<size_t>(mc.vocab_size)),
                        r.spec.sampling,
                        r.penalties,
                        static_cast<uint64_t>(r.output.size()));
@@ -240,7 +315,7 @@ void Engine::execute(const ScheduledChunk& c) {
 }
 
 bool Engine::step() {
-  if (scheduler_->idle())
+  if (!failure_.ok() || scheduler_->idle())
     return false;
   scheduler_->plan(plan_);
   stats_.preemptions += static_cast<int64_t>(plan_.preempted.size());
@@ -255,10 +330,7 @@ bool Engine::step() {
       }
     }
   }
-  for (const ScheduledChunk& c : plan_.chunks) {
-    if (!c.request->done())
-      execute(c);
-  }
+  run_chunks();
   ++stats_.steps;
   return !scheduler_->idle();
 }

@@ -20,14 +20,24 @@
 
 namespace dsinfer::engine {
 
+enum class Device { kCpu, kCuda };
+
 struct EngineConfig {
   std::string model_dir;
   model::Numerics numerics = model::Numerics::kReference;
+  Device device = Device::kCpu;
+  int device_ordinal = 0;                         // CUDA device
+  bool cuda_graphs = true;                        // decode steps replayed from CUDA graphs
   int64_t state_budget_bytes = int64_t{1} << 30;  // the one memory budget for sequence state
   int64_t page_bytes = 0;                         // 0 = state::default_page_bytes(model)
   int64_t max_model_len = 0;                      // 0 = model's max_position_embeddings
   SchedulerConfig scheduler;
 };
+
+// The backend for config.device (CPU reference or CUDA); errors say why a device is unusable.
+Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
+                                                     const model::ModelConfig& mc,
+                                                     const model::ModelWeights& weights);
 
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -72,6 +82,10 @@ class Engine {
   EngineStats stats() const;
   const model::ModelConfig& model_config() const { return ckpt_->config(); }
   const state::PageArena& arena() const { return *arena_; }
+  // OK while the backend is healthy; after a device failure, that failure (every in-flight
+  // request has been failed with it and step() returns false).
+  Status health() const { return failure_; }
+  const backend::Model& model() const { return *model_; }
   // Runs every integrity checker (scheduler, arena, sequence states); aborts on violation.
   void check_integrity() const;
   double now_s() const;
@@ -79,12 +93,14 @@ class Engine {
  private:
   class Memory;
   Engine();
-  void execute(const ScheduledChunk& c);
+  void run_chunks();
+  void finish_chunk(const ScheduledChunk& c, const Status& s, backend::ForwardOutputs& out);
+  void fail_all(const Status& why);
   void finish(Request& r, FinishReason why);
 
   EngineConfig config_;
   std::shared_ptr<const model::Checkpoint> ckpt_;
-  std::unique_ptr<cpu::CpuModel> model_;
+  std::unique_ptr<backend::Model> model_;
   std::unique_ptr<state::PageArena> arena_;
   std::unique_ptr<Memory> memory_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -93,8 +109,11 @@ class Engine {
   RequestId next_id_ = 1;
   int64_t max_model_len_ = 0;
   StepPlan plan_;
-  cpu::ForwardOutputs out_;
-  std::vector<int32_t> tokens_;
+  std::vector<std::vector<int32_t>> chunk_tokens_;
+  std::vector<backend::ForwardOutputs> outs_;
+  std::vector<backend::ForwardItem> items_;
+  std::vector<size_t> item_chunk_;
+  Status failure_;  // a device failure: every request failed, step() does nothing more
   sampling::SamplerScratch sampler_scratch_;
   EngineStats stats_;
   double t0_ = 0;

@@ -199,6 +199,19 @@ void EngineLoop::run() {
       engine_->step();
       deliver();
       publish();
+      if (Status h = engine_->health(); !h.ok()) {
+        bool first = false;
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          first = fatal_.ok();
+          fatal_ = h;
+        }
+        if (first) {
+          DSI_LOG_ERROR("device failure, every request failed: %s", h.message().c_str());
+          if (on_fatal_)
+            on_fatal_(h);
+        }
+      }
       if (step_delay_s_ > 0)
         std::this_thread::sleep_for(std::chrono::duration<double>(step_delay_s_));
     } else {
@@ -210,6 +223,11 @@ void EngineLoop::run() {
 void EngineLoop::handle(Command& c) {
   switch (c.kind) {
     case Command::Kind::kSubmit: {
+      if (Status h = engine_->health(); !h.ok()) {
+        --in_flight_;
+        c.sink->on_rejected(h);
+        return;
+      }
       engine::RequestSpec spec = std::move(c.job.spec);
       if (!c.job.script.empty()) {
         // Scripted output (test-only): the script decides where the output ends, not the ids

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -98,6 +99,15 @@ class EngineLoop {
   int64_t capacity() const { return capacity_; }
   // Immutable after construction; safe from any thread.
   const model::ModelConfig& model_config() const { return model_config_; }
+  // Called once, from the loop thread, when the backend's device fails (every request has been
+  // failed with the device error; later submits are rejected with it). The server uses it to
+  // shut down. Set before start().
+  void set_on_fatal(std::function<void(const Status&)> f) { on_fatal_ = std::move(f); }
+  // The device failure, OK while healthy.
+  Status fatal() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return fatal_;
+  }
 
  private:
   struct Active;
@@ -128,8 +138,10 @@ class EngineLoop {
   std::atomic<int64_t> in_flight_{0};
   std::atomic<uint64_t> next_ticket_{1};
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
+  Status fatal_;  // guarded by mu_
+  std::function<void(const Status&)> on_fatal_;
   std::vector<Command> inbox_;  // guarded by mu_
   bool stop_ = false;           // guarded by mu_
   bool stopped_ = false;        // guarded by mu_: the loop no longer reads the inbox

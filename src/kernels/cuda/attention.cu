@@ -99,14 +99,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sink_attention_kernel(SinkAtt
 
 // ---- compressor ---------------------------------------------------------------------------------
 
-__device__ __forceinline__ float* kv_ref_mut(float* pool, float* local, int64_t ref) {
-  if (ref >= 0)
-    return pool + ref;
-  if (ref <= -2)
-    return local + (-2 - ref);
-  return nullptr;
-}
-
 __global__ void compressor_append_kernel(CompressorAppendParams p) {
   const int64_t row = 2 * p.width;
   const int64_t total = p.n * row;
@@ -139,6 +131,8 @@ __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(Compresso
   const int64_t width = (p.overlap ? 2 : 1) * d;  // row = [kv (width) | score (width)]
   const int64_t nc = (p.overlap ? 2 : 1) * m;
   for (int64_t en = blockIdx.x; en < p.n_entries; en += gridDim.x) {
+    if (p.block[en] < 0)
+      continue;  // an unused slot of a fixed-size (graph-captured) launch
     const int64_t* refs = p.token_refs + en * nc;
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
       // Candidate i reads channel c (previous block, overlap) or off + c (own block).

@@ -81,6 +81,8 @@ enum class CompressorPost { kNone, kKvFp8, kIndexFp4 };
 // (channel c). Then RMSNorm (norm_weight, eps), RoPE at position block[e] * ratio on the last
 // 2*rope_half dims, and the storage simulation: kKvFp8 = FP8 1x64 on [0, d - 2*rope_half),
 // kIndexFp4 = Hadamard over d, FP4 1x32. Entry e is written to out + out_offsets[e] (or e * d).
+// An entry with block[e] < 0 is skipped (nothing read or written): fixed-size launches captured
+// in CUDA graphs pass every potential entry and mark the ones that do not close.
 struct CompressorPoolParams {
   int64_t n_entries = 0;
   int64_t ratio = 0;  // m <= 128

@@ -65,4 +65,12 @@ __device__ __forceinline__ const float* kv_ref_ptr(const float* pool,
   return nullptr;
 }
 
+__device__ __forceinline__ float* kv_ref_mut(float* pool, float* local, int64_t ref) {
+  if (ref >= 0)
+    return pool + ref;
+  if (ref <= -2)
+    return local + (-2 - ref);
+  return nullptr;
+}
+
 }  // namespace dsinfer::cuda

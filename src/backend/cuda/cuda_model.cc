@@ -1,0 +1,661 @@
+// CudaModel: creation, per-item validation, batch planning (spans, head rows, MTP inputs, final
+// streams), the device pool per arena, the one-transfer upload of the plan, eager launches and
+// CUDA graph capture/replay of fixed-shape decode steps, and the outputs.
+#include "backend/cuda/cuda_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "base/check.h"
+#include "base/strings.h"
+#include "device/device_error.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/paged.h"
+
+namespace dsinfer::gpu {
+
+namespace {
+int64_t local_ref(int64_t elem_offset) {
+  return -2 - elem_offset;
+}
+int64_t pow2_at_least(int64_t v) {
+  int64_t b = 1;
+  while (b < v) b *= 2;
+  return b;
+}
+}  // namespace
+
+// Everything launch_all needs: the plan (array ids into the pack) and, after the launches, the
+// device addresses of the outputs.
+struct CudaModel::Launch {
+  HostPack pack;
+  uint8_t* dev = nullptr;  // the pack on the device
+  PassPlan main;
+  int64_t head_rows = 0;
+  int32_t head_src = -1;    // [head_rows] refs into the final x (local)
+  int32_t final_dest = -1;  // [N] final-stream rows kept for MTP (pool refs or none)
+  bool has_mtp = false;
+  PassPlan mtp;
+  int32_t mtp_src = -1;        // [Nm] refs: final streams (pool) or rows of x (local)
+  int32_t mtp_broadcast = -1;  // [Nm * hc] local refs into the e_proj output
+  float* logits = nullptr;
+  float* mtp_logits = nullptr;
+};
+
+CudaModel::CudaModel(const model::ModelConfig& config,
+                     model::Numerics numerics,
+                     CudaModelOptions options)
+    : config_(config), numerics_(numerics), options_(options) {}
+
+CudaModel::~CudaModel() {
+  clear_graphs();
+  for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+  for (auto& [arena, pool] : pools_) {
+    const cudaError_t err = cudaFree(pool.p);
+    DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
+  }
+  if (pack_dev_) {
+    const cudaError_t err = cudaFree(pack_dev_);
+    DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
+  }
+}
+
+Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& config,
+                                                     const model::ModelWeights& weights,
+                                                     model::Numerics numerics,
+                                                     const CudaModelOptions& options) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return Status(StatusCode::kFailedPrecondition,
+                  "--device cuda: no CUDA device is available on this machine");
+  }
+  if (options.device < 0 || options.device >= count) {
+    return invalid_argument(
+        str_format("CUDA device %d does not exist (%d device(s))", options.device, count));
+  }
+  DSI_RETURN_IF_ERROR(device::check_cuda(cudaSetDevice(options.device), "cudaSetDevice"));
+  std::unique_ptr<CudaModel> m(new CudaModel(config, numerics, options));
+  DSI_ASSIGN_OR_RETURN(m->weights_, DeviceWeights::upload(m->config_, weights));
+  DSI_ASSIGN_OR_RETURN(m->stream_, device::Stream::create(true));
+  m->ws_ = std::make_unique<Workspace>();
+  m->stats_.weight_bytes = m->weights_->bytes();
+  return m;
+}
+
+Status CudaModel::health() const {
+  return device::device_failure();
+}
+
+CudaModelStats CudaModel::stats() const {
+  CudaModelStats s = stats_;
+  s.workspace_bytes = ws_->bytes();
+  s.pool_bytes = 0;
+  for (const auto& [a, p] : pools_) s.pool_bytes += p.pages * a->page_bytes();
+  return s;
+}
+
+void CudaModel::clear_graphs() {
+  for (auto& [key, g] : graphs_) {
+    if (g.exec)
+      (void)cudaGraphExecDestroy(g.exec);
+  }
+  graphs_.clear();
+}
+
+Status CudaModel::ensure_pool(const state::PageArena& arena) {
+  Pool& pool = pools_[&arena];
+  const int64_t need = arena.num_pages();
+  if (pool.pages < need) {
+    // Growable arenas: grow by half again, keeping the contents.
+    const int64_t pages = std::max(need, pool.pages + pool.pages / 2);
+    float* p = nullptr;
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMalloc(reinterpret_cast<void**>(&p), static_cast<size_t>(pages * arena.page_bytes())),
+        str_format("cudaMalloc of the state pool (%lld pages of %lld bytes)",
+                   static_cast<long long>(pages),
+                   static_cast<long long>(arena.page_bytes()))
+            .c_str()));
+    if (pool.p) {
+      DSI_RETURN_IF_ERROR(
+          device::check_cuda(cudaMemcpyAsync(p,
+                                             pool.p,
+                                             static_cast<size_t>(pool.pages * arena.page_bytes()),
+                                             cudaMemcpyDeviceToDevice,
+                                             stream_.get()),
+                             "growing the state pool"));
+      DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "growing the state pool"));
+      DSI_RETURN_IF_ERROR(device::check_cuda(cudaFree(pool.p), "cudaFree"));
+    }
+    pool.p = p;
+    pool.pages = pages;
+    clear_graphs();
+  }
+  arena_ = &arena;
+  pool_ = pool.p;
+  return Status();
+}
+
+Status CudaModel::ensure_device_buffer(void** buf, int64_t* cap, int64_t bytes, const char* what) {
+  if (*cap >= bytes)
+    return Status();
+  DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), what));
+  if (*buf)
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaFree(*buf), "cudaFree"));
+  *buf = nullptr;
+  *cap = 0;
+  const int64_t n = std::max<int64_t>(bytes * 2, 1 << 20);
+  DSI_RETURN_IF_ERROR(device::check_cuda(cudaMalloc(buf, static_cast<size_t>(n)), what));
+  *cap = n;
+  clear_graphs();
+  return Status();
+}
+
+Status CudaModel::read_page(int32_t page, std::vector<float>* out) {
+  DSI_CHECK(arena_ != nullptr && page >= 0, "read_page before any forward");
+  const int64_t floats = arena_->page_floats();
+  out->resize(static_cast<size_t>(floats));
+  DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "read_page"));
+  return device::check_cuda(cudaMemcpy(out->data(),
+                                       pool_ + page * floats,
+                                       static_cast<size_t>(floats * 4),
+                                       cudaMemcpyDeviceToHost),
+                            "read_page");
+}
+
+Status CudaModel::copy_pages(const state::PageArena& arena,
+                             const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+  DSI_RETURN_IF_ERROR(ensure_pool(arena));
+  const int64_t floats = arena.page_floats();
+  for (const auto& [from, to] : pairs) {
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pool_ + to * floats,
+                                                           pool_ + from * floats,
+                                                           static_cast<size_t>(floats * 4),
+                                                           cudaMemcpyDeviceToDevice,
+                                                           stream_.get()),
+                                           "copying state pages"));
+  }
+  return device::sync_stream(stream_.get(), "copying state pages");
+}
+
+Status CudaModel::mark(size_t i) {
+  if (!profiling_now_)
+    return Status();
+  while (events_.size() <= i) {
+    cudaEvent_t e = nullptr;
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaEventCreate(&e), "cudaEventCreate"));
+    events_.push_back(e);
+  }
+  return device::check_cuda(cudaEventRecord(events_[i], stream_.get()), "cudaEventRecord");
+}
+
+Status CudaModel::forward(state::SequenceState& st,
+                          std::span<const int32_t> tokens,
+                          const backend::ForwardOptions& options,
+                          backend::ForwardOutputs* out) {
+  backend::ForwardItem item;
+  item.state = &st;
+  item.tokens = tokens;
+  item.options = options;
+  item.out = out;
+  DSI_RETURN_IF_ERROR(forward_batch(std::span<backend::ForwardItem>(&item, 1)));
+  return item.status;
+}
+
+Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
+  DSI_RETURN_IF_ERROR(health());
+  const auto& c = config_;
+  std::vector<size_t> active;
+  std::set<const state::SequenceState*> seen;
+  for (size_t i = 0; i < items.size(); ++i) {
+    backend::ForwardItem& it = items[i];
+    it.status = Status();
+    if (it.out) {
+      it.out->logits.clear();
+      it.out->mtp_logits.clear();
+      it.out->mtp_count = 0;
+    }
+    DSI_CHECK(seen.insert(it.state).second,
+              "sequence %lld twice in one batch",
+              static_cast<long long>(it.state->id()));
+    bool bad = false;
+    for (size_t t = 0; t < it.tokens.size() && !bad; ++t) {
+      if (it.tokens[t] < 0 || it.tokens[t] >= c.vocab_size) {
+        it.status = invalid_argument(
+            str_format("token id %d at index %zu is outside the vocabulary [0, %lld)",
+                       it.tokens[t],
+                       t,
+                       static_cast<long long>(c.vocab_size)));
+        bad = true;
+      }
+    }
+    if (bad)
+      continue;
+    if (it.options.run_mtp && weights_->mtp.empty()) {
+      it.status = failed_precondition("MTP requested but the checkpoint has no MTP weights");
+      continue;
+    }
+    state::SequenceState& st = *it.state;
+    const int64_t n = static_cast<int64_t>(it.tokens.size());
+    if (n == 0)
+      continue;
+    if (it.options.run_mtp) {
+      const int64_t first = st.num_tokens();
+      const int64_t mtp_first = st.mtp_num_tokens();
+      if (mtp_first < first - 1 ||
+          (mtp_first == first - 1 && st.final_streams_row(mtp_first) < 0)) {
+        it.status = failed_precondition(str_format(
+            "MTP state is behind (at %lld, sequence at %lld); run every forward with MTP on",
+            static_cast<long long>(mtp_first),
+            static_cast<long long>(first)));
+        continue;
+      }
+    }
+    if (!st.reserve(n)) {
+      it.status = Status(StatusCode::kResourceExhausted,
+                         str_format("no state memory for %lld more tokens of sequence %lld",
+                                    static_cast<long long>(n),
+                                    static_cast<long long>(st.id())));
+      continue;
+    }
+    active.push_back(i);
+  }
+  if (active.empty())
+    return Status();
+  Status s = run_batch(items, active);
+  if (!s.ok()) {
+    // The batch's state metadata may be half-advanced; the device is unusable or a launch was
+    // rejected (a bug). Either way every item of the batch failed.
+    for (size_t i : active) items[i].status = s;
+  }
+  return s;
+}
+
+Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
+                            const std::vector<size_t>& active) {
+  const auto& c = config_;
+  const int64_t width = c.hc_mult * c.hidden_size;
+  const state::PageArena* arena = items[active[0]].state->arena();
+  for (size_t i : active) {
+    DSI_CHECK(items[i].state->arena() == arena, "one batch spans two state arenas");
+  }
+  DSI_RETURN_IF_ERROR(ensure_pool(*arena));
+  ++stats_.forwards;
+
+  bool decode =
+      options_.cuda_graphs && static_cast<int64_t>(active.size()) <= options_.max_graph_batch;
+  for (size_t i : active) {
+    decode = decode && items[i].tokens.size() == 1 && !items[i].options.run_mtp;
+  }
+  // Spans of the main pass.
+  std::vector<SeqSpan> spans;
+  std::vector<int32_t> tokens;
+  int64_t rows = 0;
+  for (size_t i : active) {
+    const backend::ForwardItem& it = items[i];
+    SeqSpan s;
+    s.st = it.state;
+    s.first = it.state->num_tokens();
+    s.n = static_cast<int64_t>(it.tokens.size());
+    s.begin = rows;
+    spans.push_back(s);
+    tokens.insert(tokens.end(), it.tokens.begin(), it.tokens.end());
+    rows += s.n;
+  }
+  if (decode)
+    rows = pow2_at_least(rows);
+  tokens.resize(static_cast<size_t>(rows), 0);
+
+  auto L = std::make_unique<Launch>();
+  PlanContext ctx;
+  ctx.config = &c;
+  ctx.page_floats = arena->page_floats();
+  ctx.fixed_shape = decode;
+  plan_pass(ctx, spans, tokens, rows, L->pack, &L->main);
+
+  // Head rows: per item the last row or all rows (fixed shape: every row).
+  std::vector<int64_t> head_src;
+  std::vector<int64_t> head_first(items.size(), -1);
+  for (size_t k = 0; k < active.size(); ++k) {
+    const backend::ForwardItem& it = items[active[k]];
+    if (!it.options.want_logits || !it.out)
+      continue;
+    const SeqSpan& s = spans[k];
+    const int64_t from = it.options.last_logits_only ? s.n - 1 : 0;
+    head_first[active[k]] = static_cast<int64_t>(head_src.size());
+    for (int64_t t = from; t < s.n; ++t) head_src.push_back(local_ref((s.begin + t) * width));
+  }
+  if (decode) {
+    head_src.clear();
+    for (int64_t r = 0; r < rows; ++r) head_src.push_back(local_ref(r * width));
+  }
+  L->head_rows = static_cast<int64_t>(head_src.size());
+  L->head_src = L->pack.add(head_src);
+
+  // MTP pass: positions whose next token became known (main streams: kept rows or this pass).
+  std::vector<SeqSpan> mspans;
+  std::vector<int32_t> mtokens;
+  std::vector<int64_t> msrc;
+  std::vector<int64_t> mfirst(items.size(), 0);
+  std::vector<int64_t> mrow(items.size(), -1);
+  std::vector<int64_t> mcount(items.size(), 0);
+  int64_t mrows = 0;
+  for (size_t k = 0; k < active.size(); ++k) {
+    const backend::ForwardItem& it = items[active[k]];
+    if (!it.options.run_mtp)
+      continue;
+    const SeqSpan& s = spans[k];
+    state::SequenceState& st = *it.state;
+    const int64_t mtp_first = st.mtp_num_tokens();
+    const int64_t mtp_end = s.first + s.n - 1;
+    const int64_t m = mtp_end - mtp_first;
+    mfirst[active[k]] = mtp_first;
+    if (m <= 0)
+      continue;
+    SeqSpan ms;
+    ms.st = &st;
+    ms.first = mtp_first;
+    ms.n = m;
+    ms.begin = mrows;
+    ms.mtp = true;
+    mspans.push_back(ms);
+    mrow[active[k]] = mrows;
+    mcount[active[k]] = m;
+    for (int64_t pos = mtp_first; pos < mtp_end; ++pos) {
+      if (pos < s.first) {
+        const int64_t r = st.final_streams_row(pos);
+        DSI_CHECK(r >= 0, "final streams of position %lld are gone", static_cast<long long>(pos));
+        msrc.push_back(st.final_streams_rows().pool_offset(r));
+      } else {
+        msrc.push_back(local_ref((s.begin + pos - s.first) * width));
+      }
+      mtokens.push_back(it.tokens[static_cast<size_t>(pos + 1 - s.first)]);
+    }
+    mrows += m;
+  }
+  if (!mspans.empty()) {
+    L->has_mtp = true;
+    plan_pass(ctx, mspans, mtokens, mrows, L->pack, &L->mtp);
+    L->mtp_src = L->pack.add(msrc);
+    std::vector<int64_t> bcast;
+    for (int64_t r = 0; r < mrows; ++r) {
+      for (int64_t j = 0; j < c.hc_mult; ++j) bcast.push_back(local_ref(r * c.hidden_size));
+    }
+    L->mtp_broadcast = L->pack.add(bcast);
+  }
+  // Final residual streams kept for the next call's MTP (after the MTP reads above).
+  if (!weights_->mtp.empty()) {
+    std::vector<int64_t> dest(static_cast<size_t>(rows), -1);
+    for (const SeqSpan& s : spans) {
+      const int64_t keep = std::min<int64_t>(s.n, s.st->max_rollback() + 1);
+      for (int64_t t = s.n - keep; t < s.n; ++t) {
+        const int64_t r = s.st->mark_final_streams(s.first + t);
+        if (r >= 0)
+          dest[static_cast<size_t>(s.begin + t)] = s.st->final_streams_rows().pool_offset(r);
+      }
+    }
+    L->final_dest = L->pack.add(dest);
+  }
+
+  // One transfer of the plan.
+  L->pack.layout(decode);
+  const int64_t bytes = L->pack.total_bytes();
+  DSI_RETURN_IF_ERROR(ensure_device_buffer(&pack_dev_, &pack_cap_, bytes, "cudaMalloc (plan)"));
+  if (static_cast<int64_t>(pinned_.size()) < bytes) {
+    DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "pinned staging"));
+    DSI_ASSIGN_OR_RETURN(
+        pinned_,
+        device::PinnedBuffer::allocate(static_cast<size_t>(std::max<int64_t>(2 * bytes, 1 << 20))));
+  }
+  L->pack.copy_to(pinned_.as<uint8_t>());
+  L->dev = static_cast<uint8_t*>(pack_dev_);
+  DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pack_dev_,
+                                                         pinned_.get(),
+                                                         static_cast<size_t>(bytes),
+                                                         cudaMemcpyHostToDevice,
+                                                         stream_.get()),
+                                         "copying the forward plan"));
+  DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
+  if (moved)
+    clear_graphs();
+
+  if (decode) {
+    std::vector<int64_t> key = L->pack.layout_key();
+    key.push_back(rows);
+    key.push_back(reinterpret_cast<int64_t>(pool_));
+    for (const LayerPass& lp : L->main.layers) key.push_back(lp.visible_room);
+    auto g = graphs_.find(key);
+    if (g == graphs_.end() && seen_[key]++ >= 1) {
+      // Second time this shape: capture it (the first eager run sized the workspace).
+      cudaGraph_t graph = nullptr;
+      DSI_RETURN_IF_ERROR(device::check_cuda(
+          cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeRelaxed), "graph capture"));
+      Status ls = launch_all(*L);
+      const cudaError_t end = cudaStreamEndCapture(stream_.get(), &graph);
+      DSI_RETURN_IF_ERROR(ls);
+      DSI_RETURN_IF_ERROR(device::check_cuda(end, "graph capture"));
+      Graph rec;
+      const cudaError_t inst = cudaGraphInstantiate(&rec.exec, graph, 0);
+      (void)cudaGraphDestroy(graph);
+      DSI_RETURN_IF_ERROR(device::check_cuda(inst, "graph instantiation"));
+      rec.logits = L->logits;
+      rec.mtp_logits = L->mtp_logits;
+      g = graphs_.emplace(key, rec).first;
+      ++stats_.graph_captures;
+    }
+    if (g != graphs_.end()) {
+      DSI_RETURN_IF_ERROR(
+          device::check_cuda(cudaGraphLaunch(g->second.exec, stream_.get()), "graph launch"));
+      L->logits = g->second.logits;
+      L->mtp_logits = g->second.mtp_logits;
+      ++stats_.graph_replays;
+    } else {
+      profiling_now_ = profile_;
+      DSI_RETURN_IF_ERROR(launch_all(*L));
+    }
+  } else {
+    profiling_now_ = profile_;
+    DSI_RETURN_IF_ERROR(launch_all(*L));
+  }
+
+  // Outputs.
+  std::vector<float> logits(static_cast<size_t>(L->head_rows * c.vocab_size));
+  std::vector<float> mtp_logits(static_cast<size_t>(mrows * c.vocab_size));
+  if (!logits.empty()) {
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpyAsync(
+            logits.data(), L->logits, logits.size() * 4, cudaMemcpyDeviceToHost, stream_.get()),
+        "copying logits"));
+  }
+  if (!mtp_logits.empty()) {
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(mtp_logits.data(),
+                                                           L->mtp_logits,
+                                                           mtp_logits.size() * 4,
+                                                           cudaMemcpyDeviceToHost,
+                                                           stream_.get()),
+                                           "copying MTP logits"));
+  }
+  DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "forward"));
+  if (profiling_now_) {
+    profiling_now_ = false;
+    const size_t marks = c.layers.size() + 4;  // start, embed, layers, mtp, head
+    profile_ms_.assign(marks - 1, 0.0f);
+    for (size_t i = 1; i < marks; ++i) {
+      DSI_RETURN_IF_ERROR(device::check_cuda(
+          cudaEventElapsedTime(&profile_ms_[i - 1], events_[i - 1], events_[i]), "profile"));
+    }
+  }
+
+  for (size_t k = 0; k < active.size(); ++k) {
+    backend::ForwardItem& it = items[active[k]];
+    const SeqSpan& s = spans[k];
+    if (it.out && it.options.want_logits) {
+      const int64_t nrows = it.options.last_logits_only ? 1 : s.n;
+      const int64_t from = decode ? s.begin : head_first[active[k]];
+      const float* src = logits.data() + from * c.vocab_size;
+      it.out->logits.assign(src, src + nrows * c.vocab_size);
+    }
+    if (it.options.run_mtp) {
+      const int64_t m = mcount[active[k]];
+      if (it.out) {
+        it.out->mtp_first_pos = mfirst[active[k]];
+        it.out->mtp_count = m;
+        if (m > 0) {
+          const float* src = mtp_logits.data() + mrow[active[k]] * c.vocab_size;
+          it.out->mtp_logits.assign(src, src + m * c.vocab_size);
+        }
+      }
+      if (m > 0)
+        it.state->set_mtp_num_tokens(s.first + s.n - 1);
+    }
+    it.state->advance(s.n);
+  }
+  return Status();
+}
+
+Status CudaModel::launch_all(Launch& L) {
+  const auto& c = config_;
+  const cudaStream_t s = stream_.get();
+  const HostPack& hp = L.pack;
+  uint8_t* pack = L.dev;
+  const int64_t hc = c.hc_mult;
+  const int64_t hidden = c.hidden_size;
+  const int64_t width = hc * hidden;
+  const int64_t n = L.main.rows;
+  ws_->reset();
+  DSI_RETURN_IF_ERROR(mark(0));
+  float* x = nullptr;
+  float* xa = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&x, n * width));
+  DSI_RETURN_IF_ERROR(ws_->get(&xa, n * width));
+  const int32_t* tokens = hp.resolve<int32_t>(pack, L.main.tokens);
+  const int64_t* positions = hp.resolve<int64_t>(pack, L.main.positions);
+  cuda::EmbedParams ep;
+  ep.table = weights_->embed;
+  ep.tokens = tokens;
+  ep.n = n;
+  ep.copies = hc;
+  ep.out = x;
+  DSI_RETURN_IF_ERROR(cuda::launch_embed(ep, s));
+  DSI_RETURN_IF_ERROR(mark(1));
+  for (size_t l = 0; l < c.layers.size(); ++l) {
+    DSI_RETURN_IF_ERROR(launch_layer(weights_->layers[l],
+                                     c.layers[l],
+                                     L.main.layers[l],
+                                     n,
+                                     tokens,
+                                     positions,
+                                     pack,
+                                     hp,
+                                     &x,
+                                     &xa));
+    DSI_RETURN_IF_ERROR(mark(2 + l));
+  }
+
+  if (L.has_mtp) {
+    const DMtp& w = weights_->mtp[0];
+    const int64_t nm = L.mtp.rows;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const int32_t* mtok = hp.resolve<int32_t>(pack, L.mtp.tokens);
+    float* e = nullptr;
+    float* eproj = nullptr;
+    float* h = nullptr;
+    float* xm = nullptr;
+    float* xma = nullptr;
+    DSI_RETURN_IF_ERROR(ws_->get(&e, nm * hidden));
+    DSI_RETURN_IF_ERROR(ws_->get(&eproj, nm * hidden));
+    DSI_RETURN_IF_ERROR(ws_->get(&h, nm * width));
+    DSI_RETURN_IF_ERROR(ws_->get(&xm, nm * width));
+    DSI_RETURN_IF_ERROR(ws_->get(&xma, nm * width));
+    cuda::EmbedParams me;
+    me.table = weights_->embed;
+    me.tokens = mtok;
+    me.n = nm;
+    me.copies = 1;
+    me.out = e;
+    DSI_RETURN_IF_ERROR(cuda::launch_embed(me, s));
+    cuda::RmsNormParams rn;
+    rn.x = e;
+    rn.rows = nm;
+    rn.dim = hidden;
+    rn.weight = w.enorm;
+    rn.eps = eps;
+    rn.out = e;
+    DSI_RETURN_IF_ERROR(cuda::launch_rms_norm(rn, s));
+    cuda::LinearParams lp;
+    lp.w = w.e_proj;
+    lp.x = e;
+    lp.n = nm;
+    lp.y = eproj;
+    lp.quantize_activations = q8();
+    DSI_RETURN_IF_ERROR(cuda::launch_linear(lp, s));
+    cuda::GatherRowsParams gp;
+    gp.pool = pool_;
+    gp.local = x;
+    gp.src_refs = hp.resolve<int64_t>(pack, L.mtp_src);
+    gp.n = nm;
+    gp.width = width;
+    gp.dst = h;
+    DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
+    rn.x = h;
+    rn.rows = nm * hc;
+    rn.weight = w.hnorm;
+    rn.out = h;
+    DSI_RETURN_IF_ERROR(cuda::launch_rms_norm(rn, s));
+    gp.pool = nullptr;
+    gp.local = eproj;
+    gp.src_refs = hp.resolve<int64_t>(pack, L.mtp_broadcast);
+    gp.n = nm * hc;
+    gp.width = hidden;
+    gp.dst = xm;
+    DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
+    lp.w = w.h_proj;
+    lp.x = h;
+    lp.n = nm * hc;
+    lp.y = xm;
+    lp.accumulate = true;  // h_proj(h) + e_proj(e), as the CPU adds them
+    DSI_RETURN_IF_ERROR(cuda::launch_linear(lp, s));
+    DSI_RETURN_IF_ERROR(launch_layer(w.layer,
+                                     c.mtp_layers[0],
+                                     L.mtp.layers[0],
+                                     nm,
+                                     mtok,
+                                     hp.resolve<int64_t>(pack, L.mtp.positions),
+                                     pack,
+                                     hp,
+                                     &xm,
+                                     &xma));
+    DSI_RETURN_IF_ERROR(ws_->get(&L.mtp_logits, nm * c.vocab_size));
+    DSI_RETURN_IF_ERROR(launch_head(w.hc_head, w.norm, xm, nm, L.mtp_logits));
+  }
+
+  DSI_RETURN_IF_ERROR(mark(2 + c.layers.size()));
+  // Head over the requested rows.
+  float* hx = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&hx, L.head_rows * width));
+  DSI_RETURN_IF_ERROR(ws_->get(&L.logits, L.head_rows * c.vocab_size));
+  if (L.head_rows > 0) {
+    cuda::GatherRowsParams gp;
+    gp.local = x;
+    gp.src_refs = hp.resolve<int64_t>(pack, L.head_src);
+    gp.n = L.head_rows;
+    gp.width = width;
+    gp.dst = hx;
+    DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
+    DSI_RETURN_IF_ERROR(launch_head(weights_->hc_head, weights_->norm, hx, L.head_rows, L.logits));
+  }
+  if (L.final_dest >= 0) {
+    cuda::ScatterRowsParams sp;
+    sp.src = x;
+    sp.n = n;
+    sp.width = width;
+    sp.pool = pool_;
+    sp.dest_refs = hp.resolve<int64_t>(pack, L.final_dest);
+    DSI_RETURN_IF_ERROR(cuda::launch_scatter_rows(sp, s));
+  }
+  return mark(3 + c.layers.size());
+}
+
+}  // namespace dsinfer::gpu

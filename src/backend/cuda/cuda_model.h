@@ -1,0 +1,160 @@
+// CudaModel: the whole DeepSeek V4 forward on one GPU behind the backend::Model seam, over the
+// engine's paged state. The PageArena hands out page ids (Storage::kNone: no host copy); this
+// model mirrors the pages in one device pool. Weights are uploaded once in their checkpoint
+// formats. Each forward plans its index data on the host (forward_plan.h), copies it with one
+// transfer and chains the kernels of kernels/cuda on one stream; batches of sequences run as one
+// pass. Decode steps (one token per sequence) run with fixed shapes padded to a power-of-two
+// batch and are replayed from CUDA graphs captured per shape (bit-identical to eager launches).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/cuda/device_weights.h"
+#include "backend/cuda/forward_plan.h"
+#include "backend/cuda/host_pack.h"
+#include "backend/cuda/workspace.h"
+#include "backend/model.h"
+#include "device/allocator.h"
+#include "device/stream.h"
+
+namespace dsinfer::gpu {
+
+struct CudaModelOptions {
+  int device = 0;
+  bool cuda_graphs = true;        // replay decode steps from CUDA graphs
+  int64_t max_graph_batch = 256;  // decode batches above this run eagerly
+};
+
+struct CudaModelStats {
+  int64_t forwards = 0;
+  int64_t graph_replays = 0;
+  int64_t graph_captures = 0;
+  int64_t weight_bytes = 0;
+  int64_t pool_bytes = 0;
+  int64_t workspace_bytes = 0;
+};
+
+class CudaModel final : public backend::Model {
+ public:
+  static Result<std::unique_ptr<CudaModel>> create(const model::ModelConfig& config,
+                                                   const model::ModelWeights& weights,
+                                                   model::Numerics numerics,
+                                                   const CudaModelOptions& options = {});
+  ~CudaModel() override;
+
+  Status forward(state::SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const backend::ForwardOptions& options,
+                 backend::ForwardOutputs* out) override;
+  Status forward_batch(std::span<backend::ForwardItem> items) override;
+  state::PageArena::Storage state_storage() const override {
+    return state::PageArena::Storage::kNone;
+  }
+  Status health() const override;
+  const char* name() const override { return "cuda"; }
+  const model::ModelConfig& config() const override { return config_; }
+  model::Numerics numerics() const override { return numerics_; }
+  CudaModelStats stats() const;
+  void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+
+  // Copies the device pool's contents of `page` (page_floats floats) to the host (tests).
+  Status read_page(int32_t page, std::vector<float>* out);
+  // Copies page contents within the arena's device mirror (SequenceState::fork_from's pairs).
+  Status copy_pages(const state::PageArena& arena,
+                    const std::vector<std::pair<int32_t, int32_t>>& pairs);
+  // Per-layer timing of eager forwards (CUDA events between the embedding, every decoder layer,
+  // the MTP block and the head). Off by default; graph replays are not profiled.
+  void set_profile(bool on) { profile_ = on; }
+  // Milliseconds of the last profiled forward: [embed, layer 0 .. layer L-1, mtp, head].
+  const std::vector<float>& last_profile_ms() const { return profile_ms_; }
+
+ private:
+  CudaModel(const model::ModelConfig& config, model::Numerics numerics, CudaModelOptions options);
+  struct Launch;
+
+  Status run_batch(std::span<backend::ForwardItem> items, const std::vector<size_t>& active);
+  Status ensure_pool(const state::PageArena& arena);
+  Status ensure_device_buffer(void** buf, int64_t* cap, int64_t bytes, const char* what);
+  Status launch_all(Launch& L);
+  Status launch_layer(const DLayer& w,
+                      const model::LayerPlan& plan,
+                      const LayerPass& lp,
+                      int64_t n,
+                      const int32_t* tokens,
+                      const int64_t* positions,
+                      uint8_t* pack,
+                      const HostPack& hp,
+                      float** x,
+                      float** x_alt);
+  Status launch_attention(const DAttention& w,
+                          const model::LayerPlan& plan,
+                          const LayerPass& lp,
+                          int64_t n,
+                          const int64_t* positions,
+                          uint8_t* pack,
+                          const HostPack& hp,
+                          const float* u,
+                          float* f);
+  Status launch_compressor(const DCompressor& w,
+                           const model::LayerPlan& plan,
+                           const CompressorPlan& cp,
+                           bool index,
+                           int64_t n,
+                           const int64_t* positions,
+                           uint8_t* pack,
+                           const HostPack& hp,
+                           const float* u);
+  Status launch_moe(const DMoe& w,
+                    const model::LayerPlan& plan,
+                    int64_t n,
+                    const int32_t* tokens,
+                    const float* u,
+                    float* f);
+  Status launch_head(
+      const DHyperConn& hc_head, const float* norm, const float* x, int64_t rows, float* logits);
+  const float* inv_freq(model::RopeTable t) const {
+    return t == model::RopeTable::kMain ? weights_->inv_freq_main : weights_->inv_freq_compress;
+  }
+  bool q8() const { return numerics_ == model::Numerics::kDeepSeek; }
+
+  model::ModelConfig config_;
+  model::Numerics numerics_;
+  CudaModelOptions options_;
+  std::unique_ptr<DeviceWeights> weights_;
+  device::Stream stream_;
+  std::unique_ptr<Workspace> ws_;
+  // The device mirror of each arena this model has seen: pool_/arena_ are the current one.
+  struct Pool {
+    float* p = nullptr;
+    int64_t pages = 0;
+  };
+  std::map<const state::PageArena*, Pool> pools_;
+  const state::PageArena* arena_ = nullptr;
+  float* pool_ = nullptr;
+  void* pack_dev_ = nullptr;
+  int64_t pack_cap_ = 0;
+  device::PinnedBuffer pinned_;
+  // Decode graphs by layout; invalidated when a buffer they point into moves.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    float* logits = nullptr;  // where the captured launches leave their outputs
+    float* mtp_logits = nullptr;
+  };
+  std::map<std::vector<int64_t>, Graph> graphs_;
+  std::map<std::vector<int64_t>, int> seen_;
+  void clear_graphs();
+  Status mark(size_t i);
+  CudaModelStats stats_;
+  bool profile_ = false;
+  bool profiling_now_ = false;
+  std::vector<cudaEvent_t> events_;
+  std::vector<float> profile_ms_;
+};
+
+}  // namespace dsinfer::gpu

@@ -1,0 +1,211 @@
+// DeviceWeights::upload: one pass collects (source, bytes, destination field), one cudaMalloc,
+// then the copies; the per-expert MatrixRef arrays are built afterwards from the device
+// addresses and copied in a second, small allocation.
+#include "backend/cuda/device_weights.h"
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+
+#include "base/check.h"
+#include "base/strings.h"
+#include "device/device_error.h"
+
+namespace dsinfer::gpu {
+namespace {
+
+int64_t align256(int64_t v) {
+  return (v + 255) / 256 * 256;
+}
+
+class Uploader {
+ public:
+  void bytes(const void* src, int64_t n, std::function<void(const void*)> set) {
+    if (src == nullptr || n <= 0) {
+      set(nullptr);
+      return;
+    }
+    const int64_t off = align256(total_);
+    total_ = off + n;
+    jobs_.push_back(Job{src, n, off, std::move(set)});
+  }
+  void vec(const std::vector<float>& v, const float** dst) {
+    bytes(v.data(), static_cast<int64_t>(v.size() * sizeof(float)), [dst](const void* p) {
+      *dst = static_cast<const float*>(p);
+    });
+  }
+  void matrix(const MatrixRef& h, MatrixRef* d) {
+    *d = h;
+    bytes(h.data, h.data_bytes(), [d](const void* p) { d->data = p; });
+    bytes(h.scale, h.scale_bytes(), [d](const void* p) { d->scale = p; });
+  }
+  void hc(const std::vector<float>& fn,
+          const std::vector<float>& base,
+          const std::vector<float>& scale,
+          DHyperConn* d) {
+    vec(fn, &d->fn);
+    vec(base, &d->base);
+    vec(scale, &d->scale);
+  }
+  int64_t total() const { return total_; }
+  Status run(void** mem) {
+    if (total_ == 0) {
+      *mem = nullptr;
+      return Status();
+    }
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMalloc(mem, static_cast<size_t>(total_)),
+                                           "cudaMalloc for the model weights"));
+    auto* base = static_cast<uint8_t*>(*mem);
+    for (Job& j : jobs_) {
+      DSI_RETURN_IF_ERROR(device::check_cuda(
+          cudaMemcpy(base + j.off, j.src, static_cast<size_t>(j.n), cudaMemcpyHostToDevice),
+          "copying the model weights to the device"));
+      j.set(base + j.off);
+    }
+    return Status();
+  }
+
+ private:
+  struct Job {
+    const void* src;
+    int64_t n;
+    int64_t off;
+    std::function<void(const void*)> set;
+  };
+  std::vector<Job> jobs_;
+  int64_t total_ = 0;
+};
+
+void add_compressor(Uploader& u, const model::CompressorWeights& h, DCompressor* d) {
+  u.matrix(h.wkv, &d->wkv);
+  u.matrix(h.wgate, &d->wgate);
+  u.vec(h.ape, &d->ape);
+  u.vec(h.norm, &d->norm);
+}
+
+// Expert MatrixRef arrays, filled once the device addresses are known.
+struct ExpertArrays {
+  std::vector<MatrixRef> w1, w3, w2, s1, s3, s2;
+};
+
+void add_layer(Uploader& u, const model::LayerWeights& h, DLayer* d, ExpertArrays* ex) {
+  u.vec(h.attn_norm, &d->attn_norm);
+  u.vec(h.ffn_norm, &d->ffn_norm);
+  u.hc(h.hc_attn.fn, h.hc_attn.base, h.hc_attn.scale, &d->hc_attn);
+  u.hc(h.hc_ffn.fn, h.hc_ffn.base, h.hc_ffn.scale, &d->hc_ffn);
+  const auto& a = h.attn;
+  DAttention& da = d->attn;
+  u.matrix(a.wq_a, &da.wq_a);
+  u.matrix(a.wq_b, &da.wq_b);
+  u.matrix(a.wkv, &da.wkv);
+  u.matrix(a.wo_a, &da.wo_a);
+  u.matrix(a.wo_b, &da.wo_b);
+  u.vec(a.q_norm, &da.q_norm);
+  u.vec(a.kv_norm, &da.kv_norm);
+  u.vec(a.attn_sink, &da.sinks);
+  add_compressor(u, a.compressor, &da.comp);
+  u.matrix(a.indexer_wq_b, &da.indexer_wq_b);
+  u.matrix(a.indexer_weights_proj, &da.indexer_weights_proj);
+  add_compressor(u, a.indexer_compressor, &da.index_comp);
+  const auto& m = h.ffn;
+  u.matrix(m.gate, &d->moe.gate);
+  u.vec(m.bias, &d->moe.bias);
+  u.bytes(m.tid2eid.data(),
+          static_cast<int64_t>(m.tid2eid.size() * sizeof(int32_t)),
+          [d](const void* p) { d->moe.tid2eid = static_cast<const int32_t*>(p); });
+  const size_t ne = m.experts.size();
+  ex->w1.resize(ne);
+  ex->w3.resize(ne);
+  ex->w2.resize(ne);
+  for (size_t e = 0; e < ne; ++e) {
+    u.matrix(m.experts[e].w1, &ex->w1[e]);
+    u.matrix(m.experts[e].w3, &ex->w3[e]);
+    u.matrix(m.experts[e].w2, &ex->w2[e]);
+  }
+  ex->s1.resize(1);
+  ex->s3.resize(1);
+  ex->s2.resize(1);
+  u.matrix(m.shared.w1, &ex->s1[0]);
+  u.matrix(m.shared.w3, &ex->s3[0]);
+  u.matrix(m.shared.w2, &ex->s2[0]);
+  d->moe.inter = ne > 0 ? m.experts[0].w1.rows : 0;
+  d->moe.shared_inter = m.shared.w1.rows;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const model::ModelConfig& c,
+                                                             const model::ModelWeights& w) {
+  std::unique_ptr<DeviceWeights> d(new DeviceWeights());
+  Uploader u;
+  u.matrix(w.embed, &d->embed);
+  u.matrix(w.head, &d->head);
+  u.vec(w.norm, &d->norm);
+  u.hc(w.hc_head.fn, w.hc_head.base, w.hc_head.scale, &d->hc_head);
+  // Sized up front: the uploader keeps pointers into these vectors.
+  d->layers.resize(w.layers.size());
+  d->mtp.resize(w.mtp.size());
+  std::vector<ExpertArrays> experts(w.layers.size() + w.mtp.size());
+  for (size_t l = 0; l < w.layers.size(); ++l)
+    add_layer(u, w.layers[l], &d->layers[l], &experts[l]);
+  for (size_t i = 0; i < w.mtp.size(); ++i) {
+    const model::MtpWeights& h = w.mtp[i];
+    DMtp& dm = d->mtp[i];
+    u.matrix(h.e_proj, &dm.e_proj);
+    u.matrix(h.h_proj, &dm.h_proj);
+    u.vec(h.enorm, &dm.enorm);
+    u.vec(h.hnorm, &dm.hnorm);
+    u.vec(h.norm, &dm.norm);
+    u.hc(h.hc_head.fn, h.hc_head.base, h.hc_head.scale, &dm.hc_head);
+    add_layer(u, h.layer, &dm.layer, &experts[w.layers.size() + i]);
+  }
+  const std::vector<float> inv_main = model::rope_inv_freq(c.rope_main, c.qk_rope_head_dim);
+  const std::vector<float> inv_comp = model::rope_inv_freq(c.rope_compress, c.qk_rope_head_dim);
+  u.vec(inv_main, &d->inv_freq_main);
+  u.vec(inv_comp, &d->inv_freq_compress);
+  d->bytes_ = u.total();
+  DSI_RETURN_IF_ERROR(u.run(&d->mem_));
+
+  // The expert MatrixRef arrays (device addresses are known now).
+  std::vector<MatrixRef> refs;
+  std::vector<size_t> starts;
+  for (const ExpertArrays& ex : experts) {
+    for (const auto* v : {&ex.w1, &ex.w3, &ex.w2, &ex.s1, &ex.s3, &ex.s2}) {
+      starts.push_back(refs.size());
+      refs.insert(refs.end(), v->begin(), v->end());
+    }
+  }
+  if (!refs.empty()) {
+    const size_t nbytes = refs.size() * sizeof(MatrixRef);
+    DSI_RETURN_IF_ERROR(
+        device::check_cuda(cudaMalloc(&d->refs_mem_, nbytes), "cudaMalloc for expert tables"));
+    DSI_RETURN_IF_ERROR(
+        device::check_cuda(cudaMemcpy(d->refs_mem_, refs.data(), nbytes, cudaMemcpyHostToDevice),
+                           "copying expert tables"));
+    d->bytes_ += static_cast<int64_t>(nbytes);
+  }
+  const auto* base = static_cast<const MatrixRef*>(d->refs_mem_);
+  size_t k = 0;
+  auto bind = [&](DMoe& m) {
+    m.w1 = base + starts[k++];
+    m.w3 = base + starts[k++];
+    m.w2 = base + starts[k++];
+    m.shared_w1 = base + starts[k++];
+    m.shared_w3 = base + starts[k++];
+    m.shared_w2 = base + starts[k++];
+  };
+  for (DLayer& l : d->layers) bind(l.moe);
+  for (DMtp& m : d->mtp) bind(m.layer.moe);
+  return d;
+}
+
+DeviceWeights::~DeviceWeights() {
+  for (void* p : {mem_, refs_mem_}) {
+    if (p == nullptr)
+      continue;
+    const cudaError_t err = cudaFree(p);
+    DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
+  }
+}
+
+}  // namespace dsinfer::gpu

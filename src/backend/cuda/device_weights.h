@@ -1,0 +1,97 @@
+// The checkpoint on the GPU: every tensor of model::ModelWeights copied once into one device
+// allocation, matrices in their checkpoint formats (FP8 128x128 blocks, MXFP4, bf16 — never
+// expanded), small vectors as fp32. The structs mirror model/weights.h with device pointers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "tensor/matrix_ref.h"
+
+namespace dsinfer::gpu {
+
+struct DHyperConn {
+  const float* fn = nullptr;
+  const float* base = nullptr;
+  const float* scale = nullptr;
+};
+
+struct DCompressor {
+  MatrixRef wkv;
+  MatrixRef wgate;
+  const float* ape = nullptr;
+  const float* norm = nullptr;
+};
+
+struct DAttention {
+  MatrixRef wq_a, wq_b, wkv, wo_a, wo_b;
+  const float* q_norm = nullptr;
+  const float* kv_norm = nullptr;
+  const float* sinks = nullptr;
+  DCompressor comp;
+  MatrixRef indexer_wq_b, indexer_weights_proj;
+  DCompressor index_comp;
+};
+
+struct DMoe {
+  MatrixRef gate;
+  const float* bias = nullptr;       // null: no bias
+  const int32_t* tid2eid = nullptr;  // hash layers
+  // Device arrays of MatrixRef: routed experts [n_experts], shared expert [1].
+  const MatrixRef* w1 = nullptr;
+  const MatrixRef* w3 = nullptr;
+  const MatrixRef* w2 = nullptr;
+  const MatrixRef* shared_w1 = nullptr;
+  const MatrixRef* shared_w3 = nullptr;
+  const MatrixRef* shared_w2 = nullptr;
+  int64_t inter = 0;
+  int64_t shared_inter = 0;
+};
+
+struct DLayer {
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  DHyperConn hc_attn, hc_ffn;
+  DAttention attn;
+  DMoe moe;
+};
+
+struct DMtp {
+  MatrixRef e_proj, h_proj;
+  const float* enorm = nullptr;
+  const float* hnorm = nullptr;
+  const float* norm = nullptr;
+  DHyperConn hc_head;
+  DLayer layer;
+};
+
+class DeviceWeights {
+ public:
+  // Copies every tensor (synchronously). Fails with kResourceExhausted when the device is full.
+  static Result<std::unique_ptr<DeviceWeights>> upload(const model::ModelConfig& config,
+                                                       const model::ModelWeights& weights);
+  ~DeviceWeights();
+  DeviceWeights(const DeviceWeights&) = delete;
+  DeviceWeights& operator=(const DeviceWeights&) = delete;
+
+  MatrixRef embed, head;
+  const float* norm = nullptr;
+  DHyperConn hc_head;
+  std::vector<DLayer> layers;
+  std::vector<DMtp> mtp;
+  const float* inv_freq_main = nullptr;
+  const float* inv_freq_compress = nullptr;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  DeviceWeights() = default;
+  void* mem_ = nullptr;
+  void* refs_mem_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace dsinfer::gpu

@@ -1,0 +1,490 @@
+// CudaModel's kernel chain for one pass: mHC sub-layers, attention (queries, shared K=V head,
+// compressors, Lightning indexer, sink attention over paged keys, grouped output projection),
+// MoE and the head — the order of operations of backend/cpu, op by op.
+#include <cmath>
+
+#include "backend/cuda/cuda_model.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mhc.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/paged.h"
+
+namespace dsinfer::gpu {
+
+using model::AttentionType;
+
+namespace {
+
+Status linear(const MatrixRef& w,
+              const float* x,
+              int64_t n,
+              float* y,
+              bool q8,
+              cudaStream_t s,
+              bool accumulate = false) {
+  cuda::LinearParams p;
+  p.w = w;
+  p.x = x;
+  p.n = n;
+  p.y = y;
+  p.quantize_activations = q8;
+  p.accumulate = accumulate;
+  return cuda::launch_linear(p, s);
+}
+
+Status rms_norm(float* x, int64_t rows, int64_t dim, const float* w, float eps, cudaStream_t s) {
+  cuda::RmsNormParams p;
+  p.x = x;
+  p.rows = rows;
+  p.dim = dim;
+  p.weight = w;
+  p.eps = eps;
+  p.out = x;
+  return cuda::launch_rms_norm(p, s);
+}
+
+Status rope(float* x,
+            int64_t tokens,
+            int64_t heads,
+            int64_t dim,
+            const int64_t* positions,
+            const float* inv_freq,
+            int64_t half,
+            bool inverse,
+            cudaStream_t s) {
+  cuda::RopeParams p;
+  p.x = x;
+  p.tokens = tokens;
+  p.heads = heads;
+  p.dim = dim;
+  p.positions = positions;
+  p.inv_freq = inv_freq;
+  p.half = half;
+  p.inverse = inverse;
+  return cuda::launch_rope(p, s);
+}
+
+}  // namespace
+
+Status CudaModel::launch_compressor(const DCompressor& w,
+                                    const model::LayerPlan& plan,
+                                    const CompressorPlan& cp,
+                                    bool index,
+                                    int64_t n,
+                                    const int64_t* positions,
+                                    uint8_t* pack,
+                                    const HostPack& hp,
+                                    const float* u) {
+  const auto& c = config_;
+  const cudaStream_t s = stream_.get();
+  const bool overlap = plan.attention == AttentionType::kCsa;
+  const int64_t d = index ? c.index_head_dim : c.head_dim;
+  const int64_t width = (overlap ? 2 : 1) * d;
+  float* kv = nullptr;
+  float* score = nullptr;
+  float* local = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&kv, n * width));
+  DSI_RETURN_IF_ERROR(ws_->get(&score, n * width));
+  DSI_RETURN_IF_ERROR(ws_->get(&local, n * 2 * width));
+  DSI_RETURN_IF_ERROR(linear(w.wkv, u, n, kv, false, s));  // compressor projections stay fp32
+  DSI_RETURN_IF_ERROR(linear(w.wgate, u, n, score, false, s));
+  cuda::CompressorAppendParams ap;
+  ap.kv = kv;
+  ap.score = score;
+  ap.ape = w.ape;
+  ap.positions = positions;
+  ap.n = n;
+  ap.width = width;
+  ap.ratio = plan.compress_ratio;
+  ap.pool = pool_;
+  ap.local = local;
+  ap.dest_refs = hp.resolve<int64_t>(pack, cp.local_dest);
+  DSI_RETURN_IF_ERROR(cuda::launch_compressor_append(ap, s));
+  cuda::CompressorPoolParams pp;
+  pp.n_entries = cp.n_entries;
+  pp.ratio = plan.compress_ratio;
+  pp.d = d;
+  pp.overlap = overlap;
+  pp.pool = pool_;
+  pp.local = local;
+  pp.token_refs = hp.resolve<int64_t>(pack, cp.token_refs);
+  pp.block = hp.resolve<int64_t>(pack, cp.block);
+  pp.norm_weight = w.norm;
+  pp.eps = static_cast<float>(c.rms_norm_eps);
+  pp.inv_freq = inv_freq(plan.rope);
+  pp.rope_half = c.qk_rope_head_dim / 2;
+  pp.post = !q8()   ? cuda::CompressorPost::kNone
+            : index ? cuda::CompressorPost::kIndexFp4
+                    : cuda::CompressorPost::kKvFp8;
+  pp.out = pool_;
+  pp.out_offsets = hp.resolve<int64_t>(pack, cp.out_offset);
+  DSI_RETURN_IF_ERROR(cuda::launch_compressor_pool(pp, s));
+  // The rows the ring keeps, written after pooling read the older ones.
+  ap.local = nullptr;
+  ap.dest_refs = hp.resolve<int64_t>(pack, cp.ring_dest);
+  return cuda::launch_compressor_append(ap, s);
+}
+
+Status CudaModel::launch_attention(const DAttention& w,
+                                   const model::LayerPlan& plan,
+                                   const LayerPass& lp,
+                                   int64_t n,
+                                   const int64_t* positions,
+                                   uint8_t* pack,
+                                   const HostPack& hp,
+                                   const float* u,
+                                   float* f) {
+  const auto& c = config_;
+  const cudaStream_t s = stream_.get();
+  const int64_t heads = c.num_attention_heads;
+  const int64_t hd = c.head_dim;
+  const int64_t rd = c.qk_rope_head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float* freqs = inv_freq(plan.rope);
+  const bool q8 = this->q8();
+
+  // Queries.
+  float* qr = nullptr;
+  float* q = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&qr, n * c.q_lora_rank));
+  DSI_RETURN_IF_ERROR(ws_->get(&q, n * heads * hd));
+  DSI_RETURN_IF_ERROR(linear(w.wq_a, u, n, qr, q8, s));
+  DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
+  DSI_RETURN_IF_ERROR(linear(w.wq_b, qr, n, q, q8, s));
+  DSI_RETURN_IF_ERROR(rms_norm(q, n * heads, hd, nullptr, eps, s));
+  DSI_RETURN_IF_ERROR(rope(q, n, heads, hd, positions, freqs, rd / 2, false, s));
+  // The shared K=V vector (chunk-local until it is written to the ring after attention).
+  float* kv = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
+  DSI_RETURN_IF_ERROR(linear(w.wkv, u, n, kv, q8, s));
+  DSI_RETURN_IF_ERROR(rms_norm(kv, n, hd, w.kv_norm, eps, s));
+  DSI_RETURN_IF_ERROR(rope(kv, n, 1, hd, positions, freqs, rd / 2, false, s));
+  if (numerics_ == model::Numerics::kDeepSeek) {
+    cuda::QuantSimParams qs;
+    qs.x = kv;
+    qs.rows = n;
+    qs.ld = hd;
+    qs.len = hd - rd;
+    qs.block = 64;
+    qs.kind = cuda::QuantSim::kFp8;
+    DSI_RETURN_IF_ERROR(cuda::launch_quant_sim(qs, s));
+  }
+  // Compressors.
+  if (plan.attention != AttentionType::kSliding) {
+    DSI_RETURN_IF_ERROR(launch_compressor(w.comp, plan, lp.comp, false, n, positions, pack, hp, u));
+  }
+  int64_t* key_refs = hp.resolve<int64_t>(pack, lp.key_refs);
+  if (plan.attention == AttentionType::kCsa) {
+    DSI_RETURN_IF_ERROR(
+        launch_compressor(w.index_comp, plan, lp.index_comp, true, n, positions, pack, hp, u));
+    const int64_t ih = c.index_n_heads;
+    const int64_t ihd = c.index_head_dim;
+    float* qi = nullptr;
+    float* hw = nullptr;
+    DSI_RETURN_IF_ERROR(ws_->get(&qi, n * ih * ihd));
+    DSI_RETURN_IF_ERROR(ws_->get(&hw, n * ih));
+    DSI_RETURN_IF_ERROR(linear(w.indexer_wq_b, qr, n, qi, q8, s));
+    DSI_RETURN_IF_ERROR(linear(w.indexer_weights_proj, u, n, hw, false, s));
+    DSI_RETURN_IF_ERROR(rope(qi, n, ih, ihd, positions, freqs, rd / 2, false, s));
+    if (numerics_ == model::Numerics::kDeepSeek) {
+      cuda::QuantSimParams qs;
+      qs.x = qi;
+      qs.rows = n * ih;
+      qs.ld = ihd;
+      qs.len = ihd;
+      qs.block = 32;
+      qs.kind = cuda::QuantSim::kFp4;
+      qs.hadamard = true;
+      DSI_RETURN_IF_ERROR(cuda::launch_quant_sim(qs, s));
+    }
+    const int64_t room = std::max<int64_t>(lp.visible_room, 1);
+    float* scores = nullptr;
+    int32_t* selected = nullptr;
+    DSI_RETURN_IF_ERROR(ws_->get(&scores, n * room));
+    DSI_RETURN_IF_ERROR(ws_->get(&selected, n * c.index_topk));
+    const int64_t page_floats = arena_->page_floats();
+    cuda::IndexerScoreParams ip;
+    ip.q = qi;
+    ip.head_w = hw;
+    ip.w_scale = 1.0f / std::sqrt(static_cast<float>(ihd)) / std::sqrt(static_cast<float>(ih));
+    ip.nq = n;
+    ip.heads = ih;
+    ip.dim = ihd;
+    ip.pool = pool_;
+    ip.page_floats = page_floats;
+    ip.rows_per_page = page_floats / ihd;
+    ip.pages = hp.resolve<int32_t>(pack, lp.index_pages);
+    ip.page_begin = hp.resolve<int64_t>(pack, lp.index_page_begin);
+    ip.visible = hp.resolve<int64_t>(pack, lp.visible);
+    ip.max_visible = lp.visible_room;
+    ip.scores = scores;
+    ip.ld = room;
+    DSI_RETURN_IF_ERROR(cuda::launch_indexer_scores(ip, s));
+    cuda::TopKParams tp;
+    tp.scores = scores;
+    tp.ld = room;
+    tp.n = ip.visible;
+    tp.nq = n;
+    tp.k = c.index_topk;
+    tp.out = selected;
+    DSI_RETURN_IF_ERROR(cuda::launch_top_k(tp, s));
+    cuda::RefsFromIndicesParams rp;
+    rp.indices = selected;
+    rp.nq = n;
+    rp.k = c.index_topk;
+    rp.pages = hp.resolve<int32_t>(pack, lp.entry_pages);
+    rp.page_begin = hp.resolve<int64_t>(pack, lp.entry_page_begin);
+    rp.rows_per_page = page_floats / hd;
+    rp.page_floats = page_floats;
+    rp.width = hd;
+    rp.out_begin = hp.resolve<int64_t>(pack, lp.select_begin);
+    rp.out = key_refs;
+    DSI_RETURN_IF_ERROR(cuda::launch_refs_from_indices(rp, s));
+  }
+  // Sink attention over window + compressed keys, inverse RoPE on the output.
+  float* o = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&o, n * heads * hd));
+  cuda::SinkAttentionParams sp;
+  sp.q = q;
+  sp.nq = n;
+  sp.heads = heads;
+  sp.dim = hd;
+  sp.pool = pool_;
+  sp.local = kv;
+  sp.key_begin = hp.resolve<int64_t>(pack, lp.key_begin);
+  sp.key_refs = key_refs;
+  sp.sinks = w.sinks;
+  sp.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  sp.out = o;
+  DSI_RETURN_IF_ERROR(cuda::launch_sink_attention(sp, s));
+  DSI_RETURN_IF_ERROR(rope(o, n, heads, hd, positions, freqs, rd / 2, true, s));
+  cuda::ScatterRowsParams rw;
+  rw.src = kv;
+  rw.n = n;
+  rw.width = hd;
+  rw.pool = pool_;
+  rw.dest_refs = hp.resolve<int64_t>(pack, lp.ring_dest);
+  DSI_RETURN_IF_ERROR(cuda::launch_scatter_rows(rw, s));
+  // Grouped output projection: wo_a per group (never quantised), then wo_b.
+  const int64_t groups = c.o_groups;
+  const int64_t olr = c.o_lora_rank;
+  const int64_t group_in = heads * hd / groups;
+  float* z = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&z, n * groups * olr));
+  for (int64_t g = 0; g < groups; ++g) {
+    cuda::LinearParams p;
+    p.w = w.wo_a;
+    p.row_begin = g * olr;
+    p.rows = olr;
+    p.x = o + g * group_in;
+    p.ldx = heads * hd;
+    p.n = n;
+    p.y = z + g * olr;
+    p.ldy = groups * olr;
+    DSI_RETURN_IF_ERROR(cuda::launch_linear(p, s));
+  }
+  return linear(w.wo_b, z, n, f, q8, s);
+}
+
+Status CudaModel::launch_moe(const DMoe& w,
+                             const model::LayerPlan& plan,
+                             int64_t n,
+                             const int32_t* tokens,
+                             const float* u,
+                             float* f) {
+  const auto& c = config_;
+  const cudaStream_t s = stream_.get();
+  const int64_t ne = c.n_routed_experts;
+  const int64_t k = c.num_experts_per_tok;
+  const int64_t hidden = c.hidden_size;
+  float* logits = nullptr;
+  int32_t* ids = nullptr;
+  float* gates = nullptr;
+  int64_t* expert_begin = nullptr;
+  int32_t* pair_src = nullptr;
+  int32_t* pair_pos = nullptr;
+  float* h = nullptr;
+  float* y = nullptr;
+  float* hs = nullptr;
+  float* ys = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&logits, n * ne));
+  DSI_RETURN_IF_ERROR(ws_->get(&ids, n * k));
+  DSI_RETURN_IF_ERROR(ws_->get(&gates, n * k));
+  DSI_RETURN_IF_ERROR(ws_->get(&expert_begin, ne + 1));
+  DSI_RETURN_IF_ERROR(ws_->get(&pair_src, n * k));
+  DSI_RETURN_IF_ERROR(ws_->get(&pair_pos, n * k));
+  DSI_RETURN_IF_ERROR(ws_->get(&h, n * k * w.inter));
+  DSI_RETURN_IF_ERROR(ws_->get(&y, n * k * hidden));
+  DSI_RETURN_IF_ERROR(ws_->get(&hs, n * w.shared_inter));
+  DSI_RETURN_IF_ERROR(ws_->get(&ys, n * hidden));
+  DSI_RETURN_IF_ERROR(linear(w.gate, u, n, logits, false, s));  // router in fp32
+  cuda::MoeRouteParams rp;
+  rp.logits = logits;
+  rp.n = n;
+  rp.n_experts = ne;
+  rp.k = k;
+  switch (c.scoring_func) {
+    case model::ScoringFunc::kSqrtSoftplus:
+      rp.scoring = cuda::RouterScoring::kSqrtSoftplus;
+      break;
+    case model::ScoringFunc::kSigmoid:
+      rp.scoring = cuda::RouterScoring::kSigmoid;
+      break;
+    case model::ScoringFunc::kSoftmax:
+      rp.scoring = cuda::RouterScoring::kSoftmax;
+      break;
+  }
+  if (plan.moe == model::MoeType::kHash) {
+    rp.tid2eid = w.tid2eid;
+    rp.tokens = tokens;
+  } else {
+    rp.bias = w.bias;
+  }
+  rp.norm_topk_prob = c.norm_topk_prob;
+  rp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  rp.expert_ids = ids;
+  rp.weights = gates;
+  DSI_RETURN_IF_ERROR(cuda::launch_moe_route(rp, s));
+  cuda::MoeGroupParams gp;
+  gp.expert_ids = ids;
+  gp.n = n;
+  gp.k = k;
+  gp.n_experts = ne;
+  gp.expert_begin = expert_begin;
+  gp.pair_src = pair_src;
+  gp.pair_pos = pair_pos;
+  DSI_RETURN_IF_ERROR(cuda::launch_moe_group(gp, s));
+  cuda::ExpertFfnParams ep;
+  ep.w1 = w.w1;
+  ep.w3 = w.w3;
+  ep.w2 = w.w2;
+  ep.n_experts = ne;
+  ep.hidden = hidden;
+  ep.inter = w.inter;
+  ep.expert_begin = expert_begin;
+  ep.pair_src = pair_src;
+  ep.k = k;
+  ep.gates = gates;
+  ep.x = u;
+  ep.num_pairs = n * k;
+  ep.swiglu_limit = static_cast<float>(c.swiglu_limit);
+  ep.quantize_activations = q8();
+  ep.h = h;
+  ep.y = y;
+  DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(ep, s));
+  cuda::ExpertFfnParams sp = ep;  // the shared expert: one expert over every token, gate 1
+  sp.w1 = w.shared_w1;
+  sp.w3 = w.shared_w3;
+  sp.w2 = w.shared_w2;
+  sp.n_experts = 1;
+  sp.inter = w.shared_inter;
+  sp.expert_begin = nullptr;
+  sp.pair_src = nullptr;
+  sp.k = 1;
+  sp.gates = nullptr;
+  sp.num_pairs = n;
+  sp.h = hs;
+  sp.y = ys;
+  DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
+  cuda::MoeCombineParams cp;
+  cp.n = n;
+  cp.k = k;
+  cp.hidden = hidden;
+  cp.y = y;
+  cp.pair_pos = pair_pos;
+  cp.expert_ids = ids;
+  cp.shared = ys;
+  cp.out = f;
+  return cuda::launch_moe_combine(cp, s);
+}
+
+Status CudaModel::launch_layer(const DLayer& w,
+                               const model::LayerPlan& plan,
+                               const LayerPass& lp,
+                               int64_t n,
+                               const int32_t* tokens,
+                               const int64_t* positions,
+                               uint8_t* pack,
+                               const HostPack& hp,
+                               float** x,
+                               float** x_alt) {
+  const auto& c = config_;
+  const cudaStream_t s = stream_.get();
+  const int64_t hc = c.hc_mult;
+  const int64_t hidden = c.hidden_size;
+  // The layer's temporaries are reused by the next layer.
+  const Workspace::Mark scope = ws_->mark();
+  for (int sub = 0; sub < 2; ++sub) {
+    const DHyperConn& hw = sub == 0 ? w.hc_attn : w.hc_ffn;
+    float* post = nullptr;
+    float* comb = nullptr;
+    float* u = nullptr;
+    float* f = nullptr;
+    DSI_RETURN_IF_ERROR(ws_->get(&post, n * hc));
+    DSI_RETURN_IF_ERROR(ws_->get(&comb, n * hc * hc));
+    DSI_RETURN_IF_ERROR(ws_->get(&u, n * hidden));
+    DSI_RETURN_IF_ERROR(ws_->get(&f, n * hidden));
+    cuda::HcPreParams pre;
+    pre.fn = hw.fn;
+    pre.base = hw.base;
+    pre.scale = hw.scale;
+    pre.hc = hc;
+    pre.hidden = hidden;
+    pre.sinkhorn_iters = c.hc_sinkhorn_iters;
+    pre.hc_eps = static_cast<float>(c.hc_eps);
+    pre.norm_eps = static_cast<float>(c.rms_norm_eps);
+    pre.x = *x;
+    pre.n = n;
+    pre.post = post;
+    pre.comb = comb;
+    pre.collapsed = u;
+    DSI_RETURN_IF_ERROR(cuda::launch_hc_pre(pre, s));
+    DSI_RETURN_IF_ERROR(rms_norm(
+        u, n, hidden, sub == 0 ? w.attn_norm : w.ffn_norm, static_cast<float>(c.rms_norm_eps), s));
+    if (sub == 0) {
+      DSI_RETURN_IF_ERROR(launch_attention(w.attn, plan, lp, n, positions, pack, hp, u, f));
+    } else {
+      DSI_RETURN_IF_ERROR(launch_moe(w.moe, plan, n, tokens, u, f));
+    }
+    cuda::HcPostParams po;
+    po.hc = hc;
+    po.hidden = hidden;
+    po.n = n;
+    po.f = f;
+    po.x = *x;
+    po.post = post;
+    po.comb = comb;
+    po.x_out = *x_alt;
+    DSI_RETURN_IF_ERROR(cuda::launch_hc_post(po, s));
+    std::swap(*x, *x_alt);
+  }
+  ws_->release(scope);
+  return Status();
+}
+
+Status CudaModel::launch_head(
+    const DHyperConn& hc_head, const float* norm, const float* x, int64_t rows, float* logits) {
+  const auto& c = config_;
+  const cudaStream_t s = stream_.get();
+  float* u = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&u, rows * c.hidden_size));
+  cuda::HcHeadParams hp;
+  hp.fn = hc_head.fn;
+  hp.base = hc_head.base;
+  hp.scale = hc_head.scale;
+  hp.hc = c.hc_mult;
+  hp.hidden = c.hidden_size;
+  hp.hc_eps = static_cast<float>(c.hc_eps);
+  hp.norm_eps = static_cast<float>(c.rms_norm_eps);
+  hp.x = x;
+  hp.n = rows;
+  hp.collapsed = u;
+  DSI_RETURN_IF_ERROR(cuda::launch_hc_head(hp, s));
+  DSI_RETURN_IF_ERROR(
+      rms_norm(u, rows, c.hidden_size, norm, static_cast<float>(c.rms_norm_eps), s));
+  return linear(weights_->head, u, rows, logits, false, s);  // LM head in fp32
+}
+
+}  // namespace dsinfer::gpu

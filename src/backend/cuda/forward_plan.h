@@ -1,0 +1,74 @@
+// Host-side planning of one CUDA forward: for every layer, the key references and page tables
+// the kernels read (attention key lists, compressor candidates and destinations, indexer page
+// tables, ring writes), derived from the sequences' page tables exactly as the CPU forward
+// (backend/cpu) walks its rows. Planning also advances the sequences' metadata (compressor
+// rows, entry counts) — the device kernels write the contents. Pure host code.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/host_pack.h"
+#include "model/config.h"
+#include "state/sequence_state.h"
+
+namespace dsinfer::gpu {
+
+// One sequence's rows in a pass: rows [begin, begin + n) are positions first .. first + n - 1.
+struct SeqSpan {
+  state::SequenceState* st = nullptr;
+  int64_t first = 0;
+  int64_t n = 0;
+  int64_t begin = 0;
+  bool mtp = false;  // the MTP block's layer state instead of the main layers'
+};
+
+struct CompressorPlan {
+  int64_t n_entries = 0;    // entries launched (padded to the row count in fixed-shape mode)
+  int32_t local_dest = -1;  // [N] row t -> local buffer row t (kKvRefNone for padding rows)
+  int32_t ring_dest = -1;   // [N] pool row kept in the sequence's ring, or kKvRefNone
+  int32_t token_refs = -1;  // [E, (1 + overlap) * ratio] candidate rows
+  int32_t block = -1;       // [E] block index (-1: unused slot)
+  int32_t out_offset = -1;  // [E] pool offset of the entry / index-key row
+};
+
+struct LayerPass {
+  int32_t key_begin = -1;  // [N + 1] attention CSR
+  int32_t key_refs = -1;
+  int32_t ring_dest = -1;     // [N] where each row's K=V vector goes in its ring (or none)
+  CompressorPlan comp;        // CSA / HCA main compressor
+  CompressorPlan index_comp;  // CSA indexer compressor
+  // CSA indexer + selection.
+  int32_t index_pages = -1;       // concatenated index-key page tables
+  int32_t index_page_begin = -1;  // [N]
+  int32_t visible = -1;           // [N] visible blocks per row
+  int64_t visible_room = 0;       // score columns (>= every visible; bucketed in fixed mode)
+  int32_t entry_pages = -1;       // concatenated entry page tables
+  int32_t entry_page_begin = -1;  // [N]
+  int32_t select_begin = -1;      // [N] where row t's index_topk selected refs go in key_refs
+};
+
+struct PassPlan {
+  int64_t rows = 0;        // N (padding rows included)
+  int32_t tokens = -1;     // [N] int32
+  int32_t positions = -1;  // [N] int64
+  std::vector<LayerPass> layers;
+};
+
+struct PlanContext {
+  const model::ModelConfig* config = nullptr;
+  int64_t page_floats = 0;
+  bool fixed_shape = false;  // pad per-entry launches to the row count, bucket score columns
+};
+
+// Plans pass rows: tokens (one per real row; padding rows get token 0 and position 0) and the
+// layers `layer_ids` (main layer indices, or the MTP block when the spans are mtp). Mutates the
+// sequences' compressor and entry metadata.
+void plan_pass(const PlanContext& ctx,
+               const std::vector<SeqSpan>& spans,
+               const std::vector<int32_t>& tokens,
+               int64_t rows,
+               HostPack& pack,
+               PassPlan* out);
+
+}  // namespace dsinfer::gpu

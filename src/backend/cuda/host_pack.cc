@@ -1,0 +1,37 @@
+#include "backend/cuda/host_pack.h"
+
+#include <algorithm>
+
+namespace dsinfer::gpu {
+
+void HostPack::layout(bool bucketed) {
+  int64_t off = 0;
+  for (Array& a : arrays_) {
+    int64_t room = std::max<int64_t>(static_cast<int64_t>(a.bytes.size()), 8);
+    if (bucketed) {
+      int64_t r = 256;
+      while (r < room) r *= 2;
+      room = r;
+    }
+    a.offset = off;
+    a.room = room;
+    off = (off + room + 255) / 256 * 256;
+  }
+  total_ = off;
+}
+
+std::vector<int64_t> HostPack::layout_key() const {
+  std::vector<int64_t> k;
+  k.reserve(arrays_.size());
+  for (const Array& a : arrays_) k.push_back(a.room);
+  return k;
+}
+
+void HostPack::copy_to(uint8_t* dst) const {
+  for (const Array& a : arrays_) {
+    if (!a.bytes.empty())
+      std::memcpy(dst + a.offset, a.bytes.data(), a.bytes.size());
+  }
+}
+
+}  // namespace dsinfer::gpu

@@ -1,0 +1,54 @@
+// HostPack: the index data of one forward (token ids, positions, key references, page tables,
+// compressor plans) gathered on the host into typed arrays, laid out in one block, copied to the
+// device with a single transfer and addressed by array id. With bucketed capacities the layout
+// of a decode step depends only on its shape, so a CUDA graph captured once can be replayed over
+// the next steps' data.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "base/check.h"
+
+namespace dsinfer::gpu {
+
+class HostPack {
+ public:
+  template <typename T>
+  int32_t add(const std::vector<T>& v) {
+    Array a;
+    a.bytes.resize(v.size() * sizeof(T));
+    if (!v.empty())
+      std::memcpy(a.bytes.data(), v.data(), a.bytes.size());
+    arrays_.push_back(std::move(a));
+    return static_cast<int32_t>(arrays_.size() - 1);
+  }
+  // Lays the arrays out (256-byte aligned). bucketed: each array's room is rounded up to a power
+  // of two (at least 256 bytes), so that small changes of content keep the layout.
+  void layout(bool bucketed);
+  int64_t total_bytes() const { return total_; }
+  int64_t offset(int32_t id) const { return arrays_[static_cast<size_t>(id)].offset; }
+  int64_t size_bytes(int32_t id) const {
+    return static_cast<int64_t>(arrays_[static_cast<size_t>(id)].bytes.size());
+  }
+  // The room of every array (the layout): equal vectors mean equal layouts.
+  std::vector<int64_t> layout_key() const;
+  void copy_to(uint8_t* dst) const;
+  template <typename T>
+  T* resolve(uint8_t* base, int32_t id) const {
+    DSI_CHECK(id >= 0 && id < static_cast<int32_t>(arrays_.size()), "pack array %d", id);
+    return reinterpret_cast<T*>(base + offset(id));
+  }
+
+ private:
+  struct Array {
+    std::vector<uint8_t> bytes;
+    int64_t room = 0;
+    int64_t offset = 0;
+  };
+  std::vector<Array> arrays_;
+  int64_t total_ = 0;
+};
+
+}  // namespace dsinfer::gpu
