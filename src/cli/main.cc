@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dsinfer: inference engine for DeepSeek V4 models"};
@@ -16,6 +17,17 @@ int main(int argc, char** argv) {
   dsinfer::cli::add_recipe_command(app, exit_code);
 #ifdef DSINFER_HAVE_SERVER
   dsinfer::cli::add_serve_command(app, exit_code);
+#endif
+#ifdef DSINFER_HAVE_BENCH
+  dsinfer::cli::add_bench_command(app, exit_code);
+#else
+  app.add_subcommand("bench", "Measure GPU speed (needs a CUDA build)")
+      ->allow_extras()
+      ->callback([&exit_code] {
+        exit_code = dsinfer::cli::fail(dsinfer::Status(
+            dsinfer::StatusCode::kUnimplemented,
+            "bench: this build has no CUDA backend (configure with -DDSINFER_CUDA=ON)"));
+      });
 #endif
   try {
     app.parse(argc, argv);

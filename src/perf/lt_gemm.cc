@@ -236,30 +236,12 @@ Status LtGemm::select_algo(int i) {
   return Status();
 }
 
-Status LtGemm::run(const void* a,
-                   const void* b,
-                   void* d,
-                   cudaStream_t stream,
-                   const float* a_scale,
-                   const float* b_scale) {
+Status LtGemm::run(const void* a, const void* b, void* d, cudaStream_t stream) {
   if (impl_ == nullptr)
     return failed_precondition("LtGemm: not created");
   Impl& g = *impl_;
   if (a == nullptr || b == nullptr || d == nullptr)
     return invalid_argument(g.what + ": null device pointer");
-  if (g.spec.input == GemmInput::kFp8E4M3) {
-    // Set on every run (null = unit scale), so an earlier run's scales never linger.
-    DSI_LT_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(
-            g.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)),
-        g.what + ": set A_SCALE_POINTER");
-    DSI_LT_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(
-            g.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)),
-        g.what + ": set B_SCALE_POINTER");
-  } else if (a_scale != nullptr || b_scale != nullptr) {
-    return invalid_argument(g.what + ": scale pointers are for FP8 inputs only");
-  }
   const float alpha = 1.0f;
   const float beta = 0.0f;
   DSI_LT_RETURN_IF_ERROR(cublasLtMatmul(g.handle,

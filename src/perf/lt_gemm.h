@@ -5,7 +5,7 @@
 // Layout (row-major view; what cuBLASLt's column-major "TN" GEMM computes, the only layout its
 // FP8 kernels take on sm_90):
 //   a: [m, k] row-major (lda = k), b: [n, k] row-major (ldb = k), d: [n, m] row-major (ldd = m),
-//   d[j, i] = a_scale * b_scale * sum_p a[i, p] * b[j, p].
+//   d[j, i] = sum_p a[i, p] * b[j, p].
 // For a linear layer y = x W^T: a = W ([out, in]), b = x ([tokens, in]), d = y ([tokens, out]).
 //
 // Not thread-safe (run() updates the operation descriptor); one LtGemm per thread/stream.
@@ -74,16 +74,11 @@ class LtGemm {
   // Later run()s use algorithm i (0 <= i < num_algos()); 0 after create().
   Status select_algo(int i);
 
-  // Enqueues d = a_scale * b_scale * a . b^T (layout above) on `stream`. a_scale / b_scale are
-  // optional device pointers to one float each (FP8 only; null = 1). Device pointers must be
-  // 16-byte aligned (cudaMalloc'd pointers are). Asynchronous: a kernel fault shows up at the next
-  // synchronisation (device::sync_stream).
-  Status run(const void* a,
-             const void* b,
-             void* d,
-             cudaStream_t stream,
-             const float* a_scale = nullptr,
-             const float* b_scale = nullptr);
+  // Enqueues d = a . b^T (layout above) on `stream`, unscaled (scale pointers on an FP8
+  // descriptor made cublasLtMatmul report NOT_SUPPORTED on the H200 with CUDA 13.0, and the
+  // ceiling needs none). Device pointers must be 16-byte aligned (cudaMalloc'd pointers are).
+  // Asynchronous: a kernel fault shows up at the next synchronisation (device::sync_stream).
+  Status run(const void* a, const void* b, void* d, cudaStream_t stream);
 
  private:
   struct Impl;

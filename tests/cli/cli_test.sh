@@ -34,6 +34,24 @@ check "score rejects a bad id" contains "$TMP/err.txt" "item 3"
 "$DSI" score --model "$FIX" --input-ids 0,99999 --output "$TMP/s3.safetensors" >"$TMP/err.txt" 2>&1
 check "score rejects an id outside the vocabulary" contains "$TMP/err.txt" "outside the vocabulary"
 
+# --device: a bad value is a clear error; cuda without a GPU (CI) or without the CUDA build says so.
+"$DSI" score --model "$FIX" --input-ids 0,5 --output "$TMP/d.safetensors" --device tpu >"$TMP/err.txt" 2>&1
+check "score rejects an unknown device" contains "$TMP/err.txt" "not one of cpu, cuda, cuda:N"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
+  "$DSI" score --model "$FIX" --input-ids 0,5 --output "$TMP/d.safetensors" --device cuda >"$TMP/err.txt" 2>&1
+  rc=$?
+  check "score --device cuda without a GPU fails" test "$rc" -ne 0
+  check "score --device cuda without a GPU says why" grep -qiE "no CUDA device|no CUDA backend" "$TMP/err.txt"
+  "$DSI" bench --model "$FIX" --no-ceilings >"$TMP/err.txt" 2>&1
+  rc=$?
+  check "bench without a GPU fails" test "$rc" -ne 0
+  check "bench without a GPU says why" grep -qiE "no CUDA device|no CUDA backend" "$TMP/err.txt"
+  "$DSI" generate --model "$FIX" --prompt-token-ids 0,5 --max-tokens 2 --device cuda >"$TMP/err.txt" 2>&1
+  check "generate --device cuda without a GPU says why" grep -qiE "no CUDA device|no CUDA backend" "$TMP/err.txt"
+fi
+"$DSI" bench --model "$FIX" --device cpu >"$TMP/err.txt" 2>&1
+check "bench --device cpu is refused clearly" grep -qiE "bench measures the CUDA backend|no CUDA backend" "$TMP/err.txt"
+
 # make-checkpoint -> inspect -> generate on the synthetic model.
 "$DSI" make-checkpoint --preset tiny --seed 3 --out "$TMP/m" 2>/dev/null
 check "make-checkpoint writes config" test -s "$TMP/m/config.json"

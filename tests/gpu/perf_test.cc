@@ -163,21 +163,16 @@ Operands make_operands(const Case& c, GemmInput input, bool integers, uint32_t s
   return o;
 }
 
-// Runs d = scale * a . b^T on the device and compares with a double-precision CPU computation:
+// Runs d = a . b^T on the device and compares with a double-precision CPU computation:
 // exactly for integer inputs (|values| <= 3: every partial sum is an integer below 2^13, exact
 // even in the FP8 tensor cores' reduced-precision accumulation) with FP32 output, after
 // round-to-nearest-even for BF16 output; for other inputs within 2^-8 (FP8: the tensor cores keep
 // only about 14 bits between promotions to fp32) or 2^-10 (BF16) of sum |a b|. A wrong layout,
-// operand order or scale is off by about the size of the result itself.
-void check_gemm(const Case& c,
-                GemmInput input,
-                GemmOutput output,
-                bool integers,
-                float a_scale,
-                float b_scale) {
+// operand order is off by about the size of the result itself.
+void check_gemm(const Case& c, GemmInput input, GemmOutput output, bool integers) {
   const std::string what =
       describe(GemmSpec{.m = c.m, .n = c.n, .k = c.k, .input = input, .output = output}) +
-      (integers ? " integers" : " reals") + " scale " + std::to_string(a_scale * b_scale);
+      (integers ? " integers" : " reals");
   SCOPED_TRACE(what);
   auto gemm = LtGemm::create(GemmSpec{.m = c.m,
                                       .n = c.n,
@@ -195,15 +190,8 @@ void check_gemm(const Case& c,
   const size_t out_elems = static_cast<size_t>(c.m * c.n);
   const size_t out_bytes = out_elems * static_cast<size_t>(gemm_output_bytes(output));
   Buf d(out_bytes);
-  const bool scaled = input == GemmInput::kFp8E4M3 && (a_scale != 1.0f || b_scale != 1.0f);
-  const float scales_host[2] = {a_scale, b_scale};
-  Buf scales(sizeof(scales_host));
-  scales.upload(scales_host);
-  const float* a_scale_dev = scaled ? static_cast<const float*>(scales.get()) : nullptr;
-  const float* b_scale_dev = scaled ? static_cast<const float*>(scales.get()) + 1 : nullptr;
 
   std::vector<double> want(out_elems), mag(out_elems);
-  const double scale = scaled ? static_cast<double>(a_scale) * b_scale : 1.0;
   for (int64_t j = 0; j < c.n; ++j) {
     for (int64_t i = 0; i < c.m; ++i) {
       double s = 0.0, sa = 0.0;
@@ -213,8 +201,8 @@ void check_gemm(const Case& c,
         s += x;
         sa += std::fabs(x);
       }
-      want[static_cast<size_t>(j * c.m + i)] = s * scale;  // d is [n, m] row-major
-      mag[static_cast<size_t>(j * c.m + i)] = sa * scale;
+      want[static_cast<size_t>(j * c.m + i)] = s;  // d is [n, m] row-major
+      mag[static_cast<size_t>(j * c.m + i)] = sa;
     }
   }
 
@@ -223,7 +211,7 @@ void check_gemm(const Case& c,
     SCOPED_TRACE("algorithm " + std::to_string(algo));
     DSI_ASSERT_OK(gemm->select_algo(algo));
     ASSERT_EQ(cudaMemset(d.get(), 0xFF, out_bytes), cudaSuccess);  // NaN in both output types
-    DSI_ASSERT_OK(gemm->run(a.get(), b.get(), d.get(), nullptr, a_scale_dev, b_scale_dev));
+    DSI_ASSERT_OK(gemm->run(a.get(), b.get(), d.get(), nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> got(out_elems);
     if (output == GemmOutput::kF32) {
@@ -364,31 +352,26 @@ TEST_F(PerfGpuTest, Fp8GemmMatchesCpu) {
   if (!device_has_fp8())
     GTEST_SKIP() << "FP8 tensor cores need sm_89+";
   for (const Case c : {Case{256, 256, 256}, Case{128, 64, 512}, Case{16, 48, 32}}) {
-    check_gemm(c, GemmInput::kFp8E4M3, GemmOutput::kF32, /*integers=*/true, 1.0f, 1.0f);
-    check_gemm(c, GemmInput::kFp8E4M3, GemmOutput::kBf16, /*integers=*/true, 1.0f, 1.0f);
-    check_gemm(c, GemmInput::kFp8E4M3, GemmOutput::kF32, /*integers=*/true, 0.5f, 4.0f);
-    check_gemm(c, GemmInput::kFp8E4M3, GemmOutput::kF32, /*integers=*/false, 1.0f, 1.0f);
-    check_gemm(c, GemmInput::kFp8E4M3, GemmOutput::kBf16, /*integers=*/false, 0.25f, 1.0f);
+    check_gemm(c, GemmInput::kFp8E4M3, GemmOutput::kF32, /*integers=*/true);
+    check_gemm(c, GemmInput::kFp8E4M3, GemmOutput::kBf16, /*integers=*/true);
+    check_gemm(c, GemmInput::kFp8E4M3, GemmOutput::kF32, /*integers=*/false);
+    check_gemm(c, GemmInput::kFp8E4M3, GemmOutput::kBf16, /*integers=*/false);
   }
 }
 
 TEST_F(PerfGpuTest, Bf16GemmMatchesCpu) {
   for (const Case c : {Case{256, 256, 256}, Case{128, 64, 512}, Case{24, 40, 72}}) {
-    check_gemm(c, GemmInput::kBf16, GemmOutput::kF32, /*integers=*/true, 1.0f, 1.0f);
-    check_gemm(c, GemmInput::kBf16, GemmOutput::kBf16, /*integers=*/true, 1.0f, 1.0f);
-    check_gemm(c, GemmInput::kBf16, GemmOutput::kF32, /*integers=*/false, 1.0f, 1.0f);
+    check_gemm(c, GemmInput::kBf16, GemmOutput::kF32, /*integers=*/true);
+    check_gemm(c, GemmInput::kBf16, GemmOutput::kBf16, /*integers=*/true);
+    check_gemm(c, GemmInput::kBf16, GemmOutput::kF32, /*integers=*/false);
   }
 }
 
 TEST_F(PerfGpuTest, RunChecksItsArguments) {
   auto gemm = LtGemm::create(GemmSpec{.m = 64, .n = 64, .k = 64, .input = GemmInput::kBf16});
   ASSERT_TRUE(gemm.ok()) << gemm.status().to_string();
-  Buf a(64 * 64 * 2), d(64 * 64 * 2), s(4);
+  Buf a(64 * 64 * 2), d(64 * 64 * 2);
   EXPECT_EQ(gemm->run(a.get(), nullptr, d.get(), nullptr).code(), StatusCode::kInvalidArgument);
-  // Scales are an FP8 feature.
-  EXPECT_EQ(
-      gemm->run(a.get(), a.get(), d.get(), nullptr, static_cast<const float*>(s.get())).code(),
-      StatusCode::kInvalidArgument);
   EXPECT_EQ(gemm->select_algo(gemm->num_algos()).code(), StatusCode::kInvalidArgument);
   LtGemm empty;
   EXPECT_EQ(empty.run(a.get(), a.get(), d.get(), nullptr).code(), StatusCode::kFailedPrecondition);
