@@ -198,14 +198,14 @@ void CpuModel::decoder_layer(const model::LayerWeights& w,
   });
 }
 
-void CpuModel::moe(const model::MoeWeights& w,
-                   const LayerPlan& plan,
-                   const float* x,
-                   std::span<const int32_t> tokens,
-                   float* out) const {
+void CpuModel::moe_route(const model::MoeWeights& w,
+                         const LayerPlan& plan,
+                         const float* x,
+                         std::span<const int32_t> tokens,
+                         int32_t* ids,
+                         float* gates) const {
   const auto& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t hidden = c.hidden_size;
   const int64_t n_exp = c.n_routed_experts;
   const int64_t k = c.num_experts_per_tok;
   std::vector<float> scores(static_cast<size_t>(n * n_exp));
@@ -225,12 +225,10 @@ void CpuModel::moe(const model::MoeWeights& w,
     }
   }
   // Routing: per token k expert ids and weights.
-  std::vector<int32_t> ids(static_cast<size_t>(n * k));
-  std::vector<float> gates(static_cast<size_t>(n * k));
   std::vector<float> biased(static_cast<size_t>(n_exp));
   for (int64_t t = 0; t < n; ++t) {
     const float* s = scores.data() + t * n_exp;
-    int32_t* sel = ids.data() + t * k;
+    int32_t* sel = ids + t * k;
     if (plan.moe == MoeType::kHash) {
       for (int64_t i = 0; i < k; ++i) sel[i] = w.tid2eid[static_cast<size_t>(tokens[t] * k + i)];
     } else {
@@ -247,6 +245,21 @@ void CpuModel::moe(const model::MoeWeights& w,
       gates[t * k + i] = g * static_cast<float>(c.routed_scaling_factor);
     }
   }
+}
+
+void CpuModel::moe(const model::MoeWeights& w,
+                   const LayerPlan& plan,
+                   const float* x,
+                   std::span<const int32_t> tokens,
+                   float* out) const {
+  const auto& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t hidden = c.hidden_size;
+  const int64_t n_exp = c.n_routed_experts;
+  const int64_t k = c.num_experts_per_tok;
+  std::vector<int32_t> ids(static_cast<size_t>(n * k));
+  std::vector<float> gates(static_cast<size_t>(n * k));
+  moe_route(w, plan, x, tokens, ids.data(), gates.data());
   // Shared expert (gate 1), then each routed expert over the tokens that chose it.
   std::fill(out, out + n * hidden, 0.0f);
   std::vector<float> ones(static_cast<size_t>(n), 1.0f);

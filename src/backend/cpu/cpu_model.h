@@ -42,6 +42,29 @@ class CpuModel final : public backend::Model {
   const model::ModelConfig& config() const override { return config_; }
   model::Numerics numerics() const override { return numerics_; }
 
+  // The MoE sub-layer's pieces, public for the expert-parallel reference (src/parallel) and its
+  // tests; `forward` uses exactly these.
+  // Router: per token k expert ids [n, k] and routing weights [n, k] (hash or score routing).
+  void moe_route(const model::MoeWeights& w,
+                 const model::LayerPlan& plan,
+                 const float* x,
+                 std::span<const int32_t> tokens,
+                 int32_t* ids,
+                 float* gates) const;
+  // out[n, hidden] = shared expert + each routed expert's rows, added in ascending expert id.
+  void moe(const model::MoeWeights& w,
+           const model::LayerPlan& plan,
+           const float* x,
+           std::span<const int32_t> tokens,
+           float* out) const;
+  // One SwiGLU expert over n rows with per-row routing weights; ADDS its output to out_accum.
+  // Each row's result depends only on that row (row-independent, any n).
+  void expert(const model::ExpertWeights& w,
+              const float* x,
+              int64_t n,
+              const float* gates,
+              float* out_accum) const;
+
  private:
   void decoder_layer(const model::LayerWeights& w,
                      const model::LayerPlan& plan,
@@ -56,16 +79,6 @@ class CpuModel final : public backend::Model {
                  int64_t first_pos,
                  int64_t n,
                  float* out) const;
-  void moe(const model::MoeWeights& w,
-           const model::LayerPlan& plan,
-           const float* x,
-           std::span<const int32_t> tokens,
-           float* out) const;
-  void expert(const model::ExpertWeights& w,
-              const float* x,
-              int64_t n,
-              const float* gates,
-              float* out_accum) const;
   void head(const model::HyperHeadWeights& hc_head,
             const std::vector<float>& norm,
             const float* streams,
