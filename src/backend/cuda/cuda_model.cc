@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "backend/cuda/launch_helpers.h"
 #include "base/check.h"
 #include "base/strings.h"
 #include "device/device_error.h"
@@ -576,21 +577,8 @@ Status CudaModel::launch_all(Launch& L) {
     me.copies = 1;
     me.out = e;
     DSI_RETURN_IF_ERROR(cuda::launch_embed(me, s));
-    cuda::RmsNormParams rn;
-    rn.x = e;
-    rn.rows = nm;
-    rn.dim = hidden;
-    rn.weight = w.enorm;
-    rn.eps = eps;
-    rn.out = e;
-    DSI_RETURN_IF_ERROR(cuda::launch_rms_norm(rn, s));
-    cuda::LinearParams lp;
-    lp.w = w.e_proj;
-    lp.x = e;
-    lp.n = nm;
-    lp.y = eproj;
-    lp.quantize_activations = q8();
-    DSI_RETURN_IF_ERROR(cuda::launch_linear(lp, s));
+    DSI_RETURN_IF_ERROR(rms_norm(e, nm, hidden, w.enorm, eps, s));
+    DSI_RETURN_IF_ERROR(linear(w.e_proj, e, nm, eproj, q8(), s));
     cuda::GatherRowsParams gp;
     gp.pool = pool_;
     gp.local = x;
@@ -599,11 +587,7 @@ Status CudaModel::launch_all(Launch& L) {
     gp.width = width;
     gp.dst = h;
     DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
-    rn.x = h;
-    rn.rows = nm * hc;
-    rn.weight = w.hnorm;
-    rn.out = h;
-    DSI_RETURN_IF_ERROR(cuda::launch_rms_norm(rn, s));
+    DSI_RETURN_IF_ERROR(rms_norm(h, nm * hc, hidden, w.hnorm, eps, s));
     gp.pool = nullptr;
     gp.local = eproj;
     gp.src_refs = hp.resolve<int64_t>(pack, L.mtp_broadcast);
@@ -611,12 +595,8 @@ Status CudaModel::launch_all(Launch& L) {
     gp.width = hidden;
     gp.dst = xm;
     DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
-    lp.w = w.h_proj;
-    lp.x = h;
-    lp.n = nm * hc;
-    lp.y = xm;
-    lp.accumulate = true;  // h_proj(h) + e_proj(e), as the CPU adds them
-    DSI_RETURN_IF_ERROR(cuda::launch_linear(lp, s));
+    // h_proj(h) + e_proj(e), as the CPU adds them.
+    DSI_RETURN_IF_ERROR(linear(w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true));
     DSI_RETURN_IF_ERROR(launch_layer(w.layer,
                                      c.mtp_layers[0],
                                      L.mtp.layers[0],

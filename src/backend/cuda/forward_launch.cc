@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/launch_helpers.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
@@ -14,59 +15,6 @@
 namespace dsinfer::gpu {
 
 using model::AttentionType;
-
-namespace {
-
-Status linear(const MatrixRef& w,
-              const float* x,
-              int64_t n,
-              float* y,
-              bool q8,
-              cudaStream_t s,
-              bool accumulate = false) {
-  cuda::LinearParams p;
-  p.w = w;
-  p.x = x;
-  p.n = n;
-  p.y = y;
-  p.quantize_activations = q8;
-  p.accumulate = accumulate;
-  return cuda::launch_linear(p, s);
-}
-
-Status rms_norm(float* x, int64_t rows, int64_t dim, const float* w, float eps, cudaStream_t s) {
-  cuda::RmsNormParams p;
-  p.x = x;
-  p.rows = rows;
-  p.dim = dim;
-  p.weight = w;
-  p.eps = eps;
-  p.out = x;
-  return cuda::launch_rms_norm(p, s);
-}
-
-Status rope(float* x,
-            int64_t tokens,
-            int64_t heads,
-            int64_t dim,
-            const int64_t* positions,
-            const float* inv_freq,
-            int64_t half,
-            bool inverse,
-            cudaStream_t s) {
-  cuda::RopeParams p;
-  p.x = x;
-  p.tokens = tokens;
-  p.heads = heads;
-  p.dim = dim;
-  p.positions = positions;
-  p.inv_freq = inv_freq;
-  p.half = half;
-  p.inverse = inverse;
-  return cuda::launch_rope(p, s);
-}
-
-}  // namespace
 
 Status CudaModel::launch_compressor(const DCompressor& w,
                                     const model::LayerPlan& plan,
