@@ -11,6 +11,10 @@ CUDA_FLAGS=(-DDSINFER_CUDA=OFF)
 NVCC=$(dsi_find_nvcc || true)
 if dsi_has_gpu && [ -n "$NVCC" ]; then
   CUDA_FLAGS=(-DDSINFER_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC")
+  # NCCL for --ep N (src/comm), from PyPI; without it only --ep 1 works.
+  if NCCL_DIR=$(dsi_install_nccl); then
+    CUDA_FLAGS+=(-DNCCL_ROOT="$NCCL_DIR")
+  fi
 fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSINFER_TESTS=OFF "${CUDA_FLAGS[@]}" >/dev/null
 ninja -C build -j "$(nproc)" dsinfer

@@ -27,6 +27,12 @@ NVCC=$(dsi_find_nvcc || true)
 if [ -n "$NVCC" ]; then
   CUDA_FLAGS=(-DDSINFER_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC")
   echo "[test] nvcc found at $NVCC: the CUDA backend is compiled too"
+  # NCCL (multi-GPU transport, src/comm) comes from PyPI (nvidia-nccl-cu13); never committed.
+  if NCCL_DIR=$(dsi_install_nccl); then
+    CUDA_FLAGS+=(-DNCCL_ROOT="$NCCL_DIR")
+  else
+    echo "[test] warning: NCCL unavailable; src/comm is built without it (its NCCL tests skip)" >&2
+  fi
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${CUDA_FLAGS[@]}" >/dev/null

@@ -79,6 +79,36 @@ dsi_install_python_server_test_deps() {
     }
 }
 
+# NCCL for the multi-GPU transport (src/comm, CUDA builds only), from PyPI: nvidia-nccl-cu13 ships
+# include/nccl.h and lib/libnccl.so.2 (NCCL is no Debian/Ubuntu package here; on a GPU host torch
+# brings the same package). Installs the pinned version when no version of the package is present
+# (one already there, e.g. torch's, is kept: NCCL 2.x keeps its ABI; DSI_NCCL_VERSION overrides the
+# pin), same pip fallbacks as above, then prints the package directory (an NCCL_ROOT for CMake)
+# on stdout. Returns 1 (printing nothing) when it cannot be installed: src/comm is then built
+# without NCCL and its NCCL tests skip.
+# Usage: NCCL_ROOT=$(dsi_install_nccl)
+dsi_install_nccl() {
+  local py=${DSI_PYTHON:-python3} want=${DSI_NCCL_VERSION:-2.32.3}
+  local have
+  have=$("$py" -c 'import importlib.metadata as m; print(m.version("nvidia-nccl-cu13"))' \
+    2>/dev/null || true)
+  if [ -z "$have" ]; then
+    echo "[deps] pip install nvidia-nccl-cu13==$want" >&2
+    if ! "$py" -m pip --version >/dev/null 2>&1; then
+      local sudo=""
+      [ "$(id -u)" -ne 0 ] && sudo="sudo"
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
+    fi
+    "$py" -m pip install -q "nvidia-nccl-cu13==$want" >&2 2>/dev/null ||
+      "$py" -m pip install -q --user --break-system-packages "nvidia-nccl-cu13==$want" >&2 || {
+        echo "[deps] warning: could not install nvidia-nccl-cu13==$want" >&2
+        return 1
+      }
+  fi
+  # nvidia.nccl is a namespace package (no __file__): its directory is __path__[0].
+  "$py" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])'
+}
+
 # The Boost headers package for the HTTP server (Asio/Beast >= 1.80): the newest of
 # libboost1.8x-dev the distribution has (Debian 12: libboost1.81-dev; Ubuntu 24.04: 1.83).
 dsi_boost_package() {

@@ -1,0 +1,73 @@
+// The multi-GPU communicator over NCCL: one process per GPU, ranks bootstrapped through the id
+// file of comm/bootstrap.h. nccl.h stays out of this header (the module builds without NCCL; then
+// create() returns kUnimplemented).
+//
+// NVLink multicast (NVLS) is off: create() sets NCCL_NVLS_ENABLE=0 in the environment before the
+// first NCCL call of the process unless the user set the variable, so NCCL never calls
+// cuMulticastCreate. The communicator is non-blocking (ncclConfig_t::blocking = 0): every NCCL
+// call is followed by polling ncclCommGetAsyncError until it settles, which lets initialisation
+// time out (Bootstrap::timeout_ms) instead of hanging when a rank never arrives, and lets the
+// host waits (all_to_all_counts, barrier) notice asynchronous errors. The first asynchronous
+// error aborts the communicator (ncclCommAbort) and is latched: every later call returns it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
+
+namespace dsinfer::comm {
+
+class NcclComm final : public Comm {
+ public:
+  // Whether this build has NCCL (DSINFER_HAVE_NCCL).
+  static bool built_with_nccl();
+  // NCCL version of the library in use ("2.32.3"); an error without NCCL.
+  static Result<std::string> library_version();
+
+  // Rank `rank` of `size` on CUDA device `device` (made current). rank and size must equal the
+  // bootstrap's. Rank 0 creates the unique id and publishes it to boot.id_file; the others wait
+  // for it (boot.timeout_ms). Then ncclCommInitRankConfig, waiting at most boot.timeout_ms for
+  // the other ranks. Allocates a few bytes of device scratch (counts exchange, barrier).
+  static Result<std::unique_ptr<NcclComm>> create(const Bootstrap& boot,
+                                                  int rank,
+                                                  int size,
+                                                  int device);
+
+  // ncclCommFinalize + ncclCommDestroy when healthy, ncclCommAbort after a failure.
+  ~NcclComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int device() const { return device_; }
+  // ncclGroupStart, per peer ncclSend/ncclRecv of the byte blocks (ncclUint8), ncclGroupEnd.
+  // Zero-sized blocks are skipped (consistently on both sides when the counts match).
+  Status all_to_all_v(const void* send,
+                      const int64_t* send_counts,
+                      const int64_t* send_offsets,
+                      void* recv,
+                      const int64_t* recv_counts,
+                      const int64_t* recv_offsets,
+                      size_t elem_bytes,
+                      cudaStream_t stream) override;
+  // Through the device scratch: upload, one int64 to and from every peer, download, wait.
+  Status all_to_all_counts(const int64_t* send_counts_host,
+                           int64_t* recv_counts_host,
+                           cudaStream_t stream) override;
+  Status all_reduce_sum_f32(float* buf, int64_t n, cudaStream_t stream) override;
+  // A one-float all-reduce on the scratch, then a wait on the stream.
+  Status barrier(cudaStream_t stream) override;
+  Status health() override;
+
+  struct Impl;  // NCCL state (nccl_comm.cc)
+
+ private:
+  explicit NcclComm(std::unique_ptr<Impl> impl, int rank, int size, int device);
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0;
+  int size_ = 1;
+  int device_ = 0;
+};
+
+}  // namespace dsinfer::comm
