@@ -119,6 +119,9 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_flag("--no-cuda-graphs",
                 f->no_cuda_graphs,
                 "Launch decode steps eagerly instead of replaying CUDA graphs");
+  cmd->add_option("--ep",
+                  f->ep,
+                  "Expert-parallel ranks (CUDA): 1 runs the expert-parallel MoE path on one GPU");
 }
 
 Status parse_device(const std::string& s, engine::EngineConfig* config) {
@@ -147,6 +150,9 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   DSI_ASSIGN_OR_RETURN(s.version, parse_model_version(f.model_version));
   DSI_RETURN_IF_ERROR(parse_device(f.device, &s.config));
   s.config.cuda_graphs = !f.no_cuda_graphs;
+  if (f.ep < 0)
+    return invalid_argument("--ep must be >= 0");
+  s.config.expert_parallel = f.ep;
   if (f.max_model_len < 0)
     return invalid_argument("--max-model-len must be >= 0");
   s.config.model_dir = resolve_model_dir(f.model_dir);

@@ -54,6 +54,8 @@ Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
                                                      const model::ModelWeights& weights) {
   switch (config.device) {
     case Device::kCpu:
+      if (config.expert_parallel > 0)
+        return invalid_argument("--ep: expert parallelism needs --device cuda");
       return std::unique_ptr<backend::Model>(
           std::make_unique<cpu::CpuModel>(mc, weights, config.numerics));
     case Device::kCuda: {
@@ -61,6 +63,15 @@ Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
       gpu::CudaModelOptions co;
       co.device = config.device_ordinal;
       co.cuda_graphs = config.cuda_graphs;
+      if (config.expert_parallel > 1) {
+        return Status(StatusCode::kUnimplemented,
+                      str_format("--ep %d: expert parallelism over several GPUs needs one process "
+                                 "per GPU, which is not built yet (docs/parallel.md); --ep 1 runs "
+                                 "the expert-parallel path on one GPU",
+                                 config.expert_parallel));
+      }
+      if (config.expert_parallel == 1)
+        co.comm = std::make_shared<comm::LocalComm>();
       auto m = gpu::CudaModel::create(mc, weights, config.numerics, co);
       if (!m.ok())
         return m.status();

@@ -28,6 +28,9 @@ struct EngineConfig {
   Device device = Device::kCpu;
   int device_ordinal = 0;                         // CUDA device
   bool cuda_graphs = true;                        // decode steps replayed from CUDA graphs
+  // Expert parallelism ranks (CUDA): 0 = off; 1 = the expert-parallel MoE path on this one GPU
+  // (a size-1 communicator); > 1 needs one process per GPU (not available yet).
+  int expert_parallel = 0;
   int64_t state_budget_bytes = int64_t{1} << 30;  // the one memory budget for sequence state
   int64_t page_bytes = 0;                         // 0 = state::default_page_bytes(model)
   int64_t max_model_len = 0;                      // 0 = model's max_position_embeddings

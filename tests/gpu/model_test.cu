@@ -18,6 +18,9 @@
 
 #include "backend/cpu/cpu_model.h"
 #include "backend/cuda/cuda_model.h"
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
+#include "comm/nccl_comm.h"
 #include "engine/engine.h"
 #include "kernels/cuda/device.h"
 #include "model/checkpoint.h"
@@ -404,6 +407,54 @@ TEST(CudaEngine, BatchEqualsAlone) {
     const engine::Request* b = batch_engine->request(ids[i]);
     ASSERT_EQ(b->state, engine::RequestState::kFinished);
     EXPECT_EQ(a->output, b->output) << "request " << i;
+  }
+}
+
+// Expert parallelism through the same exchange path as several GPUs would use, on one GPU: a
+// size-1 communicator (LocalComm, and NCCL when built with it). Dispatch, count/id exchange,
+// receive grouping, the grouped expert GEMM, the return trip and the combine must reproduce the
+// all-local MoE bit for bit (docs/parallel.md), prefill, chunked and decode, with MTP.
+TEST(CudaExpertParallel, OneRankMatchesAllLocalBitForBit) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::pair<std::string, std::shared_ptr<comm::Comm>>> comms;
+  comms.emplace_back("local", std::make_shared<comm::LocalComm>());
+  if (comm::NcclComm::built_with_nccl()) {
+    auto path = comm::make_id_file_path();
+    ASSERT_TRUE(path.ok()) << path.status().to_string();
+    comm::Bootstrap boot;
+    boot.id_file = *path;
+    int dev = 0;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    auto nc = comm::NcclComm::create(boot, 0, 1, dev);
+    ASSERT_TRUE(nc.ok()) << nc.status().to_string();
+    comms.emplace_back("nccl", std::shared_ptr<comm::Comm>(std::move(nc).value()));
+    (void)comm::remove_id_file(*path);
+  }
+  for (const char* path : {"tests/fixtures/tiny-a/official", "models/dsv4-mini"}) {
+    auto ckpt = open_model(path);
+    ASSERT_TRUE(ckpt);
+    const auto& cfg = ckpt->config();
+    const auto ids = random_ids(64, cfg.vocab_size, 21);
+    for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
+      gpu::CudaModelOptions plain_opts;
+      plain_opts.cuda_graphs = false;
+      auto plain = gpu::CudaModel::create(cfg, ckpt->weights(), nm, plain_opts);
+      ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+      for (int64_t chunk : {int64_t{0}, int64_t{5}, int64_t{1}}) {
+        const Logits want = run(**plain, ids, chunk, ckpt->has_mtp());
+        for (const auto& [name, cm] : comms) {
+          gpu::CudaModelOptions o;
+          o.comm = cm;
+          auto ep = gpu::CudaModel::create(cfg, ckpt->weights(), nm, o);
+          ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+          const Logits got = run(**ep, ids, chunk, ckpt->has_mtp());
+          EXPECT_EQ(got.logits, want.logits) << path << " " << name << " chunk " << chunk;
+          EXPECT_EQ(got.mtp, want.mtp) << path << " " << name << " chunk " << chunk;
+        }
+      }
+    }
+    std::printf(
+        "[ep] %s: EP=1 (%zu communicators) == all-local, bit for bit\n", path, comms.size());
   }
 }
 

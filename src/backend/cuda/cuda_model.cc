@@ -79,7 +79,18 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
   }
   DSI_RETURN_IF_ERROR(device::check_cuda(cudaSetDevice(options.device), "cudaSetDevice"));
   std::unique_ptr<CudaModel> m(new CudaModel(config, numerics, options));
-  DSI_ASSIGN_OR_RETURN(m->weights_, DeviceWeights::upload(m->config_, weights));
+  int64_t expert_first = 0;
+  int64_t expert_count = -1;
+  if (options.comm != nullptr) {
+    DSI_ASSIGN_OR_RETURN(
+        auto part, parallel::ExpertPartition::make(config.n_routed_experts, options.comm->size()));
+    expert_first = part.first(options.comm->rank());
+    expert_count = part.count(options.comm->rank());
+    m->partition_ = part;
+    m->options_.cuda_graphs = false;  // host round trips per MoE layer
+  }
+  DSI_ASSIGN_OR_RETURN(m->weights_,
+                       DeviceWeights::upload(m->config_, weights, expert_first, expert_count));
   DSI_ASSIGN_OR_RETURN(m->stream_, device::Stream::create(true));
   m->ws_ = std::make_unique<Workspace>();
   m->stats_.weight_bytes = m->weights_->bytes();
@@ -87,7 +98,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
 }
 
 Status CudaModel::health() const {
-  return device::device_failure();
+  DSI_RETURN_IF_ERROR(device::device_failure());
+  return options_.comm ? options_.comm->health() : Status();
 }
 
 CudaModelStats CudaModel::stats() const {

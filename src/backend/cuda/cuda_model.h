@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -20,13 +21,20 @@
 #include "backend/cuda/host_pack.h"
 #include "backend/cuda/workspace.h"
 #include "backend/model.h"
+#include "comm/comm.h"
 #include "device/allocator.h"
 #include "device/stream.h"
+#include "parallel/dispatch.h"
 
 namespace dsinfer::gpu {
 
 struct CudaModelOptions {
   int device = 0;
+  // Expert parallelism (docs/parallel.md): this rank's communicator. The routed experts are
+  // sharded over comm->size() ranks (this rank uploads only its shard) and every MoE layer
+  // exchanges (token, slot) pairs through it. Null: all experts local (no exchange). A size-1
+  // communicator runs the same exchange path on one GPU.
+  std::shared_ptr<comm::Comm> comm;
   bool cuda_graphs = true;        // replay decode steps from CUDA graphs
   int64_t max_graph_batch = 256;  // decode batches above this run eagerly
 };
@@ -61,7 +69,7 @@ class CudaModel final : public backend::Model {
   const model::ModelConfig& config() const override { return config_; }
   model::Numerics numerics() const override { return numerics_; }
   CudaModelStats stats() const;
-  void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+  void set_cuda_graphs(bool on) { options_.cuda_graphs = on && options_.comm == nullptr; }
 
   // Copies the device pool's contents of `page` (page_floats floats) to the host (tests).
   Status read_page(int32_t page, std::vector<float>* out);
@@ -116,6 +124,13 @@ class CudaModel final : public backend::Model {
                     const int32_t* tokens,
                     const float* u,
                     float* f);
+  Status launch_routed_ep(const DMoe& w,
+                          int64_t n,
+                          const float* u,
+                          const int32_t* ids,
+                          const float* gates,
+                          const float* shared,
+                          float* f);
   Status launch_head(
       const DHyperConn& hc_head, const float* norm, const float* x, int64_t rows, float* logits);
   const float* inv_freq(model::RopeTable t) const {
@@ -127,6 +142,7 @@ class CudaModel final : public backend::Model {
   model::Numerics numerics_;
   CudaModelOptions options_;
   std::unique_ptr<DeviceWeights> weights_;
+  std::optional<parallel::ExpertPartition> partition_;  // set with options_.comm
   device::Stream stream_;
   std::unique_ptr<Workspace> ws_;
   // The device mirror of each arena this model has seen: pool_/arena_ are the current one.

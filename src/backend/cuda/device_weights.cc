@@ -88,7 +88,17 @@ struct ExpertArrays {
   std::vector<MatrixRef> w1, w3, w2, s1, s3, s2;
 };
 
-void add_layer(Uploader& u, const model::LayerWeights& h, DLayer* d, ExpertArrays* ex) {
+// Routed experts [first, first + count) of every MoE layer are uploaded (count < 0: all).
+struct ExpertShard {
+  int64_t first = 0;
+  int64_t count = -1;
+};
+
+void add_layer(Uploader& u,
+               const model::LayerWeights& h,
+               const ExpertShard& shard,
+               DLayer* d,
+               ExpertArrays* ex) {
   u.vec(h.attn_norm, &d->attn_norm);
   u.vec(h.ffn_norm, &d->ffn_norm);
   u.hc(h.hc_attn.fn, h.hc_attn.base, h.hc_attn.scale, &d->hc_attn);
@@ -113,29 +123,37 @@ void add_layer(Uploader& u, const model::LayerWeights& h, DLayer* d, ExpertArray
   u.bytes(m.tid2eid.data(),
           static_cast<int64_t>(m.tid2eid.size() * sizeof(int32_t)),
           [d](const void* p) { d->moe.tid2eid = static_cast<const int32_t*>(p); });
-  const size_t ne = m.experts.size();
+  const size_t all = m.experts.size();
+  const size_t first = static_cast<size_t>(shard.first);
+  const size_t ne = shard.count < 0 ? all : static_cast<size_t>(shard.count);
+  DSI_CHECK(first + ne <= all, "expert shard [%zu, %zu) of %zu experts", first, first + ne, all);
   ex->w1.resize(ne);
   ex->w3.resize(ne);
   ex->w2.resize(ne);
   for (size_t e = 0; e < ne; ++e) {
-    u.matrix(m.experts[e].w1, &ex->w1[e]);
-    u.matrix(m.experts[e].w3, &ex->w3[e]);
-    u.matrix(m.experts[e].w2, &ex->w2[e]);
+    u.matrix(m.experts[first + e].w1, &ex->w1[e]);
+    u.matrix(m.experts[first + e].w3, &ex->w3[e]);
+    u.matrix(m.experts[first + e].w2, &ex->w2[e]);
   }
+  d->moe.first_expert = shard.first;
+  d->moe.num_local_experts = static_cast<int64_t>(ne);
   ex->s1.resize(1);
   ex->s3.resize(1);
   ex->s2.resize(1);
   u.matrix(m.shared.w1, &ex->s1[0]);
   u.matrix(m.shared.w3, &ex->s3[0]);
   u.matrix(m.shared.w2, &ex->s2[0]);
-  d->moe.inter = ne > 0 ? m.experts[0].w1.rows : 0;
+  d->moe.inter = all > 0 ? m.experts[0].w1.rows : 0;
   d->moe.shared_inter = m.shared.w1.rows;
 }
 
 }  // namespace
 
 Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const model::ModelConfig& c,
-                                                             const model::ModelWeights& w) {
+                                                             const model::ModelWeights& w,
+                                                             int64_t expert_first,
+                                                             int64_t expert_count) {
+  const ExpertShard shard{expert_first, expert_count};
   std::unique_ptr<DeviceWeights> d(new DeviceWeights());
   Uploader u;
   u.matrix(w.embed, &d->embed);
@@ -147,7 +165,7 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const model::ModelC
   d->mtp.resize(w.mtp.size());
   std::vector<ExpertArrays> experts(w.layers.size() + w.mtp.size());
   for (size_t l = 0; l < w.layers.size(); ++l)
-    add_layer(u, w.layers[l], &d->layers[l], &experts[l]);
+    add_layer(u, w.layers[l], shard, &d->layers[l], &experts[l]);
   for (size_t i = 0; i < w.mtp.size(); ++i) {
     const model::MtpWeights& h = w.mtp[i];
     DMtp& dm = d->mtp[i];
@@ -157,7 +175,7 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const model::ModelC
     u.vec(h.hnorm, &dm.hnorm);
     u.vec(h.norm, &dm.norm);
     u.hc(h.hc_head.fn, h.hc_head.base, h.hc_head.scale, &dm.hc_head);
-    add_layer(u, h.layer, &dm.layer, &experts[w.layers.size() + i]);
+    add_layer(u, h.layer, shard, &dm.layer, &experts[w.layers.size() + i]);
   }
   const std::vector<float> inv_main = model::rope_inv_freq(c.rope_main, c.qk_rope_head_dim);
   const std::vector<float> inv_comp = model::rope_inv_freq(c.rope_compress, c.qk_rope_head_dim);

@@ -41,7 +41,10 @@ struct DMoe {
   MatrixRef gate;
   const float* bias = nullptr;       // null: no bias
   const int32_t* tid2eid = nullptr;  // hash layers
-  // Device arrays of MatrixRef: routed experts [n_experts], shared expert [1].
+  // Device arrays of MatrixRef: this rank's routed experts [num_local_experts] (global ids
+  // first_expert ...; all of them without expert parallelism), shared expert [1].
+  int64_t first_expert = 0;
+  int64_t num_local_experts = 0;
   const MatrixRef* w1 = nullptr;
   const MatrixRef* w3 = nullptr;
   const MatrixRef* w2 = nullptr;
@@ -71,9 +74,13 @@ struct DMtp {
 
 class DeviceWeights {
  public:
-  // Copies every tensor (synchronously). Fails with kResourceExhausted when the device is full.
+  // Copies every tensor (synchronously); of the routed experts only [expert_first,
+  // expert_first + expert_count) (expert_count < 0: all). Fails with kResourceExhausted when the
+  // device is full.
   static Result<std::unique_ptr<DeviceWeights>> upload(const model::ModelConfig& config,
-                                                       const model::ModelWeights& weights);
+                                                       const model::ModelWeights& weights,
+                                                       int64_t expert_first = 0,
+                                                       int64_t expert_count = -1);
   ~DeviceWeights();
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;

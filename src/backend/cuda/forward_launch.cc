@@ -250,21 +250,11 @@ Status CudaModel::launch_moe(const DMoe& w,
   float* logits = nullptr;
   int32_t* ids = nullptr;
   float* gates = nullptr;
-  int64_t* expert_begin = nullptr;
-  int32_t* pair_src = nullptr;
-  int32_t* pair_pos = nullptr;
-  float* h = nullptr;
-  float* y = nullptr;
   float* hs = nullptr;
   float* ys = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&logits, n * ne));
   DSI_RETURN_IF_ERROR(ws_->get(&ids, n * k));
   DSI_RETURN_IF_ERROR(ws_->get(&gates, n * k));
-  DSI_RETURN_IF_ERROR(ws_->get(&expert_begin, ne + 1));
-  DSI_RETURN_IF_ERROR(ws_->get(&pair_src, n * k));
-  DSI_RETURN_IF_ERROR(ws_->get(&pair_pos, n * k));
-  DSI_RETURN_IF_ERROR(ws_->get(&h, n * k * w.inter));
-  DSI_RETURN_IF_ERROR(ws_->get(&y, n * k * hidden));
   DSI_RETURN_IF_ERROR(ws_->get(&hs, n * w.shared_inter));
   DSI_RETURN_IF_ERROR(ws_->get(&ys, n * hidden));
   DSI_RETURN_IF_ERROR(linear(w.gate, u, n, logits, false, s));  // router in fp32
@@ -295,6 +285,36 @@ Status CudaModel::launch_moe(const DMoe& w,
   rp.expert_ids = ids;
   rp.weights = gates;
   DSI_RETURN_IF_ERROR(cuda::launch_moe_route(rp, s));
+  // The shared expert: one expert over every token, gate 1.
+  cuda::ExpertFfnParams sp;
+  sp.w1 = w.shared_w1;
+  sp.w3 = w.shared_w3;
+  sp.w2 = w.shared_w2;
+  sp.n_experts = 1;
+  sp.hidden = hidden;
+  sp.inter = w.shared_inter;
+  sp.k = 1;
+  sp.x = u;
+  sp.num_pairs = n;
+  sp.swiglu_limit = static_cast<float>(c.swiglu_limit);
+  sp.quantize_activations = q8();
+  sp.h = hs;
+  sp.y = ys;
+  DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
+  if (options_.comm != nullptr)
+    return launch_routed_ep(w, n, u, ids, gates, ys, f);
+
+  // Every routed expert is local: group the (token, slot) pairs by expert, run them, combine.
+  int64_t* expert_begin = nullptr;
+  int32_t* pair_src = nullptr;
+  int32_t* pair_pos = nullptr;
+  float* h = nullptr;
+  float* y = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&expert_begin, ne + 1));
+  DSI_RETURN_IF_ERROR(ws_->get(&pair_src, n * k));
+  DSI_RETURN_IF_ERROR(ws_->get(&pair_pos, n * k));
+  DSI_RETURN_IF_ERROR(ws_->get(&h, n * k * w.inter));
+  DSI_RETURN_IF_ERROR(ws_->get(&y, n * k * hidden));
   cuda::MoeGroupParams gp;
   gp.expert_ids = ids;
   gp.n = n;
@@ -304,38 +324,20 @@ Status CudaModel::launch_moe(const DMoe& w,
   gp.pair_src = pair_src;
   gp.pair_pos = pair_pos;
   DSI_RETURN_IF_ERROR(cuda::launch_moe_group(gp, s));
-  cuda::ExpertFfnParams ep;
+  cuda::ExpertFfnParams ep = sp;
   ep.w1 = w.w1;
   ep.w3 = w.w3;
   ep.w2 = w.w2;
   ep.n_experts = ne;
-  ep.hidden = hidden;
   ep.inter = w.inter;
   ep.expert_begin = expert_begin;
   ep.pair_src = pair_src;
   ep.k = k;
   ep.gates = gates;
-  ep.x = u;
   ep.num_pairs = n * k;
-  ep.swiglu_limit = static_cast<float>(c.swiglu_limit);
-  ep.quantize_activations = q8();
   ep.h = h;
   ep.y = y;
   DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(ep, s));
-  cuda::ExpertFfnParams sp = ep;  // the shared expert: one expert over every token, gate 1
-  sp.w1 = w.shared_w1;
-  sp.w3 = w.shared_w3;
-  sp.w2 = w.shared_w2;
-  sp.n_experts = 1;
-  sp.inter = w.shared_inter;
-  sp.expert_begin = nullptr;
-  sp.pair_src = nullptr;
-  sp.k = 1;
-  sp.gates = nullptr;
-  sp.num_pairs = n;
-  sp.h = hs;
-  sp.y = ys;
-  DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
   cuda::MoeCombineParams cp;
   cp.n = n;
   cp.k = k;
