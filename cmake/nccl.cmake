@@ -10,10 +10,14 @@
 #   4. the system (libnccl-dev: /usr/include, /usr/lib/<multiarch>)
 # -DDSINFER_NCCL=OFF skips the search.
 #
-# Found: DSINFER_HAVE_NCCL=ON, NCCL_INCLUDE_DIR, NCCL_LIBRARY, NCCL_VERSION_STRING and the imported
-# target dsinfer::nccl (libnccl.so.2, linked dynamically by its soname; CMake puts its directory in
-# the build RPATH of every executable that links it, so build-tree binaries run without
-# LD_LIBRARY_PATH; elsewhere point LD_LIBRARY_PATH at a directory holding libnccl.so.2).
+# Found: DSINFER_HAVE_NCCL=ON, NCCL_INCLUDE_DIR, NCCL_LIBRARY, NCCL_LIBRARY_DIR and
+# NCCL_VERSION_STRING. libnccl is NOT linked: src/comm compiles against nccl.h and dlopen()s
+# libnccl.so.2 on first use (src/comm/nccl_loader.h), so no binary has NEEDED libnccl.so.2 and
+# dsinfer starts on hosts without NCCL; only expert parallelism over NCCL (NcclComm) needs it. The
+# loader tries $DSINFER_NCCL_LIBRARY (a path), else dlopen("libnccl.so.2") (LD_LIBRARY_PATH, the
+# binary's RUNPATH, the system), else NCCL_LIBRARY_DIR compiled in (DSINFER_NCCL_FALLBACK_DIR).
+# NCCL_LIBRARY_DIR is also appended to CMAKE_BUILD_RPATH, so build-tree binaries find this NCCL
+# without LD_LIBRARY_PATH (the install RPATH is not touched).
 # Not found: DSINFER_HAVE_NCCL=OFF; src/comm still builds and NcclComm::create returns
 # kUnimplemented.
 option(DSINFER_NCCL "Use NCCL for the multi-GPU transport when found" ON)
@@ -99,12 +103,10 @@ if(NCCL_LIBRARY)
   else()
     set(DSINFER_HAVE_NCCL ON)
     get_filename_component(NCCL_LIBRARY_DIR "${NCCL_LIBRARY}" DIRECTORY)
-    add_library(dsinfer::nccl SHARED IMPORTED)
-    set_target_properties(dsinfer::nccl PROPERTIES
-      IMPORTED_LOCATION "${NCCL_LIBRARY}"
-      IMPORTED_SONAME "libnccl.so.2"
-      INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
-    message(STATUS "NCCL ${NCCL_VERSION_STRING}: ${NCCL_LIBRARY}")
+    # Not linked (loaded at run time): only the build RUNPATH points at it, for every target
+    # defined after this (the dlopen() in src/comm searches the calling executable's RUNPATH).
+    list(APPEND CMAKE_BUILD_RPATH "${NCCL_LIBRARY_DIR}")
+    message(STATUS "NCCL ${NCCL_VERSION_STRING}: ${NCCL_LIBRARY} (loaded at run time, not linked)")
   endif()
 endif()
 if(NOT DSINFER_HAVE_NCCL)

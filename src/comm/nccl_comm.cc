@@ -1,4 +1,5 @@
-// NcclComm: the multi-GPU communicator over NCCL (non-blocking communicator, polled).
+// NcclComm: the multi-GPU communicator over NCCL (non-blocking communicator, polled). NCCL is
+// loaded on first use (nccl_loader.h): every call goes through the resolved NcclApi.
 #include "comm/nccl_comm.h"
 
 #include <chrono>
@@ -14,7 +15,7 @@
 #include "device/device_error.h"
 
 #ifdef DSINFER_HAVE_NCCL
-#include <nccl.h>
+#include "comm/nccl_loader.h"
 #endif
 
 namespace dsinfer::comm {
@@ -34,7 +35,15 @@ constexpr const char* kNoNccl = "built without NCCL: pip install nvidia-nccl-cu1
 
 struct NcclComm::Impl {};
 
+bool NcclComm::nccl_loadable() {
+  return false;
+}
+
 Result<std::string> NcclComm::library_version() {
+  return unimplemented(kNoNccl);
+}
+
+Result<std::string> NcclComm::library_path() {
   return unimplemented(kNoNccl);
 }
 
@@ -79,23 +88,29 @@ using Clock = std::chrono::steady_clock;
 
 // Status for a failed NCCL call: invalid argument/usage as kInvalidArgument, the rest kInternal;
 // the message carries NCCL's description and its last error text.
-Status nccl_status(ncclResult_t r, ncclComm_t comm, const std::string& what) {
+Status nccl_status(const NcclApi& nccl, ncclResult_t r, ncclComm_t comm, const std::string& what) {
   const StatusCode code = (r == ncclInvalidArgument || r == ncclInvalidUsage)
                               ? StatusCode::kInvalidArgument
                               : StatusCode::kInternal;
   std::string msg = what + ": NCCL error " + std::to_string(static_cast<int>(r)) + " (" +
-                    ncclGetErrorString(r) + ")";
-  const char* last = ncclGetLastError(comm);
+                    nccl.ncclGetErrorString(r) + ")";
+  const char* last = nccl.ncclGetLastError(comm);
   if (last != nullptr && last[0] != '\0')
     msg += ": " + std::string(last);
   return Status(code, msg);
 }
 
 // NVLink SHARP / multicast off unless the user chose otherwise; before NCCL reads its
-// environment (the first NCCL call of the process).
+// environment (before NCCL is loaded, so before its first call in the process).
 void default_nvls_off() {
   static std::once_flag once;
   std::call_once(once, [] { ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0); });
+}
+
+// The loaded NCCL (loading it on the first call), or why it is not available.
+Result<const NcclApi*> nccl_api() {
+  default_nvls_off();
+  return load_nccl();
 }
 
 // Polls with a short spin, then sleeps: NCCL calls usually settle at once, connection setup and
@@ -117,6 +132,7 @@ class Backoff {
 }  // namespace
 
 struct NcclComm::Impl {
+  const NcclApi* nccl = nullptr;  // set before anything else
   ncclComm_t comm = nullptr;
   Status failure;           // latched: the first asynchronous error
   void* scratch = nullptr;  // device: int64 send[size], int64 recv[size], float flag
@@ -130,13 +146,13 @@ struct NcclComm::Impl {
       bool clean = failure.ok() && !device::device_failed();
       if (clean) {
         // Flush and wait for global quiescence, but do not hang on ranks that are gone.
-        clean = settle_after(ncclCommFinalize(comm), "ncclCommFinalize", 30'000).ok();
+        clean = settle_after(nccl->ncclCommFinalize(comm), "ncclCommFinalize", 30'000).ok();
       }
       if (comm != nullptr) {
         if (clean)
-          (void)ncclCommDestroy(comm);
+          (void)nccl->ncclCommDestroy(comm);
         else
-          (void)ncclCommAbort(comm);
+          (void)nccl->ncclCommAbort(comm);
         comm = nullptr;
       }
     }
@@ -151,7 +167,7 @@ struct NcclComm::Impl {
     if (failure.ok())
       failure = std::move(st);
     if (comm != nullptr) {
-      (void)ncclCommAbort(comm);
+      (void)nccl->ncclCommAbort(comm);
       comm = nullptr;
     }
     return failure;
@@ -172,20 +188,20 @@ struct NcclComm::Impl {
                       std::optional<int64_t> timeout_ms = std::nullopt,
                       const std::string& timeout_hint = "") {
     if (r != ncclSuccess && r != ncclInProgress)
-      return fail(nccl_status(r, comm, what));
+      return fail(nccl_status(*nccl, r, comm, what));
     std::optional<Clock::time_point> deadline;
     if (timeout_ms.has_value())
       deadline = Clock::now() + std::chrono::milliseconds(*timeout_ms);
     Backoff backoff;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      const ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+      const ncclResult_t q = nccl->ncclCommGetAsyncError(comm, &state);
       if (q != ncclSuccess)
-        return fail(nccl_status(q, comm, what + " (ncclCommGetAsyncError)"));
+        return fail(nccl_status(*nccl, q, comm, what + " (ncclCommGetAsyncError)"));
       if (state == ncclSuccess)
         return Status();
       if (state != ncclInProgress)
-        return fail(nccl_status(state, comm, what));
+        return fail(nccl_status(*nccl, state, comm, what));
       if (deadline.has_value() && Clock::now() >= *deadline)
         return fail(Status(StatusCode::kInternal,
                            str_format("%s did not complete within %.1f s%s",
@@ -206,25 +222,28 @@ struct NcclComm::Impl {
       if (e != cudaErrorNotReady)
         return device::check_cuda(e, what);
       ncclResult_t state = ncclSuccess;
-      const ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+      const ncclResult_t q = nccl->ncclCommGetAsyncError(comm, &state);
       if (q != ncclSuccess)
-        return fail(nccl_status(q, comm, std::string(what) + " (ncclCommGetAsyncError)"));
+        return fail(nccl_status(*nccl, q, comm, std::string(what) + " (ncclCommGetAsyncError)"));
       if (state != ncclSuccess && state != ncclInProgress)
-        return fail(nccl_status(state, comm, what));
+        return fail(nccl_status(*nccl, state, comm, what));
       backoff.pause();
     }
   }
 };
 
+bool NcclComm::nccl_loadable() {
+  return nccl_api().ok();
+}
+
 Result<std::string> NcclComm::library_version() {
-  int v = 0;
-  const ncclResult_t r = ncclGetVersion(&v);
-  if (r != ncclSuccess)
-    return nccl_status(r, nullptr, "ncclGetVersion");
-  // Since 2.9 the code is major * 10000 + minor * 100 + patch.
-  const int major = v >= 10000 ? v / 10000 : v / 1000;
-  const int minor = v >= 10000 ? v / 100 % 100 : v / 100 % 10;
-  return str_format("%d.%d.%d", major, minor, v % 100);
+  DSI_ASSIGN_OR_RETURN(const NcclApi* nccl, nccl_api());
+  return nccl->version;
+}
+
+Result<std::string> NcclComm::library_path() {
+  DSI_ASSIGN_OR_RETURN(const NcclApi* nccl, nccl_api());
+  return nccl->library;
 }
 
 Result<std::unique_ptr<NcclComm>> NcclComm::create(const Bootstrap& boot,
@@ -249,7 +268,8 @@ Result<std::unique_ptr<NcclComm>> NcclComm::create(const Bootstrap& boot,
     return invalid_argument("NcclComm: the bootstrap has no id file");
   if (boot.timeout_ms <= 0)
     return invalid_argument("NcclComm: the bootstrap's timeout must be positive");
-  default_nvls_off();
+  // NCCL itself (loaded now, on first use): before waiting for other ranks or touching CUDA.
+  DSI_ASSIGN_OR_RETURN(const NcclApi* nccl, nccl_api());
 
   // Agree on the unique id. Rank 0 selects its device first (NCCL's usual order); the others
   // wait for the id before touching CUDA.
@@ -259,9 +279,9 @@ Result<std::unique_ptr<NcclComm>> NcclComm::create(const Bootstrap& boot,
   ncclUniqueId nid{};
   if (rank == 0) {
     DSI_RETURN_IF_ERROR(set_device());
-    const ncclResult_t r = ncclGetUniqueId(&nid);
+    const ncclResult_t r = nccl->ncclGetUniqueId(&nid);
     if (r != ncclSuccess)
-      return nccl_status(r, nullptr, "ncclGetUniqueId");
+      return nccl_status(*nccl, r, nullptr, "ncclGetUniqueId");
     UniqueId id{};
     std::memcpy(id.data(), nid.internal, kUniqueIdBytes);
     DSI_RETURN_IF_ERROR(publish_unique_id(boot.id_file, id));
@@ -272,6 +292,7 @@ Result<std::unique_ptr<NcclComm>> NcclComm::create(const Bootstrap& boot,
   }
 
   auto impl = std::make_unique<Impl>();
+  impl->nccl = nccl;
   const size_t counts_bytes = 2 * static_cast<size_t>(size) * sizeof(int64_t);
   DSI_RETURN_IF_ERROR(device::check_cuda(cudaMalloc(&impl->scratch, counts_bytes + 256),
                                          "NcclComm: cudaMalloc (scratch)"));
@@ -284,9 +305,9 @@ Result<std::unique_ptr<NcclComm>> NcclComm::create(const Bootstrap& boot,
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  const ncclResult_t r = ncclCommInitRankConfig(&impl->comm, size, nid, rank, &config);
+  const ncclResult_t r = nccl->ncclCommInitRankConfig(&impl->comm, size, nid, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
-    Status st = nccl_status(r, impl->comm, "ncclCommInitRankConfig");
+    Status st = nccl_status(*nccl, r, impl->comm, "ncclCommInitRankConfig");
     if (impl->comm != nullptr)
       (void)impl->fail(st);
     return st;
@@ -315,32 +336,33 @@ Status NcclComm::all_to_all_v(const void* send,
   DSI_RETURN_IF_ERROR(check_all_to_all_v_args(
       rank_, size_, send, send_counts, send_offsets, recv, recv_counts, recv_offsets, elem_bytes));
   DSI_RETURN_IF_ERROR(impl_->usable());
+  const NcclApi& nccl = *impl_->nccl;
   ncclComm_t c = impl_->comm;
-  ncclResult_t r = ncclGroupStart();
+  ncclResult_t r = nccl.ncclGroupStart();
   if (r != ncclSuccess)
-    return impl_->fail(nccl_status(r, c, "all_to_all_v: ncclGroupStart"));
+    return impl_->fail(nccl_status(nccl, r, c, "all_to_all_v: ncclGroupStart"));
   ncclResult_t first = ncclSuccess;
   for (int p = 0; p < size_ && first == ncclSuccess; ++p) {
     if (send_counts[p] > 0) {
-      first = ncclSend(static_cast<const char*>(send) + send_offsets[p] * elem_bytes,
-                       static_cast<size_t>(send_counts[p]) * elem_bytes,
-                       ncclUint8,
-                       p,
-                       c,
-                       stream);
+      first = nccl.ncclSend(static_cast<const char*>(send) + send_offsets[p] * elem_bytes,
+                            static_cast<size_t>(send_counts[p]) * elem_bytes,
+                            ncclUint8,
+                            p,
+                            c,
+                            stream);
     }
     if (first == ncclSuccess && recv_counts[p] > 0) {
-      first = ncclRecv(static_cast<char*>(recv) + recv_offsets[p] * elem_bytes,
-                       static_cast<size_t>(recv_counts[p]) * elem_bytes,
-                       ncclUint8,
-                       p,
-                       c,
-                       stream);
+      first = nccl.ncclRecv(static_cast<char*>(recv) + recv_offsets[p] * elem_bytes,
+                            static_cast<size_t>(recv_counts[p]) * elem_bytes,
+                            ncclUint8,
+                            p,
+                            c,
+                            stream);
     }
   }
-  r = ncclGroupEnd();  // always closes the group
+  r = nccl.ncclGroupEnd();  // always closes the group
   if (first != ncclSuccess && first != ncclInProgress)
-    return impl_->fail(nccl_status(first, c, "all_to_all_v: ncclSend/ncclRecv"));
+    return impl_->fail(nccl_status(nccl, first, c, "all_to_all_v: ncclSend/ncclRecv"));
   return impl_->settle_after(r, "all_to_all_v: ncclGroupEnd");
 }
 
@@ -349,6 +371,7 @@ Status NcclComm::all_to_all_counts(const int64_t* send_counts_host,
                                    cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_all_to_all_counts_args(size_, send_counts_host, recv_counts_host));
   DSI_RETURN_IF_ERROR(impl_->usable());
+  const NcclApi& nccl = *impl_->nccl;
   const size_t bytes = static_cast<size_t>(size_) * sizeof(int64_t);
   auto* h_send = impl_->h_counts.as<int64_t>();
   int64_t* h_recv = h_send + size_;
@@ -357,18 +380,18 @@ Status NcclComm::all_to_all_counts(const int64_t* send_counts_host,
       cudaMemcpyAsync(impl_->d_send, h_send, bytes, cudaMemcpyHostToDevice, stream),
       "all_to_all_counts: upload"));
   ncclComm_t c = impl_->comm;
-  ncclResult_t r = ncclGroupStart();
+  ncclResult_t r = nccl.ncclGroupStart();
   if (r != ncclSuccess)
-    return impl_->fail(nccl_status(r, c, "all_to_all_counts: ncclGroupStart"));
+    return impl_->fail(nccl_status(nccl, r, c, "all_to_all_counts: ncclGroupStart"));
   ncclResult_t first = ncclSuccess;
   for (int p = 0; p < size_ && first == ncclSuccess; ++p) {
-    first = ncclSend(impl_->d_send + p, 1, ncclInt64, p, c, stream);
+    first = nccl.ncclSend(impl_->d_send + p, 1, ncclInt64, p, c, stream);
     if (first == ncclSuccess)
-      first = ncclRecv(impl_->d_recv + p, 1, ncclInt64, p, c, stream);
+      first = nccl.ncclRecv(impl_->d_recv + p, 1, ncclInt64, p, c, stream);
   }
-  r = ncclGroupEnd();
+  r = nccl.ncclGroupEnd();
   if (first != ncclSuccess && first != ncclInProgress)
-    return impl_->fail(nccl_status(first, c, "all_to_all_counts: ncclSend/ncclRecv"));
+    return impl_->fail(nccl_status(nccl, first, c, "all_to_all_counts: ncclSend/ncclRecv"));
   DSI_RETURN_IF_ERROR(impl_->settle_after(r, "all_to_all_counts: ncclGroupEnd"));
   DSI_RETURN_IF_ERROR(device::check_cuda(
       cudaMemcpyAsync(h_recv, impl_->d_recv, bytes, cudaMemcpyDeviceToHost, stream),
@@ -381,30 +404,35 @@ Status NcclComm::all_to_all_counts(const int64_t* send_counts_host,
 Status NcclComm::all_reduce_sum_f32(float* buf, int64_t n, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_all_reduce_args(buf, n));
   DSI_RETURN_IF_ERROR(impl_->usable());
+  const NcclApi& nccl = *impl_->nccl;
   if (n == 0)
     return Status();
   return impl_->settle_after(
-      ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, impl_->comm, stream),
+      nccl.ncclAllReduce(
+          buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, impl_->comm, stream),
       "all_reduce_sum_f32: ncclAllReduce");
 }
 
 Status NcclComm::barrier(cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(impl_->usable());
+  const NcclApi& nccl = *impl_->nccl;
   DSI_RETURN_IF_ERROR(impl_->settle_after(
-      ncclAllReduce(impl_->d_flag, impl_->d_flag, 1, ncclFloat32, ncclSum, impl_->comm, stream),
+      nccl.ncclAllReduce(
+          impl_->d_flag, impl_->d_flag, 1, ncclFloat32, ncclSum, impl_->comm, stream),
       "barrier: ncclAllReduce"));
   return impl_->wait_stream(stream, "barrier: wait");
 }
 
 Status NcclComm::health() {
   DSI_RETURN_IF_ERROR(impl_->usable());
+  const NcclApi& nccl = *impl_->nccl;
   DSI_RETURN_IF_ERROR(device::poll_device());
   ncclResult_t state = ncclSuccess;
-  const ncclResult_t q = ncclCommGetAsyncError(impl_->comm, &state);
+  const ncclResult_t q = nccl.ncclCommGetAsyncError(impl_->comm, &state);
   if (q != ncclSuccess)
-    return impl_->fail(nccl_status(q, impl_->comm, "health: ncclCommGetAsyncError"));
+    return impl_->fail(nccl_status(nccl, q, impl_->comm, "health: ncclCommGetAsyncError"));
   if (state != ncclSuccess && state != ncclInProgress)
-    return impl_->fail(nccl_status(state, impl_->comm, "health: asynchronous NCCL error"));
+    return impl_->fail(nccl_status(nccl, state, impl_->comm, "health: asynchronous NCCL error"));
   return Status();
 }
 

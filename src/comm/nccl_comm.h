@@ -2,13 +2,21 @@
 // file of comm/bootstrap.h. nccl.h stays out of this header (the module builds without NCCL; then
 // create() returns kUnimplemented).
 //
-// NVLink multicast (NVLS) is off: create() sets NCCL_NVLS_ENABLE=0 in the environment before the
-// first NCCL call of the process unless the user set the variable, so NCCL never calls
-// cuMulticastCreate. The communicator is non-blocking (ncclConfig_t::blocking = 0): every NCCL
-// call is followed by polling ncclCommGetAsyncError until it settles, which lets initialisation
-// time out (Bootstrap::timeout_ms) instead of hanging when a rank never arrives, and lets the
-// host waits (all_to_all_counts, barrier) notice asynchronous errors. The first asynchronous
-// error aborts the communicator (ncclCommAbort) and is latched: every later call returns it.
+// NCCL is not linked: the first create() (or library_version(), nccl_loadable()) loads
+// libnccl.so.2 with dlopen (comm/nccl_loader.h: $DSINFER_NCCL_LIBRARY, else the dynamic loader's
+// search, else the directory found at configure time). Binaries therefore start without NCCL;
+// where it cannot be loaded, create() fails with kFailedPrecondition "NCCL is not available:
+// dlopen(libnccl.so.2) failed: <dlerror>; install nvidia-nccl-cu13 (pip) or set
+// DSINFER_NCCL_LIBRARY / LD_LIBRARY_PATH".
+//
+// NVLink multicast (NVLS) is off: NCCL_NVLS_ENABLE=0 is set in the environment before NCCL is
+// loaded (so before its first call in the process) unless the user set the variable, so NCCL never
+// calls cuMulticastCreate. The communicator is non-blocking (ncclConfig_t::blocking = 0): every
+// NCCL call is followed by polling ncclCommGetAsyncError until it settles, which lets
+// initialisation time out (Bootstrap::timeout_ms) instead of hanging when a rank never arrives, and
+// lets the host waits (all_to_all_counts, barrier) notice asynchronous errors. The first
+// asynchronous error aborts the communicator (ncclCommAbort) and is latched: every later call
+// returns it.
 #pragma once
 
 #include <memory>
@@ -21,15 +29,24 @@ namespace dsinfer::comm {
 
 class NcclComm final : public Comm {
  public:
-  // Whether this build has NCCL (DSINFER_HAVE_NCCL).
+  // Whether this build has NCCL (DSINFER_HAVE_NCCL: nccl.h was found at configure time). Says
+  // nothing about the library being present at run time: see nccl_loadable().
   static bool built_with_nccl();
-  // NCCL version of the library in use ("2.32.3"); an error without NCCL.
+  // Whether NCCL can be used: built with it, and libnccl.so.2 loads (loading it if needed; the
+  // outcome holds for the rest of the process).
+  static bool nccl_loadable();
+  // NCCL version of the library in use ("2.32.3"); an error without NCCL or when it cannot be
+  // loaded (the same Status as create()).
   static Result<std::string> library_version();
+  // The file the library was loaded from, as the dynamic loader names it; errors as above.
+  static Result<std::string> library_path();
 
   // Rank `rank` of `size` on CUDA device `device` (made current). rank and size must equal the
-  // bootstrap's. Rank 0 creates the unique id and publishes it to boot.id_file; the others wait
-  // for it (boot.timeout_ms). Then ncclCommInitRankConfig, waiting at most boot.timeout_ms for
-  // the other ranks. Allocates a few bytes of device scratch (counts exchange, barrier).
+  // bootstrap's. After the argument checks NCCL is loaded (its error, before any CUDA call or
+  // wait, when it cannot be). Rank 0 creates the unique id and publishes it to boot.id_file; the
+  // others wait for it (boot.timeout_ms). Then ncclCommInitRankConfig, waiting at most
+  // boot.timeout_ms for the other ranks. Allocates a few bytes of device scratch (counts exchange,
+  // barrier).
   static Result<std::unique_ptr<NcclComm>> create(const Bootstrap& boot,
                                                   int rank,
                                                   int size,

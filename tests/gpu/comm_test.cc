@@ -1,6 +1,7 @@
 // src/comm on a GPU: LocalComm's copies, NcclComm as rank 0 of 1 (bootstrapped through a
 // temporary id file), and ranks started by spawn_ranks that bootstrap from their environment.
-// Without a GPU every test skips; without NCCL (see cmake/nccl.cmake) the NcclComm tests skip.
+// Without a GPU every test skips; without NCCL (not built with it, see cmake/nccl.cmake, or
+// libnccl.so.2 does not load at run time) the NcclComm tests skip.
 //
 // Only size-1 NCCL communicators can run on a one-GPU machine (NCCL refuses two ranks on one
 // device). NcclGpu.NcclSpawnedRanks runs DSINFER_COMM_TEST_RANKS ranks (default 1), each this
@@ -104,6 +105,8 @@ class NcclGpu : public CommGpu {
     if (!NcclComm::built_with_nccl())
       GTEST_SKIP() << "built without NCCL (pip install nvidia-nccl-cu13 and reconfigure): "
                       "NcclComm tests skipped";
+    if (!NcclComm::nccl_loadable())  // loaded at run time (comm/nccl_loader.h)
+      GTEST_SKIP() << NcclComm::library_version().status().message() << ": NcclComm tests skipped";
     auto dir = make_id_file_path();
     ASSERT_TRUE(dir.ok()) << dir.status().to_string();
     id_file_ = *dir;
@@ -174,7 +177,12 @@ TEST_F(NcclGpu, SingleRank) {
   auto version = NcclComm::library_version();
   ASSERT_TRUE(version.ok());
   ASSERT_NE(std::getenv("NCCL_NVLS_ENABLE"), nullptr);
-  std::printf("NCCL %s, NCCL_NVLS_ENABLE=%s\n", version->c_str(), std::getenv("NCCL_NVLS_ENABLE"));
+  auto path = NcclComm::library_path();
+  ASSERT_TRUE(path.ok());
+  std::printf("NCCL %s from %s, NCCL_NVLS_ENABLE=%s\n",
+              version->c_str(),
+              path->c_str(),
+              std::getenv("NCCL_NVLS_ENABLE"));
   DSI_EXPECT_OK(comm->health());
 
   uint32_t seed = 7;

@@ -1,6 +1,6 @@
 // Argument checks of the communicators and LocalComm's host paths: no GPU, no CUDA call (every
 // case here fails validation or moves nothing). NcclComm::create's checks that run before any
-// CUDA call, and the build-without-NCCL error.
+// CUDA call, and the build-without-NCCL and NCCL-does-not-load errors.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -103,10 +103,7 @@ TEST(CommArgs, NcclCommCreate) {
     EXPECT_FALSE(NcclComm::library_version().ok());
     GTEST_SKIP() << "built without NCCL: only the kUnimplemented path was checked";
   }
-  auto v = NcclComm::library_version();
-  ASSERT_TRUE(v.ok()) << v.status().to_string();
-  EXPECT_EQ(v->rfind("2.", 0), 0u) << *v;
-
+  // The argument checks come before NCCL is loaded: the same whether or not it loads.
   test::TempDir dir;
   Bootstrap boot{.rank = 1, .size = 2, .id_file = dir.path() + "/nccl_id", .timeout_ms = 80};
   expect_invalid(NcclComm::create(boot, 2, 2, 0).status(), "rank 2 out of range for size 2");
@@ -116,6 +113,20 @@ TEST(CommArgs, NcclCommCreate) {
   Bootstrap no_file = boot;
   no_file.id_file.clear();
   expect_invalid(NcclComm::create(no_file, 1, 2, 0).status(), "no id file");
+
+  auto v = NcclComm::library_version();
+  if (!NcclComm::nccl_loadable()) {
+    // Built with NCCL, but libnccl.so.2 does not load here (nccl_loader_test.cc covers this).
+    ASSERT_FALSE(v.ok());
+    EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(v.status().message().rfind("NCCL is not available: ", 0), 0u) << v.status().message();
+    auto c = NcclComm::create(boot, 1, 2, 0);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().message(), v.status().message());
+    GTEST_SKIP() << "NCCL does not load: " << v.status().message();
+  }
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(v->rfind("2.", 0), 0u) << *v;
   // Rank 1 waits for rank 0's id (before any CUDA call) and gives up with a clear error.
   auto c = NcclComm::create(boot, 1, 2, 0);
   ASSERT_FALSE(c.ok());
