@@ -64,6 +64,13 @@ class Model {
   }
   // A latched unrecoverable device error (OK for the CPU).
   virtual Status health() const { return Status(); }
+  // Expert parallelism over several processes (one per GPU): every rank's forward_batch runs the
+  // same collective exchanges, so every rank must call forward_batch the same number of times —
+  // with no items when it has no work of its own (an empty pass that serves the other ranks'
+  // tokens). all_ranks_sum() is the collective the driver loop uses to agree on whether any rank
+  // still has work. Single-process backends: no lockstep, the sum is the value itself.
+  virtual bool lockstep() const { return false; }
+  virtual Result<int64_t> all_ranks_sum(int64_t v) { return v; }
   virtual const char* name() const = 0;
   virtual const model::ModelConfig& config() const = 0;
   virtual model::Numerics numerics() const = 0;

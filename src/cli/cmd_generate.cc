@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -21,6 +24,10 @@
 #include "frontend/prepare.h"
 #include "recipe/output_parser.h"
 #include "tokenizer/tokenizer.h"
+#if DSINFER_HAVE_CUDA_BACKEND
+#include "comm/bootstrap.h"
+#include "comm/launcher.h"
+#endif
 
 namespace dsinfer::cli {
 
@@ -60,6 +67,7 @@ struct Job {
   recipe::OutputParserOptions parser;
   std::string error;  // set: the line failed validation
   engine::RequestId id = 0;
+  bool other_rank = false;  // served by another expert-parallel rank
 };
 
 template <typename T>
@@ -228,6 +236,147 @@ double percentile(std::vector<double> v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
 
+// This process's place among the expert-parallel ranks (rank 0 of 1 unless started as a rank).
+struct RankInfo {
+  int rank = 0;
+  int size = 1;
+  std::string results_dir;
+};
+constexpr const char* kEnvResultsDir = "DSINFER_EP_RESULTS_DIR";
+
+RankInfo rank_info() {
+  RankInfo r;
+#if DSINFER_HAVE_CUDA_BACKEND
+  if (comm::rank_env_present()) {
+    auto boot = comm::bootstrap_from_env();
+    if (boot.ok()) {
+      r.rank = boot->rank;
+      r.size = boot->size;
+    }
+    if (const char* d = std::getenv(kEnvResultsDir))
+      r.results_dir = d;
+  }
+#endif
+  return r;
+}
+
+// Prints the results as the single-process run does: text (or ids) per request on stdout, or
+// JSONL to --output; then the summary line. Exit code 1 when every request failed.
+int emit_results(const GenerateArgs& a,
+                 std::vector<json> results,
+                 bool have_tokenizer,
+                 double wall,
+                 int64_t preemptions) {
+  std::sort(results.begin(), results.end(), [](const json& x, const json& y) {
+    return x["index"].get<int64_t>() < y["index"].get<int64_t>();
+  });
+  std::vector<double> ttft, tpot;
+  int64_t prompt_tokens = 0, gen_tokens = 0, failed = 0;
+  std::ofstream out;
+  if (!a.output.empty()) {
+    out.open(a.output);
+    if (!out)
+      return fail(io_error("--output: cannot write " + a.output));
+  }
+  for (const json& o : results) {
+    if (!o.contains("output_token_ids")) {
+      ++failed;
+      if (out.is_open())
+        out << o.dump() << "\n";
+      continue;
+    }
+    const double t_first = o["ttft_s"].get<double>();
+    const double t_total = o["latency_s"].get<double>();
+    const int64_t n_out = o["completion_tokens"].get<int64_t>();
+    if (t_first >= 0)
+      ttft.push_back(t_first);
+    if (n_out > 1 && t_first >= 0)
+      tpot.push_back((t_total - t_first) / static_cast<double>(n_out - 1));
+    prompt_tokens += o["prompt_tokens"].get<int64_t>();
+    gen_tokens += n_out;
+    if (out.is_open()) {
+      out << o.dump() << "\n";
+    } else if (have_tokenizer) {
+      const std::string text = o["text"].get<std::string>();
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fputc('\n', stdout);
+    } else {
+      std::printf("%s\n", o["output_token_ids"].dump().c_str());
+    }
+  }
+  std::fprintf(stderr,
+               "[generate] %zu requests (%lld failed) | prompt %lld tok, generated %lld tok | "
+               "%.2f s | %.1f generated tok/s | TTFT p50 %.1f ms p90 %.1f ms p99 %.1f ms | "
+               "TPOT p50 %.1f ms p90 %.1f ms p99 %.1f ms | preemptions %lld\n",
+               results.size(),
+               static_cast<long long>(failed),
+               static_cast<long long>(prompt_tokens),
+               static_cast<long long>(gen_tokens),
+               wall,
+               static_cast<double>(gen_tokens) / wall,
+               1e3 * percentile(ttft, 0.5),
+               1e3 * percentile(ttft, 0.9),
+               1e3 * percentile(ttft, 0.99),
+               1e3 * percentile(tpot, 0.5),
+               1e3 * percentile(tpot, 0.9),
+               1e3 * percentile(tpot, 0.99),
+               static_cast<long long>(preemptions));
+  return failed == static_cast<int64_t>(results.size()) ? 1 : 0;
+}
+
+// A rank's share of the results, for the launching process to merge.
+int write_rank_results(const std::vector<json>& results, const RankInfo& rank) {
+  if (rank.results_dir.empty())
+    return fail(invalid_argument(std::string(kEnvResultsDir) + " is not set for this rank"));
+  const std::string path = rank.results_dir + "/rank" + std::to_string(rank.rank) + ".jsonl";
+  std::ofstream out(path);
+  for (const json& o : results) out << o.dump() << "\n";
+  out.close();
+  if (!out)
+    return fail(io_error("cannot write " + path));
+  return 0;
+}
+
+#if DSINFER_HAVE_CUDA_BACKEND
+// `generate --ep N`: one process per GPU running this same command as rank r (requests
+// with index % N == r), lockstepped through their MoE exchanges; this process waits for them
+// and prints the merged results in input order.
+int launch_ranks(const GenerateArgs& a, int n) {
+  char tmpl[] = "/tmp/dsinfer-ep-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr)
+    return fail(io_error("cannot create a results directory under /tmp"));
+  const std::string dir = tmpl;
+  auto id_file = comm::make_id_file_path();
+  if (!id_file.ok())
+    return fail(id_file.status());
+  setenv(kEnvResultsDir, dir.c_str(), 1);
+  std::fprintf(stderr, "[generate] expert parallelism: launching %d ranks (one per GPU)\n", n);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto pids = comm::spawn_ranks(n, program_args(), *id_file);
+  if (!pids.ok())
+    return fail(pids.status());
+  Status st = comm::wait_ranks(*pids);
+  (void)comm::remove_id_file(*id_file);
+  const double wall = std::chrono::duration<double>(clock::now() - t0).count();
+  std::vector<json> results;
+  for (int r = 0; r < n && st.ok(); ++r) {
+    std::ifstream in(dir + "/rank" + std::to_string(r) + ".jsonl");
+    if (!in) {
+      st = Status(StatusCode::kInternal, str_format("rank %d wrote no results", r));
+      break;
+    }
+    std::string line;
+    while (std::getline(in, line)) results.push_back(json::parse(line));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!st.ok())
+    return fail(st);
+  return emit_results(a, std::move(results), /*have_tokenizer=*/true, wall, 0);
+}
+#endif
+
 int run_generate(const GenerateArgs& a) {
   const int sources = static_cast<int>(!a.prompt.empty()) +
                       static_cast<int>(!a.prompt_token_ids.empty()) +
@@ -245,6 +394,10 @@ int run_generate(const GenerateArgs& a) {
   if (a.thinking != "on" && a.thinking != "off") {
     return fail(invalid_argument("--thinking must be `on` or `off`"));
   }
+#if DSINFER_HAVE_CUDA_BACKEND
+  if (setup->config.expert_parallel > 0 && !comm::rank_env_present())
+    return launch_ranks(a, setup->config.expert_parallel);
+#endif
   const std::string model_dir = setup->config.model_dir;
   auto eng = engine::Engine::create(setup->config);
   if (!eng.ok())
@@ -299,9 +452,17 @@ int run_generate(const GenerateArgs& a) {
     flag_stop_ids = *ids;
   }
 
+  // Expert parallelism over several processes: this process is rank r of n and serves the
+  // requests with index % n == r (data-parallel attention: whole sequences per rank).
+  const RankInfo rank = rank_info();
   std::vector<Job> jobs;
   jobs.reserve(lines.size());
   for (const json& line : lines) {
+    if (static_cast<int>(jobs.size() % static_cast<size_t>(rank.size)) != rank.rank) {
+      jobs.emplace_back();
+      jobs.back().other_rank = true;
+      continue;
+    }
     jobs.push_back(line.is_string() ? Job{} : make_job(line, a, tok.get(), setup->version));
     if (line.is_string())
       jobs.back().error = line.get<std::string>();
@@ -327,12 +488,17 @@ int run_generate(const GenerateArgs& a) {
   }
   if (lines.size() == 1 && !jobs[0].error.empty())
     return fail(invalid_argument(jobs[0].error));
+  int64_t mine = 0;
+  for (const Job& j : jobs) mine += !j.other_rank;
 
   // Run with a progress bar on a terminal.
   const bool progress = !a.no_progress && isatty(STDERR_FILENO);
   const double t_start = e.now_s();
   int64_t last_draw = -1;
-  while (e.step()) {
+  while (true) {
+    const Result<bool> more = e.step_all_ranks();
+    if (!more.ok() || !*more)
+      break;
     if (!progress)
       continue;
     const auto st = e.stats();
@@ -341,6 +507,7 @@ int run_generate(const GenerateArgs& a) {
     last_draw = st.steps;
     int64_t done = 0;
     for (const Job& j : jobs) done += j.id && e.request(j.id)->done();
+    (void)mine;
     const double dt = std::max(1e-9, e.now_s() - t_start);
     std::fprintf(stderr,
                  "\r[generate] %lld/%zu done | %lld prompt + %lld generated tokens | %.1f tok/s   ",
@@ -356,23 +523,16 @@ int run_generate(const GenerateArgs& a) {
     return fail(h);  // a device failure: every request failed, nothing to report
   const double wall = std::max(1e-9, e.now_s() - t_start);
 
-  // Results.
-  std::vector<double> ttft, tpot;
-  int64_t prompt_tokens = 0, gen_tokens = 0, failed = 0;
-  std::ofstream out;
-  if (!a.output.empty()) {
-    out.open(a.output);
-    if (!out)
-      return fail(io_error("--output: cannot write " + a.output));
-  }
+  // Results, one object per input line.
+  std::vector<json> results;
   for (size_t i = 0; i < jobs.size(); ++i) {
     const Job& job = jobs[i];
+    if (job.other_rank)
+      continue;
     json o = {{"index", i}};
     if (!job.error.empty() || job.id == 0) {
-      ++failed;
       o["error"] = job.error;
-      if (out.is_open())
-        out << o.dump() << "\n";
+      results.push_back(std::move(o));
       continue;
     }
     const engine::Request* r = e.request(job.id);
@@ -383,7 +543,6 @@ int run_generate(const GenerateArgs& a) {
         text = *t;
     }
     std::string matched = frontend::truncate_at_stop(text, job.stops);
-    std::string reason = engine::finish_reason_name(r->finish_reason);
     o["text"] = text;
     if (job.chat) {
       auto parsed = recipe::parse_completion(text,
@@ -395,55 +554,21 @@ int run_generate(const GenerateArgs& a) {
       o["content"] = parsed.content;
     }
     o["output_token_ids"] = r->output;
-    o["finish_reason"] = reason;
+    o["finish_reason"] = engine::finish_reason_name(r->finish_reason);
     if (!matched.empty())
       o["stop_reason"] = matched;
     if (!r->error.empty())
       o["error"] = r->error;
     o["prompt_tokens"] = r->spec.prompt.size();
     o["completion_tokens"] = r->output.size();
-    const double t_first = r->timings.first_token_s - r->timings.arrival_s;
-    const double t_total = r->timings.finish_s - r->timings.arrival_s;
-    o["ttft_s"] = t_first;
-    o["latency_s"] = t_total;
-    if (r->timings.first_token_s > 0)
-      ttft.push_back(t_first);
-    if (r->output.size() > 1) {
-      tpot.push_back((r->timings.finish_s - r->timings.first_token_s) /
-                     static_cast<double>(r->output.size() - 1));
-    }
-    prompt_tokens += static_cast<int64_t>(r->spec.prompt.size());
-    gen_tokens += static_cast<int64_t>(r->output.size());
-    if (out.is_open()) {
-      out << o.dump() << "\n";
-    } else {
-      if (tok) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fputc('\n', stdout);
-      } else {
-        std::printf("%s\n", o["output_token_ids"].dump().c_str());
-      }
-    }
+    o["ttft_s"] =
+        r->timings.first_token_s > 0 ? r->timings.first_token_s - r->timings.arrival_s : -1.0;
+    o["latency_s"] = r->timings.finish_s - r->timings.arrival_s;
+    results.push_back(std::move(o));
   }
-  const auto st = e.stats();
-  std::fprintf(stderr,
-               "[generate] %zu requests (%lld failed) | prompt %lld tok, generated %lld tok | "
-               "%.2f s | %.1f generated tok/s | TTFT p50 %.1f ms p90 %.1f ms p99 %.1f ms | "
-               "TPOT p50 %.1f ms p90 %.1f ms p99 %.1f ms | preemptions %lld\n",
-               jobs.size(),
-               static_cast<long long>(failed),
-               static_cast<long long>(prompt_tokens),
-               static_cast<long long>(gen_tokens),
-               wall,
-               static_cast<double>(gen_tokens) / wall,
-               1e3 * percentile(ttft, 0.5),
-               1e3 * percentile(ttft, 0.9),
-               1e3 * percentile(ttft, 0.99),
-               1e3 * percentile(tpot, 0.5),
-               1e3 * percentile(tpot, 0.9),
-               1e3 * percentile(tpot, 0.99),
-               static_cast<long long>(st.preemptions));
-  return failed == static_cast<int64_t>(jobs.size()) ? 1 : 0;
+  if (!rank.results_dir.empty())
+    return write_rank_results(results, rank);
+  return emit_results(a, results, tok != nullptr, wall, e.stats().preemptions);
 }
 }  // namespace
 

@@ -67,6 +67,11 @@ int run_serve(const ServeArgs& a) {
   auto setup = resolve_engine_flags(a.engine);
   if (!setup.ok())
     return fail(setup.status());
+  if (setup->config.expert_parallel > 0) {
+    return fail(unimplemented(
+        "serve --ep: routing HTTP requests to expert-parallel ranks is not built yet; "
+        "`dsinfer generate --ep N` runs offline batches over N GPUs (docs/parallel.md)"));
+  }
   auto max_body = parse_bytes("--max-body-bytes", a.max_body);
   if (!max_body.ok())
     return fail(max_body.status());

@@ -121,7 +121,23 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
                 "Launch decode steps eagerly instead of replaying CUDA graphs");
   cmd->add_option("--ep",
                   f->ep,
-                  "Expert-parallel ranks (CUDA): 1 runs the expert-parallel MoE path on one GPU");
+                  "Expert parallelism: N processes, one per GPU (routed experts sharded, requests "
+                  "split across ranks); 1 runs the same path on one GPU");
+}
+
+namespace {
+std::vector<std::string>& args_storage() {
+  static std::vector<std::string> args;
+  return args;
+}
+}  // namespace
+
+void set_program_args(int argc, char** argv) {
+  args_storage().assign(argv, argv + argc);
+}
+
+const std::vector<std::string>& program_args() {
+  return args_storage();
 }
 
 Status parse_device(const std::string& s, engine::EngineConfig* config) {
@@ -152,6 +168,8 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   s.config.cuda_graphs = !f.no_cuda_graphs;
   if (f.ep < 0)
     return invalid_argument("--ep must be >= 0");
+  if (f.ep > 0 && s.config.device != engine::Device::kCuda)
+    return invalid_argument("--ep: expert parallelism needs --device cuda");
   s.config.expert_parallel = f.ep;
   if (f.max_model_len < 0)
     return invalid_argument("--max-model-len must be >= 0");

@@ -13,6 +13,10 @@
 
 namespace dsinfer::cli {
 
+// The process's command line (set once by main): ranks of `--ep N` re-run it.
+void set_program_args(int argc, char** argv);
+const std::vector<std::string>& program_args();
+
 // Prints "dsinfer: error: <message>" to stderr and returns the exit code for the status.
 int fail(const Status& s);
 // "0,17,42" -> ids; errors name the offending item.

@@ -7,6 +7,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"dsinfer: inference engine for DeepSeek V4 models"};
   app.require_subcommand(1);
+  dsinfer::cli::set_program_args(argc, argv);
   int exit_code = 0;
   dsinfer::cli::add_inspect_command(app, exit_code);
   dsinfer::cli::add_score_command(app, exit_code);

@@ -8,6 +8,8 @@
 #include "base/strings.h"
 #if DSINFER_HAVE_CUDA_BACKEND
 #include "backend/cuda/cuda_model.h"
+#include "comm/bootstrap.h"
+#include "comm/nccl_comm.h"
 #endif
 
 namespace dsinfer::engine {
@@ -63,15 +65,25 @@ Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
       gpu::CudaModelOptions co;
       co.device = config.device_ordinal;
       co.cuda_graphs = config.cuda_graphs;
-      if (config.expert_parallel > 1) {
-        return Status(StatusCode::kUnimplemented,
-                      str_format("--ep %d: expert parallelism over several GPUs needs one process "
-                                 "per GPU, which is not built yet (docs/parallel.md); --ep 1 runs "
-                                 "the expert-parallel path on one GPU",
-                                 config.expert_parallel));
+      if (config.expert_parallel > 0) {
+        // One process per GPU: this process must have been started as a rank by the launcher
+        // (dsinfer generate --ep N), which sets DSINFER_EP_RANK/SIZE/ID_FILE.
+        if (!comm::rank_env_present()) {
+          return Status(StatusCode::kFailedPrecondition,
+                        str_format("--ep %d: this process was not started as a rank (%s unset); "
+                                   "`dsinfer generate --ep N` launches the ranks itself",
+                                   config.expert_parallel,
+                                   comm::kEnvRank));
+        }
+        DSI_ASSIGN_OR_RETURN(comm::Bootstrap boot, comm::bootstrap_from_env());
+        if (boot.size != config.expert_parallel) {
+          return invalid_argument(
+              str_format("--ep %d but %s=%d", config.expert_parallel, comm::kEnvSize, boot.size));
+        }
+        DSI_ASSIGN_OR_RETURN(
+            auto nc, comm::NcclComm::create(boot, boot.rank, boot.size, config.device_ordinal));
+        co.comm = std::shared_ptr<comm::Comm>(std::move(nc));
       }
-      if (config.expert_parallel == 1)
-        co.comm = std::make_shared<comm::LocalComm>();
       auto m = gpu::CudaModel::create(mc, weights, config.numerics, co);
       if (!m.ok())
         return m.status();
@@ -247,7 +259,7 @@ void Engine::run_chunks() {
     items_.push_back(item);
     item_chunk_.push_back(i);
   }
-  if (items_.empty())
+  if (items_.empty() && !model_->lockstep())
     return;
   const Status s = model_->forward_batch(items_);
   if (!s.ok() && !model_->health().ok()) {
@@ -326,8 +338,20 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
 }
 
 bool Engine::step() {
-  if (!failure_.ok() || scheduler_->idle())
+  if (!failure_.ok())
     return false;
+  if (scheduler_->idle()) {
+    // Lockstep (expert parallelism over several processes): an idle rank still runs the pass
+    // that serves the other ranks' tokens; the driver decides when every rank is done.
+    if (model_->lockstep()) {
+      items_.clear();
+      const Status s = model_->forward_batch(items_);
+      if (!s.ok())
+        fail_all(model_->health().ok() ? s : model_->health());
+      ++stats_.steps;
+    }
+    return false;
+  }
   scheduler_->plan(plan_);
   stats_.preemptions += static_cast<int64_t>(plan_.preempted.size());
   if (plan_.chunks.empty()) {
@@ -347,8 +371,29 @@ bool Engine::step() {
 }
 
 void Engine::run_until_done() {
-  while (step()) {
+  while (true) {
+    const Result<bool> more = step_all_ranks();
+    if (!more.ok() || !*more)
+      return;
   }
+}
+
+Result<bool> Engine::step_all_ranks() {
+  if (!failure_.ok())
+    return false;
+  if (!model_->lockstep())
+    return step();
+  // Every rank calls this the same number of times: agree on whether any rank has work, then
+  // step (an idle rank runs an empty pass).
+  auto total = model_->all_ranks_sum(scheduler_->idle() ? 0 : 1);
+  if (!total.ok()) {
+    fail_all(total.status());
+    return total.status();
+  }
+  if (*total == 0)
+    return false;
+  step();
+  return failure_.ok();
 }
 
 const Request* Engine::request(RequestId id) const {

@@ -26,10 +26,10 @@ struct EngineConfig {
   std::string model_dir;
   model::Numerics numerics = model::Numerics::kReference;
   Device device = Device::kCpu;
-  int device_ordinal = 0;                         // CUDA device
-  bool cuda_graphs = true;                        // decode steps replayed from CUDA graphs
-  // Expert parallelism ranks (CUDA): 0 = off; 1 = the expert-parallel MoE path on this one GPU
-  // (a size-1 communicator); > 1 needs one process per GPU (not available yet).
+  int device_ordinal = 0;   // CUDA device
+  bool cuda_graphs = true;  // decode steps replayed from CUDA graphs
+  // Expert parallelism (CUDA): 0 = off; N >= 1 = this process is one of N ranks (one process
+  // per GPU, started by `dsinfer generate --ep N`; DSINFER_EP_* set), joined over NCCL.
   int expert_parallel = 0;
   int64_t state_budget_bytes = int64_t{1} << 30;  // the one memory budget for sequence state
   int64_t page_bytes = 0;                         // 0 = state::default_page_bytes(model)
@@ -76,6 +76,10 @@ class Engine {
   // One iteration. Returns false when there is nothing left to do.
   bool step();
   void run_until_done();
+  // The driver step under expert parallelism over several processes (backend lockstep): all
+  // ranks agree whether any of them has work and, if so, all step. Returns whether to go on.
+  // Without lockstep it is step().
+  Result<bool> step_all_ranks();
 
   // The request record (valid until release()); null when unknown.
   const Request* request(RequestId id) const;

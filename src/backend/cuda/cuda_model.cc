@@ -246,6 +246,12 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
     }
     if (bad)
       continue;
+    if (it.options.run_mtp && options_.comm && options_.comm->size() > 1) {
+      it.status = unimplemented(
+          "MTP under expert parallelism over several ranks is not supported yet (the MTP "
+          "block's MoE exchange would have to run on every rank)");
+      continue;
+    }
     if (it.options.run_mtp && weights_->mtp.empty()) {
       it.status = failed_precondition("MTP requested but the checkpoint has no MTP weights");
       continue;
@@ -275,8 +281,18 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
     }
     active.push_back(i);
   }
-  if (active.empty())
+  if (active.empty()) {
+    // Expert parallelism: the other ranks' tokens still come through this rank's experts.
+    if (lockstep()) {
+      Status s = run_empty_pass();
+      for (backend::ForwardItem& it : items) {
+        if (it.status.ok() && !s.ok())
+          it.status = s;
+      }
+      return s;
+    }
     return Status();
+  }
   Status s = run_batch(items, active);
   if (!s.ok()) {
     // The batch's state metadata may be half-advanced; the device is unusable or a launch was
@@ -284,6 +300,35 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
     for (size_t i : active) items[i].status = s;
   }
   return s;
+}
+
+Result<int64_t> CudaModel::all_ranks_sum(int64_t v) {
+  if (options_.comm == nullptr)
+    return v;
+  float* buf = nullptr;
+  ws_->reset();
+  DSI_RETURN_IF_ERROR(ws_->get(&buf, 1));
+  // Exact for |sums| < 2^24: counts of requests and tokens.
+  const float f = static_cast<float>(v);
+  DSI_RETURN_IF_ERROR(device::check_cuda(
+      cudaMemcpyAsync(buf, &f, 4, cudaMemcpyHostToDevice, stream_.get()), "all_ranks_sum"));
+  DSI_RETURN_IF_ERROR(options_.comm->all_reduce_sum_f32(buf, 1, stream_.get()));
+  float out = 0;
+  DSI_RETURN_IF_ERROR(device::check_cuda(
+      cudaMemcpyAsync(&out, buf, 4, cudaMemcpyDeviceToHost, stream_.get()), "all_ranks_sum"));
+  DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "all_ranks_sum"));
+  return static_cast<int64_t>(out);
+}
+
+Status CudaModel::run_empty_pass() {
+  // The MoE exchange of every main layer with no tokens of this rank (the MTP block never runs
+  // under expert parallelism over several ranks: run_mtp is refused there).
+  ++stats_.forwards;
+  ws_->reset();
+  for (const DLayer& l : weights_->layers) {
+    DSI_RETURN_IF_ERROR(launch_routed_ep(l.moe, 0, nullptr, nullptr, nullptr, nullptr, nullptr));
+  }
+  return device::sync_stream(stream_.get(), "empty expert-parallel pass");
 }
 
 Status CudaModel::run_batch(std::span<backend::ForwardItem> items,

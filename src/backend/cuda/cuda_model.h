@@ -65,6 +65,8 @@ class CudaModel final : public backend::Model {
     return state::PageArena::Storage::kNone;
   }
   Status health() const override;
+  bool lockstep() const override { return options_.comm != nullptr; }
+  Result<int64_t> all_ranks_sum(int64_t v) override;
   const char* name() const override { return "cuda"; }
   const model::ModelConfig& config() const override { return config_; }
   model::Numerics numerics() const override { return numerics_; }
@@ -86,6 +88,7 @@ class CudaModel final : public backend::Model {
   CudaModel(const model::ModelConfig& config, model::Numerics numerics, CudaModelOptions options);
   struct Launch;
 
+  Status run_empty_pass();
   Status run_batch(std::span<backend::ForwardItem> items, const std::vector<size_t>& active);
   Status ensure_pool(const state::PageArena& arena);
   Status ensure_device_buffer(void** buf, int64_t* cap, int64_t bytes, const char* what);
