@@ -52,6 +52,12 @@ fi
 "$DSI" bench --model "$FIX" --device cpu >"$TMP/err.txt" 2>&1
 check "bench --device cpu is refused clearly" grep -qiE "bench measures the CUDA backend|no CUDA backend" "$TMP/err.txt"
 
+# --ep: expert parallelism needs CUDA; serve --ep is not built yet (clear errors, no ranks start).
+"$DSI" generate --model "$FIX" --prompt-token-ids 0,5 --max-tokens 2 --ep 2 >"$TMP/err.txt" 2>&1
+check "generate --ep on the CPU says it needs cuda" contains "$TMP/err.txt" "needs --device cuda"
+"$DSI" generate --model "$FIX" --prompt-token-ids 0,5 --max-tokens 2 --ep -1 --device cuda >"$TMP/err.txt" 2>&1
+check "generate --ep -1 is rejected" contains "$TMP/err.txt" "--ep must be >= 0"
+
 # make-checkpoint -> inspect -> generate on the synthetic model.
 "$DSI" make-checkpoint --preset tiny --seed 3 --out "$TMP/m" 2>/dev/null
 check "make-checkpoint writes config" test -s "$TMP/m/config.json"
