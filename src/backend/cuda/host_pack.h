@@ -24,6 +24,15 @@ class HostPack {
     arrays_.push_back(std::move(a));
     return static_cast<int32_t>(arrays_.size() - 1);
   }
+  // The host copy of an array (tests, diagnostics).
+  template <typename T>
+  std::vector<T> read(int32_t id) const {
+    const auto& b = arrays_[static_cast<size_t>(id)].bytes;
+    std::vector<T> v(b.size() / sizeof(T));
+    if (!v.empty())
+      std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
+    return v;
+  }
   // Lays the arrays out (256-byte aligned). bucketed: each array's room is rounded up to a power
   // of two (at least 256 bytes), so that small changes of content keep the layout.
   void layout(bool bucketed);

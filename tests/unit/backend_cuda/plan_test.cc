@@ -1,0 +1,157 @@
+// The CUDA forward planner (backend/cuda/forward_plan.h) checked on the CPU, where every key
+// reference can be resolved: for a sequence forked from one the CPU model has advanced, every
+// reference of a planned chunk must address exactly the rows the CPU forward reads for that
+// chunk (window ring slots, HCA entries, compressor candidates, chunk-local rows), write where
+// the CPU writes (ring slots, entries), and leave the same metadata (entry counts, compressor
+// windows) as the CPU forward over the same tokens. Runs in CI (no GPU needed).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_model.h"
+#include "backend/cuda/forward_plan.h"
+#include "model/checkpoint.h"
+
+namespace dsinfer::gpu {
+namespace {
+
+using model::AttentionType;
+
+std::vector<int32_t> ids(int n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> v;
+  for (int i = 0; i < n; ++i) v.push_back(static_cast<int32_t>(2 + g() % 500));
+  return v;
+}
+
+// The float a pool reference points at, in a host-storage arena.
+const float* resolve(const state::PageArena& a, int64_t ref) {
+  const int64_t pf = a.page_floats();
+  return a.page(static_cast<int32_t>(ref / pf)) + ref % pf;
+}
+
+bool same_row(const float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] != y[i])
+      return false;
+  }
+  return true;
+}
+
+TEST(ForwardPlan, ReferencesAddressTheRowsTheCpuForwardReads) {
+  auto ckpt =
+      model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  const auto& c = (*ckpt)->config();
+  cpu::CpuModel m(c, (*ckpt)->weights(), model::Numerics::kReference);
+  auto arena = state::PageArena::growable(state::min_page_bytes(c));
+  const int64_t hd = c.head_dim;
+  for (int prefix : {0, 3, 17, 40}) {
+    for (int chunk : {1, 6, 29}) {
+      SCOPED_TRACE("prefix " + std::to_string(prefix) + " chunk " + std::to_string(chunk));
+      state::SequenceState a(c, arena.get(), 1, 0);
+      backend::ForwardOutputs out;
+      if (prefix > 0) {
+        ASSERT_TRUE(m.forward(a, ids(prefix, 1), {}, &out).ok());
+      }
+      // b = a before the chunk; a then runs the chunk on the CPU.
+      state::SequenceState b(c, arena.get(), 2, 0);
+      ASSERT_TRUE(b.fork_from(a, nullptr).ok());
+      const std::vector<int32_t> toks = ids(chunk, 2);
+      ASSERT_TRUE(b.reserve(chunk));
+      HostPack pack;
+      PassPlan plan;
+      PlanContext ctx;
+      ctx.config = &c;
+      ctx.page_floats = arena->page_floats();
+      std::vector<SeqSpan> spans = {SeqSpan{&b, prefix, chunk, 0, false}};
+      plan_pass(ctx, spans, toks, chunk, pack, &plan);
+      // Reads happen before the chunk's writes: check them against b's (pre-chunk) contents.
+      for (size_t l = 0; l < c.layers.size(); ++l) {
+        const auto& lp = plan.layers[l];
+        const state::LayerState& ls = a.layers()[l];  // a: still at `prefix`
+        const auto begin = pack.read<int64_t>(lp.key_begin);
+        const auto keys = pack.read<int64_t>(lp.key_refs);
+        ASSERT_EQ(static_cast<int64_t>(begin.size()), chunk + 1);
+        for (int t = 0; t < chunk; ++t) {
+          const int64_t pos = prefix + t;
+          int64_t j = begin[t];
+          for (int64_t p = std::max<int64_t>(0, pos - c.sliding_window + 1); p <= pos; ++p, ++j) {
+            ASSERT_LT(j, begin[t + 1]);
+            if (p < prefix) {
+              ASSERT_GE(keys[j], 0);
+              EXPECT_TRUE(same_row(resolve(*arena, keys[j]), ls.ring_slot(p), hd))
+                  << "layer " << l << " query " << pos << " window key " << p;
+            } else {
+              EXPECT_EQ(keys[j], -2 - (p - prefix) * hd) << "chunk-local key " << p;
+            }
+          }
+          const auto& cl = c.layers[l];
+          if (cl.attention == AttentionType::kHca) {
+            const int64_t vis = (pos + 1) / cl.compress_ratio;
+            EXPECT_EQ(begin[t + 1] - j, vis);
+            for (int64_t w = 0; w < vis; ++w, ++j) {
+              EXPECT_EQ(keys[j], b.layers()[l].entries.pool_offset(w)) << "entry " << w;
+            }
+          } else if (cl.attention == AttentionType::kCsa) {
+            EXPECT_EQ(begin[t + 1] - j, c.index_topk);  // filled on the device from the top-k
+            EXPECT_EQ(pack.read<int64_t>(lp.select_begin)[t], j);
+            EXPECT_EQ(pack.read<int64_t>(lp.visible)[t], (pos + 1) / cl.compress_ratio);
+          } else {
+            EXPECT_EQ(begin[t + 1], j);
+          }
+        }
+        // Ring writes: the slots of the chunk's positions (the ring keeps them all here).
+        const auto ring = pack.read<int64_t>(lp.ring_dest);
+        for (int t = 0; t < chunk; ++t) {
+          const int64_t pos = prefix + t;
+          if (t >= chunk - ls.ring_capacity)
+            EXPECT_EQ(ring[t], b.layers()[l].ring.pool_offset(pos % ls.ring_capacity));
+          else
+            EXPECT_EQ(ring[t], -1);
+        }
+        // Compressor candidates: rows before the chunk from the ring, the chunk's own rows local.
+        if (c.layers[l].attention != AttentionType::kSliding) {
+          const bool overlap = c.layers[l].attention == AttentionType::kCsa;
+          const int64_t mr = c.layers[l].compress_ratio;
+          const int64_t width = (overlap ? 2 : 1) * hd;
+          const auto refs = pack.read<int64_t>(lp.comp.token_refs);
+          const auto blocks = pack.read<int64_t>(lp.comp.block);
+          const int64_t nc = (overlap ? 2 : 1) * mr;
+          for (size_t e = 0; e < blocks.size(); ++e) {
+            const int64_t w = blocks[e];
+            for (int64_t i = 0; i < nc; ++i) {
+              const int64_t p = overlap ? (w - 1) * mr + i : w * mr + i;
+              const int64_t ref = refs[e * nc + i];
+              if (p < 0) {
+                EXPECT_EQ(ref, -1);
+              } else if (p < prefix) {
+                EXPECT_TRUE(same_row(resolve(*arena, ref), ls.comp_rows.kv_row(p), 2 * width))
+                    << "layer " << l << " entry " << w << " candidate " << p;
+              } else {
+                EXPECT_EQ(ref, -2 - (p - prefix) * 2 * width);
+              }
+            }
+          }
+        }
+      }
+      // The CPU forward over the chunk; the planned metadata must match it.
+      ASSERT_TRUE(m.forward(a, toks, {}, &out).ok());
+      b.advance(chunk);
+      b.check_integrity();
+      for (size_t l = 0; l < c.layers.size(); ++l) {
+        const auto& la = a.layers()[l];
+        const auto& lb = b.layers()[l];
+        EXPECT_EQ(la.num_entries, lb.num_entries) << "layer " << l;
+        EXPECT_EQ(la.comp_rows.first_pos(), lb.comp_rows.first_pos()) << "layer " << l;
+        EXPECT_EQ(la.comp_rows.end_pos(), lb.comp_rows.end_pos()) << "layer " << l;
+        EXPECT_EQ(la.index_rows.end_pos(), lb.index_rows.end_pos()) << "layer " << l;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsinfer::gpu
