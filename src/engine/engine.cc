@@ -110,6 +110,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
                                                std::shared_ptr<const model::Checkpoint> ckpt) {
+  auto model = create_model(config, ckpt->config(), ckpt->weights());
+  if (!model.ok())
+    return model.status();
+  return create(config, std::move(ckpt), std::move(model).value());
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
+                                               std::shared_ptr<const model::Checkpoint> ckpt,
+                                               std::unique_ptr<backend::Model> model) {
   const auto& mc = ckpt->config();
   const int64_t page_bytes = config.page_bytes ? config.page_bytes : state::default_page_bytes(mc);
   if (page_bytes < state::min_page_bytes(mc) || page_bytes % 4 != 0) {
@@ -127,10 +136,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   std::unique_ptr<Engine> e(new Engine());
   e->config_ = config;
   e->ckpt_ = std::move(ckpt);
-  auto model = create_model(config, mc, e->ckpt_->weights());
-  if (!model.ok())
-    return model.status();
-  e->model_ = std::move(model).value();
+  e->model_ = std::move(model);
   e->arena_ = state::PageArena::with_budget(
       config.state_budget_bytes, page_bytes, e->model_->state_storage());
   if (e->arena_->num_pages() < state::SequenceState::pages_for(mc, page_bytes, 1, 0)) {

@@ -62,6 +62,10 @@ class Engine {
   // Same over an already opened checkpoint (tests share one across engines).
   static Result<std::unique_ptr<Engine>> create(const EngineConfig& config,
                                                 std::shared_ptr<const model::Checkpoint> ckpt);
+  // Same with a backend the caller made (over ckpt's weights); config.device is not used.
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& config,
+                                                std::shared_ptr<const model::Checkpoint> ckpt,
+                                                std::unique_ptr<backend::Model> model);
 
   ~Engine();
   Engine(const Engine&) = delete;

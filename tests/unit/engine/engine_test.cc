@@ -235,3 +235,90 @@ TEST(Engine, BadInputIsRejectedAndOthersContinue) {
 
 }  // namespace
 }  // namespace dsinfer::engine
+
+namespace dsinfer::engine {
+namespace {
+
+// A rank of a lockstepped (expert-parallel) group, on the CPU: the CPU reference forward plus the
+// lockstep contract, with the other ranks simulated by a work counter. It records what the
+// engine asks of it.
+class LockstepRank final : public backend::Model {
+ public:
+  LockstepRank(const model::Checkpoint& ckpt, int other_busy_rounds)
+      : cpu_(ckpt.config(), ckpt.weights(), model::Numerics::kReference),
+        other_busy_(other_busy_rounds) {}
+  Status forward(state::SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const backend::ForwardOptions& options,
+                 backend::ForwardOutputs* out) override {
+    return cpu_.forward(st, tokens, options, out);
+  }
+  Status forward_batch(std::span<backend::ForwardItem> items) override {
+    ++passes;
+    empty_passes += items.empty();
+    EXPECT_TRUE(agreed_) << "a pass without a preceding agreement";
+    agreed_ = false;
+    return backend::Model::forward_batch(items);
+  }
+  bool lockstep() const override { return true; }
+  Result<int64_t> all_ranks_sum(int64_t v) override {
+    ++rounds;
+    const int64_t others = other_busy_ > 0 ? 1 : 0;
+    if (other_busy_ > 0)
+      --other_busy_;
+    agreed_ = v + others > 0;
+    return v + others;
+  }
+  const char* name() const override { return "lockstep-cpu"; }
+  const model::ModelConfig& config() const override { return cpu_.config(); }
+  model::Numerics numerics() const override { return cpu_.numerics(); }
+
+  int passes = 0;
+  int empty_passes = 0;
+  int rounds = 0;
+
+ private:
+  cpu::CpuModel cpu_;
+  int other_busy_;
+  bool agreed_ = false;
+};
+
+TEST(EngineLockstep, IdleRankKeepsServingUntilEveryRankIsDone) {
+  const auto cases = mixed_cases(3, 17);
+  for (int other : {0, 5, 60}) {
+    SCOPED_TRACE("other rank busy for " + std::to_string(other) + " rounds");
+    EngineConfig cfg;
+    cfg.state_budget_bytes = int64_t{64} << 20;
+    cfg.page_bytes = state::min_page_bytes(fixture()->config());
+    auto probe = std::make_unique<LockstepRank>(*fixture(), other);
+    LockstepRank* rank = probe.get();
+    auto e = Engine::create(cfg, fixture(), std::move(probe));
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    std::vector<RequestId> ids;
+    for (const Case& c : cases) ids.push_back(*(*e)->submit(greedy(c)));
+    int steps = 0;
+    while (true) {
+      const Result<bool> more = (*e)->step_all_ranks();
+      ASSERT_TRUE(more.ok()) << more.status().to_string();
+      if (!*more)
+        break;
+      ASSERT_LT(++steps, 10000);
+      (*e)->check_integrity();
+    }
+    // Every agreement that found work led to exactly one pass on this rank; the last agreement
+    // found none. This rank's own requests came out as they do without lockstep.
+    EXPECT_EQ(rank->passes, rank->rounds - 1);
+    EXPECT_GE(rank->passes, other);
+    if (other == 60) {
+      EXPECT_GT(rank->empty_passes, 0);
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Request* r = (*e)->request(ids[i]);
+      ASSERT_EQ(r->state, RequestState::kFinished);
+      EXPECT_EQ(r->output, run_alone(cases[i])) << "request " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsinfer::engine
