@@ -11,7 +11,7 @@ CUDA_FLAGS=(-DDSINFER_CUDA=OFF)
 NVCC=$(dsi_find_nvcc || true)
 if dsi_has_gpu && [ -n "$NVCC" ]; then
   CUDA_FLAGS=(-DDSINFER_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC")
-  # NCCL for --ep N (src/comm), from PyPI; without it only --ep 1 works.
+  # NCCL for --ep N (src/comm; loaded at run time, so dsinfer runs without it), from PyPI.
   if NCCL_DIR=$(dsi_install_nccl); then
     CUDA_FLAGS+=(-DNCCL_ROOT="$NCCL_DIR")
   fi
