@@ -78,7 +78,9 @@ def layer_schedule(cfg: dict) -> tuple[list[str], dict, list[str]]:
     reference). Trailing entries for the MTP layers are dropped.
     """
     if "layer_types" in cfg:
-        raise ValueError("config.json is in the transformers dialect; this tool reads the DeepSeek one")
+        raise ValueError(
+            "config.json is in the transformers dialect; this tool reads the DeepSeek one"
+        )
     n = int(cfg["num_hidden_layers"])
     ratios = [int(r) for r in cfg["compress_ratios"]][:n]
     if len(ratios) != n:
@@ -374,7 +376,9 @@ def prefetched(jobs, fn, workers: int, lookahead: int):
     """Yields (job, fn(job)) in order, with up to `lookahead` calls running ahead on threads."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
         it = iter(jobs)
-        pending = collections.deque((j, pool.submit(fn, j)) for j in itertools.islice(it, lookahead))
+        pending = collections.deque(
+            (j, pool.submit(fn, j)) for j in itertools.islice(it, lookahead)
+        )
         while pending:
             job, fut = pending.popleft()
             nxt = next(it, None)
@@ -744,7 +748,9 @@ def parse_args(argv=None):
         choices=["tiny", "v4-flash"],
         help="make a random checkpoint with `dsinfer make-checkpoint` into a temporary directory",
     )
-    ap.add_argument("--layers", type=int, help="--preset: layers to keep (make-checkpoint --layers)")
+    ap.add_argument(
+        "--layers", type=int, help="--preset: layers to keep (make-checkpoint --layers)"
+    )
     ap.add_argument("--dsinfer", default="build/bin/dsinfer", help="binary for --preset")
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (default cuda)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
