@@ -246,6 +246,7 @@ class OfficialCheckpoint:
 # E2M1 code -> value (bit 3 is the sign).
 E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 E2M1_LUT = torch.tensor(E2M1_VALUES + [-v for v in E2M1_VALUES], dtype=torch.float32)
+_E2M1_ON_DEVICE: dict = {}
 
 
 def e8m0_to_float(s: torch.Tensor) -> torch.Tensor:
@@ -270,7 +271,10 @@ def dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor, block: int = 32) ->
     rows, half = packed.shape
     u = packed.view(torch.uint8)
     codes = torch.stack((u & 0xF, u >> 4), dim=-1).reshape(rows, 2 * half).to(torch.int64)
-    vals = E2M1_LUT.to(packed.device)[codes]
+    lut = _E2M1_ON_DEVICE.get(packed.device)
+    if lut is None:
+        lut = _E2M1_ON_DEVICE.setdefault(packed.device, E2M1_LUT.to(packed.device))
+    vals = lut[codes]
     s = e8m0_to_float(scale)
     return (vals.view(rows, -1, block) * s.unsqueeze(-1)).view(rows, 2 * half)
 
@@ -655,7 +659,14 @@ def prefill_context(model, device, vocab: int, context: int, batch: int = 1):
 
 @torch.inference_mode()
 def bench_decode(model, device, vocab: int, base_cache, batch: int, steps: int) -> dict:
-    cache = expand_cache(base_cache, batch)
+    context = base_cache.get_seq_length()
+    try:
+        cache = expand_cache(base_cache, batch)
+        how = "batch-1 context cache repeated into the batch"
+    except (TypeError, ValueError, AttributeError) as e:  # a cache layout expand_cache misses
+        log(f"decode batch {batch}: cannot repeat the cache ({e}); prefilling {batch} prompts")
+        cache, _ = prefill_context(model, device, vocab, context, batch)
+        how = f"prefill of {batch} identical prompts (repeating the cache failed: {e})"
     timer = Timer(device)
     times = []
     for k in range(DECODE_WARMUP_STEPS + steps):
@@ -668,6 +679,7 @@ def bench_decode(model, device, vocab: int, base_cache, batch: int, steps: int) 
             times.append(dt)
     med = statistics.median(times)
     return {
+        "cache": how,
         "step_ms": med * 1e3,
         "tokens_per_s": batch / med,
         "step_ms_mean": statistics.fmean(times) * 1e3,
@@ -784,6 +796,8 @@ def parse_args(argv=None):
 def run(args) -> dict:
     device = torch.device(args.device)
     if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
@@ -866,7 +880,6 @@ def run(args) -> dict:
             if base is None:
                 raise RuntimeError("no context cache: " + out.get("decode_context_error", "?"))
             row.update(bench_decode(model, device, c.vocab_size, base, batch, args.decode_steps))
-            row["cache"] = "batch-1 context cache repeated into the batch"
             row["peak_memory_bytes"] = peak_memory(device)
             log(
                 f"decode batch {batch} at {args.context} context: {row['step_ms']:.2f} ms/step, "
