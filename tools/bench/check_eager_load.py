@@ -136,9 +136,8 @@ def main(argv=None) -> int:
             ref = dsinfer_logits(args.dsinfer, model_dir, ids, tmp)
             print(f"{name}: {len(ids)} tokens, max |logit| {float(ref.abs().max()):.3f}")
             if fixture is not None:
-                print(
-                    f"  dsinfer score vs the fixture's transformers logits: {rel_err(ref, fixture):.2e}"
-                )
+                err = rel_err(ref, fixture)
+                print(f"  dsinfer score vs the fixture's transformers logits: {err:.2e}")
             runs = [(torch.float32, e, args.tol) for e in args.experts.split(",") if e]
             runs.append((torch.bfloat16, "default", args.bf16_tol))
             for dtype, experts, tol in runs:

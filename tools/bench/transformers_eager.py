@@ -777,10 +777,14 @@ def parse_args(argv=None):
         help="transformers' MoE experts backend: default (what from_pretrained picks: grouped_mm "
         "where it can dispatch), eager, grouped_mm, batched_mm",
     )
-    ap.add_argument("--prefill", type=parse_list, help="prompt lengths (default 1024,8192)")
-    ap.add_argument("--decode-batch", type=parse_list, help="decode batch sizes (default 1,64)")
-    ap.add_argument("--context", type=int, help="context of the decode runs (default 8192)")
-    ap.add_argument("--decode-steps", type=int, help="timed decode steps (default 16)")
+    ap.add_argument(
+        "--prefill", type=parse_list, help="prompt lengths (default 1024,8192; tiny: 64,256)"
+    )
+    ap.add_argument(
+        "--decode-batch", type=parse_list, help="decode batch sizes (default 1,64; tiny: 1,4)"
+    )
+    ap.add_argument("--context", type=int, help="decode context (default 8192; tiny: 128)")
+    ap.add_argument("--decode-steps", type=int, help="timed decode steps (default 16; tiny: 4)")
     ap.add_argument("--repeats", type=int, default=3, help="timed prefill runs (median; default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed prefill runs first (default 1)")
     ap.add_argument("--threads", type=int, default=8, help="checkpoint reader threads (default 8)")
@@ -793,6 +797,8 @@ def parse_args(argv=None):
             setattr(args, k, v)
     if min(args.prefill + args.decode_batch) < 1 or args.context < 1 or args.decode_steps < 1:
         ap.error("--prefill, --decode-batch, --context and --decode-steps must be >= 1")
+    if args.layers is not None and not args.preset:
+        ap.error("--layers applies to --preset (the checkpoint of --model is used as it is)")
     if args.repeats < 1 or args.warmup < 0:
         ap.error("--repeats must be >= 1 and --warmup >= 0")
     return args
