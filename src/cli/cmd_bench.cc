@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_model.h"
 #include "base/strings.h"
+#include "cli/bench_ops.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "model/checkpoint.h"
@@ -37,6 +38,8 @@ struct BenchArgs {
   std::string output;
   bool no_ceilings = false;
   bool no_cuda_graphs = false;
+  bool ops = false;
+  std::vector<int64_t> op_tokens = {1, 16, 64, 256, 1024, 8192};
 };
 
 double now_s() {
@@ -65,6 +68,21 @@ json per_layer(const model::ModelConfig& c, const std::vector<float>& ms) {
   }
   a.push_back({{"part", "head"}, {"ms", ms[c.layers.size() + 2]}});
   return a;
+}
+
+// Prints the JSON on stdout, or writes it to `path`; the process exit code.
+int write_json(const json& out, const std::string& path) {
+  const std::string text = out.dump(2);
+  if (path.empty()) {
+    std::printf("%s\n", text.c_str());
+    return 0;
+  }
+  std::ofstream f(path);
+  if (!f)
+    return fail(io_error("--output: cannot write " + path));
+  f << text << "\n";
+  std::fprintf(stderr, "[bench] wrote %s\n", path.c_str());
+  return 0;
 }
 
 int run_bench(const BenchArgs& a) {
@@ -108,6 +126,20 @@ int run_bench(const BenchArgs& a) {
   }
   const double copy_bw = a.no_ceilings ? 0.0 : out["ceilings"]["copy_bytes_per_s"].get<double>();
   const double fp8_peak = a.no_ceilings ? 0.0 : out["ceilings"]["fp8_gemm_flops"].get<double>();
+  if (a.ops) {
+    // The op table alone (no checkpoint): tensor-core linears and the routed experts.
+    OpBenchOptions oo;
+    oo.device = ec.device_ordinal;
+    oo.tokens = a.op_tokens;
+    oo.copy_bytes_per_s = copy_bw;
+    oo.fp8_flops = fp8_peak;
+    std::fprintf(stderr, "[bench] ops at V4-Flash shapes...\n");
+    auto ops = bench_ops(oo);
+    if (!ops.ok())
+      return fail(ops.status());
+    out["ops"] = *ops;
+    return write_json(out, a.output);
+  }
 
   std::fprintf(stderr, "[bench] loading %s...\n", model_dir.c_str());
   auto ckpt = model::Checkpoint::open(model_dir);
@@ -281,17 +313,7 @@ int run_bench(const BenchArgs& a) {
       "FP8 GEMM peak; decode bytes (dense weights once, routed experts as the expected distinct "
       "experts of the batch under uniform routing, state read at 4 bytes per value) / copy "
       "bandwidth. Decode sequences share one prefilled prefix (forked state).";
-  const std::string text = out.dump(2);
-  if (a.output.empty()) {
-    std::printf("%s\n", text.c_str());
-  } else {
-    std::ofstream f(a.output);
-    if (!f)
-      return fail(io_error("--output: cannot write " + a.output));
-    f << text << "\n";
-    std::fprintf(stderr, "[bench] wrote %s\n", a.output.c_str());
-  }
-  return 0;
+  return write_json(out, a.output);
 }
 
 }  // namespace
@@ -313,6 +335,13 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
   cmd->add_flag("--no-ceilings", a->no_ceilings, "Skip the copy/GEMM ceiling measurements");
   cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs, "Decode eagerly");
+  cmd->add_flag("--ops",
+                a->ops,
+                "Per-op figures instead of the model: FP8 linears and the MoE experts at "
+                "V4-Flash shapes on random weights (no --model needed)");
+  cmd->add_option(
+         "--op-tokens", a->op_tokens, "Token counts of --ops (default 1,16,64,256,1024,8192)")
+      ->delimiter(',');
   cmd->callback([a, &exit_code] { exit_code = run_bench(*a); });
 }
 

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/fp8_gemm.h"
+#include "numeric/float_formats.h"
 #include "numeric/quant.h"
 #include "test_util.h"
 
@@ -32,6 +34,8 @@ struct LinearCase {
   int64_t ldx_pad = 0;
   int64_t ldy_pad = 0;
   bool accumulate = false;
+  bool tensor_core = false;  // fp8_gemm.h: quantise x on the device, then launch_fp8_linear
+  bool bf16x2 = false;       // fp8_gemm.h: split x into BF16 halves, then launch_bf16x2_linear
 };
 
 void run_linear(const LinearCase& c, uint32_t seed) {
@@ -39,7 +43,8 @@ void run_linear(const LinearCase& c, uint32_t seed) {
   SCOPED_TRACE(std::string("linear ") + fmt_name(c.fmt) + " " + std::to_string(c.rows) + "x" +
                std::to_string(c.cols) + " n " + std::to_string(c.n) + (c.quant ? " q8" : "") +
                " rows [" + std::to_string(c.row_begin) + ", +" + std::to_string(count) + ")" +
-               (c.accumulate ? " acc" : ""));
+               (c.accumulate ? " acc" : "") + (c.tensor_core ? " tensor-core" : "") +
+               (c.bf16x2 ? " bf16x2" : ""));
   auto w = make_weight(c.fmt, c.rows, c.cols, seed);
   const int64_t ldx = c.cols + c.ldx_pad;
   const int64_t ldy = count + c.ldy_pad;
@@ -76,17 +81,57 @@ void run_linear(const LinearCase& c, uint32_t seed) {
   }
   DevVec<float> d_x(x);
   DevVec<float> d_y(y0);
-  DSI_EXPECT_OK(launch_linear(LinearParams{.w = w->dev,
-                                           .row_begin = c.row_begin,
-                                           .rows = c.row_count,
-                                           .x = d_x.get(),
-                                           .ldx = ldx,
-                                           .n = c.n,
-                                           .y = d_y.get(),
-                                           .ldy = ldy,
-                                           .quantize_activations = c.quant,
-                                           .accumulate = c.accumulate},
-                              nullptr));
+  if (c.bf16x2) {
+    const int64_t ld = bf16_split_ld(c.cols);
+    DevVec<uint16_t> d_hi(static_cast<size_t>(std::max<int64_t>(c.n, 1) * ld));
+    DevVec<uint16_t> d_lo(static_cast<size_t>(std::max<int64_t>(c.n, 1) * ld));
+    DSI_EXPECT_OK(launch_split_bf16(
+        SplitBf16Params{
+            .x = d_x.get(), .ldx = ldx, .n = c.n, .k = c.cols, .hi = d_hi.get(), .lo = d_lo.get()},
+        nullptr));
+    DSI_EXPECT_OK(
+        launch_bf16x2_linear(Bf16x2LinearParams{.w = w->dev,
+                                                .row_begin = c.row_begin,
+                                                .rows = c.row_count,
+                                                .x = Bf16SplitActs{d_hi.get(), d_lo.get(), ld},
+                                                .n = c.n,
+                                                .y = d_y.get(),
+                                                .ldy = ldy,
+                                                .accumulate = c.accumulate},
+                             nullptr));
+  } else if (c.tensor_core) {
+    const int64_t ld = fp8_acts_ld(c.cols);
+    DevVec<uint8_t> d_q(static_cast<size_t>(std::max<int64_t>(c.n, 1) * ld));
+    DevVec<float> d_s(static_cast<size_t>(std::max<int64_t>(c.n, 1) * ld / 128));
+    DSI_EXPECT_OK(launch_quantize_fp8(QuantizeFp8Params{.x = d_x.get(),
+                                                        .ldx = ldx,
+                                                        .n = c.n,
+                                                        .k = c.cols,
+                                                        .codes = d_q.get(),
+                                                        .scales = d_s.get()},
+                                      nullptr));
+    DSI_EXPECT_OK(launch_fp8_linear(Fp8LinearParams{.w = w->dev,
+                                                    .row_begin = c.row_begin,
+                                                    .rows = c.row_count,
+                                                    .x = Fp8Acts{d_q.get(), d_s.get(), ld},
+                                                    .n = c.n,
+                                                    .y = d_y.get(),
+                                                    .ldy = ldy,
+                                                    .accumulate = c.accumulate},
+                                    nullptr));
+  } else {
+    DSI_EXPECT_OK(launch_linear(LinearParams{.w = w->dev,
+                                             .row_begin = c.row_begin,
+                                             .rows = c.row_count,
+                                             .x = d_x.get(),
+                                             .ldx = ldx,
+                                             .n = c.n,
+                                             .y = d_y.get(),
+                                             .ldy = ldy,
+                                             .quantize_activations = c.quant,
+                                             .accumulate = c.accumulate},
+                                nullptr));
+  }
   sync();
   expect_within(want, d_y.download(), tol, "linear");  // the padding columns must be untouched
 }
@@ -135,6 +180,153 @@ TEST_F(GpuTest, LinearLargerShapes) {
   run_linear({Fmt::kFp8E8M0, 1024, 4096, 37, true}, seed += 3);  // wq_a-like, 37 tokens
   run_linear({Fmt::kMxfp4, 2048, 4096, 5, true}, seed += 3);     // expert w1-like, decode batch
   run_linear({Fmt::kBF16, 1000, 4096, 300, false}, seed += 3);   // router/head-like, prefill
+}
+
+// launch_quantize_fp8 is numeric::fp8_block_quantize bit for bit (codes and scales, zeros past k),
+// over rows of very different magnitude, tails, strides, zeros, and values that clamp.
+TEST_F(GpuTest, QuantizeFp8MatchesCpu) {
+  uint32_t seed = 41000;
+  for (int64_t k : {1, 16, 100, 128, 129, 4096}) {
+    for (int64_t n : {1, 3, 70}) {
+      const int64_t ldx = k + 5;
+      std::vector<float> x = normal_floats(static_cast<size_t>(n * ldx), seed += 7);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t c = 0; c < ldx; ++c) {
+          float& v = x[t * ldx + c];
+          v = t % 7 == 3 ? 0.0f : std::ldexp(v, static_cast<int>(t % 11) * 6 - 30);
+        }
+      }
+      const int64_t ld = fp8_acts_ld(k);
+      std::vector<uint8_t> want_codes(static_cast<size_t>(n * ld), 0);
+      std::vector<float> want_scales(static_cast<size_t>(n * ld / 128), 0.0f);
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<uint8_t> sb(static_cast<size_t>(ld / 128));
+        numeric::fp8_block_quantize(
+            x.data() + t * ldx, k, 128, want_codes.data() + t * ld, sb.data());
+        for (int64_t b = 0; b < ld / 128; ++b)
+          want_scales[t * (ld / 128) + b] = numeric::e8m0_to_f32(sb[b]);
+      }
+      DevVec<float> d_x(x);
+      DevVec<uint8_t> d_q(want_codes.size());
+      DevVec<float> d_s(want_scales.size());
+      DSI_EXPECT_OK(launch_quantize_fp8(
+          QuantizeFp8Params{
+              .x = d_x.get(), .ldx = ldx, .n = n, .k = k, .codes = d_q.get(), .scales = d_s.get()},
+          nullptr));
+      sync();
+      EXPECT_EQ(d_q.download(), want_codes) << "k " << k << " n " << n;
+      EXPECT_EQ(d_s.download(), want_scales) << "k " << k << " n " << n;
+    }
+  }
+}
+
+// The FP8 tensor-core linear (fp8_gemm.h) against the CPU: decode (<= 8 tokens), medium (<= 32)
+// and prefill tiles, row/K tails, row ranges, strides, accumulation, and V4-Flash shapes.
+TEST_F(GpuTest, Fp8TensorCoreLinearMatchesCpu) {
+  uint32_t seed = 31000;
+  const bool small = small_mode();
+  for (Fmt f : {Fmt::kFp8E8M0, Fmt::kFp8F32}) {
+    for (int64_t rows : {1, 17, 129, 300}) {
+      for (int64_t cols : {16, 64, 128, 160, 736}) {
+        for (int64_t n : {0, 1, 5, 8, 9, 32, 33, 129, 300}) {
+          if (small && rows * n > 5000)
+            continue;
+          LinearCase c{f, rows, cols, n, true};
+          c.tensor_core = true;
+          run_linear(c, seed += 3);
+        }
+      }
+    }
+    LinearCase strided{f, 384, 256, 40, true, 96, 192, 256 * 3, 200, true};
+    strided.tensor_core = true;
+    run_linear(strided, seed += 3);
+  }
+  if (!small) {
+    for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1024, 4096, 1},
+                                 {32768, 1024, 7},
+                                 {4096, 8192, 64},
+                                 {1536, 4096, 1000}}) {
+      LinearCase c{Fmt::kFp8E8M0, rows, cols, n, true};
+      c.tensor_core = true;
+      run_linear(c, seed += 3);
+    }
+  }
+}
+
+// fp32 activations on the BF16 tensor cores (hi + lo halves, fp8_gemm.h) against the CPU, with
+// the reference tolerance: FP8 and BF16 weights, every tile shape, tails, ranges, strides, and the
+// V4-Flash wo_a / router / LM-head shapes.
+TEST_F(GpuTest, Bf16x2TensorCoreLinearMatchesCpu) {
+  uint32_t seed = 51000;
+  const bool small = small_mode();
+  for (Fmt f : {Fmt::kFp8E8M0, Fmt::kFp8F32, Fmt::kBF16}) {
+    for (int64_t rows : {1, 17, 129, 300}) {
+      for (int64_t cols : {16, 64, 96, 160, 736}) {
+        for (int64_t n : {0, 1, 5, 8, 9, 32, 33, 129, 300}) {
+          if (small && rows * n > 5000)
+            continue;
+          LinearCase c{f, rows, cols, n, false};
+          c.bf16x2 = true;
+          run_linear(c, seed += 3);
+        }
+      }
+    }
+    LinearCase strided{f, 384, 256, 40, false, 96, 192, 256 * 3, 200, true};
+    strided.bf16x2 = true;
+    run_linear(strided, seed += 3);
+  }
+  if (!small) {
+    for (auto [f, rows, cols, n] :
+         {std::tuple<Fmt, int64_t, int64_t, int64_t>{Fmt::kFp8E8M0, 1024, 4096, 1},
+          {Fmt::kFp8E8M0, 1024, 4096, 700},
+          {Fmt::kBF16, 256, 4096, 64},
+          {Fmt::kBF16, 20000, 4096, 3}}) {
+      LinearCase c{f, rows, cols, n, false};
+      c.bf16x2 = true;
+      run_linear(c, seed += 3);
+    }
+  }
+}
+
+// Grouped BF16x2 linear (wo_a's layout: group g = weight rows [g * rows, +rows), x columns
+// [g * k, +k), y columns [g * rows, +rows)) in one launch equals one launch per group, bit for bit.
+TEST_F(GpuTest, Bf16x2GroupedLinearEqualsPerGroupLaunches) {
+  for (int64_t n : {1, 9, 40, 130}) {
+    const int64_t groups = 3, rows = 96, k = 128;
+    auto w = make_weight(Fmt::kFp8E8M0, groups * rows, k, 777 + static_cast<uint32_t>(n));
+    std::vector<float> x = normal_floats(static_cast<size_t>(n * groups * k), 99);
+    DevVec<float> d_x(x);
+    const int64_t ld = groups * k;
+    DevVec<uint16_t> d_hi(static_cast<size_t>(n * ld)), d_lo(static_cast<size_t>(n * ld));
+    DSI_EXPECT_OK(launch_split_bf16(
+        SplitBf16Params{.x = d_x.get(), .n = n, .k = ld, .hi = d_hi.get(), .lo = d_lo.get()},
+        nullptr));
+    DevVec<float> d_all(static_cast<size_t>(n * groups * rows), 0.0f);
+    DevVec<float> d_one(static_cast<size_t>(n * groups * rows), 0.0f);
+    DSI_EXPECT_OK(launch_bf16x2_linear(Bf16x2LinearParams{.w = w->dev,
+                                                          .rows = rows,
+                                                          .x = {d_hi.get(), d_lo.get(), ld},
+                                                          .n = n,
+                                                          .y = d_all.get(),
+                                                          .ldy = groups * rows,
+                                                          .groups = groups,
+                                                          .group_x = k,
+                                                          .group_y = rows},
+                                       nullptr));
+    for (int64_t g = 0; g < groups; ++g) {
+      DSI_EXPECT_OK(
+          launch_bf16x2_linear(Bf16x2LinearParams{.w = w->dev,
+                                                  .row_begin = g * rows,
+                                                  .rows = rows,
+                                                  .x = {d_hi.get() + g * k, d_lo.get() + g * k, ld},
+                                                  .n = n,
+                                                  .y = d_one.get() + g * rows,
+                                                  .ldy = groups * rows},
+                               nullptr));
+    }
+    sync();
+    EXPECT_EQ(d_all.download(), d_one.download()) << "n " << n;
+  }
 }
 
 TEST(GpuOpsArgs, LinearValidates) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "numeric/quant.h"
 #include "test_util.h"
 
@@ -306,10 +307,12 @@ void run_moe(int64_t n,
              bool hash,
              bool quant,
              int64_t distinct,
-             uint32_t seed) {
+             uint32_t seed,
+             bool fast = false) {
   SCOPED_TRACE("moe n " + std::to_string(n) + " experts " + std::to_string(n_experts) + " k " +
                std::to_string(k) + " hidden " + std::to_string(hidden) + " inter " +
-               std::to_string(inter) + (hash ? " hash" : "") + (quant ? " q8" : ""));
+               std::to_string(inter) + (hash ? " hash" : "") + (quant ? " q8" : "") +
+               (fast ? " fp8-tensor-core" : ""));
   const RouteCase rc{n, n_experts, k, RouterScoring::kSqrtSoftplus, !hash, hash};
   const MoeInputs in = make_inputs(rc, seed);
   const float limit = 10.0f;
@@ -414,35 +417,84 @@ void run_moe(int64_t n,
                                                 .pair_src = d_src.get(),
                                                 .pair_pos = d_pos.get()},
                                  nullptr));
-  DSI_EXPECT_OK(launch_expert_ffn(ExpertFfnParams{.w1 = as_refs(d_w1),
-                                                  .w3 = as_refs(d_w3),
-                                                  .w2 = as_refs(d_w2),
-                                                  .n_experts = n_experts,
-                                                  .hidden = hidden,
-                                                  .inter = inter,
-                                                  .expert_begin = d_begin.get(),
-                                                  .pair_src = d_src.get(),
-                                                  .k = k,
-                                                  .gates = d_gates.get(),
-                                                  .x = d_x.get(),
-                                                  .num_pairs = pairs,
-                                                  .swiglu_limit = limit,
-                                                  .quantize_activations = quant,
-                                                  .h = d_h.get(),
-                                                  .y = d_y.get()},
-                                  nullptr));
-  DSI_EXPECT_OK(launch_expert_ffn(ExpertFfnParams{.w1 = as_refs(d_s1),
-                                                  .w3 = as_refs(d_s3),
-                                                  .w2 = as_refs(d_s2),
-                                                  .hidden = hidden,
-                                                  .inter = inter,
-                                                  .x = d_x.get(),
-                                                  .num_pairs = n,
-                                                  .swiglu_limit = limit,
-                                                  .quantize_activations = quant,
-                                                  .h = d_h.get(),
-                                                  .y = d_shared.get()},
-                                  nullptr));
+  if (fast) {
+    // FP8 activations quantised once, the experts on the tensor-core kernels (fp8_gemm.h).
+    const int64_t ld = fp8_acts_ld(hidden), hld = fp8_acts_ld(inter);
+    DevVec<uint8_t> d_xq(static_cast<size_t>(std::max<int64_t>(n, 1) * ld));
+    DevVec<float> d_xs(static_cast<size_t>(std::max<int64_t>(n, 1) * ld / 128));
+    const int64_t hrows = std::max<int64_t>(std::max(pairs, n), 1);
+    DevVec<uint8_t> d_hq(static_cast<size_t>(hrows * hld));
+    DevVec<float> d_hs(static_cast<size_t>(hrows * hld / 128));
+    DSI_EXPECT_OK(launch_quantize_fp8(
+        QuantizeFp8Params{
+            .x = d_x.get(), .n = n, .k = hidden, .codes = d_xq.get(), .scales = d_xs.get()},
+        nullptr));
+    const Fp8Acts xq{d_xq.get(), d_xs.get(), ld};
+    DSI_EXPECT_OK(launch_fp8_expert_ffn(Fp8ExpertFfnParams{.w1 = as_refs(d_w1),
+                                                           .w3 = as_refs(d_w3),
+                                                           .w2 = as_refs(d_w2),
+                                                           .format = WeightFormat::kMxfp4,
+                                                           .n_experts = n_experts,
+                                                           .hidden = hidden,
+                                                           .inter = inter,
+                                                           .expert_begin = d_begin.get(),
+                                                           .pair_src = d_src.get(),
+                                                           .k = k,
+                                                           .gates = d_gates.get(),
+                                                           .x = xq,
+                                                           .num_pairs = pairs,
+                                                           .swiglu_limit = limit,
+                                                           .h = d_h.get(),
+                                                           .h_codes = d_hq.get(),
+                                                           .h_scales = d_hs.get(),
+                                                           .y = d_y.get()},
+                                        nullptr));
+    DSI_EXPECT_OK(launch_fp8_expert_ffn(Fp8ExpertFfnParams{.w1 = as_refs(d_s1),
+                                                           .w3 = as_refs(d_s3),
+                                                           .w2 = as_refs(d_s2),
+                                                           .format = WeightFormat::kFp8Block128,
+                                                           .hidden = hidden,
+                                                           .inter = inter,
+                                                           .x = xq,
+                                                           .num_pairs = n,
+                                                           .swiglu_limit = limit,
+                                                           .h = d_h.get(),
+                                                           .h_codes = d_hq.get(),
+                                                           .h_scales = d_hs.get(),
+                                                           .y = d_shared.get()},
+                                        nullptr));
+    sync();
+  } else {
+    DSI_EXPECT_OK(launch_expert_ffn(ExpertFfnParams{.w1 = as_refs(d_w1),
+                                                    .w3 = as_refs(d_w3),
+                                                    .w2 = as_refs(d_w2),
+                                                    .n_experts = n_experts,
+                                                    .hidden = hidden,
+                                                    .inter = inter,
+                                                    .expert_begin = d_begin.get(),
+                                                    .pair_src = d_src.get(),
+                                                    .k = k,
+                                                    .gates = d_gates.get(),
+                                                    .x = d_x.get(),
+                                                    .num_pairs = pairs,
+                                                    .swiglu_limit = limit,
+                                                    .quantize_activations = quant,
+                                                    .h = d_h.get(),
+                                                    .y = d_y.get()},
+                                    nullptr));
+    DSI_EXPECT_OK(launch_expert_ffn(ExpertFfnParams{.w1 = as_refs(d_s1),
+                                                    .w3 = as_refs(d_s3),
+                                                    .w2 = as_refs(d_s2),
+                                                    .hidden = hidden,
+                                                    .inter = inter,
+                                                    .x = d_x.get(),
+                                                    .num_pairs = n,
+                                                    .swiglu_limit = limit,
+                                                    .quantize_activations = quant,
+                                                    .h = d_h.get(),
+                                                    .y = d_shared.get()},
+                                    nullptr));
+  }
   DSI_EXPECT_OK(launch_moe_combine(MoeCombineParams{.n = n,
                                                     .k = k,
                                                     .hidden = hidden,
@@ -496,6 +548,24 @@ TEST_F(GpuTest, MoeExpertsMatchCpu) {
   }
   if (!small_mode())
     run_moe(5, 256, 6, 4096, 2048, false, true, 8, seed += 500);  // Flash shapes, decode batch
+}
+
+// The tensor-core experts (fp8_gemm.h, W4A8 routed and W8A8 shared) against the same CPU
+// reference: decode (<= 8 pairs per expert), medium and prefill tile shapes, one token, empty
+// experts, every token on one expert, and the V4-Flash shapes.
+TEST_F(GpuTest, MoeFp8TensorCoreExpertsMatchCpu) {
+  uint32_t seed = 77000;
+  for (int64_t n : {0, 1, 3, 7, 33, 130}) {
+    run_moe(n, 16, 6, 256, 128, false, true, 4, seed += 500, true);
+    run_moe(n, 7, 2, 96, 160, true, true, 3, seed += 500, true);
+  }
+  run_moe(300, 1, 1, 384, 256, false, true, 1, seed += 500, true);  // every token on one expert
+  run_moe(257, 4, 2, 512, 384, false, true, 2, seed += 500, true);  // prefill tiles, row tails
+  if (!small_mode()) {
+    run_moe(1, 256, 6, 4096, 2048, false, true, 8, seed += 500, true);   // Flash, batch 1
+    run_moe(64, 256, 6, 4096, 2048, false, true, 8, seed += 500, true);  // Flash, batch 64
+    run_moe(600, 16, 6, 1024, 512, false, true, 8, seed += 500, true);  // prefill-sized experts
+  }
 }
 
 TEST(GpuOpsArgs, MoeValidates) {

@@ -635,7 +635,7 @@ Status CudaModel::launch_all(Launch& L) {
     me.out = e;
     DSI_RETURN_IF_ERROR(cuda::launch_embed(me, s));
     DSI_RETURN_IF_ERROR(rms_norm(e, nm, hidden, w.enorm, eps, s));
-    DSI_RETURN_IF_ERROR(linear(w.e_proj, e, nm, eproj, q8(), s));
+    DSI_RETURN_IF_ERROR(linear(ws_.get(), w.e_proj, e, nm, eproj, q8(), s));
     cuda::GatherRowsParams gp;
     gp.pool = pool_;
     gp.local = x;
@@ -653,7 +653,7 @@ Status CudaModel::launch_all(Launch& L) {
     gp.dst = xm;
     DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
     // h_proj(h) + e_proj(e), as the CPU adds them.
-    DSI_RETURN_IF_ERROR(linear(w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true));
+    DSI_RETURN_IF_ERROR(linear(ws_.get(), w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true));
     DSI_RETURN_IF_ERROR(launch_layer(w.layer,
                                      c.mtp_layers[0],
                                      L.mtp.layers[0],

@@ -24,6 +24,8 @@
 #include "comm/comm.h"
 #include "device/allocator.h"
 #include "device/stream.h"
+#include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/moe.h"
 #include "parallel/dispatch.h"
 
 namespace dsinfer::gpu {
@@ -121,6 +123,10 @@ class CudaModel final : public backend::Model {
                            uint8_t* pack,
                            const HostPack& hp,
                            const float* u);
+  Status fp8_experts(const cuda::ExpertFfnParams& p,
+                     WeightFormat format,
+                     const cuda::Fp8Acts& xq,
+                     cudaStream_t s);
   Status launch_moe(const DMoe& w,
                     const model::LayerPlan& plan,
                     int64_t n,

@@ -10,6 +10,7 @@
 #include "base/check.h"
 #include "base/strings.h"
 #include "device/device_error.h"
+#include "kernels/cuda/fp8_gemm.h"
 
 namespace dsinfer::gpu {
 namespace {
@@ -204,7 +205,27 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const model::ModelC
   }
   const auto* base = static_cast<const MatrixRef*>(d->refs_mem_);
   size_t k = 0;
+  // Whether a set of experts can take the tensor-core path (one format, each readable by it).
+  auto fast = [](const std::vector<MatrixRef>& w1,
+                 const std::vector<MatrixRef>& w3,
+                 const std::vector<MatrixRef>& w2,
+                 WeightFormat* format) {
+    if (w1.empty())
+      return false;
+    *format = w1[0].format;
+    for (const auto* v : {&w1, &w3, &w2}) {
+      for (const MatrixRef& m : *v) {
+        if (m.format != *format || !cuda::fp8_gemm_supports(m))
+          return false;
+      }
+    }
+    return true;
+  };
+  size_t arrays = 0;
   auto bind = [&](DMoe& m) {
+    const ExpertArrays& ex = experts[arrays++];
+    m.routed_fast = fast(ex.w1, ex.w3, ex.w2, &m.routed_format);
+    m.shared_fast = fast(ex.s1, ex.s3, ex.s2, &m.shared_format);
     m.w1 = base + starts[k++];
     m.w3 = base + starts[k++];
     m.w2 = base + starts[k++];

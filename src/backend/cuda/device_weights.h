@@ -53,6 +53,12 @@ struct DMoe {
   const MatrixRef* shared_w2 = nullptr;
   int64_t inter = 0;
   int64_t shared_inter = 0;
+  // Whether the routed / shared experts can run on the FP8 tensor-core kernels (fp8_gemm.h), and
+  // their format there.
+  bool routed_fast = false;
+  bool shared_fast = false;
+  WeightFormat routed_format = WeightFormat::kMxfp4;
+  WeightFormat shared_format = WeightFormat::kFp8Block128;
 };
 
 struct DLayer {

@@ -36,8 +36,9 @@ Status CudaModel::launch_compressor(const DCompressor& w,
   DSI_RETURN_IF_ERROR(ws_->get(&kv, n * width));
   DSI_RETURN_IF_ERROR(ws_->get(&score, n * width));
   DSI_RETURN_IF_ERROR(ws_->get(&local, n * 2 * width));
-  DSI_RETURN_IF_ERROR(linear(w.wkv, u, n, kv, false, s));  // compressor projections stay fp32
-  DSI_RETURN_IF_ERROR(linear(w.wgate, u, n, score, false, s));
+  DSI_RETURN_IF_ERROR(
+      linear(ws_.get(), w.wkv, u, n, kv, false, s));  // compressor projections stay fp32
+  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.wgate, u, n, score, false, s));
   cuda::CompressorAppendParams ap;
   ap.kv = kv;
   ap.score = score;
@@ -98,15 +99,15 @@ Status CudaModel::launch_attention(const DAttention& w,
   float* q = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&qr, n * c.q_lora_rank));
   DSI_RETURN_IF_ERROR(ws_->get(&q, n * heads * hd));
-  DSI_RETURN_IF_ERROR(linear(w.wq_a, u, n, qr, q8, s));
+  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.wq_a, u, n, qr, q8, s));
   DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
-  DSI_RETURN_IF_ERROR(linear(w.wq_b, qr, n, q, q8, s));
+  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.wq_b, qr, n, q, q8, s));
   DSI_RETURN_IF_ERROR(rms_norm(q, n * heads, hd, nullptr, eps, s));
   DSI_RETURN_IF_ERROR(rope(q, n, heads, hd, positions, freqs, rd / 2, false, s));
   // The shared K=V vector (chunk-local until it is written to the ring after attention).
   float* kv = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
-  DSI_RETURN_IF_ERROR(linear(w.wkv, u, n, kv, q8, s));
+  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.wkv, u, n, kv, q8, s));
   DSI_RETURN_IF_ERROR(rms_norm(kv, n, hd, w.kv_norm, eps, s));
   DSI_RETURN_IF_ERROR(rope(kv, n, 1, hd, positions, freqs, rd / 2, false, s));
   if (numerics_ == model::Numerics::kDeepSeek) {
@@ -133,8 +134,8 @@ Status CudaModel::launch_attention(const DAttention& w,
     float* hw = nullptr;
     DSI_RETURN_IF_ERROR(ws_->get(&qi, n * ih * ihd));
     DSI_RETURN_IF_ERROR(ws_->get(&hw, n * ih));
-    DSI_RETURN_IF_ERROR(linear(w.indexer_wq_b, qr, n, qi, q8, s));
-    DSI_RETURN_IF_ERROR(linear(w.indexer_weights_proj, u, n, hw, false, s));
+    DSI_RETURN_IF_ERROR(linear(ws_.get(), w.indexer_wq_b, qr, n, qi, q8, s));
+    DSI_RETURN_IF_ERROR(linear(ws_.get(), w.indexer_weights_proj, u, n, hw, false, s));
     DSI_RETURN_IF_ERROR(rope(qi, n, ih, ihd, positions, freqs, rd / 2, false, s));
     if (numerics_ == model::Numerics::kDeepSeek) {
       cuda::QuantSimParams qs;
@@ -221,6 +222,25 @@ Status CudaModel::launch_attention(const DAttention& w,
   const int64_t group_in = heads * hd / groups;
   float* z = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&z, n * groups * olr));
+  if (n > 0 && cuda::bf16x2_gemm_supports(w.wo_a) && w.wo_a.cols == group_in &&
+      group_in % 64 == 0) {
+    // o split into BF16 halves once; group g reads its columns [g * group_in, +group_in), all
+    // groups in one launch.
+    cuda::Bf16SplitActs oh;
+    DSI_RETURN_IF_ERROR(split_bf16(ws_.get(), o, n, heads * hd, 0, s, &oh));
+    cuda::Bf16x2LinearParams p;
+    p.w = w.wo_a;
+    p.rows = olr;
+    p.x = oh;
+    p.n = n;
+    p.y = z;
+    p.ldy = groups * olr;
+    p.groups = groups;
+    p.group_x = group_in;
+    p.group_y = olr;
+    DSI_RETURN_IF_ERROR(cuda::launch_bf16x2_linear(p, s));
+    return linear(ws_.get(), w.wo_b, z, n, f, q8, s);
+  }
   for (int64_t g = 0; g < groups; ++g) {
     cuda::LinearParams p;
     p.w = w.wo_a;
@@ -233,7 +253,36 @@ Status CudaModel::launch_attention(const DAttention& w,
     p.ldy = groups * olr;
     DSI_RETURN_IF_ERROR(cuda::launch_linear(p, s));
   }
-  return linear(w.wo_b, z, n, f, q8, s);
+  return linear(ws_.get(), w.wo_b, z, n, f, q8, s);
+}
+
+// The experts of `p` (the reference ExpertFfnParams) on the FP8 tensor-core kernels, over the
+// already quantised activations xq; h's FP8 copy comes from the workspace.
+Status CudaModel::fp8_experts(const cuda::ExpertFfnParams& p,
+                              WeightFormat format,
+                              const cuda::Fp8Acts& xq,
+                              cudaStream_t s) {
+  cuda::Fp8ExpertFfnParams q;
+  q.w1 = p.w1;
+  q.w3 = p.w3;
+  q.w2 = p.w2;
+  q.format = format;
+  q.n_experts = p.n_experts;
+  q.hidden = p.hidden;
+  q.inter = p.inter;
+  q.expert_begin = p.expert_begin;
+  q.pair_src = p.pair_src;
+  q.k = p.k;
+  q.gates = p.gates;
+  q.x = xq;
+  q.num_pairs = p.num_pairs;
+  q.swiglu_limit = p.swiglu_limit;
+  q.h = p.h;
+  q.y = p.y;
+  const int64_t ld = cuda::fp8_acts_ld(p.inter);
+  DSI_RETURN_IF_ERROR(ws_->get(&q.h_codes, p.num_pairs * ld));
+  DSI_RETURN_IF_ERROR(ws_->get(&q.h_scales, p.num_pairs * (ld / 128)));
+  return cuda::launch_fp8_expert_ffn(q, s);
 }
 
 Status CudaModel::launch_moe(const DMoe& w,
@@ -257,7 +306,7 @@ Status CudaModel::launch_moe(const DMoe& w,
   DSI_RETURN_IF_ERROR(ws_->get(&gates, n * k));
   DSI_RETURN_IF_ERROR(ws_->get(&hs, n * w.shared_inter));
   DSI_RETURN_IF_ERROR(ws_->get(&ys, n * hidden));
-  DSI_RETURN_IF_ERROR(linear(w.gate, u, n, logits, false, s));  // router in fp32
+  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.gate, u, n, logits, false, s));  // router in fp32
   cuda::MoeRouteParams rp;
   rp.logits = logits;
   rp.n = n;
@@ -300,7 +349,17 @@ Status CudaModel::launch_moe(const DMoe& w,
   sp.quantize_activations = q8();
   sp.h = hs;
   sp.y = ys;
-  DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
+  // FP8 activations on the tensor cores: u quantised once for the shared and routed experts.
+  const bool fast_shared = q8() && w.shared_fast;
+  const bool fast_routed = q8() && w.routed_fast && options_.comm == nullptr;
+  cuda::Fp8Acts uq;
+  if (fast_shared || fast_routed)
+    DSI_RETURN_IF_ERROR(quantize_fp8(ws_.get(), u, n, hidden, s, &uq));
+  if (fast_shared) {
+    DSI_RETURN_IF_ERROR(fp8_experts(sp, w.shared_format, uq, s));
+  } else {
+    DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
+  }
   if (options_.comm != nullptr)
     return launch_routed_ep(w, n, u, ids, gates, ys, f);
 
@@ -337,7 +396,11 @@ Status CudaModel::launch_moe(const DMoe& w,
   ep.num_pairs = n * k;
   ep.h = h;
   ep.y = y;
-  DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(ep, s));
+  if (fast_routed) {
+    DSI_RETURN_IF_ERROR(fp8_experts(ep, w.routed_format, uq, s));
+  } else {
+    DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(ep, s));
+  }
   cuda::MoeCombineParams cp;
   cp.n = n;
   cp.k = k;
@@ -434,7 +497,7 @@ Status CudaModel::launch_head(
   DSI_RETURN_IF_ERROR(cuda::launch_hc_head(hp, s));
   DSI_RETURN_IF_ERROR(
       rms_norm(u, rows, c.hidden_size, norm, static_cast<float>(c.rms_norm_eps), s));
-  return linear(weights_->head, u, rows, logits, false, s);  // LM head in fp32
+  return linear(ws_.get(), weights_->head, u, rows, logits, false, s);  // LM head in fp32
 }
 
 }  // namespace dsinfer::gpu

@@ -6,11 +6,97 @@
 
 #include <cstdint>
 
+#include "backend/cuda/workspace.h"
 #include "base/status.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
 
 namespace dsinfer::gpu {
+
+// x [n, k] quantised into FP8 codes and 1x128 scales taken from ws (fp8_gemm.h).
+inline Status quantize_fp8(
+    Workspace* ws, const float* x, int64_t n, int64_t k, cudaStream_t s, cuda::Fp8Acts* out) {
+  const int64_t ld = cuda::fp8_acts_ld(k);
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  DSI_RETURN_IF_ERROR(ws->get(&codes, n * ld));
+  DSI_RETURN_IF_ERROR(ws->get(&scales, n * (ld / 128)));
+  cuda::QuantizeFp8Params q;
+  q.x = x;
+  q.n = n;
+  q.k = k;
+  q.codes = codes;
+  q.scales = scales;
+  DSI_RETURN_IF_ERROR(cuda::launch_quantize_fp8(q, s));
+  *out = cuda::Fp8Acts{codes, scales, ld};
+  return Status();
+}
+
+// x [n, k] (rows ldx apart; 0: k) split into BF16 halves taken from ws (fp8_gemm.h).
+inline Status split_bf16(Workspace* ws,
+                         const float* x,
+                         int64_t n,
+                         int64_t k,
+                         int64_t ldx,
+                         cudaStream_t s,
+                         cuda::Bf16SplitActs* out) {
+  const int64_t ld = cuda::bf16_split_ld(k);
+  uint16_t* hi = nullptr;
+  uint16_t* lo = nullptr;
+  DSI_RETURN_IF_ERROR(ws->get(&hi, n * ld));
+  DSI_RETURN_IF_ERROR(ws->get(&lo, n * ld));
+  cuda::SplitBf16Params q;
+  q.x = x;
+  q.ldx = ldx;
+  q.n = n;
+  q.k = k;
+  q.hi = hi;
+  q.lo = lo;
+  DSI_RETURN_IF_ERROR(cuda::launch_split_bf16(q, s));
+  *out = cuda::Bf16SplitActs{hi, lo, ld};
+  return Status();
+}
+
+// y = W x over n rows of x: with FP8 activations (q8) and an FP8 block weight, on the tensor cores
+// (activations quantised once into ws); fp32 activations over BF16 or FP8 weights on the BF16
+// tensor cores (split into BF16 halves); otherwise (MXFP4 or F32 weights unquantised, odd K) the
+// reference tile of gemm.h.
+inline Status linear(Workspace* ws,
+                     const MatrixRef& w,
+                     const float* x,
+                     int64_t n,
+                     float* y,
+                     bool q8,
+                     cudaStream_t s,
+                     bool accumulate = false) {
+  if (q8 && n > 0 && w.format == WeightFormat::kFp8Block128 && cuda::fp8_gemm_supports(w)) {
+    cuda::Fp8LinearParams p;
+    p.w = w;
+    DSI_RETURN_IF_ERROR(quantize_fp8(ws, x, n, w.cols, s, &p.x));
+    p.n = n;
+    p.y = y;
+    p.accumulate = accumulate;
+    return cuda::launch_fp8_linear(p, s);
+  }
+  if (!q8 && n > 0 && cuda::bf16x2_gemm_supports(w)) {
+    cuda::Bf16x2LinearParams p;
+    p.w = w;
+    DSI_RETURN_IF_ERROR(split_bf16(ws, x, n, w.cols, 0, s, &p.x));
+    p.n = n;
+    p.y = y;
+    p.accumulate = accumulate;
+    return cuda::launch_bf16x2_linear(p, s);
+  }
+  cuda::LinearParams p;
+  p.w = w;
+  p.x = x;
+  p.n = n;
+  p.y = y;
+  p.quantize_activations = q8;
+  p.accumulate = accumulate;
+  return cuda::launch_linear(p, s);
+}
 
 inline Status linear(const MatrixRef& w,
                      const float* x,

@@ -1,0 +1,336 @@
+// `dsinfer bench --ops` (bench_ops.h): every op on random device data, timed with CUDA events.
+#include "cli/bench_ops.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/moe.h"
+#include "perf/fill.h"
+
+namespace dsinfer::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Device buffers freed at scope exit.
+class DeviceArena {
+ public:
+  ~DeviceArena() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  template <typename T>
+  Status alloc(T** p, int64_t n) {
+    void* v = nullptr;
+    if (cudaMalloc(&v, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T)) != cudaSuccess) {
+      cudaGetLastError();
+      return Status(StatusCode::kResourceExhausted, "bench --ops: out of device memory");
+    }
+    ptrs_.push_back(v);
+    *p = static_cast<T*>(v);
+    return Status();
+  }
+
+ private:
+  std::vector<void*> ptrs_;
+};
+
+// Median time of `iters` launches of f, in ms.
+Result<double> time_ms(const std::function<Status()>& f, int iters) {
+  for (int i = 0; i < 2; ++i) DSI_RETURN_IF_ERROR(f());
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(a);
+    DSI_RETURN_IF_ERROR(f());
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return static_cast<double>(ms[ms.size() / 2]);
+}
+
+// A random FP8 (E4M3 codes, E8M0 block scales) or MXFP4 weight on the device.
+Status random_weight(
+    DeviceArena& arena, WeightFormat f, int64_t rows, int64_t cols, uint64_t seed, MatrixRef* w) {
+  w->format = f;
+  w->rows = rows;
+  w->cols = cols;
+  w->scale_dtype = DType::kF8E8M0;
+  uint8_t* data = nullptr;
+  uint8_t* scale = nullptr;
+  const int64_t data_bytes = f == WeightFormat::kMxfp4 ? rows * cols / 2 : rows * cols;
+  const int64_t scale_bytes =
+      f == WeightFormat::kMxfp4 ? rows * cols / 32 : ((rows + 127) / 128) * ((cols + 127) / 128);
+  DSI_RETURN_IF_ERROR(arena.alloc(&data, data_bytes));
+  DSI_RETURN_IF_ERROR(arena.alloc(&scale, scale_bytes));
+  // Random E4M3 bytes are also random E2M1 nibble pairs.
+  DSI_RETURN_IF_ERROR(
+      perf::fill_random(data, data_bytes, perf::GemmInput::kFp8E4M3, seed, nullptr));
+  cudaMemset(scale, 120, static_cast<size_t>(scale_bytes));  // 2^-7
+  w->dtype = f == WeightFormat::kMxfp4 ? DType::kI8 : DType::kF8E4M3;
+  w->data = data;
+  w->scale = scale;
+  return Status();
+}
+
+json figure(const std::string& op,
+            const std::string& shape,
+            int64_t tokens,
+            double ms,
+            double flops,
+            double bytes,
+            const OpBenchOptions& o) {
+  const double s = ms * 1e-3;
+  json j = {{"op", op},
+            {"shape", shape},
+            {"tokens", tokens},
+            {"ms", ms},
+            {"tflops", flops / s * 1e-12},
+            {"tbps", bytes / s * 1e-12},
+            {"flops", flops},
+            {"bytes", bytes}};
+  if (o.fp8_flops > 0)
+    j["fraction_fp8_peak"] = flops / s / o.fp8_flops;
+  if (o.copy_bytes_per_s > 0)
+    j["fraction_copy_bw"] = bytes / s / o.copy_bytes_per_s;
+  return j;
+}
+
+}  // namespace
+
+Result<json> bench_ops(const OpBenchOptions& o) {
+  if (cudaSetDevice(o.device) != cudaSuccess)
+    return failed_precondition("bench --ops: no CUDA device " + std::to_string(o.device));
+  const int64_t max_t = *std::max_element(o.tokens.begin(), o.tokens.end());
+  json out = json::array();
+  DeviceArena arena;
+  // Activations (fp32, then FP8) for the largest token count and the widest K.
+  constexpr int64_t kMaxK = 8192;
+  float* x = nullptr;
+  DSI_RETURN_IF_ERROR(arena.alloc(&x, max_t * kMaxK));
+  {
+    std::vector<float> h(static_cast<size_t>(max_t * kMaxK));
+    std::mt19937 g(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& v : h) v = nd(g);
+    cudaMemcpy(x, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice);
+  }
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  DSI_RETURN_IF_ERROR(arena.alloc(&codes, max_t * kMaxK));
+  DSI_RETURN_IF_ERROR(arena.alloc(&scales, max_t * kMaxK / 128));
+
+  // Dense FP8 linears of one V4-Flash layer: name, rows (out), cols (in).
+  struct Dense {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const Dense dense[] = {{"wq_a", 1024, 4096},
+                         {"wkv", 512, 4096},
+                         {"wq_b", 32768, 1024},
+                         {"wo_b", 4096, 8192},
+                         {"indexer.wq_b", 8192, 1024},
+                         {"shared.w1", 2048, 4096}};
+  float* y = nullptr;
+  DSI_RETURN_IF_ERROR(arena.alloc(&y, std::max<int64_t>(max_t * 32768, 256 * 129280)));
+  uint64_t seed = 1;
+  for (const Dense& d : dense) {
+    MatrixRef w;
+    DSI_RETURN_IF_ERROR(
+        random_weight(arena, WeightFormat::kFp8Block128, d.rows, d.cols, seed++, &w));
+    for (int64_t t : o.tokens) {
+      cuda::QuantizeFp8Params q{x, d.cols, t, d.cols, codes, scales};
+      DSI_RETURN_IF_ERROR(cuda::launch_quantize_fp8(q, nullptr));
+      cuda::Fp8LinearParams p;
+      p.w = w;
+      p.x = cuda::Fp8Acts{codes, scales, cuda::fp8_acts_ld(d.cols)};
+      p.n = t;
+      p.y = y;
+      auto ms = time_ms([&] { return cuda::launch_fp8_linear(p, nullptr); }, o.iters);
+      if (!ms.ok())
+        return ms.status();
+      const double bytes = static_cast<double>(w.nbytes()) + static_cast<double>(t) * d.cols +
+                           4.0 * static_cast<double>(t) * d.rows;
+      out.push_back(figure(std::string("linear ") + d.name,
+                           std::to_string(d.rows) + "x" + std::to_string(d.cols),
+                           t,
+                           *ms,
+                           2.0 * t * d.rows * d.cols,
+                           bytes,
+                           o));
+      auto qms = time_ms([&] { return cuda::launch_quantize_fp8(q, nullptr); }, o.iters);
+      if (!qms.ok())
+        return qms.status();
+      out.push_back(figure("quantize_fp8",
+                           std::to_string(t) + "x" + std::to_string(d.cols),
+                           t,
+                           *qms,
+                           0.0,
+                           5.0 * t * d.cols + 4.0 * t * d.cols / 128,
+                           o));
+    }
+  }
+
+  // fp32-activation linears on the BF16 tensor cores (x split into BF16 halves): one wo_a group
+  // (FP8), the router, a CSA compressor projection and the LM head (BF16).
+  const Dense plain[] = {{"wo_a (one of 8 groups)", 1024, 4096},
+                         {"router", 256, 4096},
+                         {"compressor.wkv (CSA)", 1024, 4096},
+                         {"head", 129280, 4096}};
+  uint16_t *hi = nullptr, *lo = nullptr;
+  DSI_RETURN_IF_ERROR(arena.alloc(&hi, max_t * 4096));
+  DSI_RETURN_IF_ERROR(arena.alloc(&lo, max_t * 4096));
+  for (const Dense& d : plain) {
+    MatrixRef w;
+    const bool fp8 = d.rows == 1024 && std::string(d.name).rfind("wo_a", 0) == 0;
+    if (fp8) {
+      DSI_RETURN_IF_ERROR(
+          random_weight(arena, WeightFormat::kFp8Block128, d.rows, d.cols, seed++, &w));
+    } else {
+      uint16_t* data = nullptr;
+      DSI_RETURN_IF_ERROR(arena.alloc(&data, d.rows * d.cols));
+      DSI_RETURN_IF_ERROR(
+          perf::fill_random(data, d.rows * d.cols, perf::GemmInput::kBf16, seed++, nullptr));
+      w.format = WeightFormat::kFloat;
+      w.dtype = DType::kBF16;
+      w.rows = d.rows;
+      w.cols = d.cols;
+      w.data = data;
+    }
+    for (int64_t t : o.tokens) {
+      if (d.rows > 32768 && t > 256)
+        continue;  // the head runs on the last token of each sequence only
+      cuda::SplitBf16Params sp;
+      sp.x = x;
+      sp.n = t;
+      sp.k = d.cols;
+      sp.hi = hi;
+      sp.lo = lo;
+      DSI_RETURN_IF_ERROR(cuda::launch_split_bf16(sp, nullptr));
+      cuda::Bf16x2LinearParams p;
+      p.w = w;
+      p.x = cuda::Bf16SplitActs{hi, lo, cuda::bf16_split_ld(d.cols)};
+      p.n = t;
+      p.y = y;
+      auto ms = time_ms([&] { return cuda::launch_bf16x2_linear(p, nullptr); }, o.iters);
+      if (!ms.ok())
+        return ms.status();
+      const double bytes = static_cast<double>(w.nbytes()) + 4.0 * t * d.cols +
+                           4.0 * static_cast<double>(t) * d.rows;
+      json j = figure(std::string("linear bf16x2 ") + d.name,
+                      std::to_string(d.rows) + "x" + std::to_string(d.cols),
+                      t,
+                      *ms,
+                      2.0 * t * d.rows * d.cols,
+                      bytes,
+                      o);
+      j["note"] = "two BF16 MMAs per step (hi + lo): the FP8 peak fraction counts the FLOPs once";
+      out.push_back(j);
+    }
+  }
+
+  // Routed experts of one MoE layer: 256 MXFP4 experts, top-6, 4096 -> 2048 -> 4096, uniform
+  // random routing; gate/up + SwiGLU, quantisation of h, down (the combine is not included).
+  constexpr int64_t kExperts = 256, kTopK = 6, kHidden = 4096, kInter = 2048;
+  std::vector<MatrixRef> w1(kExperts), w3(kExperts), w2(kExperts);
+  for (int64_t e = 0; e < kExperts; ++e) {
+    DSI_RETURN_IF_ERROR(
+        random_weight(arena, WeightFormat::kMxfp4, kInter, kHidden, seed++, &w1[e]));
+    DSI_RETURN_IF_ERROR(
+        random_weight(arena, WeightFormat::kMxfp4, kInter, kHidden, seed++, &w3[e]));
+    DSI_RETURN_IF_ERROR(
+        random_weight(arena, WeightFormat::kMxfp4, kHidden, kInter, seed++, &w2[e]));
+  }
+  MatrixRef* refs = nullptr;
+  DSI_RETURN_IF_ERROR(arena.alloc(&refs, 3 * kExperts));
+  cudaMemcpy(refs, w1.data(), kExperts * sizeof(MatrixRef), cudaMemcpyHostToDevice);
+  cudaMemcpy(refs + kExperts, w3.data(), kExperts * sizeof(MatrixRef), cudaMemcpyHostToDevice);
+  cudaMemcpy(refs + 2 * kExperts, w2.data(), kExperts * sizeof(MatrixRef), cudaMemcpyHostToDevice);
+  const int64_t max_pairs = max_t * kTopK;
+  int32_t *ids = nullptr, *src = nullptr, *pos = nullptr;
+  int64_t* begin = nullptr;
+  float *gates = nullptr, *h = nullptr, *hs = nullptr, *ye = nullptr;
+  uint8_t* hq = nullptr;
+  DSI_RETURN_IF_ERROR(arena.alloc(&ids, max_pairs));
+  DSI_RETURN_IF_ERROR(arena.alloc(&src, max_pairs));
+  DSI_RETURN_IF_ERROR(arena.alloc(&pos, max_pairs));
+  DSI_RETURN_IF_ERROR(arena.alloc(&begin, kExperts + 1));
+  DSI_RETURN_IF_ERROR(arena.alloc(&gates, max_pairs));
+  DSI_RETURN_IF_ERROR(arena.alloc(&h, max_pairs * kInter));
+  DSI_RETURN_IF_ERROR(arena.alloc(&hq, max_pairs * kInter));
+  DSI_RETURN_IF_ERROR(arena.alloc(&hs, max_pairs * kInter / 128));
+  DSI_RETURN_IF_ERROR(arena.alloc(&ye, max_pairs * kHidden));
+  const double expert_bytes = static_cast<double>(w1[0].nbytes() + w3[0].nbytes() + w2[0].nbytes());
+  for (int64_t t : o.tokens) {
+    std::mt19937 g(static_cast<uint32_t>(t));
+    std::vector<int32_t> hid(static_cast<size_t>(t * kTopK));
+    std::vector<int> touched(kExperts, 0);
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<int32_t> perm(kExperts);
+      for (int32_t e = 0; e < kExperts; ++e) perm[e] = e;
+      for (int64_t j = 0; j < kTopK; ++j) {
+        std::swap(perm[j], perm[j + g() % (kExperts - j)]);
+        hid[i * kTopK + j] = perm[j];
+        touched[perm[j]] = 1;
+      }
+    }
+    const int distinct = std::count(touched.begin(), touched.end(), 1);
+    cudaMemcpy(ids, hid.data(), hid.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+    std::vector<float> hg(hid.size(), 1.0f / kTopK);
+    cudaMemcpy(gates, hg.data(), hg.size() * sizeof(float), cudaMemcpyHostToDevice);
+    cuda::MoeGroupParams gp{ids, t, kTopK, kExperts, begin, src, pos};
+    DSI_RETURN_IF_ERROR(cuda::launch_moe_group(gp, nullptr));
+    cuda::QuantizeFp8Params q{x, kHidden, t, kHidden, codes, scales};
+    DSI_RETURN_IF_ERROR(cuda::launch_quantize_fp8(q, nullptr));
+    cuda::Fp8ExpertFfnParams p;
+    p.w1 = refs;
+    p.w3 = refs + kExperts;
+    p.w2 = refs + 2 * kExperts;
+    p.format = WeightFormat::kMxfp4;
+    p.n_experts = kExperts;
+    p.hidden = kHidden;
+    p.inter = kInter;
+    p.expert_begin = begin;
+    p.pair_src = src;
+    p.k = kTopK;
+    p.gates = gates;
+    p.x = cuda::Fp8Acts{codes, scales, kHidden};
+    p.num_pairs = t * kTopK;
+    p.swiglu_limit = 10.0f;
+    p.h = h;
+    p.h_codes = hq;
+    p.h_scales = hs;
+    p.y = ye;
+    auto ms = time_ms([&] { return cuda::launch_fp8_expert_ffn(p, nullptr); }, o.iters);
+    if (!ms.ok())
+      return ms.status();
+    const double pairs = static_cast<double>(t * kTopK);
+    const double bytes = distinct * expert_bytes +
+                         pairs * (kHidden + 4.0 * kInter + 5.0 * kInter + kInter + 4.0 * kHidden);
+    json j = figure("moe routed experts (W4A8)",
+                    "256x[2x2048x4096 + 4096x2048] top-6",
+                    t,
+                    *ms,
+                    2.0 * pairs * 3 * kInter * kHidden,
+                    bytes,
+                    o);
+    j["distinct_experts"] = distinct;
+    out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace dsinfer::cli

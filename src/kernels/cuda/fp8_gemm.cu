@@ -1,0 +1,503 @@
+// Tensor-core linear layers and grouped experts over FP8 activations (fp8_gemm.h); the block tile
+// is in fp8_mma_tile.cuh. Three tile shapes, picked by tokens per weight: decode (16 rows x 8
+// tokens, K over 8 warps), medium (32 x 32, K over 4 warps) and prefill (128 x 64).
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/fp8_mma_tile.cuh"
+#include "kernels/cuda/launch_util.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+using mma::AMode;
+using mma::WFmt;
+using CfgDecode = mma::Cfg<16, 8, 1, 1, 8, 3>;
+using CfgMedium = mma::Cfg<32, 32, 2, 1, 4, 3>;
+using CfgPrefill = mma::Cfg<128, 64, 4, 2, 1, 4>;
+
+constexpr int64_t kMaxGridY = 65535;
+
+// ---- activation quantisation: one warp per 1x128 block ----------------------------------------
+
+__global__ void quantize_fp8_kernel(QuantizeFp8Params p, int64_t ld, int64_t blocks_per_row) {
+  const int lane = threadIdx.x & 31;
+  const int64_t total = p.n * blocks_per_row;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       b < total;
+       b += warps) {
+    const int64_t t = b / blocks_per_row;
+    const int64_t c0 = (b % blocks_per_row) * 128 + lane * 4;
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[i] = c0 + i < p.k ? p.x[t * p.ldx + c0 + i] : 0.0f;
+      amax = fmaxf(amax, fabsf(v[i]));
+    }
+    amax = warp_max(amax);
+    const float s = act_block_scale(amax);
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t code = c0 + i < p.k ? act_quant_code(v[i], s) : 0u;
+      packed |= code << (8 * i);
+    }
+    *reinterpret_cast<uint32_t*>(p.codes + t * ld + c0) = packed;
+    if (lane == 0)
+      p.scales[b] = s;
+  }
+}
+
+// ---- dense linear ----------------------------------------------------------------------------
+
+// The dense kernels' arguments, either activation mode (fp8_mma_tile.cuh TileIo).
+struct DenseArgs {
+  MatrixRef w;
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+  const uint8_t* xa = nullptr;
+  const uint8_t* xb = nullptr;
+  const float* xs = nullptr;
+  int64_t x_row_bytes = 0;
+  int64_t n = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  bool accumulate = false;
+  // Independent groups (blockIdx.z): group g uses weight rows row_begin + g * rows, x from byte
+  // g * group_x_bytes of each row, y from column g * group_y of each row.
+  int64_t group_x_bytes = 0;
+  int64_t group_y = 0;
+};
+
+template <class C, WFmt F, AMode A>
+__global__ void __launch_bounds__(C::kThreads) dense_kernel(DenseArgs p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int32_t xrow[C::BN];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * C::BM;
+  const int64_t ldy = p.ldy > 0 ? p.ldy : p.rows;
+  const int64_t g = blockIdx.z;
+  const int64_t row_begin = p.row_begin + g * p.rows;
+  float* const y_base = p.y + g * p.group_y;
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.y) * C::BN; t0 < p.n;
+       t0 += static_cast<int64_t>(gridDim.y) * C::BN) {
+    for (int j = threadIdx.x; j < C::BN; j += C::kThreads)
+      xrow[j] = t0 + j < p.n ? static_cast<int32_t>(t0 + j) : -1;
+    __syncthreads();
+    mma::TileIo io;
+    io.wa = p.w;
+    io.wb = p.w;
+    io.ra0 = row_begin + r0;
+    io.ra_end = row_begin + p.rows;
+    io.rb0 = io.ra0 + C::BM / 2;
+    io.rb_end = io.ra_end;
+    io.x_row = xrow;
+    io.xa = p.xa + g * p.group_x_bytes;
+    io.xb = p.xb ? p.xb + g * p.group_x_bytes : nullptr;
+    io.xs = p.xs ? p.xs + g * p.group_x_bytes / 128 : nullptr;
+    io.x_row_bytes = p.x_row_bytes;
+    io.k = p.w.cols;
+    const float* red = mma::tile_mma<C, F, A>(io, smem);
+    for (int idx = threadIdx.x; idx < C::BM * C::BN; idx += C::kThreads) {
+      const int j = idx / C::BM;
+      const int i = idx % C::BM;
+      const int64_t t = t0 + j;
+      const int64_t r = r0 + i;
+      if (t < p.n && r < p.rows) {
+        const float v = red[j * C::BM + i];
+        float* y = y_base + t * ldy + r;
+        *y = p.accumulate ? *y + v : v;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// ---- fp32 -> BF16 high + low halves ------------------------------------------------------------
+
+__global__ void split_bf16_kernel(SplitBf16Params p, int64_t ld) {
+  const int64_t total = p.n * ld;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / ld;
+    const int64_t c = i % ld;
+    const float v = c < p.k ? p.x[t * p.ldx + c] : 0.0f;
+    const uint16_t hi = numeric::f32_to_bf16(v);
+    const float rest = v - numeric::bf16_to_f32(hi);  // exact
+    p.hi[i] = hi;
+    p.lo[i] = numeric::f32_to_bf16(rest);
+  }
+}
+
+// ---- grouped experts ----------------------------------------------------------------------------
+
+// Tile ty of the grouped pairs (expert e's pairs [begin_e, end_e) cut into BN-token tiles, experts
+// in order): warp 0 scans the experts 32 at a time. Returns false past the last tile.
+template <int BN>
+__device__ bool expert_tile(
+    const Fp8ExpertFfnParams& p, int64_t ty, int64_t* e_out, int64_t* g0, int64_t* g_end) {
+  __shared__ int64_t found[3];
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    if (lane == 0)
+      found[0] = -1;
+    if (p.expert_begin == nullptr) {
+      if (lane == 0 && ty * BN < p.num_pairs) {
+        found[0] = 0;
+        found[1] = ty * BN;
+        found[2] = p.num_pairs;
+      }
+    } else {
+      int64_t base = 0;  // tiles of the experts before this group of 32
+      for (int64_t e0 = 0; e0 < p.n_experts; e0 += 32) {
+        const int64_t e = e0 + lane;
+        int64_t b = 0, end = 0, tiles = 0;
+        if (e < p.n_experts) {
+          b = p.expert_begin[e];
+          end = p.expert_begin[e + 1];
+          tiles = (end - b + BN - 1) / BN;
+        }
+        int64_t incl = tiles;  // inclusive prefix over the lanes
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const int64_t o = __shfl_up_sync(0xffffffffu, incl, off);
+          if (lane >= off)
+            incl += o;
+        }
+        const int64_t excl = base + incl - tiles;
+        if (ty >= excl && ty < excl + tiles) {
+          found[0] = e;
+          found[1] = b + (ty - excl) * BN;
+          found[2] = end;
+        }
+        base += __shfl_sync(0xffffffffu, incl, 31);
+        if (base > ty)
+          break;
+      }
+    }
+  }
+  __syncthreads();
+  *e_out = found[0];
+  *g0 = found[1];
+  *g_end = found[2];
+  const bool ok = found[0] >= 0;
+  __syncthreads();
+  return ok;
+}
+
+template <class C, WFmt F>
+__global__ void __launch_bounds__(C::kThreads) fp8_gate_up_kernel(Fp8ExpertFfnParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int32_t xrow[C::BN];
+  int64_t e, g0, g_end;
+  if (!expert_tile<C::BN>(p, blockIdx.y, &e, &g0, &g_end))
+    return;  // block-uniform
+  for (int j = threadIdx.x; j < C::BN; j += C::kThreads) {
+    const int64_t g = g0 + j;
+    xrow[j] = g < g_end ? static_cast<int32_t>((p.pair_src ? p.pair_src[g] : g) / p.k) : -1;
+  }
+  __syncthreads();
+  constexpr int kHalf = C::BM / 2;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kHalf;
+  mma::TileIo io;
+  io.wa = p.w1[e];
+  io.wb = p.w3[e];
+  io.paired = true;
+  io.ra0 = r0;
+  io.rb0 = r0;
+  io.ra_end = p.inter;
+  io.rb_end = p.inter;
+  io.x_row = xrow;
+  io.xa = p.x.codes;
+  io.xs = p.x.scales;
+  io.x_row_bytes = p.x.ld;
+  io.k = p.hidden;
+  const float* red = mma::tile_mma<C, F, AMode::kE4m3>(io, smem);
+  const float lim = p.swiglu_limit;
+  for (int idx = threadIdx.x; idx < kHalf * C::BN; idx += C::kThreads) {
+    const int j = idx / kHalf;
+    const int i = idx % kHalf;
+    const int64_t g = g0 + j;
+    const int64_t r = r0 + i;
+    if (g >= g_end || r >= p.inter)
+      continue;
+    float gv = red[j * C::BM + i];
+    float v = red[j * C::BM + i + kHalf];
+    if (lim > 0.0f) {
+      gv = fminf(gv, lim);
+      v = v < -lim ? -lim : (lim < v ? lim : v);
+    }
+    const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[g] : g] : 1.0f;
+    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
+    p.h[g * p.inter + r] = __fmul_rn(__fmul_rn(silu, v), gate);
+  }
+}
+
+template <class C, WFmt F>
+__global__ void __launch_bounds__(C::kThreads) fp8_down_kernel(Fp8ExpertFfnParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int32_t xrow[C::BN];
+  int64_t e, g0, g_end;
+  if (!expert_tile<C::BN>(p, blockIdx.y, &e, &g0, &g_end))
+    return;
+  for (int j = threadIdx.x; j < C::BN; j += C::kThreads) {
+    const int64_t g = g0 + j;
+    xrow[j] = g < g_end ? static_cast<int32_t>(g) : -1;
+  }
+  __syncthreads();
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * C::BM;
+  mma::TileIo io;
+  io.wa = p.w2[e];
+  io.wb = io.wa;
+  io.ra0 = r0;
+  io.ra_end = p.hidden;
+  io.rb0 = r0 + C::BM / 2;
+  io.rb_end = p.hidden;
+  io.x_row = xrow;
+  io.xa = p.h_codes;
+  io.xs = p.h_scales;
+  io.x_row_bytes = (p.inter + 127) / 128 * 128;  // fp8_acts_ld
+  io.k = p.inter;
+  const float* red = mma::tile_mma<C, F, AMode::kE4m3>(io, smem);
+  for (int idx = threadIdx.x; idx < C::BM * C::BN; idx += C::kThreads) {
+    const int j = idx / C::BM;
+    const int i = idx % C::BM;
+    const int64_t g = g0 + j;
+    const int64_t r = r0 + i;
+    if (g < g_end && r < p.hidden)
+      p.y[g * p.hidden + r] = red[j * C::BM + i];
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------------
+
+// Raises the kernel's dynamic shared-memory limit once per kernel (a static per instantiation).
+template <auto Kernel, int Smem>
+Status prepare() {
+  static const cudaError_t err =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem);
+  if (err != cudaSuccess) {
+    return failed_precondition(std::string("fp8 gemm: cannot raise shared memory: ") +
+                               cudaGetErrorString(err));
+  }
+  return Status();
+}
+
+template <class C, WFmt F, AMode A>
+Status launch_dense(const DenseArgs& p, int64_t groups, cudaStream_t s) {
+  constexpr auto kernel = dense_kernel<C, F, A>;
+  constexpr int kSmem = C::template smem_bytes<F, A>();
+  DSI_RETURN_IF_ERROR((prepare<kernel, kSmem>()));
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.rows, C::BM)),
+                  static_cast<unsigned>(std::min(ceil_div(p.n, C::BN), kMaxGridY)),
+                  static_cast<unsigned>(groups));
+  kernel<<<grid, C::kThreads, kSmem, s>>>(p);
+  return launched("tensor-core linear launch");
+}
+
+template <WFmt F, AMode A>
+Status launch_dense_shape(const DenseArgs& p, cudaStream_t s, int64_t groups = 1) {
+  if (p.n <= CfgDecode::BN)
+    return launch_dense<CfgDecode, F, A>(p, groups, s);
+  if (p.n <= CfgMedium::BN)
+    return launch_dense<CfgMedium, F, A>(p, groups, s);
+  return launch_dense<CfgPrefill, F, A>(p, groups, s);
+}
+
+template <class C, WFmt F>
+Status launch_experts(const Fp8ExpertFfnParams& p, cudaStream_t s) {
+  const int64_t experts = p.expert_begin ? p.n_experts : 1;
+  const int64_t tiles = p.num_pairs / C::BN + std::min(experts, p.num_pairs);
+  if (tiles > kMaxGridY)
+    return invalid_argument("fp8_expert_ffn: too many pairs for one launch");
+  constexpr auto up = fp8_gate_up_kernel<C, F>;
+  constexpr int kSmem = C::template smem_bytes<F, AMode::kE4m3>();
+  DSI_RETURN_IF_ERROR((prepare<up, kSmem>()));
+  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, C::BM / 2)), static_cast<unsigned>(tiles));
+  up<<<g1, C::kThreads, kSmem, s>>>(p);
+  DSI_RETURN_IF_ERROR(launched("fp8_expert gate/up launch"));
+  QuantizeFp8Params q;
+  q.x = p.h;
+  q.ldx = p.inter;
+  q.n = p.num_pairs;
+  q.k = p.inter;
+  q.codes = p.h_codes;
+  q.scales = p.h_scales;
+  DSI_RETURN_IF_ERROR(launch_quantize_fp8(q, s));
+  constexpr auto down = fp8_down_kernel<C, F>;
+  DSI_RETURN_IF_ERROR((prepare<down, kSmem>()));
+  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, C::BM)), static_cast<unsigned>(tiles));
+  down<<<g2, C::kThreads, kSmem, s>>>(p);
+  return launched("fp8_expert down launch");
+}
+
+template <WFmt F>
+Status launch_experts_fmt(const Fp8ExpertFfnParams& p, cudaStream_t s) {
+  const int64_t experts = p.expert_begin ? p.n_experts : 1;
+  const int64_t per_expert = ceil_div(p.num_pairs, experts);
+  if (per_expert <= 8)
+    return launch_experts<CfgDecode, F>(p, s);
+  if (per_expert <= 48)
+    return launch_experts<CfgMedium, F>(p, s);
+  return launch_experts<CfgPrefill, F>(p, s);
+}
+
+}  // namespace
+
+bool fp8_gemm_supports(const MatrixRef& w) {
+  const bool aligned = (reinterpret_cast<uintptr_t>(w.data) & 15u) == 0;
+  if (w.format == WeightFormat::kFp8Block128) {
+    return w.dtype == DType::kF8E4M3 &&
+           (w.scale_dtype == DType::kF8E8M0 || w.scale_dtype == DType::kF32) && w.cols % 16 == 0 &&
+           aligned;
+  }
+  if (w.format == WeightFormat::kMxfp4)
+    return w.scale_dtype == DType::kF8E8M0 && w.cols % 32 == 0 && aligned;
+  return false;
+}
+
+Status launch_quantize_fp8(const QuantizeFp8Params& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("quantize_fp8", {p.n, p.k, p.ldx}));
+  const int64_t ldx = p.ldx > 0 ? p.ldx : p.k;
+  DSI_RETURN_IF_ERROR(require(ldx >= p.k, "quantize_fp8", "ldx < k"));
+  if (p.n == 0 || p.k == 0)
+    return Status();
+  if (!p.x || !p.codes || !p.scales)
+    return null_pointer("quantize_fp8");
+  QuantizeFp8Params q = p;
+  q.ldx = ldx;
+  const int64_t ld = fp8_acts_ld(p.k);
+  const int64_t blocks = ld / 128;
+  const int64_t grid = std::min<int64_t>(ceil_div(p.n * blocks, 8), 65535);
+  quantize_fp8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(q, ld, blocks);
+  return launched("quantize_fp8 launch");
+}
+
+Status launch_fp8_linear(const Fp8LinearParams& p, cudaStream_t stream) {
+  Fp8LinearParams q = p;
+  if (q.rows < 0)
+    q.rows = q.w.rows - q.row_begin;
+  DSI_RETURN_IF_ERROR(check_nonneg("fp8_linear", {q.n, q.ldy, q.row_begin, q.rows}));
+  DSI_RETURN_IF_ERROR(
+      require(q.row_begin + q.rows <= q.w.rows, "fp8_linear", "row range exceeds the weight"));
+  DSI_RETURN_IF_ERROR(require(q.ldy == 0 || q.ldy >= q.rows, "fp8_linear", "ldy < rows"));
+  DSI_RETURN_IF_ERROR(require(q.w.format == WeightFormat::kFp8Block128 && fp8_gemm_supports(q.w),
+                              "fp8_linear",
+                              "weight is not FP8 block-128 with K % 16 == 0"));
+  DSI_RETURN_IF_ERROR(require(q.x.ld >= fp8_acts_ld(q.w.cols) && q.x.ld % 128 == 0,
+                              "fp8_linear",
+                              "activation rows are too short"));
+  if (q.n == 0 || q.rows == 0)
+    return Status();
+  if (!q.y || !q.x.codes || !q.x.scales)
+    return null_pointer("fp8_linear");
+  DenseArgs d;
+  d.w = q.w;
+  d.row_begin = q.row_begin;
+  d.rows = q.rows;
+  d.xa = q.x.codes;
+  d.xs = q.x.scales;
+  d.x_row_bytes = q.x.ld;
+  d.n = q.n;
+  d.y = q.y;
+  d.ldy = q.ldy;
+  d.accumulate = q.accumulate;
+  return launch_dense_shape<WFmt::kFp8, AMode::kE4m3>(d, stream);
+}
+
+bool bf16x2_gemm_supports(const MatrixRef& w) {
+  const bool aligned = (reinterpret_cast<uintptr_t>(w.data) & 15u) == 0;
+  if (w.format == WeightFormat::kFp8Block128) {
+    return w.dtype == DType::kF8E4M3 &&
+           (w.scale_dtype == DType::kF8E8M0 || w.scale_dtype == DType::kF32) && w.cols % 16 == 0 &&
+           aligned;
+  }
+  return w.format == WeightFormat::kFloat && w.dtype == DType::kBF16 && w.cols % 8 == 0 && aligned;
+}
+
+Status launch_split_bf16(const SplitBf16Params& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("split_bf16", {p.n, p.k, p.ldx}));
+  SplitBf16Params q = p;
+  if (q.ldx == 0)
+    q.ldx = q.k;
+  DSI_RETURN_IF_ERROR(require(q.ldx >= q.k, "split_bf16", "ldx < k"));
+  if (q.n == 0 || q.k == 0)
+    return Status();
+  if (!q.x || !q.hi || !q.lo)
+    return null_pointer("split_bf16");
+  const int64_t ld = bf16_split_ld(q.k);
+  const int64_t grid = std::min<int64_t>(ceil_div(q.n * ld, 256), 65535);
+  split_bf16_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(q, ld);
+  return launched("split_bf16 launch");
+}
+
+Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream) {
+  Bf16x2LinearParams q = p;
+  if (q.rows < 0)
+    q.rows = q.w.rows - q.row_begin;
+  DSI_RETURN_IF_ERROR(
+      check_nonneg("bf16x2_linear", {q.n, q.ldy, q.row_begin, q.rows, q.group_x, q.group_y}));
+  DSI_RETURN_IF_ERROR(
+      require(q.groups >= 1 && q.groups <= 65535, "bf16x2_linear", "groups must be in [1, 65535]"));
+  DSI_RETURN_IF_ERROR(require(q.row_begin + q.groups * q.rows <= q.w.rows,
+                              "bf16x2_linear",
+                              "row range exceeds the weight"));
+  DSI_RETURN_IF_ERROR(require(q.group_x % 8 == 0,
+                              "bf16x2_linear",
+                              "group_x must keep 16-byte alignment (a multiple of 8)"));
+  DSI_RETURN_IF_ERROR(require(q.ldy == 0 || q.ldy >= q.rows, "bf16x2_linear", "ldy < rows"));
+  DSI_RETURN_IF_ERROR(
+      require(bf16x2_gemm_supports(q.w),
+              "bf16x2_linear",
+              "weight is neither FP8 block-128 (K % 16 == 0) nor BF16 (K % 8 == 0)"));
+  DSI_RETURN_IF_ERROR(require(q.x.ld >= bf16_split_ld(q.w.cols) && q.x.ld % 64 == 0,
+                              "bf16x2_linear",
+                              "activation rows are too short"));
+  if (q.n == 0 || q.rows == 0)
+    return Status();
+  if (!q.y || !q.x.hi || !q.x.lo)
+    return null_pointer("bf16x2_linear");
+  DenseArgs d;
+  d.w = q.w;
+  d.row_begin = q.row_begin;
+  d.rows = q.rows;
+  d.xa = reinterpret_cast<const uint8_t*>(q.x.hi);
+  d.xb = reinterpret_cast<const uint8_t*>(q.x.lo);
+  d.x_row_bytes = q.x.ld * 2;
+  d.n = q.n;
+  d.y = q.y;
+  d.ldy = q.ldy;
+  d.accumulate = q.accumulate;
+  d.group_x_bytes = q.group_x * 2;
+  d.group_y = q.group_y;
+  if (q.w.format == WeightFormat::kFp8Block128)
+    return launch_dense_shape<WFmt::kFp8, AMode::kBf16x2>(d, stream, q.groups);
+  return launch_dense_shape<WFmt::kBf16, AMode::kBf16x2>(d, stream, q.groups);
+}
+
+Status launch_fp8_expert_ffn(const Fp8ExpertFfnParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(
+      check_nonneg("fp8_expert_ffn", {p.n_experts, p.hidden, p.inter, p.num_pairs}));
+  DSI_RETURN_IF_ERROR(require(p.k >= 1, "fp8_expert_ffn", "k < 1"));
+  DSI_RETURN_IF_ERROR(require(p.x.ld >= fp8_acts_ld(p.hidden) && p.x.ld % 128 == 0,
+                              "fp8_expert_ffn",
+                              "activation rows are too short"));
+  DSI_RETURN_IF_ERROR(
+      require(p.num_pairs < (int64_t{1} << 31), "fp8_expert_ffn", "too many pairs"));
+  if (p.num_pairs == 0 || p.hidden == 0 || p.inter == 0)
+    return Status();
+  if (!p.w1 || !p.w3 || !p.w2 || !p.h || !p.h_codes || !p.h_scales || !p.y || !p.x.codes ||
+      !p.x.scales)
+    return null_pointer("fp8_expert_ffn");
+  if (p.format == WeightFormat::kMxfp4)
+    return launch_experts_fmt<WFmt::kFp4>(p, stream);
+  DSI_RETURN_IF_ERROR(require(p.format == WeightFormat::kFp8Block128,
+                              "fp8_expert_ffn",
+                              "experts are neither MXFP4 nor FP8 block-128"));
+  return launch_experts_fmt<WFmt::kFp8>(p, stream);
+}
+
+}  // namespace dsinfer::cuda
