@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/moe.h"
 #include "perf/fill.h"
 
@@ -239,6 +240,23 @@ Result<json> bench_ops(const OpBenchOptions& o) {
                       o);
       j["note"] = "two BF16 MMAs per step (hi + lo): the FP8 peak fraction counts the FLOPs once";
       out.push_back(j);
+      if (!fp8 && t <= cuda::kGemvMaxTokens) {  // what the model runs for a few tokens
+        cuda::GemvParams g;
+        g.w = w;
+        g.x = x;
+        g.n = t;
+        g.y = y;
+        auto gms = time_ms([&] { return cuda::launch_gemv_bf16(g, nullptr); }, o.iters);
+        if (!gms.ok())
+          return gms.status();
+        out.push_back(figure(std::string("gemv bf16 ") + d.name,
+                             std::to_string(d.rows) + "x" + std::to_string(d.cols),
+                             t,
+                             *gms,
+                             2.0 * t * d.rows * d.cols,
+                             bytes,
+                             o));
+      }
     }
   }
 

@@ -16,6 +16,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "numeric/float_formats.h"
 #include "numeric/quant.h"
 #include "test_util.h"
@@ -326,6 +327,55 @@ TEST_F(GpuTest, Bf16x2GroupedLinearEqualsPerGroupLaunches) {
     }
     sync();
     EXPECT_EQ(d_all.download(), d_one.download()) << "n " << n;
+  }
+}
+
+// The few-token BF16 GEMV (gemv.h) against the CPU with the reference tolerance, and batch
+// invariance: token t's outputs are the same bits in a batch of 1 and in a batch of 8.
+TEST_F(GpuTest, GemvBf16MatchesCpuAndIsBatchInvariant) {
+  uint32_t seed = 61000;
+  for (int64_t rows : {1, 5, 33, 1000}) {
+    for (int64_t cols : {8, 64, 4096}) {
+      for (int64_t n : {1, 2, 3, 5, 8}) {
+        for (bool acc : {false, true}) {
+          SCOPED_TRACE("gemv " + std::to_string(rows) + "x" + std::to_string(cols) + " n " +
+                       std::to_string(n) + (acc ? " acc" : ""));
+          auto w = make_weight(Fmt::kBF16, rows, cols, seed += 3);
+          const std::vector<float> x = normal_floats(static_cast<size_t>(n * cols), seed + 1);
+          const std::vector<float> y0 = normal_floats(static_cast<size_t>(n * rows), seed + 2);
+          std::vector<float> yc(static_cast<size_t>(n * rows));
+          cpu::linear_rows(w->host, 0, rows, x.data(), n, yc.data(), false);
+          std::vector<float> want(yc.size());
+          std::vector<double> tol(yc.size());
+          std::vector<float> wrow(static_cast<size_t>(cols));
+          for (int64_t r = 0; r < rows; ++r) {
+            w->host.dequant_row(r, wrow.data());
+            for (int64_t t = 0; t < n; ++t) {
+              double mag = 0.0;
+              for (int64_t k = 0; k < cols; ++k) mag += std::fabs(wrow[k] * x[t * cols + k]);
+              const size_t i = static_cast<size_t>(t * rows + r);
+              want[i] = acc ? y0[i] + yc[i] : yc[i];
+              tol[i] = 1e-5 * mag + (acc ? 1.2e-7 * std::fabs(want[i]) : 0.0) + 1e-35;
+            }
+          }
+          DevVec<float> d_x(x), d_y(y0);
+          DSI_EXPECT_OK(launch_gemv_bf16(
+              GemvParams{.w = w->dev, .x = d_x.get(), .n = n, .y = d_y.get(), .accumulate = acc},
+              nullptr));
+          sync();
+          const std::vector<float> got = d_y.download();
+          expect_within(want, got, tol, "gemv");
+          if (!acc && n > 1) {  // the last token alone gives the same bits
+            DevVec<float> d_x1(std::vector<float>(x.end() - cols, x.end()));
+            DevVec<float> d_y1(static_cast<size_t>(rows), 0.0f);
+            DSI_EXPECT_OK(launch_gemv_bf16(
+                GemvParams{.w = w->dev, .x = d_x1.get(), .n = 1, .y = d_y1.get()}, nullptr));
+            sync();
+            EXPECT_EQ(d_y1.download(), std::vector<float>(got.end() - rows, got.end()));
+          }
+        }
+      }
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/paged.h"
@@ -497,7 +498,21 @@ Status CudaModel::launch_head(
   DSI_RETURN_IF_ERROR(cuda::launch_hc_head(hp, s));
   DSI_RETURN_IF_ERROR(
       rms_norm(u, rows, c.hidden_size, norm, static_cast<float>(c.rms_norm_eps), s));
-  return linear(ws_.get(), weights_->head, u, rows, logits, false, s);  // LM head in fp32
+  // LM head in fp32. A few rows (decode, last-token logits) stream the BF16 weights with the GEMV,
+  // whose per-token result does not depend on the row count; more rows take the tensor cores.
+  // Only here: the head's output is logits, not state, so the two paths' ulp-level difference
+  // never feeds back into a sequence (state-producing linears keep one path for every batch).
+  const MatrixRef& head = weights_->head;
+  if (rows <= cuda::kGemvMaxTokens && cuda::gemv_supports(head) &&
+      (reinterpret_cast<uintptr_t>(u) & 15u) == 0) {
+    cuda::GemvParams g;
+    g.w = head;
+    g.x = u;
+    g.n = rows;
+    g.y = logits;
+    return cuda::launch_gemv_bf16(g, s);
+  }
+  return linear(ws_.get(), head, u, rows, logits, false, s);
 }
 
 }  // namespace dsinfer::gpu

@@ -1,6 +1,7 @@
 // Tensor-core linear layers and grouped experts over FP8 activations (fp8_gemm.h); the block tile
-// is in fp8_mma_tile.cuh. Three tile shapes, picked by tokens per weight: decode (16 rows x 8
-// tokens, K over 8 warps), medium (32 x 32, K over 4 warps) and prefill (128 x 64).
+// is in fp8_mma_tile.cuh. Tile shapes, picked by tokens per weight: decode (16 rows x 8 tokens, K
+// over 8 warps; 64 x 8 with K over 2 warps for the experts), medium (32 x 32, K over 4 warps) and
+// prefill (128 x 64). All sum in the same order (fp8_mma_tile.cuh), so results do not depend on it.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -15,6 +16,9 @@ namespace {
 using mma::AMode;
 using mma::WFmt;
 using CfgDecode = mma::Cfg<16, 8, 1, 1, 8, 3>;
+// Decode-sized experts (<= 8 pairs per expert): 64 weight rows per block, so that a batch-1 layer
+// is one wave of blocks that each stream 64 rows, instead of several waves of 16-row blocks.
+using CfgDecodeExperts = mma::Cfg<64, 8, 4, 1, 2, 4>;
 using CfgMedium = mma::Cfg<32, 32, 2, 1, 4, 3>;
 using CfgPrefill = mma::Cfg<128, 64, 4, 2, 1, 4>;
 
@@ -339,7 +343,7 @@ Status launch_experts_fmt(const Fp8ExpertFfnParams& p, cudaStream_t s) {
   const int64_t experts = p.expert_begin ? p.n_experts : 1;
   const int64_t per_expert = ceil_div(p.num_pairs, experts);
   if (per_expert <= 8)
-    return launch_experts<CfgDecode, F>(p, s);
+    return launch_experts<CfgDecodeExperts, F>(p, s);
   if (per_expert <= 48)
     return launch_experts<CfgMedium, F>(p, s);
   return launch_experts<CfgPrefill, F>(p, s);
