@@ -16,7 +16,14 @@ if dsi_has_gpu && [ -n "$NVCC" ]; then
     CUDA_FLAGS+=(-DNCCL_ROOT="$NCCL_DIR")
   fi
 fi
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSINFER_TESTS=OFF "${CUDA_FLAGS[@]}" >/dev/null
+# An existing build/ (./test.sh configures it with the tests, and CUDA where nvcc exists) is
+# reused as it is: reconfiguring it here would rebuild what the other script built.
+if [ -f build/CMakeCache.txt ] && [ -f build/build.ninja ]; then
+  echo "[run] reusing the configuration of build/"
+else
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSINFER_TESTS=OFF "${CUDA_FLAGS[@]}" \
+    >/dev/null
+fi
 ninja -C build -j "$(nproc)" dsinfer
 
 DSI=build/bin/dsinfer
