@@ -2,6 +2,8 @@
 // real-width synthetic one from `make-checkpoint --preset v4-flash`), per layer, as JSON — with
 // the device's copy bandwidth and FP8/BF16 GEMM peaks measured in the same run, so that every
 // figure is also reported as a fraction of a limit.
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,6 +41,7 @@ struct BenchArgs {
   bool no_ceilings = false;
   bool no_cuda_graphs = false;
   bool ops = false;
+  std::string profile_range;  // "prefill" | "decode": cudaProfilerStart/Stop around those runs
   std::vector<int64_t> op_tokens = {1, 16, 64, 256, 1024, 8192};
 };
 
@@ -194,9 +197,16 @@ int run_bench(const BenchArgs& a) {
     for (int64_t r = 0; r <= a.repeats; ++r) {  // run 0: warm-up (workspace, autotuning)
       state::SequenceState st(cfg, arena.get(), 1000 + r, 0);
       m.set_profile(r == a.repeats);  // the last run is profiled per layer (events only)
+      const bool captured = a.profile_range == "prefill" && r == 1;  // the first timed run
+      if (captured)
+        cudaProfilerStart();
       const double t0 = now_s();
       Status s = m.forward(st, toks, last, &fo);
       const double dt = now_s() - t0;
+      if (captured) {
+        cudaDeviceSynchronize();
+        cudaProfilerStop();
+      }
       if (!s.ok())
         return fail(s);
       if (r > 0 && r < a.repeats)
@@ -268,12 +278,16 @@ int run_bench(const BenchArgs& a) {
         return fail(s);
     }
     const gpu::CudaModelStats before = m.stats();
+    if (a.profile_range == "decode")
+      cudaProfilerStart();
     const double t0 = now_s();
     for (int64_t k = 0; k < a.decode_steps; ++k) {
       if (Status s = step(warm + k); !s.ok())
         return fail(s);
     }
     const double step_s = (now_s() - t0) / static_cast<double>(a.decode_steps);
+    if (a.profile_range == "decode")
+      cudaProfilerStop();
     const gpu::CudaModelStats after = m.stats();
     // One more step, eager and profiled, for the per-layer split.
     m.set_cuda_graphs(false);
@@ -335,6 +349,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
   cmd->add_flag("--no-ceilings", a->no_ceilings, "Skip the copy/GEMM ceiling measurements");
   cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs, "Decode eagerly");
+  cmd->add_option("--profile-range",
+                  a->profile_range,
+                  "prefill | decode: bracket the first timed prefill run or the timed decode "
+                  "steps with cudaProfilerStart/Stop (nsys --capture-range=cudaProfilerApi)")
+      ->check(CLI::IsMember({"prefill", "decode"}));
   cmd->add_flag("--ops",
                 a->ops,
                 "Per-op figures instead of the model: FP8 linears and the MoE experts at "

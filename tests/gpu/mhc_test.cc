@@ -61,30 +61,36 @@ TEST_F(GpuTest, HcPreMatchesCpu) {
         }
         DevVec<float> d_fn(d.fn), d_base(d.base), d_scale(d.scale), d_x(d.x);
         DevVec<float> d_post(post.size()), d_comb(comb.size()), d_col(col.size());
-        DSI_EXPECT_OK(launch_hc_pre(HcPreParams{.fn = d_fn.get(),
-                                                .base = d_base.get(),
-                                                .scale = d_scale.get(),
-                                                .hc = hc,
-                                                .hidden = hidden,
-                                                .x = d_x.get(),
-                                                .n = n,
-                                                .post = d_post.get(),
-                                                .comb = d_comb.get(),
-                                                .collapsed = d_col.get()},
-                                    nullptr));
-        sync();
-        expect_rel(post, d_post.download(), 2e-6, 1e-6, "post");
-        expect_rel(comb, d_comb.download(), 2e-6, 1e-6, "comb");
-        // collapsed = sum_j pre_j x_j: relative to sum_j |pre_j x_j| (pre_j in (eps, 1 + eps)).
-        std::vector<double> tol(col.size());
-        for (int64_t t = 0; t < n; ++t) {
-          for (int64_t c = 0; c < hidden; ++c) {
-            double m = 0.0;
-            for (int64_t j = 0; j < hc; ++j) m += std::fabs(d.x[(t * hc + j) * hidden + c]);
-            tol[t * hidden + c] = 2e-6 * m + 1e-30;
+        // Both mixing paths: one block per token, and split over many blocks (scratch).
+        DevVec<double> d_scratch(static_cast<size_t>(hc_mix_scratch_doubles(n, mix) + 1));
+        for (bool split : {false, true}) {
+          SCOPED_TRACE(split ? "split mixing" : "one block per token");
+          DSI_EXPECT_OK(launch_hc_pre(HcPreParams{.fn = d_fn.get(),
+                                                  .base = d_base.get(),
+                                                  .scale = d_scale.get(),
+                                                  .hc = hc,
+                                                  .hidden = hidden,
+                                                  .x = d_x.get(),
+                                                  .n = n,
+                                                  .post = d_post.get(),
+                                                  .comb = d_comb.get(),
+                                                  .collapsed = d_col.get(),
+                                                  .scratch = split ? d_scratch.get() : nullptr},
+                                      nullptr));
+          sync();
+          expect_rel(post, d_post.download(), 2e-6, 1e-6, "post");
+          expect_rel(comb, d_comb.download(), 2e-6, 1e-6, "comb");
+          // collapsed = sum_j pre_j x_j: relative to sum_j |pre_j x_j| (pre_j in (eps, 1 + eps)).
+          std::vector<double> tol(col.size());
+          for (int64_t t = 0; t < n; ++t) {
+            for (int64_t c = 0; c < hidden; ++c) {
+              double m = 0.0;
+              for (int64_t j = 0; j < hc; ++j) m += std::fabs(d.x[(t * hc + j) * hidden + c]);
+              tol[t * hidden + c] = 2e-6 * m + 1e-30;
+            }
           }
+          expect_within(col, d_col.download(), tol, "collapsed");
         }
-        expect_within(col, d_col.download(), tol, "collapsed");
       }
     }
   }
@@ -145,25 +151,30 @@ TEST_F(GpuTest, HcHeadMatchesCpu) {
           cpu::hc_head(hp, d.x.data() + t * hc * hidden, col.data() + t * hidden);
         }
         DevVec<float> d_fn(d.fn), d_base(d.base), d_scale(d.scale), d_x(d.x), d_col(col.size());
-        DSI_EXPECT_OK(launch_hc_head(HcHeadParams{.fn = d_fn.get(),
-                                                  .base = d_base.get(),
-                                                  .scale = d_scale.get(),
-                                                  .hc = hc,
-                                                  .hidden = hidden,
-                                                  .x = d_x.get(),
-                                                  .n = n,
-                                                  .collapsed = d_col.get()},
-                                     nullptr));
-        sync();
-        std::vector<double> tol(col.size());
-        for (int64_t t = 0; t < n; ++t) {
-          for (int64_t c = 0; c < hidden; ++c) {
-            double m = 0.0;
-            for (int64_t j = 0; j < hc; ++j) m += std::fabs(d.x[(t * hc + j) * hidden + c]);
-            tol[t * hidden + c] = 2e-6 * m + 1e-30;
+        DevVec<double> d_scratch(static_cast<size_t>(hc_mix_scratch_doubles(n, hc) + 1));
+        for (bool split : {false, true}) {
+          SCOPED_TRACE(split ? "split mixing" : "one block per token");
+          DSI_EXPECT_OK(launch_hc_head(HcHeadParams{.fn = d_fn.get(),
+                                                    .base = d_base.get(),
+                                                    .scale = d_scale.get(),
+                                                    .hc = hc,
+                                                    .hidden = hidden,
+                                                    .x = d_x.get(),
+                                                    .n = n,
+                                                    .collapsed = d_col.get(),
+                                                    .scratch = split ? d_scratch.get() : nullptr},
+                                       nullptr));
+          sync();
+          std::vector<double> tol(col.size());
+          for (int64_t t = 0; t < n; ++t) {
+            for (int64_t c = 0; c < hidden; ++c) {
+              double m = 0.0;
+              for (int64_t j = 0; j < hc; ++j) m += std::fabs(d.x[(t * hc + j) * hidden + c]);
+              tol[t * hidden + c] = 2e-6 * m + 1e-30;
+            }
           }
+          expect_within(col, d_col.download(), tol, "hc_head");
         }
-        expect_within(col, d_col.download(), tol, "hc_head");
       }
     }
   }

@@ -454,6 +454,8 @@ Status CudaModel::launch_layer(const DLayer& w,
     pre.post = post;
     pre.comb = comb;
     pre.collapsed = u;
+    // The mixing projections split over many blocks (a decode token would run on one).
+    DSI_RETURN_IF_ERROR(ws_->get(&pre.scratch, cuda::hc_mix_scratch_doubles(n, (2 + hc) * hc)));
     DSI_RETURN_IF_ERROR(cuda::launch_hc_pre(pre, s));
     DSI_RETURN_IF_ERROR(rms_norm(
         u, n, hidden, sub == 0 ? w.attn_norm : w.ffn_norm, static_cast<float>(c.rms_norm_eps), s));
@@ -495,6 +497,7 @@ Status CudaModel::launch_head(
   hp.x = x;
   hp.n = rows;
   hp.collapsed = u;
+  DSI_RETURN_IF_ERROR(ws_->get(&hp.scratch, cuda::hc_mix_scratch_doubles(rows, c.hc_mult)));
   DSI_RETURN_IF_ERROR(cuda::launch_hc_head(hp, s));
   DSI_RETURN_IF_ERROR(
       rms_norm(u, rows, c.hidden_size, norm, static_cast<float>(c.rms_norm_eps), s));

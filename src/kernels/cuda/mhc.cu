@@ -42,6 +42,60 @@ __device__ void rms_scaled_mix(
   __syncthreads();
 }
 
+// Split mixing, pass 1: r[t] = rsqrt(mean(x^2) + eps) exactly as rms_scaled_mix computes it,
+// stored in the last double slot of the token's scratch.
+__global__ void hc_rms_kernel(
+    const float* xs, int64_t width, float eps, int64_t n, int rows, double* scratch) {
+  __shared__ double red[32];
+  for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
+    const float* x = xs + t * width;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+      ss += static_cast<double>(x[i]) * x[i];
+    ss = block_sum(ss, red);
+    if (threadIdx.x == 0) {
+      const float r = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(width)) + eps);
+      scratch[t * (kHcMixSplits * rows + 1) + kHcMixSplits * rows] = r;
+    }
+    __syncthreads();
+  }
+}
+
+// Split mixing, pass 2: block (s, t) computes the double partial dot products of every mixing row
+// over column slice s of token t (one warp per row), into scratch[t][s][row].
+__global__ void hc_mix_partial_kernel(
+    const float* fn, int rows, const float* xs, int64_t width, int64_t n, double* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int64_t slice = (width + kHcMixSplits - 1) / kHcMixSplits;
+  const int64_t c0 = blockIdx.x * slice;
+  const int64_t c1 = min(width, c0 + slice);
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    const float* x = xs + t * width;
+    double* part = scratch + t * (kHcMixSplits * rows + 1);
+    const float r = static_cast<float>(part[kHcMixSplits * rows]);
+    for (int i = threadIdx.x >> 5; i < rows; i += blockDim.x >> 5) {
+      const float* w = fn + i * width;
+      double acc = 0.0;
+      for (int64_t c = c0 + lane; c < c1; c += 32)
+        acc += static_cast<double>(w[c]) * static_cast<double>(__fmul_rn(x[c], r));
+      acc = warp_sum(acc);
+      if (lane == 0)
+        part[blockIdx.x * rows + i] = acc;
+    }
+  }
+}
+
+// mix[i] = the token's split partials summed in slice order (threads < rows; then a barrier).
+__device__ void gather_mix(const double* scratch, int64_t t, int rows, float* mix) {
+  const double* part = scratch + t * (kHcMixSplits * rows + 1);
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+    double acc = 0.0;
+    for (int64_t s = 0; s < kHcMixSplits; ++s) acc += part[s * rows + i];
+    mix[i] = static_cast<float>(acc);
+  }
+  __syncthreads();
+}
+
 // collapsed[c] = sum_j pre[j] * x[j, c], serial over j in fp32 as the CPU.
 __device__ void collapse(const float* pre, int64_t hc, const float* x, int64_t hidden, float* out) {
   for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
@@ -58,7 +112,11 @@ __global__ void hc_pre_kernel(HcPreParams p) {
   const int64_t width = p.hc * p.hidden;
   for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
     const float* x = p.x + t * width;
-    rms_scaled_mix(p.fn, (2 + hc) * hc, x, width, p.norm_eps, mix);
+    if (p.scratch != nullptr) {
+      gather_mix(p.scratch, t, (2 + hc) * hc, mix);
+    } else {
+      rms_scaled_mix(p.fn, (2 + hc) * hc, x, width, p.norm_eps, mix);
+    }
     if (threadIdx.x == 0) {
       float* post = p.post + t * hc;
       float* comb = p.comb + t * hc * hc;
@@ -115,7 +173,11 @@ __global__ void hc_head_kernel(HcHeadParams p) {
   const int64_t width = p.hc * p.hidden;
   for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
     const float* x = p.x + t * width;
-    rms_scaled_mix(p.fn, hc, x, width, p.norm_eps, mix);
+    if (p.scratch != nullptr) {
+      gather_mix(p.scratch, t, hc, mix);
+    } else {
+      rms_scaled_mix(p.fn, hc, x, width, p.norm_eps, mix);
+    }
     if (threadIdx.x < hc) {
       const int j = threadIdx.x;
       pre[j] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(mix[j], p.scale[0]), p.base[j])), p.hc_eps);
@@ -149,6 +211,23 @@ Status check_hc(int64_t hc, int64_t hidden, int64_t n, const char* what) {
   return require(hc > 0 && hc <= kMaxHc, what, "hc_mult must be in [1, 16]");
 }
 
+// The two split-mixing passes (hc_rms_kernel, hc_mix_partial_kernel) into scratch.
+Status split_mix(const float* fn,
+                 int rows,
+                 const float* x,
+                 int64_t width,
+                 float eps,
+                 int64_t n,
+                 double* scratch,
+                 cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(std::min(n, kMaxBlocks));
+  hc_rms_kernel<<<blocks, kThreads, 0, stream>>>(x, width, eps, n, rows, scratch);
+  DSI_RETURN_IF_ERROR(launched("hc_rms launch"));
+  hc_mix_partial_kernel<<<dim3(static_cast<unsigned>(kHcMixSplits), blocks), kThreads, 0, stream>>>(
+      fn, rows, x, width, n, scratch);
+  return launched("hc_mix_partial launch");
+}
+
 }  // namespace
 
 Status launch_hc_pre(const HcPreParams& p, cudaStream_t stream) {
@@ -157,6 +236,16 @@ Status launch_hc_pre(const HcPreParams& p, cudaStream_t stream) {
     return Status();
   if (!p.fn || !p.base || !p.scale || !p.x || !p.post || !p.comb || !p.collapsed)
     return null_pointer("hc_pre");
+  if (p.scratch != nullptr) {
+    DSI_RETURN_IF_ERROR(split_mix(p.fn,
+                                  static_cast<int>((2 + p.hc) * p.hc),
+                                  p.x,
+                                  p.hc * p.hidden,
+                                  p.norm_eps,
+                                  p.n,
+                                  p.scratch,
+                                  stream));
+  }
   hc_pre_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxBlocks)), kThreads, 0, stream>>>(p);
   return launched("hc_pre launch");
 }
@@ -167,6 +256,10 @@ Status launch_hc_head(const HcHeadParams& p, cudaStream_t stream) {
     return Status();
   if (!p.fn || !p.base || !p.scale || !p.x || !p.collapsed)
     return null_pointer("hc_head");
+  if (p.scratch != nullptr) {
+    DSI_RETURN_IF_ERROR(split_mix(
+        p.fn, static_cast<int>(p.hc), p.x, p.hc * p.hidden, p.norm_eps, p.n, p.scratch, stream));
+  }
   hc_head_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxBlocks)), kThreads, 0, stream>>>(p);
   return launched("hc_head launch");
 }

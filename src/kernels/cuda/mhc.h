@@ -14,6 +14,14 @@ namespace dsinfer::cuda {
 
 inline constexpr int64_t kMaxHc = 16;
 
+// The mixing projections (rows x hc*hidden per token) split over kHcMixSplits column slices and
+// many blocks when a scratch buffer is given (decode: one token would otherwise run on one block).
+// Scratch: hc_mix_scratch_doubles(n, rows) doubles; rows = (2+hc)*hc for hc_pre, hc for hc_head.
+inline constexpr int64_t kHcMixSplits = 16;
+inline int64_t hc_mix_scratch_doubles(int64_t n, int64_t rows) {
+  return n * (kHcMixSplits * rows + 1);
+}
+
 struct HcPreParams {
   const float* fn = nullptr;     // [(2+hc)*hc, hc*hidden]
   const float* base = nullptr;   // [(2+hc)*hc]
@@ -28,6 +36,7 @@ struct HcPreParams {
   float* post = nullptr;       // [n, hc]
   float* comb = nullptr;       // [n, hc, hc] (row j = input stream)
   float* collapsed = nullptr;  // [n, hidden]
+  double* scratch = nullptr;   // optional, hc_mix_scratch_doubles(n, (2+hc)*hc): split mixing
 };
 Status launch_hc_pre(const HcPreParams& p, cudaStream_t stream);
 
@@ -56,6 +65,7 @@ struct HcHeadParams {
   const float* x = nullptr;  // [n, hc, hidden]
   int64_t n = 0;
   float* collapsed = nullptr;  // [n, hidden]
+  double* scratch = nullptr;   // optional, hc_mix_scratch_doubles(n, hc): split mixing
 };
 Status launch_hc_head(const HcHeadParams& p, cudaStream_t stream);
 

@@ -230,7 +230,8 @@ __global__ void __launch_bounds__(kGemmThreads) expert_down_kernel(ExpertFfnPara
   }
 }
 
-// ---- combine: one block per token --------------------------------------------------------------
+// ---- combine: blocks per token x column slice
+// --------------------------------------------------------------
 
 __global__ void moe_combine_kernel(MoeCombineParams p) {
   __shared__ int32_t order[kMaxExpertsPerToken];
@@ -253,7 +254,9 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
       count = c;
     }
     __syncthreads();
-    for (int64_t c = threadIdx.x; c < p.hidden; c += blockDim.x) {
+    // blockIdx.y slices the columns: a lone decode token still spreads over many blocks.
+    for (int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; c < p.hidden;
+         c += static_cast<int64_t>(gridDim.y) * blockDim.x) {
       float acc = 0.0f;
       if (p.shared)
         acc = __fadd_rn(acc, p.shared[t * p.hidden + c]);
@@ -326,7 +329,9 @@ Status launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
     return Status();
   if (!p.out || (p.k > 0 && (!p.y || !p.pair_pos || !p.expert_ids)))
     return null_pointer("moe_combine");
-  moe_combine_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxGrid)), 256, 0, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(std::min(p.n, kMaxGrid)),
+                  static_cast<unsigned>(std::min<int64_t>(ceil_div(p.hidden, 256), 32)));
+  moe_combine_kernel<<<grid, 256, 0, stream>>>(p);
   return launched("moe_combine launch");
 }
 

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Kernel-level profile of the 4-layer real-width V4-Flash checkpoint on a GPU host, one Nsight
+# Systems capture (or, where nsys is missing, one Nsight Compute pass timing every kernel) per run
+# kind (the timed prefill of 8192 tokens; the timed decode steps at batch
+# 1 and 64 with 8192 tokens of context), each reduced to a per-kernel CSV (total time, instances)
+# and a top-15 table on stdout.
+#
+# Usage: tools/bench/device_profile.sh [BIN_DIR] [OUT_DIR]   (defaults: build/bin, $OUT or /tmp)
+# Needs nsys (the CUDA toolkit ships it) and python3; writes OUT_DIR/kern_<kind>.csv.
+set -uo pipefail
+BIN=${1:-build/bin}
+OUTDIR=${2:-${OUT:-/tmp}}
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
+  /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+CKPT=${DSINFER_PROFILE_CKPT:-/tmp/flash4}
+[ -f "$CKPT/config.json" ] ||
+  "$BIN/dsinfer" make-checkpoint --preset v4-flash --layers 4 --out "$CKPT" >/dev/null
+if [ -z "$NSYS" ]; then
+  # ncu replays each kernel (slow): one decode step at batch 1 only, kernel durations as CSV.
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] || { echo "[profile] neither nsys nor ncu found" >&2; exit 2; }
+  echo "[profile] nsys not found: ncu, one decode step at batch 1" >&2
+  "$NCU" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+    "$BIN/dsinfer" bench --model "$CKPT" --no-ceilings --prefill 128 --decode-batch 1 \
+    --context 8192 --decode-steps 1 --repeats 1 --profile-range decode \
+    >"$OUTDIR/ncu_decode1.csv" 2>"$OUTDIR/ncu_decode1.err"
+  exit $?
+fi
+for kind in prefill decode1 decode64; do
+  case $kind in
+    prefill) args=(--prefill 8192 --decode-batch 1 --context 256 --decode-steps 1 --repeats 1
+                   --profile-range prefill) ;;
+    decode1) args=(--prefill 128 --decode-batch 1 --context 8192 --decode-steps 8 --repeats 1
+                   --profile-range decode) ;;
+    decode64) args=(--prefill 128 --decode-batch 64 --context 8192 --decode-steps 4 --repeats 1
+                    --profile-range decode) ;;
+  esac
+  "$NSYS" profile -o "/tmp/dsi_$kind" --force-overwrite true --capture-range=cudaProfilerApi \
+    --capture-range-end=stop --cuda-graph-trace=node --trace=cuda \
+    "$BIN/dsinfer" bench --model "$CKPT" --no-ceilings "${args[@]}" >"/tmp/dsi_$kind.log" 2>&1 ||
+    { echo "[profile] $kind failed:"; tail -5 "/tmp/dsi_$kind.log"; continue; }
+  "$NSYS" stats --report cuda_gpu_kern_sum --format csv --force-export=true \
+    --output "/tmp/dsi_$kind" "/tmp/dsi_$kind.nsys-rep" >/dev/null 2>&1
+  cp "/tmp/dsi_${kind}_cuda_gpu_kern_sum.csv" "$OUTDIR/kern_$kind.csv" 2>/dev/null ||
+    { echo "[profile] $kind: no kernel summary"; continue; }
+  python3 - "$OUTDIR/kern_$kind.csv" "$kind" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+total = sum(float(r["Total Time (ns)"]) for r in rows)
+print(f"[profile] {sys.argv[2]}: {total / 1e6:.3f} ms of kernels in the captured range")
+for r in sorted(rows, key=lambda r: -float(r["Total Time (ns)"]))[:15]:
+    name = r["Name"].replace("(anonymous namespace)::", "").replace("dsinfer::", "")[:90]
+    print(f"  {float(r['Total Time (ns)']) / 1e6:9.3f} ms {100 * float(r['Total Time (ns)']) / total:5.1f}%"
+          f"  x{r['Instances']:>6}  {name}")
+PY
+done
