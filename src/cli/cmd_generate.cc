@@ -16,13 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "api/chat.h"
 #include "base/strings.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
-#include "frontend/prepare.h"
-#include "recipe/output_parser.h"
+#include "frontend/offline.h"
 #include "tokenizer/tokenizer.h"
 #if DSINFER_HAVE_CUDA_BACKEND
 #include "comm/bootstrap.h"
@@ -60,170 +58,30 @@ struct GenerateArgs {
 
 // One input line / flag set, resolved to engine input.
 struct Job {
-  std::vector<int32_t> prompt;
-  engine::RequestSpec spec;  // prompt filled in at submit
-  std::vector<std::string> stops;
-  bool chat = false;
-  recipe::OutputParserOptions parser;
-  std::string error;  // set: the line failed validation
+  frontend::OfflineJob job;
+  std::vector<frontend::TokenLogprobs> logprobs;  // with job.logprobs > 0
   engine::RequestId id = 0;
   bool other_rank = false;  // served by another expert-parallel rank
 };
 
-template <typename T>
-bool read_field(const json& j, const char* key, T* out, std::string* err) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null())
-    return true;
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!it->is_boolean()) {
-      *err = std::string("field '") + key + "' must be a boolean";
-      return false;
-    }
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) {
-      *err = std::string("field '") + key + "' must be an integer";
-      return false;
-    }
-  } else {
-    if (!it->is_number()) {
-      *err = std::string("field '") + key + "' must be a number";
-      return false;
-    }
-  }
-  *out = it->get<T>();
-  return true;
-}
-
-// Builds a job from a JSON object (a JSONL line, or the flags rendered as one).
-Job make_job(const json& line,
-             const GenerateArgs& a,
-             const tokenizer::Tokenizer* tok,
-             recipe::ModelVersion version) {
-  Job job;
-  auto& s = job.spec;
-  s.max_tokens = a.max_tokens;
-  s.sampling.temperature = a.temperature;
-  s.sampling.top_p = a.top_p;
-  s.sampling.top_k = a.top_k;
-  s.sampling.min_p = a.min_p;
-  s.sampling.seed = a.seed;
-  s.sampling.presence_penalty = a.presence_penalty;
-  s.sampling.frequency_penalty = a.frequency_penalty;
-  s.sampling.repetition_penalty = a.repetition_penalty;
-  s.sampling.top_logprobs = a.logprobs;
-  s.sampling.logprobs = a.logprobs > 0;
-  s.ignore_eos = a.ignore_eos;
-  job.stops = a.stop;
-  std::string& err = job.error;
-  if (!line.is_object()) {
-    err = "each input line must be a JSON object";
-    return job;
-  }
-  int64_t lp = a.logprobs;
-  if (!read_field(line, "max_tokens", &s.max_tokens, &err) ||
-      !read_field(line, "temperature", &s.sampling.temperature, &err) ||
-      !read_field(line, "top_p", &s.sampling.top_p, &err) ||
-      !read_field(line, "top_k", &s.sampling.top_k, &err) ||
-      !read_field(line, "min_p", &s.sampling.min_p, &err) ||
-      !read_field(line, "seed", &s.sampling.seed, &err) ||
-      !read_field(line, "presence_penalty", &s.sampling.presence_penalty, &err) ||
-      !read_field(line, "frequency_penalty", &s.sampling.frequency_penalty, &err) ||
-      !read_field(line, "repetition_penalty", &s.sampling.repetition_penalty, &err) ||
-      !read_field(line, "ignore_eos", &s.ignore_eos, &err) ||
-      !read_field(line, "logprobs", &lp, &err)) {
-    return job;
-  }
-  s.sampling.top_logprobs = static_cast<int32_t>(lp);
-  s.sampling.logprobs = lp > 0;
-  if (auto it = line.find("stop"); it != line.end() && !it->is_null()) {
-    job.stops.clear();
-    if (it->is_string()) {
-      job.stops.push_back(it->get<std::string>());
-    } else if (it->is_array()) {
-      for (const auto& v : *it) {
-        if (!v.is_string()) {
-          err = "field 'stop' must be a string or a list of strings";
-          return job;
-        }
-        job.stops.push_back(v.get<std::string>());
-      }
-    } else {
-      err = "field 'stop' must be a string or a list of strings";
-      return job;
-    }
-  }
-  if (auto it = line.find("stop_token_ids"); it != line.end() && !it->is_null()) {
-    if (!it->is_array()) {
-      err = "field 'stop_token_ids' must be a list of integers";
-      return job;
-    }
-    for (const auto& v : *it) {
-      if (!v.is_number_integer()) {
-        err = "field 'stop_token_ids' must be a list of integers";
-        return job;
-      }
-      s.stop_token_ids.push_back(v.get<int32_t>());
-    }
-  }
-  const int inputs = static_cast<int>(line.contains("prompt")) +
-                     static_cast<int>(line.contains("prompt_token_ids")) +
-                     static_cast<int>(line.contains("messages"));
-  if (inputs != 1) {
-    err = "give exactly one of 'prompt', 'prompt_token_ids' or 'messages'";
-    return job;
-  }
-  if (auto it = line.find("prompt_token_ids"); it != line.end()) {
-    if (!it->is_array()) {
-      err = "field 'prompt_token_ids' must be a list of integers";
-      return job;
-    }
-    for (const auto& v : *it) {
-      if (!v.is_number_integer()) {
-        err = "field 'prompt_token_ids' must be a list of integers";
-        return job;
-      }
-      job.prompt.push_back(v.get<int32_t>());
-    }
-  } else if (tok == nullptr) {
-    err =
-        "the model directory has no tokenizer.json: text prompts and messages need one "
-        "(use prompt_token_ids / --prompt-token-ids)";
-    return job;
-  } else if (auto p = line.find("prompt"); p != line.end()) {
-    if (!p->is_string()) {
-      err = "field 'prompt' must be a string";
-      return job;
-    }
-    auto ids = tok->encode(p->get<std::string>(), /*allow_special=*/false);
-    if (!ids.ok()) {
-      err = ids.status().message();
-      return job;
-    }
-    job.prompt = std::move(ids).value();
-  } else {
-    // Chat messages: through the Chat Completions decoder and the DeepSeek prompt format.
-    json body = {{"model", "dsinfer"}, {"messages", line["messages"]}};
-    const bool think = line.value("thinking", a.thinking == "on");
-    body["thinking"] = {{"type", think ? "enabled" : "disabled"}};
-    api::DecodeOptions opts;
-    opts.apply_thinking_sampling_rules = false;
-    auto req = api::decode_chat_request(body.dump(), opts);
-    if (!req.ok()) {
-      err = req.error().message;
-      return job;
-    }
-    auto prepared = frontend::prepare_conversation(req.value(), *tok, version);
-    if (!prepared.ok()) {
-      err = prepared.status().message();
-      return job;
-    }
-    job.prompt = std::move(prepared->tokens);
-    job.parser = prepared->parser;
-    job.parser.stop_sequences = job.stops;
-    job.chat = true;
-  }
-  return job;
+frontend::OfflineDefaults offline_defaults(const GenerateArgs& a,
+                                           const std::vector<int32_t>& stop_token_ids) {
+  frontend::OfflineDefaults d;
+  d.max_tokens = a.max_tokens;
+  d.sampling.temperature = a.temperature;
+  d.sampling.top_p = a.top_p;
+  d.sampling.top_k = a.top_k;
+  d.sampling.min_p = a.min_p;
+  d.sampling.seed = a.seed;
+  d.sampling.presence_penalty = a.presence_penalty;
+  d.sampling.frequency_penalty = a.frequency_penalty;
+  d.sampling.repetition_penalty = a.repetition_penalty;
+  d.logprobs = a.logprobs;
+  d.stop = a.stop;
+  d.stop_token_ids = stop_token_ids;
+  d.ignore_eos = a.ignore_eos;
+  d.thinking = a.thinking == "on";
+  return d;
 }
 
 double percentile(std::vector<double> v, double q) {
@@ -455,39 +313,36 @@ int run_generate(const GenerateArgs& a) {
   // Expert parallelism over several processes: this process is rank r of n and serves the
   // requests with index % n == r (data-parallel attention: whole sequences per rank).
   const RankInfo rank = rank_info();
-  std::vector<Job> jobs;
-  jobs.reserve(lines.size());
-  for (const json& line : lines) {
-    if (static_cast<int>(jobs.size() % static_cast<size_t>(rank.size)) != rank.rank) {
-      jobs.emplace_back();
-      jobs.back().other_rank = true;
+  const frontend::OfflineDefaults defaults = offline_defaults(a, flag_stop_ids);
+  std::vector<Job> jobs(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    Job& j = jobs[i];
+    if (static_cast<int>(i % static_cast<size_t>(rank.size)) != rank.rank) {
+      j.other_rank = true;
       continue;
     }
-    jobs.push_back(line.is_string() ? Job{} : make_job(line, a, tok.get(), setup->version));
-    if (line.is_string())
-      jobs.back().error = line.get<std::string>();
-    Job& job = jobs.back();
-    if (!job.error.empty())
+    if (lines[i].is_string()) {
+      j.job.error = lines[i].get<std::string>();
       continue;
-    job.spec.prompt = job.prompt;
-    job.spec.stop_token_ids.insert(
-        job.spec.stop_token_ids.end(), flag_stop_ids.begin(), flag_stop_ids.end());
-    if (!job.stops.empty()) {
-      if (!tok) {
-        job.error = "stop strings need the model's tokenizer.json";
-        continue;
-      }
-      job.spec.stop_checker = std::make_unique<frontend::TextStopChecker>(*tok, job.stops);
     }
-    auto id = e.submit(std::move(job.spec));
+    j.job = frontend::make_offline_job(lines[i], defaults, tok.get(), setup->version);
+    if (!j.job.error.empty())
+      continue;
+    engine::TokenCallback on_token;
+    if (j.job.logprobs > 0) {
+      on_token = [&j](const engine::TokenEvent& ev) {
+        j.logprobs.push_back({ev.token, ev.logprob, ev.top_logprobs});
+      };
+    }
+    auto id = e.submit(std::move(j.job.spec), std::move(on_token));
     if (!id.ok()) {
-      job.error = id.status().message();
+      j.job.error = id.status().message();
       continue;
     }
-    job.id = *id;
+    j.id = *id;
   }
-  if (lines.size() == 1 && !jobs[0].error.empty())
-    return fail(invalid_argument(jobs[0].error));
+  if (lines.size() == 1 && !jobs[0].job.error.empty())
+    return fail(invalid_argument(jobs[0].job.error));
   int64_t mine = 0;
   for (const Job& j : jobs) mine += !j.other_rank;
 
@@ -529,42 +384,12 @@ int run_generate(const GenerateArgs& a) {
     const Job& job = jobs[i];
     if (job.other_rank)
       continue;
-    json o = {{"index", i}};
-    if (!job.error.empty() || job.id == 0) {
-      o["error"] = job.error;
-      results.push_back(std::move(o));
+    if (!job.job.error.empty() || job.id == 0) {
+      results.push_back({{"index", i}, {"error", job.job.error}});
       continue;
     }
-    const engine::Request* r = e.request(job.id);
-    std::string text;
-    if (tok) {
-      auto t = tok->decode(r->output, /*skip_special=*/true);
-      if (t.ok())
-        text = *t;
-    }
-    std::string matched = frontend::truncate_at_stop(text, job.stops);
-    o["text"] = text;
-    if (job.chat) {
-      auto parsed = recipe::parse_completion(text,
-                                             job.parser,
-                                             r->finish_reason == engine::FinishReason::kLength
-                                                 ? recipe::FinishReason::kLength
-                                                 : recipe::FinishReason::kStop);
-      o["reasoning_content"] = parsed.reasoning;
-      o["content"] = parsed.content;
-    }
-    o["output_token_ids"] = r->output;
-    o["finish_reason"] = engine::finish_reason_name(r->finish_reason);
-    if (!matched.empty())
-      o["stop_reason"] = matched;
-    if (!r->error.empty())
-      o["error"] = r->error;
-    o["prompt_tokens"] = r->spec.prompt.size();
-    o["completion_tokens"] = r->output.size();
-    o["ttft_s"] =
-        r->timings.first_token_s > 0 ? r->timings.first_token_s - r->timings.arrival_s : -1.0;
-    o["latency_s"] = r->timings.finish_s - r->timings.arrival_s;
-    results.push_back(std::move(o));
+    results.push_back(frontend::offline_result(
+        static_cast<int64_t>(i), job.job, *e.request(job.id), tok.get(), job.logprobs));
   }
   if (!rank.results_dir.empty())
     return write_rank_results(results, rank);
