@@ -2,15 +2,19 @@
 # ./test.sh          install what is missing, build (the CUDA backend too when nvcc exists), run
 #                    every CPU test, then a short bounded run of each fuzzer.
 # ./test.sh --gpu    also run the GPU-labelled tests (on a machine with an NVIDIA GPU).
+# ./test.sh --wheel  also `pip install .` into a fresh virtual environment (build-venv/) and run
+#                    the Python package's tests against that install (slow: a second build).
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/deps.sh
 
 GPU=0
+WHEEL=0
 for a in "$@"; do
   case "$a" in
     --gpu) GPU=1 ;;
-    *) echo "usage: ./test.sh [--gpu]" >&2; exit 2 ;;
+    --wheel) WHEEL=1 ;;
+    *) echo "usage: ./test.sh [--gpu] [--wheel]" >&2; exit 2 ;;
   esac
 done
 
@@ -21,6 +25,14 @@ DSINFER_V4_TOKENIZER=$(dsi_install_python_test_deps) ||
 export DSINFER_V4_TOKENIZER
 dsi_install_python_server_test_deps ||
   echo "[test] warning: openai/anthropic SDKs unavailable; the server's Python tests will skip" >&2
+# The Python package (python/) is built into build/python when its build deps are there.
+PY_FLAGS=(-DDSINFER_PYTHON=OFF)
+PYTHON=${DSI_PYTHON:-python3}
+if dsi_install_python_package_deps; then
+  PY_FLAGS=(-DDSINFER_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PYTHON")")
+else
+  echo "[test] warning: nanobind/numpy/pytest unavailable; the Python package is not tested" >&2
+fi
 JOBS=$(nproc)
 CUDA_FLAGS=(-DDSINFER_CUDA=OFF)
 NVCC=$(dsi_find_nvcc || true)
@@ -35,12 +47,35 @@ if [ -n "$NVCC" ]; then
   fi
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${CUDA_FLAGS[@]}" >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${CUDA_FLAGS[@]}" "${PY_FLAGS[@]}" \
+  >/dev/null
 ninja -C build -j "$JOBS"
 
 LABEL_ARGS=(-LE gpu)
 [ "$GPU" = 1 ] && LABEL_ARGS=()
 ctest --test-dir build --output-on-failure -j "$JOBS" "${LABEL_ARGS[@]}"
+
+# The Python package's tests (tests/python), against the module CMake just built in build/python
+# (no second build; `--wheel` also checks `pip install .`). pytest's exit code 5 = no tests ran.
+run_pytest() {
+  local rc=0
+  DSINFER_CLI="$PWD/build/bin/dsinfer" "$@" -m pytest -q tests/python || rc=$?
+  if [ "$rc" = 5 ]; then
+    echo "[test] warning: pytest collected no Python tests" >&2
+  elif [ "$rc" != 0 ]; then
+    exit "$rc"
+  fi
+}
+if [ "${PY_FLAGS[0]}" = -DDSINFER_PYTHON=ON ]; then
+  DSINFER_PYTHON_BUILD="$PWD/build/python" run_pytest "$PYTHON"
+fi
+if [ "$WHEEL" = 1 ]; then
+  rm -rf build-venv
+  "$PYTHON" -m venv build-venv
+  build-venv/bin/pip install -q . pytest tqdm
+  (cd tests && ../build-venv/bin/python -c 'import dsinfer; print("[test] installed", dsinfer.__file__)')
+  run_pytest build-venv/bin/python
+fi
 
 # Fuzz smoke: every parser's libFuzzer target for a bounded time (needs clang).
 if command -v clang++ >/dev/null 2>&1 && [ -f tests/fuzz/CMakeLists.txt ]; then

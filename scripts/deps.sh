@@ -139,3 +139,27 @@ dsi_find_nvcc() {
 dsi_has_gpu() {
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
 }
+
+# Python packages the Python package needs to build and test (python/, tests/python): nanobind
+# (the bindings), numpy (LLM.score's arrays), pytest and tqdm. Installs the missing ones (same pip
+# fallbacks as above). Returns 1 when they cannot be installed: the Python package is then not
+# built and its tests skip.
+dsi_install_python_package_deps() {
+  local py=${DSI_PYTHON:-python3}
+  local want=(nanobind numpy pytest tqdm) missing=() m
+  for m in "${want[@]}"; do
+    "$py" -c "import $m" 2>/dev/null || missing+=("$m")
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  echo "[deps] pip install ${missing[*]}" >&2
+  if ! "$py" -m pip --version >/dev/null 2>&1; then
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
+  fi
+  "$py" -m pip install -q "${missing[@]}" >&2 2>/dev/null ||
+    "$py" -m pip install -q --user --break-system-packages "${missing[@]}" >&2 || {
+      echo "[deps] warning: could not install ${missing[*]}" >&2
+      return 1
+    }
+}
