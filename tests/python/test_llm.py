@@ -261,3 +261,46 @@ def test_package_ships_type_stubs():
     assert (pkg / "py.typed").exists()
     assert (pkg / "_core.pyi").exists()
     assert LLM.generate.__doc__ and SamplingParams.__doc__
+
+
+CTRL_C_CHILD = r"""
+import sys
+from dsinfer import LLM, SamplingParams
+
+llm = LLM(model=sys.argv[1])
+greedy = SamplingParams(temperature=0, max_tokens=8)
+want = llm.generate("def fib(n):", greedy, use_tqdm=False)[0].token_ids
+print("generating", flush=True)
+try:
+    llm.generate(["a", "b"], SamplingParams(max_tokens=2000, ignore_eos=True), use_tqdm=False)
+    print("finished without interruption", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+again = llm.generate("def fib(n):", greedy, use_tqdm=False)[0].token_ids
+print("usable" if again == want else "different", flush=True)
+"""
+
+
+def test_sigint_in_a_real_process(model_dir):
+    """A real SIGINT (Ctrl-C) to a process inside generate: KeyboardInterrupt, then the same LLM
+    generates again with the same result."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    child = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD, model_dir], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "generating"
+        time.sleep(1.0)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, err
+    assert out.split() == ["interrupted", "usable"]
