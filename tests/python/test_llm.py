@@ -58,11 +58,13 @@ def test_single_prompt_forms(llm):
     assert a[0].outputs[0].text == a[0].text == llm.decode(a[0].token_ids)
 
 
-def test_chat_matches_cli(llm, cli, tmp_path):
+@pytest.mark.parametrize("thinking", [False, True])
+def test_chat_matches_cli(llm, cli, tmp_path, thinking):
     messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
     sp = SamplingParams(temperature=0, max_tokens=32)
-    want = cli([{"messages": messages, **sp.to_request()}], tmp_path, "--thinking", "off")
-    got = llm.chat(messages, sp, use_tqdm=False)
+    flag = "on" if thinking else "off"
+    want = cli([{"messages": messages, **sp.to_request()}], tmp_path, "--thinking", flag)
+    got = llm.chat(messages, sp, thinking=thinking, use_tqdm=False)
     assert len(got) == 1
     out = got[0].outputs[0]
     assert out.text == want[0]["text"]
