@@ -741,6 +741,8 @@ net::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> c) {
       const RouteMatch raw_route = match_route(
           sp1 == std::string_view::npos ? std::string_view()
                                         : line.substr(sp1 + 1, line.find(' ', sp1 + 1) - sp1 - 1));
+      // A HEAD request gets no body in any answer, refusals included.
+      c->head = line.substr(0, 5) == "HEAD ";
       if (Refusal refusal = check_header_block(raw, head_end); refusal.status != 0) {
         co_await refuse(11, raw_route, refusal.status, std::move(refusal.message));
         break;
@@ -805,12 +807,11 @@ net::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> c) {
       }
       if (ok) {
         http::request<http::string_body> req = parser.release();
-        c->head = req.method() == http::verb::head;
         keep_alive = co_await dispatch(*c, req, req.keep_alive() && !draining.load());
-        c->head = false;
       }
       c->busy = false;
       --busy;
+      c->head = false;
       if (!keep_alive || c->broken)
         break;
     }

@@ -134,6 +134,13 @@ TEST(ServerHardening, HeadNeverCarriesABody) {
   EXPECT_EQ(body_of(last), R"({"status":"ok"})");
   EXPECT_NE(all.find("Allow: POST"), std::string::npos);
   EXPECT_NE(all.find("Content-Length: 15"), std::string::npos);  // HEAD /health: GET's length
+  // A refused HEAD (obs-folded header: 400, close) has no body either.
+  fd = connect_to(s.port);
+  send_all(fd, "HEAD /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\n\r\n");
+  const std::string refused = read_response(fd);
+  ::close(fd);
+  EXPECT_EQ(status_of(refused), 400) << refused;
+  EXPECT_EQ(body_of(refused), "") << refused;
 }
 
 TEST(ServerHardening, RequestTooLargeReachesAClientStillUploading) {
