@@ -357,6 +357,7 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   }
   std::optional<std::string> user;
   DSI_API_TRY(r.opt_string(root, Path(), "user", &user));
+  DSI_API_TRY(detail::read_metadata(r, root));
   if (user)
     req->user = *user;
   DSI_API_TRY(read_user_id(r, root, "user_id", &req->user));

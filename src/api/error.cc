@@ -23,9 +23,25 @@ ApiError internal_error(std::string message) {
   return e;
 }
 
+namespace {
+
+// Messages may quote request values; the decoders cut those, and this caps the whole message so
+// an error body never echoes a huge user string.
+constexpr size_t kMaxMessageBytes = 2048;
+
+std::string capped(const std::string& message) {
+  if (message.size() <= kMaxMessageBytes)
+    return message;
+  size_t n = kMaxMessageBytes;
+  while (n > 0 && (static_cast<unsigned char>(message[n]) & 0xC0) == 0x80) --n;
+  return message.substr(0, n) + "...";
+}
+
+}  // namespace
+
 std::string render_openai_error(const ApiError& e) {
   Json err = Json::object();
-  err["message"] = e.message;
+  err["message"] = capped(e.message);
   err["type"] = e.type;
   err["param"] = e.param.empty() ? Json(nullptr) : Json(e.param);
   err["code"] = e.code.empty() ? e.type : e.code;
@@ -37,7 +53,11 @@ std::string render_openai_error(const ApiError& e) {
 std::string anthropic_error_type(const ApiError& e) {
   switch (e.http_status) {
     case 400:
+    case 405:
+    case 408:
+    case 415:
     case 422:
+    case 431:
       return "invalid_request_error";
     case 401:
       return "authentication_error";
@@ -62,7 +82,7 @@ std::string anthropic_error_type(const ApiError& e) {
 std::string render_anthropic_error(const ApiError& e) {
   Json err = Json::object();
   err["type"] = anthropic_error_type(e);
-  err["message"] = e.message;
+  err["message"] = capped(e.message);
   Json body = Json::object();
   body["type"] = "error";
   body["error"] = std::move(err);

@@ -1,4 +1,5 @@
 // Anthropic Messages request decoding (spec §3.2).
+#include <cstdio>
 #include <set>
 
 #include "api/detail/common.h"
@@ -111,6 +112,17 @@ Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* co
   return std::nullopt;
 }
 
+// Stop sequences per request (Anthropic documents no bound; each one is checked against the
+// output as it streams, so the count is bounded).
+constexpr size_t kMaxStopSequences = 64;
+
+// An image block must carry a `source` object (the image itself is not rendered: the model
+// reads text only).
+Err check_image_source(const Reader& r, const Json& block, const Path& bp) {
+  const Json* source = nullptr;
+  return r.req_object(block, bp, "source", &source);
+}
+
 // tool_result content: a string or text/image blocks, reduced to text.
 Err read_tool_result_content(const Reader& r, const Json& block, const Path& bp, std::string* out) {
   const Json* c = find(block, "content");
@@ -129,6 +141,7 @@ Err read_tool_result_content(const Reader& r, const Json& block, const Path& bp,
         if (type == "text") {
           DSI_API_TRY(r.req_string(part, pp, "text", &piece));
         } else if (type == "image") {
+          DSI_API_TRY(check_image_source(r, part, pp));
           piece = "[Unsupported image]";
         } else {
           return r.invalid(pp.key("type"), "tool_result content blocks must be 'text' or 'image'.");
@@ -164,6 +177,8 @@ Err read_user_block(const Reader& r,
     DSI_API_TRY(r.opt_bool(b, bp, "is_error", &is_error));  // ignored
     DSI_API_TRY(read_tool_result_content(r, b, bp, &block.text));
   } else if (type == "image" || type == "server_tool_use" || type == "web_search_tool_result") {
+    if (type == "image")
+      DSI_API_TRY(check_image_source(r, b, bp));
     block.type = ContentBlock::Type::kUnsupported;
     block.unsupported_type = type;
   } else if (is_rejected_block(type)) {
@@ -306,13 +321,26 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(read_system(r, root, req));
   DSI_API_TRY(read_messages(r, root, req));
 
+  // Anthropic's temperature range is 0..1 (OpenAI's 0..2 is checked by the shared reader).
+  std::optional<double> temperature;
+  DSI_API_TRY(r.opt_number(root, Path(), "temperature", &temperature));
+  if (temperature && *temperature > 1.0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", *temperature);
+    return r.invalid(Path().key("temperature"),
+                     std::string("must be between 0 and 1, got ") + buf + ".");
+  }
   DSI_API_TRY(detail::read_temperature_top_p(r, root, opts, req));
   std::optional<int64_t> top_k;
   DSI_API_TRY(r.opt_int(root, Path(), "top_k", &top_k));  // ignored (spec §3.2)
+  if (top_k && *top_k < 0) {
+    return r.invalid(Path().key("top_k"),
+                     "must be greater than or equal to 0, got " + std::to_string(*top_k) + ".");
+  }
   if (const Json* ss = find(root, "stop_sequences"); ss && !ss->is_array()) {
     return r.type_error(Path().key("stop_sequences"), "an array of strings", *ss);
   }
-  DSI_API_TRY(detail::read_stop(r, root, "stop_sequences", 0, &req->sampling.stop));
+  DSI_API_TRY(detail::read_stop(r, root, "stop_sequences", kMaxStopSequences, &req->sampling.stop));
   const Json* metadata = nullptr;
   DSI_API_TRY(r.opt_object(root, Path(), "metadata", &metadata));
   if (metadata) {

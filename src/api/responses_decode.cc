@@ -178,8 +178,17 @@ class ItemReader {
             DSI_API_TRY(reasoning(item, ip));
           } else if (*type == "custom_tool_call" || *type == "custom_tool_call_output") {
             return r_.invalid(ip.key("type"), "custom tool items are not supported.");
+          } else if (*type == "item_reference") {
+            return r_.invalid(ip.key("type"),
+                              "item_reference is not supported: this server stores no items; "
+                              "send the items themselves.");
+          } else if (*type == "web_search_call" || *type == "file_search_call" ||
+                     *type == "code_interpreter_call" || *type == "image_generation_call") {
+            // History of hosted tools this server does not run: nothing to render.
+          } else {
+            return r_.invalid(ip.key("type"),
+                              "unknown input item type '" + detail::quote(*type) + "'.");
           }
-          // Other item types (web_search_call, item_reference, …) are ignored.
           return std::nullopt;
         }));
     for (const auto& [id, index] : calls_) {
@@ -387,6 +396,22 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(r.opt_string(root, Path(), "user", &user));
   if (user)
     req->user = *user;
+  // Stateless server: refuse what needs stored responses instead of silently ignoring it.
+  std::optional<std::string> previous;
+  DSI_API_TRY(r.opt_string(root, Path(), "previous_response_id", &previous));
+  if (previous) {
+    return r.invalid(Path().key("previous_response_id"),
+                     "is not supported: this server is stateless and stores no responses; send "
+                     "the whole conversation in 'input'.");
+  }
+  std::optional<bool> store;
+  DSI_API_TRY(r.opt_bool(root, Path(), "store", &store));
+  if (store.value_or(false)) {
+    return r.invalid(Path().key("store"),
+                     "true is not supported: this server is stateless and stores no responses; "
+                     "omit it or set it to false.");
+  }
+  DSI_API_TRY(detail::read_metadata(r, root));
   return std::nullopt;
 }
 

@@ -36,6 +36,7 @@ struct ServeArgs {
   double request_timeout_s = 600;
   double shutdown_grace_s = 60;
   double idle_timeout_s = 60;
+  double send_timeout_s = 60;
   int io_threads = 2;
   std::string log_level = "info";
   std::string debug_scripted_output;
@@ -60,9 +61,11 @@ int run_serve(const ServeArgs& a) {
     return fail(invalid_argument("--max-queue must be >= 0"));
   if (a.io_threads < 1 || a.io_threads > 256)
     return fail(invalid_argument("--io-threads must be in [1, 256]"));
-  if (a.request_timeout_s < 0 || a.shutdown_grace_s < 0 || a.idle_timeout_s <= 0) {
-    return fail(invalid_argument(
-        "--request-timeout and --shutdown-grace must be >= 0, --idle-timeout > 0 (seconds)"));
+  if (a.request_timeout_s < 0 || a.shutdown_grace_s < 0 || a.idle_timeout_s <= 0 ||
+      a.send_timeout_s <= 0) {
+    return fail(
+        invalid_argument("--request-timeout and --shutdown-grace must be >= 0, --idle-timeout and "
+                         "--send-timeout > 0 (seconds)"));
   }
   auto setup = resolve_engine_flags(a.engine);
   if (!setup.ok())
@@ -124,6 +127,8 @@ int run_serve(const ServeArgs& a) {
   so.io_threads = a.io_threads;
   so.max_body_bytes = *max_body;
   so.idle_timeout_s = a.idle_timeout_s;
+  so.send_timeout_s = a.send_timeout_s;
+  so.prepare_threads = a.io_threads;
   so.shutdown_grace_s = a.shutdown_grace_s;
   so.max_model_len = max_context;
 
@@ -133,6 +138,7 @@ int run_serve(const ServeArgs& a) {
   ctx.decode.served_models = so.model_names;
   ctx.max_context = max_context;
   ctx.max_prompt_tokens = max_prompt;
+  ctx.max_prompt_bytes = server::prompt_byte_limit(**tok, max_prompt);
   ctx.request_timeout_s = a.request_timeout_s;
   ctx.scripted = scripted.get();
 
@@ -206,7 +212,13 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--idle-timeout",
                   a->idle_timeout_s,
                   "Seconds to wait for a request on an open connection (default 60)");
-  cmd->add_option("--io-threads", a->io_threads, "HTTP I/O threads (default 2)");
+  cmd->add_option("--send-timeout",
+                  a->send_timeout_s,
+                  "Seconds one write may wait for a client that does not read; then the "
+                  "connection is closed (default 60)");
+  cmd->add_option("--io-threads",
+                  a->io_threads,
+                  "HTTP I/O threads, and as many request-preparation threads (default 2)");
   cmd->add_option("--log-level", a->log_level, "debug | info | warn | error | off");
   cmd->add_option("--debug-scripted-output",
                   a->debug_scripted_output,

@@ -3,17 +3,24 @@
 
 #include <algorithm>
 
+#include "base/strings.h"
+
 namespace dsinfer::frontend {
 
 Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& request,
                                             const tokenizer::Tokenizer& tok,
-                                            recipe::ModelVersion version) {
+                                            recipe::ModelVersion version,
+                                            size_t max_text_bytes) {
   PreparedPrompt p;
   recipe::RenderOptions ro;
   auto text = recipe::render_prompt(request.conversation, version, ro);
   if (!text.ok())
     return text.status();
   p.text = std::move(text).value();
+  if (p.text.size() > max_text_bytes) {
+    return invalid_argument(str_format(
+        "prompt is too long: %zu bytes rendered (at most %zu)", p.text.size(), max_text_bytes));
+  }
   auto ids = tok.encode(p.text, /*allow_special=*/true);
   if (!ids.ok())
     return ids.status();
@@ -21,6 +28,12 @@ Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& req
   p.parser = recipe::parser_options_for(request.conversation, version, ro);
   p.parser.stop_sequences = request.sampling.stop;
   return p;
+}
+
+size_t max_token_bytes(const tokenizer::Tokenizer& tok) {
+  size_t m = 1;
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) m = std::max(m, tok.token_bytes(id).size());
+  return m;
 }
 
 sampling::SamplingConfig to_sampling(const recipe::SamplingParams& p, uint64_t default_seed) {

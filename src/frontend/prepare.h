@@ -3,6 +3,7 @@
 // streamed tokens; sampling-parameter mapping.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,9 +27,16 @@ struct PreparedPrompt {
 // Renders a conversation with the DeepSeek prompt format and tokenizes it with added tokens
 // allowed, so the template's markers become their ids. User text is inserted verbatim, exactly
 // as DeepSeek's reference encoder does (it also tokenizes the rendered string as a whole).
+// A rendered prompt longer than `max_text_bytes` is refused (invalid_argument, the message
+// starting "prompt is too long") before it is tokenized.
 Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& request,
                                             const tokenizer::Tokenizer& tok,
-                                            recipe::ModelVersion version);
+                                            recipe::ModelVersion version,
+                                            size_t max_text_bytes = SIZE_MAX);
+
+// The longest token of `tok` in bytes: a prompt of B bytes has at least B / this many tokens
+// (for a tokenizer without a normalizer that shrinks text).
+size_t max_token_bytes(const tokenizer::Tokenizer& tok);
 
 // Engine sampling config from API sampling params (seed: the request's or `default_seed`).
 sampling::SamplingConfig to_sampling(const recipe::SamplingParams& p, uint64_t default_seed);

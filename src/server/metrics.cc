@@ -148,6 +148,16 @@ void Metrics::count_abort(std::string_view reason) {
   ++aborts_[std::string(reason)];
 }
 
+void Metrics::count_send_timeout() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++send_timeouts_;
+}
+
+int64_t Metrics::send_timeouts() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return send_timeouts_;
+}
+
 void Metrics::set_gauges(const EngineGauges& g) {
   std::lock_guard<std::mutex> l(mu_);
   gauges_ = g;
@@ -194,6 +204,11 @@ std::string Metrics::render() const {
     out += std::string("dsinfer_requests_aborted_total{reason=\"") + reason + "\"} " +
            std::to_string(it == aborts_.end() ? 0 : it->second) + "\n";
   }
+  header(&out,
+         "dsinfer_send_timeouts_total",
+         "counter",
+         "Connections closed because the client did not read a response within --send-timeout.");
+  sample(&out, "dsinfer_send_timeouts_total", send_timeouts_);
   header(&out, "dsinfer_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.");
   sample(&out, "dsinfer_prompt_tokens_total", prompt_tokens_);
   header(&out, "dsinfer_generation_tokens_total", "counter", "Generated tokens.");

@@ -51,6 +51,7 @@ class Metrics {
   void observe_ttft(double s);
   void observe_request_duration(double s);
   void count_abort(std::string_view reason);  // disconnect | timeout | shutdown | error
+  void count_send_timeout();                  // a client that did not read: connection closed
   void set_gauges(const EngineGauges& g);
   void set_max_concurrency(int64_t running, int64_t queue);
 
@@ -59,12 +60,14 @@ class Metrics {
   // For tests.
   int64_t requests(std::string_view endpoint, int status) const;
   int64_t aborts(std::string_view reason) const;
+  int64_t send_timeouts() const;
   EngineGauges gauges() const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
   std::map<std::string, int64_t> aborts_;
+  int64_t send_timeouts_ = 0;
   int64_t prompt_tokens_ = 0;
   int64_t generation_tokens_ = 0;
   Histogram ttft_;

@@ -44,6 +44,12 @@ std::string leading_field(const std::string& message) {
 
 }  // namespace
 
+size_t prompt_byte_limit(const tokenizer::Tokenizer& tok, int64_t max_prompt_tokens) {
+  if (max_prompt_tokens <= 0)
+    return 0;
+  return static_cast<size_t>(max_prompt_tokens) * frontend::max_token_bytes(tok) * 4;
+}
+
 api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
                                                 std::string_view body,
                                                 const ServingContext& ctx,
@@ -65,9 +71,22 @@ api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
   p.request = std::move(decoded).value();
   const recipe::GenerationRequest& req = p.request;
 
-  auto prompt = frontend::prepare_conversation(req, *ctx.tokenizer, ctx.version);
-  if (!prompt.ok())
+  auto prompt = frontend::prepare_conversation(
+      req, *ctx.tokenizer, ctx.version, ctx.max_prompt_bytes > 0 ? ctx.max_prompt_bytes : SIZE_MAX);
+  if (!prompt.ok()) {
+    if (ctx.max_prompt_bytes > 0 && prompt.status().message().rfind("prompt is too long", 0) == 0) {
+      api::ApiError e = api::invalid_request(
+          prompt_param(endpoint),
+          str_format("The prompt is far longer than this server accepts (at most %lld prompt "
+                     "tokens; %s). Shorten the %s.",
+                     static_cast<long long>(ctx.max_prompt_tokens),
+                     prompt.status().message().c_str(),
+                     prompt_param(endpoint)));
+      e.code = "context_length_exceeded";
+      return e;
+    }
     return api::invalid_request(prompt_param(endpoint), prompt.status().message());
+  }
   const int64_t prompt_tokens = static_cast<int64_t>(prompt->tokens.size());
   if (prompt_tokens > ctx.max_prompt_tokens) {
     api::ApiError e = api::invalid_request(

@@ -29,12 +29,19 @@ const char* endpoint_label(Endpoint e);
 struct ServingContext {
   const tokenizer::Tokenizer* tokenizer = nullptr;
   recipe::ModelVersion version = recipe::ModelVersion::kV4;
-  api::DecodeOptions decode;                  // served model names, output-token cap
-  int64_t max_context = 0;                    // prompt + generated tokens
-  int64_t max_prompt_tokens = 0;              // <= max_context
+  api::DecodeOptions decode;      // served model names, output-token cap
+  int64_t max_context = 0;        // prompt + generated tokens
+  int64_t max_prompt_tokens = 0;  // <= max_context
+  // Cheap bound before tokenizing: a rendered prompt longer than this many bytes cannot fit
+  // in max_prompt_tokens (see prompt_byte_limit()); 0 = none.
+  size_t max_prompt_bytes = 0;
   double request_timeout_s = 0;               // 0 = none
   const ScriptedOutputs* scripted = nullptr;  // test-only
 };
+
+// The byte bound for ServingContext::max_prompt_bytes: max_prompt_tokens times the longest
+// token's bytes, times 4 for normalizers that shrink text (a prompt over it cannot fit).
+size_t prompt_byte_limit(const tokenizer::Tokenizer& tok, int64_t max_prompt_tokens);
 
 struct PreparedRequest {
   recipe::GenerationRequest request;

@@ -8,6 +8,11 @@
 
 #include <signal.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -19,6 +24,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -43,6 +49,7 @@
 #include <vector>
 
 #include "base/strings.h"
+#include "server/http_framing.h"
 #include "server/log.h"
 
 namespace dsinfer::server {
@@ -56,8 +63,12 @@ using namespace net::experimental::awaitable_operators;
 namespace {
 
 constexpr auto kTuple = net::as_tuple(net::use_awaitable);
-constexpr uint32_t kHeaderLimit = 64 * 1024;
 constexpr size_t kPipelineLimit = 1 << 20;  // bytes read ahead while a response is in progress
+// Lingering close after an error answer (413, 431, 400 on framing): the write side is shut down
+// first and up to this much of what the client is still sending is read and dropped, so the
+// client reads the answer instead of a reset (a close with unread input sends an RST).
+constexpr size_t kLingerBytes = size_t{16} << 20;
+constexpr double kLingerSeconds = 2;
 
 std::chrono::steady_clock::duration secs(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -217,7 +228,9 @@ struct Conn {
   explicit Conn(tcp::socket s) : sock(std::move(s)) {}
   tcp::socket sock;
   boost::beast::flat_buffer buf;
-  bool busy = false;  // between reading a request and finishing its response
+  bool busy = false;    // between reading a request and finishing its response
+  bool head = false;    // the request being answered is a HEAD: status and headers only
+  bool broken = false;  // a write failed or timed out: the stream cannot carry another response
 
   void close() {
     error_code ec;
@@ -356,7 +369,8 @@ struct Server::Impl {
         opts(std::move(o)),
         ctx(std::move(c)),
         loop(l),
-        metrics(m) {
+        metrics(m),
+        prepare_pool(static_cast<size_t>(std::max(1, opts.prepare_threads))) {
     std::random_device rd;
     seed_base = (uint64_t{rd()} << 32) ^ rd() ^
                 static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
@@ -382,6 +396,10 @@ struct Server::Impl {
   std::atomic<int64_t> busy{0};
   std::mutex conns_mu;
   std::set<std::shared_ptr<Conn>> conns;
+  // Request preparation (JSON decoding, prompt rendering, tokenization: CPU-bound, up to the body
+  // limit) runs here, never on the I/O threads, so one large body cannot stall other
+  // connections. Declared last: joined first, while everything its tasks use still exists.
+  net::thread_pool prepare_pool;
 
   uint64_t next_seed() {
     uint64_t z = seed_base + 0x9e3779b97f4a7c15ULL * (seed_counter.fetch_add(1) + 1);
@@ -398,7 +416,10 @@ struct Server::Impl {
   net::awaitable<void> accept_loop();
   net::awaitable<void> drain();
   net::awaitable<void> session(std::shared_ptr<Conn> c);
+  // Writes all of `data` within --send-timeout; false (and the connection marked broken) on
+  // failure or timeout.
   net::awaitable<bool> write(Conn& c, std::string data);
+  net::awaitable<void> linger_close(Conn& c);
   net::awaitable<void> send(Conn& c,
                             unsigned version,
                             bool keep_alive,
@@ -521,6 +542,7 @@ net::awaitable<void> Server::Impl::drain() {
   net::steady_timer t(control);
   const Clock::time_point t0 = Clock::now();
   bool aborted = false;
+  bool forced = false;
   bool hard = false;
   while (busy.load() > 0) {
     const double dt = elapsed_s(t0);
@@ -530,7 +552,13 @@ net::awaitable<void> Server::Impl::drain() {
       loop->abort_all(EndCause::kShutdown);
       aborted = true;
     }
-    if (dt >= opts.shutdown_grace_s + opts.shutdown_hard_s) {
+    if (!forced && dt >= opts.shutdown_grace_s + opts.shutdown_hard_s) {
+      // Aborted requests had their time to send the error event; what is left is blocked on
+      // clients that do not read. Closing the sockets ends those writes at once.
+      close_connections(/*idle_only=*/false);
+      forced = true;
+    }
+    if (dt >= opts.shutdown_grace_s + opts.shutdown_hard_s + 1) {
       hard = true;
       break;
     }
@@ -581,8 +609,26 @@ net::awaitable<void> Server::Impl::accept_loop() {
 // Connections.
 
 net::awaitable<bool> Server::Impl::write(Conn& c, std::string data) {
-  auto [ec, n] = co_await net::async_write(c.sock, net::buffer(data), kTuple);
-  co_return !ec;
+  if (c.broken)
+    co_return false;
+  // Bounded by --send-timeout: a client that stops reading fills the socket buffers and would
+  // otherwise hold the connection (and its buffered output) forever.
+  net::steady_timer timer(co_await net::this_coro::executor);
+  timer.expires_after(secs(opts.send_timeout_s));
+  auto r =
+      co_await (net::async_write(c.sock, net::buffer(data), kTuple) || timer.async_wait(kTuple));
+  if (r.index() == 1) {
+    metrics->count_send_timeout();
+    DSI_LOG_INFO("closing a connection whose client did not read for %.0f s", opts.send_timeout_s);
+    c.broken = true;
+    c.close();
+    co_return false;
+  }
+  if (std::get<0>(std::get<0>(r))) {
+    c.broken = true;
+    co_return false;
+  }
+  co_return true;
 }
 
 net::awaitable<void> Server::Impl::send(Conn& c,
@@ -594,8 +640,31 @@ net::awaitable<void> Server::Impl::send(Conn& c,
                                         const Headers& extra) {
   std::string msg = http_head(
       status, version, keep_alive, content_type, static_cast<int64_t>(body.size()), extra);
-  msg += body;
+  if (!c.head)
+    msg += body;  // HEAD: the same headers (Content-Length included), never a body
   co_await write(c, std::move(msg));
+}
+
+net::awaitable<void> Server::Impl::linger_close(Conn& c) {
+  error_code ec;
+  c.sock.shutdown(tcp::socket::shutdown_send, ec);
+  if (ec)
+    co_return;
+  c.buf.consume(c.buf.size());
+  net::steady_timer timer(co_await net::this_coro::executor);
+  timer.expires_after(secs(kLingerSeconds));
+  std::vector<char> scratch(16 * 1024);
+  size_t drained = 0;
+  while (drained < kLingerBytes) {
+    auto r =
+        co_await (c.sock.async_read_some(net::buffer(scratch), kTuple) || timer.async_wait(kTuple));
+    if (r.index() == 1)
+      break;
+    auto [rec, n] = std::get<0>(r);
+    if (rec)
+      break;  // EOF: the client read the answer and closed
+    drained += n;
+  }
 }
 
 net::awaitable<void> Server::Impl::send_error(Conn& c,
@@ -615,34 +684,85 @@ net::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> c) {
     conns.insert(c);
   }
   const auto ex = co_await net::this_coro::executor;
+  bool linger = false;  // closing after an error answer while the client may still be sending
+  // An error answer that ends the connection (framing the stream cannot recover from).
+  auto refuse = [&](unsigned version,
+                    const RouteMatch& route,
+                    int status,
+                    std::string message) -> net::awaitable<void> {
+    co_await send_error(*c,
+                        version,
+                        false,
+                        route.anthropic,
+                        make_error(status, "invalid_request_error", std::move(message)));
+    metrics->count_request(route.label, status);
+    linger = true;
+  };
   try {
     for (;;) {
       if (draining.load())
         break;
-      http::request_parser<http::string_body> parser;
-      parser.header_limit(kHeaderLimit);
-      parser.body_limit(static_cast<uint64_t>(opts.max_body_bytes));
       net::steady_timer timer(ex);
       timer.expires_after(secs(opts.idle_timeout_s));
+      // The raw header block first: its size (431) and obs-folding (400) are checked on the
+      // bytes, before the parser sees them.
+      size_t head_end = std::string_view::npos;
+      bool closed = false;
+      for (;;) {
+        std::string_view data(static_cast<const char*>(c->buf.data().data()), c->buf.size());
+        size_t skip = 0;  // empty lines before the request line (RFC 9112 section 2.2)
+        while (skip < data.size() && (data[skip] == '\r' || data[skip] == '\n')) ++skip;
+        if (skip > 0) {
+          c->buf.consume(skip);
+          continue;
+        }
+        head_end = header_block_end(data.substr(0, std::min(data.size(), kHeaderLimit + 4)));
+        if (head_end != std::string_view::npos || data.size() > kHeaderLimit)
+          break;
+        auto r = co_await (c->sock.async_read_some(c->buf.prepare(16 * 1024), kTuple) ||
+                           timer.async_wait(kTuple));
+        if (r.index() == 1) {
+          closed = true;  // idle keep-alive connection (or a stalled header)
+          break;
+        }
+        auto [ec, n] = std::get<0>(r);
+        c->buf.commit(n);
+        if (ec) {
+          closed = true;
+          break;
+        }
+      }
+      if (closed)
+        break;
+      const std::string_view raw(static_cast<const char*>(c->buf.data().data()), c->buf.size());
+      const size_t line_end = raw.find('\n');
+      const std::string_view line = raw.substr(0, line_end);
+      const size_t sp1 = line.find(' ');
+      const RouteMatch raw_route = match_route(
+          sp1 == std::string_view::npos ? std::string_view()
+                                        : line.substr(sp1 + 1, line.find(' ', sp1 + 1) - sp1 - 1));
+      // A HEAD request gets no body in any answer, refusals included.
+      c->head = line.substr(0, 5) == "HEAD ";
+      if (Refusal refusal = check_header_block(raw, head_end); refusal.status != 0) {
+        co_await refuse(11, raw_route, refusal.status, std::move(refusal.message));
+        break;
+      }
+
+      http::request_parser<http::string_body> parser;
+      parser.header_limit(static_cast<uint32_t>(kHeaderLimit + 8));
+      parser.body_limit(static_cast<uint64_t>(opts.max_body_bytes));
       auto r = co_await (http::async_read_header(c->sock, c->buf, parser, kTuple) ||
                          timer.async_wait(kTuple));
       if (r.index() == 1)
-        break;  // idle keep-alive connection
+        break;
       error_code ec = std::get<0>(std::get<0>(r));
       const unsigned version = parser.get().version() ? parser.get().version() : 11;
       const RouteMatch route = match_route(sv(parser.get().target()));
+      const std::string too_large =
+          str_format("The request body is larger than this server's limit of %lld bytes.",
+                     static_cast<long long>(opts.max_body_bytes));
       if (ec == http::error::body_limit) {
-        c->busy = true;
-        ++busy;
-        api::ApiError e = make_error(
-            413,
-            "invalid_request_error",
-            str_format("The request body is larger than this server's limit of %lld bytes.",
-                       static_cast<long long>(opts.max_body_bytes)));
-        co_await send_error(*c, version, false, route.anthropic, e);
-        metrics->count_request(route.label, 413);
-        c->busy = false;
-        --busy;
+        co_await refuse(version, route, 413, too_large);
         break;
       }
       if (ec) {
@@ -650,16 +770,12 @@ net::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> c) {
             ec != net::error::operation_aborted && ec != net::error::connection_reset &&
             ec != net::error::bad_descriptor) {
           // Malformed HTTP: answer and hang up (the stream cannot be resynchronised).
-          co_await send(
-              *c,
-              11,
-              false,
-              400,
-              "application/json",
-              api::render_openai_error(make_error(
-                  400, "invalid_request_error", "Malformed HTTP request: " + ec.message())));
-          metrics->count_request("other", 400);
+          co_await refuse(11, raw_route, 400, "Malformed HTTP request: " + ec.message());
         }
+        break;
+      }
+      if (Refusal refusal = check_request_header(parser.get()); refusal.status != 0) {
+        co_await refuse(version, route, refusal.status, std::move(refusal.message));
         break;
       }
       c->busy = true;
@@ -675,38 +791,15 @@ net::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> c) {
           auto rb = co_await (http::async_read(c->sock, c->buf, parser, kTuple) ||
                               timer.async_wait(kTuple));
           if (rb.index() == 1) {
-            co_await send_error(
-                *c,
-                version,
-                false,
-                route.anthropic,
-                make_error(408, "invalid_request_error", "Timed out reading the request body."));
-            metrics->count_request(route.label, 408);
+            co_await refuse(version, route, 408, "Timed out reading the request body.");
             ok = false;
           } else if (error_code bec = std::get<0>(std::get<0>(rb))) {
             if (bec == http::error::body_limit) {
-              co_await send_error(
-                  *c,
-                  version,
-                  false,
-                  route.anthropic,
-                  make_error(413,
-                             "invalid_request_error",
-                             str_format("The request body is larger than this server's limit "
-                                        "of %lld bytes.",
-                                        static_cast<long long>(opts.max_body_bytes))));
-              metrics->count_request(route.label, 413);
+              co_await refuse(version, route, 413, too_large);
             } else if (bec != http::error::end_of_stream && bec != net::error::eof &&
                        bec != net::error::connection_reset &&
                        bec != net::error::operation_aborted) {
-              co_await send_error(*c,
-                                  version,
-                                  false,
-                                  route.anthropic,
-                                  make_error(400,
-                                             "invalid_request_error",
-                                             "Malformed HTTP request body: " + bec.message()));
-              metrics->count_request(route.label, 400);
+              co_await refuse(version, route, 400, "Malformed HTTP request body: " + bec.message());
             }
             ok = false;
           }
@@ -718,7 +811,8 @@ net::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> c) {
       }
       c->busy = false;
       --busy;
-      if (!keep_alive)
+      c->head = false;
+      if (!keep_alive || c->broken)
         break;
     }
   } catch (const std::exception& x) {
@@ -730,6 +824,12 @@ net::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> c) {
     c->busy = false;
     --busy;
   }
+  if (linger && !c->broken) {
+    try {
+      co_await linger_close(*c);
+    } catch (...) {
+    }
+  }
   c->close();
   std::lock_guard<std::mutex> l(conns_mu);
   conns.erase(c);
@@ -738,10 +838,11 @@ net::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> c) {
 bool Server::Impl::authorized(const http::request<http::string_body>& req) const {
   if (opts.api_key.empty())
     return true;
-  std::string_view auth = sv(req[http::field::authorization]);
-  constexpr std::string_view kBearer = "Bearer ";
-  if (auth.size() > kBearer.size() && auth.substr(0, kBearer.size()) == kBearer &&
-      constant_time_equal(auth.substr(kBearer.size()), opts.api_key)) {
+  // `Authorization: Bearer KEY`; the scheme is case-insensitive (RFC 9110 section 11.1).
+  const std::string_view auth = trim_ows(sv(req[http::field::authorization]));
+  const size_t sp = auth.find(' ');
+  if (sp != std::string_view::npos && iequals(auth.substr(0, sp), "bearer") &&
+      constant_time_equal(trim_ows(auth.substr(sp + 1)), opts.api_key)) {
     return true;
   }
   std::string_view key = sv(req["x-api-key"]);
@@ -804,9 +905,12 @@ net::awaitable<bool> Server::Impl::dispatch(Conn& c,
   }
   const bool is_post = route.route == Route::kChat || route.route == Route::kResponses ||
                        route.route == Route::kMessages;
-  const http::verb want = is_post ? http::verb::post : http::verb::get;
-  if (method != want) {
-    const std::string allow = is_post ? std::string("POST") : std::string("GET");
+  // GET routes answer HEAD too (same status and headers, no body); a HEAD on a POST route gets a
+  // 405 without a body (send() never writes a body for HEAD).
+  const bool method_ok = is_post ? method == http::verb::post
+                                 : (method == http::verb::get || method == http::verb::head);
+  if (!method_ok) {
+    const std::string allow = is_post ? std::string("POST") : std::string("GET, HEAD");
     api::ApiError e =
         make_error(405, "invalid_request_error", "Method not allowed; use " + allow + ".");
     Headers extra{{"Allow", allow}};
@@ -905,10 +1009,48 @@ net::awaitable<bool> Server::Impl::generate(Conn& c,
     metrics->count_request(route.label, 503);
     co_return false;
   }
+  // Strict media types: a JSON body, not content-encoded (415 in the protocol's shape).
+  const std::string_view encoding = trim_ows(sv(req[http::field::content_encoding]));
+  const bool has_encoding = req.count(http::field::content_encoding) > 0;
+  if ((has_encoding && !iequals(encoding, "identity")) ||
+      !is_json_content_type(sv(req[http::field::content_type]))) {
+    api::ApiError e = make_error(
+        415,
+        "invalid_request_error",
+        has_encoding && !iequals(encoding, "identity")
+            ? std::string("Content-Encoding is not supported; send the JSON body uncompressed.")
+            : std::string("The request body must be JSON (Content-Type: application/json)."));
+    co_await send_error(c, version, keep_alive, anthropic, e);
+    metrics->count_request(route.label, 415);
+    co_return keep_alive;
+  }
   const uint64_t seed = next_seed();
-  api::ApiResult<PreparedRequest> prepared = prepare_request(endpoint, req.body(), ctx, seed);
-  req.body().clear();
-  req.body().shrink_to_fit();
+  // The body and the result live in this frame, which outlives the preparation (the pool is
+  // joined before the io_context and its coroutine frames are destroyed). The lambda captures
+  // only trivially destructible values: GCC may destroy temporaries of a co_await expression
+  // twice (GCC PR 99576), which a captured shared_ptr would not survive.
+  std::string body = std::move(req.body());
+  std::optional<api::ApiResult<PreparedRequest>> result;
+  co_await net::co_spawn(
+      prepare_pool,
+      [this, endpoint, seed, b = &body, out = &result]() -> net::awaitable<void> {
+        out->emplace(prepare_request(endpoint, *b, ctx, seed));
+        const bool large = b->size() >= (size_t{1} << 20);
+        b->clear();
+        b->shrink_to_fit();
+#if defined(__GLIBC__)
+        // A large body leaves a large, now free heap (JSON tree, rendered text, token ids):
+        // give it back to the system instead of keeping the high-water mark.
+        if (large)
+          malloc_trim(0);
+#else
+        (void)large;
+#endif
+        co_return;
+      },
+      net::use_awaitable);
+  api::ApiResult<PreparedRequest> prepared = std::move(*result);
+  result.reset();
   if (!prepared.ok()) {
     const api::ApiError& e = prepared.error();
     co_await send_error(c, version, keep_alive, anthropic, e);

@@ -27,8 +27,10 @@ struct ServerOptions {
   int io_threads = 2;
   int64_t max_body_bytes = int64_t{8} << 20;
   double idle_timeout_s = 60;    // reading a request (headers and body) on an open connection
+  double send_timeout_s = 60;    // one write to a client that does not read: then it is closed
   double shutdown_grace_s = 60;  // in-flight requests may finish within this after SIGTERM
-  double shutdown_hard_s = 10;   // after the grace: time for aborted requests to close
+  double shutdown_hard_s = 1;    // after the grace: aborted requests' last writes, then close
+  int prepare_threads = 2;       // decode + render + tokenize, off the I/O threads
   int retry_after_s = 1;         // Retry-After of 429 and 503 answers
   int64_t max_model_len = 0;     // reported by /v1/models
 };

@@ -198,5 +198,38 @@ class QueueFull(harness.unittest.TestCase):
             w.close()
 
 
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class HugePrompts(harness.unittest.TestCase):
+    """Issue 18: a 7 MB prompt is refused on a byte bound before tokenizing, quickly, and the
+    server's memory does not keep the high-water mark."""
+
+    def test_huge_prompts_are_refused_cheaply_and_memory_returns(self):
+        with harness.Server("--max-body-bytes", "16MiB") as s:
+            s.post(CHAT, {"model": MODEL_NAME, "messages": user(), "max_tokens": 2})
+            before = rss_bytes(s.proc.pid)
+            huge = "lorem ipsum dolor " * (7_000_000 // 18)
+            for i in range(4):
+                t0 = harness.time.time()
+                code, _, raw = s.post(CHAT, {"model": MODEL_NAME, "messages": user(huge)})
+                took = harness.time.time() - t0
+                self.assertEqual(code, 400, raw[:300])
+                self.assertEqual(json.loads(raw)["error"]["code"], "context_length_exceeded")
+                self.assertLess(len(raw), 1024)
+                self.assertLess(took, 3.0)
+            after = rss_bytes(s.proc.pid)
+            self.assertEqual(s.get("/health")[0], 200)
+            print(f"RSS before {before / 2**20:.1f} MiB, after 4 x 7 MB prompts "
+                  f"{after / 2**20:.1f} MiB")
+            self.assertLess(after - before, 64 * 2**20, (before, after))
+
+
 if __name__ == "__main__":
     harness.run_tests()

@@ -7,6 +7,34 @@
 
 namespace dsinfer::api::detail {
 
+std::string quote(std::string_view value) {
+  constexpr size_t kMax = 128;
+  if (value.size() <= kMax)
+    return std::string(value);
+  size_t n = kMax;
+  while (n > 0 && (static_cast<unsigned char>(value[n]) & 0xC0) == 0x80) --n;
+  return std::string(value.substr(0, n)) + "...";
+}
+
+Err read_metadata(const Reader& r, const Json& root) {
+  const Json* metadata = nullptr;
+  DSI_API_TRY(r.opt_object(root, Path(), "metadata", &metadata));
+  if (!metadata)
+    return std::nullopt;
+  const Path p = Path().key("metadata");
+  if (metadata->size() > 16)
+    return r.invalid(p, "must have at most 16 keys, got " + std::to_string(metadata->size()) + ".");
+  for (const auto& [key, value] : metadata->items()) {
+    if (key.size() > 64)
+      return r.invalid(p, "keys must be at most 64 characters long.");
+    std::string text;
+    DSI_API_TRY(r.as_string(value, p.key(quote(key)), &text));
+    if (text.size() > 512)
+      return r.invalid(p.key(key), "must be at most 512 characters long.");
+  }
+  return std::nullopt;
+}
+
 Err read_model(const Reader& r,
                const Json& root,
                const DecodeOptions& opts,
@@ -30,8 +58,8 @@ Err read_model(const Reader& r,
       served += ", ";
     served += "'" + m + "'";
   }
-  ApiError e =
-      r.invalid(p, "model '" + *out + "' does not exist; this server serves " + served + ".");
+  ApiError e = r.invalid(
+      p, "model '" + quote(*out) + "' does not exist; this server serves " + served + ".");
   e.code = "model_not_found";
   return e;
 }

@@ -18,6 +18,14 @@ namespace dsinfer::api::detail {
 
 // Reads the required `model` and checks it against DecodeOptions::served_models.
 // `accept_claude`: the Messages API also takes any "claude*" name.
+// A request value quoted in an error message: at most 128 bytes (cut on a UTF-8 boundary), with
+// "..." when cut.
+std::string quote(std::string_view value);
+
+// OpenAI's `metadata`: an object of at most 16 string values, keys of at most 64 and values of
+// at most 512 characters. Checked and otherwise ignored.
+Err read_metadata(const Reader& r, const Json& root);
+
 Err read_model(const Reader& r,
                const Json& root,
                const DecodeOptions& opts,

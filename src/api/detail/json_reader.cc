@@ -1,7 +1,9 @@
 #include "api/detail/json_reader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace dsinfer::api::detail {
 
@@ -71,11 +73,70 @@ bool nests_deeper_than(std::string_view text, int max_depth) {
   return false;
 }
 
+JsonShape json_shape(std::string_view text) {
+  JsonShape shape;
+  // Per open container: keys so far (objects), or SIZE_MAX for arrays.
+  std::vector<size_t> keys;
+  bool in_string = false;
+  bool escaped = false;
+  size_t values = 1;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"':
+        in_string = true;
+        break;
+      case '{':
+      case '[':
+        keys.push_back(c == '{' ? 0 : SIZE_MAX);
+        shape.max_depth = std::max(shape.max_depth, static_cast<int>(keys.size()));
+        if (shape.max_depth > kMaxJsonDepth)
+          return shape;  // refused anyway; the stack stays small
+        break;
+      case '}':
+      case ']':
+        if (!keys.empty())
+          keys.pop_back();
+        break;
+      case ':':
+        if (!keys.empty() && keys.back() != SIZE_MAX)
+          shape.max_object_keys = std::max(shape.max_object_keys, ++keys.back());
+        break;
+      case ',':
+        ++values;
+        break;
+      default:
+        break;
+    }
+  }
+  shape.values = values;
+  return shape;
+}
+
 Err parse_body(std::string_view body, Dialect d, Json* out) {
   // Reject deep nesting before parsing: serialisers further down recurse.
-  if (nests_deeper_than(body, kMaxJsonDepth)) {
+  const JsonShape shape = json_shape(body);
+  if (shape.max_depth > kMaxJsonDepth) {
     return body_error(
         d, "The request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
+  }
+  if (shape.max_object_keys > kMaxObjectKeys) {
+    return body_error(d,
+                      "The request body has a JSON object with more than " +
+                          std::to_string(kMaxObjectKeys) + " keys.");
+  }
+  if (shape.values > kMaxJsonValues) {
+    return body_error(
+        d, "The request body has more than " + std::to_string(kMaxJsonValues) + " JSON values.");
   }
   Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {

@@ -34,6 +34,12 @@ std::string resp(const std::string& extra) {
   return R"({"model":"m","input":"x")" + (extra.empty() ? std::string() : "," + extra) + "}";
 }
 
+std::string many_stops(int n) {
+  std::string out = "[";
+  for (int i = 0; i < n; ++i) out += (i ? ",\"s" : "\"s") + std::to_string(i) + "\"";
+  return out + "]";
+}
+
 std::vector<BadCase> cases() {
   const std::string deep(200, '[');
   return {
@@ -261,9 +267,44 @@ std::vector<BadCase> cases() {
        "metadata_user_id_type",
        msgs(R"("metadata":{"user_id":1})"),
        "metadata.user_id"},
+      // Issue 18: Anthropic's ranges and bounds.
+      {Proto::kMessages, "temperature_above_1", msgs(R"("temperature":1.5)"), "temperature"},
+      {Proto::kMessages, "top_k_negative", msgs(R"("top_k":-1)"), "top_k"},
+      {Proto::kMessages,
+       "too_many_stop_sequences",
+       msgs(R"("stop_sequences":)" + many_stops(65)),
+       "stop_sequences"},
+      {Proto::kMessages,
+       "image_without_source",
+       R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]})",
+       "messages.0.content.0.source"},
+      {Proto::kMessages,
+       "tool_result_image_without_source",
+       R"({"model":"m","max_tokens":5,"messages":[
+         {"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},
+         {"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image"}]}]}]})",
+       "messages.1.content.0.content.0.source"},
 
       // ---- Responses
       {Proto::kResponses, "bad_json", "not json", ""},
+      // Issue 18: a stateless server refuses what needs stored responses; strict items/metadata.
+      {Proto::kResponses,
+       "previous_response_id",
+       resp(R"("previous_response_id":"resp_1")"),
+       "previous_response_id"},
+      {Proto::kResponses, "store_true", resp(R"("store":true)"), "store"},
+      {Proto::kResponses, "store_type", resp(R"("store":"yes")"), "store"},
+      {Proto::kResponses, "metadata_type", resp(R"("metadata":[1])"), "metadata"},
+      {Proto::kResponses, "metadata_value_type", resp(R"("metadata":{"k":1})"), "metadata.k"},
+      {Proto::kResponses,
+       "unknown_item_type",
+       R"({"model":"m","input":[{"type":"teleport","x":1}]})",
+       "input[0].type"},
+      {Proto::kResponses,
+       "item_reference",
+       R"({"model":"m","input":[{"type":"item_reference","id":"msg_1"}]})",
+       "input[0].type"},
+      {Proto::kChat, "metadata_type", chat(R"("metadata":"x")"), "metadata"},
       {Proto::kResponses, "no_input_or_instructions", R"({"model":"m"})", "input"},
       {Proto::kResponses, "input_type", R"({"model":"m","input":5})", "input"},
       {Proto::kResponses,
