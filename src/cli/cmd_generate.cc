@@ -545,11 +545,12 @@ int run_generate(const GenerateArgs& a) {
     std::string matched = frontend::truncate_at_stop(text, job.stops);
     o["text"] = text;
     if (job.chat) {
-      auto parsed = recipe::parse_completion(text,
-                                             job.parser,
-                                             r->finish_reason == engine::FinishReason::kLength
-                                                 ? recipe::FinishReason::kLength
-                                                 : recipe::FinishReason::kStop);
+      auto parsed = frontend::parse_output_tokens(*tok,
+                                                  r->output,
+                                                  job.parser,
+                                                  r->finish_reason == engine::FinishReason::kLength
+                                                      ? recipe::FinishReason::kLength
+                                                      : recipe::FinishReason::kStop);
       o["reasoning_content"] = parsed.reasoning;
       o["content"] = parsed.content;
     }

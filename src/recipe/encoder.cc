@@ -246,93 +246,117 @@ std::string render_user_blocks(const std::vector<ContentBlock>& blocks) {
 
 }  // namespace
 
-std::string render_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v) {
+namespace {
+
+// The tools block into `b`: the template's DSML, `<think>` and `</think>` are control tokens
+// (deepseek-recipe places them as special tokens); the tool schemas are text.
+void build_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v, PromptBuilder* b) {
   const DsmlNames n = dsml_names(v);
-  const std::string d(tok::kDsml);
-  const std::string block_open = cat({"<", d, n.block, ">"});
-  std::string s;
-  s.append("## Tools\n\n");
-  s.append(
+  auto tag = [&](std::string_view open, std::string_view name, std::string_view rest) {
+    b->text(open);
+    b->special(tok::kDsml);
+    b->text(name);
+    b->text(rest);
+  };
+  b->text("## Tools\n\n");
+  b->text(
       "You have access to a set of tools to help answer the user's question. You can invoke "
       "tools by writing a \"");
-  s.append(block_open);
-  s.append("\" block like the following:\n\n");
-  s.append(block_open + "\n");
-  s.append(cat({"<", d, n.invoke, " name=\"$TOOL_NAME\">\n"}));
-  s.append(cat({"<",
-                d,
-                n.parameter,
-                " name=\"$PARAMETER_NAME\" string=\"true|false\">",
-                "$PARAMETER_VALUE</",
-                d,
-                n.parameter,
-                ">\n"}));
-  s.append("...\n");
-  s.append(cat({"</", d, n.invoke, ">\n"}));
-  s.append(cat({"<", d, n.invoke, " name=\"$TOOL_NAME2\">\n"}));
-  s.append("...\n");
-  s.append(cat({"</", d, n.invoke, ">\n"}));
-  s.append(cat({"</", d, n.block, ">\n\n"}));
-  s.append(
+  tag("<", n.block, ">");
+  b->text("\" block like the following:\n\n");
+  tag("<", n.block, ">\n");
+  tag("<", n.invoke, " name=\"$TOOL_NAME\">\n");
+  tag("<", n.parameter, " name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE");
+  tag("</", n.parameter, ">\n");
+  b->text("...\n");
+  tag("</", n.invoke, ">\n");
+  tag("<", n.invoke, " name=\"$TOOL_NAME2\">\n");
+  b->text("...\n");
+  tag("</", n.invoke, ">\n");
+  tag("</", n.block, ">\n\n");
+  b->text(
       "String parameters should be specified as is and set `string=\"true\"`. For all other "
       "types (numbers, booleans, arrays, objects), pass the value in JSON format and set "
       "`string=\"false\"`.\n\n");
-  s.append(cat({"If thinking_mode is enabled (triggered by ",
-                tok::kThinkStart,
-                "), you MUST output your complete reasoning inside ",
-                tok::kThinkStart,
-                "...",
-                tok::kThinkEnd,
-                " BEFORE any tool calls or final response.\n\n"}));
-  s.append(cat({"Otherwise, output directly after ",
-                tok::kThinkEnd,
-                " with tool calls or final response.\n\n"}));
-  s.append("### Available Tool Schemas\n\n");
+  b->text("If thinking_mode is enabled (triggered by ");
+  b->special(tok::kThinkStart);
+  b->text("), you MUST output your complete reasoning inside ");
+  b->special(tok::kThinkStart);
+  b->text("...");
+  b->special(tok::kThinkEnd);
+  b->text(" BEFORE any tool calls or final response.\n\n");
+  b->text("Otherwise, output directly after ");
+  b->special(tok::kThinkEnd);
+  b->text(" with tool calls or final response.\n\n");
+  b->text("### Available Tool Schemas\n\n");
   for (size_t i = 0; i < tools.size(); ++i) {
     if (i > 0)
-      s.push_back('\n');
-    s.append(tools[i].function_json);
+      b->text("\n");
+    b->text(tools[i].function_json);
   }
-  s.append(
+  b->text(
       "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "
       "tool calls.\n");
-  return s;
 }
 
-std::string render_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v) {
+// An assistant's DSML tool-call block into `b`: the DSML tokens are control tokens; names,
+// keys and values are text.
+void build_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v, PromptBuilder* b) {
   const DsmlNames n = dsml_names(v);
-  const std::string d(tok::kDsml);
-  std::string s = cat({"<", d, n.block, ">\n"});
+  auto tag = [&](std::string_view open, std::string_view name) {
+    b->text(open);
+    b->special(tok::kDsml);
+    b->text(name);
+  };
+  tag("<", n.block);
+  b->text(">\n");
   for (size_t i = 0; i < calls.size(); ++i) {
     if (i > 0)
-      s.push_back('\n');
-    s.append(cat({"<", d, n.invoke, " name=\"", calls[i].name, "\">\n"}));
+      b->text("\n");
+    tag("<", n.invoke);
+    b->text(" name=\"");
+    b->text(calls[i].name);
+    b->text("\">\n");
     const ordered_json args = arguments_object(calls[i].arguments);
     bool first = true;
     for (const auto& [key, value] : args.items()) {
       if (!first)
-        s.push_back('\n');
+        b->text("\n");
       first = false;
       const bool is_str = value.is_string();
-      s.append(cat({"<",
-                    d,
-                    n.parameter,
-                    " name=\"",
-                    key,
-                    "\" string=\"",
-                    is_str ? "true" : "false",
-                    "\">"}));
+      tag("<", n.parameter);
+      b->text(" name=\"");
+      b->text(key);
+      b->text(is_str ? "\" string=\"true\">" : "\" string=\"false\">");
       if (is_str) {
-        s.append(value.get_ref<const std::string&>());
+        b->text(value.get_ref<const std::string&>());
       } else {
-        s.append(py_json_dumps(value));
+        b->text(py_json_dumps(value));
       }
-      s.append(cat({"</", d, n.parameter, ">"}));
+      tag("</", n.parameter);
+      b->text(">");
     }
-    s.append(cat({"\n</", d, n.invoke, ">"}));
+    b->text("\n");
+    tag("</", n.invoke);
+    b->text(">");
   }
-  s.append(cat({"\n</", d, n.block, ">"}));
-  return s;
+  b->text("\n");
+  tag("</", n.block);
+  b->text(">");
+}
+
+}  // namespace
+
+std::string render_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v) {
+  PromptBuilder b;
+  build_tools_block(tools, v, &b);
+  return std::move(b).take().text;
+}
+
+std::string render_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v) {
+  PromptBuilder b;
+  build_tool_calls(calls, v, &b);
+  return std::move(b).take().text;
 }
 
 Result<std::string> reasoning_effort_prefix(const Conversation& conv, ModelVersion v) {
@@ -457,9 +481,9 @@ bool prefills_tool_block(const Conversation& conv, ModelVersion v, const RenderO
 
 }  // namespace
 
-Result<std::string> render_prompt(const Conversation& conv,
-                                  ModelVersion v,
-                                  const RenderOptions& opts) {
+Result<RenderedPrompt> render_conversation(const Conversation& conv,
+                                           ModelVersion v,
+                                           const RenderOptions& opts) {
   const auto& given = conv.messages;
   for (size_t i = 0; i < given.size(); ++i) {
     const Message& m = given[i];
@@ -512,9 +536,9 @@ Result<std::string> render_prompt(const Conversation& conv,
   const bool add_generation_prompt = opts.add_generation_prompt && !continue_final;
   const int last_user = last_user_index(msgs, v);
 
-  std::string p;
+  PromptBuilder p;
   if (opts.add_bos)
-    p.append(tok::kBos);
+    p.special(tok::kBos);
   // The think token that follows `<｜Assistant｜>` when opening the turn of message `idx` (or
   // the turn after message `idx - 1`).
   auto think_token = [&](int idx) {
@@ -527,59 +551,59 @@ Result<std::string> render_prompt(const Conversation& conv,
     const int idx = static_cast<int>(i);
     if (i == 0) {
       if (v41 && (!effort.empty() || m.role == Role::kSystem))
-        p.append(tok::kSystem);
-      p.append(effort);
+        p.special(tok::kSystem);
+      p.text(effort);
     }
     switch (m.role) {
       case Role::kSystem:
       case Role::kDeveloper: {
         if (m.role == Role::kDeveloper) {
-          p.append(tok::kUser);
+          p.special(tok::kUser);
         } else if (v41 && i > 0) {
-          p.append(tok::kSystem);
+          p.special(tok::kSystem);
         }
-        p.append(m.content);
+        p.text(m.content);
         if (m.tools) {
-          p.append("\n\n");
-          p.append(render_tools_block(conv.tools, v));
+          p.text("\n\n");
+          build_tools_block(conv.tools, v, &p);
         }
         if (m.response_format)
-          p.append(response_format);
+          p.text(response_format);
         break;
       }
       case Role::kUser:
-        p.append(tok::kUser);
-        p.append(render_user_blocks(m.blocks));
+        p.special(tok::kUser);
+        p.text(render_user_blocks(m.blocks));
         break;
       case Role::kLatestReminder:
-        p.append(tok::kLatestReminder);
-        p.append(m.content);
+        p.special(tok::kLatestReminder);
+        p.text(m.content);
         break;
       case Role::kAssistant: {
         // An assistant message that no transition opened (first message, after a system message,
         // another assistant message, ...) gets its own `<｜Assistant｜>` header, as
         // deepseek-recipe renders it.
         if (!turn_open) {
-          p.append(tok::kAssistant);
-          p.append(think_token(idx));
+          p.special(tok::kAssistant);
+          p.special(think_token(idx));
         }
         const bool has_calls = m.tool_calls != nullptr && !m.tool_calls->empty();
         if (thinking && (!drop || idx > last_user)) {
-          p.append(m.reasoning);
+          p.text(m.reasoning);
           // Continuing a reasoning-only final message: keep the reasoning open (V4.1
           // continue_final_message; deepseek-recipe does the same for V4).
           const bool reasoning_only =
               is_last && continue_final && !m.reasoning.empty() && m.content.empty() && !has_calls;
           if (!reasoning_only)
-            p.append(tok::kThinkEnd);
+            p.special(tok::kThinkEnd);
         }
-        p.append(m.content);
+        p.text(m.content);
         if (has_calls) {
-          p.append("\n\n");
-          p.append(render_tool_calls(*m.tool_calls, v));
+          p.text("\n\n");
+          build_tool_calls(*m.tool_calls, v, &p);
         }
         if (!m.wo_eos)
-          p.append(tok::kEos);
+          p.special(tok::kEos);
         break;
       }
       case Role::kTool:  // merged into user messages above
@@ -601,8 +625,8 @@ Result<std::string> render_prompt(const Conversation& conv,
                         (is_last && (m.role == Role::kSystem || m.role == Role::kAssistant));
     }
     if (opens_assistant) {
-      p.append(tok::kAssistant);
-      p.append(think_token(idx + 1));
+      p.special(tok::kAssistant);
+      p.special(think_token(idx + 1));
       turn_open = true;
     }
   }
@@ -610,9 +634,19 @@ Result<std::string> render_prompt(const Conversation& conv,
   // inside it (parser_options_for).
   if (prefills_tool_block(conv, v, opts)) {
     const DsmlNames n = dsml_names(v);
-    p.append(cat({"\n\n<", tok::kDsml, n.block, ">\n"}));
+    p.text("\n\n<");
+    p.special(tok::kDsml);
+    p.text(n.block);
+    p.text(">\n");
   }
-  return p;
+  return std::move(p).take();
+}
+
+Result<std::string> render_prompt(const Conversation& conv,
+                                  ModelVersion v,
+                                  const RenderOptions& opts) {
+  DSI_ASSIGN_OR_RETURN(RenderedPrompt r, render_conversation(conv, v, opts));
+  return std::move(r.text);
 }
 
 OutputParserOptions parser_options_for(const Conversation& conv,

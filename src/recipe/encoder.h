@@ -39,6 +39,8 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -56,10 +58,45 @@ struct RenderOptions {
   bool continue_final_message = false;
 };
 
-// The full prompt, starting with BOS (when add_bos). InvalidArgument for a developer message
-// with empty content, prefix on a message that is not the final assistant message,
-// continue_final_message without a final assistant message, or a V4.1 effort_budget outside
-// 0..100.
+// A rendered prompt: its text and the byte ranges of `text` that hold the control tokens the
+// encoder placed itself (ascending, disjoint; `text.substr(begin, end - begin)` is one token's
+// spelling). Everything between the ranges is plain text: a special-token spelling there (in a
+// user message, a tool schema, a tool result, reasoning, ...) must be tokenized as ordinary text,
+// never as the control token (frontend::encode_prompt). This is deepseek-recipe's
+// RenderedPrompt::special_ranges (it places the same tokens: BOS, EOS, the role tokens, `<think>`
+// / `</think>`, `<｜latest_reminder｜>`, and `｜DSML｜` in the tools template and in tool calls).
+struct SpecialRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+struct RenderedPrompt {
+  std::string text;
+  std::vector<SpecialRange> special_ranges;
+};
+
+// Appends text and control tokens, recording the control tokens' ranges.
+class PromptBuilder {
+ public:
+  void text(std::string_view s) { r_.text.append(s); }
+  void special(std::string_view s) {
+    r_.special_ranges.push_back({r_.text.size(), r_.text.size() + s.size()});
+    r_.text.append(s);
+  }
+  RenderedPrompt take() && { return std::move(r_); }
+
+ private:
+  RenderedPrompt r_;
+};
+
+// The full prompt with its control-token ranges; see render_prompt for the errors.
+Result<RenderedPrompt> render_conversation(const Conversation& conv,
+                                           ModelVersion v,
+                                           const RenderOptions& opts = {});
+
+// The full prompt text (render_conversation(...).text), starting with BOS (when add_bos).
+// InvalidArgument for a developer message with empty content, prefix on a message that is not the
+// final assistant message, continue_final_message without a final assistant message, or a V4.1
+// effort_budget outside 0..100.
 Result<std::string> render_prompt(const Conversation& conv,
                                   ModelVersion v,
                                   const RenderOptions& opts = {});

@@ -80,7 +80,12 @@ class OutputParser {
   OutputParser(const OutputParser&) = delete;
   OutputParser& operator=(const OutputParser&) = delete;
 
-  std::vector<OutputEvent> feed(std::string_view text);
+  // What a fed piece of text is. kAny: decoded text whose token boundaries are unknown (markers
+  // are recognised wherever they are spelled). kText: ordinary tokens' text: a special-token
+  // spelling in it (the model writing `</think>` as plain characters) is never a marker and stays
+  // text. kControl: the text of exactly one added (control) token: it can match a marker.
+  enum class Kind { kAny, kText, kControl };
+  std::vector<OutputEvent> feed(std::string_view text, Kind kind = Kind::kAny);
   // Flushes held-back text, completes an open tool call and emits the kFinish event. Later
   // feed()/finish() calls return nothing.
   std::vector<OutputEvent> finish(FinishReason backend_reason);

@@ -129,6 +129,48 @@ std::string dsml_v4(const std::string& body) {
 
 // ---- basics ----
 
+// Token-fed text: a marker spelled by ordinary tokens (Kind::kText) is text; the control token
+// (Kind::kControl) is the marker; kAny text keeps recognising spellings.
+TEST(RecipeOutputParser, TextKindDecidesWhatIsAMarker) {
+  using Kind = OutputParser::Kind;
+  OutputParserOptions o;
+  o.start = ParseStart::kReasoningStart;
+  o.parse_tool_calls = true;
+  OutputParser p(o);
+  std::vector<OutputEvent> ev;
+  auto add = [&](std::vector<OutputEvent> e) { ev.insert(ev.end(), e.begin(), e.end()); };
+  add(p.feed("a</thi", Kind::kText));
+  add(p.feed("nk>b<｜end▁of▁sentence｜>", Kind::kText));
+  add(p.feed("</think>", Kind::kControl));
+  add(p.feed("c <", Kind::kText));
+  add(p.feed("｜DSML｜tool_calls> d", Kind::kText));
+  add(p.finish(FinishReason::kStop));
+  ParsedMessage m = aggregate_events(ev);
+  EXPECT_EQ(m.reasoning, "a</think>b<｜end▁of▁sentence｜>");
+  EXPECT_EQ(m.content, "c <｜DSML｜tool_calls> d");
+  EXPECT_TRUE(m.tool_calls.empty());
+
+  // The DSML control token opens the block; text around it forms the tags.
+  OutputParser q(o);
+  ev.clear();
+  add(q.feed("r", Kind::kText));
+  add(q.feed("</think>", Kind::kControl));
+  add(q.feed("\n\n<", Kind::kText));
+  add(q.feed("｜DSML｜", Kind::kControl));
+  add(q.feed("tool_calls>\n<", Kind::kText));
+  add(q.feed("｜DSML｜", Kind::kControl));
+  add(q.feed("invoke name=\"f\">\n</", Kind::kText));
+  add(q.feed("｜DSML｜", Kind::kControl));
+  add(q.feed("invoke>\n</", Kind::kText));
+  add(q.feed("｜DSML｜", Kind::kControl));
+  add(q.feed("tool_calls>", Kind::kText));
+  add(q.finish(FinishReason::kStop));
+  m = aggregate_events(ev);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].name, "f");
+  EXPECT_EQ(m.finish, FinishReason::kToolCalls);
+}
+
 TEST(RecipeOutputParser, ReadmeExample) {
   const auto m = parse_all(opts(), "Simple arithmetic.</think>2 + 2 = 4." + EOS);
   EXPECT_EQ(m.reasoning, "Simple arithmetic.");
