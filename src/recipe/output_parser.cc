@@ -260,7 +260,7 @@ struct OutputParser::Impl {
       auto& v = P(Stage::kReasoning);
       v.push_back({think_end, true, Act::kThinkEnd, 0});
       add_dsml_in_text(&v);
-      v.push_back({think_start, false, Act::kDrop, 0});
+      // A literal `<think>` inside reasoning is reasoning text (deepseek-recipe keeps it).
       add_eos(&v);
       v.push_back({bos, false, Act::kDrop, 0});
     }

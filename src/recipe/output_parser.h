@@ -10,7 +10,8 @@
 // `<｜DSML｜ calls>`/` invoke`/` parameter`, plus V3.2 `function_calls` and the ASCII `|DSML|`
 // variant):
 //   reasoning: `\n*</think>` ends it; a DSML token (and the newlines before it) ends it and opens
-//     the tool block; `<think>` is dropped; leading newlines are dropped at kReasoningStart.
+//     the tool block; `<think>` is reasoning text (as in deepseek-recipe); leading newlines are
+//     dropped at kReasoningStart.
 //   content: leading newlines are dropped (kContentStart, and after `</think>`); a DSML token
 //     (and the newlines before it; also a bare or closing one) opens the tool block; stray
 //     `</think>` is dropped; `<think>` before any content switches to reasoning, later it is
@@ -21,7 +22,8 @@
 //     inside it only; tool calls may follow.
 //   everywhere: `<｜end▁of▁sentence｜>` ends output; `<｜begin▁of▁sentence｜>` is dropped.
 //   After the tool block closes, everything is dropped.
-// No content or reasoning delta contains `｜DSML｜`, `<think>`, `</think>`, BOS or EOS. (Text on
+// No content delta contains `｜DSML｜`, `<think>`, `</think>`, BOS or EOS; reasoning may contain
+// `<think>` (the model writing it literally), none of the others. (Text on
 // both sides of a dropped stray marker goes into separate deltas; their concatenation may spell a
 // marker only if the model wrote one around the dropped token, e.g. "<thi</think>nk>".)
 //

@@ -77,14 +77,12 @@ Err read_function_fields(const Reader& r,
 }
 
 std::string function_json(const FunctionFields& f) {
+  // deepseek-recipe's tool line: every field present (a missing description is "", missing
+  // parameters {}), and the `strict` flag itself is never rendered.
   Json fn = Json::object();
   fn["name"] = f.name;
-  if (f.description)
-    fn["description"] = *f.description;
-  if (f.parameters)
-    fn["parameters"] = *f.parameters;
-  if (f.strict)
-    fn["strict"] = *f.strict;
+  fn["description"] = f.description.value_or("");
+  fn["parameters"] = f.parameters ? *f.parameters : Json::object();
   return py_dumps(fn);
 }
 

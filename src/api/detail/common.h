@@ -78,7 +78,7 @@ Err read_function_fields(const Reader& r,
                          std::set<std::string>* seen,
                          FunctionFields* out);
 
-// ToolSpec::function_json of a flat tool: {"name", "description"?, "parameters"?, "strict"?}.
+// ToolSpec::function_json: {"name", "description" ("" if none), "parameters" ({} if none)}.
 std::string function_json(const FunctionFields& f);
 
 // ---- tool_choice ----

@@ -133,7 +133,8 @@ TEST(ChatDecode, DefaultMaxTokens) {
   EXPECT_EQ(mt.error().param, "max_tokens");
 }
 
-TEST(ChatDecode, ToolsKeepFunctionObjectKeyOrder) {
+// deepseek-recipe's tool line: name, description, parameters (in that order; `strict` dropped).
+TEST(ChatDecode, ToolsRenderNameDescriptionParameters) {
   GenerationRequest r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],
       "thinking":{"type":"disabled"},
       "tools":[{"type":"function","function":{"name":"get_weather",
@@ -142,9 +143,9 @@ TEST(ChatDecode, ToolsKeepFunctionObjectKeyOrder) {
   ASSERT_EQ(r.conversation.tools.size(), 1u);
   EXPECT_EQ(r.conversation.tools[0].name, "get_weather");
   EXPECT_EQ(r.conversation.tools[0].function_json,
-            "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \"properties\": "
-            "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}, \"description\": "
-            "\"Weather for a city — °C\"}");
+            "{\"name\": \"get_weather\", \"description\": \"Weather for a city — °C\", "
+            "\"parameters\": {\"type\": \"object\", \"properties\": "
+            "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}");
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
 }
 
@@ -192,14 +193,18 @@ TEST(ChatDecode, ToolHistoryAndReasoning) {
   EXPECT_EQ(m[3].blocks[0].text, "Rain");
 }
 
-TEST(ChatDecode, ReasoningPassbackCanBeRelaxed) {
+// deepseek-recipe's default (FillEmpty) accepts a missing reasoning_content and renders it
+// empty; require_reasoning_passback gives the official API's 400.
+TEST(ChatDecode, ReasoningPassbackCanBeRequired) {
   const std::string body = R"({"model":"m","tools":[{"type":"function","function":{"name":"f"}}],
       "messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},
                   {"role":"user","content":"c"}]})";
-  EXPECT_FALSE(decode_chat_request(body, {}).ok());
+  auto ok = decode_chat_request(body, {});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->conversation.messages[1].reasoning_content, "");
   DecodeOptions opts;
-  opts.require_reasoning_passback = false;
-  EXPECT_TRUE(decode_chat_request(body, opts).ok());
+  opts.require_reasoning_passback = true;
+  EXPECT_FALSE(decode_chat_request(body, opts).ok());
 }
 
 TEST(ChatDecode, SamplingFieldsStopSeedLogprobsStream) {
@@ -230,9 +235,9 @@ TEST(ChatDecode, PrefixCompletion) {
   EXPECT_EQ(r.conversation.messages[1].reasoning_content, "ok");
 }
 
-TEST(ChatDecode, ContentPartsAndDeveloperAndJsonMode) {
+TEST(ChatDecode, ContentPartsAndJsonMode) {
   GenerationRequest r = chat_ok(R"({"model":"m","response_format":{"type":"json_object"},
-      "messages":[{"role":"developer","content":[{"type":"text","text":"Answer in json."}]},
+      "messages":[{"role":"system","content":[{"type":"text","text":"Answer in json."}]},
       {"role":"user","content":[{"type":"text","text":"Look:"},
         {"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]})");
   EXPECT_TRUE(r.conversation.json_output);
@@ -429,7 +434,8 @@ TEST(ResponsesDecode, ItemsMergeIntoAssistantMessages) {
   EXPECT_EQ(m[6].content, "Thanks");
   ASSERT_EQ(r.conversation.tools.size(), 1u);  // web_search ignored
   EXPECT_EQ(r.conversation.tools[0].function_json,
-            "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}");
+            "{\"name\": \"get_weather\", \"description\": \"\", \"parameters\": {\"type\": "
+            "\"object\"}}");
 }
 
 TEST(ResponsesDecode, ToolSpecOrderAndStrict) {
@@ -437,8 +443,7 @@ TEST(ResponsesDecode, ToolSpecOrderAndStrict) {
       "tools":[{"type":"function","strict":true,"parameters":{"type":"object"},"description":"D","name":"f"}]})");
   ASSERT_EQ(r.conversation.tools.size(), 1u);
   EXPECT_EQ(r.conversation.tools[0].function_json,
-            "{\"name\": \"f\", \"description\": \"D\", \"parameters\": {\"type\": \"object\"}, "
-            "\"strict\": true}");
+            "{\"name\": \"f\", \"description\": \"D\", \"parameters\": {\"type\": \"object\"}}");
 }
 
 TEST(ResponsesDecode, ReasoningEffortAndTextFormat) {

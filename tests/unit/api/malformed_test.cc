@@ -169,10 +169,9 @@ std::vector<BadCase> cases() {
          {"role":"user","content":"y"}]})",
        "messages[1].prefix"},
       {Proto::kChat,
-       "reasoning_not_passed_back",
-       R"({"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"x"},
-         {"role":"assistant","content":"a"},{"role":"user","content":"y"}]})",
-       "messages[1].reasoning_content"},
+       "developer_role",
+       R"({"model":"m","messages":[{"role":"developer","content":"x"}]})",
+       "messages[0].role"},
       {Proto::kChat, "user_id_charset", chat(R"("user_id":"a b")"), "user_id"},
       {Proto::kChat, "seed_type", chat(R"("seed":"1")"), "seed"},
       {Proto::kChat, "penalty_range", chat(R"("presence_penalty":3)"), "presence_penalty"},
@@ -403,7 +402,7 @@ TEST(Malformed, OpenAIParamIsThePath) {
   EXPECT_EQ(r.error().param, "messages[1].role");
   EXPECT_EQ(r.error().message,
             "Invalid value for 'messages[1].role': 'wizard' is not one of 'system', 'user', "
-            "'assistant', 'tool'.");
+            "'assistant', 'tool', 'latest_reminder'.");
   auto m = decode_messages_request(R"({"model":"m","max_tokens":"x","messages":[]})", {});
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.error().message, "max_tokens: Input should be an integer, got a string");
