@@ -98,7 +98,11 @@ Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* co
   } else if (type == "auto") {
     // Keeps the default (auto with tools, none without).
   } else if (type == "any") {
-    return detail::require_tool_choice(r, p.key("type"), "'any' needs at least one tool.", conv);
+    DSI_API_TRY(
+        detail::require_tool_choice(r, p.key("type"), "'any' needs at least one tool.", conv));
+    // deepseek-recipe: in thinking mode `any` is accepted and means `auto` (no forced call).
+    if (conv->thinking == recipe::ThinkingMode::kThinking)
+      conv->tool_choice = recipe::ToolChoice::kAuto;
   } else if (type == "tool") {
     std::string name;
     DSI_API_TRY(r.req_string(*tc, p, "name", &name));

@@ -445,6 +445,21 @@ const std::vector<Message>& normalized_messages(const std::vector<Message>& in,
   return *storage;
 }
 
+// The tools the prompt lists: none for tool_choice kNone, only the named one for kNamed
+// (deepseek-recipe), else all.
+std::vector<ToolSpec> offered_tools(const Conversation& conv) {
+  if (conv.tool_choice == ToolChoice::kNone)
+    return {};
+  if (conv.tool_choice != ToolChoice::kNamed)
+    return conv.tools;
+  std::vector<ToolSpec> out;
+  for (const ToolSpec& t : conv.tools) {
+    if (t.name == conv.tool_choice_name)
+      out.push_back(t);
+  }
+  return out;
+}
+
 bool wants_continue_final(const std::vector<Message>& in, const RenderOptions& opts) {
   return opts.continue_final_message ||
          (!in.empty() && in.back().role == Role::kAssistant && in.back().prefix);
@@ -459,7 +474,7 @@ bool ends_with_generation_prompt(const Conversation& conv,
   std::vector<Message> storage;
   const auto& msgs = normalized_messages(conv.messages, v, &storage);
   const bool extra_system =
-      !conv.tools.empty() || conv.response_format_json.has_value() || conv.json_output;
+      !offered_tools(conv).empty() || conv.response_format_json.has_value() || conv.json_output;
   Role last;
   if (!msgs.empty()) {
     last = msgs.back().role == Role::kTool ? Role::kUser : msgs.back().role;
@@ -474,7 +489,7 @@ bool ends_with_generation_prompt(const Conversation& conv,
 }
 
 bool prefills_tool_block(const Conversation& conv, ModelVersion v, const RenderOptions& opts) {
-  return !conv.tools.empty() &&
+  return !offered_tools(conv).empty() &&
          (conv.tool_choice == ToolChoice::kRequired || conv.tool_choice == ToolChoice::kNamed) &&
          ends_with_generation_prompt(conv, v, opts);
 }
@@ -506,7 +521,8 @@ Result<RenderedPrompt> render_conversation(const Conversation& conv,
   const std::vector<Message>& in = normalized_messages(given, v, &storage);
 
   // Tools and the response format go on the leading system message (inserted when missing).
-  const bool has_tools = !conv.tools.empty();
+  const std::vector<ToolSpec> tools = offered_tools(conv);
+  const bool has_tools = !tools.empty();
   std::string response_format;
   if (conv.response_format_json.has_value()) {
     response_format = cat({"\n\n", kResponseFormatIntro, *conv.response_format_json});
@@ -565,7 +581,7 @@ Result<RenderedPrompt> render_conversation(const Conversation& conv,
         p.text(m.content);
         if (m.tools) {
           p.text("\n\n");
-          build_tools_block(conv.tools, v, &p);
+          build_tools_block(tools, v, &p);
         }
         if (m.response_format)
           p.text(response_format);

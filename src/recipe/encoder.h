@@ -11,7 +11,9 @@
 //     is a system message). Without one, an empty system message is inserted at index 0, so the
 //     prompt starts `<BOS>\n\n## Tools…` (vLLM / deepseek-recipe). A V4.1 system message that
 //     is not first does not receive them.
-//   - tools present => drop_thinking is forced off (reasoning history kept on every turn).
+//   - the tools block lists the offered tools: none with tool_choice kNone, only the named tool
+//     with kNamed (deepseek-recipe). Offered tools => drop_thinking is forced off (reasoning
+//     history kept on every turn).
 //   - ToolSpec::function_json and response_format_json are pasted verbatim: the API layer
 //     serialises them with py_json_dumps (pyjson.h).
 //   - response format: response_format_json set (json_schema: the schema object) renders
@@ -114,7 +116,7 @@ Result<std::string> reasoning_effort_prefix(const Conversation& conv, ModelVersi
 
 // Parser options matching how render_prompt(conv, v, opts) ends: start stage (reasoning after
 // `<think>`, content after `</think>`, continuing a prefix, or inside a prefilled tool block),
-// parse_tool_calls (tools given and tool_choice != kNone; note ToolChoice defaults to kNone),
+// parse_tool_calls (tools given and tool_choice != kNone),
 // json_output. Stop sequences are the caller's (SamplingParams::stop).
 OutputParserOptions parser_options_for(const Conversation& conv,
                                        ModelVersion v,

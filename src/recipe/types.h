@@ -63,7 +63,9 @@ enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 struct Conversation {
   std::vector<Message> messages;
   std::vector<ToolSpec> tools;
-  ToolChoice tool_choice = ToolChoice::kNone;
+  // kNone: no tools block is rendered (the tools are not offered); kNamed: only the named tool
+  // is listed (deepseek-recipe).
+  ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;                     // kNamed
   std::optional<std::string> response_format_json;  // rendered into the system block
   bool json_output = false;                         // response_format json_object

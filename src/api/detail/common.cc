@@ -186,8 +186,8 @@ Err check_tool_choice_mode(const Reader& r,
       (conv.tool_choice == recipe::ToolChoice::kRequired ||
        conv.tool_choice == recipe::ToolChoice::kNamed)) {
     return r.invalid(tool_choice_path,
-                     "forcing a tool call (required or a named tool) is not supported in "
-                     "thinking mode; disable thinking to use it.");
+                     "Thinking mode does not support this tool_choice (a required or named "
+                     "tool call); disable thinking to use it.");
   }
   return std::nullopt;
 }

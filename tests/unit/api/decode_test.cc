@@ -365,6 +365,13 @@ TEST(MessagesDecode, ToolChoiceMapping) {
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNone);
   r = messages_ok(base + R"("tool_choice":{"type":"auto","disable_parallel_tool_use":true}})");
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
+  // Thinking mode: `any` is accepted and means `auto` (deepseek-recipe); a named tool is not.
+  std::string thinking = base;
+  thinking.replace(thinking.find("disabled"), 8, "enabled");
+  r = messages_ok(thinking + R"("tool_choice":{"type":"any"}})");
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
+  EXPECT_FALSE(
+      decode_messages_request(thinking + R"("tool_choice":{"type":"tool","name":"b"}})", {}).ok());
 }
 
 TEST(MessagesDecode, ClaudeNamesAcceptedWhenServingOtherModels) {

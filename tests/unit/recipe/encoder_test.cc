@@ -415,6 +415,26 @@ TEST(RecipeEncoder, ToolChoiceRequiredPrefillsToolBlock) {
   }
 }
 
+// tool_choice none offers no tools (no tools block, reasoning history dropped as without tools);
+// a named tool_choice lists only that tool (deepseek-recipe).
+TEST(RecipeEncoder, ToolChoiceSelectsOfferedTools) {
+  const ToolSpec x{"x", "{\"name\": \"x\"}"};
+  for (ModelVersion v : {ModelVersion::kV40731, ModelVersion::kV41}) {
+    Conversation c = conv({user("q")}, ThinkingMode::kChat);
+    const std::string plain = render(c, v);
+    c.tools = {weather_tool(), x};
+    c.tool_choice = ToolChoice::kNone;
+    EXPECT_EQ(render(c, v), plain);
+    EXPECT_FALSE(parser_options_for(c, v).parse_tool_calls);
+    c.tool_choice = ToolChoice::kNamed;
+    c.tool_choice_name = x.name;
+    Conversation only_x = conv({user("q")}, ThinkingMode::kChat);
+    only_x.tools = {x};
+    only_x.tool_choice = ToolChoice::kRequired;
+    EXPECT_EQ(render(c, v), render(only_x, v));
+  }
+}
+
 // ---- DSML rendering ----
 
 TEST(RecipeEncoder, DsmlToolCallsV4AndV41) {
