@@ -102,7 +102,8 @@ Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
         DSI_API_TRY(detail::read_function_fields(r, *fn, fp, seen, &f));
         DSI_API_TRY(r.opt_object(*fn, fp, "parameters", &f.parameters));
         DSI_API_TRY(r.opt_bool(*fn, fp, "strict", &f.strict));
-        conv->tools.push_back(recipe::ToolSpec{f.name, detail::function_json(f)});
+        conv->tools.push_back(
+            recipe::ToolSpec{f.name, detail::function_json(f), f.strict.value_or(false)});
         return std::nullopt;
       });
 }
@@ -144,9 +145,8 @@ Err read_assistant_tool_calls(const Reader& r, const Json& m, const Path& mp, Me
         Path fp = cp.key("function");
         DSI_API_TRY(r.req_string(*fn, fp, "name", &call.name));
         DSI_API_TRY(r.req_string(*fn, fp, "arguments", &call.arguments));
-        if (!detail::is_json_text(call.arguments)) {
-          return r.invalid(fp.key("arguments"), "must be a JSON-encoded string.");
-        }
+        // Not validated: text that is not a JSON object renders as {"arguments": text}
+        // (deepseek-recipe).
         msg->tool_calls.push_back(std::move(call));
         return std::nullopt;
       });
@@ -260,8 +260,20 @@ Err read_response_format(const Reader& r, const Json& root, recipe::Conversation
     conv->json_output = true;
     return std::nullopt;
   }
-  return r.invalid(p.key("type"),
-                   "'" + type->substr(0, 64) + "' is not one of 'text', 'json_object'.");
+  if (*type == "json_schema") {
+    // {"type": "json_schema", "json_schema": {"name"?, "schema", "strict"?}}: the schema is
+    // rendered (deepseek-recipe).
+    const Json* js = nullptr;
+    DSI_API_TRY(r.req_object(*rf, p, "json_schema", &js));
+    const Json* schema = nullptr;
+    DSI_API_TRY(r.req_object(*js, p.key("json_schema"), "schema", &schema));
+    conv->json_output = true;
+    conv->response_format_json = detail::py_dumps(*schema);
+    return std::nullopt;
+  }
+  return r.invalid(
+      p.key("type"),
+      "'" + type->substr(0, 64) + "' is not one of 'text', 'json_object', 'json_schema'.");
 }
 
 Err read_user_id(const Reader& r, const Json& root, std::string_view key, std::string* out) {
@@ -338,6 +350,13 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(detail::check_tool_choice_mode(r, Path().key("tool_choice"), req->conversation));
   DSI_API_TRY(read_response_format(r, root, &req->conversation));
   DSI_API_TRY(read_messages(r, root, opts, req));
+  DSI_API_TRY(detail::check_conversation_rules(
+      r,
+      req->conversation,
+      find(root, "response_format") != nullptr,
+      Path().key("response_format"),
+      "Prompt must contain the word 'json' in some form to use 'response_format' of type "
+      "'json_object'."));
 
   recipe::SamplingParams& s = req->sampling;
   DSI_API_TRY(detail::read_max_tokens(r, root, "max_tokens", opts, &s.max_tokens));

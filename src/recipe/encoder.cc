@@ -204,7 +204,8 @@ std::vector<Msg> drop_thinking(std::vector<Msg> msgs, ModelVersion v) {
   return out;
 }
 
-// encode_arguments_to_dsml's view of the arguments: a JSON object, or {"arguments": raw}.
+// encode_arguments_to_dsml's view of the arguments: a JSON object, or {"arguments": raw} (also
+// for a JSON string holding an object: deepseek-recipe does not decode twice).
 ordered_json arguments_object(const std::string& raw) {
   // nlohmann's lexer stops at a NUL byte (Python's json.loads rejects it): never JSON.
   auto parse = [](const std::string& text) {
@@ -213,14 +214,31 @@ ordered_json arguments_object(const std::string& raw) {
                : ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   };
   ordered_json v = parse(raw);
-  if (!v.is_discarded() && v.is_string()) {  // double-encoded
-    v = parse(v.get<std::string>());
-  }
   if (!v.is_discarded() && v.is_object())
     return v;
   ordered_json w = ordered_json::object();
   w["arguments"] = raw;
   return w;
+}
+
+// deepseek-recipe's V4 encoding differs from the Python reference encoder in two details (floats
+// in the V4 form, no empty line in an invoke without parameters); RenderOptions::
+// python_reference renders the latter.
+bool v4_recipe_form(ModelVersion v, bool python_reference) {
+  return v != ModelVersion::kV41 && !python_reference;
+}
+
+FloatStyle float_style(ModelVersion v, bool python_reference) {
+  return v4_recipe_form(v, python_reference) ? FloatStyle::kV4 : FloatStyle::kPython;
+}
+
+// JSON text written with py_json_dumps (a tool line, a response format) in the version's float
+// style: V4 re-dumps it (text that does not parse is kept as is).
+std::string json_for(const std::string& text, ModelVersion v, bool python_reference) {
+  if (float_style(v, python_reference) == FloatStyle::kPython)
+    return text;
+  const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? text : py_json_dumps(j, FloatStyle::kV4);
 }
 
 std::string render_user_blocks(const std::vector<ContentBlock>& blocks) {
@@ -250,7 +268,10 @@ namespace {
 
 // The tools block into `b`: the template's DSML, `<think>` and `</think>` are control tokens
 // (deepseek-recipe places them as special tokens); the tool schemas are text.
-void build_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v, PromptBuilder* b) {
+void build_tools_block(const std::vector<ToolSpec>& tools,
+                       ModelVersion v,
+                       bool python_reference,
+                       PromptBuilder* b) {
   const DsmlNames n = dsml_names(v);
   auto tag = [&](std::string_view open, std::string_view name, std::string_view rest) {
     b->text(open);
@@ -292,7 +313,7 @@ void build_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v, Promp
   for (size_t i = 0; i < tools.size(); ++i) {
     if (i > 0)
       b->text("\n");
-    b->text(tools[i].function_json);
+    b->text(json_for(tools[i].function_json, v, python_reference));
   }
   b->text(
       "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "
@@ -301,7 +322,10 @@ void build_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v, Promp
 
 // An assistant's DSML tool-call block into `b`: the DSML tokens are control tokens; names,
 // keys and values are text.
-void build_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v, PromptBuilder* b) {
+void build_tool_calls(const std::vector<ToolCall>& calls,
+                      ModelVersion v,
+                      bool python_reference,
+                      PromptBuilder* b) {
   const DsmlNames n = dsml_names(v);
   auto tag = [&](std::string_view open, std::string_view name) {
     b->text(open);
@@ -331,12 +355,15 @@ void build_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v, Prompt
       if (is_str) {
         b->text(value.get_ref<const std::string&>());
       } else {
-        b->text(py_json_dumps(value));
+        b->text(py_json_dumps(value, float_style(v, python_reference)));
       }
       tag("</", n.parameter);
       b->text(">");
     }
-    b->text("\n");
+    // deepseek-recipe's V4 closes an invoke without parameters right after its opening line; V4.1
+    // (and the V4 Python reference) leaves an empty line.
+    if (!args.empty() || !v4_recipe_form(v, python_reference))
+      b->text("\n");
     tag("</", n.invoke);
     b->text(">");
   }
@@ -349,13 +376,15 @@ void build_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v, Prompt
 
 std::string render_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v) {
   PromptBuilder b;
-  build_tools_block(tools, v, &b);
+  build_tools_block(tools, v, /*python_reference=*/false, &b);
   return std::move(b).take().text;
 }
 
-std::string render_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v) {
+std::string render_tool_calls(const std::vector<ToolCall>& calls,
+                              ModelVersion v,
+                              bool python_reference) {
   PromptBuilder b;
-  build_tool_calls(calls, v, &b);
+  build_tool_calls(calls, v, python_reference, &b);
   return std::move(b).take().text;
 }
 
@@ -460,6 +489,14 @@ std::vector<ToolSpec> offered_tools(const Conversation& conv) {
   return out;
 }
 
+// Whether a final assistant message `last` is closed and followed by a generation prompt
+// (deepseek-recipe, V4 and V4.1) rather than left as the last turn (the Python reference V4
+// encoder). The caller checks that there is a generation prompt and no continuation.
+template <typename M>
+bool closes_final_assistant(const M* last, const RenderOptions& opts) {
+  return last != nullptr && last->role == Role::kAssistant && !opts.python_reference;
+}
+
 bool wants_continue_final(const std::vector<Message>& in, const RenderOptions& opts) {
   return opts.continue_final_message ||
          (!in.empty() && in.back().role == Role::kAssistant && in.back().prefix);
@@ -484,6 +521,8 @@ bool ends_with_generation_prompt(const Conversation& conv,
     return false;
   }
   if (last == Role::kUser || last == Role::kDeveloper)
+    return true;
+  if (last == Role::kAssistant && closes_final_assistant(&msgs.back(), opts))
     return true;
   return v == ModelVersion::kV41 && (last == Role::kSystem || last == Role::kAssistant);
 }
@@ -525,7 +564,9 @@ Result<RenderedPrompt> render_conversation(const Conversation& conv,
   const bool has_tools = !tools.empty();
   std::string response_format;
   if (conv.response_format_json.has_value()) {
-    response_format = cat({"\n\n", kResponseFormatIntro, *conv.response_format_json});
+    response_format = cat({"\n\n",
+                           kResponseFormatIntro,
+                           json_for(*conv.response_format_json, v, opts.python_reference)});
   } else if (conv.json_output) {
     // json_object without a schema, as deepseek-recipe renders it.
     response_format = v41 ? cat({"\n\n", kResponseFormatIntro, "{\"type\": \"json_object\"}"})
@@ -550,7 +591,18 @@ Result<RenderedPrompt> render_conversation(const Conversation& conv,
   if (thinking && drop)
     msgs = drop_thinking(std::move(msgs), v);
   const bool add_generation_prompt = opts.add_generation_prompt && !continue_final;
-  const int last_user = last_user_index(msgs, v);
+  int last_user = last_user_index(msgs, v);
+  // A complete final assistant message is history: the generation prompt opens a new turn after
+  // it, so with dropped thinking its reasoning goes too (deepseek-recipe).
+  const bool closes_final =
+      add_generation_prompt && closes_final_assistant(msgs.empty() ? nullptr : &msgs.back(), opts);
+  if (closes_final && thinking && drop) {
+    for (Msg& m : msgs) {
+      if (m.role == Role::kAssistant)
+        m.reasoning.clear();
+    }
+    last_user = static_cast<int>(msgs.size()) - 1;
+  }
 
   PromptBuilder p;
   if (opts.add_bos)
@@ -581,7 +633,7 @@ Result<RenderedPrompt> render_conversation(const Conversation& conv,
         p.text(m.content);
         if (m.tools) {
           p.text("\n\n");
-          build_tools_block(tools, v, &p);
+          build_tools_block(tools, v, opts.python_reference, &p);
         }
         if (m.response_format)
           p.text(response_format);
@@ -616,7 +668,7 @@ Result<RenderedPrompt> render_conversation(const Conversation& conv,
         p.text(m.content);
         if (has_calls) {
           p.text("\n\n");
-          build_tool_calls(*m.tool_calls, v, &p);
+          build_tool_calls(*m.tool_calls, v, opts.python_reference, &p);
         }
         if (!m.wo_eos)
           p.special(tok::kEos);
@@ -635,7 +687,8 @@ Result<RenderedPrompt> render_conversation(const Conversation& conv,
         msgs[i + 1].role != Role::kLatestReminder) {
       continue;
     }
-    bool opens_assistant = m.role == Role::kUser || m.role == Role::kDeveloper;
+    bool opens_assistant =
+        m.role == Role::kUser || m.role == Role::kDeveloper || (is_last && closes_final);
     if (v41) {
       opens_assistant = opens_assistant || (m.role == Role::kSystem && i > 0) ||
                         (is_last && (m.role == Role::kSystem || m.role == Role::kAssistant));

@@ -34,9 +34,11 @@
 //     in thinking mode a reasoning-only prefix (empty content, no tool calls) renders as the bare
 //     reasoning without `</think>`, so generation continues the reasoning. The reference V4
 //     encoder has no continue_final_message; we follow V4.1 / deepseek-recipe for every version.
-//   - tool-call arguments that are not a JSON object (after at most two decodes, V4.1's
-//     double-encoding tolerance, applied to every version) render as {"arguments": raw}, as the
-//     reference does (also for empty arguments).
+//   - tool-call arguments that are not a JSON object (a JSON string is not decoded again) render
+//     as {"arguments": raw}, as deepseek-recipe does (also for empty arguments). An invoke
+//     without parameters closes on its next line (V4) or after an empty line (V4.1).
+//   - V4 / V4-0731 write floats in tool schemas, the response format and tool-call arguments in
+//     the V4 form (pyjson.h FloatStyle::kV4: 1e-7, 0.00001); V4.1 like Python (1e-07, 1e-05).
 // Not modelled: internal quick-instruction tasks, context prefixes, images.
 #pragma once
 
@@ -58,6 +60,12 @@ struct RenderOptions {
   bool add_generation_prompt = true;
   // Continue the final assistant message (also implied by its prefix=true).
   bool continue_final_message = false;
+  // Render as DeepSeek's Python reference encoders (encoding_dsv4.py, deepseek_v41_encoding.py)
+  // do where deepseek-recipe differs from them: V4 floats in Python's repr (1e-07, not 1e-7), an
+  // empty line in a V4 tool-call invoke without parameters, and a final assistant message (not a
+  // prefix) left as the last turn instead of closed and followed by a generation prompt with
+  // its reasoning dropped. Off: deepseek-recipe (the default).
+  bool python_reference = false;
 };
 
 // A rendered prompt: its text and the byte ranges of `text` that hold the control tokens the
@@ -108,8 +116,10 @@ Result<std::string> render_prompt(const Conversation& conv,
 std::string render_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v);
 
 // `<｜DSML｜tool_calls>\n<｜DSML｜invoke …>…</｜DSML｜tool_calls>` for an assistant's calls (V4.1:
-// spaced tag names), without the leading "\n\n".
-std::string render_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v);
+// spaced tag names), without the leading "\n\n" (python_reference: see RenderOptions).
+std::string render_tool_calls(const std::vector<ToolCall>& calls,
+                              ModelVersion v,
+                              bool python_reference = false);
 
 // The reasoning-effort text placed at index 0 in thinking mode ("" when none).
 Result<std::string> reasoning_effort_prefix(const Conversation& conv, ModelVersion v);

@@ -56,6 +56,7 @@ struct Message {
 struct ToolSpec {
   std::string name;
   std::string function_json;
+  bool strict = false;  // declared `strict: true` (not rendered; the API layer validates with it)
 };
 
 enum class ToolChoice { kNone, kAuto, kRequired, kNamed };

@@ -168,7 +168,9 @@ void apply_thinking(const ThinkingControls& c,
                     const DecodeOptions& opts,
                     recipe::Conversation* conv) {
   bool on = c.enabled.value_or(true);
-  if (c.effort && c.effort->thinking_off)
+  // Effort "none" turns thinking off unless thinking was explicitly enabled (deepseek-recipe:
+  // then it is ignored and the default effort applies).
+  if (c.effort && c.effort->thinking_off && !c.enabled.has_value())
     on = false;
   conv->thinking = on ? recipe::ThinkingMode::kThinking : recipe::ThinkingMode::kChat;
   conv->effort = recipe::ReasoningEffort::kUnset;
@@ -177,6 +179,53 @@ void apply_thinking(const ThinkingControls& c,
                        ? c.effort->effort
                        : opts.default_effort;
   }
+}
+
+namespace {
+
+bool mentions_json(std::string_view text) {
+  for (size_t i = 0; i + 4 <= text.size(); ++i) {
+    if ((text[i] | 0x20) == 'j' && (text[i + 1] | 0x20) == 's' && (text[i + 2] | 0x20) == 'o' &&
+        (text[i + 3] | 0x20) == 'n') {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+Err check_conversation_rules(const Reader& r,
+                             const recipe::Conversation& conv,
+                             bool has_response_format,
+                             const Path& response_format_path,
+                             const std::string& json_word_message) {
+  if (has_response_format && conv.tool_choice != recipe::ToolChoice::kNone) {
+    for (const recipe::ToolSpec& t : conv.tools) {
+      const bool offered =
+          conv.tool_choice != recipe::ToolChoice::kNamed || t.name == conv.tool_choice_name;
+      if (offered && t.strict)
+        return r.invalid(response_format_path, "response_format should not be used with tools");
+    }
+  }
+  const auto& msgs = conv.messages;
+  if (!msgs.empty() && msgs.back().prefix) {
+    bool calls = !conv.tools.empty();
+    for (const recipe::Message& m : msgs)
+      calls = calls || !m.tool_calls.empty() || m.role == recipe::Role::kTool;
+    if (calls)
+      return r.invalid(Path(), "Function call should not be used with prefix");
+  }
+  if (conv.json_output && !conv.response_format_json) {
+    bool found = false;
+    for (const recipe::Message& m : msgs) {
+      found = found || mentions_json(m.content);
+      for (const recipe::ContentBlock& b : m.blocks) found = found || mentions_json(b.text);
+    }
+    if (!found)
+      return r.invalid(Path(), json_word_message);
+  }
+  return std::nullopt;
 }
 
 Err check_tool_choice_mode(const Reader& r,

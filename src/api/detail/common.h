@@ -127,6 +127,21 @@ void apply_thinking(const ThinkingControls& c,
                     const DecodeOptions& opts,
                     recipe::Conversation* conv);
 
+// deepseek-recipe's cross-field rules, checked on the decoded conversation:
+//   - a response format (any type, `text` included) with an offered strict tool: "response_format
+//     should not be used with tools";
+//   - a final prefix assistant message with tools declared or tool calls / results in the
+//     history: "Function call should not be used with prefix";
+//   - json_object without the word "json" (any case) in the text of a message (system, user,
+//     assistant content, tool result, reminder; not reasoning or tool-call arguments):
+//     `json_word_message`.
+// `response_format_path`: where the protocol puts the response format (for the message).
+Err check_conversation_rules(const Reader& r,
+                             const recipe::Conversation& conv,
+                             bool has_response_format,
+                             const Path& response_format_path,
+                             const std::string& json_word_message);
+
 // tool_choice required/named is rejected in thinking mode (spec §3.1).
 Err check_tool_choice_mode(const Reader& r,
                            const Path& tool_choice_path,

@@ -344,11 +344,12 @@ TEST(MessagesDecode, ToolUseToolResultThinkingHistory) {
   EXPECT_EQ(m[2].blocks[2].text, "Thanks");
 }
 
-TEST(MessagesDecode, FinalAssistantIsPrefill) {
+// deepseek-recipe: a final assistant message is a complete turn, not a prefill.
+TEST(MessagesDecode, FinalAssistantIsNotAPrefill) {
   GenerationRequest r = messages_ok(R"({"model":"m","max_tokens":10,"messages":[
       {"role":"user","content":"JSON please"},{"role":"assistant","content":"{"}]})");
   ASSERT_EQ(r.conversation.messages.size(), 2u);
-  EXPECT_TRUE(r.conversation.messages[1].prefix);
+  EXPECT_FALSE(r.conversation.messages[1].prefix);
   EXPECT_EQ(r.conversation.messages[1].content, "{");
 }
 
@@ -462,13 +463,56 @@ TEST(ResponsesDecode, ReasoningEffortAndTextFormat) {
   r = responses_ok(R"({"model":"m","input":"x","text":{"format":{"type":"json_schema",
       "name":"out","schema":{"type":"object"}},"verbosity":"low"}})");
   EXPECT_TRUE(r.conversation.json_output);
-  EXPECT_EQ(r.conversation.response_format_json,
-            "{\"type\": \"json_schema\", \"name\": \"out\", \"schema\": {\"type\": \"object\"}}");
-  r = responses_ok(R"({"model":"m","input":"x","text":{"format":{"type":"json_object"}},
+  // The schema is rendered, not the format object (deepseek-recipe).
+  EXPECT_EQ(r.conversation.response_format_json, "{\"type\": \"object\"}");
+  r = responses_ok(R"({"model":"m","input":"x json","text":{"format":{"type":"json_object"}},
       "top_logprobs":3,"tool_choice":"auto","parallel_tool_calls":false})");
   EXPECT_TRUE(r.conversation.json_output);
   EXPECT_FALSE(r.conversation.response_format_json.has_value());
   EXPECT_EQ(r.sampling.top_logprobs, 3);
+}
+
+// deepseek-recipe's cross-field rules.
+TEST(ChatDecode, RecipeCrossFieldRules) {
+  const std::string strict_tool =
+      R"("tools":[{"type":"function","function":{"name":"f","strict":true,"parameters":{
+      "type":"object","properties":{"a":{"type":"string"}},"required":["a"],
+      "additionalProperties":false}}}])";
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  auto chat = [](const std::string& body) { return decode_chat_request(body, {}); };
+  // A response format (even text) with an offered strict tool.
+  EXPECT_FALSE(
+      chat(R"({"model":"m",)" + msgs + "," + strict_tool + R"(,"response_format":{"type":"text"}})")
+          .ok());
+  EXPECT_TRUE(chat(R"({"model":"m",)" + msgs + "," + strict_tool +
+                   R"(,"response_format":{"type":"text"},"tool_choice":"none"})")
+                  .ok());
+  EXPECT_TRUE(chat(R"({"model":"m",)" + msgs + "," + strict_tool + "}").ok());
+  // json_object needs "json" in message text, any case; reasoning does not count.
+  EXPECT_TRUE(chat(R"({"model":"m","messages":[{"role":"system","content":"Reply in JSON"},
+      {"role":"user","content":"x"}],"response_format":{"type":"json_object"}})")
+                  .ok());
+  EXPECT_FALSE(chat(R"({"model":"m","messages":[{"role":"user","content":"x"},
+      {"role":"assistant","content":"a","reasoning_content":"json"},{"role":"user","content":"y"}],
+      "response_format":{"type":"json_object"}})")
+                   .ok());
+  // json_schema renders its schema.
+  auto r = chat(R"({"model":"m",)" + msgs +
+                R"(,"response_format":{"type":"json_schema","json_schema":{"name":"o",
+                "schema":{"type":"object"}}}})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().conversation.response_format_json, "{\"type\": \"object\"}");
+  // A prefix with tool calls in the history.
+  EXPECT_FALSE(chat(R"({"model":"m","messages":[{"role":"user","content":"x"},
+      {"role":"assistant","content":"","tool_calls":[{"id":"c","type":"function",
+      "function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"},
+      {"role":"assistant","content":"p","prefix":true}]})")
+                   .ok());
+  // Explicitly enabled thinking ignores effort "none".
+  r = chat(R"({"model":"m",)" + msgs +
+           R"(,"thinking":{"type":"enabled"},"reasoning_effort":"none"})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().conversation.thinking, ThinkingMode::kThinking);
 }
 
 TEST(ResponsesDecode, NamedToolChoiceWithoutThinking) {

@@ -332,7 +332,7 @@ TEST(RecipeOutputParser, GoldOutput1CompletionRoundTrip) {
 // render_tool_calls -> parser gives back Python-json.dumps arguments, for both dialects.
 TEST(RecipeOutputParser, RenderParseRoundTrip) {
   const std::string args =
-      "{\"s\": \"a \\\"q\\\"\\n\\t\\\\ 日本 \\u0001\", \"n\": 1.5e-07, \"o\": {\"k\": [1, true, "
+      "{\"s\": \"a \\\"q\\\"\\n\\t\\\\ 日本 \\u0001\", \"n\": 0.0015, \"o\": {\"k\": [1, true, "
       "null]}, \"e\": \"\", \"neg\": -0.0, \"big\": 12345678901234567890}";
   const std::string py = *py_json_normalize(args);
   const std::vector<ToolCall> calls = {{"1", "f", args}, {"2", "g", "{}"}};
