@@ -217,6 +217,7 @@ class ItemReader {
     Message m;
     if (role == "user" || role == "developer") {
       m.role = Role::kUser;
+      m.developer = role == "developer";
       DSI_API_TRY(read_parts(r_, *content, cp, PartsFor::kUser, &m));
     } else if (role == "system") {
       m.role = Role::kSystem;

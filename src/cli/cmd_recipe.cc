@@ -261,6 +261,7 @@ int run_parse_batch(const ParseArgs& a) {
     opts.parse_tool_calls = j.value("tools", true);
     opts.json_output = j.value("json", false);
     opts.stop_sequences = j.value("stop", std::vector<std::string>{});
+    opts.eos_spelling_is_text = true;  // text of unknown origin (deepseek-recipe's text chunks)
     std::vector<std::pair<std::string, bool>> pieces;
     if (j.contains("pieces")) {
       for (const json& p : j["pieces"]) pieces.emplace_back(p[0], p[1].get<bool>());
@@ -305,6 +306,7 @@ int run_parse(const ParseArgs& a) {
       a.thinking == "on" ? recipe::ParseStart::kReasoningStart : recipe::ParseStart::kContentStart;
   opts.parse_tool_calls = a.tools;
   opts.stop_sequences = a.stop;
+  opts.eos_spelling_is_text = true;  // text of unknown origin (deepseek-recipe's text chunks)
   for (const auto& ev : parse_pieces(opts, {{*text, false}}, std::string::npos)) {
     std::printf("%s\n", event_json(ev).dump().c_str());
   }

@@ -439,13 +439,27 @@ Result<std::string> reasoning_effort_prefix(const Conversation& conv, ModelVersi
 namespace {
 
 // V4 has no mid-conversation system turn: like deepseek-recipe, all system messages are merged
-// (non-empty contents joined by "\n\n") into one leading system message. Returns `in` unchanged
-// for V4.1 or when there is no system message.
+// (non-empty contents joined by "\n\n") into one leading system message. V4.1 turns Responses
+// developer items into system messages. Returns `in` unchanged when nothing changes.
 const std::vector<Message>& normalized_messages(const std::vector<Message>& in,
                                                 ModelVersion v,
                                                 std::vector<Message>* storage) {
-  if (v == ModelVersion::kV41)
-    return in;
+  if (v == ModelVersion::kV41) {
+    // Responses developer items are system turns (deepseek-recipe).
+    if (std::none_of(in.begin(), in.end(), [](const Message& m) { return m.developer; }))
+      return in;
+    *storage = in;
+    for (Message& m : *storage) {
+      if (!m.developer)
+        continue;
+      m.role = Role::kSystem;
+      if (!m.blocks.empty()) {
+        m.content = render_user_blocks(m.blocks);
+        m.blocks.clear();
+      }
+    }
+    return *storage;
+  }
   std::string sys;
   bool any = false;
   for (const Message& m : in) {

@@ -351,11 +351,13 @@ struct OutputParser::Impl {
   }
 
   // Whether pattern `p` found at buf offset `f` is a marker: each control-token spelling in it
-  // must be one control token in the buffer (or text of unknown kind).
+  // must be one control token in the buffer (or text of unknown kind, except an EOS with
+  // eos_spelling_is_text).
   bool controls_ok(const Pattern& p, size_t f) const {
+    const bool any_ok = !(p.act == Act::kEos && opt.eos_spelling_is_text);
     for (const auto& [a, b] : p.controls) {
       const char first = mask[f + a];
-      if (first != kMaskAny && first != kMaskControlStart)
+      if (first != kMaskControlStart && (first != kMaskAny || !any_ok))
         return false;
       for (size_t i = f + a + 1; i < f + b; ++i) {
         if (mask[i] != kMaskAny && mask[i] != kMaskControlRest)

@@ -73,6 +73,9 @@ struct OutputParserOptions {
   bool json_output = false;
   bool accept_ascii_dsml = true;            // also treat `|DSML|` as the DSML token
   std::vector<std::string> stop_sequences;  // matched in content only; empty ones ignored
+  // Kind::kAny text: an EOS spelling ends the output (false) or stays text (true: as
+  // deepseek-recipe treats text chunks; `dsinfer recipe parse`). A kControl EOS always ends it.
+  bool eos_spelling_is_text = false;
 };
 
 class OutputParser {

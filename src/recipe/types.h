@@ -48,6 +48,9 @@ struct Message {
   std::vector<ToolCall> tool_calls;              // assistant
   std::string tool_call_id;                      // tool
   bool prefix = false;  // assistant prefix completion: rendered without EOS
+  // A Responses `developer` item (role kUser): V4.1 renders it as a system turn, V4 as user text
+  // (deepseek-recipe).
+  bool developer = false;
 };
 
 // A function tool; `function_json` is the tool's `function` object (name, description,

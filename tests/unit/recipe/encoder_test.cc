@@ -850,6 +850,17 @@ TEST(RecipeEncoder, FinalAssistantClosedAndNewTurn) {
   EXPECT_EQ(render(c, ModelVersion::kV4, no_prompt), B + U + "hi" + A + "<think>r</think>yo" + E);
 }
 
+// A Responses developer item: a V4.1 system turn, V4 user text (deepseek-recipe).
+TEST(RecipeEncoder, ResponsesDeveloperItem) {
+  Message d = user("DEV");
+  d.developer = true;
+  Conversation c = conv({d, user("hi")}, ThinkingMode::kChat);
+  EXPECT_EQ(render(c, ModelVersion::kV40731), B + U + "DEV\n\nhi" + A + "</think>");
+  EXPECT_EQ(render(c, ModelVersion::kV41), B + SYS + "DEV" + U + "hi" + A + "</think>");
+  c.messages = {user("hi"), d};
+  EXPECT_EQ(render(c, ModelVersion::kV41), B + U + "hi" + SYS + "DEV" + A + "</think>");
+}
+
 TEST(RecipeEncoder, NoBosAndEmpty) {
   RenderOptions o;
   o.add_bos = false;

@@ -243,6 +243,27 @@ TEST(RecipeOutputParser, EosEndsOutput) {
   EXPECT_EQ(parse_all(opts(ParseStart::kContentStart), "a" + BOS + "b").content, "ab");
 }
 
+// eos_spelling_is_text: an EOS spelled in text of unknown kind is text (deepseek-recipe's text
+// chunks); the control token still ends the output.
+TEST(RecipeOutputParser, EosSpellingIsText) {
+  OutputParserOptions o = opts();
+  o.eos_spelling_is_text = true;
+  std::string reasoning, content;
+  for (const OutputEvent& e :
+       run_chunks(o, {"r</think>c<｜end▁", "of▁sentence｜>more"}, FinishReason::kStop)) {
+    if (e.type == T::kReasoningDelta)
+      reasoning += e.text;
+    if (e.type == T::kContentDelta)
+      content += e.text;
+  }
+  EXPECT_EQ(reasoning, "r");
+  EXPECT_EQ(content, "c" + EOS + "more");
+  OutputParser p(o);
+  p.feed("r</think>c");
+  p.feed(EOS, OutputParser::Kind::kControl);
+  EXPECT_TRUE(p.done());
+}
+
 TEST(RecipeOutputParser, InReasoning) {
   OutputParser p(opts());
   EXPECT_TRUE(p.in_reasoning());
