@@ -77,6 +77,7 @@ Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
         DSI_API_TRY(detail::read_function_fields(r, t, tp, seen, &f));
         DSI_API_TRY(r.req_object(t, tp, "input_schema", &f.parameters));
         DSI_API_TRY(r.opt_bool(t, tp, "strict", &f.strict));
+        // `strict` is accepted; deepseek-recipe does not normalise Messages tool schemas.
         conv->tools.push_back(
             recipe::ToolSpec{f.name, detail::function_json(f), f.strict.value_or(false)});
         return std::nullopt;

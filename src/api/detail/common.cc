@@ -86,6 +86,113 @@ std::string function_json(const FunctionFields& f) {
   return py_dumps(fn);
 }
 
+namespace {
+
+Err strict_schema(const Reader& r, const Json& in, const Path& p, Json* out) {
+  auto schema_error = [&](const std::string& what) {
+    return r.invalid(p, "Invalid tool parameters schema : " + what);
+  };
+  if (!in.is_object())
+    return schema_error("a schema must be an object");
+  *out = Json::object();
+  auto copy = [&](const char* key) {
+    if (const Json* v = find(in, key))
+      (*out)[key] = *v;
+  };
+  const Json* type = find(in, "type");
+  if (!type) {
+    if (const Json* any = find(in, "anyOf")) {
+      if (!any->is_array())
+        return schema_error("anyOf must be an array");
+      Json list = Json::array();
+      for (size_t i = 0; i < any->size(); ++i) {
+        Json sub;
+        DSI_API_TRY(strict_schema(r, (*any)[i], p, &sub));
+        list.push_back(std::move(sub));
+      }
+      (*out)["anyOf"] = std::move(list);
+      copy("description");
+      return std::nullopt;
+    }
+    if (find(in, "$ref")) {
+      copy("$ref");
+      copy("description");
+      return std::nullopt;
+    }
+    return schema_error("one of `type`, `anyOf`, `$ref` field is required");
+  }
+  (*out)["type"] = *type;
+  const std::string t = type->is_string() ? type->get<std::string>() : std::string();
+  if (t == "object") {
+    Json props = Json::object();
+    if (const Json* ps = find(in, "properties"); ps && ps->is_object()) {
+      for (const auto& [k, v] : ps->items()) {
+        Json sub;
+        DSI_API_TRY(strict_schema(r, v, p, &sub));
+        props[k] = std::move(sub);
+      }
+    }
+    Json required = Json::array();
+    if (const Json* req = find(in, "required"); req && req->is_array())
+      required = *req;
+    std::set<std::string> listed;
+    for (const Json& k : required) {
+      if (k.is_string())
+        listed.insert(k.get<std::string>());
+    }
+    for (const auto& [k, v] : props.items()) {
+      if (!listed.count(k))
+        return r.invalid(p, "Required properties must match all properties in the object");
+    }
+    (*out)["properties"] = std::move(props);
+    (*out)["additionalProperties"] = false;
+    (*out)["required"] = std::move(required);
+    copy("description");
+  } else if (t == "array") {
+    if (const Json* items = find(in, "items")) {
+      Json sub;
+      DSI_API_TRY(strict_schema(r, *items, p, &sub));
+      (*out)["items"] = std::move(sub);
+    }
+    copy("description");
+  } else if (t == "string") {
+    copy("description");
+    copy("pattern");
+    if (const Json* f = find(in, "format")) {
+      const std::string fs = f->is_string() ? f->get<std::string>() : f->dump();
+      if (fs != "email" && fs != "hostname" && fs != "ipv4" && fs != "ipv6" && fs != "uuid") {
+        return schema_error("unknown variant `" + fs.substr(0, 64) +
+                            "`, expected one of `email`, `hostname`, `ipv4`, `ipv6`, `uuid`");
+      }
+      (*out)["format"] = *f;
+    }
+    copy("enum");
+  } else if (t == "number" || t == "integer") {
+    copy("description");
+    for (const char* k :
+         {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "default"}) {
+      copy(k);
+    }
+  } else {
+    copy("description");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Err normalize_strict_schema(const Reader& r, const Json* in, const Path& p, Json* out) {
+  if (!in) {
+    *out = Json::object();
+    (*out)["type"] = "object";
+    (*out)["properties"] = Json::object();
+    (*out)["additionalProperties"] = false;
+    (*out)["required"] = Json::array();
+    return std::nullopt;
+  }
+  return strict_schema(r, *in, p, out);
+}
+
 void default_tool_choice(recipe::Conversation* conv) {
   conv->tool_choice = conv->tools.empty() ? recipe::ToolChoice::kNone : recipe::ToolChoice::kAuto;
 }

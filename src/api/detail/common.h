@@ -81,6 +81,13 @@ Err read_function_fields(const Reader& r,
 // ToolSpec::function_json: {"name", "description" ("" if none), "parameters" ({} if none)}.
 std::string function_json(const FunctionFields& f);
 
+// A `strict: true` tool's parameters as deepseek-recipe normalises them: canonical key order per
+// schema type, unsupported keywords (default, title, minItems, minLength, ...) dropped, missing
+// parameters an empty object schema. Errors (400, `p`): a schema without type / anyOf / $ref, a
+// `format` other than email, hostname, ipv4, ipv6, uuid, an object whose `required` does not
+// list all its properties.
+Err normalize_strict_schema(const Reader& r, const Json* in, const Path& p, Json* out);
+
 // ---- tool_choice ----
 
 // The default tool_choice: auto with tools, none without.

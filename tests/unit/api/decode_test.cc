@@ -450,8 +450,10 @@ TEST(ResponsesDecode, ToolSpecOrderAndStrict) {
   GenerationRequest r = responses_ok(R"({"model":"m","input":"x",
       "tools":[{"type":"function","strict":true,"parameters":{"type":"object"},"description":"D","name":"f"}]})");
   ASSERT_EQ(r.conversation.tools.size(), 1u);
+  // The strict schema is normalised (deepseek-recipe).
   EXPECT_EQ(r.conversation.tools[0].function_json,
-            "{\"name\": \"f\", \"description\": \"D\", \"parameters\": {\"type\": \"object\"}}");
+            "{\"name\": \"f\", \"description\": \"D\", \"parameters\": {\"type\": \"object\", "
+            "\"properties\": {}, \"additionalProperties\": false, \"required\": []}}");
 }
 
 TEST(ResponsesDecode, ReasoningEffortAndTextFormat) {
@@ -513,6 +515,45 @@ TEST(ChatDecode, RecipeCrossFieldRules) {
            R"(,"thinking":{"type":"enabled"},"reasoning_effort":"none"})");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r.value().conversation.thinking, ThinkingMode::kThinking);
+}
+
+// strict tools: deepseek-recipe's normalised schema (key order, unsupported keywords dropped) and
+// its schema errors; tool_choice none skips them (the tools are not offered).
+TEST(ChatDecode, StrictToolSchemaNormalised) {
+  auto tools = [](const std::string& params, const std::string& extra = "") {
+    return R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",
+        "function":{"name":"f","strict":true)" +
+           (params.empty() ? std::string() : ",\"parameters\":" + params) + "}}]" + extra + "}";
+  };
+  GenerationRequest r = chat_ok(tools(R"({"required":["a","n"],"additionalProperties":false,
+      "properties":{"a":{"description":"D","default":"x","minItems":1,"type":"array",
+      "items":{"type":"string","format":"email","title":"t","description":"E"}},
+      "n":{"default":3,"minimum":1,"type":"integer"}},"type":"object"})"));
+  ASSERT_EQ(r.conversation.tools.size(), 1u);
+  EXPECT_TRUE(r.conversation.tools[0].strict);
+  EXPECT_EQ(r.conversation.tools[0].function_json,
+            "{\"name\": \"f\", \"description\": \"\", \"parameters\": {\"type\": \"object\", "
+            "\"properties\": {\"a\": {\"type\": \"array\", \"items\": {\"type\": \"string\", "
+            "\"description\": \"E\", \"format\": \"email\"}, \"description\": \"D\"}, \"n\": "
+            "{\"type\": \"integer\", \"minimum\": 1, \"default\": 3}}, \"additionalProperties\": "
+            "false, \"required\": [\"a\", \"n\"]}}");
+  r = chat_ok(tools(""));
+  EXPECT_EQ(r.conversation.tools[0].function_json,
+            "{\"name\": \"f\", \"description\": \"\", \"parameters\": {\"type\": \"object\", "
+            "\"properties\": {}, \"additionalProperties\": false, \"required\": []}}");
+  const std::string date_time =
+      R"({"type":"object","properties":{"d":{"type":"string","format":"date-time"}},
+      "required":["d"],"additionalProperties":false})";
+  EXPECT_FALSE(decode_chat_request(tools(date_time), {}).ok());
+  EXPECT_TRUE(decode_chat_request(tools(date_time, R"(,"tool_choice":"none")"), {}).ok());
+  EXPECT_FALSE(decode_chat_request(tools(R"({"type":"object","properties":{"a":{"enum":[1]}},
+      "required":["a"],"additionalProperties":false})"),
+                                   {})
+                   .ok());
+  EXPECT_FALSE(decode_chat_request(tools(R"({"type":"object","properties":{"a":{"type":"string"}},
+      "required":[],"additionalProperties":false})"),
+                                   {})
+                   .ok());
 }
 
 TEST(ResponsesDecode, NamedToolChoiceWithoutThinking) {
