@@ -701,6 +701,14 @@ Result<RenderedPrompt> render_conversation(const Conversation& conv,
         msgs[i + 1].role != Role::kLatestReminder) {
       continue;
     }
+    // A latest_reminder that a non-assistant message follows does not open the assistant turn
+    // (deepseek-recipe; the Python reference encoders open it).
+    if (!is_last && msgs[i + 1].role == Role::kLatestReminder && !opts.python_reference) {
+      size_t j = i + 1;
+      while (j < msgs.size() && msgs[j].role == Role::kLatestReminder) ++j;
+      if (j < msgs.size() && msgs[j].role != Role::kAssistant)
+        continue;
+    }
     bool opens_assistant =
         m.role == Role::kUser || m.role == Role::kDeveloper || (is_last && closes_final);
     if (v41) {

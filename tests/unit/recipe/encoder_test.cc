@@ -861,6 +861,18 @@ TEST(RecipeEncoder, ResponsesDeveloperItem) {
   EXPECT_EQ(render(c, ModelVersion::kV41), B + U + "hi" + SYS + "DEV" + A + "</think>");
 }
 
+// deepseek-recipe: a latest_reminder followed by a user message opens no assistant turn.
+TEST(RecipeEncoder, ReminderBeforeUserOpensNoTurn) {
+  Conversation c =
+      conv({user("u"), msg(Role::kLatestReminder, "REM"), user("u2")}, ThinkingMode::kChat);
+  for (ModelVersion v : {ModelVersion::kV40731, ModelVersion::kV41}) {
+    EXPECT_EQ(render(c, v, RenderOptions{}),
+              B + U + "u<｜latest_reminder｜>REM" + U + "u2" + A + "</think>");
+    EXPECT_EQ(render(c, v),
+              B + U + "u" + A + "</think><｜latest_reminder｜>REM" + U + "u2" + A + "</think>");
+  }
+}
+
 TEST(RecipeEncoder, NoBosAndEmpty) {
   RenderOptions o;
   o.add_bos = false;
