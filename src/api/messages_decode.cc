@@ -103,9 +103,9 @@ Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* co
   } else if (type == "any") {
     DSI_API_TRY(
         detail::require_tool_choice(r, p.key("type"), "'any' needs at least one tool.", conv));
-    // deepseek-recipe: in thinking mode `any` is accepted and means `auto` (no forced call).
-    if (conv->thinking == recipe::ThinkingMode::kThinking)
-      conv->tool_choice = recipe::ToolChoice::kAuto;
+    // deepseek-recipe renders `any` as `auto` (no tool block opened after the generation prompt,
+    // also accepted in thinking mode); the call is not forced.
+    conv->tool_choice = recipe::ToolChoice::kAuto;
   } else if (type == "tool") {
     std::string name;
     DSI_API_TRY(r.req_string(*tc, p, "name", &name));

@@ -357,8 +357,9 @@ TEST(MessagesDecode, ToolChoiceMapping) {
   const std::string base = R"({"model":"m","max_tokens":10,"thinking":{"type":"disabled"},
       "tools":[{"name":"a","input_schema":{}},{"name":"b","input_schema":{}}],
       "messages":[{"role":"user","content":"x"}],)";
+  // `any` renders as `auto` (deepseek-recipe).
   GenerationRequest r = messages_ok(base + R"("tool_choice":{"type":"any"}})");
-  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kRequired);
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
   r = messages_ok(base + R"("tool_choice":{"type":"tool","name":"b"}})");
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNamed);
   EXPECT_EQ(r.conversation.tool_choice_name, "b");
@@ -366,7 +367,7 @@ TEST(MessagesDecode, ToolChoiceMapping) {
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNone);
   r = messages_ok(base + R"("tool_choice":{"type":"auto","disable_parallel_tool_use":true}})");
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
-  // Thinking mode: `any` is accepted and means `auto` (deepseek-recipe); a named tool is not.
+  // Thinking mode: `any` is accepted too; a named tool is not.
   std::string thinking = base;
   thinking.replace(thinking.find("disabled"), 8, "enabled");
   r = messages_ok(thinking + R"("tool_choice":{"type":"any"}})");
