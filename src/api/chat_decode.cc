@@ -25,7 +25,14 @@ bool is_placeholder_part(const std::string& type) {
 }
 
 // A string or an array of {"type":"text","text":…} parts, concatenated.
-Err read_text_content(const Reader& r, const Json& v, const Path& p, std::string* out) {
+// Text content: a string, or text parts concatenated (`separator` between parts; system
+// messages join them with a blank line, as deepseek-recipe does).
+Err read_text_content(const Reader& r,
+                      const Json& v,
+                      const Path& p,
+                      std::string* out,
+                      std::string_view separator = "") {
+  size_t parts = 0;
   return detail::read_text_or_typed(
       r,
       v,
@@ -36,6 +43,8 @@ Err read_text_content(const Reader& r, const Json& v, const Path& p, std::string
         if (type == "text") {
           std::string text;
           DSI_API_TRY(r.req_string(part, pp, "text", &text));
+          if (parts++ > 0)
+            out->append(separator);
           *out += text;
         } else if (type == "refusal") {
           // Assistant refusals carry no prompt text.
@@ -74,8 +83,8 @@ Err read_parts_content(const Reader& r, const Json& v, const Path& p, Message* m
       });
 }
 
-// Chat tools nest the function: {"type": "function", "function": {"name", …}}. The function
-// object is passed on as given.
+// Chat tools nest the function: {"type": "function", "function": {"name", …}}. Rendered as
+// detail::function_json (name, description, parameters).
 Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
   return detail::for_each_tool(
       r, root, [&](const Json& t, const Path& tp, std::set<std::string>* seen) -> Err {
@@ -93,7 +102,17 @@ Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
         DSI_API_TRY(detail::read_function_fields(r, *fn, fp, seen, &f));
         DSI_API_TRY(r.opt_object(*fn, fp, "parameters", &f.parameters));
         DSI_API_TRY(r.opt_bool(*fn, fp, "strict", &f.strict));
-        conv->tools.push_back(recipe::ToolSpec{std::move(f.name), detail::py_dumps(*fn)});
+        Json strict_params;
+        // tool_choice "none" drops the tools before they are checked (deepseek-recipe).
+        const Json* choice = find(root, "tool_choice");
+        const bool offered = !(choice && choice->is_string() && *choice == "none");
+        if (f.strict.value_or(false) && offered) {
+          DSI_API_TRY(detail::normalize_strict_schema(
+              r, f.parameters, fp.key("parameters"), &strict_params));
+          f.parameters = &strict_params;
+        }
+        conv->tools.push_back(
+            recipe::ToolSpec{f.name, detail::function_json(f), f.strict.value_or(false)});
         return std::nullopt;
       });
 }
@@ -135,9 +154,8 @@ Err read_assistant_tool_calls(const Reader& r, const Json& m, const Path& mp, Me
         Path fp = cp.key("function");
         DSI_API_TRY(r.req_string(*fn, fp, "name", &call.name));
         DSI_API_TRY(r.req_string(*fn, fp, "arguments", &call.arguments));
-        if (!detail::is_json_text(call.arguments)) {
-          return r.invalid(fp.key("arguments"), "must be a JSON-encoded string.");
-        }
+        // Not validated: text that is not a JSON object renders as {"arguments": text}
+        // (deepseek-recipe).
         msg->tool_calls.push_back(std::move(call));
         return std::nullopt;
       });
@@ -161,12 +179,14 @@ Err read_messages(const Reader& r,
         std::string role;
         DSI_API_TRY(r.req_string(m, mp, "role", &role));
         Message msg;
-        if (role == "system" || role == "developer") {
-          msg.role = Role::kSystem;
+        if (role == "system" || role == "latest_reminder") {
+          // deepseek-recipe accepts `latest_reminder` (a reminder turn) and has no `developer`
+          // role in Chat Completions.
+          msg.role = role == "system" ? Role::kSystem : Role::kLatestReminder;
           const Json* c = find(m, "content");
           if (!c)
             return r.missing(mp.key("content"));
-          DSI_API_TRY(read_text_content(r, *c, mp.key("content"), &msg.content));
+          DSI_API_TRY(read_text_content(r, *c, mp.key("content"), &msg.content, "\n\n"));
           after_tool_calls = false;
         } else if (role == "user") {
           msg.role = Role::kUser;
@@ -199,6 +219,10 @@ Err read_messages(const Reader& r,
                 "The reasoning_content in the thinking mode must be passed back to the "
                 "API.");
           }
+          // deepseek-recipe's default (ReasoningContentBehavior::FillEmpty): missing reasoning
+          // that must be rendered is rendered empty.
+          if (!check_reasoning && !msg.reasoning_content)
+            msg.reasoning_content = "";
           open_call_ids.clear();
           for (const recipe::ToolCall& c : msg.tool_calls) open_call_ids.insert(c.id);
           after_tool_calls = !msg.tool_calls.empty();
@@ -224,7 +248,7 @@ Err read_messages(const Reader& r,
           return r.invalid(mp.key("role"),
                            "'" + role.substr(0, 64) +
                                "' is not one of 'system', 'user', 'assistant', "
-                               "'tool'.");
+                               "'tool', 'latest_reminder'.");
         }
         req->conversation.messages.push_back(std::move(msg));
         return std::nullopt;
@@ -245,8 +269,20 @@ Err read_response_format(const Reader& r, const Json& root, recipe::Conversation
     conv->json_output = true;
     return std::nullopt;
   }
-  return r.invalid(p.key("type"),
-                   "'" + type->substr(0, 64) + "' is not one of 'text', 'json_object'.");
+  if (*type == "json_schema") {
+    // {"type": "json_schema", "json_schema": {"name"?, "schema", "strict"?}}: the schema is
+    // rendered (deepseek-recipe).
+    const Json* js = nullptr;
+    DSI_API_TRY(r.req_object(*rf, p, "json_schema", &js));
+    const Json* schema = nullptr;
+    DSI_API_TRY(r.req_object(*js, p.key("json_schema"), "schema", &schema));
+    conv->json_output = true;
+    conv->response_format_json = detail::py_dumps(*schema);
+    return std::nullopt;
+  }
+  return r.invalid(
+      p.key("type"),
+      "'" + type->substr(0, 64) + "' is not one of 'text', 'json_object', 'json_schema'.");
 }
 
 Err read_user_id(const Reader& r, const Json& root, std::string_view key, std::string* out) {
@@ -323,6 +359,13 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(detail::check_tool_choice_mode(r, Path().key("tool_choice"), req->conversation));
   DSI_API_TRY(read_response_format(r, root, &req->conversation));
   DSI_API_TRY(read_messages(r, root, opts, req));
+  DSI_API_TRY(detail::check_conversation_rules(
+      r,
+      req->conversation,
+      find(root, "response_format") != nullptr,
+      Path().key("response_format"),
+      "Prompt must contain the word 'json' in some form to use 'response_format' of type "
+      "'json_object'."));
 
   recipe::SamplingParams& s = req->sampling;
   DSI_API_TRY(detail::read_max_tokens(r, root, "max_tokens", opts, &s.max_tokens));

@@ -77,7 +77,10 @@ Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
         detail::FunctionFields f;
         DSI_API_TRY(detail::read_function_fields(r, t, tp, seen, &f));
         DSI_API_TRY(r.req_object(t, tp, "input_schema", &f.parameters));
-        conv->tools.push_back(recipe::ToolSpec{f.name, detail::function_json(f)});
+        DSI_API_TRY(r.opt_bool(t, tp, "strict", &f.strict));
+        // `strict` is accepted; deepseek-recipe does not normalise Messages tool schemas.
+        conv->tools.push_back(
+            recipe::ToolSpec{f.name, detail::function_json(f), f.strict.value_or(false)});
         return std::nullopt;
       });
 }
@@ -99,7 +102,11 @@ Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* co
   } else if (type == "auto") {
     // Keeps the default (auto with tools, none without).
   } else if (type == "any") {
-    return detail::require_tool_choice(r, p.key("type"), "'any' needs at least one tool.", conv);
+    DSI_API_TRY(
+        detail::require_tool_choice(r, p.key("type"), "'any' needs at least one tool.", conv));
+    // deepseek-recipe renders `any` as `auto` (no tool block opened after the generation prompt,
+    // also accepted in thinking mode); the call is not forced.
+    conv->tool_choice = recipe::ToolChoice::kAuto;
   } else if (type == "tool") {
     std::string name;
     DSI_API_TRY(r.req_string(*tc, p, "name", &name));
@@ -238,7 +245,7 @@ Err read_messages(const Reader& r, const Json& root, GenerationRequest* req) {
     return r.invalid(Path().key("messages"), "at least one message is required.");
   std::set<std::string> known_tool_ids;
   return detail::for_each_object(
-      r, *msgs, Path().key("messages"), [&](const Json& m, const Path& mp, size_t i) -> Err {
+      r, *msgs, Path().key("messages"), [&](const Json& m, const Path& mp, size_t) -> Err {
         std::string role;
         DSI_API_TRY(r.req_string(m, mp, "role", &role));
         Message msg;
@@ -265,9 +272,8 @@ Err read_messages(const Reader& r, const Json& root, GenerationRequest* req) {
                                                "a string or an array of content blocks",
                                                &msg.content,
                                                block));
-        // A final assistant message is a prefill: generation continues it.
-        if (msg.role == Role::kAssistant && i + 1 == msgs->size())
-          msg.prefix = true;
+        // A final assistant message is not a prefill: as deepseek-recipe does, it is a complete
+        // turn and generation starts a new one (docs/recipe.md).
         req->conversation.messages.push_back(std::move(msg));
         return std::nullopt;
       });
@@ -320,6 +326,7 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(detail::check_tool_choice_mode(r, Path().key("tool_choice"), req->conversation));
   DSI_API_TRY(read_system(r, root, req));
   DSI_API_TRY(read_messages(r, root, req));
+  DSI_API_TRY(detail::check_conversation_rules(r, req->conversation, false, Path(), ""));
 
   // Anthropic's temperature range is 0..1 (OpenAI's 0..2 is checked by the shared reader).
   std::optional<double> temperature;

@@ -23,8 +23,9 @@ struct DecodeOptions {
   // Effort used when thinking is on and the request names none (the API default is "high").
   recipe::ReasoningEffort default_effort = recipe::ReasoningEffort::kHigh;
   // Chat Completions: with tools in thinking mode, every assistant turn must carry
-  // reasoning_content (DeepSeek answers 400 otherwise).
-  bool require_reasoning_passback = true;
+  // reasoning_content (DeepSeek's API answers 400 otherwise). Off (deepseek-recipe's default,
+  // FillEmpty): a missing reasoning_content is rendered as empty reasoning.
+  bool require_reasoning_passback = false;
   // DeepSeek's effective sampling: thinking mode ignores temperature (1.0) and raises top_p to
   // >= 0.95; non-thinking mode fixes top_p at 1.0. Off: pass the requested values through.
   bool apply_thinking_sampling_rules = true;

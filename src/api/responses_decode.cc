@@ -47,7 +47,17 @@ Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
         DSI_API_TRY(detail::read_function_fields(r, t, tp, seen, &f));
         DSI_API_TRY(r.opt_object(t, tp, "parameters", &f.parameters));
         DSI_API_TRY(r.opt_bool(t, tp, "strict", &f.strict));
-        conv->tools.push_back(recipe::ToolSpec{f.name, detail::function_json(f)});
+        Json strict_params;
+        // tool_choice "none" drops the tools before they are checked (deepseek-recipe).
+        const Json* choice = find(root, "tool_choice");
+        const bool offered = !(choice && choice->is_string() && *choice == "none");
+        if (f.strict.value_or(false) && offered) {
+          DSI_API_TRY(detail::normalize_strict_schema(
+              r, f.parameters, tp.key("parameters"), &strict_params));
+          f.parameters = &strict_params;
+        }
+        conv->tools.push_back(
+            recipe::ToolSpec{f.name, detail::function_json(f), f.strict.value_or(false)});
         return std::nullopt;
       });
 }
@@ -98,7 +108,8 @@ Err read_text_format(const Reader& r, const Json& root, recipe::Conversation* co
     const Json* schema = nullptr;
     DSI_API_TRY(r.req_object(*format, fp, "schema", &schema));
     conv->json_output = true;
-    conv->response_format_json = detail::py_dumps(*format);
+    // The schema itself is rendered, not the format object around it (deepseek-recipe).
+    conv->response_format_json = detail::py_dumps(*schema);
     return std::nullopt;
   }
   return r.invalid(
@@ -224,6 +235,7 @@ class ItemReader {
     Message m;
     if (role == "user" || role == "developer") {
       m.role = Role::kUser;
+      m.developer = role == "developer";
       DSI_API_TRY(read_parts(r_, *content, cp, PartsFor::kUser, &m));
     } else if (role == "system") {
       m.role = Role::kSystem;
@@ -253,9 +265,8 @@ class ItemReader {
       return r_.invalid(ip.key("call_id"), "must not be empty.");
     DSI_API_TRY(r_.req_string(item, ip, "name", &call.name));
     DSI_API_TRY(r_.req_string(item, ip, "arguments", &call.arguments));
-    if (!detail::is_json_text(call.arguments)) {
-      return r_.invalid(ip.key("arguments"), "must be a JSON-encoded string.");
-    }
+    // Not validated: text that is not a JSON object renders as {"arguments": text}
+    // (deepseek-recipe).
     if (!calls_.emplace(call.id, index).second) {
       return r_.invalid(ip.key("call_id"), "duplicate call_id '" + call.id.substr(0, 128) + "'.");
     }
@@ -378,6 +389,14 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
       return r.type_error(Path().key("input"), "a string or an array of input items", *input);
     }
   }
+
+  DSI_API_TRY(detail::check_conversation_rules(
+      r,
+      req->conversation,
+      req->conversation.json_output,
+      Path().key("text").key("format"),
+      "Response input messages must contain the word 'json' in some form to use 'text.format' "
+      "of type 'json_object'."));
 
   recipe::SamplingParams& s = req->sampling;
   DSI_API_TRY(detail::read_max_tokens(r, root, "max_output_tokens", opts, &s.max_tokens));

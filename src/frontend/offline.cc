@@ -212,12 +212,15 @@ json offline_result(int64_t index,
   }
   std::string matched = truncate_at_stop(text, job.stops);
   o["text"] = text;
-  if (job.chat) {
-    auto parsed = recipe::parse_completion(text,
-                                           job.parser,
-                                           r.finish_reason == engine::FinishReason::kLength
-                                               ? recipe::FinishReason::kLength
-                                               : recipe::FinishReason::kStop);
+  if (job.chat && tok != nullptr) {
+    // Token-fed: added tokens are control tokens, everything else is text, so a special-token
+    // spelling the model wrote with ordinary tokens stays text (as the server parses).
+    auto parsed = parse_output_tokens(*tok,
+                                      r.output,
+                                      job.parser,
+                                      r.finish_reason == engine::FinishReason::kLength
+                                          ? recipe::FinishReason::kLength
+                                          : recipe::FinishReason::kStop);
     o["reasoning_content"] = parsed.reasoning;
     o["content"] = parsed.content;
     if (!parsed.tool_calls.empty()) {

@@ -2,10 +2,34 @@
 #include "frontend/prepare.h"
 
 #include <algorithm>
+#include <optional>
+#include <string_view>
 
 #include "base/strings.h"
 
 namespace dsinfer::frontend {
+
+Result<std::vector<int32_t>> encode_prompt(const tokenizer::Tokenizer& tok,
+                                           const recipe::RenderedPrompt& prompt) {
+  std::vector<int32_t> ids;
+  const std::string_view text(prompt.text);
+  size_t at = 0;
+  for (const recipe::SpecialRange& r : prompt.special_ranges) {
+    if (r.begin < at || r.end < r.begin || r.end > text.size())
+      return invalid_argument("encode_prompt: special ranges out of order");
+    DSI_RETURN_IF_ERROR(tok.encode_append(text.substr(at, r.begin - at), false, &ids));
+    const std::string_view spelling = text.substr(r.begin, r.end - r.begin);
+    const std::optional<int32_t> id = tok.added_token_id(spelling);
+    if (!id.has_value()) {
+      return invalid_argument("special token \"" + std::string(spelling) +
+                              "\" is not in the tokenizer's added vocabulary");
+    }
+    ids.push_back(*id);
+    at = r.end;
+  }
+  DSI_RETURN_IF_ERROR(tok.encode_append(text.substr(at), false, &ids));
+  return ids;
+}
 
 Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& request,
                                             const tokenizer::Tokenizer& tok,
@@ -13,18 +37,15 @@ Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& req
                                             size_t max_text_bytes) {
   PreparedPrompt p;
   recipe::RenderOptions ro;
-  auto text = recipe::render_prompt(request.conversation, version, ro);
-  if (!text.ok())
-    return text.status();
-  p.text = std::move(text).value();
-  if (p.text.size() > max_text_bytes) {
-    return invalid_argument(str_format(
-        "prompt is too long: %zu bytes rendered (at most %zu)", p.text.size(), max_text_bytes));
+  DSI_ASSIGN_OR_RETURN(recipe::RenderedPrompt rendered,
+                       recipe::render_conversation(request.conversation, version, ro));
+  if (rendered.text.size() > max_text_bytes) {
+    return invalid_argument(str_format("prompt is too long: %zu bytes rendered (at most %zu)",
+                                       rendered.text.size(),
+                                       max_text_bytes));
   }
-  auto ids = tok.encode(p.text, /*allow_special=*/true);
-  if (!ids.ok())
-    return ids.status();
-  p.tokens = std::move(ids).value();
+  DSI_ASSIGN_OR_RETURN(p.tokens, encode_prompt(tok, rendered));
+  p.text = std::move(rendered.text);
   p.parser = recipe::parser_options_for(request.conversation, version, ro);
   p.parser.stop_sequences = request.sampling.stop;
   return p;
@@ -34,6 +55,36 @@ size_t max_token_bytes(const tokenizer::Tokenizer& tok) {
   size_t m = 1;
   for (int32_t id = 0; id < tok.vocab_size(); ++id) m = std::max(m, tok.token_bytes(id).size());
   return m;
+}
+
+recipe::ParsedMessage parse_output_tokens(const tokenizer::Tokenizer& tok,
+                                          std::span<const int32_t> ids,
+                                          const recipe::OutputParserOptions& options,
+                                          recipe::FinishReason backend_reason) {
+  using Kind = recipe::OutputParser::Kind;
+  recipe::OutputParser parser(options);
+  tokenizer::IncrementalDecoder decoder(tok);
+  std::vector<recipe::OutputEvent> events;
+  auto add = [&](std::vector<recipe::OutputEvent> evs) {
+    events.insert(events.end(), evs.begin(), evs.end());
+  };
+  for (const int32_t id : ids) {
+    if (tok.is_added(id)) {
+      const std::string held = decoder.flush();
+      if (!held.empty())
+        add(parser.feed(held, Kind::kText));
+      add(parser.feed(tok.token_bytes(id), Kind::kControl));
+      continue;
+    }
+    auto text = decoder.feed(id);
+    if (text.ok() && !text->empty())
+      add(parser.feed(*text, Kind::kText));
+  }
+  const std::string rest = decoder.flush();
+  if (!rest.empty())
+    add(parser.feed(rest, Kind::kText));
+  add(parser.finish(backend_reason));
+  return recipe::aggregate_events(events);
 }
 
 sampling::SamplingConfig to_sampling(const recipe::SamplingParams& p, uint64_t default_seed) {

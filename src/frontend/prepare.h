@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,17 @@ struct PreparedPrompt {
   recipe::OutputParserOptions parser;  // how to parse what the model generates
 };
 
-// Renders a conversation with the DeepSeek prompt format and tokenizes it with added tokens
-// allowed, so the template's markers become their ids. User text is inserted verbatim, exactly
-// as DeepSeek's reference encoder does (it also tokenizes the rendered string as a whole).
+// Token ids of a rendered prompt, as deepseek-recipe's prompt encoding computes them: the plain
+// text between the control-token ranges is tokenized with added tokens disallowed (a spelling of
+// `<｜Assistant｜>` or `｜DSML｜` in a message, a tool schema or a tool result stays text), and
+// each control token the encoder placed is inserted by its added-token id. InvalidArgument when a
+// control token is not in the tokenizer's added vocabulary (e.g. V4.1's `<｜System｜>` with a V4
+// tokenizer.json).
+Result<std::vector<int32_t>> encode_prompt(const tokenizer::Tokenizer& tok,
+                                           const recipe::RenderedPrompt& prompt);
+
+// Renders a conversation with the DeepSeek prompt format and tokenizes it with encode_prompt:
+// request text is always text, only the template's control tokens become control-token ids.
 // A rendered prompt longer than `max_text_bytes` is refused (invalid_argument, the message
 // starting "prompt is too long") before it is tokenized.
 Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& request,
@@ -37,6 +46,14 @@ Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& req
 // The longest token of `tok` in bytes: a prompt of B bytes has at least B / this many tokens
 // (for a tokenizer without a normalizer that shrinks text).
 size_t max_token_bytes(const tokenizer::Tokenizer& tok);
+
+// Parses generated token ids as the server does: added (control) tokens are fed to the parser as
+// control text, every other token as plain text (a special-token spelling made of ordinary
+// tokens stays text).
+recipe::ParsedMessage parse_output_tokens(const tokenizer::Tokenizer& tok,
+                                          std::span<const int32_t> ids,
+                                          const recipe::OutputParserOptions& options,
+                                          recipe::FinishReason backend_reason);
 
 // Engine sampling config from API sampling params (seed: the request's or `default_seed`).
 sampling::SamplingConfig to_sampling(const recipe::SamplingParams& p, uint64_t default_seed);

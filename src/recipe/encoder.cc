@@ -204,7 +204,8 @@ std::vector<Msg> drop_thinking(std::vector<Msg> msgs, ModelVersion v) {
   return out;
 }
 
-// encode_arguments_to_dsml's view of the arguments: a JSON object, or {"arguments": raw}.
+// encode_arguments_to_dsml's view of the arguments: a JSON object, or {"arguments": raw} (also
+// for a JSON string holding an object: deepseek-recipe does not decode twice).
 ordered_json arguments_object(const std::string& raw) {
   // nlohmann's lexer stops at a NUL byte (Python's json.loads rejects it): never JSON.
   auto parse = [](const std::string& text) {
@@ -213,14 +214,31 @@ ordered_json arguments_object(const std::string& raw) {
                : ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   };
   ordered_json v = parse(raw);
-  if (!v.is_discarded() && v.is_string()) {  // double-encoded
-    v = parse(v.get<std::string>());
-  }
   if (!v.is_discarded() && v.is_object())
     return v;
   ordered_json w = ordered_json::object();
   w["arguments"] = raw;
   return w;
+}
+
+// deepseek-recipe's V4 encoding differs from the Python reference encoder in two details (floats
+// in the V4 form, no empty line in an invoke without parameters); RenderOptions::
+// python_reference renders the latter.
+bool v4_recipe_form(ModelVersion v, bool python_reference) {
+  return v != ModelVersion::kV41 && !python_reference;
+}
+
+FloatStyle float_style(ModelVersion v, bool python_reference) {
+  return v4_recipe_form(v, python_reference) ? FloatStyle::kV4 : FloatStyle::kPython;
+}
+
+// JSON text written with py_json_dumps (a tool line, a response format) in the version's float
+// style: V4 re-dumps it (text that does not parse is kept as is).
+std::string json_for(const std::string& text, ModelVersion v, bool python_reference) {
+  if (float_style(v, python_reference) == FloatStyle::kPython)
+    return text;
+  const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? text : py_json_dumps(j, FloatStyle::kV4);
 }
 
 std::string render_user_blocks(const std::vector<ContentBlock>& blocks) {
@@ -246,93 +264,128 @@ std::string render_user_blocks(const std::vector<ContentBlock>& blocks) {
 
 }  // namespace
 
-std::string render_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v) {
+namespace {
+
+// The tools block into `b`: the template's DSML, `<think>` and `</think>` are control tokens
+// (deepseek-recipe places them as special tokens); the tool schemas are text.
+void build_tools_block(const std::vector<ToolSpec>& tools,
+                       ModelVersion v,
+                       bool python_reference,
+                       PromptBuilder* b) {
   const DsmlNames n = dsml_names(v);
-  const std::string d(tok::kDsml);
-  const std::string block_open = cat({"<", d, n.block, ">"});
-  std::string s;
-  s.append("## Tools\n\n");
-  s.append(
+  auto tag = [&](std::string_view open, std::string_view name, std::string_view rest) {
+    b->text(open);
+    b->special(tok::kDsml);
+    b->text(name);
+    b->text(rest);
+  };
+  b->text("## Tools\n\n");
+  b->text(
       "You have access to a set of tools to help answer the user's question. You can invoke "
       "tools by writing a \"");
-  s.append(block_open);
-  s.append("\" block like the following:\n\n");
-  s.append(block_open + "\n");
-  s.append(cat({"<", d, n.invoke, " name=\"$TOOL_NAME\">\n"}));
-  s.append(cat({"<",
-                d,
-                n.parameter,
-                " name=\"$PARAMETER_NAME\" string=\"true|false\">",
-                "$PARAMETER_VALUE</",
-                d,
-                n.parameter,
-                ">\n"}));
-  s.append("...\n");
-  s.append(cat({"</", d, n.invoke, ">\n"}));
-  s.append(cat({"<", d, n.invoke, " name=\"$TOOL_NAME2\">\n"}));
-  s.append("...\n");
-  s.append(cat({"</", d, n.invoke, ">\n"}));
-  s.append(cat({"</", d, n.block, ">\n\n"}));
-  s.append(
+  tag("<", n.block, ">");
+  b->text("\" block like the following:\n\n");
+  tag("<", n.block, ">\n");
+  tag("<", n.invoke, " name=\"$TOOL_NAME\">\n");
+  tag("<", n.parameter, " name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE");
+  tag("</", n.parameter, ">\n");
+  b->text("...\n");
+  tag("</", n.invoke, ">\n");
+  tag("<", n.invoke, " name=\"$TOOL_NAME2\">\n");
+  b->text("...\n");
+  tag("</", n.invoke, ">\n");
+  tag("</", n.block, ">\n\n");
+  b->text(
       "String parameters should be specified as is and set `string=\"true\"`. For all other "
       "types (numbers, booleans, arrays, objects), pass the value in JSON format and set "
       "`string=\"false\"`.\n\n");
-  s.append(cat({"If thinking_mode is enabled (triggered by ",
-                tok::kThinkStart,
-                "), you MUST output your complete reasoning inside ",
-                tok::kThinkStart,
-                "...",
-                tok::kThinkEnd,
-                " BEFORE any tool calls or final response.\n\n"}));
-  s.append(cat({"Otherwise, output directly after ",
-                tok::kThinkEnd,
-                " with tool calls or final response.\n\n"}));
-  s.append("### Available Tool Schemas\n\n");
+  b->text("If thinking_mode is enabled (triggered by ");
+  b->special(tok::kThinkStart);
+  b->text("), you MUST output your complete reasoning inside ");
+  b->special(tok::kThinkStart);
+  b->text("...");
+  b->special(tok::kThinkEnd);
+  b->text(" BEFORE any tool calls or final response.\n\n");
+  b->text("Otherwise, output directly after ");
+  b->special(tok::kThinkEnd);
+  b->text(" with tool calls or final response.\n\n");
+  b->text("### Available Tool Schemas\n\n");
   for (size_t i = 0; i < tools.size(); ++i) {
     if (i > 0)
-      s.push_back('\n');
-    s.append(tools[i].function_json);
+      b->text("\n");
+    b->text(json_for(tools[i].function_json, v, python_reference));
   }
-  s.append(
+  b->text(
       "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "
       "tool calls.\n");
-  return s;
 }
 
-std::string render_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v) {
+// An assistant's DSML tool-call block into `b`: the DSML tokens are control tokens; names,
+// keys and values are text.
+void build_tool_calls(const std::vector<ToolCall>& calls,
+                      ModelVersion v,
+                      bool python_reference,
+                      PromptBuilder* b) {
   const DsmlNames n = dsml_names(v);
-  const std::string d(tok::kDsml);
-  std::string s = cat({"<", d, n.block, ">\n"});
+  auto tag = [&](std::string_view open, std::string_view name) {
+    b->text(open);
+    b->special(tok::kDsml);
+    b->text(name);
+  };
+  tag("<", n.block);
+  b->text(">\n");
   for (size_t i = 0; i < calls.size(); ++i) {
     if (i > 0)
-      s.push_back('\n');
-    s.append(cat({"<", d, n.invoke, " name=\"", calls[i].name, "\">\n"}));
+      b->text("\n");
+    tag("<", n.invoke);
+    b->text(" name=\"");
+    b->text(calls[i].name);
+    b->text("\">\n");
     const ordered_json args = arguments_object(calls[i].arguments);
     bool first = true;
     for (const auto& [key, value] : args.items()) {
       if (!first)
-        s.push_back('\n');
+        b->text("\n");
       first = false;
       const bool is_str = value.is_string();
-      s.append(cat({"<",
-                    d,
-                    n.parameter,
-                    " name=\"",
-                    key,
-                    "\" string=\"",
-                    is_str ? "true" : "false",
-                    "\">"}));
+      tag("<", n.parameter);
+      b->text(" name=\"");
+      b->text(key);
+      b->text(is_str ? "\" string=\"true\">" : "\" string=\"false\">");
       if (is_str) {
-        s.append(value.get_ref<const std::string&>());
+        b->text(value.get_ref<const std::string&>());
       } else {
-        s.append(py_json_dumps(value));
+        b->text(py_json_dumps(value, float_style(v, python_reference)));
       }
-      s.append(cat({"</", d, n.parameter, ">"}));
+      tag("</", n.parameter);
+      b->text(">");
     }
-    s.append(cat({"\n</", d, n.invoke, ">"}));
+    // deepseek-recipe's V4 closes an invoke without parameters right after its opening line; V4.1
+    // (and the V4 Python reference) leaves an empty line.
+    if (!args.empty() || !v4_recipe_form(v, python_reference))
+      b->text("\n");
+    tag("</", n.invoke);
+    b->text(">");
   }
-  s.append(cat({"\n</", d, n.block, ">"}));
-  return s;
+  b->text("\n");
+  tag("</", n.block);
+  b->text(">");
+}
+
+}  // namespace
+
+std::string render_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v) {
+  PromptBuilder b;
+  build_tools_block(tools, v, /*python_reference=*/false, &b);
+  return std::move(b).take().text;
+}
+
+std::string render_tool_calls(const std::vector<ToolCall>& calls,
+                              ModelVersion v,
+                              bool python_reference) {
+  PromptBuilder b;
+  build_tool_calls(calls, v, python_reference, &b);
+  return std::move(b).take().text;
 }
 
 Result<std::string> reasoning_effort_prefix(const Conversation& conv, ModelVersion v) {
@@ -386,13 +439,27 @@ Result<std::string> reasoning_effort_prefix(const Conversation& conv, ModelVersi
 namespace {
 
 // V4 has no mid-conversation system turn: like deepseek-recipe, all system messages are merged
-// (non-empty contents joined by "\n\n") into one leading system message. Returns `in` unchanged
-// for V4.1 or when there is no system message.
+// (non-empty contents joined by "\n\n") into one leading system message. V4.1 turns Responses
+// developer items into system messages. Returns `in` unchanged when nothing changes.
 const std::vector<Message>& normalized_messages(const std::vector<Message>& in,
                                                 ModelVersion v,
                                                 std::vector<Message>* storage) {
-  if (v == ModelVersion::kV41)
-    return in;
+  if (v == ModelVersion::kV41) {
+    // Responses developer items are system turns (deepseek-recipe).
+    if (std::none_of(in.begin(), in.end(), [](const Message& m) { return m.developer; }))
+      return in;
+    *storage = in;
+    for (Message& m : *storage) {
+      if (!m.developer)
+        continue;
+      m.role = Role::kSystem;
+      if (!m.blocks.empty()) {
+        m.content = render_user_blocks(m.blocks);
+        m.blocks.clear();
+      }
+    }
+    return *storage;
+  }
   std::string sys;
   bool any = false;
   for (const Message& m : in) {
@@ -421,6 +488,29 @@ const std::vector<Message>& normalized_messages(const std::vector<Message>& in,
   return *storage;
 }
 
+// The tools the prompt lists: none for tool_choice kNone, only the named one for kNamed
+// (deepseek-recipe), else all.
+std::vector<ToolSpec> offered_tools(const Conversation& conv) {
+  if (conv.tool_choice == ToolChoice::kNone)
+    return {};
+  if (conv.tool_choice != ToolChoice::kNamed)
+    return conv.tools;
+  std::vector<ToolSpec> out;
+  for (const ToolSpec& t : conv.tools) {
+    if (t.name == conv.tool_choice_name)
+      out.push_back(t);
+  }
+  return out;
+}
+
+// Whether a final assistant message `last` is closed and followed by a generation prompt
+// (deepseek-recipe, V4 and V4.1) rather than left as the last turn (the Python reference V4
+// encoder). The caller checks that there is a generation prompt and no continuation.
+template <typename M>
+bool closes_final_assistant(const M* last, const RenderOptions& opts) {
+  return last != nullptr && last->role == Role::kAssistant && !opts.python_reference;
+}
+
 bool wants_continue_final(const std::vector<Message>& in, const RenderOptions& opts) {
   return opts.continue_final_message ||
          (!in.empty() && in.back().role == Role::kAssistant && in.back().prefix);
@@ -435,7 +525,7 @@ bool ends_with_generation_prompt(const Conversation& conv,
   std::vector<Message> storage;
   const auto& msgs = normalized_messages(conv.messages, v, &storage);
   const bool extra_system =
-      !conv.tools.empty() || conv.response_format_json.has_value() || conv.json_output;
+      !offered_tools(conv).empty() || conv.response_format_json.has_value() || conv.json_output;
   Role last;
   if (!msgs.empty()) {
     last = msgs.back().role == Role::kTool ? Role::kUser : msgs.back().role;
@@ -446,20 +536,22 @@ bool ends_with_generation_prompt(const Conversation& conv,
   }
   if (last == Role::kUser || last == Role::kDeveloper)
     return true;
+  if (last == Role::kAssistant && closes_final_assistant(&msgs.back(), opts))
+    return true;
   return v == ModelVersion::kV41 && (last == Role::kSystem || last == Role::kAssistant);
 }
 
 bool prefills_tool_block(const Conversation& conv, ModelVersion v, const RenderOptions& opts) {
-  return !conv.tools.empty() &&
+  return !offered_tools(conv).empty() &&
          (conv.tool_choice == ToolChoice::kRequired || conv.tool_choice == ToolChoice::kNamed) &&
          ends_with_generation_prompt(conv, v, opts);
 }
 
 }  // namespace
 
-Result<std::string> render_prompt(const Conversation& conv,
-                                  ModelVersion v,
-                                  const RenderOptions& opts) {
+Result<RenderedPrompt> render_conversation(const Conversation& conv,
+                                           ModelVersion v,
+                                           const RenderOptions& opts) {
   const auto& given = conv.messages;
   for (size_t i = 0; i < given.size(); ++i) {
     const Message& m = given[i];
@@ -482,10 +574,13 @@ Result<std::string> render_prompt(const Conversation& conv,
   const std::vector<Message>& in = normalized_messages(given, v, &storage);
 
   // Tools and the response format go on the leading system message (inserted when missing).
-  const bool has_tools = !conv.tools.empty();
+  const std::vector<ToolSpec> tools = offered_tools(conv);
+  const bool has_tools = !tools.empty();
   std::string response_format;
   if (conv.response_format_json.has_value()) {
-    response_format = cat({"\n\n", kResponseFormatIntro, *conv.response_format_json});
+    response_format = cat({"\n\n",
+                           kResponseFormatIntro,
+                           json_for(*conv.response_format_json, v, opts.python_reference)});
   } else if (conv.json_output) {
     // json_object without a schema, as deepseek-recipe renders it.
     response_format = v41 ? cat({"\n\n", kResponseFormatIntro, "{\"type\": \"json_object\"}"})
@@ -510,11 +605,22 @@ Result<std::string> render_prompt(const Conversation& conv,
   if (thinking && drop)
     msgs = drop_thinking(std::move(msgs), v);
   const bool add_generation_prompt = opts.add_generation_prompt && !continue_final;
-  const int last_user = last_user_index(msgs, v);
+  int last_user = last_user_index(msgs, v);
+  // A complete final assistant message is history: the generation prompt opens a new turn after
+  // it, so with dropped thinking its reasoning goes too (deepseek-recipe).
+  const bool closes_final =
+      add_generation_prompt && closes_final_assistant(msgs.empty() ? nullptr : &msgs.back(), opts);
+  if (closes_final && thinking && drop) {
+    for (Msg& m : msgs) {
+      if (m.role == Role::kAssistant)
+        m.reasoning.clear();
+    }
+    last_user = static_cast<int>(msgs.size()) - 1;
+  }
 
-  std::string p;
+  PromptBuilder p;
   if (opts.add_bos)
-    p.append(tok::kBos);
+    p.special(tok::kBos);
   // The think token that follows `<｜Assistant｜>` when opening the turn of message `idx` (or
   // the turn after message `idx - 1`).
   auto think_token = [&](int idx) {
@@ -527,59 +633,59 @@ Result<std::string> render_prompt(const Conversation& conv,
     const int idx = static_cast<int>(i);
     if (i == 0) {
       if (v41 && (!effort.empty() || m.role == Role::kSystem))
-        p.append(tok::kSystem);
-      p.append(effort);
+        p.special(tok::kSystem);
+      p.text(effort);
     }
     switch (m.role) {
       case Role::kSystem:
       case Role::kDeveloper: {
         if (m.role == Role::kDeveloper) {
-          p.append(tok::kUser);
+          p.special(tok::kUser);
         } else if (v41 && i > 0) {
-          p.append(tok::kSystem);
+          p.special(tok::kSystem);
         }
-        p.append(m.content);
+        p.text(m.content);
         if (m.tools) {
-          p.append("\n\n");
-          p.append(render_tools_block(conv.tools, v));
+          p.text("\n\n");
+          build_tools_block(tools, v, opts.python_reference, &p);
         }
         if (m.response_format)
-          p.append(response_format);
+          p.text(response_format);
         break;
       }
       case Role::kUser:
-        p.append(tok::kUser);
-        p.append(render_user_blocks(m.blocks));
+        p.special(tok::kUser);
+        p.text(render_user_blocks(m.blocks));
         break;
       case Role::kLatestReminder:
-        p.append(tok::kLatestReminder);
-        p.append(m.content);
+        p.special(tok::kLatestReminder);
+        p.text(m.content);
         break;
       case Role::kAssistant: {
         // An assistant message that no transition opened (first message, after a system message,
         // another assistant message, ...) gets its own `<｜Assistant｜>` header, as
         // deepseek-recipe renders it.
         if (!turn_open) {
-          p.append(tok::kAssistant);
-          p.append(think_token(idx));
+          p.special(tok::kAssistant);
+          p.special(think_token(idx));
         }
         const bool has_calls = m.tool_calls != nullptr && !m.tool_calls->empty();
         if (thinking && (!drop || idx > last_user)) {
-          p.append(m.reasoning);
+          p.text(m.reasoning);
           // Continuing a reasoning-only final message: keep the reasoning open (V4.1
           // continue_final_message; deepseek-recipe does the same for V4).
           const bool reasoning_only =
               is_last && continue_final && !m.reasoning.empty() && m.content.empty() && !has_calls;
           if (!reasoning_only)
-            p.append(tok::kThinkEnd);
+            p.special(tok::kThinkEnd);
         }
-        p.append(m.content);
+        p.text(m.content);
         if (has_calls) {
-          p.append("\n\n");
-          p.append(render_tool_calls(*m.tool_calls, v));
+          p.text("\n\n");
+          build_tool_calls(*m.tool_calls, v, opts.python_reference, &p);
         }
         if (!m.wo_eos)
-          p.append(tok::kEos);
+          p.special(tok::kEos);
         break;
       }
       case Role::kTool:  // merged into user messages above
@@ -595,14 +701,23 @@ Result<std::string> render_prompt(const Conversation& conv,
         msgs[i + 1].role != Role::kLatestReminder) {
       continue;
     }
-    bool opens_assistant = m.role == Role::kUser || m.role == Role::kDeveloper;
+    // A latest_reminder that a non-assistant message follows does not open the assistant turn
+    // (deepseek-recipe; the Python reference encoders open it).
+    if (!is_last && msgs[i + 1].role == Role::kLatestReminder && !opts.python_reference) {
+      size_t j = i + 1;
+      while (j < msgs.size() && msgs[j].role == Role::kLatestReminder) ++j;
+      if (j < msgs.size() && msgs[j].role != Role::kAssistant)
+        continue;
+    }
+    bool opens_assistant =
+        m.role == Role::kUser || m.role == Role::kDeveloper || (is_last && closes_final);
     if (v41) {
       opens_assistant = opens_assistant || (m.role == Role::kSystem && i > 0) ||
                         (is_last && (m.role == Role::kSystem || m.role == Role::kAssistant));
     }
     if (opens_assistant) {
-      p.append(tok::kAssistant);
-      p.append(think_token(idx + 1));
+      p.special(tok::kAssistant);
+      p.special(think_token(idx + 1));
       turn_open = true;
     }
   }
@@ -610,9 +725,19 @@ Result<std::string> render_prompt(const Conversation& conv,
   // inside it (parser_options_for).
   if (prefills_tool_block(conv, v, opts)) {
     const DsmlNames n = dsml_names(v);
-    p.append(cat({"\n\n<", tok::kDsml, n.block, ">\n"}));
+    p.text("\n\n<");
+    p.special(tok::kDsml);
+    p.text(n.block);
+    p.text(">\n");
   }
-  return p;
+  return std::move(p).take();
+}
+
+Result<std::string> render_prompt(const Conversation& conv,
+                                  ModelVersion v,
+                                  const RenderOptions& opts) {
+  DSI_ASSIGN_OR_RETURN(RenderedPrompt r, render_conversation(conv, v, opts));
+  return std::move(r.text);
 }
 
 OutputParserOptions parser_options_for(const Conversation& conv,

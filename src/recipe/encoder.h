@@ -11,7 +11,9 @@
 //     is a system message). Without one, an empty system message is inserted at index 0, so the
 //     prompt starts `<BOS>\n\n## Tools…` (vLLM / deepseek-recipe). A V4.1 system message that
 //     is not first does not receive them.
-//   - tools present => drop_thinking is forced off (reasoning history kept on every turn).
+//   - the tools block lists the offered tools: none with tool_choice kNone, only the named tool
+//     with kNamed (deepseek-recipe). Offered tools => drop_thinking is forced off (reasoning
+//     history kept on every turn).
 //   - ToolSpec::function_json and response_format_json are pasted verbatim: the API layer
 //     serialises them with py_json_dumps (pyjson.h).
 //   - response format: response_format_json set (json_schema: the schema object) renders
@@ -32,13 +34,17 @@
 //     in thinking mode a reasoning-only prefix (empty content, no tool calls) renders as the bare
 //     reasoning without `</think>`, so generation continues the reasoning. The reference V4
 //     encoder has no continue_final_message; we follow V4.1 / deepseek-recipe for every version.
-//   - tool-call arguments that are not a JSON object (after at most two decodes, V4.1's
-//     double-encoding tolerance, applied to every version) render as {"arguments": raw}, as the
-//     reference does (also for empty arguments).
+//   - tool-call arguments that are not a JSON object (a JSON string is not decoded again) render
+//     as {"arguments": raw}, as deepseek-recipe does (also for empty arguments). An invoke
+//     without parameters closes on its next line (V4) or after an empty line (V4.1).
+//   - V4 / V4-0731 write floats in tool schemas, the response format and tool-call arguments in
+//     the V4 form (pyjson.h FloatStyle::kV4: 1e-7, 0.00001); V4.1 like Python (1e-07, 1e-05).
 // Not modelled: internal quick-instruction tasks, context prefixes, images.
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -54,12 +60,53 @@ struct RenderOptions {
   bool add_generation_prompt = true;
   // Continue the final assistant message (also implied by its prefix=true).
   bool continue_final_message = false;
+  // Render as DeepSeek's Python reference encoders (encoding_dsv4.py, deepseek_v41_encoding.py)
+  // do where deepseek-recipe differs from them: V4 floats in Python's repr (1e-07, not 1e-7), an
+  // empty line in a V4 tool-call invoke without parameters, and a final assistant message (not a
+  // prefix) left as the last turn instead of closed and followed by a generation prompt with
+  // its reasoning dropped. Off: deepseek-recipe (the default).
+  bool python_reference = false;
 };
 
-// The full prompt, starting with BOS (when add_bos). InvalidArgument for a developer message
-// with empty content, prefix on a message that is not the final assistant message,
-// continue_final_message without a final assistant message, or a V4.1 effort_budget outside
-// 0..100.
+// A rendered prompt: its text and the byte ranges of `text` that hold the control tokens the
+// encoder placed itself (ascending, disjoint; `text.substr(begin, end - begin)` is one token's
+// spelling). Everything between the ranges is plain text: a special-token spelling there (in a
+// user message, a tool schema, a tool result, reasoning, ...) must be tokenized as ordinary text,
+// never as the control token (frontend::encode_prompt). This is deepseek-recipe's
+// RenderedPrompt::special_ranges (it places the same tokens: BOS, EOS, the role tokens, `<think>`
+// / `</think>`, `<｜latest_reminder｜>`, and `｜DSML｜` in the tools template and in tool calls).
+struct SpecialRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+struct RenderedPrompt {
+  std::string text;
+  std::vector<SpecialRange> special_ranges;
+};
+
+// Appends text and control tokens, recording the control tokens' ranges.
+class PromptBuilder {
+ public:
+  void text(std::string_view s) { r_.text.append(s); }
+  void special(std::string_view s) {
+    r_.special_ranges.push_back({r_.text.size(), r_.text.size() + s.size()});
+    r_.text.append(s);
+  }
+  RenderedPrompt take() && { return std::move(r_); }
+
+ private:
+  RenderedPrompt r_;
+};
+
+// The full prompt with its control-token ranges; see render_prompt for the errors.
+Result<RenderedPrompt> render_conversation(const Conversation& conv,
+                                           ModelVersion v,
+                                           const RenderOptions& opts = {});
+
+// The full prompt text (render_conversation(...).text), starting with BOS (when add_bos).
+// InvalidArgument for a developer message with empty content, prefix on a message that is not the
+// final assistant message, continue_final_message without a final assistant message, or a V4.1
+// effort_budget outside 0..100.
 Result<std::string> render_prompt(const Conversation& conv,
                                   ModelVersion v,
                                   const RenderOptions& opts = {});
@@ -69,15 +116,17 @@ Result<std::string> render_prompt(const Conversation& conv,
 std::string render_tools_block(const std::vector<ToolSpec>& tools, ModelVersion v);
 
 // `<｜DSML｜tool_calls>\n<｜DSML｜invoke …>…</｜DSML｜tool_calls>` for an assistant's calls (V4.1:
-// spaced tag names), without the leading "\n\n".
-std::string render_tool_calls(const std::vector<ToolCall>& calls, ModelVersion v);
+// spaced tag names), without the leading "\n\n" (python_reference: see RenderOptions).
+std::string render_tool_calls(const std::vector<ToolCall>& calls,
+                              ModelVersion v,
+                              bool python_reference = false);
 
 // The reasoning-effort text placed at index 0 in thinking mode ("" when none).
 Result<std::string> reasoning_effort_prefix(const Conversation& conv, ModelVersion v);
 
 // Parser options matching how render_prompt(conv, v, opts) ends: start stage (reasoning after
 // `<think>`, content after `</think>`, continuing a prefix, or inside a prefilled tool block),
-// parse_tool_calls (tools given and tool_choice != kNone; note ToolChoice defaults to kNone),
+// parse_tool_calls (tools given and tool_choice != kNone),
 // json_output. Stop sequences are the caller's (SamplingParams::stop).
 OutputParserOptions parser_options_for(const Conversation& conv,
                                        ModelVersion v,

@@ -57,11 +57,37 @@ enum class Act {
 };
 
 struct Pattern {
+  Pattern(std::string s_, bool nl_, Act act_, int arg_)
+      : s(std::move(s_)), nl(nl_), act(act_), arg(arg_) {}
   std::string s;
   bool nl = false;  // also absorbs a run of '\n' right before it
   Act act = Act::kDrop;
   int arg = 0;
+  // Byte ranges of `s` that spell a control token: in token-fed text they must be exactly one
+  // control token (set by build_patterns).
+  std::vector<std::pair<size_t, size_t>> controls;
 };
+
+// Byte mask over the parser's buffer: where each byte came from (OutputParser::Kind).
+constexpr char kMaskAny = 'u';
+constexpr char kMaskText = 't';
+constexpr char kMaskControlStart = 'S';
+constexpr char kMaskControlRest = 's';
+
+// Ranges of `s` spelling one of the control tokens the parser knows.
+std::vector<std::pair<size_t, size_t>> control_ranges(std::string_view s) {
+  // The ASCII `|DSML|` variant is no token at all: counting it here means token-fed text never
+  // matches it (it is only recognised in text of unknown kind).
+  static constexpr std::string_view kControls[] = {
+      tok::kDsml, tok::kDsmlAscii, tok::kThinkStart, tok::kThinkEnd, tok::kEos, tok::kBos};
+  std::vector<std::pair<size_t, size_t>> out;
+  for (std::string_view c : kControls) {
+    for (size_t at = s.find(c); at != std::string_view::npos; at = s.find(c, at + c.size())) {
+      out.emplace_back(at, at + c.size());
+    }
+  }
+  return out;
+}
 
 bool in_call(Stage s) {
   return s == Stage::kArgs || s == Stage::kParamName || s == Stage::kParamType ||
@@ -113,6 +139,7 @@ struct OutputParser::Impl {
   bool leading = false;
 
   std::string buf;
+  std::string mask;     // per byte of buf: kMaskAny / kMaskText / kMaskControl*
   size_t pos = 0;       // next unprocessed byte
   size_t scanned = 0;   // no pattern of the current stage ends at or before this offset
   size_t trail_nl = 0;  // number of '\n' bytes at the end of buf
@@ -233,7 +260,7 @@ struct OutputParser::Impl {
       auto& v = P(Stage::kReasoning);
       v.push_back({think_end, true, Act::kThinkEnd, 0});
       add_dsml_in_text(&v);
-      v.push_back({think_start, false, Act::kDrop, 0});
+      // A literal `<think>` inside reasoning is reasoning text (deepseek-recipe keeps it).
       add_eos(&v);
       v.push_back({bos, false, Act::kDrop, 0});
     }
@@ -315,6 +342,31 @@ struct OutputParser::Impl {
       }
       add_eos(&v);
     }
+    for (auto& v : pats) {
+      for (Pattern& p : v) {
+        if (p.act != Act::kStop)
+          p.controls = control_ranges(p.s);
+      }
+    }
+  }
+
+  // Whether pattern `p` found at buf offset `f` is a marker: each control-token spelling in it
+  // must be one control token in the buffer (or text of unknown kind, except an EOS with
+  // eos_spelling_is_text).
+  bool controls_ok(const Pattern& p, size_t f) const {
+    const bool any_ok = !(p.act == Act::kEos && opt.eos_spelling_is_text);
+    for (const auto& [a, b] : p.controls) {
+      const char first = mask[f + a];
+      if (first != kMaskControlStart && (first != kMaskAny || !any_ok))
+        return false;
+      for (size_t i = f + a + 1; i < f + b; ++i) {
+        if (mask[i] != kMaskAny && mask[i] != kMaskControlRest)
+          return false;
+      }
+      if (first == kMaskControlStart && f + b < mask.size() && mask[f + b] == kMaskControlRest)
+        return false;
+    }
+    return true;
   }
 
   // ---- event output ----
@@ -430,7 +482,10 @@ struct OutputParser::Impl {
       size_t from = pos;
       if (scanned >= pos + len)
         from = scanned - len + 1;
-      const size_t f = buf.find(p.s, from);
+      size_t f = buf.find(p.s, from);
+      while (f != std::string::npos && !p.controls.empty() && !controls_ok(p, f)) {
+        f = buf.find(p.s, f + 1);
+      }
       if (f == std::string::npos)
         continue;
       const size_t end = f + len - pos;
@@ -663,12 +718,14 @@ struct OutputParser::Impl {
     }
     if (pos == buf.size()) {
       buf.clear();
+      mask.clear();
       pos = 0;
       scanned = 0;
       trail_nl = 0;
       la_valid = false;
     } else if (pos > 4096 && pos > buf.size() / 2) {
       buf.erase(0, pos);
+      mask.erase(0, pos);
       scanned = scanned > pos ? scanned - pos : 0;
       if (la_valid) {
         la_off -= pos;
@@ -685,7 +742,7 @@ OutputParser::OutputParser(OutputParserOptions options)
 
 OutputParser::~OutputParser() = default;
 
-std::vector<OutputEvent> OutputParser::feed(std::string_view text) {
+std::vector<OutputEvent> OutputParser::feed(std::string_view text, Kind kind) {
   std::vector<OutputEvent> events;
   Impl& s = *impl_;
   if (s.finish_sent || text.empty())
@@ -694,6 +751,18 @@ std::vector<OutputEvent> OutputParser::feed(std::string_view text) {
     return events;
   s.out = &events;
   s.buf.append(text);
+  switch (kind) {
+    case Kind::kAny:
+      s.mask.append(text.size(), kMaskAny);
+      break;
+    case Kind::kText:
+      s.mask.append(text.size(), kMaskText);
+      break;
+    case Kind::kControl:
+      s.mask.push_back(kMaskControlStart);
+      s.mask.append(text.size() - 1, kMaskControlRest);
+      break;
+  }
   const size_t last = text.find_last_not_of('\n');
   s.trail_nl = last == std::string_view::npos ? s.trail_nl + text.size() : text.size() - last - 1;
   s.run(/*at_end=*/false);

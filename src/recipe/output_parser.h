@@ -10,7 +10,8 @@
 // `<｜DSML｜ calls>`/` invoke`/` parameter`, plus V3.2 `function_calls` and the ASCII `|DSML|`
 // variant):
 //   reasoning: `\n*</think>` ends it; a DSML token (and the newlines before it) ends it and opens
-//     the tool block; `<think>` is dropped; leading newlines are dropped at kReasoningStart.
+//     the tool block; `<think>` is reasoning text (as in deepseek-recipe); leading newlines are
+//     dropped at kReasoningStart.
 //   content: leading newlines are dropped (kContentStart, and after `</think>`); a DSML token
 //     (and the newlines before it; also a bare or closing one) opens the tool block; stray
 //     `</think>` is dropped; `<think>` before any content switches to reasoning, later it is
@@ -21,7 +22,8 @@
 //     inside it only; tool calls may follow.
 //   everywhere: `<｜end▁of▁sentence｜>` ends output; `<｜begin▁of▁sentence｜>` is dropped.
 //   After the tool block closes, everything is dropped.
-// No content or reasoning delta contains `｜DSML｜`, `<think>`, `</think>`, BOS or EOS. (Text on
+// No content delta contains `｜DSML｜`, `<think>`, `</think>`, BOS or EOS; reasoning may contain
+// `<think>` (the model writing it literally), none of the others. (Text on
 // both sides of a dropped stray marker goes into separate deltas; their concatenation may spell a
 // marker only if the model wrote one around the dropped token, e.g. "<thi</think>nk>".)
 //
@@ -71,6 +73,9 @@ struct OutputParserOptions {
   bool json_output = false;
   bool accept_ascii_dsml = true;            // also treat `|DSML|` as the DSML token
   std::vector<std::string> stop_sequences;  // matched in content only; empty ones ignored
+  // Kind::kAny text: an EOS spelling ends the output (false) or stays text (true: as
+  // deepseek-recipe treats text chunks; `dsinfer recipe parse`). A kControl EOS always ends it.
+  bool eos_spelling_is_text = false;
 };
 
 class OutputParser {
@@ -80,7 +85,12 @@ class OutputParser {
   OutputParser(const OutputParser&) = delete;
   OutputParser& operator=(const OutputParser&) = delete;
 
-  std::vector<OutputEvent> feed(std::string_view text);
+  // What a fed piece of text is. kAny: decoded text whose token boundaries are unknown (markers
+  // are recognised wherever they are spelled). kText: ordinary tokens' text: a special-token
+  // spelling in it (the model writing `</think>` as plain characters) is never a marker and stays
+  // text. kControl: the text of exactly one added (control) token: it can match a marker.
+  enum class Kind { kAny, kText, kControl };
+  std::vector<OutputEvent> feed(std::string_view text, Kind kind = Kind::kAny);
   // Flushes held-back text, completes an open tool call and emits the kFinish event. Later
   // feed()/finish() calls return nothing.
   std::vector<OutputEvent> finish(FinishReason backend_reason);

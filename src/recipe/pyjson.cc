@@ -9,7 +9,7 @@
 namespace dsinfer::recipe {
 namespace {
 
-void dump_into(const nlohmann::ordered_json& v, std::string* out) {
+void dump_into(const nlohmann::ordered_json& v, FloatStyle fs, std::string* out) {
   using V = nlohmann::ordered_json::value_t;
   switch (v.type()) {
     case V::null:
@@ -26,7 +26,7 @@ void dump_into(const nlohmann::ordered_json& v, std::string* out) {
       out->append(std::to_string(v.get<uint64_t>()));
       return;
     case V::number_float:
-      out->append(py_float_repr(v.get<double>()));
+      out->append(py_float_repr(v.get<double>(), fs));
       return;
     case V::string:
       out->push_back('"');
@@ -40,7 +40,7 @@ void dump_into(const nlohmann::ordered_json& v, std::string* out) {
         if (!first)
           out->append(", ");
         first = false;
-        dump_into(e, out);
+        dump_into(e, fs, out);
       }
       out->push_back(']');
       return;
@@ -55,7 +55,7 @@ void dump_into(const nlohmann::ordered_json& v, std::string* out) {
         out->push_back('"');
         py_json_escape_append(key, out);
         out->append("\": ");
-        dump_into(value, out);
+        dump_into(value, fs, out);
       }
       out->push_back('}');
       return;
@@ -125,7 +125,7 @@ std::string py_json_quote(std::string_view s) {
   return out;
 }
 
-std::string py_float_repr(double x) {
+std::string py_float_repr(double x, FloatStyle style) {
   if (std::isnan(x))
     return "NaN";
   if (std::isinf(x))
@@ -150,14 +150,19 @@ std::string py_float_repr(double x) {
   const int decpt = exp10 + 1;
   std::string out = neg ? "-" : "";
   const int nd = static_cast<int>(digits.size());
-  if (decpt <= -4 || decpt > 16) {
+  const bool v4 = style == FloatStyle::kV4;
+  if ((v4 ? decpt <= -5 : decpt <= -4) || decpt > 16) {
     out.push_back(digits[0]);
     if (nd > 1) {
       out.push_back('.');
       out.append(digits, 1, std::string::npos);
     }
     char eb[16];
-    std::snprintf(eb, sizeof(eb), "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
+    std::snprintf(eb,
+                  sizeof(eb),
+                  v4 && exp10 < 0 ? "e%c%d" : "e%c%02d",
+                  exp10 < 0 ? '-' : '+',
+                  std::abs(exp10));
     out.append(eb);
   } else if (decpt <= 0) {
     out.append("0.");
@@ -175,9 +180,9 @@ std::string py_float_repr(double x) {
   return out;
 }
 
-std::string py_json_dumps(const nlohmann::ordered_json& v) {
+std::string py_json_dumps(const nlohmann::ordered_json& v, FloatStyle floats) {
   std::string out;
-  dump_into(v, &out);
+  dump_into(v, floats, &out);
   return out;
 }
 

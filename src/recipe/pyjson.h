@@ -17,16 +17,21 @@
 
 namespace dsinfer::recipe {
 
+// How floats are written: Python's repr, or the V4 prompt encoding's form (deepseek-recipe's V4
+// encoding: positional for 1e-5 <= |x| < 1e16, else exponent form without zero padding of a
+// negative exponent: 0.00001, 1e-6, 1.5e-7, 1e+16). Everything else is the same.
+enum class FloatStyle { kPython, kV4 };
+
 // json.dumps(v, ensure_ascii=False).
-std::string py_json_dumps(const nlohmann::ordered_json& v);
+std::string py_json_dumps(const nlohmann::ordered_json& v, FloatStyle floats = FloatStyle::kPython);
 
 // json.dumps(s, ensure_ascii=False) for a string: the quoted, escaped form.
 std::string py_json_quote(std::string_view s);
 // Appends the escaped body of `s` (no surrounding quotes) to `out`.
 void py_json_escape_append(std::string_view s, std::string* out);
 
-// repr(float(x)) as json.dumps writes it.
-std::string py_float_repr(double x);
+// repr(float(x)) as json.dumps writes it (kV4: the V4 encoding's form, see FloatStyle).
+std::string py_float_repr(double x, FloatStyle style = FloatStyle::kPython);
 
 // Parses JSON text (nlohmann rules: no NaN/Infinity literals, no trailing data; no NUL byte) and
 // re-dumps it with py_json_dumps. InvalidArgument if `text` is not valid JSON.

@@ -48,6 +48,9 @@ struct Message {
   std::vector<ToolCall> tool_calls;              // assistant
   std::string tool_call_id;                      // tool
   bool prefix = false;  // assistant prefix completion: rendered without EOS
+  // A Responses `developer` item (role kUser): V4.1 renders it as a system turn, V4 as user text
+  // (deepseek-recipe).
+  bool developer = false;
 };
 
 // A function tool; `function_json` is the tool's `function` object (name, description,
@@ -56,6 +59,7 @@ struct Message {
 struct ToolSpec {
   std::string name;
   std::string function_json;
+  bool strict = false;  // declared `strict: true` (not rendered; the API layer validates with it)
 };
 
 enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
@@ -63,7 +67,9 @@ enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 struct Conversation {
   std::vector<Message> messages;
   std::vector<ToolSpec> tools;
-  ToolChoice tool_choice = ToolChoice::kNone;
+  // kNone: no tools block is rendered (the tools are not offered); kNamed: only the named tool
+  // is listed (deepseek-recipe).
+  ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;                     // kNamed
   std::optional<std::string> response_format_json;  // rendered into the system block
   bool json_output = false;                         // response_format json_object

@@ -11,7 +11,8 @@ using recipe::OutputEvent;
 OutputPipeline::OutputPipeline(const tokenizer::Tokenizer& tok,
                                recipe::OutputParserOptions options,
                                std::vector<int32_t> script)
-    : decoder_(tok, /*skip_special=*/false),
+    : tok_(&tok),
+      decoder_(tok, /*skip_special=*/false),
       parser_(options),
       script_(std::move(script)),
       in_reasoning_(options.start == recipe::ParseStart::kReasoningStart ||
@@ -53,10 +54,20 @@ bool OutputPipeline::feed(int32_t sampled_token) {
   const bool was_reasoning = in_reasoning_;
   Seen seen;
   if (!parser_.done()) {
-    Result<std::string> text = decoder_.feed(token);
-    // An id with no token (a model vocabulary padded past the tokenizer's) contributes nothing.
-    if (text.ok() && !text->empty())
-      push(parser_.feed(*text), &seen);
+    using Kind = recipe::OutputParser::Kind;
+    if (tok_->is_added(token)) {
+      // A control token: it alone can be a marker. Text held before it is complete by now.
+      std::string held = decoder_.flush();
+      if (!held.empty())
+        push(parser_.feed(held, Kind::kText), &seen);
+      push(parser_.feed(tok_->token_bytes(token), Kind::kControl), &seen);
+    } else {
+      Result<std::string> text = decoder_.feed(token);
+      // An id with no token (a model vocabulary padded past the tokenizer's) contributes nothing.
+      // Ordinary tokens are text: a special-token spelling they form stays text.
+      if (text.ok() && !text->empty())
+        push(parser_.feed(*text, Kind::kText), &seen);
+    }
   }
   if (seen.reasoning || (was_reasoning && !seen.answer))
     ++reasoning_tokens_;
@@ -71,7 +82,7 @@ void OutputPipeline::finish(recipe::FinishReason backend_reason) {
   if (!parser_.done()) {
     std::string rest = decoder_.flush();
     if (!rest.empty())
-      push(parser_.feed(rest), &unused);
+      push(parser_.feed(rest, recipe::OutputParser::Kind::kText), &unused);
   }
   push(parser_.finish(backend_reason), &unused);
 }
@@ -142,16 +153,21 @@ std::optional<std::vector<int32_t>> ScriptedOutputs::select(
   for (const Rule& r : rules_) {
     if (user.find(r.match) == std::string::npos)
       continue;
-    std::string text = r.output;
+    // The rule's own text may spell markers (it stands for model output, control tokens
+    // included); the echoed user text is ordinary text, as a model would copy it.
     static constexpr std::string_view kVar = "{last_user}";
-    for (size_t at = text.find(kVar); at != std::string::npos; at = text.find(kVar, at)) {
-      text.replace(at, kVar.size(), user);
-      at += user.size();
+    std::vector<int32_t> out;
+    const std::string_view tmpl(r.output);
+    size_t from = 0;
+    for (size_t at = tmpl.find(kVar); at != std::string_view::npos; at = tmpl.find(kVar, from)) {
+      if (!tok_->encode_append(tmpl.substr(from, at - from), /*allow_special=*/true, &out).ok() ||
+          !tok_->encode_append(user, /*allow_special=*/false, &out).ok()) {
+        return std::nullopt;
+      }
+      from = at + kVar.size();
     }
-    auto ids = tok_->encode(text, /*allow_special=*/true);
-    if (!ids.ok())
+    if (!tok_->encode_append(tmpl.substr(from), /*allow_special=*/true, &out).ok())
       return std::nullopt;
-    std::vector<int32_t> out = std::move(ids).value();
     out.push_back(eos_);
     return out;
   }

@@ -1,5 +1,7 @@
 // The per-request output path, run on the engine loop thread:
 //   generated token ids -> tokenizer::IncrementalDecoder -> recipe::OutputParser -> OutputEvents
+// Added (control) tokens reach the parser as control text, every other token as plain text, so a
+// special-token spelling the model writes with ordinary tokens stays text.
 // with usage accounting (reasoning tokens: tokens generated while the output was in reasoning).
 //
 // The parser also decides when the output has ended by itself (EOS text, a stop sequence in the
@@ -58,6 +60,7 @@ class OutputPipeline {
   };
   void push(std::vector<recipe::OutputEvent> evs, Seen* seen);
 
+  const tokenizer::Tokenizer* tok_;
   tokenizer::IncrementalDecoder decoder_;
   recipe::OutputParser parser_;
   std::vector<int32_t> script_;

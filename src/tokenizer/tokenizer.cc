@@ -193,8 +193,8 @@ struct Tokenizer::Impl {
   // Per id.
   std::vector<std::string> id_spelling;  // added-token content or vocabulary spelling
   std::vector<std::string> id_bytes;     // decoded bytes
-  std::vector<uint8_t> id_flags;         // kHas | kSpecial
-  static constexpr uint8_t kHas = 1, kSpecial = 2;
+  std::vector<uint8_t> id_flags;         // kHas | kSpecial | kAdded
+  static constexpr uint8_t kHas = 1, kSpecial = 2, kAdded = 4;
   // Added tokens.
   std::vector<AddedToken> added;
   std::unordered_map<std::string, int32_t> added_by_content;
@@ -253,7 +253,10 @@ Status Tokenizer::Impl::load(const json& root) {
     id_bytes[id] = standins_to_bytes(spelling, &bytes) ? bytes : spelling;
   };
   for (const auto& [s, id] : vocab) set_id(id, s);
-  for (const AddedToken& t : added) set_id(t.id, t.content);
+  for (const AddedToken& t : added) {
+    set_id(t.id, t.content);
+    id_flags[t.id] |= kAdded;
+  }
   // HF skips by content: a vocabulary entry spelled like a special token is special too.
   for (const AddedToken& t : added) {
     if (!t.special)
@@ -866,6 +869,18 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   if (auto it = impl_->vocab.find(key); it != impl_->vocab.end())
     return it->second;
   return std::nullopt;
+}
+
+std::optional<int32_t> Tokenizer::added_token_id(std::string_view content) const {
+  if (auto it = impl_->added_by_content.find(std::string(content));
+      it != impl_->added_by_content.end()) {
+    return it->second;
+  }
+  return std::nullopt;
+}
+
+bool Tokenizer::is_added(int32_t id) const {
+  return has_token(id) && (impl_->id_flags[id] & Impl::kAdded);
 }
 
 std::optional<std::string_view> Tokenizer::id_to_token(int32_t id) const {

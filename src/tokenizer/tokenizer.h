@@ -68,6 +68,10 @@ class Tokenizer {
   // Vocabulary spelling (byte stand-ins, e.g. "Ġthe") or added-token content -> id.
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string_view> id_to_token(int32_t id) const;
+  // The id of the added token spelled `content` (nothing for a plain vocabulary entry).
+  std::optional<int32_t> added_token_id(std::string_view content) const;
+  // Whether `id` is an added token (special or not): the control tokens of a prompt format.
+  bool is_added(int32_t id) const;
   // The bytes that `id` contributes to decoded text (before UTF-8 repair); empty if no token.
   std::string_view token_bytes(int32_t id) const;
   bool has_token(int32_t id) const;

@@ -92,7 +92,31 @@ std::vector<OutputEvent> run(const OutputParserOptions& o,
   return all;
 }
 
-void check(const std::vector<OutputEvent>& evs, bool utf8) {
+// Token-fed text: pieces of ordinary-token text (Kind::kText) and control tokens (kControl);
+// with split, every text piece is also cut into single bytes.
+std::vector<OutputEvent> run_pieces(const OutputParserOptions& o,
+                                    const std::vector<std::pair<std::string, bool>>& pieces,
+                                    bool split,
+                                    FinishReason reason) {
+  using Kind = OutputParser::Kind;
+  OutputParser p(o);
+  std::vector<OutputEvent> all;
+  auto add = [&](std::vector<OutputEvent> ev) { all.insert(all.end(), ev.begin(), ev.end()); };
+  for (const auto& [text, control] : pieces) {
+    if (control) {
+      add(p.feed(text, Kind::kControl));
+    } else if (split) {
+      for (size_t i = 0; i < text.size(); ++i) add(p.feed(text.substr(i, 1), Kind::kText));
+    } else {
+      add(p.feed(text, Kind::kText));
+    }
+  }
+  add(p.finish(reason));
+  return all;
+}
+
+// `text_spellings`: deltas may spell markers (token-fed text keeps plain-text spellings).
+void check(const std::vector<OutputEvent>& evs, bool utf8, bool text_spellings = false) {
   if (evs.empty() || evs.back().type != OutputEvent::Type::kFinish)
     __builtin_trap();
   int32_t open = -1, next = 0;
@@ -105,6 +129,10 @@ void check(const std::vector<OutputEvent>& evs, bool utf8) {
     if (e.type == OutputEvent::Type::kContentDelta ||
         e.type == OutputEvent::Type::kReasoningDelta) {
       for (const char* bad : {"｜DSML｜", "<think>", "</think>", "<｜end▁of▁sentence｜>"}) {
+        // A literal <think> is reasoning text (deepseek-recipe).
+        if (text_spellings ||
+            (e.type == OutputEvent::Type::kReasoningDelta && std::string_view(bad) == "<think>"))
+          continue;
         if (e.text.find(bad) != std::string::npos)
           __builtin_trap();
       }
@@ -209,6 +237,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check(chunked, utf8);
   if (!same(dsinfer::recipe::coalesce_events(chunked), want))
     __builtin_trap();
+
+  // Token-fed: the 0xFF markers as control tokens, everything else as ordinary-token text. The
+  // events must not depend on how the text pieces are cut.
+  std::vector<std::pair<std::string, bool>> pieces;
+  for (size_t i = 4; i < size; ++i) {
+    if (data[i] == 0xFF && i + 1 < size) {
+      pieces.emplace_back(kMarkers[data[++i] % kNumMarkers], true);
+    } else if (pieces.empty() || pieces.back().second) {
+      pieces.emplace_back(std::string(1, static_cast<char>(data[i])), false);
+    } else {
+      pieces.back().first.push_back(static_cast<char>(data[i]));
+    }
+  }
+  const auto tok_whole = run_pieces(o, pieces, false, reason);
+  check(tok_whole, utf8, /*text_spellings=*/true);
+  if (text.size() <= 512) {
+    const auto tok_bytes = run_pieces(o, pieces, true, reason);
+    check(tok_bytes, utf8, /*text_spellings=*/true);
+    if (!same(dsinfer::recipe::coalesce_events(tok_bytes),
+              dsinfer::recipe::coalesce_events(tok_whole)))
+      __builtin_trap();
+  }
 
   if (text.size() <= 512) {
     std::vector<size_t> bytes;

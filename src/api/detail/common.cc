@@ -105,15 +105,120 @@ Err read_function_fields(const Reader& r,
 }
 
 std::string function_json(const FunctionFields& f) {
+  // deepseek-recipe's tool line: every field present (a missing description is "", missing
+  // parameters {}), and the `strict` flag itself is never rendered.
   Json fn = Json::object();
   fn["name"] = f.name;
-  if (f.description)
-    fn["description"] = *f.description;
-  if (f.parameters)
-    fn["parameters"] = *f.parameters;
-  if (f.strict)
-    fn["strict"] = *f.strict;
+  fn["description"] = f.description.value_or("");
+  fn["parameters"] = f.parameters ? *f.parameters : Json::object();
   return py_dumps(fn);
+}
+
+namespace {
+
+Err strict_schema(const Reader& r, const Json& in, const Path& p, Json* out) {
+  auto schema_error = [&](const std::string& what) {
+    return r.invalid(p, "Invalid tool parameters schema : " + what);
+  };
+  if (!in.is_object())
+    return schema_error("a schema must be an object");
+  *out = Json::object();
+  auto copy = [&](const char* key) {
+    if (const Json* v = find(in, key))
+      (*out)[key] = *v;
+  };
+  const Json* type = find(in, "type");
+  if (!type) {
+    if (const Json* any = find(in, "anyOf")) {
+      if (!any->is_array())
+        return schema_error("anyOf must be an array");
+      Json list = Json::array();
+      for (size_t i = 0; i < any->size(); ++i) {
+        Json sub;
+        DSI_API_TRY(strict_schema(r, (*any)[i], p, &sub));
+        list.push_back(std::move(sub));
+      }
+      (*out)["anyOf"] = std::move(list);
+      copy("description");
+      return std::nullopt;
+    }
+    if (find(in, "$ref")) {
+      copy("$ref");
+      copy("description");
+      return std::nullopt;
+    }
+    return schema_error("one of `type`, `anyOf`, `$ref` field is required");
+  }
+  (*out)["type"] = *type;
+  const std::string t = type->is_string() ? type->get<std::string>() : std::string();
+  if (t == "object") {
+    Json props = Json::object();
+    if (const Json* ps = find(in, "properties"); ps && ps->is_object()) {
+      for (const auto& [k, v] : ps->items()) {
+        Json sub;
+        DSI_API_TRY(strict_schema(r, v, p, &sub));
+        props[k] = std::move(sub);
+      }
+    }
+    Json required = Json::array();
+    if (const Json* req = find(in, "required"); req && req->is_array())
+      required = *req;
+    std::set<std::string> listed;
+    for (const Json& k : required) {
+      if (k.is_string())
+        listed.insert(k.get<std::string>());
+    }
+    for (const auto& [k, v] : props.items()) {
+      if (!listed.count(k))
+        return r.invalid(p, "Required properties must match all properties in the object");
+    }
+    (*out)["properties"] = std::move(props);
+    (*out)["additionalProperties"] = false;
+    (*out)["required"] = std::move(required);
+    copy("description");
+  } else if (t == "array") {
+    if (const Json* items = find(in, "items")) {
+      Json sub;
+      DSI_API_TRY(strict_schema(r, *items, p, &sub));
+      (*out)["items"] = std::move(sub);
+    }
+    copy("description");
+  } else if (t == "string") {
+    copy("description");
+    copy("pattern");
+    if (const Json* f = find(in, "format")) {
+      const std::string fs = f->is_string() ? f->get<std::string>() : f->dump();
+      if (fs != "email" && fs != "hostname" && fs != "ipv4" && fs != "ipv6" && fs != "uuid") {
+        return schema_error("unknown variant `" + fs.substr(0, 64) +
+                            "`, expected one of `email`, `hostname`, `ipv4`, `ipv6`, `uuid`");
+      }
+      (*out)["format"] = *f;
+    }
+    copy("enum");
+  } else if (t == "number" || t == "integer") {
+    copy("description");
+    for (const char* k :
+         {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "default"}) {
+      copy(k);
+    }
+  } else {
+    copy("description");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Err normalize_strict_schema(const Reader& r, const Json* in, const Path& p, Json* out) {
+  if (!in) {
+    *out = Json::object();
+    (*out)["type"] = "object";
+    (*out)["properties"] = Json::object();
+    (*out)["additionalProperties"] = false;
+    (*out)["required"] = Json::array();
+    return std::nullopt;
+  }
+  return strict_schema(r, *in, p, out);
 }
 
 void default_tool_choice(recipe::Conversation* conv) {
@@ -198,7 +303,9 @@ void apply_thinking(const ThinkingControls& c,
                     const DecodeOptions& opts,
                     recipe::Conversation* conv) {
   bool on = c.enabled.value_or(true);
-  if (c.effort && c.effort->thinking_off)
+  // Effort "none" turns thinking off unless thinking was explicitly enabled (deepseek-recipe:
+  // then it is ignored and the default effort applies).
+  if (c.effort && c.effort->thinking_off && !c.enabled.has_value())
     on = false;
   conv->thinking = on ? recipe::ThinkingMode::kThinking : recipe::ThinkingMode::kChat;
   conv->effort = recipe::ReasoningEffort::kUnset;
@@ -209,6 +316,53 @@ void apply_thinking(const ThinkingControls& c,
   }
 }
 
+namespace {
+
+bool mentions_json(std::string_view text) {
+  for (size_t i = 0; i + 4 <= text.size(); ++i) {
+    if ((text[i] | 0x20) == 'j' && (text[i + 1] | 0x20) == 's' && (text[i + 2] | 0x20) == 'o' &&
+        (text[i + 3] | 0x20) == 'n') {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+Err check_conversation_rules(const Reader& r,
+                             const recipe::Conversation& conv,
+                             bool has_response_format,
+                             const Path& response_format_path,
+                             const std::string& json_word_message) {
+  if (has_response_format && conv.tool_choice != recipe::ToolChoice::kNone) {
+    for (const recipe::ToolSpec& t : conv.tools) {
+      const bool offered =
+          conv.tool_choice != recipe::ToolChoice::kNamed || t.name == conv.tool_choice_name;
+      if (offered && t.strict)
+        return r.invalid(response_format_path, "response_format should not be used with tools");
+    }
+  }
+  const auto& msgs = conv.messages;
+  if (!msgs.empty() && msgs.back().prefix) {
+    bool calls = !conv.tools.empty();
+    for (const recipe::Message& m : msgs)
+      calls = calls || !m.tool_calls.empty() || m.role == recipe::Role::kTool;
+    if (calls)
+      return r.invalid(Path(), "Function call should not be used with prefix");
+  }
+  if (conv.json_output && !conv.response_format_json) {
+    bool found = false;
+    for (const recipe::Message& m : msgs) {
+      found = found || mentions_json(m.content);
+      for (const recipe::ContentBlock& b : m.blocks) found = found || mentions_json(b.text);
+    }
+    if (!found)
+      return r.invalid(Path(), json_word_message);
+  }
+  return std::nullopt;
+}
+
 Err check_tool_choice_mode(const Reader& r,
                            const Path& tool_choice_path,
                            const recipe::Conversation& conv) {
@@ -216,8 +370,8 @@ Err check_tool_choice_mode(const Reader& r,
       (conv.tool_choice == recipe::ToolChoice::kRequired ||
        conv.tool_choice == recipe::ToolChoice::kNamed)) {
     return r.invalid(tool_choice_path,
-                     "forcing a tool call (required or a named tool) is not supported in "
-                     "thinking mode; disable thinking to use it.");
+                     "Thinking mode does not support this tool_choice (a required or named "
+                     "tool call); disable thinking to use it.");
   }
   return std::nullopt;
 }

@@ -86,8 +86,15 @@ Err read_function_fields(const Reader& r,
                          std::set<std::string>* seen,
                          FunctionFields* out);
 
-// ToolSpec::function_json of a flat tool: {"name", "description"?, "parameters"?, "strict"?}.
+// ToolSpec::function_json: {"name", "description" ("" if none), "parameters" ({} if none)}.
 std::string function_json(const FunctionFields& f);
+
+// A `strict: true` tool's parameters as deepseek-recipe normalises them: canonical key order per
+// schema type, unsupported keywords (default, title, minItems, minLength, ...) dropped, missing
+// parameters an empty object schema. Errors (400, `p`): a schema without type / anyOf / $ref, a
+// `format` other than email, hostname, ipv4, ipv6, uuid, an object whose `required` does not
+// list all its properties.
+Err normalize_strict_schema(const Reader& r, const Json* in, const Path& p, Json* out);
 
 // ---- tool_choice ----
 
@@ -134,6 +141,21 @@ struct ThinkingControls {
 void apply_thinking(const ThinkingControls& c,
                     const DecodeOptions& opts,
                     recipe::Conversation* conv);
+
+// deepseek-recipe's cross-field rules, checked on the decoded conversation:
+//   - a response format (any type, `text` included) with an offered strict tool: "response_format
+//     should not be used with tools";
+//   - a final prefix assistant message with tools declared or tool calls / results in the
+//     history: "Function call should not be used with prefix";
+//   - json_object without the word "json" (any case) in the text of a message (system, user,
+//     assistant content, tool result, reminder; not reasoning or tool-call arguments):
+//     `json_word_message`.
+// `response_format_path`: where the protocol puts the response format (for the message).
+Err check_conversation_rules(const Reader& r,
+                             const recipe::Conversation& conv,
+                             bool has_response_format,
+                             const Path& response_format_path,
+                             const std::string& json_word_message);
 
 // tool_choice required/named is rejected in thinking mode (spec §3.1).
 Err check_tool_choice_mode(const Reader& r,

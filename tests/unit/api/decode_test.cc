@@ -133,7 +133,8 @@ TEST(ChatDecode, DefaultMaxTokens) {
   EXPECT_EQ(mt.error().param, "max_tokens");
 }
 
-TEST(ChatDecode, ToolsKeepFunctionObjectKeyOrder) {
+// deepseek-recipe's tool line: name, description, parameters (in that order; `strict` dropped).
+TEST(ChatDecode, ToolsRenderNameDescriptionParameters) {
   GenerationRequest r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],
       "thinking":{"type":"disabled"},
       "tools":[{"type":"function","function":{"name":"get_weather",
@@ -142,9 +143,9 @@ TEST(ChatDecode, ToolsKeepFunctionObjectKeyOrder) {
   ASSERT_EQ(r.conversation.tools.size(), 1u);
   EXPECT_EQ(r.conversation.tools[0].name, "get_weather");
   EXPECT_EQ(r.conversation.tools[0].function_json,
-            "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \"properties\": "
-            "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}, \"description\": "
-            "\"Weather for a city — °C\"}");
+            "{\"name\": \"get_weather\", \"description\": \"Weather for a city — °C\", "
+            "\"parameters\": {\"type\": \"object\", \"properties\": "
+            "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}");
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
 }
 
@@ -192,14 +193,18 @@ TEST(ChatDecode, ToolHistoryAndReasoning) {
   EXPECT_EQ(m[3].blocks[0].text, "Rain");
 }
 
-TEST(ChatDecode, ReasoningPassbackCanBeRelaxed) {
+// deepseek-recipe's default (FillEmpty) accepts a missing reasoning_content and renders it
+// empty; require_reasoning_passback gives the official API's 400.
+TEST(ChatDecode, ReasoningPassbackCanBeRequired) {
   const std::string body = R"({"model":"m","tools":[{"type":"function","function":{"name":"f"}}],
       "messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},
                   {"role":"user","content":"c"}]})";
-  EXPECT_FALSE(decode_chat_request(body, {}).ok());
+  auto ok = decode_chat_request(body, {});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->conversation.messages[1].reasoning_content, "");
   DecodeOptions opts;
-  opts.require_reasoning_passback = false;
-  EXPECT_TRUE(decode_chat_request(body, opts).ok());
+  opts.require_reasoning_passback = true;
+  EXPECT_FALSE(decode_chat_request(body, opts).ok());
 }
 
 TEST(ChatDecode, SamplingFieldsStopSeedLogprobsStream) {
@@ -230,9 +235,9 @@ TEST(ChatDecode, PrefixCompletion) {
   EXPECT_EQ(r.conversation.messages[1].reasoning_content, "ok");
 }
 
-TEST(ChatDecode, ContentPartsAndDeveloperAndJsonMode) {
+TEST(ChatDecode, ContentPartsAndJsonMode) {
   GenerationRequest r = chat_ok(R"({"model":"m","response_format":{"type":"json_object"},
-      "messages":[{"role":"developer","content":[{"type":"text","text":"Answer in json."}]},
+      "messages":[{"role":"system","content":[{"type":"text","text":"Answer in json."}]},
       {"role":"user","content":[{"type":"text","text":"Look:"},
         {"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]})");
   EXPECT_TRUE(r.conversation.json_output);
@@ -339,11 +344,12 @@ TEST(MessagesDecode, ToolUseToolResultThinkingHistory) {
   EXPECT_EQ(m[2].blocks[2].text, "Thanks");
 }
 
-TEST(MessagesDecode, FinalAssistantIsPrefill) {
+// deepseek-recipe: a final assistant message is a complete turn, not a prefill.
+TEST(MessagesDecode, FinalAssistantIsNotAPrefill) {
   GenerationRequest r = messages_ok(R"({"model":"m","max_tokens":10,"messages":[
       {"role":"user","content":"JSON please"},{"role":"assistant","content":"{"}]})");
   ASSERT_EQ(r.conversation.messages.size(), 2u);
-  EXPECT_TRUE(r.conversation.messages[1].prefix);
+  EXPECT_FALSE(r.conversation.messages[1].prefix);
   EXPECT_EQ(r.conversation.messages[1].content, "{");
 }
 
@@ -351,8 +357,9 @@ TEST(MessagesDecode, ToolChoiceMapping) {
   const std::string base = R"({"model":"m","max_tokens":10,"thinking":{"type":"disabled"},
       "tools":[{"name":"a","input_schema":{}},{"name":"b","input_schema":{}}],
       "messages":[{"role":"user","content":"x"}],)";
+  // `any` renders as `auto` (deepseek-recipe).
   GenerationRequest r = messages_ok(base + R"("tool_choice":{"type":"any"}})");
-  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kRequired);
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
   r = messages_ok(base + R"("tool_choice":{"type":"tool","name":"b"}})");
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNamed);
   EXPECT_EQ(r.conversation.tool_choice_name, "b");
@@ -360,6 +367,13 @@ TEST(MessagesDecode, ToolChoiceMapping) {
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kNone);
   r = messages_ok(base + R"("tool_choice":{"type":"auto","disable_parallel_tool_use":true}})");
   EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
+  // Thinking mode: `any` is accepted too; a named tool is not.
+  std::string thinking = base;
+  thinking.replace(thinking.find("disabled"), 8, "enabled");
+  r = messages_ok(thinking + R"("tool_choice":{"type":"any"}})");
+  EXPECT_EQ(r.conversation.tool_choice, ToolChoice::kAuto);
+  EXPECT_FALSE(
+      decode_messages_request(thinking + R"("tool_choice":{"type":"tool","name":"b"}})", {}).ok());
 }
 
 TEST(MessagesDecode, ClaudeNamesAcceptedWhenServingOtherModels) {
@@ -429,16 +443,18 @@ TEST(ResponsesDecode, ItemsMergeIntoAssistantMessages) {
   EXPECT_EQ(m[6].content, "Thanks");
   ASSERT_EQ(r.conversation.tools.size(), 1u);  // web_search ignored
   EXPECT_EQ(r.conversation.tools[0].function_json,
-            "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}");
+            "{\"name\": \"get_weather\", \"description\": \"\", \"parameters\": {\"type\": "
+            "\"object\"}}");
 }
 
 TEST(ResponsesDecode, ToolSpecOrderAndStrict) {
   GenerationRequest r = responses_ok(R"({"model":"m","input":"x",
       "tools":[{"type":"function","strict":true,"parameters":{"type":"object"},"description":"D","name":"f"}]})");
   ASSERT_EQ(r.conversation.tools.size(), 1u);
+  // The strict schema is normalised (deepseek-recipe).
   EXPECT_EQ(r.conversation.tools[0].function_json,
-            "{\"name\": \"f\", \"description\": \"D\", \"parameters\": {\"type\": \"object\"}, "
-            "\"strict\": true}");
+            "{\"name\": \"f\", \"description\": \"D\", \"parameters\": {\"type\": \"object\", "
+            "\"properties\": {}, \"additionalProperties\": false, \"required\": []}}");
 }
 
 TEST(ResponsesDecode, ReasoningEffortAndTextFormat) {
@@ -450,13 +466,95 @@ TEST(ResponsesDecode, ReasoningEffortAndTextFormat) {
   r = responses_ok(R"({"model":"m","input":"x","text":{"format":{"type":"json_schema",
       "name":"out","schema":{"type":"object"}},"verbosity":"low"}})");
   EXPECT_TRUE(r.conversation.json_output);
-  EXPECT_EQ(r.conversation.response_format_json,
-            "{\"type\": \"json_schema\", \"name\": \"out\", \"schema\": {\"type\": \"object\"}}");
-  r = responses_ok(R"({"model":"m","input":"x","text":{"format":{"type":"json_object"}},
+  // The schema is rendered, not the format object (deepseek-recipe).
+  EXPECT_EQ(r.conversation.response_format_json, "{\"type\": \"object\"}");
+  r = responses_ok(R"({"model":"m","input":"x json","text":{"format":{"type":"json_object"}},
       "top_logprobs":3,"tool_choice":"auto","parallel_tool_calls":false})");
   EXPECT_TRUE(r.conversation.json_output);
   EXPECT_FALSE(r.conversation.response_format_json.has_value());
   EXPECT_EQ(r.sampling.top_logprobs, 3);
+}
+
+// deepseek-recipe's cross-field rules.
+TEST(ChatDecode, RecipeCrossFieldRules) {
+  const std::string strict_tool =
+      R"("tools":[{"type":"function","function":{"name":"f","strict":true,"parameters":{
+      "type":"object","properties":{"a":{"type":"string"}},"required":["a"],
+      "additionalProperties":false}}}])";
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  auto chat = [](const std::string& body) { return decode_chat_request(body, {}); };
+  // A response format (even text) with an offered strict tool.
+  EXPECT_FALSE(
+      chat(R"({"model":"m",)" + msgs + "," + strict_tool + R"(,"response_format":{"type":"text"}})")
+          .ok());
+  EXPECT_TRUE(chat(R"({"model":"m",)" + msgs + "," + strict_tool +
+                   R"(,"response_format":{"type":"text"},"tool_choice":"none"})")
+                  .ok());
+  EXPECT_TRUE(chat(R"({"model":"m",)" + msgs + "," + strict_tool + "}").ok());
+  // json_object needs "json" in message text, any case; reasoning does not count.
+  EXPECT_TRUE(chat(R"({"model":"m","messages":[{"role":"system","content":"Reply in JSON"},
+      {"role":"user","content":"x"}],"response_format":{"type":"json_object"}})")
+                  .ok());
+  EXPECT_FALSE(chat(R"({"model":"m","messages":[{"role":"user","content":"x"},
+      {"role":"assistant","content":"a","reasoning_content":"json"},{"role":"user","content":"y"}],
+      "response_format":{"type":"json_object"}})")
+                   .ok());
+  // json_schema renders its schema.
+  auto r = chat(R"({"model":"m",)" + msgs +
+                R"(,"response_format":{"type":"json_schema","json_schema":{"name":"o",
+                "schema":{"type":"object"}}}})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().conversation.response_format_json, "{\"type\": \"object\"}");
+  // A prefix with tool calls in the history.
+  EXPECT_FALSE(chat(R"({"model":"m","messages":[{"role":"user","content":"x"},
+      {"role":"assistant","content":"","tool_calls":[{"id":"c","type":"function",
+      "function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"},
+      {"role":"assistant","content":"p","prefix":true}]})")
+                   .ok());
+  // Explicitly enabled thinking ignores effort "none".
+  r = chat(R"({"model":"m",)" + msgs +
+           R"(,"thinking":{"type":"enabled"},"reasoning_effort":"none"})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().conversation.thinking, ThinkingMode::kThinking);
+}
+
+// strict tools: deepseek-recipe's normalised schema (key order, unsupported keywords dropped) and
+// its schema errors; tool_choice none skips them (the tools are not offered).
+TEST(ChatDecode, StrictToolSchemaNormalised) {
+  auto tools = [](const std::string& params, const std::string& extra = "") {
+    return R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",
+        "function":{"name":"f","strict":true)" +
+           (params.empty() ? std::string() : ",\"parameters\":" + params) + "}}]" + extra + "}";
+  };
+  GenerationRequest r = chat_ok(tools(R"({"required":["a","n"],"additionalProperties":false,
+      "properties":{"a":{"description":"D","default":"x","minItems":1,"type":"array",
+      "items":{"type":"string","format":"email","title":"t","description":"E"}},
+      "n":{"default":3,"minimum":1,"type":"integer"}},"type":"object"})"));
+  ASSERT_EQ(r.conversation.tools.size(), 1u);
+  EXPECT_TRUE(r.conversation.tools[0].strict);
+  EXPECT_EQ(r.conversation.tools[0].function_json,
+            "{\"name\": \"f\", \"description\": \"\", \"parameters\": {\"type\": \"object\", "
+            "\"properties\": {\"a\": {\"type\": \"array\", \"items\": {\"type\": \"string\", "
+            "\"description\": \"E\", \"format\": \"email\"}, \"description\": \"D\"}, \"n\": "
+            "{\"type\": \"integer\", \"minimum\": 1, \"default\": 3}}, \"additionalProperties\": "
+            "false, \"required\": [\"a\", \"n\"]}}");
+  r = chat_ok(tools(""));
+  EXPECT_EQ(r.conversation.tools[0].function_json,
+            "{\"name\": \"f\", \"description\": \"\", \"parameters\": {\"type\": \"object\", "
+            "\"properties\": {}, \"additionalProperties\": false, \"required\": []}}");
+  const std::string date_time =
+      R"({"type":"object","properties":{"d":{"type":"string","format":"date-time"}},
+      "required":["d"],"additionalProperties":false})";
+  EXPECT_FALSE(decode_chat_request(tools(date_time), {}).ok());
+  EXPECT_TRUE(decode_chat_request(tools(date_time, R"(,"tool_choice":"none")"), {}).ok());
+  EXPECT_FALSE(decode_chat_request(tools(R"({"type":"object","properties":{"a":{"enum":[1]}},
+      "required":["a"],"additionalProperties":false})"),
+                                   {})
+                   .ok());
+  EXPECT_FALSE(decode_chat_request(tools(R"({"type":"object","properties":{"a":{"type":"string"}},
+      "required":[],"additionalProperties":false})"),
+                                   {})
+                   .ok());
 }
 
 TEST(ResponsesDecode, NamedToolChoiceWithoutThinking) {

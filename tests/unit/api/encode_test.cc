@@ -433,6 +433,7 @@ TEST(ResponsesEncode, StreamEventSequence) {
 TEST(ResponsesEncode, LengthIsIncomplete) {
   GenerationRequest req;
   req.model = "m";
+  req.conversation.tool_choice = recipe::ToolChoice::kNone;  // as decoded without tools
   ResponsesStreamEncoder enc(req, test_meta());
   std::string sse =
       run_stream(enc, {content("partial"), finish(FinishReason::kLength)}, sample_usage());

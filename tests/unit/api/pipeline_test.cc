@@ -131,7 +131,7 @@ TEST(Pipeline, ChatNonThinkingStopSequence) {
   EXPECT_EQ(anth["stop_sequence"], "4");
 }
 
-TEST(Pipeline, MessagesWithToolResultsAndPrefill) {
+TEST(Pipeline, MessagesWithToolResultsAndFinalAssistant) {
   ApiResult<GenerationRequest> r = decode_messages_request(R"({"model":"claude-sonnet-4-5",
       "max_tokens":512,"system":"Sys.",
       "tools":[{"name":"get_weather","input_schema":{"type":"object"}}],
@@ -164,13 +164,16 @@ TEST(Pipeline, MessagesWithToolResultsAndPrefill) {
   EXPECT_EQ(body["content"][1]["text"], "It is sunny.");
   EXPECT_EQ(body["stop_reason"], "end_turn");
 
-  // Prefill: the final assistant message is continued (no EOS after it).
+  // A final assistant message is a complete turn (deepseek-recipe), not a prefill: EOS, then a
+  // new generation prompt.
   ApiResult<GenerationRequest> p = decode_messages_request(R"({"model":"m","max_tokens":9,
       "thinking":{"type":"disabled"},
       "messages":[{"role":"user","content":"JSON"},{"role":"assistant","content":"{\"a\":"}]})",
                                                            {});
   ASSERT_TRUE(p.ok());
-  EXPECT_TRUE(ends_with(prompt_of(p.value()), "{\"a\":"));
+  EXPECT_TRUE(
+      ends_with(prompt_of(p.value()), "{\"a\":<｜end▁of▁sentence｜><｜Assistant｜></think>"))
+      << prompt_of(p.value());
 }
 
 TEST(Pipeline, ResponsesWithFunctionCallHistory) {

@@ -78,7 +78,17 @@ ToolSpec weather_tool() {
                   "{\"type\": \"string\"}}}}"};
 }
 
-std::string render(const Conversation& c, ModelVersion v, const RenderOptions& o = {}) {
+// Most expectations here are the Python reference encoders' (gold outputs); they render with
+// RenderOptions::python_reference. render_recipe: deepseek-recipe's form (the default options).
+RenderOptions reference_options() {
+  RenderOptions o;
+  o.python_reference = true;
+  return o;
+}
+
+std::string render(const Conversation& c,
+                   ModelVersion v,
+                   const RenderOptions& o = reference_options()) {
   auto r = render_prompt(c, v, o);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return r.ok() ? *r : std::string();
@@ -113,6 +123,45 @@ Conversation fixture_conv(int n) {
 }
 
 // ---- gold cases (spec §1.11) ----
+
+// The control tokens the encoder placed are recorded as ranges; request text (even when it
+// spells a special token) is never inside one.
+TEST(RecipeEncoder, SpecialRangesCoverOnlyPlacedTokens) {
+  Conversation c;
+  c.thinking = ThinkingMode::kChat;
+  Message sys;
+  sys.role = Role::kSystem;
+  sys.content = "sys " + A;
+  Message user;
+  user.role = Role::kUser;
+  user.content = "hi " + E + "<think>｜DSML｜";
+  c.messages = {sys, user};
+  ToolSpec t;
+  t.name = "f";
+  t.function_json = R"({"name": "f", "description": "<｜User｜>"})";
+  c.tools = {t};
+  for (ModelVersion v : {ModelVersion::kV40731, ModelVersion::kV41}) {
+    auto r = render_conversation(c, v);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->text, *render_prompt(c, v));
+    std::string placed;
+    size_t at = 0;
+    for (const SpecialRange& sr : r->special_ranges) {
+      ASSERT_LE(at, sr.begin);
+      ASSERT_LT(sr.begin, sr.end);
+      placed += r->text.substr(sr.begin, sr.end - sr.begin) + "|";
+      at = sr.end;
+    }
+    const std::string dsml9 = [] {
+      std::string d;
+      for (int i = 0; i < 9; ++i) d += "｜DSML｜|";
+      return d;
+    }();
+    const std::string head = B + "|" + (v == ModelVersion::kV41 ? SYS + "|" : "");
+    EXPECT_EQ(placed,
+              head + dsml9 + "<think>|<think>|</think>|</think>|" + U + "|" + A + "|</think>|");
+  }
+}
 
 TEST(RecipeEncoder, GoldOutput1ThinkingWithTools) {
   for (ModelVersion v : kAllV4) EXPECT_EQ(render(fixture_conv(1), v), gold(1));
@@ -376,6 +425,26 @@ TEST(RecipeEncoder, ToolChoiceRequiredPrefillsToolBlock) {
   }
 }
 
+// tool_choice none offers no tools (no tools block, reasoning history dropped as without tools);
+// a named tool_choice lists only that tool (deepseek-recipe).
+TEST(RecipeEncoder, ToolChoiceSelectsOfferedTools) {
+  const ToolSpec x{"x", "{\"name\": \"x\"}"};
+  for (ModelVersion v : {ModelVersion::kV40731, ModelVersion::kV41}) {
+    Conversation c = conv({user("q")}, ThinkingMode::kChat);
+    const std::string plain = render(c, v);
+    c.tools = {weather_tool(), x};
+    c.tool_choice = ToolChoice::kNone;
+    EXPECT_EQ(render(c, v), plain);
+    EXPECT_FALSE(parser_options_for(c, v).parse_tool_calls);
+    c.tool_choice = ToolChoice::kNamed;
+    c.tool_choice_name = x.name;
+    Conversation only_x = conv({user("q")}, ThinkingMode::kChat);
+    only_x.tools = {x};
+    only_x.tool_choice = ToolChoice::kRequired;
+    EXPECT_EQ(render(c, v), render(only_x, v));
+  }
+}
+
 // ---- DSML rendering ----
 
 TEST(RecipeEncoder, DsmlToolCallsV4AndV41) {
@@ -391,7 +460,7 @@ TEST(RecipeEncoder, DsmlToolCallsV4AndV41) {
       "<｜DSML｜parameter name=\"n\" string=\"false\">1.0</｜DSML｜parameter>\n"
       "<｜DSML｜parameter name=\"o\" string=\"false\">{\"b\": [1, 2.5, null]}</｜DSML｜parameter>\n"
       "</｜DSML｜invoke>\n"
-      "<｜DSML｜invoke name=\"g\">\n\n</｜DSML｜invoke>\n"
+      "<｜DSML｜invoke name=\"g\">\n</｜DSML｜invoke>\n"
       "</｜DSML｜tool_calls>");
   EXPECT_EQ(render_tool_calls(calls, ModelVersion::kV41),
             "<｜DSML｜ calls>\n"
@@ -420,19 +489,48 @@ TEST(RecipeEncoder, DsmlArgumentsThatAreNotAnObject) {
   EXPECT_EQ(one(""), wrapped(""));
   EXPECT_EQ(one("\"just a string\""), wrapped("\"just a string\""));
   EXPECT_EQ(one(std::string("{}\0x", 4)), wrapped(std::string("{}\0x", 4)));
-  // Double-encoded object (V4.1 tolerance, applied to all versions).
-  EXPECT_EQ(one("\"{\\\"a\\\": 1}\""),
-            "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" "
-            "string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
-  // Floats like Python.
-  EXPECT_EQ(one("{\"a\": 1e16, \"b\": 1E-7, \"c\": -0.0, \"d\": 0.1, \"e\": true}"),
+  // A JSON string holding an object is not decoded again (deepseek-recipe).
+  EXPECT_EQ(one("\"{\\\"a\\\": 1}\""), wrapped("\"{\\\"a\\\": 1}\""));
+  // No parameters: V4 closes the invoke on the next line, V4.1 leaves an empty line.
+  EXPECT_EQ(one("{}"),
+            "<｜DSML｜tool_calls>\n<｜DSML｜invoke "
+            "name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
+  EXPECT_EQ(
+      render_tool_calls({call("1", "f", "{}")}, ModelVersion::kV41),
+      "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n\n</｜DSML｜ invoke>\n</｜DSML｜ calls>");
+  // Floats: V4 in its own form, V4.1 like Python.
+  const std::string floats = "{\"a\": 1e16, \"b\": 1E-7, \"c\": -0.0, \"d\": 0.1, \"e\": 1.5e-5}";
+  EXPECT_EQ(one(floats),
             "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n"
             "<｜DSML｜parameter name=\"a\" string=\"false\">1e+16</｜DSML｜parameter>\n"
-            "<｜DSML｜parameter name=\"b\" string=\"false\">1e-07</｜DSML｜parameter>\n"
+            "<｜DSML｜parameter name=\"b\" string=\"false\">1e-7</｜DSML｜parameter>\n"
             "<｜DSML｜parameter name=\"c\" string=\"false\">-0.0</｜DSML｜parameter>\n"
             "<｜DSML｜parameter name=\"d\" string=\"false\">0.1</｜DSML｜parameter>\n"
-            "<｜DSML｜parameter name=\"e\" string=\"false\">true</｜DSML｜parameter>\n"
+            "<｜DSML｜parameter name=\"e\" string=\"false\">0.000015</｜DSML｜parameter>\n"
             "</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
+  const std::string v41 = render_tool_calls({call("1", "f", floats)}, ModelVersion::kV41);
+  EXPECT_NE(v41.find(">1e-07<"), std::string::npos) << v41;
+  EXPECT_NE(v41.find(">1.5e-05<"), std::string::npos) << v41;
+  // The Python reference encoder's V4 form.
+  const std::string ref = render_tool_calls({call("1", "f", floats), call("2", "g", "{}")},
+                                            ModelVersion::kV4,
+                                            /*python_reference=*/true);
+  EXPECT_NE(ref.find(">1e-07<"), std::string::npos) << ref;
+  EXPECT_NE(ref.find("name=\"g\">\n\n</"), std::string::npos) << ref;
+}
+
+// V4 writes the floats of tool schemas and response formats in its own form too.
+TEST(RecipeEncoder, V4FloatsInToolSchemasAndResponseFormat) {
+  Conversation c = conv({user("q")}, ThinkingMode::kChat);
+  c.tools = {ToolSpec{"f", "{\"name\": \"f\", \"parameters\": {\"minimum\": 1e-07}}"}};
+  c.response_format_json = "{\"enum\": [1e-07, 1e+16, 2.5]}";
+  EXPECT_NE(render(c, ModelVersion::kV40731).find("[1e-07, 1e+16, 2.5]"), std::string::npos);
+  const std::string v4 = render(c, ModelVersion::kV40731, RenderOptions{});
+  EXPECT_NE(v4.find("{\"minimum\": 1e-7}"), std::string::npos) << v4;
+  EXPECT_NE(v4.find("[1e-7, 1e+16, 2.5]"), std::string::npos) << v4;
+  const std::string v41 = render(c, ModelVersion::kV41);
+  EXPECT_NE(v41.find("{\"minimum\": 1e-07}"), std::string::npos) << v41;
+  EXPECT_NE(v41.find("[1e-07, 1e+16, 2.5]"), std::string::npos) << v41;
 }
 
 // ---- tool results ----
@@ -527,7 +625,7 @@ TEST(RecipeEncoder, DropRuleRemovesHistoryReasoningAndDevelopers) {
             B + S + U + "u1" + A + "</think>a1" + E + "<｜latest_reminder｜>rem" + U + "u2" + A +
                 "<think>r2</think>a2" + E + A + "<think>r3</think>a3" + E);
   // drop_thinking=false keeps everything.
-  RenderOptions keep;
+  RenderOptions keep = reference_options();
   keep.drop_thinking = false;
   EXPECT_EQ(render(c, ModelVersion::kV4, keep),
             B + S + U + "old dev" + U + "u1" + A + "<think>r1</think>a1" + E +
@@ -715,6 +813,64 @@ TEST(RecipeEncoder, FinalAssistantWithoutPrefix) {
   // V4.1 opens a new assistant turn after a final assistant message.
   EXPECT_EQ(render(c, ModelVersion::kV41),
             B + SYS + v41_effort(75) + U + "hi" + A + "<think>r</think>yo" + E + A + "<think>");
+}
+
+// deepseek-recipe closes a final assistant message (not a prefix) and opens a new turn, V4 too;
+// with dropped thinking its reasoning goes as history reasoning does. The Python reference V4
+// encoder leaves it as the last turn.
+TEST(RecipeEncoder, FinalAssistantClosedAndNewTurn) {
+  const RenderOptions dr;
+  Conversation c = conv({user("hi"), asst("yo", "r")});
+  EXPECT_EQ(render(c, ModelVersion::kV40731, dr),
+            B + U + "hi" + A + "</think>yo" + E + A + "<think>");
+  EXPECT_EQ(render(c, ModelVersion::kV41, dr),
+            B + SYS + v41_effort(75) + U + "hi" + A + "</think>yo" + E + A + "<think>");
+  EXPECT_EQ(parser_options_for(c, ModelVersion::kV4, dr).start, ParseStart::kReasoningStart);
+  c.thinking = ThinkingMode::kChat;
+  EXPECT_EQ(render(c, ModelVersion::kV4, dr), B + U + "hi" + A + "</think>yo" + E + A + "</think>");
+  // Two assistant messages in a row: each its own turn, no reasoning.
+  c = conv({user("hi"), asst("a1", "r1"), asst("a2", "r2")});
+  EXPECT_EQ(render(c, ModelVersion::kV4, dr),
+            B + U + "hi" + A + "</think>a1" + E + A + "</think>a2" + E + A + "<think>");
+  // Tools keep every reasoning.
+  c.tools = {weather_tool()};
+  const std::string out = render(c, ModelVersion::kV4, dr);
+  EXPECT_TRUE(ends_with(
+      out,
+      U + "hi" + A + "<think>r1</think>a1" + E + A + "<think>r2</think>a2" + E + A + "<think>"))
+      << out;
+  // A prefix is continued, not closed; no generation prompt: nothing after the EOS.
+  Message p = asst("pre", "r");
+  p.prefix = true;
+  c = conv({user("hi"), p});
+  EXPECT_EQ(render(c, ModelVersion::kV4, dr), B + U + "hi" + A + "<think>r</think>pre");
+  c = conv({user("hi"), asst("yo", "r")});
+  RenderOptions no_prompt;
+  no_prompt.add_generation_prompt = false;
+  EXPECT_EQ(render(c, ModelVersion::kV4, no_prompt), B + U + "hi" + A + "<think>r</think>yo" + E);
+}
+
+// A Responses developer item: a V4.1 system turn, V4 user text (deepseek-recipe).
+TEST(RecipeEncoder, ResponsesDeveloperItem) {
+  Message d = user("DEV");
+  d.developer = true;
+  Conversation c = conv({d, user("hi")}, ThinkingMode::kChat);
+  EXPECT_EQ(render(c, ModelVersion::kV40731), B + U + "DEV\n\nhi" + A + "</think>");
+  EXPECT_EQ(render(c, ModelVersion::kV41), B + SYS + "DEV" + U + "hi" + A + "</think>");
+  c.messages = {user("hi"), d};
+  EXPECT_EQ(render(c, ModelVersion::kV41), B + U + "hi" + SYS + "DEV" + A + "</think>");
+}
+
+// deepseek-recipe: a latest_reminder followed by a user message opens no assistant turn.
+TEST(RecipeEncoder, ReminderBeforeUserOpensNoTurn) {
+  Conversation c =
+      conv({user("u"), msg(Role::kLatestReminder, "REM"), user("u2")}, ThinkingMode::kChat);
+  for (ModelVersion v : {ModelVersion::kV40731, ModelVersion::kV41}) {
+    EXPECT_EQ(render(c, v, RenderOptions{}),
+              B + U + "u<｜latest_reminder｜>REM" + U + "u2" + A + "</think>");
+    EXPECT_EQ(render(c, v),
+              B + U + "u" + A + "</think><｜latest_reminder｜>REM" + U + "u2" + A + "</think>");
+  }
 }
 
 TEST(RecipeEncoder, NoBosAndEmpty) {

@@ -78,6 +78,9 @@ void check_invariants(const std::vector<OutputEvent>& evs, bool input_utf8) {
   for (const auto& e : evs) {
     if (e.type == T::kContentDelta || e.type == T::kReasoningDelta) {
       for (const char* bad : {"｜DSML｜", "<think>", "</think>", "<｜end▁of▁sentence｜>"}) {
+        // A literal <think> is reasoning text (deepseek-recipe).
+        if (e.type == T::kReasoningDelta && std::string_view(bad) == "<think>")
+          continue;
         EXPECT_EQ(e.text.find(bad), std::string::npos) << "leaked " << bad << " in " << e.text;
       }
     }
@@ -129,6 +132,48 @@ std::string dsml_v4(const std::string& body) {
 
 // ---- basics ----
 
+// Token-fed text: a marker spelled by ordinary tokens (Kind::kText) is text; the control token
+// (Kind::kControl) is the marker; kAny text keeps recognising spellings.
+TEST(RecipeOutputParser, TextKindDecidesWhatIsAMarker) {
+  using Kind = OutputParser::Kind;
+  OutputParserOptions o;
+  o.start = ParseStart::kReasoningStart;
+  o.parse_tool_calls = true;
+  OutputParser p(o);
+  std::vector<OutputEvent> ev;
+  auto add = [&](std::vector<OutputEvent> e) { ev.insert(ev.end(), e.begin(), e.end()); };
+  add(p.feed("a</thi", Kind::kText));
+  add(p.feed("nk>b<｜end▁of▁sentence｜>", Kind::kText));
+  add(p.feed("</think>", Kind::kControl));
+  add(p.feed("c <", Kind::kText));
+  add(p.feed("｜DSML｜tool_calls> d", Kind::kText));
+  add(p.finish(FinishReason::kStop));
+  ParsedMessage m = aggregate_events(ev);
+  EXPECT_EQ(m.reasoning, "a</think>b<｜end▁of▁sentence｜>");
+  EXPECT_EQ(m.content, "c <｜DSML｜tool_calls> d");
+  EXPECT_TRUE(m.tool_calls.empty());
+
+  // The DSML control token opens the block; text around it forms the tags.
+  OutputParser q(o);
+  ev.clear();
+  add(q.feed("r", Kind::kText));
+  add(q.feed("</think>", Kind::kControl));
+  add(q.feed("\n\n<", Kind::kText));
+  add(q.feed("｜DSML｜", Kind::kControl));
+  add(q.feed("tool_calls>\n<", Kind::kText));
+  add(q.feed("｜DSML｜", Kind::kControl));
+  add(q.feed("invoke name=\"f\">\n</", Kind::kText));
+  add(q.feed("｜DSML｜", Kind::kControl));
+  add(q.feed("invoke>\n</", Kind::kText));
+  add(q.feed("｜DSML｜", Kind::kControl));
+  add(q.feed("tool_calls>", Kind::kText));
+  add(q.finish(FinishReason::kStop));
+  m = aggregate_events(ev);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].name, "f");
+  EXPECT_EQ(m.finish, FinishReason::kToolCalls);
+}
+
 TEST(RecipeOutputParser, ReadmeExample) {
   const auto m = parse_all(opts(), "Simple arithmetic.</think>2 + 2 = 4." + EOS);
   EXPECT_EQ(m.reasoning, "Simple arithmetic.");
@@ -159,9 +204,9 @@ TEST(RecipeOutputParser, StrayThinkTagsInContent) {
   m = parse_all(opts(ParseStart::kContentStart), "<think>\nhmm</think>\nok");
   EXPECT_EQ(m.reasoning, "hmm");
   EXPECT_EQ(m.content, "ok");
-  // Later it is dropped; in reasoning too.
+  // Later in content it is dropped; in reasoning it is text (deepseek-recipe).
   m = parse_all(opts(ParseStart::kReasoningStart), "a<think>b</think>c<think>d");
-  EXPECT_EQ(m.reasoning, "ab");
+  EXPECT_EQ(m.reasoning, "a<think>b");
   EXPECT_EQ(m.content, "cd");
 }
 
@@ -196,6 +241,27 @@ TEST(RecipeOutputParser, EosEndsOutput) {
   EXPECT_EQ(m2.content, "");
   // BOS text is dropped.
   EXPECT_EQ(parse_all(opts(ParseStart::kContentStart), "a" + BOS + "b").content, "ab");
+}
+
+// eos_spelling_is_text: an EOS spelled in text of unknown kind is text (deepseek-recipe's text
+// chunks); the control token still ends the output.
+TEST(RecipeOutputParser, EosSpellingIsText) {
+  OutputParserOptions o = opts();
+  o.eos_spelling_is_text = true;
+  std::string reasoning, content;
+  for (const OutputEvent& e :
+       run_chunks(o, {"r</think>c<｜end▁", "of▁sentence｜>more"}, FinishReason::kStop)) {
+    if (e.type == T::kReasoningDelta)
+      reasoning += e.text;
+    if (e.type == T::kContentDelta)
+      content += e.text;
+  }
+  EXPECT_EQ(reasoning, "r");
+  EXPECT_EQ(content, "c" + EOS + "more");
+  OutputParser p(o);
+  p.feed("r</think>c");
+  p.feed(EOS, OutputParser::Kind::kControl);
+  EXPECT_TRUE(p.done());
 }
 
 TEST(RecipeOutputParser, InReasoning) {
@@ -287,7 +353,7 @@ TEST(RecipeOutputParser, GoldOutput1CompletionRoundTrip) {
 // render_tool_calls -> parser gives back Python-json.dumps arguments, for both dialects.
 TEST(RecipeOutputParser, RenderParseRoundTrip) {
   const std::string args =
-      "{\"s\": \"a \\\"q\\\"\\n\\t\\\\ 日本 \\u0001\", \"n\": 1.5e-07, \"o\": {\"k\": [1, true, "
+      "{\"s\": \"a \\\"q\\\"\\n\\t\\\\ 日本 \\u0001\", \"n\": 0.0015, \"o\": {\"k\": [1, true, "
       "null]}, \"e\": \"\", \"neg\": -0.0, \"big\": 12345678901234567890}";
   const std::string py = *py_json_normalize(args);
   const std::vector<ToolCall> calls = {{"1", "f", args}, {"2", "g", "{}"}};

@@ -53,6 +53,24 @@ TEST(RecipePyJson, FloatsLikePythonRepr) {
   EXPECT_EQ(py_json_dumps(ordered_json(std::numeric_limits<double>::infinity())), "Infinity");
 }
 
+// The V4 encoding's float form (deepseek-recipe): positional from 1e-5, no zero padding of a
+// negative exponent; the rest as Python.
+TEST(RecipePyJson, FloatsInTheV4Form) {
+  const FloatStyle v4 = FloatStyle::kV4;
+  EXPECT_EQ(py_float_repr(1e-7, v4), "1e-7");
+  EXPECT_EQ(py_float_repr(0.00001, v4), "0.00001");
+  EXPECT_EQ(py_float_repr(1.5e-5, v4), "0.000015");
+  EXPECT_EQ(py_float_repr(1e-6, v4), "1e-6");
+  EXPECT_EQ(py_float_repr(-1.5e-7, v4), "-1.5e-7");
+  EXPECT_EQ(py_float_repr(1.2345678e-6, v4), "1.2345678e-6");
+  EXPECT_EQ(py_float_repr(1e-300, v4), "1e-300");
+  EXPECT_EQ(py_float_repr(0.0001, v4), "0.0001");
+  EXPECT_EQ(py_float_repr(1e16, v4), "1e+16");
+  EXPECT_EQ(py_float_repr(1e15, v4), "1000000000000000.0");
+  EXPECT_EQ(py_float_repr(2.5, v4), "2.5");
+  EXPECT_EQ(py_json_dumps(ordered_json::parse("[1E-7, 3, -0.0]"), v4), "[1e-7, 3, -0.0]");
+}
+
 TEST(RecipePyJson, StringEscapes) {
   EXPECT_EQ(py_json_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
   EXPECT_EQ(py_json_quote("\n\t\r\b\f"), "\"\\n\\t\\r\\b\\f\"");

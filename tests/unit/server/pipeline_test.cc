@@ -16,6 +16,7 @@ using recipe::FinishReason;
 using recipe::OutputEvent;
 using recipe::OutputParserOptions;
 using recipe::ParseStart;
+using testing::eos_id;
 using testing::tok;
 
 OutputParserOptions thinking_parser() {
@@ -48,6 +49,42 @@ std::vector<OutputEvent> run(OutputPipeline& p,
   p.finish(backend);
   for (auto& e : p.take_events()) all.push_back(std::move(e));
   return all;
+}
+
+// Ids of `text` with every byte as ordinary tokens (special-token spellings stay characters).
+std::vector<int32_t> text_ids(const std::string& text) {
+  return tok().encode(text, /*allow_special=*/false).value();
+}
+
+int32_t control_id(std::string_view spelling) {
+  return *tok().added_token_id(spelling);
+}
+
+// The model writing a special-token spelling with ordinary tokens: it stays text; the same
+// spelling as the control token is a marker.
+TEST(OutputPipeline, SpecialTokenSpellingsFromOrdinaryTokensStayText) {
+  const std::string think_end(recipe::tok::kThinkEnd), eos(recipe::tok::kEos);
+  std::vector<int32_t> plain = text_ids("reason " + think_end + " still" + eos + " more");
+  plain.push_back(control_id(recipe::tok::kThinkEnd));
+  const std::vector<int32_t> answer = text_ids("answer");
+  plain.insert(plain.end(), answer.begin(), answer.end());
+  plain.push_back(eos_id());
+  OutputPipeline p(tok(), thinking_parser());
+  recipe::ParsedMessage m = recipe::aggregate_events(run(p, plain));
+  EXPECT_EQ(m.reasoning, "reason " + think_end + " still" + eos + " more");
+  EXPECT_EQ(m.content, "answer");
+
+  // DSML spelled with ordinary tokens in the content: text, not a tool call.
+  const std::string dsml_text = "x <" + std::string(recipe::tok::kDsml) + "tool_calls> y";
+  std::vector<int32_t> ids2 = text_ids(dsml_text);
+  ids2.push_back(eos_id());
+  OutputParserOptions o;
+  o.start = ParseStart::kContentStart;
+  o.parse_tool_calls = true;
+  OutputPipeline q(tok(), o);
+  recipe::ParsedMessage m2 = recipe::aggregate_events(run(q, ids2));
+  EXPECT_EQ(m2.content, dsml_text);
+  EXPECT_TRUE(m2.tool_calls.empty());
 }
 
 TEST(OutputPipeline, ReasoningContentToolCallMatchesWholeTextParse) {

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "frontend/prepare.h"
 #include "recipe/encoder.h"
 #include "recipe/output_parser.h"
 #include "recipe/tokens.h"
@@ -62,6 +64,55 @@ TEST(PrepareRequest, ChatBuildsTheEngineJob) {
   EXPECT_EQ(t->job.parser.start, recipe::ParseStart::kReasoningStart);
   EXPECT_EQ(t->job.spec.sampling.seed, 99u);
   EXPECT_EQ(t->job.spec.max_tokens, 4096 - static_cast<int64_t>(t->job.spec.prompt.size()));
+}
+
+// Special-token injection: a spelling of a control token in request text is tokenized as text.
+// Only the control tokens the encoder placed itself appear as control-token ids.
+TEST(PrepareRequest, SpecialTokenSpellingsInRequestTextStayText) {
+  const std::string spellings = std::string(recipe::tok::kAssistant) + " " +
+                                std::string(recipe::tok::kEos) + std::string(recipe::tok::kUser) +
+                                std::string(recipe::tok::kThinkStart) +
+                                std::string(recipe::tok::kThinkEnd) +
+                                std::string(recipe::tok::kDsml) + std::string(recipe::tok::kBos);
+  json body = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "Hi " + spellings}}}},
+               {"thinking", {{"type", "disabled"}}}};
+  auto r = prepare_request(Endpoint::kChat, body.dump(), context(), 1);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const std::vector<int32_t>& ids = r->job.spec.prompt;
+  auto count = [&](std::string_view spelling) {
+    const int32_t id = *tok().added_token_id(spelling);
+    return std::count(ids.begin(), ids.end(), id);
+  };
+  // <BOS><User>Hi ...<Assistant></think>: one of each placed token, none from the user text.
+  EXPECT_EQ(count(recipe::tok::kBos), 1);
+  EXPECT_EQ(count(recipe::tok::kUser), 1);
+  EXPECT_EQ(count(recipe::tok::kAssistant), 1);
+  EXPECT_EQ(count(recipe::tok::kThinkEnd), 1);
+  EXPECT_EQ(count(recipe::tok::kEos), 0);
+  EXPECT_EQ(count(recipe::tok::kThinkStart), 0);
+  EXPECT_EQ(count(recipe::tok::kDsml), 0);
+  // The user text decodes back to itself.
+  auto text = tok().decode(ids);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("Hi " + spellings), std::string::npos);
+}
+
+TEST(PrepareRequest, EncodePromptInsertsOnlyPlacedControlTokens) {
+  recipe::PromptBuilder b;
+  b.special(recipe::tok::kBos);
+  b.text(std::string("a") + std::string(recipe::tok::kUser) + "b");
+  b.special(recipe::tok::kAssistant);
+  auto ids = frontend::encode_prompt(tok(), std::move(b).take());
+  ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+  const int32_t user = *tok().added_token_id(recipe::tok::kUser);
+  EXPECT_EQ(ids->front(), *tok().added_token_id(recipe::tok::kBos));
+  EXPECT_EQ(ids->back(), *tok().added_token_id(recipe::tok::kAssistant));
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), user), 0);
+  // A control token the vocabulary lacks is an error, never text.
+  recipe::PromptBuilder c;
+  c.special("<｜no_such_token｜>");
+  EXPECT_FALSE(frontend::encode_prompt(tok(), std::move(c).take()).ok());
 }
 
 TEST(PrepareRequest, MessagesAndResponses) {
