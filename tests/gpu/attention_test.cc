@@ -31,11 +31,17 @@ namespace {
 
 // ---- sink attention ----------------------------------------------------------------------------
 
+// Paths of launch_sink_attention: the one-warp-per-key kernel, the tensor-core kernel with one
+// block per query, and the tensor-core kernel with split key lists (decode-sized nq).
+enum class AttnPath { kSimple, kMma, kMmaSplit };
+
 void run_sink_attention(int64_t heads,
                         int64_t dim,
                         const std::vector<int64_t>& key_counts,
-                        uint32_t seed) {
-  SCOPED_TRACE("sink attention heads " + std::to_string(heads) + " dim " + std::to_string(dim));
+                        uint32_t seed,
+                        AttnPath path = AttnPath::kMmaSplit) {
+  SCOPED_TRACE("sink attention heads " + std::to_string(heads) + " dim " + std::to_string(dim) +
+               " path " + std::to_string(static_cast<int>(path)));
   std::mt19937 rng(seed);
   const int64_t nq = static_cast<int64_t>(key_counts.size());
   const int64_t pool_rows = 9000;
@@ -76,12 +82,18 @@ void run_sink_attention(int64_t heads,
                              sinks.data(),
                              scale,
                              want.data() + qi * heads * dim);
-    for (int64_t i = 0; i < heads * dim; ++i) tol[qi * heads * dim + i] = 2e-5 * kmax + 1e-30;
+    // Tensor cores: q, k and p in BF16 high + low halves, ~2^-17 relative per product, over
+    // up to 512-term dots of |q| ~ 1.5 sigma values: 5e-5 of the largest key value.
+    const double rel = path == AttnPath::kSimple ? 2e-5 : 5e-5;
+    for (int64_t i = 0; i < heads * dim; ++i) tol[qi * heads * dim + i] = rel * kmax + 1e-30;
   }
   if (refs.empty())
     refs.push_back(kKvRefNone);
   DevVec<float> d_pool(pool), d_local(local), d_q(q), d_sinks(sinks), d_out(want.size() + 1, 3.0f);
   DevVec<int64_t> d_begin(begin), d_refs(refs);
+  const int64_t scratch_floats =
+      path == AttnPath::kMmaSplit ? sink_attention_scratch_floats(nq, heads, dim) : 0;
+  DevVec<float> d_scratch(static_cast<size_t>(std::max<int64_t>(scratch_floats, 1)), 0.0f);
   DSI_EXPECT_OK(launch_sink_attention(SinkAttentionParams{.q = d_q.get(),
                                                           .nq = nq,
                                                           .heads = heads,
@@ -92,7 +104,10 @@ void run_sink_attention(int64_t heads,
                                                           .key_refs = d_refs.get(),
                                                           .sinks = d_sinks.get(),
                                                           .scale = scale,
-                                                          .out = d_out.get()},
+                                                          .out = d_out.get(),
+                                                          .tensor_cores = path != AttnPath::kSimple,
+                                                          .split_scratch = d_scratch.get(),
+                                                          .split_scratch_floats = scratch_floats},
                                       nullptr));
   sync();
   const std::vector<float> got = d_out.download();
@@ -102,14 +117,22 @@ void run_sink_attention(int64_t heads,
 
 TEST_F(GpuTest, SinkAttentionMatchesCpu) {
   uint32_t seed = 1;
-  for (int64_t dim : {512, 64, 7, 129}) {
-    for (int64_t heads : {1, 3, 8}) {
-      run_sink_attention(heads, dim, {0, 1, 3, 7, 129, 640, 733}, seed += 10);
+  for (AttnPath path : {AttnPath::kSimple, AttnPath::kMma, AttnPath::kMmaSplit}) {
+    for (int64_t dim : {512, 64, 7, 129, 128}) {
+      for (int64_t heads : {1, 3, 8, 17}) {
+        run_sink_attention(heads, dim, {0, 1, 3, 7, 129, 640, 733}, seed += 10, path);
+      }
+    }
+    run_sink_attention(64, 512, {128, 640, 1}, seed += 10, path);  // decode-like, all 64 heads
+    run_sink_attention(64, 512, {31, 33, 0, 64, 65}, seed += 10, path);  // tile edges
+    if (!small_mode()) {
+      run_sink_attention(2, 512, {8320, 4096}, seed += 10, path);  // HCA at 1M: 128 + 8192 keys
+      // Prefill-sized: more queries than the split threshold, real heads and width.
+      std::vector<int64_t> many(300);
+      for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i * 7 % 700);
+      run_sink_attention(64, 512, many, seed += 10, path);
     }
   }
-  run_sink_attention(64, 512, {128, 640, 1}, seed += 10);  // decode-like, all 64 heads
-  if (!small_mode())
-    run_sink_attention(2, 512, {8320, 4096}, seed += 10);  // HCA at 1M context: 128 + 8192 keys
 }
 
 // ---- compressor --------------------------------------------------------------------------------
@@ -312,8 +335,21 @@ struct PagedKeys {
   int64_t rows_per_page = 0;
 };
 
-void run_indexer(int64_t heads, int64_t dim, const std::vector<int64_t>& visible, uint32_t seed) {
-  SCOPED_TRACE("indexer heads " + std::to_string(heads) + " dim " + std::to_string(dim));
+// Paths of launch_indexer_scores: the one-thread-per-key kernel, the tensor-core kernel on
+// BF16 high + low halves, and the tensor-core kernel told its inputs are BF16 values.
+enum class IdxPath { kSimple, kMmaSplit, kMmaExact };
+
+// grid_values: q and keys on a 0.5 grid (FP4-simulated-like: every product and partial sum is
+// exact, so every path is bit-exact and the top-k is checked exactly, ties included); otherwise
+// normal fp32 values, scores within the split's error bound and no top-k check.
+void run_indexer(int64_t heads,
+                 int64_t dim,
+                 const std::vector<int64_t>& visible,
+                 uint32_t seed,
+                 IdxPath path = IdxPath::kMmaExact,
+                 bool grid_values = true) {
+  SCOPED_TRACE("indexer heads " + std::to_string(heads) + " dim " + std::to_string(dim) + " path " +
+               std::to_string(static_cast<int>(path)) + (grid_values ? " grid" : " fp32"));
   std::mt19937 rng(seed);
   const int64_t nq = static_cast<int64_t>(visible.size());
   PagedKeys pk;
@@ -332,7 +368,7 @@ void run_indexer(int64_t heads, int64_t dim, const std::vector<int64_t>& visible
   pk.pool.resize(static_cast<size_t>(std::max<int64_t>(total_pages, 1) * pk.page_floats));
   // FP4-simulated keys take few distinct values: scores tie often, exercising the tie rule.
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& v : pk.pool) v = std::round(nd(rng) * 2.0f) / 2.0f;
+  for (auto& v : pk.pool) v = grid_values ? std::round(nd(rng) * 2.0f) / 2.0f : nd(rng);
   int64_t next = 0;
   for (int64_t qi = 0; qi < nq; ++qi) {
     pk.page_begin.push_back(static_cast<int64_t>(pk.pages.size()));
@@ -341,7 +377,7 @@ void run_indexer(int64_t heads, int64_t dim, const std::vector<int64_t>& visible
   if (pk.pages.empty())
     pk.pages.push_back(0);
   std::vector<float> q(static_cast<size_t>(nq * heads * dim));
-  for (auto& v : q) v = std::round(nd(rng) * 2.0f) / 2.0f;
+  for (auto& v : q) v = grid_values ? std::round(nd(rng) * 2.0f) / 2.0f : nd(rng);
   const std::vector<float> hw = normal_floats(static_cast<size_t>(nq * heads), seed + 1);
   const float w_scale =
       1.0f / std::sqrt(static_cast<float>(dim)) / std::sqrt(static_cast<float>(heads));
@@ -349,6 +385,7 @@ void run_indexer(int64_t heads, int64_t dim, const std::vector<int64_t>& visible
   const int64_t ld = max_visible + 3;
   // CPU: the forward's loops.
   std::vector<float> want(static_cast<size_t>(nq * ld), -7.0f);
+  std::vector<double> tol(want.size(), 0.0);
   for (int64_t qi = 0; qi < nq; ++qi) {
     const int32_t* pages = pk.pages.data() + pk.page_begin[qi];
     for (int64_t w = 0; w < visible[qi]; ++w) {
@@ -356,13 +393,22 @@ void run_indexer(int64_t heads, int64_t dim, const std::vector<int64_t>& visible
                          static_cast<int64_t>(pages[w / pk.rows_per_page]) * pk.page_floats +
                          (w % pk.rows_per_page) * dim;
       float s = 0.0f;
+      double bound = 0.0;  // sum_h |w_h| sum_i |q_i k_i|
       for (int64_t h = 0; h < heads; ++h) {
         const float* v = q.data() + (qi * heads + h) * dim;
         float dotv = 0.0f;
-        for (int64_t i = 0; i < dim; ++i) dotv += v[i] * key[i];
+        double mag = 0.0;
+        for (int64_t i = 0; i < dim; ++i) {
+          dotv += v[i] * key[i];
+          mag += std::fabs(static_cast<double>(v[i]) * key[i]);
+        }
         s += hw[qi * heads + h] * w_scale * std::max(0.0f, dotv);
+        bound += std::fabs(hw[qi * heads + h] * w_scale) * mag;
       }
       want[qi * ld + w] = s;
+      // Off the grid: the dots' summation order and the split (2^-17 per product), then the
+      // serial head sum's own rounding (heads ulps of the largest partial).
+      tol[qi * ld + w] = grid_values ? 0.0 : 3e-5 * bound + 1e-30;
     }
   }
   DevVec<float> d_pool(pk.pool), d_q(q), d_hw(hw), d_scores(want.size(), -7.0f);
@@ -382,10 +428,14 @@ void run_indexer(int64_t heads, int64_t dim, const std::vector<int64_t>& visible
                                                          .visible = d_vis.get(),
                                                          .max_visible = max_visible,
                                                          .scores = d_scores.get(),
-                                                         .ld = ld},
+                                                         .ld = ld,
+                                                         .tensor_cores = path != IdxPath::kSimple,
+                                                         .bf16_exact = path == IdxPath::kMmaExact},
                                       nullptr));
   sync();
-  expect_rel(want, d_scores.download(), 0.0, 0.0, "indexer scores");  // bit-exact
+  expect_within(want, d_scores.download(), tol, "indexer scores");  // bit-exact on the grid
+  if (!grid_values)
+    return;
 
   // Top-k of those scores (index_topk 512), exactly cpu::top_k_indices.
   const int64_t k = 512;
@@ -409,10 +459,20 @@ void run_indexer(int64_t heads, int64_t dim, const std::vector<int64_t>& visible
 }
 
 TEST_F(GpuTest, IndexerScoresAndTopKMatchCpu) {
-  run_indexer(64, 128, {0, 1, 3, 7, 129, 733}, 1);  // the real shape, short contexts
-  run_indexer(3, 7, {5, 0, 2000}, 2);               // awkward head count and width
-  if (!small_mode())
-    run_indexer(8, 128, {262144, 4}, 3);  // longest context: 1M tokens / ratio 4
+  for (IdxPath path : {IdxPath::kSimple, IdxPath::kMmaSplit, IdxPath::kMmaExact}) {
+    run_indexer(64, 128, {0, 1, 3, 7, 129, 733}, 1, path);  // the real shape, short contexts
+    run_indexer(3, 7, {5, 0, 2000}, 2, path);               // awkward head count and width
+    run_indexer(20, 64, {63, 64, 65, 1000}, 4, path);       // tile edges, 2 head warps
+    if (!small_mode()) {
+      run_indexer(8, 128, {262144, 4}, 3, path);  // longest context: 1M tokens / ratio 4
+      std::vector<int64_t> many(100);             // prefill-sized: 4 tiles per block
+      for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i * 37 % 2048);
+      run_indexer(64, 128, many, 5, path);
+    }
+  }
+  // fp32 values (`reference` numerics): the split path within its bound.
+  run_indexer(64, 128, {1, 129, 2048}, 6, IdxPath::kMmaSplit, false);
+  run_indexer(64, 128, {1, 129, 2048}, 7, IdxPath::kSimple, false);
 }
 
 void run_top_k(int64_t n, int64_t k, int kind, uint32_t seed) {

@@ -171,6 +171,7 @@ Status CudaModel::launch_attention(const DAttention& w,
     ip.max_visible = lp.visible_room;
     ip.scores = scores;
     ip.ld = room;
+    ip.bf16_exact = numerics_ == model::Numerics::kDeepSeek;  // FP4-simulated q and keys
     DSI_RETURN_IF_ERROR(cuda::launch_indexer_scores(ip, s));
     cuda::TopKParams tp;
     tp.scores = scores;
@@ -208,6 +209,9 @@ Status CudaModel::launch_attention(const DAttention& w,
   sp.sinks = w.sinks;
   sp.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   sp.out = o;
+  sp.split_scratch_floats = cuda::sink_attention_scratch_floats(n, heads, hd);
+  if (sp.split_scratch_floats > 0)
+    DSI_RETURN_IF_ERROR(ws_->get(&sp.split_scratch, sp.split_scratch_floats));
   DSI_RETURN_IF_ERROR(cuda::launch_sink_attention(sp, s));
   DSI_RETURN_IF_ERROR(rope(o, n, heads, hd, positions, freqs, rd / 2, true, s));
   cuda::ScatterRowsParams rw;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/quant.cuh"
@@ -376,6 +377,8 @@ Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream) 
     return Status();
   if (!p.q || !p.key_begin || !p.sinks || !p.out)
     return null_pointer("sink_attention");
+  if (sink_attention_mma_supports(p))
+    return launch_sink_attention_mma(p, stream);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(std::min(p.nq, kMaxGrid)));
   sink_attention_kernel<<<grid, kAttnWarps * 32, 0, stream>>>(p);
   return launched("sink_attention launch");
@@ -426,6 +429,8 @@ Status launch_indexer_scores(const IndexerScoreParams& p, cudaStream_t stream) {
                               "bad page geometry"));
   if (!p.q || !p.head_w || !p.pool || !p.pages || !p.page_begin || !p.visible || !p.scores)
     return null_pointer("indexer_scores");
+  if (indexer_scores_mma_supports(p))
+    return launch_indexer_scores_mma(p, stream);
   const size_t smem = static_cast<size_t>(p.heads * p.dim + p.heads) * sizeof(float);
   if (smem > 48 * 1024) {
     DSI_RETURN_IF_ERROR(

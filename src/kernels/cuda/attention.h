@@ -52,8 +52,22 @@ struct SinkAttentionParams {
   const float* sinks = nullptr;  // [heads]
   float scale = 1.0f;
   float* out = nullptr;  // [nq, heads, dim]
+  // Tensor-core path (attention_mma.cu: heads <= 64, dim in {64, 128, 256, 512}): BF16 MMAs over
+  // the high and low BF16 halves of q, k and the probabilities (hi*hi + hi*lo + lo*hi, fp32
+  // accumulation: ~2^-17 relative per product). Off: the one-warp-per-key kernel above.
+  bool tensor_cores = true;
+  // Split-KV scratch for few queries (decode): each query's keys are split over up to
+  // sink_attention_splits(nq) blocks whose partial states are merged by a second kernel. Null or
+  // too small (sink_attention_scratch_floats): one block per query.
+  float* split_scratch = nullptr;
+  int64_t split_scratch_floats = 0;
 };
 Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream);
+
+// Splits of the key list per query that launch_sink_attention uses for nq queries, and the floats
+// of split_scratch that takes (0 when it does not split).
+int64_t sink_attention_splits(int64_t nq);
+int64_t sink_attention_scratch_floats(int64_t nq, int64_t heads, int64_t dim);
 
 // Compressor token rows (state::CompressorRows layout): row of position pos = [kv | score] with
 // score = gate logits + ape[pos % ratio]; written to dest_refs[t] (a key reference of the
@@ -122,6 +136,14 @@ struct IndexerScoreParams {
   int64_t max_visible = 0;              // >= every visible[q] (grid size)
   float* scores = nullptr;              // [nq, ld]
   int64_t ld = 0;
+  // Tensor-core path (heads <= 64, dim in {64, 128}): q . key on BF16 MMAs, then the serial
+  // head sum above. With bf16_exact (every q and key value exactly a BF16 value, as the FP4
+  // simulation of `deepseek` numerics makes them) one MMA per product, and the dots are exact
+  // whenever every partial sum is an fp32 value (FP4 products on 1x32 UE8M0 grids: unless the
+  // 32-blocks' scales are 2^10 apart); otherwise the high and low BF16 halves (~2^-17 relative
+  // per product).
+  bool tensor_cores = true;
+  bool bf16_exact = false;
 };
 Status launch_indexer_scores(const IndexerScoreParams& p, cudaStream_t stream);
 

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/mma_sync.cuh"
 #include "numeric/float_formats.h"
 
 namespace dsinfer::cuda::mma {
@@ -91,48 +92,9 @@ struct TileIo {
   int64_t k = 0;  // K in values
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
-               "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Byte offset of 16-byte unit c (0..7) of row r in a [rows][128] swizzled chunk.
 __device__ __forceinline__ int swz(int r, int c) {
   return r * 128 + ((c ^ (r & 7)) << 4);
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&d)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&d)[2], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(d[0]), "=r"(d[1])
-               : "r"(smem_u32(p)));
-}
-
-// c = a * b + c, BF16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&c)[4],
-                                         const uint32_t (&a)[4],
-                                         const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // Two E4M3 codes (bits 0..15, lower first) -> two FP16 values, exactly (E4M3 is a subset of FP16).

@@ -1,0 +1,516 @@
+// Tensor-core paths of sink attention and the indexer scores (attention.h), on mma.sync BF16
+// m16n8k16 with fp32 accumulators. fp32 operands are split into BF16 high and low halves
+// (mma_sync.cuh: split_bf16) and multiplied as hi*hi + hi*lo + lo*hi, which keeps the products
+// to ~2^-17 relative, so both numerics modes keep their CPU-level accuracy.
+//
+// Sink attention: one block per (query, key split). All heads of a query share its key list (the
+// MQA shape of V4), so heads are the MMA's M: warp (g, half) owns 16 heads and one half of the
+// head dim. Per tile of 32 keys: each warp's partial q.k over its half, the two halves summed in
+// shared memory in a fixed order, an online softmax seeded with the sink (m = sink, l = 1 on the
+// first split), then P.V into the warp's 16 x dim/2 accumulators. Keys are read once per tile
+// and converted on the way into shared memory; q stays in shared memory for the whole list.
+// With splits, the partial (m, l, acc) of each split go to scratch and a second kernel merges
+// them in split order.
+//
+// Indexer scores: one block per (query, run of 64-key tiles), heads as M again; the q fragments
+// stay in registers, the dots of a tile land in shared memory, and one thread per key sums
+// w_h * relu(dot_h) over the heads in the CPU's serial order.
+#include <algorithm>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/mma_sync.cuh"
+
+namespace dsinfer::cuda {
+namespace {
+
+using mma::ldmatrix_x4;
+using mma::ldmatrix_x4_trans;
+using mma::mma_bf16;
+using mma::split_bf16;
+
+constexpr int64_t kMaxGridY = 65535;
+
+// ---- sink attention ----------------------------------------------------------------------------
+
+constexpr int kTk = 32;       // keys per tile
+constexpr int kSx = kTk + 8;  // row stride (floats) of the partial-score exchange buffer
+
+__host__ __device__ constexpr int attn_sd(int dim) {
+  return dim + 8;  // BF16 row stride: 16-byte aligned, ldmatrix rows on distinct banks
+}
+
+__host__ __device__ constexpr size_t attn_smem_bytes(int dim, int rows) {
+  return static_cast<size_t>(2 * rows + 2 * kTk) * attn_sd(dim) * 2 +
+         static_cast<size_t>(2 * rows * kSx) * 4 + kTk * 4;
+}
+
+__device__ __forceinline__ void store_pair(__nv_bfloat16* hi, __nv_bfloat16* lo, float a, float b) {
+  uint32_t h, l;
+  split_bf16(a, b, &h, &l);
+  *reinterpret_cast<uint32_t*>(hi) = h;
+  *reinterpret_cast<uint32_t*>(lo) = l;
+}
+
+template <int D>
+__global__ void __launch_bounds__(256, 1)
+    sink_attention_mma_kernel(SinkAttentionParams p, int hw, int nsplit, float* part) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int SD = attn_sd(D);
+  constexpr int HALF = D / 2;
+  constexpr int KS = HALF / 16;  // q.k k-steps per warp
+  constexpr int NT = HALF / 8;   // P.V n-tiles per warp
+  const int rows = 16 * hw;
+  __nv_bfloat16* qh = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* ql = qh + rows * SD;
+  __nv_bfloat16* kh = ql + rows * SD;
+  __nv_bfloat16* kl = kh + kTk * SD;
+  float* sx = reinterpret_cast<float*>(kl + kTk * SD);  // [2][rows][kSx]
+  int* valid = reinterpret_cast<int*>(sx + 2 * rows * kSx);
+  const int nthreads = blockDim.x;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int wh = warp % hw;
+  const int half = warp / hw;
+  const int r0 = 16 * wh + g;
+  const int r1 = r0 + 8;
+  const int split = static_cast<int>(blockIdx.x);
+  const int64_t heads = p.heads;
+  for (int64_t qi = blockIdx.y; qi < p.nq; qi += gridDim.y) {
+    const float* q = p.q + qi * heads * D;
+    for (int i = threadIdx.x; i < rows * HALF; i += nthreads) {
+      const int r = i / HALF;
+      const int c = (i % HALF) * 2;
+      const float a = r < heads ? q[r * D + c] : 0.0f;
+      const float b = r < heads ? q[r * D + c + 1] : 0.0f;
+      store_pair(qh + r * SD + c, ql + r * SD + c, a, b);
+    }
+    const int64_t kb = p.key_begin[qi];
+    const int64_t ke = p.key_begin[qi + 1];
+    const int64_t tiles = (ke - kb + kTk - 1) / kTk;
+    const int64_t per = (tiles + nsplit - 1) / nsplit;
+    const int64_t t0 = split * per;
+    const int64_t t1 = min(tiles, t0 + per);
+    // Row state of rows r0 / r1: the sink seeds the running max (finite, so masked keys give
+    // exp(-inf) = 0), and its mass 1 = exp(sink - sink) is counted once, on split 0 (lane t = 0
+    // of the quad holds it; l is summed over the quad at the end).
+    float m0 = r0 < heads ? p.sinks[r0] : 0.0f;
+    float m1 = r1 < heads ? p.sinks[r1] : 0.0f;
+    float l0 = (split == 0 && t == 0) ? 1.0f : 0.0f;
+    float l1 = l0;
+    float o[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int64_t tile = t0; tile < t1; ++tile) {
+      __syncthreads();  // q stored / the previous tile's readers are done
+      const int64_t base = kb + tile * kTk;
+      for (int i = threadIdx.x; i < kTk * HALF; i += nthreads) {
+        const int j = i / HALF;
+        const int c = (i % HALF) * 2;
+        const int64_t idx = base + j;
+        const float* kp = idx < ke ? kv_ref_ptr(p.pool, p.local, p.key_refs[idx]) : nullptr;
+        store_pair(kh + j * SD + c, kl + j * SD + c, kp ? kp[c] : 0.0f, kp ? kp[c + 1] : 0.0f);
+        if (c == 0)
+          valid[j] = kp != nullptr;
+      }
+      __syncthreads();
+      // Partial q.k over this warp's half of the dims.
+      float s[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll 4
+      for (int ks = 0; ks < KS; ++ks) {
+        const int col = half * HALF + ks * 16;
+        uint32_t ah[4], al[4];
+        const int arow = 16 * wh + (lane & 15);
+        ldmatrix_x4(ah, qh + arow * SD + col + 8 * (lane >> 4));
+        ldmatrix_x4(al, ql + arow * SD + col + 8 * (lane >> 4));
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const int key = 16 * np + (lane & 7) + 8 * (lane >> 4);
+          const int kc = col + 8 * ((lane >> 3) & 1);
+          uint32_t bh[4], bl[4];
+          ldmatrix_x4(bh, kh + key * SD + kc);
+          ldmatrix_x4(bl, kl + key * SD + kc);
+          const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
+          const uint32_t bl0[2] = {bl[0], bl[1]}, bl1[2] = {bl[2], bl[3]};
+          mma_bf16(s[2 * np], ah, bh0);
+          mma_bf16(s[2 * np], ah, bl0);
+          mma_bf16(s[2 * np], al, bh0);
+          mma_bf16(s[2 * np + 1], ah, bh1);
+          mma_bf16(s[2 * np + 1], ah, bl1);
+          mma_bf16(s[2 * np + 1], al, bh1);
+        }
+      }
+      float* mine = sx + half * rows * kSx;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int c = 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(mine + r0 * kSx + c) = make_float2(s[nt][0], s[nt][1]);
+        *reinterpret_cast<float2*>(mine + r1 * kSx + c) = make_float2(s[nt][2], s[nt][3]);
+      }
+      __syncthreads();
+      // Full logits (half 0 + half 1, fixed order), masked, scaled.
+      float mx0 = -INFINITY;
+      float mx1 = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * nt + 2 * t + e;
+          const bool ok = valid[c] != 0;
+          const float a = sx[r0 * kSx + c] + sx[(rows + r0) * kSx + c];
+          const float b = sx[r1 * kSx + c] + sx[(rows + r1) * kSx + c];
+          s[nt][e] = ok ? a * p.scale : -INFINITY;
+          s[nt][2 + e] = ok ? b * p.scale : -INFINITY;
+          mx0 = fmaxf(mx0, s[nt][e]);
+          mx1 = fmaxf(mx1, s[nt][2 + e]);
+        }
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float n0 = fmaxf(m0, mx0);
+      const float n1 = fmaxf(m1, mx1);
+      const float c0 = expf(m0 - n0);
+      const float c1 = expf(m1 - n1);
+      m0 = n0;
+      m1 = n1;
+      l0 *= c0;
+      l1 *= c1;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        s[nt][0] = expf(s[nt][0] - m0);
+        s[nt][1] = expf(s[nt][1] - m0);
+        s[nt][2] = expf(s[nt][2] - m1);
+        s[nt][3] = expf(s[nt][3] - m1);
+        l0 += s[nt][0] + s[nt][1];
+        l1 += s[nt][2] + s[nt][3];
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        o[i][0] *= c0;
+        o[i][1] *= c0;
+        o[i][2] *= c1;
+        o[i][3] *= c1;
+      }
+      // P.V: the score fragments of key groups 2kk, 2kk+1 are the A fragment of k-step kk.
+#pragma unroll
+      for (int kk = 0; kk < kTk / 16; ++kk) {
+        uint32_t ph[4], pl[4];
+        split_bf16(s[2 * kk][0], s[2 * kk][1], &ph[0], &pl[0]);
+        split_bf16(s[2 * kk][2], s[2 * kk][3], &ph[1], &pl[1]);
+        split_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1], &ph[2], &pl[2]);
+        split_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3], &ph[3], &pl[3]);
+        const int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          const int dcol = half * HALF + 16 * np + 8 * (lane >> 4);
+          uint32_t vh[4], vl[4];
+          ldmatrix_x4_trans(vh, kh + key * SD + dcol);
+          ldmatrix_x4_trans(vl, kl + key * SD + dcol);
+          const uint32_t vh0[2] = {vh[0], vh[1]}, vh1[2] = {vh[2], vh[3]};
+          const uint32_t vl0[2] = {vl[0], vl[1]}, vl1[2] = {vl[2], vl[3]};
+          mma_bf16(o[2 * np], ph, vh0);
+          mma_bf16(o[2 * np], ph, vl0);
+          mma_bf16(o[2 * np], pl, vh0);
+          mma_bf16(o[2 * np + 1], ph, vh1);
+          mma_bf16(o[2 * np + 1], ph, vl1);
+          mma_bf16(o[2 * np + 1], pl, vh1);
+        }
+      }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (nsplit == 1) {
+      const float i0 = 1.0f / l0;
+      const float i1 = 1.0f / l1;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int d = half * HALF + 8 * nt + 2 * t;
+        if (r0 < heads) {
+          float* out = p.out + (qi * heads + r0) * D + d;
+          out[0] = o[nt][0] * i0;
+          out[1] = o[nt][1] * i0;
+        }
+        if (r1 < heads) {
+          float* out = p.out + (qi * heads + r1) * D + d;
+          out[0] = o[nt][2] * i1;
+          out[1] = o[nt][3] * i1;
+        }
+      }
+    } else {
+      // part = [nsplit][nq][heads][D + 2]: the unnormalised accumulators, then m and l.
+      const int64_t stride = D + 2;
+      float* base = part + (static_cast<int64_t>(split) * p.nq + qi) * heads * stride;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int d = half * HALF + 8 * nt + 2 * t;
+        if (r0 < heads) {
+          base[r0 * stride + d] = o[nt][0];
+          base[r0 * stride + d + 1] = o[nt][1];
+        }
+        if (r1 < heads) {
+          base[r1 * stride + d] = o[nt][2];
+          base[r1 * stride + d + 1] = o[nt][3];
+        }
+      }
+      if (half == 0 && t == 0) {
+        if (r0 < heads) {
+          base[r0 * stride + D] = m0;
+          base[r0 * stride + D + 1] = l0;
+        }
+        if (r1 < heads) {
+          base[r1 * stride + D] = m1;
+          base[r1 * stride + D + 1] = l1;
+        }
+      }
+    }
+    __syncthreads();  // q smem is rewritten by the next query
+  }
+}
+
+// Merges the splits of one (query, head) per block, in split order.
+__global__ void sink_attention_merge_kernel(
+    const float* part, int64_t nq, int64_t heads, int64_t dim, int nsplit, float* out) {
+  const int64_t stride = dim + 2;
+  for (int64_t row = blockIdx.x; row < nq * heads; row += gridDim.x) {
+    float mx = -INFINITY;
+    for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, part[(s * nq * heads + row) * stride + dim]);
+    float denom = 0.0f;
+    for (int s = 0; s < nsplit; ++s) {
+      const float* b = part + (s * nq * heads + row) * stride;
+      denom += b[dim + 1] * expf(b[dim] - mx);
+    }
+    const float inv = 1.0f / denom;
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int s = 0; s < nsplit; ++s) {
+        const float* b = part + (s * nq * heads + row) * stride;
+        acc += b[d] * expf(b[dim] - mx);
+      }
+      out[row * dim + d] = acc * inv;
+    }
+  }
+}
+
+template <int D>
+Status launch_attention_d(const SinkAttentionParams& p, cudaStream_t stream) {
+  const int hw = static_cast<int>(ceil_div(p.heads, 16));
+  const size_t smem = attn_smem_bytes(D, 16 * hw);
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaFuncSetAttribute(sink_attention_mma_kernel<D>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)),
+                         "sink_attention_mma smem attribute"));
+  int nsplit = static_cast<int>(sink_attention_splits(p.nq));
+  if (nsplit > 1 && (p.split_scratch == nullptr ||
+                     p.split_scratch_floats < sink_attention_scratch_floats(p.nq, p.heads, D))) {
+    nsplit = 1;
+  }
+  const dim3 grid(static_cast<unsigned>(nsplit), static_cast<unsigned>(std::min(p.nq, kMaxGridY)));
+  sink_attention_mma_kernel<D><<<grid, 64 * hw, smem, stream>>>(p, hw, nsplit, p.split_scratch);
+  DSI_RETURN_IF_ERROR(launched("sink_attention_mma launch"));
+  if (nsplit > 1) {
+    const int64_t rows = p.nq * p.heads;
+    sink_attention_merge_kernel<<<static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)),
+                                  128,
+                                  0,
+                                  stream>>>(p.split_scratch, p.nq, p.heads, D, nsplit, p.out);
+    DSI_RETURN_IF_ERROR(launched("sink_attention_merge launch"));
+  }
+  return Status();
+}
+
+// ---- indexer scores ----------------------------------------------------------------------------
+
+constexpr int kIk = 64;         // keys per tile
+constexpr int kIs = kIk + 4;    // row stride (floats) of the dot buffer
+constexpr int kIThreads = 128;  // 4 warps: up to 64 heads
+
+__host__ __device__ constexpr size_t indexer_smem_bytes(int dim) {
+  return static_cast<size_t>(2 * kIk) * attn_sd(dim) * 2 + static_cast<size_t>(64 * kIs) * 4 +
+         64 * 4;
+}
+
+template <int DI, bool kSplit>
+__global__ void __launch_bounds__(kIThreads)
+    indexer_scores_mma_kernel(IndexerScoreParams p, int tiles_per_block) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int SD = attn_sd(DI);
+  constexpr int KS = DI / 16;
+  __nv_bfloat16* kh = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* kl = kh + kIk * SD;
+  float* dots = reinterpret_cast<float*>(kl + kIk * SD);  // [64 heads][kIs]
+  float* hwv = dots + 64 * kIs;                           // [64]
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int64_t heads = p.heads;
+  const int r0 = 16 * warp + g;
+  const int r1 = r0 + 8;
+  for (int64_t qi = blockIdx.y; qi < p.nq; qi += gridDim.y) {
+    const int64_t visible = p.visible[qi];
+    const int64_t tiles = (visible + kIk - 1) / kIk;
+    const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tiles_per_block;
+    if (t0 >= tiles)
+      continue;  // block-uniform
+    const int64_t t1 = min(tiles, t0 + tiles_per_block);
+    // q fragments (rows r0, r1 of this warp's 16 heads) straight from global memory.
+    uint32_t ah[KS][4], al[KS][4];
+    const float* q = p.q + qi * heads * DI;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = (i & 1) ? r1 : r0;
+        const int k = 16 * ks + 2 * t + ((i & 2) ? 8 : 0);
+        const float2 v =
+            r < heads ? *reinterpret_cast<const float2*>(q + r * DI + k) : make_float2(0.0f, 0.0f);
+        split_bf16(v.x, v.y, &ah[ks][i], &al[ks][i]);
+      }
+    }
+    for (int64_t h = threadIdx.x; h < heads; h += blockDim.x) {
+      hwv[h] = __fmul_rn(p.head_w[qi * heads + h], p.w_scale);
+    }
+    const int32_t* pages = p.pages + p.page_begin[qi];
+    for (int64_t tile = t0; tile < t1; ++tile) {
+      __syncthreads();  // the previous tile's dots and keys are consumed
+      for (int i = threadIdx.x; i < kIk * DI / 2; i += blockDim.x) {
+        const int j = i / (DI / 2);
+        const int c = (i % (DI / 2)) * 2;
+        const int64_t w = tile * kIk + j;
+        float2 v = make_float2(0.0f, 0.0f);
+        if (w < visible) {
+          const float* key = p.pool +
+                             static_cast<int64_t>(pages[w / p.rows_per_page]) * p.page_floats +
+                             (w % p.rows_per_page) * DI;
+          v = *reinterpret_cast<const float2*>(key + c);
+        }
+        store_pair(kh + j * SD + c, kl + j * SD + c, v.x, v.y);
+      }
+      __syncthreads();
+      float s[8][4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          const int key = 16 * np + (lane & 7) + 8 * (lane >> 4);
+          const int kc = 16 * ks + 8 * ((lane >> 3) & 1);
+          uint32_t bh[4];
+          ldmatrix_x4(bh, kh + key * SD + kc);
+          const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
+          mma_bf16(s[2 * np], ah[ks], bh0);
+          mma_bf16(s[2 * np + 1], ah[ks], bh1);
+          if constexpr (kSplit) {
+            uint32_t bl[4];
+            ldmatrix_x4(bl, kl + key * SD + kc);
+            const uint32_t bl0[2] = {bl[0], bl[1]}, bl1[2] = {bl[2], bl[3]};
+            mma_bf16(s[2 * np], ah[ks], bl0);
+            mma_bf16(s[2 * np], al[ks], bh0);
+            mma_bf16(s[2 * np + 1], ah[ks], bl1);
+            mma_bf16(s[2 * np + 1], al[ks], bh1);
+          }
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int c = 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(dots + r0 * kIs + c) = make_float2(s[nt][0], s[nt][1]);
+        *reinterpret_cast<float2*>(dots + r1 * kIs + c) = make_float2(s[nt][2], s[nt][3]);
+      }
+      __syncthreads();
+      if (threadIdx.x < kIk) {
+        const int64_t w = tile * kIk + threadIdx.x;
+        if (w < visible) {
+          float sc = 0.0f;
+          for (int64_t h = 0; h < heads; ++h) {
+            sc = __fadd_rn(sc, __fmul_rn(hwv[h], fmaxf(0.0f, dots[h * kIs + threadIdx.x])));
+          }
+          p.scores[qi * p.ld + w] = sc;
+        }
+      }
+    }
+    __syncthreads();  // hwv is rewritten by the next query
+  }
+}
+
+template <int DI, bool kSplit>
+Status launch_indexer_di(const IndexerScoreParams& p, cudaStream_t stream) {
+  const size_t smem = indexer_smem_bytes(DI);
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaFuncSetAttribute(indexer_scores_mma_kernel<DI, kSplit>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)),
+                         "indexer_scores_mma smem attribute"));
+  // Few queries (decode): one tile per block for parallelism; many: four, so q is loaded once
+  // per four tiles.
+  const int tpb = p.nq >= 64 ? 4 : 1;
+  const int64_t gx = ceil_div(ceil_div(p.max_visible, kIk), tpb);
+  if (gx > 0x7fffffff)
+    return invalid_argument("indexer_scores: too many blocks");
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(std::min(p.nq, kMaxGridY)));
+  indexer_scores_mma_kernel<DI, kSplit><<<grid, kIThreads, smem, stream>>>(p, tpb);
+  return launched("indexer_scores_mma launch");
+}
+
+}  // namespace
+
+int64_t sink_attention_splits(int64_t nq) {
+  if (nq <= 0)
+    return 1;
+  // Enough blocks for the 132 SMs of an H200 at small batches; one block per query otherwise.
+  return std::clamp<int64_t>(264 / nq, 1, 32);
+}
+
+int64_t sink_attention_scratch_floats(int64_t nq, int64_t heads, int64_t dim) {
+  const int64_t s = sink_attention_splits(nq);
+  return s > 1 ? s * nq * heads * (dim + 2) : 0;
+}
+
+bool sink_attention_mma_supports(const SinkAttentionParams& p) {
+  return p.tensor_cores && p.heads >= 1 && p.heads <= 64 &&
+         (p.dim == 64 || p.dim == 128 || p.dim == 256 || p.dim == 512);
+}
+
+Status launch_sink_attention_mma(const SinkAttentionParams& p, cudaStream_t stream) {
+  switch (p.dim) {
+    case 64:
+      return launch_attention_d<64>(p, stream);
+    case 128:
+      return launch_attention_d<128>(p, stream);
+    case 256:
+      return launch_attention_d<256>(p, stream);
+    case 512:
+      return launch_attention_d<512>(p, stream);
+    default:
+      return invalid_argument("sink_attention_mma: unsupported dim");
+  }
+}
+
+bool indexer_scores_mma_supports(const IndexerScoreParams& p) {
+  return p.tensor_cores && p.heads >= 1 && p.heads <= 64 && (p.dim == 64 || p.dim == 128) &&
+         p.page_floats % 2 == 0;
+}
+
+Status launch_indexer_scores_mma(const IndexerScoreParams& p, cudaStream_t stream) {
+  if (p.dim == 64)
+    return p.bf16_exact ? launch_indexer_di<64, false>(p, stream)
+                        : launch_indexer_di<64, true>(p, stream);
+  if (p.dim == 128)
+    return p.bf16_exact ? launch_indexer_di<128, false>(p, stream)
+                        : launch_indexer_di<128, true>(p, stream);
+  return invalid_argument("indexer_scores_mma: unsupported dim");
+}
+
+}  // namespace dsinfer::cuda
