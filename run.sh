@@ -15,6 +15,10 @@ if dsi_has_gpu && [ -n "$NVCC" ]; then
   if NCCL_DIR=$(dsi_install_nccl); then
     CUDA_FLAGS+=(-DNCCL_ROOT="$NCCL_DIR")
   fi
+  # CUTLASS headers for the Hopper wgmma GEMMs, from PyPI's nvidia-cutlass wheel.
+  if CUTLASS_DIR=$(dsi_install_cutlass); then
+    CUDA_FLAGS+=(-DCUTLASS_INCLUDE_DIR="$CUTLASS_DIR")
+  fi
 fi
 # An existing build/ (./test.sh configures it with the tests, and CUDA where nvcc exists) is
 # reused as it is: reconfiguring it here would rebuild what the other script built.

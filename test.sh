@@ -47,6 +47,12 @@ if [ -n "$NVCC" ]; then
   else
     echo "[test] warning: NCCL unavailable; src/comm is built without it (its NCCL tests skip)" >&2
   fi
+  # CUTLASS headers (the Hopper wgmma GEMMs) from PyPI's nvidia-cutlass wheel; never committed.
+  if CUTLASS_DIR=$(dsi_install_cutlass); then
+    CUDA_FLAGS+=(-DCUTLASS_INCLUDE_DIR="$CUTLASS_DIR")
+  else
+    echo "[test] warning: CUTLASS unavailable; the dense FP8 GEMMs use the mma.sync kernels" >&2
+  fi
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${CUDA_FLAGS[@]}" "${PY_FLAGS[@]}" \

@@ -115,6 +115,48 @@ dsi_install_nccl() {
   "$py" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])'
 }
 
+# CUTLASS/CuTe headers for the Hopper wgmma GEMMs (cmake/cutlass.cmake). PyPI's nvidia-cutlass
+# wheel (pinned; DSI_CUTLASS_VERSION overrides) carries them under cutlass_library/source/include:
+# only that tree is unpacked, into ${XDG_CACHE_HOME:-~/.cache}/dsinfer/cutlass-<version> (nothing
+# installed into Python), and its path printed. Returns 1 (printing nothing) when it cannot be
+# fetched: the build then runs the dense FP8 linears on the mma.sync kernels only.
+# Usage: CUTLASS_DIR=$(dsi_install_cutlass)
+dsi_install_cutlass() {
+  local py=${DSI_PYTHON:-python3} ver=${DSI_CUTLASS_VERSION:-4.2.0.0}
+  local dir=${XDG_CACHE_HOME:-$HOME/.cache}/dsinfer/cutlass-$ver
+  if [ ! -f "$dir/include/cutlass/cutlass.h" ]; then
+    local tmp
+    tmp=$(mktemp -d)
+    echo "[deps] fetching nvidia-cutlass==$ver (its headers only)" >&2
+    if ! "$py" -m pip download --quiet --no-deps --only-binary :all: -d "$tmp" \
+      "nvidia-cutlass==$ver" >&2; then
+      rm -rf "$tmp"
+      return 1
+    fi
+    if ! "$py" - "$tmp" "$dir" <<'PY'; then
+import glob, os, shutil, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+prefix = "cutlass_library/source/include/"
+part = dest + ".part"
+shutil.rmtree(part, ignore_errors=True)
+with zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0]) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            out = os.path.join(part, "include", name[len(prefix):])
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with z.open(name) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+shutil.rmtree(dest, ignore_errors=True)
+os.rename(part, dest)
+PY
+      rm -rf "$tmp"
+      return 1
+    fi
+    rm -rf "$tmp"
+  fi
+  echo "$dir/include"
+}
+
 # The Boost headers package for the HTTP server (Asio/Beast >= 1.80): the newest of
 # libboost1.8x-dev the distribution has (Debian 12: libboost1.81-dev; Ubuntu 24.04: 1.83).
 dsi_boost_package() {
