@@ -147,6 +147,21 @@ Result<json> bench_ops(const OpBenchOptions& o) {
                          {"shared.w1", 2048, 4096}};
   float* y = nullptr;
   DSI_RETURN_IF_ERROR(arena.alloc(&y, std::max<int64_t>(max_t * 32768, 256 * 129280)));
+  // The wgmma path's scale scratch (fp8_gemm.h), as the forward takes it from its workspace.
+  float* gemm_scratch = nullptr;
+  int64_t gemm_scratch_floats = 0;
+  for (const Dense& d : dense) {
+    MatrixRef shape;
+    shape.format = WeightFormat::kFp8Block128;
+    shape.dtype = DType::kF8E4M3;
+    shape.rows = d.rows;
+    shape.cols = d.cols;
+    for (int64_t t : o.tokens) {
+      gemm_scratch_floats =
+          std::max(gemm_scratch_floats, cuda::fp8_linear_scratch_floats(shape, -1, t));
+    }
+  }
+  DSI_RETURN_IF_ERROR(arena.alloc(&gemm_scratch, std::max<int64_t>(gemm_scratch_floats, 1)));
   uint64_t seed = 1;
   for (const Dense& d : dense) {
     MatrixRef w;
@@ -160,6 +175,9 @@ Result<json> bench_ops(const OpBenchOptions& o) {
       p.x = cuda::Fp8Acts{codes, scales, cuda::fp8_acts_ld(d.cols)};
       p.n = t;
       p.y = y;
+      p.wgmma = !o.batch_invariant;
+      p.scratch = gemm_scratch;
+      p.scratch_floats = gemm_scratch_floats;
       auto ms = time_ms([&] { return cuda::launch_fp8_linear(p, nullptr); }, o.iters);
       if (!ms.ok())
         return ms.status();

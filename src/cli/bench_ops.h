@@ -17,6 +17,7 @@ struct OpBenchOptions {
   int iters = 20;               // timed launches per figure (median)
   double copy_bytes_per_s = 0;  // ceilings (0: fractions left out)
   double fp8_flops = 0;
+  bool batch_invariant = false;  // no wgmma GEMMs (fp8_gemm.h)
 };
 
 // One JSON object per (op, tokens): {"op", "shape", "tokens", "ms", "tflops", "tbps", "bytes",

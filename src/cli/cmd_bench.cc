@@ -40,6 +40,7 @@ struct BenchArgs {
   std::string output;
   bool no_ceilings = false;
   bool no_cuda_graphs = false;
+  bool batch_invariant = false;
   bool ops = false;
   std::string profile_range;  // "prefill" | "decode": cudaProfilerStart/Stop around those runs
   std::vector<int64_t> op_tokens = {1, 16, 64, 256, 1024, 8192};
@@ -136,6 +137,7 @@ int run_bench(const BenchArgs& a) {
     oo.tokens = a.op_tokens;
     oo.copy_bytes_per_s = copy_bw;
     oo.fp8_flops = fp8_peak;
+    oo.batch_invariant = a.batch_invariant;
     std::fprintf(stderr, "[bench] ops at V4-Flash shapes...\n");
     auto ops = bench_ops(oo);
     if (!ops.ok())
@@ -153,6 +155,7 @@ int run_bench(const BenchArgs& a) {
   gpu::CudaModelOptions mo;
   mo.device = ec.device_ordinal;
   mo.cuda_graphs = !a.no_cuda_graphs;
+  mo.batch_invariant = a.batch_invariant;
   mo.max_graph_batch = 1024;
   auto gm = gpu::CudaModel::create(cfg, (*ckpt)->weights(), *numerics, mo);
   if (!gm.ok())
@@ -170,6 +173,8 @@ int run_bench(const BenchArgs& a) {
                   {"routed_experts", cfg.n_routed_experts},
                   {"numerics", model::numerics_name(*numerics)},
                   {"weight_bytes_on_device", m.stats().weight_bytes},
+                  {"moe_fp8_layers", m.stats().moe_fp8_layers},
+                  {"batch_invariant", a.batch_invariant},
                   {"upload_s", now_s() - t_up}};
   const int64_t page_bytes = state::default_page_bytes(cfg);
   const int64_t max_tokens =
@@ -349,6 +354,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
   cmd->add_flag("--no-ceilings", a->no_ceilings, "Skip the copy/GEMM ceiling measurements");
   cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs, "Decode eagerly");
+  cmd->add_flag("--batch-invariant",
+                a->batch_invariant,
+                "Only the fixed-order GEMM kernels (no wgmma): measures batch invariance's cost");
   cmd->add_option("--profile-range",
                   a->profile_range,
                   "prefill | decode: bracket the first timed prefill run or the timed decode "

@@ -119,6 +119,10 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_flag("--no-cuda-graphs",
                 f->no_cuda_graphs,
                 "Launch decode steps eagerly instead of replaying CUDA graphs");
+  cmd->add_flag("--batch-invariant",
+                f->batch_invariant,
+                "CUDA: a request's logits do not depend on the rest of the batch (every linear "
+                "on the fixed-order kernels; slower prefill)");
   cmd->add_option("--ep",
                   f->ep,
                   "Expert parallelism: N processes, one per GPU (routed experts sharded, requests "
@@ -166,6 +170,7 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   DSI_ASSIGN_OR_RETURN(s.version, parse_model_version(f.model_version));
   DSI_RETURN_IF_ERROR(parse_device(f.device, &s.config));
   s.config.cuda_graphs = !f.no_cuda_graphs;
+  s.config.batch_invariant = f.batch_invariant;
   if (f.ep < 0)
     return invalid_argument("--ep must be >= 0");
   if (f.ep > 0 && s.config.device != engine::Device::kCuda)

@@ -44,6 +44,7 @@ struct EngineFlags {
   std::string model_version = "v4";
   std::string device = "cpu";
   bool no_cuda_graphs = false;
+  bool batch_invariant = false;
   int ep = 0;
 };
 void add_engine_flags(CLI::App* cmd, EngineFlags* f);

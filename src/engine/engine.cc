@@ -65,6 +65,7 @@ Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
       gpu::CudaModelOptions co;
       co.device = config.device_ordinal;
       co.cuda_graphs = config.cuda_graphs;
+      co.batch_invariant = config.batch_invariant;
       if (config.expert_parallel > 0) {
         // One process per GPU: this process must have been started as a rank by the launcher
         // (dsinfer generate --ep N), which sets DSINFER_EP_RANK/SIZE/ID_FILE.

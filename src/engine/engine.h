@@ -28,6 +28,9 @@ struct EngineConfig {
   Device device = Device::kCpu;
   int device_ordinal = 0;   // CUDA device
   bool cuda_graphs = true;  // decode steps replayed from CUDA graphs
+  // CUDA: every linear on kernels whose summation order does not depend on the batch, so a
+  // request's logits are bit-identical whatever else is batched with it (slower prefill).
+  bool batch_invariant = false;
   // Expert parallelism (CUDA): 0 = off; N >= 1 = this process is one of N ranks (one process
   // per GPU, started by `dsinfer generate --ep N`; DSINFER_EP_* set), joined over NCCL.
   int expert_parallel = 0;

@@ -37,6 +37,7 @@ struct LinearCase {
   bool accumulate = false;
   bool tensor_core = false;  // fp8_gemm.h: quantise x on the device, then launch_fp8_linear
   bool bf16x2 = false;       // fp8_gemm.h: split x into BF16 halves, then launch_bf16x2_linear
+  bool wgmma = false;        // the wgmma path must run (fp8: scratch given; bf16x2: allowed)
 };
 
 void run_linear(const LinearCase& c, uint32_t seed) {
@@ -45,7 +46,7 @@ void run_linear(const LinearCase& c, uint32_t seed) {
                std::to_string(c.cols) + " n " + std::to_string(c.n) + (c.quant ? " q8" : "") +
                " rows [" + std::to_string(c.row_begin) + ", +" + std::to_string(count) + ")" +
                (c.accumulate ? " acc" : "") + (c.tensor_core ? " tensor-core" : "") +
-               (c.bf16x2 ? " bf16x2" : ""));
+               (c.bf16x2 ? " bf16x2" : "") + (c.wgmma ? " wgmma" : ""));
   auto w = make_weight(c.fmt, c.rows, c.cols, seed);
   const int64_t ldx = c.cols + c.ldx_pad;
   const int64_t ldy = count + c.ldy_pad;
@@ -77,7 +78,11 @@ void run_linear(const LinearCase& c, uint32_t seed) {
       for (int64_t k = 0; k < c.cols; ++k) mag += std::fabs(wrow[k] * xq[t * c.cols + k]);
       const size_t i = static_cast<size_t>(t * ldy + r);
       want[i] = c.accumulate ? y0[i] + yc[t * count + r] : yc[t * count + r];
-      tol[i] = 1e-5 * mag + (c.accumulate ? 1.2e-7 * std::fabs(want[i]) : 0.0) + 1e-35;
+      // FP8 wgmma keeps ~14 bits while it accumulates inside one 128-wide K block (Hopper's FP8
+      // tensor cores, as DeepSeek's own kernels; promoted to fp32 per block): measured up to
+      // 6.4e-4 of mag on one-block dot products (~12 bits), bounded here by 2^-10.
+      const double rel = c.wgmma && c.tensor_core && c.n > kGemvMaxTokens ? 1e-3 : 1e-5;
+      tol[i] = rel * mag + (c.accumulate ? 1.2e-7 * std::fabs(want[i]) : 0.0) + 1e-35;
     }
   }
   DevVec<float> d_x(x);
@@ -90,16 +95,17 @@ void run_linear(const LinearCase& c, uint32_t seed) {
         SplitBf16Params{
             .x = d_x.get(), .ldx = ldx, .n = c.n, .k = c.cols, .hi = d_hi.get(), .lo = d_lo.get()},
         nullptr));
-    DSI_EXPECT_OK(
-        launch_bf16x2_linear(Bf16x2LinearParams{.w = w->dev,
-                                                .row_begin = c.row_begin,
-                                                .rows = c.row_count,
-                                                .x = Bf16SplitActs{d_hi.get(), d_lo.get(), ld},
-                                                .n = c.n,
-                                                .y = d_y.get(),
-                                                .ldy = ldy,
-                                                .accumulate = c.accumulate},
-                             nullptr));
+    const Bf16x2LinearParams p{.w = w->dev,
+                               .row_begin = c.row_begin,
+                               .rows = c.row_count,
+                               .x = Bf16SplitActs{d_hi.get(), d_lo.get(), ld},
+                               .n = c.n,
+                               .y = d_y.get(),
+                               .ldy = ldy,
+                               .accumulate = c.accumulate,
+                               .wgmma = c.wgmma};
+    EXPECT_EQ(bf16x2_linear_uses_wgmma(p), c.wgmma) << "the path under test did not run";
+    DSI_EXPECT_OK(launch_bf16x2_linear(p, nullptr));
   } else if (c.tensor_core) {
     const int64_t ld = fp8_acts_ld(c.cols);
     DevVec<uint8_t> d_q(static_cast<size_t>(std::max<int64_t>(c.n, 1) * ld));
@@ -111,15 +117,24 @@ void run_linear(const LinearCase& c, uint32_t seed) {
                                                         .codes = d_q.get(),
                                                         .scales = d_s.get()},
                                       nullptr));
-    DSI_EXPECT_OK(launch_fp8_linear(Fp8LinearParams{.w = w->dev,
-                                                    .row_begin = c.row_begin,
-                                                    .rows = c.row_count,
-                                                    .x = Fp8Acts{d_q.get(), d_s.get(), ld},
-                                                    .n = c.n,
-                                                    .y = d_y.get(),
-                                                    .ldy = ldy,
-                                                    .accumulate = c.accumulate},
-                                    nullptr));
+    const int64_t scratch_floats = c.wgmma ? fp8_linear_scratch_floats(w->dev, -1, c.n) : 0;
+    DevVec<float> d_scratch(static_cast<size_t>(std::max<int64_t>(scratch_floats, 1)));
+    const Fp8LinearParams p{.w = w->dev,
+                            .row_begin = c.row_begin,
+                            .rows = c.row_count,
+                            .x = Fp8Acts{d_q.get(), d_s.get(), ld},
+                            .n = c.n,
+                            .y = d_y.get(),
+                            .ldy = ldy,
+                            .accumulate = c.accumulate,
+                            .wgmma = c.wgmma,
+                            .scratch = c.wgmma ? d_scratch.get() : nullptr,
+                            .scratch_floats = scratch_floats};
+    const Fp8LinearPath want_path = !c.wgmma                ? Fp8LinearPath::kTile
+                                    : c.n <= kGemvMaxTokens ? Fp8LinearPath::kGemv
+                                                            : Fp8LinearPath::kWgmma;
+    EXPECT_EQ(fp8_linear_path(p), want_path) << "the path under test did not run";
+    DSI_EXPECT_OK(launch_fp8_linear(p, nullptr));
   } else {
     DSI_EXPECT_OK(launch_linear(LinearParams{.w = w->dev,
                                              .row_begin = c.row_begin,
@@ -254,6 +269,52 @@ TEST_F(GpuTest, Fp8TensorCoreLinearMatchesCpu) {
   }
 }
 
+// The many-row wgmma path (fp8_gemm_sm90.h, builds with CUTLASS): E8M0 and F32 block scales,
+// row counts that are not multiples of the 128-row tile, K from one block to V4's 8192, row
+// ranges, padded output rows and accumulation, and the V4-Flash prefill shapes.
+TEST_F(GpuTest, Fp8WgmmaLinearMatchesCpu) {
+  {
+    MatrixRef probe;
+    probe.format = WeightFormat::kFp8Block128;
+    probe.dtype = DType::kF8E4M3;
+    probe.rows = 128;
+    probe.cols = 128;
+    if (fp8_linear_scratch_floats(probe, -1, kFp8Sm90MinRows) == 0)
+      GTEST_SKIP() << "built without CUTLASS: no wgmma path";
+  }
+  uint32_t seed = 52000;
+  const bool small = small_mode();
+  for (Fmt f : {Fmt::kFp8E8M0, Fmt::kFp8F32}) {
+    for (int64_t rows : {128, 272, 1024}) {
+      for (int64_t cols : {128, 384, 4096}) {
+        for (int64_t n : {64, 65, 127, 300}) {
+          if (small && rows * n * cols > 20'000'000)
+            continue;
+          LinearCase c{f, rows, cols, n, true};
+          c.tensor_core = true;
+          c.wgmma = true;
+          run_linear(c, seed += 3);
+        }
+      }
+    }
+    // Rows [128, +256) of 512, output rows 4 floats apart, accumulated.
+    LinearCase ranged{f, 512, 256, 97, true, 128, 256, 0, 4, true};
+    ranged.tensor_core = true;
+    ranged.wgmma = true;
+    run_linear(ranged, seed += 3);
+  }
+  if (!small) {
+    for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1024, 4096, 300},
+                                 {4096, 8192, 65},
+                                 {32768, 1024, 67}}) {
+      LinearCase c{Fmt::kFp8E8M0, rows, cols, n, true};
+      c.tensor_core = true;
+      c.wgmma = true;
+      run_linear(c, seed += 3);
+    }
+  }
+}
+
 // fp32 activations on the BF16 tensor cores (hi + lo halves, fp8_gemm.h) against the CPU, with
 // the reference tolerance: FP8 and BF16 weights, every tile shape, tails, ranges, strides, and the
 // V4-Flash wo_a / router / LM-head shapes.
@@ -289,12 +350,56 @@ TEST_F(GpuTest, Bf16x2TensorCoreLinearMatchesCpu) {
   }
 }
 
+// The many-row BF16 wgmma path (bf16_gemm_sm90.h, builds with CUTLASS): tails of the 128-row
+// tiles, row ranges, padded outputs, accumulation, and the V4-Flash router / compressor / wo_a
+// (BF16 copy) shapes at prefill sizes.
+TEST_F(GpuTest, Bf16x2WgmmaLinearMatchesCpu) {
+  {
+    if (fp8_linear_scratch_floats(MatrixRef{.format = WeightFormat::kFp8Block128,
+                                            .dtype = DType::kF8E4M3,
+                                            .rows = 128,
+                                            .cols = 128},
+                                  -1,
+                                  kFp8Sm90MinRows) == 0)
+      GTEST_SKIP() << "built without CUTLASS: no wgmma path";
+  }
+  uint32_t seed = 53000;
+  const bool small = small_mode();
+  for (int64_t rows : {8, 132, 256}) {
+    for (int64_t cols : {64, 136, 1024}) {
+      for (int64_t n : {128, 129, 300}) {
+        if (small && rows * n * cols > 20'000'000)
+          continue;
+        LinearCase c{Fmt::kBF16, rows, cols, n, false};
+        c.bf16x2 = true;
+        c.wgmma = true;
+        run_linear(c, seed += 3);
+      }
+    }
+  }
+  LinearCase ranged{Fmt::kBF16, 512, 256, 200, false, 96, 192, 64, 4, true};
+  ranged.bf16x2 = true;
+  ranged.wgmma = true;
+  run_linear(ranged, seed += 3);
+  if (!small) {
+    for (auto [rows, cols, n] :
+         {std::tuple<int64_t, int64_t, int64_t>{256, 4096, 1000}, {1024, 4096, 300}}) {
+      LinearCase c{Fmt::kBF16, rows, cols, n, false};
+      c.bf16x2 = true;
+      c.wgmma = true;
+      run_linear(c, seed += 3);
+    }
+  }
+}
+
 // Grouped BF16x2 linear (wo_a's layout: group g = weight rows [g * rows, +rows), x columns
 // [g * k, +k), y columns [g * rows, +rows)) in one launch equals one launch per group, bit for bit.
 TEST_F(GpuTest, Bf16x2GroupedLinearEqualsPerGroupLaunches) {
-  for (int64_t n : {1, 9, 40, 130}) {
+  for (int64_t n : {1, 9, 40, 130, 260}) {
+    // FP8 weights: the fixed-order kernel; BF16 at n >= 128: the wgmma path (per-group GEMMs).
+    const Fmt fmt = n >= 130 ? Fmt::kBF16 : Fmt::kFp8E8M0;
     const int64_t groups = 3, rows = 96, k = 128;
-    auto w = make_weight(Fmt::kFp8E8M0, groups * rows, k, 777 + static_cast<uint32_t>(n));
+    auto w = make_weight(fmt, groups * rows, k, 777 + static_cast<uint32_t>(n));
     std::vector<float> x = normal_floats(static_cast<size_t>(n * groups * k), 99);
     DevVec<float> d_x(x);
     const int64_t ld = groups * k;
@@ -373,6 +478,138 @@ TEST_F(GpuTest, GemvBf16MatchesCpuAndIsBatchInvariant) {
             sync();
             EXPECT_EQ(d_y1.download(), std::vector<float>(got.end() - rows, got.end()));
           }
+        }
+      }
+    }
+  }
+}
+
+// The W8A8 GEMV (gemv.h: launch_fp8_gemv, launch_fp8_linear's path for n <= 8) against the CPU:
+// both scale formats, one to eight tokens, row groups that straddle nothing, K split over
+// blocks (small weights) or not (tall ones), row ranges, padded outputs, accumulation, and the
+// V4-Flash decode shapes; then batch invariance: each token alone gives the same bits.
+TEST_F(GpuTest, Fp8GemvLinearMatchesCpuAndIsBatchInvariant) {
+  uint32_t seed = 54000;
+  for (Fmt f : {Fmt::kFp8E8M0, Fmt::kFp8F32}) {
+    for (int64_t rows : {8, 136, 1024}) {
+      for (int64_t cols : {128, 384, 4096}) {
+        for (int64_t n : {1, 2, 3, 5, 8}) {
+          LinearCase c{f, rows, cols, n, true};
+          c.tensor_core = true;
+          c.wgmma = true;
+          run_linear(c, seed += 3);
+        }
+      }
+    }
+    LinearCase ranged{f, 512, 256, 6, true, 128, 256, 0, 3, true};
+    ranged.tensor_core = true;
+    ranged.wgmma = true;
+    run_linear(ranged, seed += 3);
+  }
+  if (!small_mode()) {
+    for (auto [rows, cols] :
+         {std::pair<int64_t, int64_t>{1024, 4096}, {512, 4096}, {32768, 1024}, {4096, 8192}}) {
+      LinearCase c{Fmt::kFp8E8M0, rows, cols, 1, true};
+      c.tensor_core = true;
+      c.wgmma = true;
+      run_linear(c, seed += 3);
+    }
+  }
+  // Batch invariance: 8 tokens at once, then each alone.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{512, 4096}, {136, 384}}) {
+    auto w = make_weight(Fmt::kFp8E8M0, rows, cols, seed += 3);
+    const int64_t n = 8, ld = fp8_acts_ld(cols);
+    const std::vector<float> x = normal_floats(static_cast<size_t>(n * cols), seed + 1);
+    DevVec<float> d_x(x);
+    DevVec<uint8_t> d_q(static_cast<size_t>(n * ld));
+    DevVec<float> d_s(static_cast<size_t>(n * ld / 128));
+    DSI_EXPECT_OK(launch_quantize_fp8(
+        QuantizeFp8Params{
+            .x = d_x.get(), .n = n, .k = cols, .codes = d_q.get(), .scales = d_s.get()},
+        nullptr));
+    const int64_t sf = fp8_linear_scratch_floats(w->dev, -1, n);
+    DevVec<float> d_scratch(static_cast<size_t>(std::max<int64_t>(sf, 1)));
+    DevVec<float> d_all(static_cast<size_t>(n * rows), 0.0f);
+    DSI_EXPECT_OK(launch_fp8_linear(Fp8LinearParams{.w = w->dev,
+                                                    .x = Fp8Acts{d_q.get(), d_s.get(), ld},
+                                                    .n = n,
+                                                    .y = d_all.get(),
+                                                    .scratch = d_scratch.get(),
+                                                    .scratch_floats = sf},
+                                    nullptr));
+    sync();
+    const std::vector<float> all = d_all.download();
+    for (int64_t t = 0; t < n; ++t) {
+      DevVec<float> d_one(static_cast<size_t>(rows), 0.0f);
+      DSI_EXPECT_OK(launch_fp8_linear(
+          Fp8LinearParams{.w = w->dev,
+                          .x = Fp8Acts{d_q.get() + t * ld, d_s.get() + t * ld / 128, ld},
+                          .n = 1,
+                          .y = d_one.get(),
+                          .scratch = d_scratch.get(),
+                          .scratch_floats = sf},
+          nullptr));
+      sync();
+      EXPECT_EQ(d_one.download(),
+                std::vector<float>(all.begin() + t * rows, all.begin() + (t + 1) * rows))
+          << "token " << t << " of " << rows << "x" << cols;
+    }
+  }
+}
+
+// The FP8-weight fp32 GEMV (gemv.h: launch_gemv_fp8, wo_a at decode) against the CPU, one group
+// and wo_a's grouped layout, with the reference tolerance.
+TEST_F(GpuTest, GemvFp8MatchesCpu) {
+  uint32_t seed = 55000;
+  for (Fmt f : {Fmt::kFp8E8M0, Fmt::kFp8F32}) {
+    for (auto [groups, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 128},
+                                      {1, 300, 1024},
+                                      {3, 96, 256},
+                                      {8, 128, 512}}) {
+      for (int64_t n : {1, 3, 8}) {
+        for (bool acc : {false, true}) {
+          SCOPED_TRACE("gemv_fp8 groups " + std::to_string(groups) + " " + std::to_string(rows) +
+                       "x" + std::to_string(cols) + " n " + std::to_string(n) +
+                       (acc ? " acc" : ""));
+          auto w = make_weight(f, groups * rows, cols, seed += 3);
+          const int64_t ldx = groups * cols + 4;
+          const int64_t ldy = groups * rows + 2;
+          const std::vector<float> x = normal_floats(static_cast<size_t>(n * ldx), seed + 1);
+          const std::vector<float> y0 = normal_floats(static_cast<size_t>(n * ldy), seed + 2);
+          std::vector<float> want = y0;
+          std::vector<double> tol(want.size(), 0.0);
+          std::vector<float> wrow(static_cast<size_t>(cols));
+          for (int64_t g = 0; g < groups; ++g) {
+            for (int64_t r = 0; r < rows; ++r) {
+              w->host.dequant_row(g * rows + r, wrow.data());
+              for (int64_t t = 0; t < n; ++t) {
+                double sum = 0.0, mag = 0.0;
+                for (int64_t k = 0; k < cols; ++k) {
+                  const double pr = static_cast<double>(wrow[k]) * x[t * ldx + g * cols + k];
+                  sum += pr;
+                  mag += std::fabs(pr);
+                }
+                const size_t i = static_cast<size_t>(t * ldy + g * rows + r);
+                want[i] = static_cast<float>(acc ? y0[i] + sum : sum);
+                tol[i] = 1e-5 * mag + (acc ? 1.2e-7 * std::fabs(want[i]) : 0.0) + 1e-35;
+              }
+            }
+          }
+          DevVec<float> d_x(x), d_y(y0);
+          DSI_EXPECT_OK(launch_gemv_fp8(GemvFp8Params{.w = w->dev,
+                                                      .rows = rows,
+                                                      .x = d_x.get(),
+                                                      .ldx = ldx,
+                                                      .n = n,
+                                                      .y = d_y.get(),
+                                                      .ldy = ldy,
+                                                      .accumulate = acc,
+                                                      .groups = groups,
+                                                      .group_x = cols,
+                                                      .group_y = rows},
+                                        nullptr));
+          sync();
+          expect_within(want, d_y.download(), tol, "gemv_fp8");
         }
       }
     }

@@ -153,6 +153,11 @@ constexpr double kRefMaxTolMean = 2e-4;
 constexpr double kDsMaxTol = 4.0;
 constexpr double kDsMeanTol = 0.1;
 constexpr double kDsArgmaxAgreement = 0.98;
+// The MTP head reads the main model's final residual streams and then runs one more layer, so an
+// FP8 flip upstream moves it twice: measured up to 5.9 / 0.12 on tiny-a with the few-row kernels
+// (GEMVs, split attention) of the default mode, 0.38 / 0.001 with the fixed-order kernels.
+constexpr double kDsMtpMaxTol = 8.0;
+constexpr double kDsMtpMeanTol = 0.2;
 
 class CudaModelTest : public ::testing::TestWithParam<ModelCase> {};
 
@@ -166,18 +171,22 @@ TEST_P(CudaModelTest, LogitsMatchCpuInBothNumerics) {
   const auto& cfg = ckpt->config();
   const bool mtp = ckpt->has_mtp();
   const auto ids = random_ids(mc.tokens, cfg.vocab_size, 7);
-  for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
+  for (const auto& [nm, invariant] : {std::pair{model::Numerics::kReference, false},
+                                      std::pair{model::Numerics::kDeepSeek, false},
+                                      std::pair{model::Numerics::kDeepSeek, true}}) {
     cpu::CpuModel cpu_model(cfg, ckpt->weights(), nm);
     const Logits ref = run(cpu_model, ids, 0, mtp);
-    auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), nm);
+    auto gm = gpu::CudaModel::create(
+        cfg, ckpt->weights(), nm, gpu::CudaModelOptions{.batch_invariant = invariant});
     ASSERT_TRUE(gm.ok()) << gm.status().to_string();
     const bool ds = nm == model::Numerics::kDeepSeek;
     for (int64_t chunk : {int64_t{0}, int64_t{7}, int64_t{1}}) {
       const Logits got = run(**gm, ids, chunk, mtp);
       const Agreement a = compare(ref.logits, got.logits, cfg.vocab_size, ds ? 0.2 : 1e-2);
-      std::printf("[cuda-vs-cpu] %s %s chunk %lld: max|d| %.3g mean|d| %.3g argmax %lld/%lld\n",
+      std::printf("[cuda-vs-cpu] %s %s%s chunk %lld: max|d| %.3g mean|d| %.3g argmax %lld/%lld\n",
                   mc.path,
                   model::numerics_name(nm),
+                  invariant ? " batch-invariant" : "",
                   static_cast<long long>(chunk),
                   a.max_abs,
                   a.mean_abs,
@@ -201,8 +210,8 @@ TEST_P(CudaModelTest, LogitsMatchCpuInBothNumerics) {
                     static_cast<long long>(chunk),
                     b.max_abs,
                     b.mean_abs);
-        EXPECT_LE(b.max_abs, ds ? kDsMaxTol : kRefMaxTol);
-        EXPECT_LE(b.mean_abs, ds ? kDsMeanTol : kRefMaxTolMean);
+        EXPECT_LE(b.max_abs, ds ? (invariant ? kDsMaxTol : kDsMtpMaxTol) : kRefMaxTol);
+        EXPECT_LE(b.mean_abs, ds ? (invariant ? kDsMeanTol : kDsMtpMeanTol) : kRefMaxTolMean);
       }
     }
   }
@@ -289,11 +298,17 @@ TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
     for (auto& s : st) s->check_integrity();
     return gen;
   };
-  auto eager = gpu::CudaModel::create(cfg,
-                                      ckpt->weights(),
-                                      model::Numerics::kDeepSeek,
-                                      gpu::CudaModelOptions{.cuda_graphs = false});
-  auto graphs = gpu::CudaModel::create(cfg, ckpt->weights(), model::Numerics::kDeepSeek);
+  // Batch invariance is the batch_invariant mode's promise (the wgmma GEMMs of many-row batches
+  // sum in another order than the small-batch kernels).
+  auto eager =
+      gpu::CudaModel::create(cfg,
+                             ckpt->weights(),
+                             model::Numerics::kDeepSeek,
+                             gpu::CudaModelOptions{.cuda_graphs = false, .batch_invariant = true});
+  auto graphs = gpu::CudaModel::create(cfg,
+                                       ckpt->weights(),
+                                       model::Numerics::kDeepSeek,
+                                       gpu::CudaModelOptions{.batch_invariant = true});
   ASSERT_TRUE(eager.ok() && graphs.ok());
   std::vector<std::vector<float>> le, lg;
   const auto ge = decode_all(**eager, &le);
@@ -356,6 +371,7 @@ TEST(CudaEngine, BatchEqualsAlone) {
     ec.state_budget_bytes = int64_t{256} << 20;
     ec.scheduler.max_tokens_per_step = 48;
     ec.scheduler.prefill_chunk = 16;
+    ec.batch_invariant = true;  // the promise under test
     auto e = engine::Engine::create(ec, ckpt);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     return std::move(e).value();
@@ -427,8 +443,11 @@ TEST(CudaExpertParallel, OneRankMatchesAllLocalBitForBit) {
     const auto& cfg = ckpt->config();
     const auto ids = random_ids(64, cfg.vocab_size, 21);
     for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
+      // Equal bit for bit in batch-invariant mode: the default mode picks kernels by row count,
+      // and the exchange path may run a layer's experts over another row count.
       gpu::CudaModelOptions plain_opts;
       plain_opts.cuda_graphs = false;
+      plain_opts.batch_invariant = true;
       auto plain = gpu::CudaModel::create(cfg, ckpt->weights(), nm, plain_opts);
       ASSERT_TRUE(plain.ok()) << plain.status().to_string();
       for (int64_t chunk : {int64_t{0}, int64_t{5}, int64_t{1}}) {
@@ -436,6 +455,7 @@ TEST(CudaExpertParallel, OneRankMatchesAllLocalBitForBit) {
         for (const auto& [name, cm] : comms) {
           gpu::CudaModelOptions o;
           o.comm = cm;
+          o.batch_invariant = true;
           auto ep = gpu::CudaModel::create(cfg, ckpt->weights(), nm, o);
           ASSERT_TRUE(ep.ok()) << ep.status().to_string();
           const Logits got = run(**ep, ids, chunk, ckpt->has_mtp());

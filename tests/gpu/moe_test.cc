@@ -23,6 +23,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/moe_sm90.h"
 #include "numeric/quant.h"
 #include "test_util.h"
 
@@ -308,11 +309,12 @@ void run_moe(int64_t n,
              bool quant,
              int64_t distinct,
              uint32_t seed,
-             bool fast = false) {
+             bool fast = false,
+             bool sm90 = false) {
   SCOPED_TRACE("moe n " + std::to_string(n) + " experts " + std::to_string(n_experts) + " k " +
                std::to_string(k) + " hidden " + std::to_string(hidden) + " inter " +
                std::to_string(inter) + (hash ? " hash" : "") + (quant ? " q8" : "") +
-               (fast ? " fp8-tensor-core" : ""));
+               (fast ? " fp8-tensor-core" : "") + (sm90 ? " sm90-grouped" : ""));
   const RouteCase rc{n, n_experts, k, RouterScoring::kSqrtSoftplus, !hash, hash};
   const MoeInputs in = make_inputs(rc, seed);
   const float limit = 10.0f;
@@ -430,25 +432,60 @@ void run_moe(int64_t n,
             .x = d_x.get(), .n = n, .k = hidden, .codes = d_xq.get(), .scales = d_xs.get()},
         nullptr));
     const Fp8Acts xq{d_xq.get(), d_xs.get(), ld};
-    DSI_EXPECT_OK(launch_fp8_expert_ffn(Fp8ExpertFfnParams{.w1 = as_refs(d_w1),
-                                                           .w3 = as_refs(d_w3),
-                                                           .w2 = as_refs(d_w2),
-                                                           .format = WeightFormat::kMxfp4,
-                                                           .n_experts = n_experts,
-                                                           .hidden = hidden,
-                                                           .inter = inter,
-                                                           .expert_begin = d_begin.get(),
-                                                           .pair_src = d_src.get(),
-                                                           .k = k,
-                                                           .gates = d_gates.get(),
-                                                           .x = xq,
-                                                           .num_pairs = pairs,
-                                                           .swiglu_limit = limit,
-                                                           .h = d_h.get(),
-                                                           .h_codes = d_hq.get(),
-                                                           .h_scales = d_hs.get(),
-                                                           .y = d_y.get()},
-                                        nullptr));
+    if (sm90) {
+#if DSINFER_HAVE_CUTLASS
+      // The routed experts re-encoded once, then the grouped wgmma GEMMs (moe_sm90.h).
+      DevVec<uint8_t> d_wfp8(static_cast<size_t>(moe_fp8_weights_bytes(n_experts, hidden, inter)));
+      const MoeFp8Weights wf = moe_fp8_weights_carve(d_wfp8.get(), n_experts, hidden, inter);
+      DevVec<int> d_bad(1, 0);
+      DSI_EXPECT_OK(launch_moe_fp8_reencode(as_refs(d_w1),
+                                            as_refs(d_w3),
+                                            as_refs(d_w2),
+                                            WeightFormat::kMxfp4,
+                                            wf,
+                                            d_bad.get(),
+                                            nullptr));
+      sync();
+      EXPECT_EQ(d_bad.download()[0], 0) << "test experts are within E4M3's range";
+      const int64_t sb = moe_sm90_scratch_bytes(n_experts, pairs, hidden, inter);
+      DevVec<uint8_t> d_scratch(static_cast<size_t>(sb + 256));
+      DSI_EXPECT_OK(launch_moe_sm90(MoeSm90Params{.w = wf,
+                                                  .expert_begin = d_begin.get(),
+                                                  .pair_src = d_src.get(),
+                                                  .k = k,
+                                                  .gates = d_gates.get(),
+                                                  .x = xq,
+                                                  .num_pairs = pairs,
+                                                  .swiglu_limit = limit,
+                                                  .scratch = d_scratch.get(),
+                                                  .scratch_bytes = sb,
+                                                  .y = d_y.get()},
+                                    nullptr));
+      sync();
+#else
+      ADD_FAILURE() << "no grouped wgmma path in this build";
+#endif
+    } else {
+      DSI_EXPECT_OK(launch_fp8_expert_ffn(Fp8ExpertFfnParams{.w1 = as_refs(d_w1),
+                                                             .w3 = as_refs(d_w3),
+                                                             .w2 = as_refs(d_w2),
+                                                             .format = WeightFormat::kMxfp4,
+                                                             .n_experts = n_experts,
+                                                             .hidden = hidden,
+                                                             .inter = inter,
+                                                             .expert_begin = d_begin.get(),
+                                                             .pair_src = d_src.get(),
+                                                             .k = k,
+                                                             .gates = d_gates.get(),
+                                                             .x = xq,
+                                                             .num_pairs = pairs,
+                                                             .swiglu_limit = limit,
+                                                             .h = d_h.get(),
+                                                             .h_codes = d_hq.get(),
+                                                             .h_scales = d_hs.get(),
+                                                             .y = d_y.get()},
+                                          nullptr));
+    }
     DSI_EXPECT_OK(launch_fp8_expert_ffn(Fp8ExpertFfnParams{.w1 = as_refs(d_s1),
                                                            .w3 = as_refs(d_s3),
                                                            .w2 = as_refs(d_s2),
@@ -567,6 +604,85 @@ TEST_F(GpuTest, MoeFp8TensorCoreExpertsMatchCpu) {
     run_moe(600, 16, 6, 1024, 512, false, true, 8, seed += 500, true);   // prefill-sized experts
   }
 }
+
+// The grouped wgmma experts (moe_sm90.h) against the same CPU reference: one token per expert,
+// empty experts, every token on one expert, tails of the 128-row tiles, and the V4-Flash shapes
+// at prefill sizes.
+#if DSINFER_HAVE_CUTLASS
+TEST_F(GpuTest, MoeSm90GroupedExpertsMatchCpu) {
+  uint32_t seed = 91000;
+  run_moe(1, 16, 6, 256, 128, false, true, 4, seed += 500, true, true);
+  run_moe(33, 16, 6, 256, 128, false, true, 4, seed += 500, true, true);
+  run_moe(130, 7, 2, 384, 256, true, true, 3, seed += 500, true, true);
+  run_moe(300, 1, 1, 384, 256, false, true, 1, seed += 500, true, true);  // all on one expert
+  if (!small_mode()) {
+    run_moe(8, 256, 6, 4096, 2048, false, true, 8, seed += 500, true, true);   // Flash shapes
+    run_moe(200, 32, 4, 2048, 1024, false, true, 8, seed += 500, true, true);  // prefill-sized
+  }
+}
+
+// The re-encoding is exact within E4M3's range (32-block exponents <= 14 binades apart) and
+// counts the row blocks outside it.
+TEST_F(GpuTest, MoeFp8ReencodeExactAndCountsOutOfRange) {
+  const int64_t hidden = 256, inter = 128;
+  for (int spread : {14, 15}) {
+    SCOPED_TRACE("exponent spread " + std::to_string(spread));
+    ExpertSet ex = make_experts(Fmt::kMxfp4, 2, 2, hidden, inter, 4242 + spread);
+    // Row 3 of expert 0's W1: its four 32-blocks of K block 1 get exponents spread apart.
+    TestWeight* w1 = const_cast<TestWeight*>(ex.w1[0]);
+    for (int j = 0; j < 4; ++j)
+      w1->scale[3 * (hidden / 32) + 4 + j] = static_cast<uint8_t>(110 + (j == 3 ? spread : j));
+    for (int64_t c = 0; c < hidden / 2; ++c) w1->data[3 * (hidden / 2) + c] = 0x53;  // nonzero
+    w1->d_scale = DevVec<uint8_t>(w1->scale);
+    w1->d_data = DevVec<uint8_t>(w1->data);
+    w1->dev.scale = w1->d_scale.get();
+    w1->dev.data = w1->d_data.get();
+    std::vector<MatrixRef> r1{ex.w1[0]->dev, ex.w1[1]->dev}, r3{ex.w3[0]->dev, ex.w3[1]->dev},
+        r2{ex.w2[0]->dev, ex.w2[1]->dev};
+    auto up = [](const std::vector<MatrixRef>& v) {
+      std::vector<uint8_t> b(v.size() * sizeof(MatrixRef));
+      std::memcpy(b.data(), v.data(), b.size());
+      return DevVec<uint8_t>(b);
+    };
+    DevVec<uint8_t> d1 = up(r1), d3 = up(r3), d2 = up(r2);
+    DevVec<uint8_t> mem(static_cast<size_t>(moe_fp8_weights_bytes(2, hidden, inter)));
+    const MoeFp8Weights wf = moe_fp8_weights_carve(mem.get(), 2, hidden, inter);
+    DevVec<int> bad(1, 0);
+    DSI_EXPECT_OK(launch_moe_fp8_reencode(reinterpret_cast<const MatrixRef*>(d1.get()),
+                                          reinterpret_cast<const MatrixRef*>(d3.get()),
+                                          reinterpret_cast<const MatrixRef*>(d2.get()),
+                                          WeightFormat::kMxfp4,
+                                          wf,
+                                          bad.get(),
+                                          nullptr));
+    sync();
+    EXPECT_EQ(bad.download()[0], spread > 14 ? 1 : 0);
+    if (spread > 14)
+      continue;
+    // Every value of W1 | W3 | W2 equals its MXFP4 value exactly.
+    const std::vector<uint8_t> all = mem.download();
+    const auto* base = all.data();
+    auto at = [&](const void* dev) {
+      return base + (static_cast<const uint8_t*>(dev) - mem.get());
+    };
+    const uint8_t* c13 = at(wf.w13);
+    const auto* s13 = reinterpret_cast<const float*>(at(wf.s13));
+    std::vector<float> row(static_cast<size_t>(hidden));
+    for (int64_t e = 0; e < 2; ++e) {
+      for (int64_t r = 0; r < 2 * inter; ++r) {
+        const TestWeight* w = r < inter ? ex.w1[e] : ex.w3[e];
+        w->host.dequant_row(r % inter, row.data());
+        for (int64_t c = 0; c < hidden; ++c) {
+          const float s = s13[(e * (hidden / 128) + c / 128) * 2 * inter + r];
+          const float v = numeric::fp8_e4m3_to_f32(c13[(e * 2 * inter + r) * hidden + c]) * s;
+          ASSERT_EQ(v, row[c]) << "expert " << e << " row " << r << " col " << c;
+        }
+      }
+    }
+  }
+}
+
+#endif  // DSINFER_HAVE_CUTLASS
 
 TEST(GpuOpsArgs, MoeValidates) {
   EXPECT_EQ(launch_moe_route(MoeRouteParams{.n = 1, .n_experts = 4, .k = 5}, nullptr).code(),

@@ -91,6 +91,13 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
   }
   DSI_ASSIGN_OR_RETURN(m->weights_,
                        DeviceWeights::upload(m->config_, weights, expert_first, expert_count));
+  if (numerics == model::Numerics::kDeepSeek && options.comm == nullptr && options.moe_fp8_copy &&
+      !options.batch_invariant) {
+    DSI_ASSIGN_OR_RETURN(m->stats_.moe_fp8_layers,
+                         m->weights_->add_moe_fp8_copies(options.moe_fp8_reserve_bytes));
+  }
+  if (!options.batch_invariant)
+    DSI_RETURN_IF_ERROR(m->weights_->add_wo_a_bf16_copies().status());
   DSI_ASSIGN_OR_RETURN(m->stream_, device::Stream::create(true));
   m->ws_ = std::make_unique<Workspace>();
   m->stats_.weight_bytes = m->weights_->bytes();
@@ -344,9 +351,11 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
 
   bool decode =
       options_.cuda_graphs && static_cast<int64_t>(active.size()) <= options_.max_graph_batch;
+  decode_step_ = true;  // kernel choices of decode steps must not depend on graphs (moe_sm90)
   for (size_t i : active) {
-    decode = decode && items[i].tokens.size() == 1 && !items[i].options.run_mtp;
+    decode_step_ = decode_step_ && items[i].tokens.size() == 1 && !items[i].options.run_mtp;
   }
+  decode = decode && decode_step_;
   // Spans of the main pass.
   std::vector<SeqSpan> spans;
   std::vector<int32_t> tokens;
@@ -635,7 +644,7 @@ Status CudaModel::launch_all(Launch& L) {
     me.out = e;
     DSI_RETURN_IF_ERROR(cuda::launch_embed(me, s));
     DSI_RETURN_IF_ERROR(rms_norm(e, nm, hidden, w.enorm, eps, s));
-    DSI_RETURN_IF_ERROR(linear(ws_.get(), w.e_proj, e, nm, eproj, q8(), s));
+    DSI_RETURN_IF_ERROR(linear(lin(), w.e_proj, e, nm, eproj, q8(), s));
     cuda::GatherRowsParams gp;
     gp.pool = pool_;
     gp.local = x;
@@ -653,7 +662,7 @@ Status CudaModel::launch_all(Launch& L) {
     gp.dst = xm;
     DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
     // h_proj(h) + e_proj(e), as the CPU adds them.
-    DSI_RETURN_IF_ERROR(linear(ws_.get(), w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true));
+    DSI_RETURN_IF_ERROR(linear(lin(), w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true));
     DSI_RETURN_IF_ERROR(launch_layer(w.layer,
                                      c.mtp_layers[0],
                                      L.mtp.layers[0],

@@ -30,6 +30,8 @@
 
 namespace dsinfer::gpu {
 
+struct LinearCtx;  // launch_helpers.h
+
 struct CudaModelOptions {
   int device = 0;
   // Expert parallelism (docs/parallel.md): this rank's communicator. The routed experts are
@@ -39,12 +41,21 @@ struct CudaModelOptions {
   std::shared_ptr<comm::Comm> comm;
   bool cuda_graphs = true;        // replay decode steps from CUDA graphs
   int64_t max_graph_batch = 256;  // decode batches above this run eagerly
+  // Every linear on the kernels whose summation order is the same at every batch size, so a
+  // token's logits do not depend on what else is in the batch (no wgmma GEMMs: slower prefill).
+  bool batch_invariant = false;
+  // `deepseek` numerics without expert parallelism: re-encode the MXFP4 routed experts once into
+  // E4M3 for the grouped wgmma path of prefill-sized batches (moe_sm90.h; 2x the expert bytes),
+  // layer by layer while moe_fp8_reserve_bytes of device memory stay free.
+  bool moe_fp8_copy = true;
+  int64_t moe_fp8_reserve_bytes = int64_t{8} << 30;
 };
 
 struct CudaModelStats {
   int64_t forwards = 0;
   int64_t graph_replays = 0;
   int64_t graph_captures = 0;
+  int64_t moe_fp8_layers = 0;  // layers with the re-encoded experts (CudaModelOptions)
   int64_t weight_bytes = 0;
   int64_t pool_bytes = 0;
   int64_t workspace_bytes = 0;
@@ -146,6 +157,12 @@ class CudaModel final : public backend::Model {
     return t == model::RopeTable::kMain ? weights_->inv_freq_main : weights_->inv_freq_compress;
   }
   bool q8() const { return numerics_ == model::Numerics::kDeepSeek; }
+  LinearCtx lin() const;  // forward_launch.cc
+  // Whether this MoE call of n tokens takes the grouped wgmma path (moe_sm90.h).
+  static constexpr int64_t kMoeSm90MinTokens = 128;
+  bool use_moe_sm90(const DMoe& w, int64_t n) const;
+  bool use_moe_sm90_rows(int64_t n) const;
+  Status moe_sm90_scratch(cuda::MoeSm90Params* p);  // from the workspace, 256-byte aligned
 
   model::ModelConfig config_;
   model::Numerics numerics_;
@@ -177,6 +194,7 @@ class CudaModel final : public backend::Model {
   Status mark(size_t i);
   CudaModelStats stats_;
   bool profile_ = false;
+  bool decode_step_ = false;  // the batch being launched is one token per sequence
   bool profiling_now_ = false;
   std::vector<cudaEvent_t> events_;
   std::vector<float> profile_ms_;

@@ -10,6 +10,7 @@
 #include "base/check.h"
 #include "base/strings.h"
 #include "device/device_error.h"
+#include "kernels/cuda/dequant.h"
 #include "kernels/cuda/fp8_gemm.h"
 
 namespace dsinfer::gpu {
@@ -238,7 +239,126 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const model::ModelC
   return d;
 }
 
+Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes) {
+#if DSINFER_HAVE_CUTLASS
+  int* inexact = nullptr;
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaMalloc(reinterpret_cast<void**>(&inexact), sizeof(int)),
+                         "cudaMalloc (re-encode counter)"));
+  int64_t done = 0;
+  Status st;
+  // One expert set (device MatrixRef arrays) -> its E4M3 copy in *out, when it fits and is exact.
+  auto copy_set = [&](const MatrixRef* w1,
+                      const MatrixRef* w3,
+                      const MatrixRef* w2,
+                      WeightFormat format,
+                      int64_t n_experts,
+                      int64_t inter,
+                      cuda::MoeFp8Weights* out) -> Status {
+    MatrixRef first;
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpy(&first, w1, sizeof(MatrixRef), cudaMemcpyDeviceToHost), "expert table"));
+    const int64_t hidden = first.cols;
+    if (!cuda::moe_sm90_supports(hidden, inter))
+      return Status();
+    const int64_t bytes = cuda::moe_fp8_weights_bytes(n_experts, hidden, inter);
+    size_t free_b = 0;
+    size_t total_b = 0;
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"));
+    if (static_cast<int64_t>(free_b) < bytes + reserve_bytes)
+      return Status();  // does not fit: these experts keep the W4A8/W8A8 kernels only
+    void* mem = nullptr;
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMalloc(&mem, static_cast<size_t>(bytes)),
+                                           "cudaMalloc (FP8 expert copy)"));
+    const cuda::MoeFp8Weights w = cuda::moe_fp8_weights_carve(mem, n_experts, hidden, inter);
+    DSI_RETURN_IF_ERROR(
+        device::check_cuda(cudaMemset(inexact, 0, sizeof(int)), "re-encode counter"));
+    DSI_RETURN_IF_ERROR(cuda::launch_moe_fp8_reencode(w1, w3, w2, format, w, inexact, nullptr));
+    int bad = 0;
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpy(&bad, inexact, sizeof(int), cudaMemcpyDeviceToHost), "re-encode counter"));
+    if (bad > 0) {
+      // Not exact in E4M3: keep the W4A8 kernels for these experts.
+      DSI_RETURN_IF_ERROR(device::check_cuda(cudaFree(mem), "cudaFree (FP8 expert copy)"));
+      return Status();
+    }
+    fp8_mem_.push_back(mem);
+    bytes_ += bytes;
+    *out = w;
+    return Status();
+  };
+  auto convert = [&](DMoe& m) -> Status {
+    if (m.routed_fast && m.num_local_experts > 0 && m.routed_fp8.n_experts == 0) {
+      DSI_RETURN_IF_ERROR(
+          copy_set(m.w1, m.w3, m.w2, m.routed_format, m.num_local_experts, m.inter, &m.routed_fp8));
+      done += m.routed_fp8.n_experts > 0;
+    }
+    if (m.shared_fast && m.shared_inter > 0 && m.shared_fp8.n_experts == 0) {
+      DSI_RETURN_IF_ERROR(copy_set(m.shared_w1,
+                                   m.shared_w3,
+                                   m.shared_w2,
+                                   m.shared_format,
+                                   1,
+                                   m.shared_inter,
+                                   &m.shared_fp8));
+    }
+    return Status();
+  };
+  for (DLayer& l : layers) {
+    st = convert(l.moe);
+    if (!st.ok())
+      break;
+  }
+  for (DMtp& t : mtp) {
+    if (!st.ok())
+      break;
+    st = convert(t.layer.moe);
+  }
+  const cudaError_t err = cudaFree(inexact);
+  DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
+  DSI_RETURN_IF_ERROR(st);
+  return done;
+#else
+  (void)reserve_bytes;
+  return int64_t{0};
+#endif
+}
+
+Result<int64_t> DeviceWeights::add_wo_a_bf16_copies() {
+#if DSINFER_HAVE_CUTLASS
+  int64_t done = 0;
+  auto convert = [&](DAttention& a) -> Status {
+    const MatrixRef& w = a.wo_a;
+    if (w.empty() || w.format != WeightFormat::kFp8Block128 || !a.wo_a_bf16.empty())
+      return Status();
+    void* mem = nullptr;
+    const size_t bytes = static_cast<size_t>(w.rows * w.cols * 2);
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMalloc(&mem, bytes), "cudaMalloc (BF16 wo_a)"));
+    fp8_mem_.push_back(mem);
+    bytes_ += static_cast<int64_t>(bytes);
+    DSI_RETURN_IF_ERROR(cuda::fp8_block_to_bf16(w, static_cast<uint16_t*>(mem), nullptr));
+    a.wo_a_bf16 = w;
+    a.wo_a_bf16.format = WeightFormat::kFloat;
+    a.wo_a_bf16.dtype = DType::kBF16;
+    a.wo_a_bf16.data = mem;
+    a.wo_a_bf16.scale = nullptr;
+    ++done;
+    return Status();
+  };
+  for (DLayer& l : layers) DSI_RETURN_IF_ERROR(convert(l.attn));
+  for (DMtp& t : mtp) DSI_RETURN_IF_ERROR(convert(t.layer.attn));
+  DSI_RETURN_IF_ERROR(device::check_cuda(cudaDeviceSynchronize(), "BF16 wo_a copies"));
+  return done;
+#else
+  return int64_t{0};
+#endif
+}
+
 DeviceWeights::~DeviceWeights() {
+  for (void* p : fp8_mem_) {
+    const cudaError_t err = cudaFree(p);
+    DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
+  }
   for (void* p : {mem_, refs_mem_}) {
     if (p == nullptr)
       continue;

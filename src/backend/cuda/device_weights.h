@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cuda/moe_sm90.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "tensor/matrix_ref.h"
@@ -29,6 +30,7 @@ struct DCompressor {
 
 struct DAttention {
   MatrixRef wq_a, wq_b, wkv, wo_a, wo_b;
+  MatrixRef wo_a_bf16;  // add_wo_a_bf16_copies: BF16 wo_a, or empty
   const float* q_norm = nullptr;
   const float* kv_norm = nullptr;
   const float* sinks = nullptr;
@@ -59,6 +61,10 @@ struct DMoe {
   bool shared_fast = false;
   WeightFormat routed_format = WeightFormat::kMxfp4;
   WeightFormat shared_format = WeightFormat::kFp8Block128;
+  // The routed experts re-encoded for the grouped wgmma path (moe_sm90.h; add_moe_fp8_copies),
+  // or n_experts == 0 when this layer has none.
+  cuda::MoeFp8Weights routed_fp8;
+  cuda::MoeFp8Weights shared_fp8;  // the shared expert, likewise
 };
 
 struct DLayer {
@@ -100,10 +106,20 @@ class DeviceWeights {
   const float* inv_freq_compress = nullptr;
   int64_t bytes() const { return bytes_; }
 
+  // Builds every layer's routed-expert copy for the grouped wgmma path (moe_sm90.h: E4M3 with
+  // per-row 128-block scales, twice the bytes of MXFP4) while the device keeps reserve_bytes
+  // free. A layer whose experts E4M3 cannot hold exactly, or that does not fit, keeps none and
+  // runs the W4A8 kernels only. Returns how many layers got a copy (0 in builds without CUTLASS).
+  Result<int64_t> add_moe_fp8_copies(int64_t reserve_bytes);
+  // Gives every FP8 wo_a a BF16 copy (DAttention::wo_a_bf16, exact) for the wgmma BF16x2 path of
+  // prefill-sized batches; builds without CUTLASS make none. Returns the copies made.
+  Result<int64_t> add_wo_a_bf16_copies();
+
  private:
   DeviceWeights() = default;
   void* mem_ = nullptr;
   void* refs_mem_ = nullptr;
+  std::vector<void*> fp8_mem_;  // add_moe_fp8_copies
   int64_t bytes_ = 0;
 };
 

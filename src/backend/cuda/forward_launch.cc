@@ -15,6 +15,35 @@
 
 namespace dsinfer::gpu {
 
+LinearCtx CudaModel::lin() const {
+  return LinearCtx{ws_.get(), !options_.batch_invariant};
+}
+
+bool CudaModel::use_moe_sm90_rows(int64_t n) const {
+  // Prefill-sized batches only: decode steps (which CUDA graphs replay) keep the W4A8 kernels,
+  // which read half the expert bytes, whatever their batch size, so graphs equal eager.
+  return n >= kMoeSm90MinTokens && !options_.batch_invariant && !decode_step_;
+}
+
+bool CudaModel::use_moe_sm90(const DMoe& w, int64_t n) const {
+  return w.routed_fp8.n_experts > 0 && use_moe_sm90_rows(n);
+}
+
+Status CudaModel::moe_sm90_scratch(cuda::MoeSm90Params* p) {
+#if DSINFER_HAVE_CUTLASS
+  p->scratch_bytes =
+      cuda::moe_sm90_scratch_bytes(p->w.n_experts, p->num_pairs, p->w.hidden, p->w.inter);
+  uint8_t* scratch = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&scratch, p->scratch_bytes + 256));
+  p->scratch =
+      reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch) + 255) & ~uintptr_t{255});
+  return Status();
+#else
+  (void)p;
+  return unimplemented("moe_sm90: built without CUTLASS");
+#endif
+}
+
 using model::AttentionType;
 
 Status CudaModel::launch_compressor(const DCompressor& w,
@@ -38,8 +67,8 @@ Status CudaModel::launch_compressor(const DCompressor& w,
   DSI_RETURN_IF_ERROR(ws_->get(&score, n * width));
   DSI_RETURN_IF_ERROR(ws_->get(&local, n * 2 * width));
   DSI_RETURN_IF_ERROR(
-      linear(ws_.get(), w.wkv, u, n, kv, false, s));  // compressor projections stay fp32
-  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.wgate, u, n, score, false, s));
+      linear(lin(), w.wkv, u, n, kv, false, s));  // compressor projections stay fp32
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wgate, u, n, score, false, s));
   cuda::CompressorAppendParams ap;
   ap.kv = kv;
   ap.score = score;
@@ -100,15 +129,15 @@ Status CudaModel::launch_attention(const DAttention& w,
   float* q = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&qr, n * c.q_lora_rank));
   DSI_RETURN_IF_ERROR(ws_->get(&q, n * heads * hd));
-  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.wq_a, u, n, qr, q8, s));
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_a, u, n, qr, q8, s));
   DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
-  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.wq_b, qr, n, q, q8, s));
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_b, qr, n, q, q8, s));
   DSI_RETURN_IF_ERROR(rms_norm(q, n * heads, hd, nullptr, eps, s));
   DSI_RETURN_IF_ERROR(rope(q, n, heads, hd, positions, freqs, rd / 2, false, s));
   // The shared K=V vector (chunk-local until it is written to the ring after attention).
   float* kv = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
-  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.wkv, u, n, kv, q8, s));
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wkv, u, n, kv, q8, s));
   DSI_RETURN_IF_ERROR(rms_norm(kv, n, hd, w.kv_norm, eps, s));
   DSI_RETURN_IF_ERROR(rope(kv, n, 1, hd, positions, freqs, rd / 2, false, s));
   if (numerics_ == model::Numerics::kDeepSeek) {
@@ -135,8 +164,8 @@ Status CudaModel::launch_attention(const DAttention& w,
     float* hw = nullptr;
     DSI_RETURN_IF_ERROR(ws_->get(&qi, n * ih * ihd));
     DSI_RETURN_IF_ERROR(ws_->get(&hw, n * ih));
-    DSI_RETURN_IF_ERROR(linear(ws_.get(), w.indexer_wq_b, qr, n, qi, q8, s));
-    DSI_RETURN_IF_ERROR(linear(ws_.get(), w.indexer_weights_proj, u, n, hw, false, s));
+    DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_wq_b, qr, n, qi, q8, s));
+    DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_weights_proj, u, n, hw, false, s));
     DSI_RETURN_IF_ERROR(rope(qi, n, ih, ihd, positions, freqs, rd / 2, false, s));
     if (numerics_ == model::Numerics::kDeepSeek) {
       cuda::QuantSimParams qs;
@@ -209,7 +238,9 @@ Status CudaModel::launch_attention(const DAttention& w,
   sp.sinks = w.sinks;
   sp.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   sp.out = o;
-  sp.split_scratch_floats = cuda::sink_attention_scratch_floats(n, heads, hd);
+  // Split key lists (few queries) sum in an order that depends on the batch: not when invariant.
+  sp.split_scratch_floats =
+      options_.batch_invariant ? 0 : cuda::sink_attention_scratch_floats(n, heads, hd);
   if (sp.split_scratch_floats > 0)
     DSI_RETURN_IF_ERROR(ws_->get(&sp.split_scratch, sp.split_scratch_floats));
   DSI_RETURN_IF_ERROR(cuda::launch_sink_attention(sp, s));
@@ -227,6 +258,23 @@ Status CudaModel::launch_attention(const DAttention& w,
   const int64_t group_in = heads * hd / groups;
   float* z = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&z, n * groups * olr));
+  if (lin().wgmma && n > 0 && n <= cuda::kGemvMaxTokens && cuda::gemv_fp8_supports(w.wo_a) &&
+      w.wo_a.cols == group_in && group_in % 4 == 0) {
+    // Decode: the FP8 weight streamed once by the GEMV, straight from fp32 o.
+    cuda::GemvFp8Params p;
+    p.w = w.wo_a;
+    p.rows = olr;
+    p.x = o;
+    p.ldx = heads * hd;
+    p.n = n;
+    p.y = z;
+    p.ldy = groups * olr;
+    p.groups = groups;
+    p.group_x = group_in;
+    p.group_y = olr;
+    DSI_RETURN_IF_ERROR(cuda::launch_gemv_fp8(p, s));
+    return linear(lin(), w.wo_b, z, n, f, q8, s);
+  }
   if (n > 0 && cuda::bf16x2_gemm_supports(w.wo_a) && w.wo_a.cols == group_in &&
       group_in % 64 == 0) {
     // o split into BF16 halves once; group g reads its columns [g * group_in, +group_in), all
@@ -234,7 +282,9 @@ Status CudaModel::launch_attention(const DAttention& w,
     cuda::Bf16SplitActs oh;
     DSI_RETURN_IF_ERROR(split_bf16(ws_.get(), o, n, heads * hd, 0, s, &oh));
     cuda::Bf16x2LinearParams p;
-    p.w = w.wo_a;
+    // Prefill-sized batches read the BF16 copy (the wgmma path); decode reads the FP8 weight.
+    const bool wide = lin().wgmma && n >= cuda::kBf16Sm90MinRows && !w.wo_a_bf16.empty();
+    p.w = wide ? w.wo_a_bf16 : w.wo_a;
     p.rows = olr;
     p.x = oh;
     p.n = n;
@@ -243,8 +293,9 @@ Status CudaModel::launch_attention(const DAttention& w,
     p.groups = groups;
     p.group_x = group_in;
     p.group_y = olr;
+    p.wgmma = lin().wgmma;
     DSI_RETURN_IF_ERROR(cuda::launch_bf16x2_linear(p, s));
-    return linear(ws_.get(), w.wo_b, z, n, f, q8, s);
+    return linear(lin(), w.wo_b, z, n, f, q8, s);
   }
   for (int64_t g = 0; g < groups; ++g) {
     cuda::LinearParams p;
@@ -258,7 +309,7 @@ Status CudaModel::launch_attention(const DAttention& w,
     p.ldy = groups * olr;
     DSI_RETURN_IF_ERROR(cuda::launch_linear(p, s));
   }
-  return linear(ws_.get(), w.wo_b, z, n, f, q8, s);
+  return linear(lin(), w.wo_b, z, n, f, q8, s);
 }
 
 // The experts of `p` (the reference ExpertFfnParams) on the FP8 tensor-core kernels, over the
@@ -311,7 +362,7 @@ Status CudaModel::launch_moe(const DMoe& w,
   DSI_RETURN_IF_ERROR(ws_->get(&gates, n * k));
   DSI_RETURN_IF_ERROR(ws_->get(&hs, n * w.shared_inter));
   DSI_RETURN_IF_ERROR(ws_->get(&ys, n * hidden));
-  DSI_RETURN_IF_ERROR(linear(ws_.get(), w.gate, u, n, logits, false, s));  // router in fp32
+  DSI_RETURN_IF_ERROR(linear(lin(), w.gate, u, n, logits, false, s));  // router in fp32
   cuda::MoeRouteParams rp;
   rp.logits = logits;
   rp.n = n;
@@ -360,7 +411,20 @@ Status CudaModel::launch_moe(const DMoe& w,
   cuda::Fp8Acts uq;
   if (fast_shared || fast_routed)
     DSI_RETURN_IF_ERROR(quantize_fp8(ws_.get(), u, n, hidden, s, &uq));
-  if (fast_shared) {
+  if (fast_shared && w.shared_fp8.n_experts > 0 && use_moe_sm90_rows(n)) {
+#if DSINFER_HAVE_CUTLASS
+    // Prefill-sized: the shared expert as a one-expert grouped wgmma GEMM (moe_sm90.h).
+    cuda::MoeSm90Params mp;
+    mp.w = w.shared_fp8;
+    mp.k = 1;
+    mp.x = uq;
+    mp.num_pairs = n;
+    mp.swiglu_limit = static_cast<float>(c.swiglu_limit);
+    DSI_RETURN_IF_ERROR(moe_sm90_scratch(&mp));
+    mp.y = ys;
+    DSI_RETURN_IF_ERROR(cuda::launch_moe_sm90(mp, s));
+#endif
+  } else if (fast_shared) {
     DSI_RETURN_IF_ERROR(fp8_experts(sp, w.shared_format, uq, s));
   } else {
     DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
@@ -401,7 +465,22 @@ Status CudaModel::launch_moe(const DMoe& w,
   ep.num_pairs = n * k;
   ep.h = h;
   ep.y = y;
-  if (fast_routed) {
+  if (fast_routed && use_moe_sm90(w, n)) {
+#if DSINFER_HAVE_CUTLASS
+    cuda::MoeSm90Params mp;
+    mp.w = w.routed_fp8;
+    mp.expert_begin = expert_begin;
+    mp.pair_src = pair_src;
+    mp.k = k;
+    mp.gates = gates;
+    mp.x = uq;
+    mp.num_pairs = n * k;
+    mp.swiglu_limit = static_cast<float>(c.swiglu_limit);
+    DSI_RETURN_IF_ERROR(moe_sm90_scratch(&mp));
+    mp.y = y;
+    DSI_RETURN_IF_ERROR(cuda::launch_moe_sm90(mp, s));
+#endif
+  } else if (fast_routed) {
     DSI_RETURN_IF_ERROR(fp8_experts(ep, w.routed_format, uq, s));
   } else {
     DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(ep, s));
@@ -506,11 +585,9 @@ Status CudaModel::launch_head(
   DSI_RETURN_IF_ERROR(
       rms_norm(u, rows, c.hidden_size, norm, static_cast<float>(c.rms_norm_eps), s));
   // LM head in fp32. A few rows (decode, last-token logits) stream the BF16 weights with the GEMV,
-  // whose per-token result does not depend on the row count; more rows take the tensor cores.
-  // Only here: the head's output is logits, not state, so the two paths' ulp-level difference
-  // never feeds back into a sequence (state-producing linears keep one path for every batch).
+  // more rows take the tensor cores (linear()); batch-invariant mode keeps the latter for all.
   const MatrixRef& head = weights_->head;
-  if (rows <= cuda::kGemvMaxTokens && cuda::gemv_supports(head) &&
+  if (lin().wgmma && rows <= cuda::kGemvMaxTokens && cuda::gemv_supports(head) &&
       (reinterpret_cast<uintptr_t>(u) & 15u) == 0) {
     cuda::GemvParams g;
     g.w = head;
@@ -519,7 +596,7 @@ Status CudaModel::launch_head(
     g.y = logits;
     return cuda::launch_gemv_bf16(g, s);
   }
-  return linear(ws_.get(), head, u, rows, logits, false, s);
+  return linear(lin(), head, u, rows, logits, false, s);
 }
 
 }  // namespace dsinfer::gpu

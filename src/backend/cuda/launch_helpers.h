@@ -11,6 +11,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 
 namespace dsinfer::gpu {
 
@@ -58,11 +59,19 @@ inline Status split_bf16(Workspace* ws,
   return Status();
 }
 
+// Where linear() takes its scratch from, and whether many-row FP8 linears may use the wgmma
+// kernels (fp8_gemm.h: faster, but their summation order differs from the small-batch kernels';
+// off = batch invariant).
+struct LinearCtx {
+  Workspace* ws = nullptr;
+  bool wgmma = true;
+};
+
 // y = W x over n rows of x: with FP8 activations (q8) and an FP8 block weight, on the tensor cores
 // (activations quantised once into ws); fp32 activations over BF16 or FP8 weights on the BF16
 // tensor cores (split into BF16 halves); otherwise (MXFP4 or F32 weights unquantised, odd K) the
 // reference tile of gemm.h.
-inline Status linear(Workspace* ws,
+inline Status linear(const LinearCtx& ctx,
                      const MatrixRef& w,
                      const float* x,
                      int64_t n,
@@ -70,6 +79,7 @@ inline Status linear(Workspace* ws,
                      bool q8,
                      cudaStream_t s,
                      bool accumulate = false) {
+  Workspace* ws = ctx.ws;
   if (q8 && n > 0 && w.format == WeightFormat::kFp8Block128 && cuda::fp8_gemm_supports(w)) {
     cuda::Fp8LinearParams p;
     p.w = w;
@@ -77,7 +87,21 @@ inline Status linear(Workspace* ws,
     p.n = n;
     p.y = y;
     p.accumulate = accumulate;
+    p.wgmma = ctx.wgmma;
+    p.scratch_floats = ctx.wgmma ? cuda::fp8_linear_scratch_floats(w, -1, n) : 0;
+    if (p.scratch_floats > 0)
+      DSI_RETURN_IF_ERROR(ws->get(&p.scratch, p.scratch_floats));
     return cuda::launch_fp8_linear(p, s);
+  }
+  if (!q8 && ctx.wgmma && n > 0 && n <= cuda::kGemvMaxTokens && cuda::gemv_supports(w)) {
+    // Few tokens over BF16 weights: the bandwidth-bound GEMV (fp32 FMAs on the exact weights).
+    cuda::GemvParams p;
+    p.w = w;
+    p.x = x;
+    p.n = n;
+    p.y = y;
+    p.accumulate = accumulate;
+    return cuda::launch_gemv_bf16(p, s);
   }
   if (!q8 && n > 0 && cuda::bf16x2_gemm_supports(w)) {
     cuda::Bf16x2LinearParams p;
@@ -86,6 +110,7 @@ inline Status linear(Workspace* ws,
     p.n = n;
     p.y = y;
     p.accumulate = accumulate;
+    p.wgmma = ctx.wgmma;
     return cuda::launch_bf16x2_linear(p, s);
   }
   cuda::LinearParams p;

@@ -85,9 +85,9 @@ __global__ void __launch_bounds__(256, 1)
     for (int i = threadIdx.x; i < rows * HALF; i += nthreads) {
       const int r = i / HALF;
       const int c = (i % HALF) * 2;
-      const float a = r < heads ? q[r * D + c] : 0.0f;
-      const float b = r < heads ? q[r * D + c + 1] : 0.0f;
-      store_pair(qh + r * SD + c, ql + r * SD + c, a, b);
+      const float2 v = r < heads ? *reinterpret_cast<const float2*>(q + r * D + c)
+                                 : make_float2(0.0f, 0.0f);  // q rows: D floats, 8-byte aligned
+      store_pair(qh + r * SD + c, ql + r * SD + c, v.x, v.y);
     }
     const int64_t kb = p.key_begin[qi];
     const int64_t ke = p.key_begin[qi + 1];
@@ -113,7 +113,13 @@ __global__ void __launch_bounds__(256, 1)
         const int c = (i % HALF) * 2;
         const int64_t idx = base + j;
         const float* kp = idx < ke ? kv_ref_ptr(p.pool, p.local, p.key_refs[idx]) : nullptr;
-        store_pair(kh + j * SD + c, kl + j * SD + c, kp ? kp[c] : 0.0f, kp ? kp[c + 1] : 0.0f);
+        float2 v = make_float2(0.0f, 0.0f);
+        if (kp != nullptr) {
+          v = (reinterpret_cast<uintptr_t>(kp) & 7u) == 0
+                  ? *reinterpret_cast<const float2*>(kp + c)
+                  : make_float2(kp[c], kp[c + 1]);  // rows need not be 8-byte aligned
+        }
+        store_pair(kh + j * SD + c, kl + j * SD + c, v.x, v.y);
         if (c == 0)
           valid[j] = kp != nullptr;
       }
@@ -277,27 +283,34 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
-// Merges the splits of one (query, head) per block, in split order.
+constexpr int kMaxSplits = 8;
+
+// Merges the splits of one (query, head) per block, in split order: the split weights
+// exp(m_s - max) / denominator once per row, then the weighted accumulators per dim.
 __global__ void sink_attention_merge_kernel(
     const float* part, int64_t nq, int64_t heads, int64_t dim, int nsplit, float* out) {
+  __shared__ float wsplit[kMaxSplits];
   const int64_t stride = dim + 2;
   for (int64_t row = blockIdx.x; row < nq * heads; row += gridDim.x) {
-    float mx = -INFINITY;
-    for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, part[(s * nq * heads + row) * stride + dim]);
-    float denom = 0.0f;
-    for (int s = 0; s < nsplit; ++s) {
-      const float* b = part + (s * nq * heads + row) * stride;
-      denom += b[dim + 1] * expf(b[dim] - mx);
-    }
-    const float inv = 1.0f / denom;
-    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-      float acc = 0.0f;
+    if (threadIdx.x == 0) {
+      float mx = -INFINITY;
+      for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, part[(s * nq * heads + row) * stride + dim]);
+      float denom = 0.0f;
       for (int s = 0; s < nsplit; ++s) {
         const float* b = part + (s * nq * heads + row) * stride;
-        acc += b[d] * expf(b[dim] - mx);
+        wsplit[s] = expf(b[dim] - mx);
+        denom += b[dim + 1] * wsplit[s];
       }
-      out[row * dim + d] = acc * inv;
+      const float inv = 1.0f / denom;
+      for (int s = 0; s < nsplit; ++s) wsplit[s] *= inv;
     }
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int s = 0; s < nsplit; ++s) acc += part[(s * nq * heads + row) * stride + d] * wsplit[s];
+      out[row * dim + d] = acc;
+    }
+    __syncthreads();
   }
 }
 
@@ -469,8 +482,9 @@ Status launch_indexer_di(const IndexerScoreParams& p, cudaStream_t stream) {
 int64_t sink_attention_splits(int64_t nq) {
   if (nq <= 0)
     return 1;
-  // Enough blocks for the 132 SMs of an H200 at small batches; one block per query otherwise.
-  return std::clamp<int64_t>(264 / nq, 1, 32);
+  // Enough blocks for the 132 SMs of an H200 at small batches (each split stages all of q, so
+  // at most kMaxSplits); one block per query otherwise.
+  return std::clamp<int64_t>(264 / nq, 1, kMaxSplits);
 }
 
 int64_t sink_attention_scratch_floats(int64_t nq, int64_t heads, int64_t dim) {

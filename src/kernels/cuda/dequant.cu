@@ -37,6 +37,23 @@ __global__ void fp8_block_dequant_kernel(Fp8BlockDequantParams p) {
   }
 }
 
+// The same values as BF16 bit patterns (exact: 4 significant bits times a power of two).
+__global__ void fp8_block_to_bf16_kernel(Fp8BlockDequantParams p, uint16_t* out) {
+  const int64_t scale_cols = (p.cols + 127) / 128;
+  const int64_t cstride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const uint8_t* q = p.codes + r * p.cols;
+    uint16_t* o = out + r * p.cols;
+    const int64_t srow = (r / 128) * scale_cols;
+    for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < p.cols;
+         c += cstride) {
+      const float v =
+          numeric::fp8_e4m3_to_f32(q[c]) * fp8_block_scale(p.scales, p.scales_f32, srow + c / 128);
+      o[c] = static_cast<uint16_t>(__float_as_uint(v) >> 16);  // exact: low half is zero
+    }
+  }
+}
+
 // One thread per packed byte: columns 2k (low nibble) and 2k+1 (high nibble) share a scale.
 __global__ void mxfp4_dequant_kernel(Mxfp4DequantParams p) {
   const int64_t half = p.cols / 2;
@@ -133,6 +150,25 @@ Status launch_act_quant_fp8(const ActQuantParams& p, cudaStream_t stream) {
   const int64_t blocks = std::min(ceil_div(nwork, kThreads / 32), int64_t{8192});
   act_quant_fp8_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
   return launched("act_quant_fp8 launch");
+}
+
+Status fp8_block_to_bf16(const MatrixRef& w, uint16_t* out, cudaStream_t stream) {
+  if (w.format != WeightFormat::kFp8Block128 || w.dtype != DType::kF8E4M3 ||
+      (w.scale_dtype != DType::kF8E8M0 && w.scale_dtype != DType::kF32)) {
+    return invalid_argument("fp8_block_to_bf16: not an FP8 block-128 weight");
+  }
+  if (w.rows == 0 || w.cols == 0)
+    return Status();
+  if (!w.data || !w.scale || !out)
+    return null_pointer("fp8_block_to_bf16");
+  Fp8BlockDequantParams p;
+  p.codes = static_cast<const uint8_t*>(w.data);
+  p.scales = w.scale;
+  p.scales_f32 = w.scale_dtype == DType::kF32;
+  p.rows = w.rows;
+  p.cols = w.cols;
+  fp8_block_to_bf16_kernel<<<row_col_grid(w.rows, w.cols), kThreads, 0, stream>>>(p, out);
+  return launched("fp8_block_to_bf16 launch");
 }
 
 Status dequant_matrix(const MatrixRef& w, float* out, cudaStream_t stream) {

@@ -56,4 +56,7 @@ Status launch_act_quant_fp8(const ActQuantParams& p, cudaStream_t stream);
 // (a device-to-device copy); other float dtypes are kUnimplemented for now.
 Status dequant_matrix(const MatrixRef& w, float* out, cudaStream_t stream);
 
+// An FP8 block-128 weight (device pointers) as BF16 [rows, cols] in out (exact).
+Status fp8_block_to_bf16(const MatrixRef& w, uint16_t* out, cudaStream_t stream);
+
 }  // namespace dsinfer::cuda

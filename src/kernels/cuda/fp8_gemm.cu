@@ -7,7 +7,12 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/fp8_gemm.h"
+#if DSINFER_HAVE_CUTLASS
+#include "kernels/cuda/bf16_gemm_sm90.h"
+#include "kernels/cuda/fp8_gemm_sm90.h"
+#endif
 #include "kernels/cuda/fp8_mma_tile.cuh"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch_util.h"
 
 namespace dsinfer::cuda {
@@ -398,6 +403,40 @@ Status launch_fp8_linear(const Fp8LinearParams& p, cudaStream_t stream) {
     return Status();
   if (!q.y || !q.x.codes || !q.x.scales)
     return null_pointer("fp8_linear");
+  const Fp8LinearPath path = fp8_linear_path(q);
+  if (path == Fp8LinearPath::kGemv) {
+    Fp8GemvParams g;
+    g.w = q.w;
+    g.row_begin = q.row_begin;
+    g.rows = q.rows;
+    g.x_codes = q.x.codes;
+    g.x_scales = q.x.scales;
+    g.x_ld = q.x.ld;
+    g.n = q.n;
+    g.y = q.y;
+    g.ldy = q.ldy;
+    g.accumulate = q.accumulate;
+    g.scratch = q.scratch;
+    g.scratch_floats = q.scratch_floats;
+    return launch_fp8_gemv(g, stream);
+  }
+#if DSINFER_HAVE_CUTLASS
+  if (path == Fp8LinearPath::kWgmma) {
+    const int64_t ldy = q.ldy == 0 ? q.rows : q.ldy;
+    Fp8GemmSm90Args a;
+    a.w = q.w;
+    a.row_begin = q.row_begin;
+    a.rows = q.rows;
+    a.x = q.x;
+    a.n = q.n;
+    a.y = q.y;
+    a.ldy = ldy;
+    a.accumulate = q.accumulate;
+    a.scratch = q.scratch;
+    a.scratch_floats = q.scratch_floats;
+    return launch_fp8_gemm_sm90(a, stream);
+  }
+#endif
   DenseArgs d;
   d.w = q.w;
   d.row_begin = q.row_begin;
@@ -410,6 +449,42 @@ Status launch_fp8_linear(const Fp8LinearParams& p, cudaStream_t stream) {
   d.ldy = q.ldy;
   d.accumulate = q.accumulate;
   return launch_dense_shape<WFmt::kFp8, AMode::kE4m3>(d, stream);
+}
+
+Fp8LinearPath fp8_linear_path(const Fp8LinearParams& p) {
+  if (!p.wgmma)
+    return Fp8LinearPath::kTile;
+  const int64_t rows = p.rows < 0 ? p.w.rows - p.row_begin : p.rows;
+  if (p.n <= kGemvMaxTokens && fp8_gemv_supports(p.w, p.row_begin, rows) &&
+      (p.scratch != nullptr || fp8_gemv_scratch_floats(rows, p.w.cols, p.n) == 0) &&
+      p.scratch_floats >= fp8_gemv_scratch_floats(rows, p.w.cols, p.n)) {
+    return Fp8LinearPath::kGemv;
+  }
+#if DSINFER_HAVE_CUTLASS
+  const int64_t ldy = p.ldy == 0 ? rows : p.ldy;
+  if (p.n >= kFp8Sm90MinRows && p.scratch != nullptr &&
+      fp8_gemm_sm90_supports(p.w, p.row_begin, rows, ldy) &&
+      p.scratch_floats >= fp8_gemm_sm90_scratch_floats(p.n, p.w.cols, rows)) {
+    return Fp8LinearPath::kWgmma;
+  }
+#endif
+  return Fp8LinearPath::kTile;
+}
+
+int64_t fp8_linear_scratch_floats(const MatrixRef& w, int64_t rows, int64_t n) {
+  if (rows < 0)
+    rows = w.rows;
+  if (n <= kGemvMaxTokens && fp8_gemv_supports(w, 0, rows))
+    return fp8_gemv_scratch_floats(rows, w.cols, n);
+#if DSINFER_HAVE_CUTLASS
+  if (n >= kFp8Sm90MinRows && fp8_gemm_sm90_supports(w, 0, rows, rows))
+    return fp8_gemm_sm90_scratch_floats(n, w.cols, rows);
+#else
+  (void)w;
+  (void)rows;
+  (void)n;
+#endif
+  return 0;
 }
 
 bool bf16x2_gemm_supports(const MatrixRef& w) {
@@ -438,6 +513,40 @@ Status launch_split_bf16(const SplitBf16Params& p, cudaStream_t stream) {
   return launched("split_bf16 launch");
 }
 
+#if DSINFER_HAVE_CUTLASS
+namespace {
+Bf16GemmSm90Args bf16_sm90_args(const Bf16x2LinearParams& q) {
+  const int64_t rows = q.rows < 0 ? q.w.rows - q.row_begin : q.rows;
+  Bf16GemmSm90Args a;
+  a.w = static_cast<const uint16_t*>(q.w.data) + q.row_begin * q.w.cols;
+  a.w_ld = q.w.cols;
+  a.rows = rows;
+  a.k = q.w.cols;
+  a.x_hi = q.x.hi;
+  a.x_lo = q.x.lo;
+  a.x_ld = q.x.ld;
+  a.n = q.n;
+  a.y = q.y;
+  a.ldy = q.ldy == 0 ? rows : q.ldy;
+  a.accumulate = q.accumulate;
+  a.groups = q.groups;
+  a.group_x = q.group_x;
+  a.group_y = q.group_y;
+  return a;
+}
+}  // namespace
+#endif
+
+bool bf16x2_linear_uses_wgmma(const Bf16x2LinearParams& p) {
+#if DSINFER_HAVE_CUTLASS
+  return p.wgmma && p.n >= kBf16Sm90MinRows && p.w.format == WeightFormat::kFloat &&
+         p.w.dtype == DType::kBF16 && bf16_gemm_sm90_supports(bf16_sm90_args(p));
+#else
+  (void)p;
+  return false;
+#endif
+}
+
 Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream) {
   Bf16x2LinearParams q = p;
   if (q.rows < 0)
@@ -464,6 +573,10 @@ Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream) {
     return Status();
   if (!q.y || !q.x.hi || !q.x.lo)
     return null_pointer("bf16x2_linear");
+#if DSINFER_HAVE_CUTLASS
+  if (bf16x2_linear_uses_wgmma(q))
+    return launch_bf16_gemm_sm90(bf16_sm90_args(q), stream);
+#endif
   DenseArgs d;
   d.w = q.w;
   d.row_begin = q.row_begin;

@@ -54,8 +54,24 @@ struct Fp8LinearParams {
   float* y = nullptr;  // [n, ldy]
   int64_t ldy = 0;     // 0: rows
   bool accumulate = false;
+  // wgmma (the fast shapes): n <= 8 rows run the GEMV (gemv.h: launch_fp8_gemv) and n >=
+  // kFp8Sm90MinRows the wgmma kernel (fp8_gemm_sm90.h, builds with CUTLASS) when the shape fits
+  // and scratch_floats >= fp8_linear_scratch_floats(w, rows, n). Otherwise, and always with
+  // wgmma false, the mma.sync tile kernels run: their sums are in one fixed order whatever n is
+  // (batch invariant); the other two paths sum in other orders.
+  bool wgmma = true;
+  float* scratch = nullptr;
+  int64_t scratch_floats = 0;
 };
 Status launch_fp8_linear(const Fp8LinearParams& p, cudaStream_t stream);
+// Which kernel launch_fp8_linear(p) runs.
+enum class Fp8LinearPath { kTile, kGemv, kWgmma };
+Fp8LinearPath fp8_linear_path(const Fp8LinearParams& p);
+
+inline constexpr int64_t kFp8Sm90MinRows = 64;
+// Scratch floats launch_fp8_linear's wgmma path needs for n rows of w (rows < 0: all); 0 when it
+// would not take that path.
+int64_t fp8_linear_scratch_floats(const MatrixRef& w, int64_t rows, int64_t n);
 
 // The grouped SwiGLU experts of moe.h (ExpertFfnParams) over FP8 activations: pairs grouped by
 // expert (expert_begin, pair_src as launch_moe_group makes them; null = one expert over all
@@ -131,7 +147,13 @@ struct Bf16x2LinearParams {
   int64_t groups = 1;
   int64_t group_x = 0;  // elements, a multiple of 8
   int64_t group_y = 0;
+  // BF16 weights, n >= kBf16Sm90MinRows, a build with CUTLASS: the wgmma path (bf16_gemm_sm90.h;
+  // another summation order than the fixed-order kernel, so off = batch invariant).
+  bool wgmma = true;
 };
 Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream);
+inline constexpr int64_t kBf16Sm90MinRows = 128;
+// Whether launch_bf16x2_linear(p) takes the wgmma path.
+bool bf16x2_linear_uses_wgmma(const Bf16x2LinearParams& p);
 
 }  // namespace dsinfer::cuda

@@ -1,7 +1,12 @@
-// Few-token BF16 linear (gemv.h): one warp per group of kRows weight rows, lanes striding K by 8
-// values (one 16-byte load per row per step, several in flight), x read through the L1 cache.
+// Few-token linears (gemv.h). BF16 and FP8-weight fp32 GEMVs: one warp per group of kRows weight
+// rows, lanes striding K by one 16-byte load per row per step, x read through the L1 cache. The
+// W8A8 GEMV: mma.sync over 8 weight rows x 8 tokens per warp, K split over warps and blocks.
+#include <cuda_fp16.h>
+
 #include <algorithm>
 
+#include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/fp8_mma_tile.cuh"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch_util.h"
 
@@ -94,7 +99,304 @@ Status launch_n(const GemvParams& p, int64_t ldx, int64_t ldy, cudaStream_t s) {
   return launched("gemv_bf16 launch");
 }
 
+// Four E4M3 codes (byte i = value i) -> floats, exactly.
+__device__ __forceinline__ void e4m3x4_to_f32(uint32_t v, float* out) {
+  const uint32_t lo = mma::e4m3x2_to_f16x2(v);
+  const uint32_t hi = mma::e4m3x2_to_f16x2(v >> 16);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = b.x;
+  out[3] = b.y;
+}
+
+// Rows r of [0, groups * rows): weight row r, x columns from (r / rows) * group_x, y column
+// (r / rows) * group_y + r % rows. Lane l takes the 16 values at k = 16 l + 512 j.
+template <int N>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_fp8_kernel(GemvFp8Params p, int64_t rows, int64_t ldx, int64_t ldy) {
+  const int lane = threadIdx.x & 31;
+  const int64_t total = p.groups * rows;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (r0 >= total)
+    return;  // warp-uniform
+  const int64_t K = p.w.cols;
+  const int64_t scols = K / 128;
+  const auto* w = static_cast<const uint8_t*>(p.w.data);
+  const bool sf32 = p.w.scale_dtype == DType::kF32;
+  float acc[kRows][N];
+  int64_t xoff[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t r = min(r0 + i, total - 1);  // clamped rows are computed, not stored
+    xoff[i] = (r / rows) * p.group_x;
+#pragma unroll
+    for (int t = 0; t < N; ++t) acc[i][t] = 0.0f;
+  }
+  for (int64_t k = static_cast<int64_t>(lane) * 16; k < K; k += 512) {
+    uint4 wv[kRows];
+    float sc[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int64_t r = min(r0 + i, total - 1);
+      wv[i] = __ldg(reinterpret_cast<const uint4*>(w + r * K + k));
+      sc[i] = fp8_block_scale(p.w.scale, sf32, (r / 128) * scols + k / 128);
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      float wf[16];
+      e4m3x4_to_f32(wv[i].x, wf);
+      e4m3x4_to_f32(wv[i].y, wf + 4);
+      e4m3x4_to_f32(wv[i].z, wf + 8);
+      e4m3x4_to_f32(wv[i].w, wf + 12);
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        if (t >= p.n)
+          break;  // bucket padding: no such token
+        const float4* xp = reinterpret_cast<const float4*>(p.x + t * ldx + xoff[i] + k);
+        float part = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float4 xv = __ldg(xp + q);
+          part = fmaf(wf[4 * q], xv.x, part);
+          part = fmaf(wf[4 * q + 1], xv.y, part);
+          part = fmaf(wf[4 * q + 2], xv.z, part);
+          part = fmaf(wf[4 * q + 3], xv.w, part);
+        }
+        acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(part, sc[i]));
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float v = acc[i][t];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      acc[i][t] = v;
+    }
+  if (lane < kRows * N) {  // lane (i, t) stores one output
+    const int i = lane / N;
+    const int t = lane % N;
+    float v = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii)
+#pragma unroll
+      for (int tt = 0; tt < N; ++tt)
+        if (ii == i && tt == t)
+          v = acc[ii][tt];
+    const int64_t r = r0 + i;
+    if (r < total && t < p.n) {
+      float* y = p.y + t * ldy + (r / rows) * p.group_y + r % rows;
+      *y = p.accumulate ? *y + v : v;
+    }
+  }
+}
+
+template <int N>
+Status launch_fp8_n(
+    const GemvFp8Params& p, int64_t rows, int64_t ldx, int64_t ldy, cudaStream_t s) {
+  const int64_t blocks = ceil_div(p.groups * rows, kRows * kWarps);
+  gemv_fp8_kernel<N><<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(p, rows, ldx, ldy);
+  return launched("gemv_fp8 launch");
+}
+
+// ---- W8A8 on the MMA ------------------------------------------------------------------------
+// Warp = 8 weight rows (the MMA's N) x up to 8 tokens (M rows 0..7; 8..15 are zero). Lane (g, t)
+// loads 16 bytes of weight row g and of token g at K offset 16 t of each 64-byte chunk; A and B
+// use the same K permutation, so each MMA is a 32-value dot product (mma_e4m3).
+
+constexpr int kMmaWarps = 8;
+
+struct Fp8GemvArgs {
+  Fp8GemvParams p;
+  int64_t rows;
+  int64_t ldy;
+  int64_t kb_per_block;  // 128-wide K blocks per block (split over its warps)
+  int splits;            // blocks along K
+};
+
+__global__ void __launch_bounds__(kMmaWarps * 32) fp8_gemv_kernel(Fp8GemvArgs a) {
+  __shared__ float red[kMmaWarps][8][8];  // [warp][token][row]
+  const Fp8GemvParams& p = a.p;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 8;  // first row of the group
+  const int64_t K = p.w.cols;
+  const int64_t KB = K / 128;
+  const int64_t kb0 = static_cast<int64_t>(blockIdx.y) * a.kb_per_block;
+  const int64_t kb1 = min(KB, kb0 + a.kb_per_block);
+  const int64_t wrow = p.row_begin + r0 + g;
+  const uint8_t* wp = static_cast<const uint8_t*>(p.w.data) + wrow * K;
+  const bool tok = g < p.n;
+  const uint8_t* xp = p.x_codes + (tok ? g : 0) * p.x_ld;
+  const float* xs = p.x_scales + (tok ? g : 0) * (p.x_ld / 128);
+  const bool sf32 = p.w.scale_dtype == DType::kF32;
+  const int64_t srow = ((p.row_begin + r0) / 128) * KB;
+  float acc0 = 0.0f;
+  float acc1 = 0.0f;
+  for (int64_t kb = kb0 + warp; kb < kb1; kb += kMmaWarps) {
+    uint4 wv[2], xv[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int64_t off = kb * 128 + c * 64 + 16 * t;
+      wv[c] = __ldg(reinterpret_cast<const uint4*>(wp + off));
+      xv[c] = tok ? __ldg(reinterpret_cast<const uint4*>(xp + off)) : make_uint4(0, 0, 0, 0);
+    }
+    const float s = __fmul_rn(fp8_block_scale(p.w.scale, sf32, srow + kb), tok ? xs[kb] : 0.0f);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        const uint32_t xw0 = step == 0 ? xv[c].x : xv[c].z;
+        const uint32_t xw1 = step == 0 ? xv[c].y : xv[c].w;
+        const uint32_t ww0 = step == 0 ? wv[c].x : wv[c].z;
+        const uint32_t ww1 = step == 0 ? wv[c].y : wv[c].w;
+        const uint32_t af[4] = {xw0, 0u, xw1, 0u};
+        const uint32_t bf[2] = {ww0, ww1};
+        float cf[4];
+        mma::mma_e4m3(cf, af, bf);
+        acc0 = __fadd_rn(acc0, __fmul_rn(cf[0], s));
+        acc1 = __fadd_rn(acc1, __fmul_rn(cf[1], s));
+      }
+    }
+  }
+  // acc0 / acc1: token g, rows 2t / 2t + 1 of the group.
+  red[warp][g][2 * t] = acc0;
+  red[warp][g][2 * t + 1] = acc1;
+  __syncthreads();
+  if (threadIdx.x < 64) {
+    const int tt = threadIdx.x / 8;
+    const int rr = threadIdx.x % 8;
+    float v = 0.0f;
+    for (int w = 0; w < kMmaWarps; ++w) v = __fadd_rn(v, red[w][tt][rr]);
+    if (tt < p.n) {
+      if (a.splits == 1) {
+        float* y = p.y + tt * a.ldy + r0 + rr;
+        *y = p.accumulate ? __fadd_rn(*y, v) : v;
+      } else {
+        p.scratch[(static_cast<int64_t>(blockIdx.y) * p.n + tt) * a.rows + r0 + rr] = v;
+      }
+    }
+  }
+}
+
+// y (+)= sum over splits of the partials, in split order.
+__global__ void fp8_gemv_reduce_kernel(Fp8GemvArgs a) {
+  const Fp8GemvParams& p = a.p;
+  const int64_t total = p.n * a.rows;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = 0.0f;
+    for (int s = 0; s < a.splits; ++s) v = __fadd_rn(v, p.scratch[s * total + i]);
+    const int64_t tt = i / a.rows;
+    float* y = p.y + tt * a.ldy + i % a.rows;
+    *y = p.accumulate ? __fadd_rn(*y, v) : v;
+  }
+}
+
+// Blocks along K so that about 528 blocks (4 per SM) run, whole 128-blocks per warp.
+void fp8_gemv_split(int64_t rows, int64_t cols, int64_t* kb_per_block, int* splits) {
+  const int64_t groups = std::max<int64_t>(rows / 8, 1);
+  const int64_t kb = cols / 128;
+  const int64_t want = std::clamp<int64_t>(ceil_div(528, groups), 1, kb);
+  *kb_per_block = ceil_div(kb, want);
+  *splits = static_cast<int>(ceil_div(kb, *kb_per_block));
+}
+
 }  // namespace
+
+bool gemv_fp8_supports(const MatrixRef& w) {
+  return w.format == WeightFormat::kFp8Block128 && w.dtype == DType::kF8E4M3 &&
+         (w.scale_dtype == DType::kF8E8M0 || w.scale_dtype == DType::kF32) && w.cols % 128 == 0 &&
+         (reinterpret_cast<uintptr_t>(w.data) & 15u) == 0;
+}
+
+Status launch_gemv_fp8(const GemvFp8Params& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("gemv_fp8", {p.n, p.ldx, p.ldy, p.group_x, p.group_y}));
+  DSI_RETURN_IF_ERROR(require(gemv_fp8_supports(p.w),
+                              "gemv_fp8",
+                              "weights must be FP8 block-128 with cols % 128 == 0, aligned"));
+  DSI_RETURN_IF_ERROR(require(p.n <= kGemvMaxTokens, "gemv_fp8", "more than 8 tokens"));
+  DSI_RETURN_IF_ERROR(require(p.groups >= 1, "gemv_fp8", "groups < 1"));
+  const int64_t rows = p.rows >= 0 ? p.rows : p.w.rows / p.groups;
+  DSI_RETURN_IF_ERROR(
+      require(p.groups * rows <= p.w.rows, "gemv_fp8", "row range exceeds the weight"));
+  const int64_t ldx = p.ldx > 0 ? p.ldx : p.w.cols;
+  const int64_t ldy = p.ldy > 0 ? p.ldy : p.groups * rows;
+  DSI_RETURN_IF_ERROR(require(ldx % 4 == 0 && p.group_x % 4 == 0 &&
+                                  (reinterpret_cast<uintptr_t>(p.x) & 15u) == 0 &&
+                                  (p.groups - 1) * p.group_x + p.w.cols <= ldx,
+                              "gemv_fp8",
+                              "x rows must be 16-byte aligned and hold every group"));
+  DSI_RETURN_IF_ERROR(require(p.groups == 1 || (p.group_y >= rows), "gemv_fp8", "group_y < rows"));
+  if (p.n == 0 || rows == 0)
+    return Status();
+  if (!p.y || !p.x)
+    return null_pointer("gemv_fp8");
+  if (p.n <= 1)
+    return launch_fp8_n<1>(p, rows, ldx, ldy, stream);
+  if (p.n <= 2)
+    return launch_fp8_n<2>(p, rows, ldx, ldy, stream);
+  if (p.n <= 4)
+    return launch_fp8_n<4>(p, rows, ldx, ldy, stream);
+  return launch_fp8_n<8>(p, rows, ldx, ldy, stream);
+}
+
+bool fp8_gemv_supports(const MatrixRef& w, int64_t row_begin, int64_t rows) {
+  return gemv_fp8_supports(w) && row_begin % 8 == 0 && rows % 8 == 0 && rows > 0;
+}
+
+int64_t fp8_gemv_scratch_floats(int64_t rows, int64_t cols, int64_t n) {
+  int64_t kbpb = 0;
+  int splits = 1;
+  fp8_gemv_split(rows, cols, &kbpb, &splits);
+  return splits > 1 ? static_cast<int64_t>(splits) * n * rows : 0;
+}
+
+Status launch_fp8_gemv(const Fp8GemvParams& p, cudaStream_t stream) {
+  const int64_t rows = p.rows >= 0 ? p.rows : p.w.rows - p.row_begin;
+  DSI_RETURN_IF_ERROR(check_nonneg("fp8_gemv", {p.n, p.ldy, p.row_begin, p.x_ld}));
+  DSI_RETURN_IF_ERROR(
+      require(fp8_gemv_supports(p.w, p.row_begin, rows),
+              "fp8_gemv",
+              "weights must be FP8 block-128 (cols % 128 == 0), rows on 8-row groups"));
+  DSI_RETURN_IF_ERROR(
+      require(p.row_begin + rows <= p.w.rows, "fp8_gemv", "rows exceed the weight"));
+  DSI_RETURN_IF_ERROR(require(p.n <= kGemvMaxTokens, "fp8_gemv", "more than 8 tokens"));
+  DSI_RETURN_IF_ERROR(require(
+      p.x_ld >= p.w.cols && p.x_ld % 128 == 0, "fp8_gemv", "activation rows are too short"));
+  Fp8GemvArgs a;
+  a.p = p;
+  a.rows = rows;
+  a.ldy = p.ldy > 0 ? p.ldy : rows;
+  DSI_RETURN_IF_ERROR(require(a.ldy >= rows, "fp8_gemv", "ldy < rows"));
+  if (p.n == 0 || rows == 0)
+    return Status();
+  if (!p.y || !p.x_codes || !p.x_scales)
+    return null_pointer("fp8_gemv");
+  fp8_gemv_split(rows, p.w.cols, &a.kb_per_block, &a.splits);
+  if (a.splits > 1 &&
+      (p.scratch == nullptr || p.scratch_floats < fp8_gemv_scratch_floats(rows, p.w.cols, p.n))) {
+    return invalid_argument("fp8_gemv: scratch too small for the K split");
+  }
+  const dim3 grid(static_cast<unsigned>(rows / 8), static_cast<unsigned>(a.splits));
+  fp8_gemv_kernel<<<grid, kMmaWarps * 32, 0, stream>>>(a);
+  DSI_RETURN_IF_ERROR(launched("fp8_gemv launch"));
+  if (a.splits > 1) {
+    const int64_t total = p.n * rows;
+    fp8_gemv_reduce_kernel<<<static_cast<unsigned>(std::min<int64_t>(ceil_div(total, 256), 1024)),
+                             256,
+                             0,
+                             stream>>>(a);
+    DSI_RETURN_IF_ERROR(launched("fp8_gemv reduce launch"));
+  }
+  return Status();
+}
 
 bool gemv_supports(const MatrixRef& w) {
   return w.format == WeightFormat::kFloat && w.dtype == DType::kBF16 && w.cols % 8 == 0 &&

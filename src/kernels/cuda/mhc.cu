@@ -108,6 +108,7 @@ __device__ void collapse(const float* pre, int64_t hc, const float* x, int64_t h
 __global__ void hc_pre_kernel(HcPreParams p) {
   __shared__ float mix[kMaxMix];
   __shared__ float pre[kMaxHc];
+  __shared__ float comb_s[kMaxHc * kMaxHc];  // the Sinkhorn iterates in shared memory
   const int hc = static_cast<int>(p.hc);
   const int64_t width = p.hc * p.hidden;
   for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
@@ -119,7 +120,7 @@ __global__ void hc_pre_kernel(HcPreParams p) {
     }
     if (threadIdx.x == 0) {
       float* post = p.post + t * hc;
-      float* comb = p.comb + t * hc * hc;
+      float* comb = comb_s;
       const float eps = p.hc_eps;
       for (int j = 0; j < hc; ++j) {
         pre[j] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(mix[j], p.scale[0]), p.base[j])), eps);
@@ -161,6 +162,7 @@ __global__ void hc_pre_kernel(HcPreParams p) {
       }
     }
     __syncthreads();
+    for (int i = threadIdx.x; i < hc * hc; i += blockDim.x) p.comb[t * hc * hc + i] = comb_s[i];
     collapse(pre, hc, x, p.hidden, p.collapsed + t * p.hidden);
     __syncthreads();
   }

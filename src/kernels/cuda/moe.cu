@@ -107,33 +107,73 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRoutePar
   }
 }
 
-// ---- grouping: one block, thread e owns expert e ----------------------------------------------
+// ---- grouping: one block, a stable counting sort ----------------------------------------------
+// Histogram of the experts, exclusive scan, then the pairs in chunks of the block size in index
+// order: a pair's slot is its expert's begin + the pairs of that expert in earlier chunks + those
+// in earlier warps of this chunk + its rank among its warp's lanes with the same expert (so the
+// pairs of an expert stay in ascending index order, as the CPU groups them).
 
-__global__ void moe_group_kernel(MoeGroupParams p) {
-  __shared__ int64_t begin[kMaxExperts + 1];
+constexpr int kGroupThreads = 1024;
+constexpr int kGroupWarps = kGroupThreads / 32;
+
+size_t group_smem_bytes(int64_t ne) {
+  return static_cast<size_t>(ne + 1) * 8 + static_cast<size_t>(ne) * 4 * (1 + kGroupWarps);
+}
+
+__global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p) {
+  extern __shared__ __align__(8) uint8_t group_smem[];
   const int64_t pairs = p.n * p.k;
-  for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) p.pair_pos[i] = -1;
-  for (int64_t e = threadIdx.x; e < p.n_experts; e += blockDim.x) {
-    int64_t c = 0;
-    for (int64_t i = 0; i < pairs; ++i) c += p.expert_ids[i] == e;
-    begin[e + 1] = c;
+  const int64_t ne = p.n_experts;
+  auto* begin = reinterpret_cast<int64_t*>(group_smem);       // [ne + 1]
+  auto* cursor = reinterpret_cast<int32_t*>(begin + ne + 1);  // [ne]
+  int32_t* counts = cursor + ne;                              // [warps][ne]
+  auto warp_count = [&](int w, int64_t e) -> int32_t& { return counts[w * ne + e]; };
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  for (int64_t e = threadIdx.x; e <= ne; e += blockDim.x) begin[e] = 0;
+  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x) cursor[e] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int32_t e = p.expert_ids[i];
+    if (e >= 0 && e < ne)
+      atomicAdd(reinterpret_cast<unsigned long long*>(&begin[e + 1]), 1ull);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    begin[0] = 0;
-    for (int64_t e = 0; e < p.n_experts; ++e) begin[e + 1] += begin[e];
+    for (int64_t e = 0; e < ne; ++e) begin[e + 1] += begin[e];
   }
   __syncthreads();
-  for (int64_t e = threadIdx.x; e <= p.n_experts; e += blockDim.x) p.expert_begin[e] = begin[e];
-  for (int64_t e = threadIdx.x; e < p.n_experts; e += blockDim.x) {
-    int64_t pos = begin[e];
-    for (int64_t i = 0; i < pairs; ++i) {
-      if (p.expert_ids[i] == e) {
-        p.pair_src[pos] = static_cast<int32_t>(i);
-        p.pair_pos[i] = static_cast<int32_t>(pos);
-        ++pos;
+  for (int64_t e = threadIdx.x; e <= ne; e += blockDim.x) p.expert_begin[e] = begin[e];
+  for (int64_t base = 0; base < pairs; base += blockDim.x) {
+    for (int64_t i = threadIdx.x; i < kGroupWarps * ne; i += blockDim.x) counts[i] = 0;
+    __syncthreads();
+    const int64_t i = base + threadIdx.x;
+    const int32_t e = i < pairs ? p.expert_ids[i] : -1;
+    const bool ok = e >= 0 && e < ne;
+    const unsigned same = __match_any_sync(0xffffffffu, ok ? e : -1);
+    const int rank = __popc(same & ((1u << lane) - 1u));
+    if (ok && rank == 0)
+      warp_count(warp, e) = __popc(same);
+    __syncthreads();
+    // Thread e turns its column into exclusive offsets (earlier chunks + earlier warps).
+    for (int64_t x = threadIdx.x; x < ne; x += blockDim.x) {
+      int32_t run = cursor[x];
+      for (int w = 0; w < kGroupWarps; ++w) {
+        const int32_t c = warp_count(w, x);
+        warp_count(w, x) = run;
+        run += c;
       }
+      cursor[x] = run;
     }
+    __syncthreads();
+    if (ok) {
+      const int64_t pos = begin[e] + warp_count(warp, e) + rank;
+      p.pair_src[pos] = static_cast<int32_t>(i);
+      p.pair_pos[i] = static_cast<int32_t>(pos);
+    } else if (i < pairs) {
+      p.pair_pos[i] = -1;
+    }
+    __syncthreads();
   }
 }
 
@@ -295,7 +335,14 @@ Status launch_moe_group(const MoeGroupParams& p, cudaStream_t stream) {
     return null_pointer("moe_group");
   if (p.n * p.k > 0 && (!p.expert_ids || !p.pair_src || !p.pair_pos))
     return null_pointer("moe_group");
-  moe_group_kernel<<<1, 1024, 0, stream>>>(p);
+  const size_t smem = group_smem_bytes(p.n_experts);
+  if (smem > 48 * 1024) {
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaFuncSetAttribute(
+            moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+        "moe_group smem attribute"));
+  }
+  moe_group_kernel<<<1, kGroupThreads, smem, stream>>>(p);
   return launched("moe_group launch");
 }
 
