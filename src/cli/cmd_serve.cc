@@ -67,6 +67,10 @@ int run_serve(const ServeArgs& a) {
         invalid_argument("--request-timeout and --shutdown-grace must be >= 0, --idle-timeout and "
                          "--send-timeout > 0 (seconds)"));
   }
+  for (const std::string& name : a.served_model_names) {
+    if (name.empty())
+      return fail(invalid_argument("--served-model-name must not be empty"));
+  }
   auto setup = resolve_engine_flags(a.engine);
   if (!setup.ok())
     return fail(setup.status());

@@ -178,10 +178,14 @@ class OpenAISDK(harness.unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             self.chat("[[answer]]", temperature=5)
         self.assertEqual(e.exception.body["param"], "temperature")
-        with self.assertRaises(openai.APIStatusError) as e:
+        with self.assertRaises(openai.NotFoundError) as e:
             self.client.chat.completions.create(
                 model="no-such-model", messages=[{"role": "user", "content": "x"}])
         self.assertIn("no-such-model", str(e.exception))
+        self.assertEqual(e.exception.status_code, 404)
+        self.assertEqual(e.exception.body["code"], "model_not_found")
+        with self.assertRaises(openai.NotFoundError) as e:
+            self.client.responses.create(model="no-such-model", input="x")
         self.assertEqual(e.exception.body["code"], "model_not_found")
         with self.assertRaises(openai.BadRequestError) as e:
             self.client.chat.completions.create(model=MODEL_NAME, messages=[])

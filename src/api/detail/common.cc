@@ -58,8 +58,10 @@ Err read_model(const Reader& r,
       served += ", ";
     served += "'" + m + "'";
   }
+  // 404 as OpenAI and vLLM answer (Anthropic's shape renders it as not_found_error).
   ApiError e = r.invalid(
       p, "model '" + quote(*out) + "' does not exist; this server serves " + served + ".");
+  e.http_status = 404;
   e.code = "model_not_found";
   return e;
 }

@@ -262,6 +262,8 @@ TEST(ChatDecode, ServedModels) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().param, "model");
   EXPECT_EQ(r.error().code, "model_not_found");
+  EXPECT_EQ(r.error().http_status, 404);
+  EXPECT_EQ(anthropic_error_type(r.error()), "not_found_error");
 }
 
 // ---------------------------------------------------------------- Anthropic Messages
