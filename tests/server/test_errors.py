@@ -132,8 +132,9 @@ class Errors(harness.unittest.TestCase):
                 self.assertIn(field, e["message"])
         e = self.openai_error(RESP, {"model": MODEL_NAME, "input": "x", "top_p": 2})
         self.assertEqual(e["param"], "top_p")
-        e = self.openai_error(CHAT, {"model": MODEL_NAME, "messages": user(), "n": 3})
-        self.assertEqual(e["param"], "n")
+        for n in (0, 17, 10**6):
+            e = self.openai_error(CHAT, {"model": MODEL_NAME, "messages": user(), "n": n})
+            self.assertEqual(e["param"], "n")
 
     def test_routes_and_methods(self):
         code, _, raw = self.server.get("/v2/whatever")
