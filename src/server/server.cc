@@ -296,21 +296,23 @@ class Channel final : public std::enable_shared_from_this<Channel> {
       s.events.emplace_back().swap(c.events);
       s.finished.push_back(c.finished);
       s.all_finished = s.all_finished && c.finished.has_value();
+      c.finish_seen = c.finished.has_value();
     }
     accept_seen_ = s.accepted;
     s.prompt_tokens = prompt_tokens_;
     s.rejected = rejected_;
+    reject_seen_ = rejected_.has_value();
     return s;
   }
   bool pending() {
     std::lock_guard<std::mutex> l(mu_);
     bool accepted = true;
     for (const Choice& c : choices_) {
-      if (!c.events.empty() || c.finished)
+      if (!c.events.empty() || (c.finished && !c.finish_seen))
         return true;
       accepted = accepted && c.accepted;
     }
-    return rejected_ || (accepted && !accept_seen_);
+    return (rejected_ && !reject_seen_) || (accepted && !accept_seen_);
   }
   // Waits for the next notify (or cancellation). Strand only.
   net::awaitable<void> wait() {
@@ -323,6 +325,7 @@ class Channel final : public std::enable_shared_from_this<Channel> {
     bool accepted = false;
     std::vector<recipe::OutputEvent> events;
     std::optional<Completion> finished;
+    bool finish_seen = false;  // take() has returned `finished`
   };
   void notify() {
     if (notify_pending_.exchange(true))
@@ -338,6 +341,7 @@ class Channel final : public std::enable_shared_from_this<Channel> {
   std::mutex mu_;
   std::vector<Choice> choices_;
   bool accept_seen_ = false;
+  bool reject_seen_ = false;
   int64_t prompt_tokens_ = 0;
   std::optional<Status> rejected_;
 };
