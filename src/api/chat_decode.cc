@@ -312,8 +312,12 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(r.opt_int(root, Path(), "n", &n));
   if (n && *n < 1)
     return r.invalid(Path().key("n"), "must be at least 1.");
-  if (n && *n > 1)
-    return r.invalid(Path().key("n"), "n > 1 is not supported.");
+  if (n && *n > opts.max_choices) {
+    return r.invalid(Path().key("n"),
+                     "must be at most " + std::to_string(opts.max_choices) + ", got " +
+                         std::to_string(*n) + ".");
+  }
+  req->n = static_cast<int32_t>(n.value_or(1));
 
   std::optional<bool> stream;
   DSI_API_TRY(r.opt_bool(root, Path(), "stream", &stream));
@@ -383,7 +387,7 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(r.opt_bool(root, Path(), "logprobs", &logprobs));
   s.logprobs = logprobs.value_or(false);
   std::optional<int64_t> top_logprobs;
-  DSI_API_TRY(detail::read_top_logprobs(r, root, &top_logprobs));
+  DSI_API_TRY(detail::read_top_logprobs(r, root, opts, &top_logprobs));
   if (top_logprobs) {
     if (!s.logprobs) {
       return r.invalid(Path().key("top_logprobs"),

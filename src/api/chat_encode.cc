@@ -64,9 +64,13 @@ ResponseMeta fill_meta(ResponseMeta meta, const recipe::GenerationRequest& reque
 
 }  // namespace
 
-ChatStreamEncoder::ChatStreamEncoder(const recipe::GenerationRequest& request, ResponseMeta meta)
+ChatStreamEncoder::ChatStreamEncoder(const recipe::GenerationRequest& request,
+                                     ResponseMeta meta,
+                                     int choice_index)
     : meta_(fill_meta(std::move(meta), request)),
+      choice_index_(choice_index),
       include_usage_(request.include_usage),
+      logprobs_(request.sampling.logprobs),
       tracker_(std::make_unique<detail::BlockTracker>(
           [seed = meta_.seed](int i) { return detail::openai_tool_call_id(seed, i); })) {}
 
@@ -74,15 +78,24 @@ ChatStreamEncoder::~ChatStreamEncoder() = default;
 
 namespace {
 
+// {"content": [logprob objects], "refusal": null}
+Json logprobs_json(const std::vector<recipe::TokenLogprob>& lps) {
+  Json content = Json::array();
+  for (const recipe::TokenLogprob& t : lps) content.push_back(detail::openai_logprob(t));
+  return Json{{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
 std::string make_chunk(const ResponseMeta& meta,
+                       int index,
                        Json delta,
                        const char* finish_reason,
                        bool include_usage,
-                       const recipe::Usage* usage) {
+                       const recipe::Usage* usage,
+                       Json logprobs = nullptr) {
   Json choice = Json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["delta"] = std::move(delta);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = finish_reason ? Json(finish_reason) : Json(nullptr);
   Json c = completion_json(meta, "chat.completion.chunk", std::move(choice));
   if (usage) {
@@ -99,17 +112,26 @@ std::string ChatStreamEncoder::start() {
   if (started_)
     return "";
   started_ = true;
-  return make_chunk(
-      meta_, Json{{"role", "assistant"}, {"content", ""}}, nullptr, include_usage_, nullptr);
+  return make_chunk(meta_,
+                    choice_index_,
+                    Json{{"role", "assistant"}, {"content", ""}},
+                    nullptr,
+                    include_usage_,
+                    nullptr);
 }
 
 std::string ChatStreamEncoder::add(const recipe::OutputEvent& event) {
   if (done_)
     return "";
   std::string out = start();
+  if (logprobs_ && !event.logprobs.empty()) {
+    all_logprobs_.insert(all_logprobs_.end(), event.logprobs.begin(), event.logprobs.end());
+    carry_logprobs_.insert(carry_logprobs_.end(), event.logprobs.begin(), event.logprobs.end());
+  }
   for (const BlockOp& op : tracker_->apply(event)) {
     const Block& b = tracker_->blocks()[op.block];
     Json delta;
+    Json lp = nullptr;
     if (b.kind == Block::Kind::kTool) {
       Json call = Json::object();
       call["index"] = b.tool_ordinal;
@@ -130,9 +152,14 @@ std::string ChatStreamEncoder::add(const recipe::OutputEvent& event) {
         delta = Json{{"content", nullptr}, {"reasoning_content", op.text}};
       } else {
         delta = Json{{"content", op.text}, {"reasoning_content", nullptr}};
+        if (!carry_logprobs_.empty()) {
+          lp = logprobs_json(carry_logprobs_);
+          carry_logprobs_.clear();
+        }
       }
     }
-    out += make_chunk(meta_, std::move(delta), nullptr, include_usage_, nullptr);
+    out += make_chunk(
+        meta_, choice_index_, std::move(delta), nullptr, include_usage_, nullptr, std::move(lp));
   }
   return out;
 }
@@ -143,11 +170,51 @@ std::string ChatStreamEncoder::finish(const recipe::Usage& usage) {
   std::string out = start();
   tracker_->close_open();
   done_ = true;
+  Json lp = nullptr;
+  if (!carry_logprobs_.empty()) {
+    lp = logprobs_json(carry_logprobs_);
+    carry_logprobs_.clear();
+  }
   out += make_chunk(meta_,
+                    choice_index_,
                     Json{{"content", ""}},
                     chat_finish_reason(tracker_->finish_reason()),
                     include_usage_,
-                    &usage);
+                    &usage,
+                    std::move(lp));
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
+std::string ChatStreamEncoder::finish_choice() {
+  if (done_)
+    return "";
+  std::string out = start();
+  tracker_->close_open();
+  done_ = true;
+  Json lp = nullptr;
+  if (!carry_logprobs_.empty()) {
+    lp = logprobs_json(carry_logprobs_);
+    carry_logprobs_.clear();
+  }
+  out += make_chunk(meta_,
+                    choice_index_,
+                    Json{{"content", ""}},
+                    chat_finish_reason(tracker_->finish_reason()),
+                    include_usage_,
+                    nullptr,
+                    std::move(lp));
+  return out;
+}
+
+std::string chat_choices_done(const ChatStreamEncoder& first, const recipe::Usage& usage) {
+  std::string out;
+  if (first.include_usage_) {
+    Json c = completion_json(first.meta(), "chat.completion.chunk", Json());
+    c["choices"] = Json::array();
+    c["usage"] = usage_json(usage);
+    out += detail::sse_data(c);
+  }
   out += "data: [DONE]\n\n";
   return out;
 }
@@ -159,11 +226,17 @@ std::string ChatStreamEncoder::error(const ApiError& e) {
   return "data: " + render_openai_error(e) + "\n\ndata: [DONE]\n\n";
 }
 
-std::string ChatStreamEncoder::response_json(const recipe::Usage& usage) const {
+namespace {
+
+// The non-streaming choice object of one encoder's blocks.
+Json choice_json(const detail::BlockTracker& tracker,
+                 int index,
+                 bool logprobs,
+                 const std::vector<recipe::TokenLogprob>& all_logprobs) {
   std::string content;
   std::optional<std::string> reasoning;
   Json calls = Json::array();
-  for (const Block& b : tracker_->blocks()) {
+  for (const Block& b : tracker.blocks()) {
     switch (b.kind) {
       case Block::Kind::kReasoning:
         reasoning = reasoning.value_or("") + b.text;
@@ -188,11 +261,31 @@ std::string ChatStreamEncoder::response_json(const recipe::Usage& usage) const {
   if (!calls.empty())
     message["tool_calls"] = std::move(calls);
   Json choice = Json::object();
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["message"] = std::move(message);
-  choice["logprobs"] = nullptr;
-  choice["finish_reason"] = chat_finish_reason(tracker_->finish_reason());
-  Json j = completion_json(meta_, "chat.completion", std::move(choice));
+  choice["logprobs"] = logprobs ? logprobs_json(all_logprobs) : Json(nullptr);
+  choice["finish_reason"] = chat_finish_reason(tracker.finish_reason());
+  return choice;
+}
+
+}  // namespace
+
+std::string ChatStreamEncoder::response_json(const recipe::Usage& usage) const {
+  Json j = completion_json(
+      meta_, "chat.completion", choice_json(*tracker_, choice_index_, logprobs_, all_logprobs_));
+  j["usage"] = usage_json(usage);
+  return detail::dump(j);
+}
+
+std::string build_chat_choices_response(const std::vector<const ChatStreamEncoder*>& choices,
+                                        const recipe::Usage& usage) {
+  DSI_CHECK(!choices.empty(), "no choices");
+  Json j = completion_json(choices[0]->meta_, "chat.completion", Json());
+  j["choices"] = Json::array();
+  for (const ChatStreamEncoder* c : choices) {
+    j["choices"].push_back(
+        choice_json(*c->tracker_, c->choice_index_, c->logprobs_, c->all_logprobs_));
+  }
   j["usage"] = usage_json(usage);
   return detail::dump(j);
 }

@@ -13,13 +13,19 @@
 
 namespace dsinfer::api {
 
-inline constexpr int64_t kMaxOutputTokens = 393216;  // 384K (spec §3)
+inline constexpr int64_t kMaxOutputTokens = 393216;    // 384K (spec §3)
+inline constexpr int32_t kDefaultMaxTopLogprobs = 20;  // OpenAI's top_logprobs bound
+inline constexpr int32_t kDefaultMaxChoices = 16;      // Chat Completions `n`
 
 struct DecodeOptions {
   // Model names this server answers to; empty accepts any name. The Messages decoder also
   // accepts any "claude*" name (DeepSeek maps them onto its own models).
   std::vector<std::string> served_models;
   int64_t max_output_tokens = kMaxOutputTokens;  // upper bound of max_tokens & co.
+  // Upper bound of top_logprobs (OpenAI's 20; `serve --max-logprobs`, as vLLM's flag).
+  int32_t max_top_logprobs = kDefaultMaxTopLogprobs;
+  // Upper bound of Chat Completions' `n` (`serve --max-n`).
+  int32_t max_choices = kDefaultMaxChoices;
   // Effort used when thinking is on and the request names none (the API default is "high").
   recipe::ReasoningEffort default_effort = recipe::ReasoningEffort::kHigh;
   // Chat Completions: with tools in thinking mode, every assistant turn must carry

@@ -1,4 +1,5 @@
 // OpenAI Responses request decoding (spec §3.3).
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -402,10 +403,34 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(detail::read_max_tokens(r, root, "max_output_tokens", opts, &s.max_tokens));
   DSI_API_TRY(detail::read_temperature_top_p(r, root, opts, req));
   std::optional<int64_t> top_logprobs;
-  DSI_API_TRY(detail::read_top_logprobs(r, root, &top_logprobs));
+  DSI_API_TRY(detail::read_top_logprobs(r, root, opts, &top_logprobs));
   if (top_logprobs) {
     s.top_logprobs = static_cast<int32_t>(*top_logprobs);
     s.logprobs = *top_logprobs > 0;
+  }
+  // include: "message.output_text.logprobs" asks for the output text's logprobs; the other
+  // documented values name outputs this server never produces and are accepted.
+  const Json* include = nullptr;
+  DSI_API_TRY(r.opt_array(root, Path(), "include", &include));
+  if (include) {
+    static constexpr std::string_view kKnown[] = {"message.output_text.logprobs",
+                                                  "reasoning.encrypted_content",
+                                                  "message.input_image.image_url",
+                                                  "computer_call_output.output.image_url",
+                                                  "file_search_call.results",
+                                                  "code_interpreter_call.outputs",
+                                                  "web_search_call.action.sources",
+                                                  "web_search_call.results"};
+    for (size_t i = 0; i < include->size(); ++i) {
+      std::string v;
+      DSI_API_TRY(r.as_string((*include)[i], Path().key("include").index(i), &v));
+      if (std::find(std::begin(kKnown), std::end(kKnown), v) == std::end(kKnown)) {
+        return r.invalid(Path().key("include").index(i),
+                         "unknown include value '" + detail::quote(v) + "'.");
+      }
+      if (v == "message.output_text.logprobs")
+        s.logprobs = true;
+    }
   }
   std::optional<bool> parallel;
   DSI_API_TRY(r.opt_bool(root, Path(), "parallel_tool_calls", &parallel));  // always parallel

@@ -1,4 +1,6 @@
 // OpenAI Responses response encoding: the response object and its SSE events (spec §3.3).
+#include <map>
+
 #include "api/detail/blocks.h"
 #include "api/detail/common.h"
 #include "api/responses.h"
@@ -35,6 +37,7 @@ struct ResponsesStreamEncoder::Impl {
   double temperature = 1.0;
   double top_p = 1.0;
   int top_logprobs = 0;
+  bool logprobs = false;  // the request asked for the output text's logprobs
 
   bool started = false;
   bool done = false;
@@ -42,6 +45,18 @@ struct ResponsesStreamEncoder::Impl {
   detail::IdGen item_ids{0};
   std::vector<std::string> block_item_ids;
   std::unique_ptr<detail::BlockTracker> tracker;
+  std::map<size_t, std::vector<recipe::TokenLogprob>> block_logprobs;  // text block -> all
+  std::vector<recipe::TokenLogprob> carry;  // fed, not yet on a text delta
+
+  // The logprobs array of text block `i` (empty when not requested).
+  Json logprobs_of(size_t i) const {
+    Json a = Json::array();
+    auto it = block_logprobs.find(i);
+    if (it != block_logprobs.end()) {
+      for (const recipe::TokenLogprob& t : it->second) a.push_back(detail::openai_logprob(t));
+    }
+    return a;
+  }
 
   // The response object for everything fed so far.
   Json object(const ResponseMeta& meta, const recipe::Usage& usage) const;
@@ -69,7 +84,8 @@ Json usage_json(const recipe::Usage& u) {
 }
 
 // The output item for a block; `status` "in_progress" gives the empty opening form.
-Json item_json(const Block& b, const std::string& id, const char* status) {
+// `logprobs`: the text block's logprobs array.
+Json item_json(const Block& b, const std::string& id, const char* status, Json logprobs) {
   const bool opening = std::string(status) == "in_progress";
   Json j = Json::object();
   switch (b.kind) {
@@ -94,7 +110,7 @@ Json item_json(const Block& b, const std::string& id, const char* status) {
         content.push_back(Json{{"type", "output_text"},
                                {"text", b.text},
                                {"annotations", Json::array()},
-                               {"logprobs", Json::array()}});
+                               {"logprobs", std::move(logprobs)}});
       }
       j["content"] = std::move(content);
       break;
@@ -111,14 +127,14 @@ Json item_json(const Block& b, const std::string& id, const char* status) {
   return j;
 }
 
-Json part_json(const Block& b, bool empty) {
+Json part_json(const Block& b, bool empty, Json logprobs) {
   if (b.kind == Block::Kind::kReasoning) {
     return Json{{"type", "reasoning_text"}, {"text", empty ? std::string() : b.text}};
   }
   return Json{{"type", "output_text"},
               {"text", empty ? std::string() : b.text},
               {"annotations", Json::array()},
-              {"logprobs", Json::array()}};
+              {"logprobs", empty ? Json::array() : std::move(logprobs)}};
 }
 
 }  // namespace
@@ -185,6 +201,7 @@ ResponsesStreamEncoder::ResponsesStreamEncoder(const recipe::GenerationRequest& 
   s.temperature = request.sampling.temperature;
   s.top_p = request.sampling.top_p;
   s.top_logprobs = request.sampling.top_logprobs;
+  s.logprobs = request.sampling.logprobs;
 }
 
 ResponsesStreamEncoder::~ResponsesStreamEncoder() = default;
@@ -211,8 +228,20 @@ std::string ResponsesStreamEncoder::add(const recipe::OutputEvent& event) {
   if (s.done)
     return "";
   std::string out = start();
+  if (s.logprobs)
+    s.carry.insert(s.carry.end(), event.logprobs.begin(), event.logprobs.end());
   for (const BlockOp& op : s.tracker->apply(event)) {
     const Block& b = s.tracker->blocks()[op.block];
+    // A text delta takes the logprobs fed so far; a text block closing takes what is left.
+    Json new_logprobs = Json::array();
+    if (b.kind == Block::Kind::kText && op.type != BlockOp::Type::kOpen && !s.carry.empty()) {
+      std::vector<recipe::TokenLogprob>& all = s.block_logprobs[op.block];
+      for (recipe::TokenLogprob& t : s.carry) {
+        new_logprobs.push_back(detail::openai_logprob(t));
+        all.push_back(std::move(t));
+      }
+      s.carry.clear();
+    }
     if (op.type == BlockOp::Type::kOpen) {
       std::string prefix = b.kind == Block::Kind::kReasoning ? "rs_"
                            : b.kind == Block::Kind::kText    ? "msg_"
@@ -227,26 +256,28 @@ std::string ResponsesStreamEncoder::add(const recipe::OutputEvent& event) {
       j[key] = std::move(value);
       return j;
     };
-    // Output text deltas and dones also carry (empty) logprobs.
-    auto output_text = [&](const char* key, const std::string& value) {
+    // Output text deltas carry their tokens' logprobs, dones all of the block's.
+    auto output_text = [&](const char* key, const std::string& value, Json logprobs) {
       Json j = content(key, value);
-      j["logprobs"] = Json::array();
+      j["logprobs"] = std::move(logprobs);
       return j;
     };
     switch (op.type) {
       case BlockOp::Type::kOpen:
-        out +=
-            s.event("response.output_item.added",
-                    Json{{"output_index", out_index}, {"item", item_json(b, id, "in_progress")}});
+        out += s.event("response.output_item.added",
+                       Json{{"output_index", out_index},
+                            {"item", item_json(b, id, "in_progress", Json::array())}});
         if (b.kind != Block::Kind::kTool) {
-          out += s.event("response.content_part.added", content("part", part_json(b, true)));
+          out += s.event("response.content_part.added",
+                         content("part", part_json(b, true, Json::array())));
         }
         break;
       case BlockOp::Type::kDelta:
         if (b.kind == Block::Kind::kReasoning) {
           out += s.event("response.reasoning_text.delta", content("delta", op.text));
         } else if (b.kind == Block::Kind::kText) {
-          out += s.event("response.output_text.delta", output_text("delta", op.text));
+          out += s.event("response.output_text.delta",
+                         output_text("delta", op.text, std::move(new_logprobs)));
         } else {
           out += s.event("response.function_call_arguments.delta",
                          Json{{"item_id", id}, {"output_index", out_index}, {"delta", op.text}});
@@ -256,7 +287,8 @@ std::string ResponsesStreamEncoder::add(const recipe::OutputEvent& event) {
         if (b.kind == Block::Kind::kReasoning) {
           out += s.event("response.reasoning_text.done", content("text", b.text));
         } else if (b.kind == Block::Kind::kText) {
-          out += s.event("response.output_text.done", output_text("text", b.text));
+          out += s.event("response.output_text.done",
+                         output_text("text", b.text, s.logprobs_of(op.block)));
         } else {
           out += s.event("response.function_call_arguments.done",
                          Json{{"item_id", id},
@@ -265,10 +297,12 @@ std::string ResponsesStreamEncoder::add(const recipe::OutputEvent& event) {
                               {"arguments", b.text}});
         }
         if (b.kind != Block::Kind::kTool) {
-          out += s.event("response.content_part.done", content("part", part_json(b, false)));
+          out += s.event("response.content_part.done",
+                         content("part", part_json(b, false, s.logprobs_of(op.block))));
         }
         out += s.event("response.output_item.done",
-                       Json{{"output_index", out_index}, {"item", item_json(b, id, "completed")}});
+                       Json{{"output_index", out_index},
+                            {"item", item_json(b, id, "completed", s.logprobs_of(op.block))}});
         break;
     }
   }
@@ -319,7 +353,7 @@ Json ResponsesStreamEncoder::Impl::object(const ResponseMeta& meta,
     if (st == "incomplete" && i + 1 == blocks.size())
       item_status = "incomplete";
     const std::string id = i < s.block_item_ids.size() ? s.block_item_ids[i] : std::string();
-    output.push_back(item_json(blocks[i], id, item_status));
+    output.push_back(item_json(blocks[i], id, item_status, s.logprobs_of(i)));
   }
   Json r = Json::object();
   r["id"] = meta.id;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -61,6 +62,15 @@ class Model {
   // Where the arena's page contents must live for this backend.
   virtual state::PageArena::Storage state_storage() const {
     return state::PageArena::Storage::kHost;
+  }
+  // Copies state pages within the arena's storage (SequenceState::fork_from's (source,
+  // destination) pairs; none with host storage, whose contents fork_from copies itself).
+  virtual Status copy_state_pages(const state::PageArena& arena,
+                                  const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    (void)arena;
+    if (pairs.empty())
+      return Status();
+    return Status(StatusCode::kUnimplemented, "this backend cannot copy state pages");
   }
   // A latched unrecoverable device error (OK for the CPU).
   virtual Status health() const { return Status(); }

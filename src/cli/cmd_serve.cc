@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "base/strings.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
+#include "sampling/sampler.h"
 #include "server/engine_loop.h"
 #include "server/generation.h"
 #include "server/log.h"
@@ -38,6 +40,8 @@ struct ServeArgs {
   double idle_timeout_s = 60;
   double send_timeout_s = 60;
   int io_threads = 2;
+  int max_logprobs = 20;
+  int max_n = 16;
   std::string log_level = "info";
   std::string debug_scripted_output;
   double debug_step_delay_ms = 0;
@@ -67,9 +71,20 @@ int run_serve(const ServeArgs& a) {
         invalid_argument("--request-timeout and --shutdown-grace must be >= 0, --idle-timeout and "
                          "--send-timeout > 0 (seconds)"));
   }
+  for (const std::string& name : a.served_model_names) {
+    if (name.empty())
+      return fail(invalid_argument("--served-model-name must not be empty"));
+  }
+  if (a.max_logprobs < 0 || a.max_logprobs > sampling::kHardMaxTopLogprobs) {
+    return fail(invalid_argument(
+        str_format("--max-logprobs must be in [0, %d]", sampling::kHardMaxTopLogprobs)));
+  }
+  if (a.max_n < 1 || a.max_n > 128)
+    return fail(invalid_argument("--max-n must be in [1, 128]"));
   auto setup = resolve_engine_flags(a.engine);
   if (!setup.ok())
     return fail(setup.status());
+  setup->config.max_top_logprobs = a.max_logprobs;
   if (setup->config.expert_parallel > 0) {
     return fail(unimplemented(
         "serve --ep: routing HTTP requests to expert-parallel ranks is not built yet; "
@@ -136,6 +151,8 @@ int run_serve(const ServeArgs& a) {
   ctx.tokenizer = tok->get();
   ctx.version = setup->version;
   ctx.decode.served_models = so.model_names;
+  ctx.decode.max_top_logprobs = a.max_logprobs;
+  ctx.decode.max_choices = a.max_n;
   ctx.max_context = max_context;
   ctx.max_prompt_tokens = max_prompt;
   ctx.max_prompt_bytes = server::prompt_byte_limit(**tok, max_prompt);
@@ -219,6 +236,13 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--io-threads",
                   a->io_threads,
                   "HTTP I/O threads, and as many request-preparation threads (default 2)");
+  cmd->add_option("--max-logprobs",
+                  a->max_logprobs,
+                  "Largest top_logprobs a request may ask for (default 20, as OpenAI; at most "
+                  "1024)");
+  cmd->add_option("--max-n",
+                  a->max_n,
+                  "Largest Chat Completions `n` (choices per request; default 16, at most 128)");
   cmd->add_option("--log-level", a->log_level, "debug | info | warn | error | off");
   cmd->add_option("--debug-scripted-output",
                   a->debug_scripted_output,

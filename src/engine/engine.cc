@@ -185,7 +185,8 @@ Result<RequestId> Engine::submit(RequestSpec spec, TokenCallback on_token) {
     return invalid_argument(
         str_format("max_tokens must be >= 1, got %lld", static_cast<long long>(spec.max_tokens)));
   }
-  DSI_RETURN_IF_ERROR(sampling::validate(spec.sampling));
+  DSI_RETURN_IF_ERROR(sampling::validate(
+      spec.sampling, std::min(config_.max_top_logprobs, sampling::kHardMaxTopLogprobs)));
   const int64_t total = static_cast<int64_t>(spec.prompt.size()) + spec.max_tokens;
   if (total > max_model_len_) {
     return invalid_argument(str_format(
@@ -204,6 +205,18 @@ Result<RequestId> Engine::submit(RequestSpec spec, TokenCallback on_token) {
         human_bytes(static_cast<uint64_t>(pages * arena_->page_bytes())).c_str(),
         human_bytes(static_cast<uint64_t>(arena_->num_pages() * arena_->page_bytes())).c_str()));
   }
+  Request* parent = nullptr;
+  if (spec.share_prompt_of != 0) {
+    auto it = requests_.find(spec.share_prompt_of);
+    if (it == requests_.end() || it->second->done() || !it->second->output.empty() ||
+        it->second->spec.prompt != spec.prompt) {
+      return invalid_argument(
+          str_format("share_prompt_of: request %lld is not a request with the same prompt that "
+                     "has yet to generate",
+                     static_cast<long long>(spec.share_prompt_of)));
+    }
+    parent = it->second.get();
+  }
   auto r = std::make_unique<Request>();
   r->id = next_id_++;
   r->spec = std::move(spec);
@@ -214,7 +227,12 @@ Result<RequestId> Engine::submit(RequestSpec spec, TokenCallback on_token) {
   requests_.emplace(raw->id, std::move(r));
   if (on_token)
     callbacks_.emplace(raw->id, std::move(on_token));
-  scheduler_->add(raw);
+  raw->state = RequestState::kWaiting;
+  if (parent != nullptr && !model_->lockstep()) {
+    pending_forks_[parent->id].push_back(raw);
+  } else {
+    scheduler_->add(raw);
+  }
   return raw->id;
 }
 
@@ -232,6 +250,59 @@ void Engine::finish(Request& r, FinishReason why) {
                                                                          : RequestState::kFinished;
   r.timings.finish_s = now_s();
   scheduler_->remove(&r);
+  // A request waiting to share a prompt leaves its parent's list; a parent that ends before its
+  // prompt is computed hands its waiting requests to the scheduler.
+  if (r.spec.share_prompt_of != 0) {
+    auto it = pending_forks_.find(r.spec.share_prompt_of);
+    if (it != pending_forks_.end()) {
+      std::erase(it->second, &r);
+      if (it->second.empty())
+        pending_forks_.erase(it);
+    }
+  }
+  release_forks(r.id);
+}
+
+void Engine::release_forks(RequestId parent) {
+  auto it = pending_forks_.find(parent);
+  if (it == pending_forks_.end())
+    return;
+  std::vector<Request*> children = std::move(it->second);
+  pending_forks_.erase(it);
+  for (Request* c : children) scheduler_->add(c);
+}
+
+void Engine::start_forks(Request& parent, std::span<const float> logits) {
+  auto it = pending_forks_.find(parent.id);
+  if (it == pending_forks_.end())
+    return;
+  std::vector<Request*> children = std::move(it->second);
+  pending_forks_.erase(it);
+  const state::SequenceState& src = memory_->state(parent.id);
+  for (Request* c : children) {
+    bool forked = false;
+    if (memory_->admit(*c)) {
+      fork_pairs_.clear();
+      state::SequenceState& dst = memory_->state(c->id);
+      forked = dst.fork_from(src, &fork_pairs_).ok() &&
+               model_->copy_state_pages(*arena_, fork_pairs_).ok() && scheduler_->add_running(c);
+      if (!forked)
+        memory_->release(*c);
+    }
+    if (!forked) {
+      scheduler_->add(c);  // computes its prompt itself
+      continue;
+    }
+    c->num_computed = parent.num_computed;
+    c->state = RequestState::kDecoding;
+    fork_logits_.assign(logits.begin(), logits.end());
+    const sampling::SampleResult sr = sampling::sample(fork_logits_,
+                                                       c->spec.sampling,
+                                                       c->penalties,
+                                                       static_cast<uint64_t>(c->num_tokens()),
+                                                       sampler_scratch_);
+    accept_token(*c, sr);
+  }
 }
 
 void Engine::run_chunks() {
@@ -302,13 +373,23 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
     r.state = RequestState::kPrefilling;
     return;
   }
-  // Sample the next token from the last position's logits.
+  // Sample the next token from the last position's logits. The draw is keyed by (seed, the
+  // token's absolute position in the sequence): the same whatever else is in the batch, after a
+  // preemption's recomputation, and for a continuation that resubmits earlier output as prompt.
   const auto& mc = ckpt_->config();
-  const sampling::SampleResult sr =
-      sampling::sample(std::span<float>(out.logits.data(), static_cast<size_t>(mc.vocab_size)),
-                       r.spec.sampling,
-                       r.penalties,
-                       static_cast<uint64_t>(r.output.size()));
+  const std::span<float> logits(out.logits.data(), static_cast<size_t>(mc.vocab_size));
+  if (r.output.empty())
+    start_forks(r, logits);  // before sample() uses the logits as scratch
+  const sampling::SampleResult sr = sampling::sample(logits,
+                                                     r.spec.sampling,
+                                                     r.penalties,
+                                                     static_cast<uint64_t>(r.num_tokens()),
+                                                     sampler_scratch_);
+  accept_token(r, sr);
+}
+
+void Engine::accept_token(Request& r, const sampling::SampleResult& sr) {
+  const auto& mc = ckpt_->config();
   r.output.push_back(sr.token);
   r.output_logprobs.push_back(sr.logprob);
   r.penalties.add_output(sr.token);

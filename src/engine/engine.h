@@ -37,6 +37,7 @@ struct EngineConfig {
   int64_t state_budget_bytes = int64_t{1} << 30;  // the one memory budget for sequence state
   int64_t page_bytes = 0;                         // 0 = state::default_page_bytes(model)
   int64_t max_model_len = 0;                      // 0 = model's max_position_embeddings
+  int32_t max_top_logprobs = sampling::kDefaultMaxTopLogprobs;  // top_logprobs' upper bound
   SchedulerConfig scheduler;
 };
 
@@ -111,6 +112,13 @@ class Engine {
   void finish_chunk(const ScheduledChunk& c, const Status& s, backend::ForwardOutputs& out);
   void fail_all(const Status& why);
   void finish(Request& r, FinishReason why);
+  // Stores a sampled token, applies the stop conditions and calls the token callback.
+  void accept_token(Request& r, const sampling::SampleResult& sr);
+  // Forks `parent`'s prompt state into the requests waiting to share it, each sampling its first
+  // token from `logits`; those that cannot fork go to the scheduler to compute their prompt.
+  void start_forks(Request& parent, std::span<const float> logits);
+  // Hands the requests waiting to share `parent`'s prompt to the scheduler (parent ended).
+  void release_forks(RequestId parent);
 
   EngineConfig config_;
   std::shared_ptr<const model::Checkpoint> ckpt_;
@@ -129,6 +137,10 @@ class Engine {
   std::vector<size_t> item_chunk_;
   Status failure_;  // a device failure: every request failed, step() does nothing more
   sampling::SamplerScratch sampler_scratch_;
+  // share_prompt_of: requests waiting for their parent's prompt state, by parent id.
+  std::map<RequestId, std::vector<Request*>> pending_forks_;
+  std::vector<float> fork_logits_;
+  std::vector<std::pair<int32_t, int32_t>> fork_pairs_;
   EngineStats stats_;
   double t0_ = 0;
 };

@@ -38,6 +38,13 @@ struct RequestSpec {
   std::vector<int32_t> stop_token_ids;  // besides EOS
   bool ignore_eos = false;
   std::unique_ptr<StopChecker> stop_checker;  // optional
+  // n > 1: the id of a request with the same prompt, submitted earlier and not yet generating.
+  // This request waits until that one's prompt is computed, forks its sequence state and samples
+  // its first token from the same logits (with its own seed), instead of computing the prompt
+  // again. When that is not possible (the other request ended first, no memory or running slot,
+  // a backend that cannot copy state pages) it computes its prompt itself: the output is the
+  // same either way. 0 = none.
+  int64_t share_prompt_of = 0;
 };
 
 // One generated token, as delivered to streaming callbacks.

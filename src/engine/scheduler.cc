@@ -51,6 +51,13 @@ void Scheduler::add(Request* r) {
   waiting_.push_back(r);
 }
 
+bool Scheduler::add_running(Request* r) {
+  if (static_cast<int64_t>(running_.size()) >= config_.max_running)
+    return false;
+  running_.push_back(r);
+  return true;
+}
+
 void Scheduler::remove(Request* r) {
   auto w = std::find(waiting_.begin(), waiting_.end(), r);
   if (w != waiting_.end())

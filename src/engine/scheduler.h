@@ -54,7 +54,10 @@ class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, MemoryHooks* memory);
 
-  void add(Request* r);     // new request, in arrival order
+  void add(Request* r);  // new request, in arrival order
+  // A request whose state the engine filled in already (a fork of another request's prompt
+  // state, see Engine): joins the running set as it is. False when the running set is full.
+  bool add_running(Request* r);
   void remove(Request* r);  // finished / aborted: drop from queues, release memory
   // Plans the next step into `plan` (cleared first).
   void plan(StepPlan& plan);

@@ -111,6 +111,19 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "tool_call
 
 // Typed events emitted by the streaming output parser (recipe) and consumed by the API
 // encoders. Tool-call arguments stream as JSON text deltas.
+// The log-probability of one generated token (the model's raw distribution, before penalties
+// and temperature), with its most likely alternatives. `bytes` are the token's raw bytes (a
+// token may hold part of a UTF-8 character).
+struct TokenAlternative {
+  std::string bytes;
+  float logprob = 0.0f;
+};
+struct TokenLogprob {
+  std::string bytes;
+  float logprob = 0.0f;
+  std::vector<TokenAlternative> top;  // descending
+};
+
 struct OutputEvent {
   enum class Type {
     kReasoningDelta,
@@ -126,6 +139,9 @@ struct OutputEvent {
   std::string tool_name;
   FinishReason finish = FinishReason::kStop;
   std::string stop_sequence;  // kFinish with kStopSequence: the matched string
+  // With logprobs requested: the answer-content tokens generated since the previous event that
+  // carried some (on a kContentDelta, or on kFinish for the last ones).
+  std::vector<TokenLogprob> logprobs;
 };
 
 struct Usage {

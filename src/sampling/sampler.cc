@@ -11,7 +11,7 @@
 
 namespace dsinfer::sampling {
 
-Status validate(const SamplingConfig& c) {
+Status validate(const SamplingConfig& c, int32_t max_top_logprobs) {
   if (!(c.temperature >= 0.0f && c.temperature <= 100.0f)) {
     return invalid_argument(str_format("temperature must be in [0, 100], got %g", c.temperature));
   }
@@ -35,8 +35,9 @@ Status validate(const SamplingConfig& c) {
     return invalid_argument(
         str_format("repetition_penalty must be in (0, 10], got %g", c.repetition_penalty));
   }
-  if (c.top_logprobs < 0 || c.top_logprobs > 20) {
-    return invalid_argument(str_format("top_logprobs must be in [0, 20], got %d", c.top_logprobs));
+  if (c.top_logprobs < 0 || c.top_logprobs > max_top_logprobs) {
+    return invalid_argument(
+        str_format("top_logprobs must be in [0, %d], got %d", max_top_logprobs, c.top_logprobs));
   }
   return Status();
 }

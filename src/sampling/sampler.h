@@ -1,6 +1,7 @@
 // Host sampler: penalties, temperature, top-k, top-p, min-p, greedy, logprobs. Each request owns
-// a counter-based RNG keyed by (seed, step), so its samples do not depend on what else is in
-// the batch or on arrival order.
+// a counter-based RNG keyed by (seed, counter); the engine passes the generated token's absolute
+// position as the counter, so its samples do not depend on what else is in the batch, on arrival
+// order or on preemption.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +24,16 @@ struct SamplingConfig {
   float frequency_penalty = 0.0f;   // [-2, 2], on generated tokens
   float repetition_penalty = 1.0f;  // > 0, on prompt and generated tokens
   uint64_t seed = 0;
-  int32_t top_logprobs = 0;  // number of alternatives to report (0..20)
+  int32_t top_logprobs = 0;  // number of alternatives to report (0..max, validate())
   bool logprobs = false;
 };
 
-// Checks ranges; the message names the field.
-Status validate(const SamplingConfig& c);
+// top_logprobs' default upper bound (OpenAI's); servers may allow more, up to the hard cap.
+inline constexpr int32_t kDefaultMaxTopLogprobs = 20;
+inline constexpr int32_t kHardMaxTopLogprobs = 1024;
+
+// Checks ranges (top_logprobs in [0, max_top_logprobs]); the message names the field.
+Status validate(const SamplingConfig& c, int32_t max_top_logprobs = kDefaultMaxTopLogprobs);
 
 struct TokenLogprob {
   int32_t token = 0;
@@ -64,8 +69,9 @@ struct SamplerScratch {
   std::vector<float> raw;
 };
 
-// Samples one token from `logits` (modified in place as scratch). `step` is the index of the
-// token being generated within its request: the RNG draw is uniform_from(seed, step).
+// Samples one token from `logits` (modified in place as scratch). The RNG draw is
+// uniform_from(seed, step); the engine's `step` is the absolute position of the token being
+// generated (prompt length + tokens generated so far).
 SampleResult sample(std::span<float> logits,
                     const SamplingConfig& c,
                     const PenaltyState& pen,

@@ -245,6 +245,14 @@ void EngineLoop::handle(Command& c) {
                                        std::chrono::duration<double>(c.job.timeout_s));
       }
       a->prompt_tokens = static_cast<int64_t>(spec.prompt.size());
+      if (c.job.share_prompt_ticket != 0) {
+        auto first = active_.find(c.job.share_prompt_ticket);
+        const engine::Request* fr =
+            first != active_.end() ? engine_->request(first->second->engine_id) : nullptr;
+        if (fr != nullptr && !fr->done() && fr->output.empty() && fr->spec.prompt == spec.prompt)
+          spec.share_prompt_of = first->second->engine_id;
+      }
+      a->pipeline.set_report_logprobs(spec.sampling.logprobs);
       spec.stop_checker = std::make_unique<PipelineStopChecker>(&raw->pipeline);
       auto id = engine_->submit(std::move(spec),
                                 [this, raw](const engine::TokenEvent& ev) { on_token(*raw, ev); });
@@ -276,6 +284,7 @@ void EngineLoop::on_token(Active& a, const engine::TokenEvent& ev) {
   // stop id), in which case the checker was not consulted.
   if (a.pipeline.tokens() == a.tokens_seen)
     a.pipeline.feed(ev.token);
+  a.pipeline.logprobs(ev.logprob, ev.top_logprobs);
   ++a.tokens_seen;
   const Clock::time_point now = Clock::now();
   if (a.tokens_seen == 1) {

@@ -44,6 +44,9 @@ struct Job {
   recipe::OutputParserOptions parser;
   std::vector<int32_t> script;  // test-only scripted ids (ScriptedOutputs); empty: the model's
   double timeout_s = 0;         // from admission; 0 = none
+  // n > 1: the ticket of a job with the same prompt submitted earlier (choice 0) whose prompt
+  // state this one shares while that one is still active (engine::RequestSpec::share_prompt_of).
+  uint64_t share_prompt_ticket = 0;
 };
 
 struct Completion {

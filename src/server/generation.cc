@@ -26,11 +26,16 @@ void OutputPipeline::push(std::vector<OutputEvent> evs, Seen* seen) {
         seen->reasoning = true;
         break;
       case OutputEvent::Type::kContentDelta:
+        in_reasoning_ = false;
+        seen->answer = true;
+        seen->content = true;
+        break;
       case OutputEvent::Type::kToolCallStart:
       case OutputEvent::Type::kToolCallArgumentsDelta:
       case OutputEvent::Type::kToolCallEnd:
         in_reasoning_ = false;
         seen->answer = true;
+        seen->tool = true;
         break;
       case OutputEvent::Type::kFinish:
         finish_reason_ = e.finish;
@@ -49,6 +54,8 @@ bool OutputPipeline::feed(int32_t sampled_token) {
     token = i < script_.size() ? script_[i] : script_.back();
   }
   ++tokens_;
+  last_kind_ = LastToken::kNone;
+  last_token_ = token;
   // A token counts as reasoning when it produced reasoning text, or produced nothing (held back,
   // or `</think>` itself) while the output was in reasoning.
   const bool was_reasoning = in_reasoning_;
@@ -71,25 +78,80 @@ bool OutputPipeline::feed(int32_t sampled_token) {
   }
   if (seen.reasoning || (was_reasoning && !seen.answer))
     ++reasoning_tokens_;
+  const bool text_token = !tok_->is_added(token);
+  if (seen.reasoning || seen.tool) {
+    last_kind_ = LastToken::kDropHeld;  // held text was markup or reasoning
+  } else if (seen.content) {
+    last_kind_ = text_token ? LastToken::kContent : LastToken::kCommitHeld;
+  } else if (text_token && !in_reasoning_ && !parser_.done()) {
+    last_kind_ = LastToken::kHeld;  // nothing yet: its text is held back
+  }
   return parser_.done();
+}
+
+void OutputPipeline::logprobs(float logprob, const std::vector<sampling::TokenLogprob>& top) {
+  const LastToken kind = last_kind_;
+  last_kind_ = LastToken::kNone;
+  if (!report_logprobs_ || kind == LastToken::kNone)
+    return;
+  if (kind == LastToken::kDropHeld) {
+    held_logprobs_.clear();
+    return;
+  }
+  if (kind == LastToken::kContent || kind == LastToken::kCommitHeld) {
+    for (auto& h : held_logprobs_) pending_logprobs_.push_back(std::move(h));
+    held_logprobs_.clear();
+    if (kind == LastToken::kCommitHeld)
+      return;
+  }
+  recipe::TokenLogprob e;
+  e.bytes = std::string(tok_->token_bytes(last_token_));
+  e.logprob = logprob;
+  e.top.reserve(top.size());
+  for (const sampling::TokenLogprob& t : top) {
+    e.top.push_back({std::string(tok_->token_bytes(t.token)), t.logprob});
+  }
+  (kind == LastToken::kHeld ? held_logprobs_ : pending_logprobs_).push_back(std::move(e));
 }
 
 void OutputPipeline::finish(recipe::FinishReason backend_reason) {
   if (finished_)
     return;
   finished_ = true;
-  Seen unused;
+  Seen seen;
   if (!parser_.done()) {
     std::string rest = decoder_.flush();
     if (!rest.empty())
-      push(parser_.feed(rest, recipe::OutputParser::Kind::kText), &unused);
+      push(parser_.feed(rest, recipe::OutputParser::Kind::kText), &seen);
   }
-  push(parser_.finish(backend_reason), &unused);
+  push(parser_.finish(backend_reason), &seen);
+  // Held-back text that the end turned into content: its tokens are reported; else dropped.
+  if (seen.content && !seen.tool) {
+    for (auto& h : held_logprobs_) pending_logprobs_.push_back(std::move(h));
+  }
+  held_logprobs_.clear();
+  last_kind_ = LastToken::kNone;
 }
 
 std::vector<OutputEvent> OutputPipeline::take_events() {
   std::vector<OutputEvent> out;
   out.swap(events_);
+  if (!pending_logprobs_.empty()) {
+    // On the first content event; else on the finish event; else they wait for the next batch.
+    OutputEvent* target = nullptr;
+    for (OutputEvent& e : out) {
+      if (e.type == OutputEvent::Type::kContentDelta) {
+        target = &e;
+        break;
+      }
+      if (e.type == OutputEvent::Type::kFinish)
+        target = &e;
+    }
+    if (target != nullptr) {
+      target->logprobs = std::move(pending_logprobs_);
+      pending_logprobs_.clear();
+    }
+  }
   return out;
 }
 

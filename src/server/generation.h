@@ -25,6 +25,7 @@
 #include "engine/request.h"
 #include "recipe/output_parser.h"
 #include "recipe/types.h"
+#include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsinfer::server {
@@ -39,6 +40,13 @@ class OutputPipeline {
 
   // Feeds the next generated token. Returns true once the output has ended by itself.
   bool feed(int32_t sampled_token);
+  // Reports log-probabilities (OpenAI `logprobs`): after each feed(), logprobs() gives the
+  // sampled token's. It is kept when that token's text became answer content (not reasoning, a
+  // tool call, or a control token such as EOS) and rides on the next content event (or the
+  // finish event). A token whose text the parser holds back (a possible marker or stop-sequence
+  // prefix) is kept only once that text turns out to be content.
+  void set_report_logprobs(bool on) { report_logprobs_ = on; }
+  void logprobs(float logprob, const std::vector<sampling::TokenLogprob>& top);
   // Flushes the decoder and ends the parser (emits the kFinish event). Idempotent.
   void finish(recipe::FinishReason backend_reason);
 
@@ -57,6 +65,8 @@ class OutputPipeline {
   struct Seen {
     bool reasoning = false;  // reasoning text
     bool answer = false;     // content or tool-call events
+    bool content = false;    // content events
+    bool tool = false;       // tool-call events
   };
   void push(std::vector<recipe::OutputEvent> evs, Seen* seen);
 
@@ -65,6 +75,13 @@ class OutputPipeline {
   recipe::OutputParser parser_;
   std::vector<int32_t> script_;
   std::vector<recipe::OutputEvent> events_;
+  // What the last fed token's text became, for logprobs().
+  enum class LastToken { kNone, kContent, kCommitHeld, kHeld, kDropHeld };
+  bool report_logprobs_ = false;
+  LastToken last_kind_ = LastToken::kNone;
+  int32_t last_token_ = -1;
+  std::vector<recipe::TokenLogprob> held_logprobs_;     // tokens whose text is held back
+  std::vector<recipe::TokenLogprob> pending_logprobs_;  // content tokens, not yet on an event
   int64_t tokens_ = 0;
   int64_t reasoning_tokens_ = 0;
   bool in_reasoning_ = false;

@@ -1,5 +1,6 @@
 #include "server/protocol.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "base/strings.h"
@@ -113,7 +114,7 @@ api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
   spec.max_tokens = max_tokens.value();
   spec.stop_token_ids = req.sampling.stop_token_ids;
   spec.ignore_eos = req.sampling.ignore_eos;
-  Status valid = sampling::validate(spec.sampling);
+  Status valid = sampling::validate(spec.sampling, ctx.decode.max_top_logprobs);
   if (!valid.ok())
     return api::invalid_request(leading_field(valid.message()), valid.message());
   p.job.parser = prompt->parser;
@@ -121,6 +122,20 @@ api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
   if (ctx.scripted != nullptr) {
     if (auto script = ctx.scripted->select(req))
       p.job.script = std::move(*script);
+  }
+  // n > 1 (Chat): choice i samples with seed + i and shares choice 0's prompt state.
+  for (int32_t i = 1; i < req.n; ++i) {
+    Job j;
+    j.spec.prompt = spec.prompt;
+    j.spec.sampling = spec.sampling;
+    j.spec.sampling.seed = spec.sampling.seed + static_cast<uint64_t>(i);
+    j.spec.max_tokens = spec.max_tokens;
+    j.spec.stop_token_ids = spec.stop_token_ids;
+    j.spec.ignore_eos = spec.ignore_eos;
+    j.parser = p.job.parser;
+    j.script = p.job.script;
+    j.timeout_s = p.job.timeout_s;
+    p.more_choices.push_back(std::move(j));
   }
   return p;
 }
@@ -170,9 +185,15 @@ ProtocolEncoder::ProtocolEncoder(Endpoint endpoint,
                                  const recipe::GenerationRequest& request,
                                  const api::ResponseMeta& meta) {
   switch (endpoint) {
-    case Endpoint::kChat:
-      chat_ = std::make_unique<api::ChatStreamEncoder>(request, meta);
+    case Endpoint::kChat: {
+      // Every choice shares the response id, created and model (n > 1).
+      auto first = std::make_unique<api::ChatStreamEncoder>(request, meta, 0);
+      const api::ResponseMeta shared = first->meta();
+      chats_.push_back(std::move(first));
+      for (int32_t i = 1; i < request.n; ++i)
+        chats_.push_back(std::make_unique<api::ChatStreamEncoder>(request, shared, i));
       break;
+    }
     case Endpoint::kResponses:
       responses_ = std::make_unique<api::ResponsesStreamEncoder>(request, meta);
       break;
@@ -185,18 +206,21 @@ ProtocolEncoder::ProtocolEncoder(Endpoint endpoint,
 ProtocolEncoder::~ProtocolEncoder() = default;
 
 std::string ProtocolEncoder::start(const recipe::Usage& prompt_usage) {
-  if (chat_)
-    return chat_->start();
+  if (!chats_.empty()) {
+    std::string out;
+    for (auto& c : chats_) out += c->start();
+    return out;
+  }
   if (responses_)
     return responses_->start();
   return messages_->start(prompt_usage);
 }
 
-std::string ProtocolEncoder::add(const std::vector<recipe::OutputEvent>& events) {
+std::string ProtocolEncoder::add(const std::vector<recipe::OutputEvent>& events, size_t choice) {
   std::string out;
   for (const recipe::OutputEvent& e : events) {
-    if (chat_) {
-      out += chat_->add(e);
+    if (!chats_.empty()) {
+      out += chats_[std::min(choice, chats_.size() - 1)]->add(e);
     } else if (responses_) {
       out += responses_->add(e);
     } else {
@@ -206,25 +230,41 @@ std::string ProtocolEncoder::add(const std::vector<recipe::OutputEvent>& events)
   return out;
 }
 
+std::string ProtocolEncoder::finish_choice(size_t choice) {
+  if (chats_.size() <= 1 || choice >= chats_.size())
+    return "";
+  return chats_[choice]->finish_choice();
+}
+
 std::string ProtocolEncoder::finish(const recipe::Usage& usage) {
-  if (chat_)
-    return chat_->finish(usage);
+  if (chats_.size() == 1)
+    return chats_[0]->finish(usage);
+  if (!chats_.empty()) {
+    std::string out;
+    for (auto& c : chats_) out += c->finish_choice();  // no-op for those already closed
+    return out + api::chat_choices_done(*chats_[0], usage);
+  }
   if (responses_)
     return responses_->finish(usage);
   return messages_->finish(usage);
 }
 
 std::string ProtocolEncoder::error(const api::ApiError& e) {
-  if (chat_)
-    return chat_->error(e);
+  if (!chats_.empty())
+    return chats_[0]->error(e);
   if (responses_)
     return responses_->error(e);
   return messages_->error(e);
 }
 
 std::string ProtocolEncoder::response_json(const recipe::Usage& usage) const {
-  if (chat_)
-    return chat_->response_json(usage);
+  if (chats_.size() == 1)
+    return chats_[0]->response_json(usage);
+  if (!chats_.empty()) {
+    std::vector<const api::ChatStreamEncoder*> all;
+    for (const auto& c : chats_) all.push_back(c.get());
+    return api::build_chat_choices_response(all, usage);
+  }
   if (responses_)
     return responses_->response_json(usage);
   return messages_->response_json(usage);

@@ -45,11 +45,13 @@ size_t prompt_byte_limit(const tokenizer::Tokenizer& tok, int64_t max_prompt_tok
 
 struct PreparedRequest {
   recipe::GenerationRequest request;
-  Job job;
+  Job job;                        // choice 0
+  std::vector<Job> more_choices;  // n > 1: choices 1..n-1 (seed + i, same prompt)
 };
 
 // Decodes, renders the DeepSeek prompt, tokenizes, applies the prompt-length and output limits
-// and builds the engine request (sampling seed: the request's, else `default_seed`). Every
+// and builds the engine request (sampling seed: the request's, else `default_seed`; with n > 1,
+// choice i gets that seed + i). Every
 // failure is the protocol's 4xx naming the problem.
 api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
                                                 std::string_view body,
@@ -76,13 +78,18 @@ class ProtocolEncoder {
 
   // The opening frames; Messages' message_start carries the prompt usage.
   std::string start(const recipe::Usage& prompt_usage);
-  std::string add(const std::vector<recipe::OutputEvent>& events);
+  // `choice`: which of the request's `n` choices the events belong to (Chat; 0 elsewhere).
+  std::string add(const std::vector<recipe::OutputEvent>& events, size_t choice = 0);
+  // n > 1, streaming: the choice's finish chunk, once it is done.
+  std::string finish_choice(size_t choice);
+  // The end of the response (every choice done); `usage` summed over the choices.
   std::string finish(const recipe::Usage& usage);
   std::string error(const api::ApiError& e);
   std::string response_json(const recipe::Usage& usage) const;
+  size_t choices() const { return chats_.empty() ? 1 : chats_.size(); }
 
  private:
-  std::unique_ptr<api::ChatStreamEncoder> chat_;
+  std::vector<std::unique_ptr<api::ChatStreamEncoder>> chats_;  // one per choice
   std::unique_ptr<api::ResponsesStreamEncoder> responses_;
   std::unique_ptr<api::MessagesStreamEncoder> messages_;
 };

@@ -241,62 +241,78 @@ struct Conn {
 
 // A request's results, handed from the engine loop thread to the connection's strand: the loop
 // appends under the mutex and posts one wake-up (coalesced) that cancels the waiter's timer.
-class Channel final : public RequestSink, public std::enable_shared_from_this<Channel> {
+// n > 1 (Chat `n`): one engine request per choice, each reporting through its ChoiceSink.
+class Channel final : public std::enable_shared_from_this<Channel> {
  public:
-  explicit Channel(const net::any_io_executor& ex) : timer_(ex) {}
+  Channel(const net::any_io_executor& ex, size_t choices) : timer_(ex), choices_(choices) {}
 
-  void on_accepted(int64_t prompt_tokens) override {
+  void on_accepted(size_t i, int64_t prompt_tokens) {
     {
       std::lock_guard<std::mutex> l(mu_);
-      accepted_ = true;
+      choices_[i].accepted = true;
       prompt_tokens_ = prompt_tokens;
     }
     notify();
   }
-  void on_rejected(const Status& status) override {
+  void on_rejected(size_t, const Status& status) {
     {
       std::lock_guard<std::mutex> l(mu_);
-      rejected_ = status;
+      if (!rejected_)
+        rejected_ = status;
     }
     notify();
   }
-  void on_events(std::vector<recipe::OutputEvent> events) override {
+  void on_events(size_t i, std::vector<recipe::OutputEvent> events) {
     {
       std::lock_guard<std::mutex> l(mu_);
-      for (auto& e : events) events_.push_back(std::move(e));
+      for (auto& e : events) choices_[i].events.push_back(std::move(e));
     }
     notify();
   }
-  void on_finished(const Completion& completion) override {
+  void on_finished(size_t i, const Completion& completion) {
     {
       std::lock_guard<std::mutex> l(mu_);
-      finished_ = completion;
+      choices_[i].finished = completion;
     }
     notify();
   }
 
   struct Snapshot {
-    bool accepted = false;
+    bool accepted = false;  // every choice
     int64_t prompt_tokens = 0;
-    std::optional<Status> rejected;
-    std::vector<recipe::OutputEvent> events;
-    std::optional<Completion> finished;
+    std::optional<Status> rejected;                        // any choice
+    std::vector<std::vector<recipe::OutputEvent>> events;  // per choice
+    std::vector<std::optional<Completion>> finished;       // per choice
+    bool all_finished = false;
   };
   // Everything new since the last take() (strand only).
   Snapshot take() {
     Snapshot s;
     std::lock_guard<std::mutex> l(mu_);
-    s.accepted = accepted_;
-    accept_seen_ = accepted_;
+    s.accepted = true;
+    s.all_finished = true;
+    for (Choice& c : choices_) {
+      s.accepted = s.accepted && c.accepted;
+      s.events.emplace_back().swap(c.events);
+      s.finished.push_back(c.finished);
+      s.all_finished = s.all_finished && c.finished.has_value();
+      c.finish_seen = c.finished.has_value();
+    }
+    accept_seen_ = s.accepted;
     s.prompt_tokens = prompt_tokens_;
     s.rejected = rejected_;
-    s.events.swap(events_);
-    s.finished = finished_;
+    reject_seen_ = rejected_.has_value();
     return s;
   }
   bool pending() {
     std::lock_guard<std::mutex> l(mu_);
-    return !events_.empty() || rejected_ || finished_ || (accepted_ && !accept_seen_);
+    bool accepted = true;
+    for (const Choice& c : choices_) {
+      if (!c.events.empty() || (c.finished && !c.finish_seen))
+        return true;
+      accepted = accepted && c.accepted;
+    }
+    return (rejected_ && !reject_seen_) || (accepted && !accept_seen_);
   }
   // Waits for the next notify (or cancellation). Strand only.
   net::awaitable<void> wait() {
@@ -305,6 +321,12 @@ class Channel final : public RequestSink, public std::enable_shared_from_this<Ch
   }
 
  private:
+  struct Choice {
+    bool accepted = false;
+    std::vector<recipe::OutputEvent> events;
+    std::optional<Completion> finished;
+    bool finish_seen = false;  // take() has returned `finished`
+  };
   void notify() {
     if (notify_pending_.exchange(true))
       return;
@@ -317,13 +339,47 @@ class Channel final : public RequestSink, public std::enable_shared_from_this<Ch
   net::steady_timer timer_;
   std::atomic<bool> notify_pending_{false};
   std::mutex mu_;
-  bool accepted_ = false;
+  std::vector<Choice> choices_;
   bool accept_seen_ = false;
+  bool reject_seen_ = false;
   int64_t prompt_tokens_ = 0;
   std::optional<Status> rejected_;
-  std::vector<recipe::OutputEvent> events_;
-  std::optional<Completion> finished_;
 };
+
+// One choice's RequestSink: forwards to the request's Channel with the choice's index.
+class ChoiceSink final : public RequestSink {
+ public:
+  ChoiceSink(std::shared_ptr<Channel> chan, size_t index) : chan_(std::move(chan)), i_(index) {}
+  void on_accepted(int64_t prompt_tokens) override { chan_->on_accepted(i_, prompt_tokens); }
+  void on_rejected(const Status& status) override { chan_->on_rejected(i_, status); }
+  void on_events(std::vector<recipe::OutputEvent> events) override {
+    chan_->on_events(i_, std::move(events));
+  }
+  void on_finished(const Completion& completion) override { chan_->on_finished(i_, completion); }
+
+ private:
+  std::shared_ptr<Channel> chan_;
+  size_t i_;
+};
+
+// The choices' completions as one: usage summed over the choices (the prompt counted once), the
+// first end cause and error, choice 0's finish reason, the earliest first token.
+Completion merge_completions(const std::vector<std::optional<Completion>>& cs) {
+  Completion m = *cs[0];
+  for (size_t i = 1; i < cs.size(); ++i) {
+    const Completion& c = *cs[i];
+    m.usage.completion_tokens += c.usage.completion_tokens;
+    m.usage.reasoning_tokens += c.usage.reasoning_tokens;
+    if (m.cause == EndCause::kNone && c.cause != EndCause::kNone) {
+      m.cause = c.cause;
+      m.error = c.error;
+    }
+    if (c.ttft_s >= 0 && (m.ttft_s < 0 || c.ttft_s < m.ttft_s))
+      m.ttft_s = c.ttft_s;
+    m.duration_s = std::max(m.duration_s, c.duration_s);
+  }
+  return m;
+}
 
 // What happened to one generation exchange.
 struct Outcome {
@@ -332,6 +388,7 @@ struct Outcome {
   bool write_failed = false;  // a write to the client failed
   bool headers_sent = false;
   bool keep_alive = true;
+  bool rejected = false;  // the engine refused (a choice of) the request
   std::optional<Completion> completion;
 };
 
@@ -1063,7 +1120,12 @@ net::awaitable<bool> Server::Impl::generate(Conn& c,
     co_return keep_alive;
   }
   PreparedRequest& p = prepared.value();
-  if (!loop->try_admit()) {
+  // One admission slot per choice (n > 1 runs n engine requests).
+  const size_t choices = 1 + p.more_choices.size();
+  size_t admitted = 0;
+  while (admitted < choices && loop->try_admit()) ++admitted;
+  if (admitted < choices) {
+    for (size_t i = 0; i < admitted; ++i) loop->cancel_admission();
     api::ApiError e =
         make_error(429,
                    anthropic ? "rate_limit_error" : "rate_limit_exceeded",
@@ -1084,16 +1146,27 @@ net::awaitable<bool> Server::Impl::generate(Conn& c,
   meta.created = static_cast<int64_t>(std::time(nullptr));
   meta.seed = seed;
   ProtocolEncoder enc(endpoint, p.request, meta);
-  auto chan = std::make_shared<Channel>(co_await net::this_coro::executor);
-  const uint64_t ticket = loop->submit(std::move(p.job), chan);
+  auto chan = std::make_shared<Channel>(co_await net::this_coro::executor, choices);
+  std::vector<uint64_t> tickets;
+  tickets.push_back(loop->submit(std::move(p.job), std::make_shared<ChoiceSink>(chan, 0)));
+  for (size_t i = 1; i < choices; ++i) {
+    Job& j = p.more_choices[i - 1];
+    j.share_prompt_ticket = tickets[0];  // fork choice 0's prompt state
+    tickets.push_back(loop->submit(std::move(j), std::make_shared<ChoiceSink>(chan, i)));
+  }
+  const uint64_t ticket = tickets[0];
 
   Outcome o;
   o.keep_alive = keep_alive;
   co_await (respond(c, *chan, enc, stream, version, anthropic, &o) || watch_peer(c, &o));
   const bool gone = !o.completion;  // the client vanished (EOF/reset/write error) mid-exchange
+  if (o.rejected && tickets.size() > 1) {
+    // One choice was refused: the others are not wanted either.
+    for (uint64_t t : tickets) loop->abort(t, EndCause::kError);
+  }
   if (gone) {
     // Stop generating now: the loop aborts the request and frees its state.
-    loop->abort(ticket, EndCause::kDisconnect);
+    for (uint64_t t : tickets) loop->abort(t, EndCause::kDisconnect);
     // 499: the client closed the request before its response was complete (nginx's convention),
     // for metrics and logs (the client may have seen a 200 status line already).
     o.status = 499;
@@ -1131,17 +1204,23 @@ net::awaitable<void> Server::Impl::respond(Conn& c,
   co_await net::this_coro::throw_if_cancelled(false);
   const bool chunked = version >= 11;
   if (stream && !chunked)
-    o->keep_alive = false;  // HTTP/1.0: the body ends when the connection does
+    o->keep_alive = false;   // HTTP/1.0: the body ends when the connection does
+  std::vector<bool> closed;  // n > 1, streaming: choices whose finish chunk went out
   for (;;) {
     Channel::Snapshot s = chan.take();
     if (s.rejected) {
       api::ApiError e = rejection_error(*s.rejected);
       co_await send_error(c, version, o->keep_alive, anthropic, e);
       o->status = e.http_status;
+      o->rejected = true;
       o->completion = Completion{};
       o->completion->cause = EndCause::kNone;
       co_return;
     }
+    closed.resize(s.finished.size(), false);
+    std::optional<Completion> finished;
+    if (s.all_finished)
+      finished = merge_completions(s.finished);
     std::string out;
     if (stream) {
       if (s.accepted && !o->headers_sent) {
@@ -1153,21 +1232,30 @@ net::awaitable<void> Server::Impl::respond(Conn& c,
         o->headers_sent = true;
         o->status = 200;
       }
-      std::string frames = enc.add(s.events);
-      if (s.finished) {
-        if (auto err = completion_error(*s.finished)) {
+      std::string frames;
+      for (size_t i = 0; i < s.events.size(); ++i) {
+        frames += enc.add(s.events[i], i);
+        // n > 1: each choice's finish chunk as soon as it is done (unless it failed: then the
+        // error event ends the whole stream below).
+        if (enc.choices() > 1 && s.finished[i] && !closed[i] && !completion_error(*s.finished[i])) {
+          frames += enc.finish_choice(i);
+          closed[i] = true;
+        }
+      }
+      if (finished) {
+        if (auto err = completion_error(*finished)) {
           frames += enc.error(*err);
         } else {
-          frames += enc.finish(s.finished->usage);
+          frames += enc.finish(finished->usage);
         }
       }
       append_chunk(&out, frames, chunked);
-      if (s.finished && chunked)
+      if (finished && chunked)
         out += "0\r\n\r\n";
     } else {
-      (void)enc.add(s.events);
-      if (s.finished) {
-        if (auto err = completion_error(*s.finished)) {
+      for (size_t i = 0; i < s.events.size(); ++i) (void)enc.add(s.events[i], i);
+      if (finished) {
+        if (auto err = completion_error(*finished)) {
           o->status = err->http_status;
           std::string body = error_body(anthropic, *err);
           out = http_head(err->http_status,
@@ -1178,7 +1266,7 @@ net::awaitable<void> Server::Impl::respond(Conn& c,
                           {});
           out += body;
         } else {
-          std::string body = enc.response_json(s.finished->usage);
+          std::string body = enc.response_json(finished->usage);
           o->status = 200;
           out = http_head(200,
                           version,
@@ -1199,8 +1287,8 @@ net::awaitable<void> Server::Impl::respond(Conn& c,
         co_return;
       }
     }
-    if (s.finished) {
-      o->completion = *s.finished;
+    if (finished) {
+      o->completion = *finished;
       co_return;
     }
     // pending(): results that arrived while we were writing (their wake-up may have run then).

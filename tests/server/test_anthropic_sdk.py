@@ -21,12 +21,14 @@ WEATHER_TOOL = {
 NO_THINKING = {"type": "disabled"}
 THINKING = {"type": "enabled", "budget_tokens": 1024}
 GREETING = "Hello! How can I help?"
+SECOND_NAME = "second-name"
 
 
 class AnthropicSDK(harness.unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = harness.Server(api_key="test-key")
+        # Two served names (--served-model-name is repeatable): both are answered.
+        cls.server = harness.Server("--served-model-name", SECOND_NAME, api_key="test-key")
         cls.client = anthropic.Anthropic(base_url=cls.server.url, api_key="test-key",
                                          max_retries=0, timeout=60)
         # DeepSeek's path: https://api.deepseek.com/anthropic
@@ -138,6 +140,14 @@ class AnthropicSDK(harness.unittest.TestCase):
         self.assertIn(s.stop_reason, ("end_turn", "max_tokens"))
         self.assertEqual(text, "".join(b.text for b in s.content if b.type == "text"))
 
+    def test_second_served_name(self):
+        m = self.client.messages.create(model=SECOND_NAME, max_tokens=64, thinking=NO_THINKING,
+                                        messages=[{"role": "user", "content": "[[answer]]"}])
+        self.assertEqual(m.model, SECOND_NAME)
+        self.assertEqual(m.content[0].text, GREETING)
+        ids = [x.id for x in self.client.models.list()]
+        self.assertEqual(ids, [MODEL_NAME, SECOND_NAME])
+
     def test_errors(self):
         with self.assertRaises(anthropic.BadRequestError) as e:
             self.client.messages.create(model=MODEL_NAME, max_tokens=10, messages=[])
@@ -148,10 +158,16 @@ class AnthropicSDK(harness.unittest.TestCase):
         self.assertIn("temperature", str(e.exception))
         with self.assertRaises(anthropic.BadRequestError):
             self.create("x", max_tokens=0)
-        with self.assertRaises(anthropic.BadRequestError) as e:
+        with self.assertRaises(anthropic.NotFoundError) as e:
             self.client.messages.create(model="gpt-4o", max_tokens=10,
                                         messages=[{"role": "user", "content": "x"}])
         self.assertIn("gpt-4o", str(e.exception))
+        self.assertEqual(e.exception.status_code, 404)
+        self.assertEqual(e.exception.body["error"]["type"], "not_found_error")
+        with self.assertRaises(anthropic.NotFoundError):
+            with self.client.messages.stream(model="gpt-4o", max_tokens=10,
+                                             messages=[{"role": "user", "content": "x"}]) as s:
+                s.get_final_message()
         bad = anthropic.Anthropic(base_url=self.server.url, api_key="wrong", max_retries=0)
         with self.assertRaises(anthropic.AuthenticationError) as e:
             bad.messages.create(model=MODEL_NAME, max_tokens=10,

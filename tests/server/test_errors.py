@@ -70,12 +70,27 @@ class Errors(harness.unittest.TestCase):
         self.assertIn("max_tokens", e["message"])
 
     def test_unknown_model(self):
-        e = self.openai_error(CHAT, {"model": "gpt-nope", "messages": user()})
-        self.assertEqual(e["code"], "model_not_found")
+        # 404 model_not_found (OpenAI and vLLM), Anthropic's not_found_error.
+        for path, body in ((CHAT, {"model": "gpt-nope", "messages": user()}),
+                           (RESP, {"model": "gpt-nope", "input": "x"})):
+            e = self.openai_error(path, body, status=404)
+            self.assertEqual(e["code"], "model_not_found")
+            self.assertEqual(e["type"], "invalid_request_error")
+            self.assertIn("gpt-nope", e["message"])
+            self.assertIn(MODEL_NAME, e["message"])
+        e = self.anthropic_error({"model": "gpt-nope", "max_tokens": 5, "messages": user()},
+                                 status=404)
+        self.assertEqual(e["type"], "not_found_error")
         self.assertIn("gpt-nope", e["message"])
-        self.assertIn(MODEL_NAME, e["message"])
-        e = self.anthropic_error({"model": "gpt-nope", "max_tokens": 5, "messages": user()})
-        self.assertIn("gpt-nope", e["message"])
+        # A huge name is cut in the message; the server keeps serving.
+        e = self.openai_error(CHAT, {"model": "m" * 20000, "messages": user()}, status=404)
+        self.assertLess(len(e["message"]), 1024)
+        e = self.anthropic_error({"model": "g" * 20000, "max_tokens": 5, "messages": user()},
+                                 status=404)
+        self.assertLess(len(e["message"]), 1024)
+        code, _, _ = self.server.post(CHAT, {"model": MODEL_NAME, "messages": user(),
+                                             "max_tokens": 2})
+        self.assertEqual(code, 200)
 
     def test_over_long_prompt(self):
         text = " ".join(f"word{i}" for i in range(200))
@@ -117,8 +132,9 @@ class Errors(harness.unittest.TestCase):
                 self.assertIn(field, e["message"])
         e = self.openai_error(RESP, {"model": MODEL_NAME, "input": "x", "top_p": 2})
         self.assertEqual(e["param"], "top_p")
-        e = self.openai_error(CHAT, {"model": MODEL_NAME, "messages": user(), "n": 3})
-        self.assertEqual(e["param"], "n")
+        for n in (0, 17, 10**6):
+            e = self.openai_error(CHAT, {"model": MODEL_NAME, "messages": user(), "n": n})
+            self.assertEqual(e["param"], "n")
 
     def test_routes_and_methods(self):
         code, _, raw = self.server.get("/v2/whatever")

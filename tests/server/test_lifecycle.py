@@ -68,6 +68,39 @@ class Disconnect(harness.unittest.TestCase):
             m = s.metrics()
             self.assertEqual(m[f'dsinfer_requests_total{{endpoint="{CHAT}",status="499"}}'], 1)
 
+    def test_disconnect_aborts_every_choice(self):
+        # n = 3: three engine requests (choices 1 and 2 fork choice 0's prompt state); a client
+        # that goes away mid-stream aborts all three and their state returns to the arena.
+        with harness.Server("--debug-step-delay-ms", "5") as s:
+            async def scenario():
+                r, w, status, h = await harness.open_stream(
+                    s.port, CHAT, body_for(CHAT, "[[long]]", n=3))
+                self.assertEqual(status, 200)
+                indexes = set()
+                while len(indexes) < 3:  # every choice streams
+                    chunk = await harness.read_chunk(r)
+                    self.assertTrue(chunk, "the stream ended early")
+                    for line in chunk.decode().splitlines():
+                        if line.startswith("data: {"):
+                            indexes.update(c["index"] for c in json.loads(line[6:])["choices"])
+                m = await asyncio.to_thread(
+                    s.wait_metric, lambda m: m["dsinfer_running_requests"] == 3)
+                self.assertEqual(m["dsinfer_requests_in_flight"], 3)
+                w.close()
+                await w.wait_closed()
+                await asyncio.to_thread(
+                    s.wait_metric, lambda m: m["dsinfer_running_requests"] == 0 and
+                    m["dsinfer_state_memory_used_bytes"] == 0 and
+                    m["dsinfer_requests_in_flight"] == 0 and
+                    m['dsinfer_requests_aborted_total{reason="disconnect"}'] == 3)
+            asyncio.run(scenario())
+            # The server keeps serving.
+            code, _, raw = s.post(CHAT, body_for(CHAT, "[[answer]]", stream=False, n=2))
+            self.assertEqual(code, 200, raw)
+            choices = json.loads(raw)["choices"]
+            self.assertEqual([c["index"] for c in choices], [0, 1])
+            self.assertEqual(choices[0]["message"]["content"], choices[1]["message"]["content"])
+
     def test_disconnect_while_waiting_for_a_non_streaming_answer(self):
         with harness.Server("--debug-step-delay-ms", "5") as s:
             async def scenario():

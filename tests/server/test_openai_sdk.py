@@ -8,6 +8,7 @@ the token ids are scripted). Plain requests without a rule marker are generated 
 """
 
 import json
+import math
 
 import harness
 from harness import MODEL_NAME
@@ -173,15 +174,19 @@ class OpenAISDK(harness.unittest.TestCase):
 
     def test_chat_errors(self):
         with self.assertRaises(openai.BadRequestError) as e:
-            self.chat("[[answer]]", n=2)
+            self.chat("[[answer]]", n=17)  # over --max-n (16)
         self.assertIn("n", e.exception.body["param"])
         with self.assertRaises(openai.BadRequestError) as e:
             self.chat("[[answer]]", temperature=5)
         self.assertEqual(e.exception.body["param"], "temperature")
-        with self.assertRaises(openai.APIStatusError) as e:
+        with self.assertRaises(openai.NotFoundError) as e:
             self.client.chat.completions.create(
                 model="no-such-model", messages=[{"role": "user", "content": "x"}])
         self.assertIn("no-such-model", str(e.exception))
+        self.assertEqual(e.exception.status_code, 404)
+        self.assertEqual(e.exception.body["code"], "model_not_found")
+        with self.assertRaises(openai.NotFoundError) as e:
+            self.client.responses.create(model="no-such-model", input="x")
         self.assertEqual(e.exception.body["code"], "model_not_found")
         with self.assertRaises(openai.BadRequestError) as e:
             self.client.chat.completions.create(model=MODEL_NAME, messages=[])
@@ -193,6 +198,109 @@ class OpenAISDK(harness.unittest.TestCase):
         self.assertEqual(self.client.models.retrieve(MODEL_NAME).id, MODEL_NAME)
 
     # ---- Responses ----
+
+    # ---- logprobs (the model's own tokens: a prompt no scripted rule matches) ----
+
+    def test_chat_logprobs(self):
+        kw = dict(extra_body=NO_THINKING, temperature=0, max_tokens=8, logprobs=True,
+                  top_logprobs=3, seed=5)
+        r = self.chat("Name a colour.", **kw)
+        c = r.choices[0]
+        lps = c.logprobs.content
+        self.assertGreater(len(lps), 0)
+        self.assertLessEqual(len(lps), r.usage.completion_tokens)
+        for t in lps:
+            self.assertEqual(len(t.top_logprobs), 3)
+            self.assertLessEqual(t.logprob, 0.0)
+            # Greedy: the chosen token is the most likely one, its logprob the top one.
+            self.assertEqual(t.top_logprobs[0].bytes, t.bytes)
+            self.assertAlmostEqual(t.top_logprobs[0].logprob, t.logprob, places=5)
+            self.assertGreaterEqual(t.top_logprobs[0].logprob, t.top_logprobs[1].logprob)
+            self.assertLessEqual(sum(math.exp(x.logprob) for x in t.top_logprobs), 1.0 + 1e-4)
+        text = b"".join(bytes(t.bytes) for t in lps).decode("utf-8", "replace")
+        self.assertIn(c.message.content.strip(), text)
+        # Streaming gives the same tokens, spread over the chunks.
+        streamed = []
+        for chunk in self.chat("Name a colour.", stream=True, **kw):
+            if chunk.choices and chunk.choices[0].logprobs:
+                streamed += [(t.token, t.logprob) for t in chunk.choices[0].logprobs.content]
+        self.assertEqual([t for t, _ in streamed], [t.token for t in lps])
+        for (_, a), t in zip(streamed, lps):
+            self.assertAlmostEqual(a, t.logprob, places=5)
+        # logprobs without top_logprobs: no alternatives.
+        r = self.chat("Name a colour.", extra_body=NO_THINKING, max_tokens=4, logprobs=True)
+        self.assertEqual(r.choices[0].logprobs.content[0].top_logprobs, [])
+        # Not asked: null.
+        r = self.chat("Name a colour.", extra_body=NO_THINKING, max_tokens=2)
+        self.assertIsNone(r.choices[0].logprobs)
+
+    def test_responses_logprobs(self):
+        kw = dict(model=MODEL_NAME, input="Name a colour.", reasoning={"effort": "none"},
+                  temperature=0, max_output_tokens=8, top_logprobs=2,
+                  include=["message.output_text.logprobs"])
+        r = self.client.responses.create(**kw)
+        parts = [p for o in r.output if o.type == "message" for p in o.content]
+        self.assertTrue(parts)
+        lps = parts[0].logprobs
+        self.assertGreater(len(lps), 0)
+        for t in lps:
+            self.assertEqual(len(t.top_logprobs), 2)
+            self.assertAlmostEqual(t.top_logprobs[0].logprob, t.logprob, places=5)
+        deltas = []
+        with self.client.responses.stream(**kw) as stream:
+            for ev in stream:
+                if ev.type == "response.output_text.delta":
+                    deltas += [t.token for t in ev.logprobs]
+        self.assertEqual(deltas, [t.token for t in lps])
+
+    # ---- n > 1 ----
+
+    def test_n_choices_equal_each_seed_alone(self):
+        # Choice i samples with seed + i (sharing choice 0's prompt state): each equals the same
+        # request run alone with that seed.
+        kw = dict(extra_body=NO_THINKING, temperature=1.0, max_tokens=6, seed=40)
+        r = self.chat("Write a word.", n=4, logprobs=True, **kw)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2, 3])
+        alone = []
+        for i in range(4):
+            one = self.chat("Write a word.", **dict(kw, seed=40 + i))
+            alone.append(one.choices[0].message.content)
+            self.assertEqual(r.choices[i].message.content, alone[i], f"choice {i}")
+            self.assertEqual(r.choices[i].finish_reason, one.choices[0].finish_reason)
+            self.assertIsNotNone(r.choices[i].logprobs)
+        one = self.chat("Write a word.", **kw)
+        self.assertEqual(r.usage.prompt_tokens, one.usage.prompt_tokens)
+        self.assertGreaterEqual(r.usage.completion_tokens, 4)
+        # Streaming: every chunk names its choice; the texts are the same, usage at the end.
+        texts = ["", "", "", ""]
+        finishes = [None] * 4
+        usage = None
+        for chunk in self.chat("Write a word.", n=4, stream=True,
+                               stream_options={"include_usage": True}, **kw):
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for ch in chunk.choices:
+                texts[ch.index] += ch.delta.content or ""
+                if ch.finish_reason:
+                    finishes[ch.index] = ch.finish_reason
+        self.assertEqual(texts, alone)
+        self.assertNotIn(None, finishes)
+        self.assertEqual(usage.completion_tokens, r.usage.completion_tokens)
+
+    def test_logprobs_errors(self):
+        for bad in (21, -1):
+            with self.assertRaises(openai.BadRequestError) as e:
+                self.chat("x", logprobs=True, top_logprobs=bad)
+            self.assertEqual(e.exception.body["param"], "top_logprobs")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.responses.create(model=MODEL_NAME, input="x", top_logprobs=50)
+        self.assertEqual(e.exception.body["param"], "top_logprobs")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.responses.create(model=MODEL_NAME, input="x", include=["nope"])
+        self.assertEqual(e.exception.body["param"], "include[0]")
+        # The server keeps serving.
+        self.assertEqual(self.chat("[[answer]]", extra_body=NO_THINKING).choices[0]
+                         .message.content, GREETING)
 
     def test_responses_non_streaming(self):
         r = self.client.responses.create(model=MODEL_NAME, input="[[answer]]",

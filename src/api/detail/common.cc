@@ -1,6 +1,7 @@
 #include "api/detail/common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "recipe/pyjson.h"
@@ -58,8 +59,10 @@ Err read_model(const Reader& r,
       served += ", ";
     served += "'" + m + "'";
   }
+  // 404 as OpenAI and vLLM answer (Anthropic's shape renders it as not_found_error).
   ApiError e = r.invalid(
       p, "model '" + quote(*out) + "' does not exist; this server serves " + served + ".");
+  e.http_status = 404;
   e.code = "model_not_found";
   return e;
 }
@@ -85,11 +88,15 @@ Err check_tool_name(const Reader& r,
   return std::nullopt;
 }
 
-Err read_top_logprobs(const Reader& r, const Json& root, std::optional<int64_t>* out) {
+Err read_top_logprobs(const Reader& r,
+                      const Json& root,
+                      const DecodeOptions& opts,
+                      std::optional<int64_t>* out) {
   DSI_API_TRY(r.opt_int(root, Path(), "top_logprobs", out));
-  if (*out && (**out < 0 || **out > 20)) {
+  if (*out && (**out < 0 || **out > opts.max_top_logprobs)) {
     return r.invalid(Path().key("top_logprobs"),
-                     "must be between 0 and 20, got " + std::to_string(**out) + ".");
+                     "must be between 0 and " + std::to_string(opts.max_top_logprobs) + ", got " +
+                         std::to_string(**out) + ".");
   }
   return std::nullopt;
 }
@@ -474,6 +481,26 @@ std::string py_dumps(const Json& v) {
 
 std::string dump(const Json& v) {
   return v.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+namespace {
+Json logprob_fields(const std::string& bytes, float logprob) {
+  Json j = Json::object();
+  j["token"] = bytes;
+  j["logprob"] = std::isfinite(logprob) ? static_cast<double>(logprob) : -9999.0;
+  Json b = Json::array();
+  for (unsigned char c : bytes) b.push_back(static_cast<int>(c));
+  j["bytes"] = std::move(b);
+  return j;
+}
+}  // namespace
+
+Json openai_logprob(const recipe::TokenLogprob& t) {
+  Json j = logprob_fields(t.bytes, t.logprob);
+  Json top = Json::array();
+  for (const recipe::TokenAlternative& a : t.top) top.push_back(logprob_fields(a.bytes, a.logprob));
+  j["top_logprobs"] = std::move(top);
+  return j;
 }
 
 std::string sse_data(const Json& v) {

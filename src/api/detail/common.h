@@ -49,8 +49,11 @@ ApiResult<recipe::GenerationRequest> decode_request(Decode decode,
   return req;
 }
 
-// OpenAI top_logprobs: absent or null, or an integer in [0, 20].
-Err read_top_logprobs(const Reader& r, const Json& root, std::optional<int64_t>* out);
+// OpenAI top_logprobs: absent or null, or an integer in [0, max] (DecodeOptions).
+Err read_top_logprobs(const Reader& r,
+                      const Json& root,
+                      const DecodeOptions& opts,
+                      std::optional<int64_t>* out);
 
 // ---- tools ----
 
@@ -197,6 +200,12 @@ std::string dump(const Json& v);
 std::string sse_data(const Json& v);
 // "event: <name>\ndata: <json>\n\n"
 std::string sse_event(const std::string& name, const Json& v);
+
+// OpenAI's logprob object (Chat `logprobs.content[]`, Responses `logprobs[]`): {token, logprob,
+// bytes, top_logprobs: [{token, logprob, bytes}]}. `token` is the bytes as UTF-8 (an invalid
+// partial character becomes U+FFFD), `bytes` the raw bytes; -inf is reported as -9999.0 as
+// OpenAI does.
+Json openai_logprob(const recipe::TokenLogprob& t);
 
 // Deterministic pseudo-random ids (splitmix64).
 class IdGen {

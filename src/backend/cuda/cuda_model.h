@@ -91,6 +91,10 @@ class CudaModel final : public backend::Model {
   // Copies page contents within the arena's device mirror (SequenceState::fork_from's pairs).
   Status copy_pages(const state::PageArena& arena,
                     const std::vector<std::pair<int32_t, int32_t>>& pairs);
+  Status copy_state_pages(const state::PageArena& arena,
+                          const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+    return copy_pages(arena, pairs);
+  }
   // Per-layer timing of eager forwards (CUDA events between the embedding, every decoder layer,
   // the MTP block and the head). Off by default; graph replays are not profiled.
   void set_profile(bool on) { profile_ = on; }

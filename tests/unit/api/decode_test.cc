@@ -262,6 +262,8 @@ TEST(ChatDecode, ServedModels) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().param, "model");
   EXPECT_EQ(r.error().code, "model_not_found");
+  EXPECT_EQ(r.error().http_status, 404);
+  EXPECT_EQ(anthropic_error_type(r.error()), "not_found_error");
 }
 
 // ---------------------------------------------------------------- Anthropic Messages
@@ -473,6 +475,37 @@ TEST(ResponsesDecode, ReasoningEffortAndTextFormat) {
   EXPECT_TRUE(r.conversation.json_output);
   EXPECT_FALSE(r.conversation.response_format_json.has_value());
   EXPECT_EQ(r.sampling.top_logprobs, 3);
+}
+
+TEST(Decode, TopLogprobsBoundIsConfigurable) {
+  const std::string chat =
+      R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,)";
+  auto r = decode_chat_request(chat + R"("top_logprobs":21})", {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().param, "top_logprobs");
+  EXPECT_EQ(r.error().http_status, 400);
+  EXPECT_NE(r.error().message.find("20"), std::string::npos);
+  EXPECT_FALSE(decode_chat_request(chat + R"("top_logprobs":-1})", {}).ok());
+  DecodeOptions opts;
+  opts.max_top_logprobs = 50;
+  EXPECT_EQ(chat_ok(chat + R"("top_logprobs":50})", opts).sampling.top_logprobs, 50);
+  EXPECT_FALSE(decode_chat_request(chat + R"("top_logprobs":51})", opts).ok());
+  auto resp = decode_responses_request(R"({"model":"m","input":"x","top_logprobs":21})", {});
+  ASSERT_FALSE(resp.ok());
+  EXPECT_EQ(resp.error().param, "top_logprobs");
+}
+
+TEST(ResponsesDecode, IncludeOutputTextLogprobs) {
+  GenerationRequest r =
+      responses_ok(R"({"model":"m","input":"x","include":["message.output_text.logprobs"]})");
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 0);
+  r = responses_ok(R"({"model":"m","input":"x","include":["reasoning.encrypted_content"]})");
+  EXPECT_FALSE(r.sampling.logprobs);
+  auto bad = decode_responses_request(R"({"model":"m","input":"x","include":["nope"]})", {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().param, "include[0]");
+  EXPECT_FALSE(decode_responses_request(R"({"model":"m","input":"x","include":[1]})", {}).ok());
 }
 
 // deepseek-recipe's cross-field rules.

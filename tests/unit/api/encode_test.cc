@@ -201,6 +201,97 @@ TEST(ChatEncode, NonStreamPlainAndFinishReasons) {
   EXPECT_EQ(body["choices"][0]["message"]["content"], "");
 }
 
+// A content event carrying the logprobs of its tokens.
+OutputEvent content_lp(std::string t, std::vector<recipe::TokenLogprob> lps) {
+  OutputEvent e = content(std::move(t));
+  e.logprobs = std::move(lps);
+  return e;
+}
+
+recipe::TokenLogprob lp(std::string bytes, float logprob) {
+  recipe::TokenLogprob t;
+  t.bytes = std::move(bytes);
+  t.logprob = logprob;
+  t.top = {{t.bytes, logprob}, {"x", -3.0f}};
+  return t;
+}
+
+TEST(ChatEncode, LogprobsNonStreamAndStream) {
+  GenerationRequest req;
+  req.model = "m";
+  req.sampling.logprobs = true;
+  req.sampling.top_logprobs = 2;
+  OutputEvent fin = finish(FinishReason::kStop);
+  fin.logprobs = {lp("!", -0.25f)};  // held-back tokens ride on the finish event
+  // "\xC3" is half of "é": token shows U+FFFD, bytes stay exact.
+  const std::vector<OutputEvent> events = {
+      content_lp("Hi", {lp("H", -0.5f), lp("i", -1.0f)}),
+      reasoning("r"),
+      content_lp(" \xC3\xA9", {lp(" \xC3", -2.0f), lp("\xA9", -0.1f)}),
+      fin};
+  Json body = parse(build_chat_response(req, ResponseMeta{}, events, recipe::Usage{}));
+  const Json& c = body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(c.size(), 5u);
+  EXPECT_EQ(c[0]["token"], "H");
+  EXPECT_EQ(c[0]["logprob"], -0.5);
+  EXPECT_EQ(c[0]["bytes"], Json::array({72}));
+  EXPECT_EQ(c[2]["token"], " \xEF\xBF\xBD");
+  EXPECT_EQ(c[2]["bytes"], Json::array({32, 0xC3}));
+  EXPECT_EQ(c[4]["token"], "!");
+  ASSERT_EQ(c[1]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(c[1]["top_logprobs"][1]["token"], "x");
+  EXPECT_EQ(c[1]["top_logprobs"][1]["logprob"], -3.0);
+  EXPECT_TRUE(body["choices"][0]["logprobs"]["refusal"].is_null());
+
+  ChatStreamEncoder enc(req, ResponseMeta{});
+  std::vector<SseFrame> frames = parse_sse(run_stream(enc, events, recipe::Usage{}));
+  std::vector<std::string> streamed;
+  for (const SseFrame& f : frames) {
+    if (!f.json.is_object())
+      continue;
+    const Json& ch = f.json["choices"][0];
+    if (ch["logprobs"].is_null())
+      continue;
+    for (const Json& t : ch["logprobs"]["content"]) streamed.push_back(t["token"]);
+  }
+  EXPECT_EQ(streamed, (std::vector<std::string>{"H", "i", " \xEF\xBF\xBD", "\xEF\xBF\xBD", "!"}));
+
+  // Not asked: null everywhere, even when events carry some.
+  req.sampling.logprobs = false;
+  body = parse(build_chat_response(req, ResponseMeta{}, events, recipe::Usage{}));
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+}
+
+TEST(ResponsesEncode, LogprobsOnOutputText) {
+  GenerationRequest req;
+  req.model = "m";
+  req.sampling.logprobs = true;
+  req.sampling.top_logprobs = 2;
+  const std::vector<OutputEvent> events = {reasoning("r"),
+                                           content_lp("Hi", {lp("H", -0.5f), lp("i", -1.0f)}),
+                                           content_lp("!", {lp("!", -0.25f)}),
+                                           finish(FinishReason::kStop)};
+  Json body = parse(build_responses_response(req, ResponseMeta{}, events, recipe::Usage{}));
+  ASSERT_EQ(body["output"].size(), 2u);
+  const Json& part = body["output"][1]["content"][0];
+  EXPECT_EQ(part["type"], "output_text");
+  ASSERT_EQ(part["logprobs"].size(), 3u);
+  EXPECT_EQ(part["logprobs"][2]["token"], "!");
+  EXPECT_EQ(part["logprobs"][2]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(body["top_logprobs"], 2);
+
+  ResponsesStreamEncoder enc(req, ResponseMeta{});
+  size_t deltas = 0;
+  for (const SseFrame& f : parse_sse(run_stream(enc, events, recipe::Usage{}))) {
+    if (f.event == "response.output_text.delta") {
+      deltas += f.json["logprobs"].size();
+    } else if (f.event == "response.output_text.done") {
+      EXPECT_EQ(f.json["logprobs"].size(), 3u);
+    }
+  }
+  EXPECT_EQ(deltas, 3u);
+}
+
 TEST(ChatEncode, DeterministicIdsPerSeed) {
   GenerationRequest req = tools_request();
   ResponseMeta a = test_meta();

@@ -201,6 +201,151 @@ TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
   EXPECT_EQ(sample_all(true), sample_all(false));
 }
 
+// A sampled (not greedy) request with a seed.
+RequestSpec seeded(const Case& c, uint64_t seed) {
+  RequestSpec s = greedy(c);
+  s.sampling.temperature = 0.9f;
+  s.sampling.top_p = 0.95f;
+  s.sampling.top_k = 40;
+  s.sampling.seed = seed;
+  return s;
+}
+
+TEST(Engine, SeededRequestIsTheSameAloneInABatchOf64AndUnderPreemption) {
+  Case target;
+  for (int i = 0; i < 30; ++i) target.prompt.push_back(3 + 7 * i);
+  target.max_tokens = 12;
+  const uint64_t kSeed = 0xC0FFEE;
+  auto alone_engine = make_engine(int64_t{64} << 20);
+  const RequestId alone_id = *alone_engine->submit(seeded(target, kSeed));
+  alone_engine->run_until_done();
+  const std::vector<int32_t> alone = alone_engine->request(alone_id)->output;
+  ASSERT_EQ(alone.size(), 12u);
+
+  // 64 random others (their own seeds and sampling), the target submitted in the middle.
+  auto run_mixed = [&](Engine& e) {
+    std::mt19937 g(99);
+    const auto others = mixed_cases(64, 23);
+    RequestId id = 0;
+    for (size_t i = 0; i < others.size(); ++i) {
+      if (i == 32)
+        id = *e.submit(seeded(target, kSeed));
+      RequestSpec s = seeded(others[i], g());
+      s.sampling.temperature = 0.2f + static_cast<float>(g() % 100) / 50.0f;
+      s.sampling.top_k = static_cast<int32_t>(g() % 60);
+      EXPECT_TRUE(e.submit(std::move(s)).ok());
+    }
+    while (e.step()) {
+    }
+    return e.request(id)->output;
+  };
+  SchedulerConfig sc;
+  sc.max_tokens_per_step = 48;
+  sc.prefill_chunk = 16;
+  auto batch_engine = make_engine(int64_t{256} << 20, sc);
+  EXPECT_EQ(run_mixed(*batch_engine), alone);
+
+  // A budget that forces preemption (recomputation of the target's state).
+  const auto& mc = fixture()->config();
+  const int64_t page = state::min_page_bytes(mc);
+  const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 0);
+  SchedulerConfig tight_sc;
+  tight_sc.max_tokens_per_step = 64;
+  tight_sc.prefill_chunk = 4;
+  auto tight = make_engine((2 * fixed + 8) * page, tight_sc);
+  EXPECT_EQ(run_mixed(*tight), alone);
+  EXPECT_GT(tight->stats().preemptions, 0);
+}
+
+TEST(Engine, SeededDrawIsKeyedByAbsolutePosition) {
+  // Resubmitting the prompt plus the first generated token continues with the same draws: the
+  // draw for a token depends on (seed, its position in the sequence), not on how many tokens
+  // this request has generated.
+  Case c;
+  for (int i = 0; i < 9; ++i) c.prompt.push_back(11 + 5 * i);
+  c.max_tokens = 8;
+  auto e = make_engine(int64_t{64} << 20);
+  const RequestId a = *e->submit(seeded(c, 77));
+  e->run_until_done();
+  const std::vector<int32_t> first = e->request(a)->output;
+  Case cont = c;
+  cont.prompt.push_back(first[0]);
+  cont.max_tokens = 7;
+  const RequestId b = *e->submit(seeded(cont, 77));
+  e->run_until_done();
+  EXPECT_EQ(e->request(b)->output, std::vector<int32_t>(first.begin() + 1, first.end()));
+  // Another seed draws differently.
+  const RequestId d = *e->submit(seeded(c, 78));
+  e->run_until_done();
+  EXPECT_NE(e->request(d)->output, first);
+}
+
+std::vector<int32_t> run_seeded_alone(const Case& c, uint64_t seed) {
+  auto e = make_engine(int64_t{64} << 20);
+  const RequestId id = *e->submit(seeded(c, seed));
+  e->run_until_done();
+  return e->request(id)->output;
+}
+
+TEST(Engine, SharedPromptChoicesEqualEachChoiceAlone) {
+  // n = 4: the first request computes the prompt, the other three fork its state and sample
+  // with their own seeds; each equals the same request run alone with its seed.
+  Case c;
+  for (int i = 0; i < 40; ++i) c.prompt.push_back(2 + (i * 37) % 400);
+  c.max_tokens = 10;
+  SchedulerConfig sc;
+  sc.prefill_chunk = 16;
+  auto e = make_engine(int64_t{64} << 20, sc);
+  std::vector<RequestId> ids;
+  for (uint64_t i = 0; i < 4; ++i) {
+    RequestSpec s = seeded(c, 500 + i);
+    if (i > 0)
+      s.share_prompt_of = ids[0];
+    auto id = e->submit(std::move(s));
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  while (e->step()) e->check_integrity();
+  // The prompt was computed once.
+  EXPECT_EQ(e->stats().prompt_tokens, static_cast<int64_t>(c.prompt.size()));
+  std::vector<std::vector<int32_t>> outs;
+  for (uint64_t i = 0; i < 4; ++i) {
+    outs.push_back(e->request(ids[i])->output);
+    EXPECT_EQ(outs.back(), run_seeded_alone(c, 500 + i)) << "choice " << i;
+  }
+  EXPECT_NE(outs[0], outs[1]);
+}
+
+TEST(Engine, SharedPromptFallsBackWhenTheFirstChoiceEndsEarly) {
+  Case c;
+  for (int i = 0; i < 20; ++i) c.prompt.push_back(5 + i);
+  c.max_tokens = 6;
+  auto e = make_engine(int64_t{64} << 20);
+  const RequestId first = *e->submit(seeded(c, 1));
+  RequestSpec s = seeded(c, 2);
+  s.share_prompt_of = first;
+  const RequestId second = *e->submit(std::move(s));
+  e->abort(first);  // before its prompt was computed: the second computes its own
+  while (e->step()) e->check_integrity();
+  EXPECT_EQ(e->request(second)->state, RequestState::kFinished);
+  EXPECT_EQ(e->request(second)->output, run_seeded_alone(c, 2));
+
+  // share_prompt_of naming an unknown request, a finished one or another prompt: rejected.
+  RequestSpec bad = seeded(c, 3);
+  bad.share_prompt_of = 999;
+  EXPECT_FALSE(e->submit(std::move(bad)).ok());
+  bad = seeded(c, 3);
+  bad.share_prompt_of = second;
+  EXPECT_FALSE(e->submit(std::move(bad)).ok());
+  const RequestId third = *e->submit(seeded(c, 3));
+  Case other = c;
+  other.prompt.push_back(9);
+  bad = seeded(other, 3);
+  bad.share_prompt_of = third;
+  EXPECT_FALSE(e->submit(std::move(bad)).ok());
+  e->run_until_done();
+}
+
 TEST(Engine, BadInputIsRejectedAndOthersContinue) {
   auto e = make_engine(int64_t{64} << 20);
   auto good = e->submit(greedy({{5, 6, 7}, 4}));

@@ -177,7 +177,30 @@ TEST(Sampler, ValidateNamesTheField) {
   c = SamplingConfig();
   c.top_logprobs = 21;
   EXPECT_NE(validate(c).message().find("top_logprobs"), std::string::npos);
+  EXPECT_TRUE(validate(c, 21).ok());  // a server's --max-logprobs raises the bound
+  EXPECT_FALSE(validate(c, 20).ok());
   EXPECT_TRUE(validate(SamplingConfig()).ok());
+}
+
+TEST(Sampler, LogprobsAreRawEvenWithTemperatureAndTopK) {
+  // The reported distribution is the model's raw one (vLLM's default logprobs_mode), whatever
+  // temperature, top-k and penalties do to the distribution the token is drawn from.
+  SamplingConfig c;
+  c.temperature = 0.3f;
+  c.top_k = 2;
+  c.repetition_penalty = 1.5f;
+  c.logprobs = true;
+  c.top_logprobs = 2;
+  c.seed = 9;
+  PenaltyState pen;
+  const int32_t prompt[] = {5};
+  pen.add_prompt(prompt);
+  std::vector<float> l = kLogits;
+  const SampleResult r = sample(l, c, pen, 3);
+  const auto p = softmax(kLogits, 1.0);
+  EXPECT_NEAR(r.logprob, std::log(p[r.token]), 1e-5);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_NEAR(r.top[0].logprob, std::log(p[5]), 1e-5);
 }
 
 }  // namespace

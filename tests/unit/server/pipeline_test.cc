@@ -109,6 +109,61 @@ TEST(OutputPipeline, ReasoningContentToolCallMatchesWholeTextParse) {
   EXPECT_EQ(p.tokens(), static_cast<int64_t>(ids(text).size()));
 }
 
+TEST(OutputPipeline, LogprobsCoverExactlyTheContentTokens) {
+  // Reasoning, </think>, content, a tool call, EOS: only the content tokens are reported, in
+  // order, each with the bytes of the token fed and the logprob given after it.
+  const std::string reasoning = "Let me think.";
+  const std::string content = "Checking the weather now.";
+  const std::string text =
+      reasoning + "</think>" + content + "\n\n" + tool_call_text() + std::string(recipe::tok::kEos);
+  OutputPipeline p(tok(), thinking_parser());
+  p.set_report_logprobs(true);
+  std::vector<OutputEvent> all;
+  const std::vector<int32_t> t = ids(text);
+  for (size_t i = 0; i < t.size(); ++i) {
+    p.feed(t[i]);
+    p.logprobs(-static_cast<float>(i), {{t[i], -0.5f}, {7, -1.5f}});
+    for (auto& e : p.take_events()) all.push_back(std::move(e));
+  }
+  p.finish(FinishReason::kStop);
+  for (auto& e : p.take_events()) all.push_back(std::move(e));
+  std::string bytes;
+  std::vector<float> lps;
+  for (const OutputEvent& e : all) {
+    if (!e.logprobs.empty()) {
+      EXPECT_TRUE(e.type == OutputEvent::Type::kContentDelta ||
+                  e.type == OutputEvent::Type::kFinish);
+    }
+    for (const recipe::TokenLogprob& l : e.logprobs) {
+      bytes += l.bytes;
+      lps.push_back(l.logprob);
+      ASSERT_EQ(l.top.size(), 2u);
+      EXPECT_EQ(l.top[0].bytes, l.bytes);
+      EXPECT_EQ(l.top[1].bytes, std::string(tok().token_bytes(7)));
+    }
+  }
+  // The content text (the newlines before the tool block are held and then dropped with it, so
+  // their tokens may be reported too).
+  EXPECT_EQ(bytes.substr(0, content.size()), content);
+  EXPECT_EQ(bytes.find_first_not_of('\n', content.size()), std::string::npos);
+  const size_t first = ids(reasoning + "</think>").size();
+  ASSERT_FALSE(lps.empty());
+  EXPECT_EQ(lps[0], -static_cast<float>(first));
+  for (size_t i = 1; i < lps.size(); ++i) EXPECT_EQ(lps[i], lps[i - 1] - 1.0f);
+}
+
+TEST(OutputPipeline, NoLogprobsUnlessAsked) {
+  OutputParserOptions o;
+  o.start = ParseStart::kContentStart;
+  OutputPipeline p(tok(), o);
+  for (int32_t t : ids("Hello there")) {
+    p.feed(t);
+    p.logprobs(-1.0f, {});
+  }
+  p.finish(FinishReason::kStop);
+  for (const OutputEvent& e : p.take_events()) EXPECT_TRUE(e.logprobs.empty());
+}
+
 TEST(OutputPipeline, EndsAtEosAndIgnoresLaterTokens) {
   OutputParserOptions o;
   o.start = ParseStart::kContentStart;

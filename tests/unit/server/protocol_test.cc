@@ -38,6 +38,33 @@ api::ApiError error_of(Endpoint e, const std::string& body) {
   return r.ok() ? api::ApiError{} : r.error();
 }
 
+TEST(PrepareRequest, ChatNChoicesGetConsecutiveSeeds) {
+  auto r = prepare_request(Endpoint::kChat,
+                           R"({"model":"tiny","messages":[{"role":"user","content":"Hi"}],
+                               "max_tokens":7,"seed":5,"n":3,"logprobs":true,"top_logprobs":2})",
+                           context(),
+                           99);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->request.n, 3);
+  EXPECT_EQ(r->job.spec.sampling.seed, 5u);
+  ASSERT_EQ(r->more_choices.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const Job& j = r->more_choices[i];
+    EXPECT_EQ(j.spec.sampling.seed, 6u + i);
+    EXPECT_EQ(j.spec.prompt, r->job.spec.prompt);
+    EXPECT_EQ(j.spec.max_tokens, 7);
+    EXPECT_EQ(j.spec.sampling.top_logprobs, 2);
+    EXPECT_EQ(j.parser.start, r->job.parser.start);
+  }
+  // Without a seed: the server's default seed, + i.
+  auto d = prepare_request(Endpoint::kChat,
+                           R"({"model":"tiny","messages":[{"role":"user","content":"Hi"}],"n":2})",
+                           context(),
+                           99);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->more_choices.at(0).spec.sampling.seed, d->job.spec.sampling.seed + 1);
+}
+
 TEST(PrepareRequest, ChatBuildsTheEngineJob) {
   auto r = prepare_request(Endpoint::kChat,
                            R"({"model":"tiny","messages":[{"role":"user","content":"Hi"}],
@@ -142,8 +169,9 @@ TEST(PrepareRequest, BadInputIsAProtocolError) {
                R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"temperature":7})");
   EXPECT_EQ(temp.param, "temperature");
   api::ApiError n = error_of(
-      Endpoint::kChat, R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"n":2})");
+      Endpoint::kChat, R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"n":17})");
   EXPECT_EQ(n.param, "n");
+  EXPECT_EQ(n.http_status, 400);
   api::ApiError top_p = error_of(
       Endpoint::kMessages,
       R"({"model":"tiny","max_tokens":4,"top_p":1.5,"messages":[{"role":"user","content":"x"}]})");
