@@ -1,0 +1,165 @@
+// The V4.1 CPU forward against the golden fixtures of tools/reference/v41 (spec-derived PyTorch
+// reference, itself checked against the transformers port): both checkpoint layouts, both
+// numerics, the whole prompt and chunks of 1, 7 and 64 (max |dlogit| <= 2e-3, mean <= 2e-4).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "backend/cpu_v41/model.h"
+#include "model_v41/checkpoint.h"
+#include "tensor/safetensors.h"
+
+namespace dsinfer::cpu_v41 {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kFixture = std::string(DSI_SOURCE_DIR) + "/tests/fixtures/v41-tiny";
+
+json read_json(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return json::parse(ss.str());
+}
+
+EngramHashParams hash_params() {
+  const json meta = read_json(kFixture + "/meta.json");
+  EngramHashParams h;
+  for (const auto& v : meta["engram_token_map"]) h.token_map.push_back(v.get<int32_t>());
+  for (const auto& row : meta["engram_multipliers"]) {
+    std::vector<int64_t> r;
+    for (const auto& v : row) r.push_back(std::stoll(v.get<std::string>()));
+    h.multipliers.push_back(r);
+  }
+  return h;
+}
+
+struct Golden {
+  std::vector<int32_t> ids;
+  std::vector<float> reference, deepseek;
+};
+
+Golden golden() {
+  auto f = SafetensorsFile::open(kFixture + "/reference.safetensors");
+  EXPECT_TRUE(f.ok());
+  Golden g;
+  const TensorInfo* ids = (*f)->find("input_ids");
+  for (int64_t i = 0; i < ids->numel(); ++i)
+    g.ids.push_back(static_cast<int32_t>(static_cast<const int64_t*>(ids->data)[i]));
+  for (auto [name, out] :
+       {std::pair{"logits_reference", &g.reference}, {"logits_deepseek", &g.deepseek}}) {
+    const TensorInfo* t = (*f)->find(name);
+    const auto* p = static_cast<const float*>(t->data);
+    out->assign(p, p + t->numel());
+  }
+  return g;
+}
+
+struct Diff {
+  double max = 0, mean = 0;
+};
+
+Diff compare(const std::vector<float>& a, const std::vector<float>& b) {
+  Diff d;
+  EXPECT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(a[i]) - b[i]);
+    d.max = std::max(d.max, e);
+    d.mean += e;
+  }
+  d.mean /= static_cast<double>(a.size());
+  return d;
+}
+
+class V41Golden : public ::testing::TestWithParam<std::tuple<const char*, model::Numerics>> {};
+
+TEST_P(V41Golden, MatchesFixtureWholeAndChunked) {
+  const auto [layout, numerics] = GetParam();
+  auto ck = model_v41::V41Checkpoint::open(kFixture + "/" + layout);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const Golden g = golden();
+  const auto& want = numerics == model::Numerics::kReference ? g.reference : g.deepseek;
+  V41CpuModel m((*ck)->config(), (*ck)->weights(), hash_params(), numerics);
+  std::vector<float> first;
+  for (int chunk : {0, 1, 7, 64}) {
+    V41SequenceState st = make_v41_state((*ck)->config());
+    std::vector<float> all, part;
+    const size_t T = g.ids.size();
+    const size_t step = chunk == 0 ? T : static_cast<size_t>(chunk);
+    for (size_t s = 0; s < T; s += step) {
+      const size_t e = std::min(T, s + step);
+      ASSERT_TRUE(m.forward(st, std::span(g.ids).subspan(s, e - s), &part).ok());
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    const Diff d = compare(all, want);
+    std::printf("%s %s chunk %d: max |d| %.3e mean %.3e\n",
+                layout,
+                model::numerics_name(numerics),
+                chunk,
+                d.max,
+                d.mean);
+    EXPECT_LE(d.max, 2e-3) << "chunk " << chunk;
+    EXPECT_LE(d.mean, 2e-4) << "chunk " << chunk;
+    // Every token's arithmetic is independent of the chunking: bitwise equal.
+    if (chunk == 0) {
+      first = all;
+    } else {
+      EXPECT_EQ(all, first) << "chunk " << chunk;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts,
+                         V41Golden,
+                         ::testing::Combine(::testing::Values("official", "hf"),
+                                            ::testing::Values(model::Numerics::kReference,
+                                                              model::Numerics::kDeepSeek)));
+
+TEST(V41Golden, NumericsDiffer) {
+  // gate_temp is 1.25 in the fixture: the two numerics must not coincide.
+  const Golden g = golden();
+  EXPECT_GT(compare(g.reference, g.deepseek).max, 1e-2);
+}
+
+TEST(V41Engram, RowIdsMatchFixturePrimes) {
+  auto ck = model_v41::V41Checkpoint::open(kFixture + "/official");
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const json meta = read_json(kFixture + "/meta.json");
+  const auto& c = (*ck)->config();
+  ASSERT_EQ(c.engram_primes.size(), meta["engram_primes"].size());
+  for (size_t i = 0; i < c.engram_primes.size(); ++i) {
+    for (size_t j = 0; j < c.engram_primes[i].size(); ++j) {
+      EXPECT_EQ(c.engram_primes[i][j], meta["engram_primes"][i][j].get<int64_t>());
+    }
+  }
+  EngramHashParams h = hash_params();
+  ASSERT_TRUE(h.validate(c).ok());
+  h.multipliers[0][1] = 4;  // even: not 2 r + 1
+  EXPECT_FALSE(h.validate(c).ok());
+}
+
+TEST(V41Quant, Fp4AndFp8Points) {
+  float x[32];
+  for (int i = 0; i < 32; ++i) x[i] = 0.1f * static_cast<float>(i - 16);
+  fp4_index_quant(x, 32);
+  // amax 1.6 -> scale 2^ceil(log2(1.6/6)) = 0.5; values snap to the E2M1 grid times 0.5.
+  EXPECT_FLOAT_EQ(x[16 + 5], 0.5f);   // 0.5 / 0.5 = 1.0
+  EXPECT_FLOAT_EQ(x[16 + 3], 0.25f);  // 0.3 / 0.5 = 0.6 -> 0.5
+  EXPECT_FLOAT_EQ(x[16 + 15], 1.5f);  // 1.5 / 0.5 = 3.0
+  float y[16];
+  for (int i = 0; i < 16; ++i) y[i] = 4000.0f;
+  fp4_compressed_quant(y, 16, /*clamp_scale=*/true);
+  EXPECT_FLOAT_EQ(y[0], 448.0f * 6.0f);  // scale clamped at 448
+  float z[32] = {};
+  z[0] = 1.0f;
+  z[1] = 0.0137f;
+  fp8_window_quant(z, 32);
+  EXPECT_FLOAT_EQ(z[0], 1.0f);
+}
+
+}  // namespace
+}  // namespace dsinfer::cpu_v41
