@@ -492,7 +492,9 @@ void V41CpuModel::attention(int l,
                             int64_t n,
                             const float* x,
                             float* out,
-                            Shared& sh) const {
+                            Shared& sh,
+                            bool compressed_already,
+                            const Exit& ex) const {
   const V41LayerPlan& plan = c_.layers[static_cast<size_t>(l)];
   const model_v41::AttentionWeights& a = w_.layers[static_cast<size_t>(l)].attn;
   const int64_t H = c_.num_attention_heads, hd = c_.head_dim, W = c_.sliding_window;
@@ -512,7 +514,7 @@ void V41CpuModel::attention(int l,
     fp8_window_quant(kv.data() + t * hd, hd);
   }
   if (plan.compress_ratio > 0) {
-    if (plan.kv_owner == l) {
+    if (plan.kv_owner == l && !compressed_already) {
       compress(l, st, first, n, x);
     }
     if (plan.topk_source == l) {
@@ -524,10 +526,13 @@ void V41CpuModel::attention(int l,
                                              : st.window[static_cast<size_t>(l)];
   std::vector<float> o(static_cast<size_t>(n * H * hd));
   std::vector<const float*> keys;
+  // Early exit narrows the consumers' window to the kept tail (a placeholder row sees none).
+  const bool narrowed = ex.active && !plan.producer;
+  const int64_t floor = narrowed ? ex.window_floor : 0;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t p = first + t;
     keys.clear();
-    for (int64_t k = std::max<int64_t>(0, p - W + 1); k <= p; ++k) {
+    for (int64_t k = std::max<int64_t>({0, p - W + 1, floor}); k <= p; ++k) {
       keys.push_back(k >= first ? kv.data() + (k - first) * hd
                                 : ring.data() + (k % st.ring_slots) * hd);
     }
@@ -543,8 +548,10 @@ void V41CpuModel::attention(int l,
                              o.data() + t * H * hd);
     for (int64_t h = 0; h < H; ++h) cpu::rope_apply(o.data() + (t * H + h) * hd, hd, inv, p, true);
   }
-  // The chunk's window KV into the ring (the last ring_slots rows are the only ones kept).
-  for (int64_t t = std::max<int64_t>(0, n - st.ring_slots); t < n; ++t) {
+  // The chunk's window KV into the ring (the last ring_slots rows are the only ones kept; an
+  // early-exit placeholder row writes nothing).
+  for (int64_t t = std::max<int64_t>(0, n - st.ring_slots); t < n && !(narrowed && ex.placeholder);
+       ++t) {
     std::copy_n(kv.data() + t * hd, hd, ring.data() + ((first + t) % st.ring_slots) * hd);
   }
   // Grouped low-rank output: wo_a per group of H / o_groups heads, then wo_b.
@@ -620,12 +627,13 @@ void V41CpuModel::moe(const model_v41::MoeWeights& w, const float* x, int64_t n,
 
 void V41CpuModel::layer(int l,
                         V41SequenceState& st,
-                        int64_t first,
-                        int64_t n,
+                        int64_t& first,
+                        int64_t& n,
                         const std::vector<std::vector<std::vector<int64_t>>>& rows,
                         std::vector<float>& X,
                         std::vector<float>& pi,
-                        Shared& sh) const {
+                        Shared& sh,
+                        const Exit& ex) const {
   const model_v41::LayerWeights& w = w_.layers[static_cast<size_t>(l)];
   const int64_t hc = c_.hc_mult, D = c_.hidden_size;
   const float eps = static_cast<float>(c_.rms_norm_eps);
@@ -648,8 +656,29 @@ void V41CpuModel::layer(int l,
       }
     }
     rms(u.data(), n, D, site == 0 ? &w.attn_norm : &w.ffn_norm, eps, u.data());
+    bool compressed_already = false;
+    if (site == 0 && ex.active && l == c_.yoco_boundary) {
+      // The global KV (compressed entries + index keys) from every row's attention-norm output,
+      // then the consumer half continues on the kept suffix only.
+      compress(l, st, first, n, u.data());
+      compressed_already = true;
+      const int64_t keep_from =
+          ex.placeholder ? n - 1 : std::max<int64_t>(0, ex.window_floor - first);
+      auto cut = [&](std::vector<float>& v, int64_t width) {
+        v.erase(v.begin(), v.begin() + keep_from * width);
+      };
+      cut(X, hc * D);
+      cut(pi, hc);
+      cut(pre, hc);
+      cut(post, hc);
+      cut(comb, hc * hc);
+      cut(u, D);
+      F.resize(static_cast<size_t>((n - keep_from) * D));
+      first += keep_from;
+      n -= keep_from;
+    }
     if (site == 0) {
-      attention(l, st, first, n, u.data(), F.data(), sh);
+      attention(l, st, first, n, u.data(), F.data(), sh, compressed_already, ex);
     } else {
       moe(w.ffn, u.data(), n, F.data());
     }
@@ -674,7 +703,17 @@ void V41CpuModel::layer(int l,
 Status V41CpuModel::forward(V41SequenceState& st,
                             std::span<const int32_t> tokens,
                             std::vector<float>* logits) const {
-  const int64_t n = static_cast<int64_t>(tokens.size());
+  ForwardResult r;
+  DSI_RETURN_IF_ERROR(forward(st, tokens, nullptr, &r));
+  *logits = std::move(r.logits);
+  return Status::ok_status();
+}
+
+Status V41CpuModel::forward(V41SequenceState& st,
+                            std::span<const int32_t> tokens,
+                            const PrefillExit* exit,
+                            ForwardResult* result) const {
+  int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) {
     return invalid_argument("forward: no tokens");
   }
@@ -685,7 +724,23 @@ Status V41CpuModel::forward(V41SequenceState& st,
     }
   }
   DSI_RETURN_IF_ERROR(hash_.validate(c_));
-  const int64_t first = st.length();
+  const int64_t chunk_first = st.length();
+  int64_t first = chunk_first;
+  Exit ex;
+  if (exit != nullptr && c_.yoco_boundary < c_.num_hidden_layers) {
+    const int64_t min_keep = st.ring_slots;  // window + max backtracking
+    if (exit->keep_rows < min_keep) {
+      return invalid_argument("prefill early exit: keep_rows " + std::to_string(exit->keep_rows) +
+                              " is below window + max backtracking = " + std::to_string(min_keep));
+    }
+    if (first + n > exit->prompt_length) {
+      return invalid_argument("prefill early exit: the chunk ends at " + std::to_string(first + n) +
+                              ", past the prompt length " + std::to_string(exit->prompt_length));
+    }
+    ex.active = true;
+    ex.window_floor = std::max<int64_t>(0, exit->prompt_length - exit->keep_rows);
+    ex.placeholder = first + n <= ex.window_floor;
+  }
   st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
   const int64_t hc = c_.hc_mult, D = c_.hidden_size;
   std::vector<float> X(static_cast<size_t>(n * hc * D)), e(static_cast<size_t>(D));
@@ -702,7 +757,9 @@ Status V41CpuModel::forward(V41SequenceState& st,
       engram_row_ids(c_, hash_, st.tokens, first + t, &rows[static_cast<size_t>(t)]);
   }
   Shared sh;
-  for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, st, first, n, rows, X, pi, sh);
+  for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, st, first, n, rows, X, pi, sh, ex);
+  result->first_row = first - chunk_first;
+  result->placeholder = ex.active && ex.placeholder;
   std::vector<float> h(static_cast<size_t>(n * D), 0.0f);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t i = 0; i < D; ++i) {
@@ -713,8 +770,8 @@ Status V41CpuModel::forward(V41SequenceState& st,
     }
   }
   rms(h.data(), n, D, &w_.norm, static_cast<float>(c_.rms_norm_eps), h.data());
-  logits->resize(static_cast<size_t>(n * c_.vocab_size));
-  linear(w_.head, h.data(), n, logits->data());
+  result->logits.resize(static_cast<size_t>(n * c_.vocab_size));
+  linear(w_.head, h.data(), n, result->logits.data());
   return Status::ok_status();
 }
 

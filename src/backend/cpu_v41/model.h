@@ -58,6 +58,24 @@ struct V41SequenceState {
 
 V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking = 6);
 
+// Prefill early exit ("SWA bounded replay", spec §5.2): producers and the boundary layer's global
+// KV projection (compressor + index keys) run on every prompt row; the rest of the consumer half
+// runs only on the last `keep_rows` rows of the prompt (positions >= prompt_length - keep_rows),
+// whose decoder window is narrowed to that tail. A chunk with no kept row still runs its last row
+// through the consumer half (a placeholder: empty decoder window, no window-KV write, its output
+// is not a prediction). Logits come back for the consumer rows only: prompt logprobs are not
+// available in this mode.
+struct PrefillExit {
+  int64_t prompt_length = 0;  // N
+  int64_t keep_rows = 140;    // K; must be >= window + max backtracking
+};
+
+struct ForwardResult {
+  std::vector<float> logits;  // [rows, vocab]
+  int64_t first_row = 0;      // chunk index of the first row with logits (0 without early exit)
+  bool placeholder = false;   // the only row is an early-exit placeholder (not a prediction)
+};
+
 class V41CpuModel {
  public:
   V41CpuModel(const V41Config& c,
@@ -69,24 +87,38 @@ class V41CpuModel {
   Status forward(V41SequenceState& st,
                  std::span<const int32_t> tokens,
                  std::vector<float>* logits) const;
+  // Same; with `exit` (a prefill chunk of a prompt of exit->prompt_length tokens) the consumer
+  // half runs on the kept rows only (see PrefillExit).
+  Status forward(V41SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const PrefillExit* exit,
+                 ForwardResult* out) const;
 
  private:
   struct Shared;  // values passed between layers within one forward
+  struct Exit {   // early-exit plan of one forward
+    bool active = false;
+    int64_t window_floor = 0;  // lowest position a consumer window may read
+    bool placeholder = false;
+  };
   void layer(int l,
              V41SequenceState& st,
-             int64_t first,
-             int64_t n,
+             int64_t& first,
+             int64_t& n,
              const std::vector<std::vector<std::vector<int64_t>>>& rows,
              std::vector<float>& X,
              std::vector<float>& pi,
-             Shared& sh) const;
+             Shared& sh,
+             const Exit& ex) const;
   void attention(int l,
                  V41SequenceState& st,
                  int64_t first,
                  int64_t n,
                  const float* x,
                  float* out,
-                 Shared& sh) const;
+                 Shared& sh,
+                 bool compressed_already,
+                 const Exit& ex) const;
   void compress(int l, V41SequenceState& st, int64_t first, int64_t n, const float* x) const;
   void indexer(int l,
                V41SequenceState& st,

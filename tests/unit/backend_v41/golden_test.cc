@@ -163,3 +163,85 @@ TEST(V41Quant, Fp4AndFp8Points) {
 
 }  // namespace
 }  // namespace dsinfer::cpu_v41
+
+namespace dsinfer::cpu_v41 {
+namespace {
+
+// Prefill early exit: the kept rows' logits do not depend on the chunking (bitwise), the last row
+// stays close to the exact prefill, and the option is validated.
+TEST(V41EarlyExit, KeptRowsIndependentOfChunkingAndCloseToExact) {
+  auto ck = model_v41::V41Checkpoint::open(kFixture + "/official");
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const Golden g = golden();
+  const auto& cfg = (*ck)->config();
+  const int64_t T = static_cast<int64_t>(g.ids.size());
+  const int64_t V = cfg.vocab_size;
+  V41CpuModel m(cfg, (*ck)->weights(), hash_params(), model::Numerics::kReference);
+  for (int64_t K : {int64_t{22}, int64_t{40}}) {
+    PrefillExit ex{T, K};
+    std::vector<float> whole;
+    for (int chunk : {0, 1, 7, 64}) {
+      V41SequenceState st = make_v41_state(cfg);
+      std::vector<float> kept;
+      const int64_t step = chunk == 0 ? T : chunk;
+      for (int64_t s = 0; s < T; s += step) {
+        const int64_t e = std::min(T, s + step);
+        ForwardResult r;
+        ASSERT_TRUE(m.forward(st, std::span(g.ids).subspan(s, e - s), &ex, &r).ok());
+        if (r.placeholder) {
+          EXPECT_EQ(r.logits.size(), static_cast<size_t>(V));
+          EXPECT_LT(e, T - K + 1);
+          continue;
+        }
+        EXPECT_EQ(s + r.first_row, std::max(s, T - K));
+        kept.insert(kept.end(), r.logits.begin(), r.logits.end());
+      }
+      ASSERT_EQ(kept.size(), static_cast<size_t>(K * V)) << "chunk " << chunk;
+      if (chunk == 0) {
+        whole = kept;
+      } else {
+        EXPECT_EQ(kept, whole) << "K " << K << " chunk " << chunk;
+      }
+    }
+    // Against the exact prefill: the last row (the one that is sampled) and all kept rows.
+    const std::vector<float>& exact = g.reference;
+    double last = 0, all = 0;
+    for (int64_t r = 0; r < K; ++r) {
+      for (int64_t v = 0; v < V; ++v) {
+        const double d = std::fabs(whole[static_cast<size_t>(r * V + v)] -
+                                   exact[static_cast<size_t>((T - K + r) * V + v)]);
+        all = std::max(all, d);
+        if (r == K - 1) {
+          last = std::max(last, d);
+        }
+      }
+    }
+    std::printf("early exit K=%lld: last row max |d| %.3e, kept rows max |d| %.3e\n",
+                static_cast<long long>(K),
+                last,
+                all);
+    // Documented in docs/numerics.md; a wrong boundary or window would be O(1).
+    EXPECT_LE(last, K == 22 ? 0.05 : 2e-3);
+    // The first kept rows see a narrowed window by design: if they did not differ, the consumer
+    // window would not be narrowed.
+    EXPECT_GT(all, 0.1);
+  }
+}
+
+TEST(V41EarlyExit, Validation) {
+  auto ck = model_v41::V41Checkpoint::open(kFixture + "/official");
+  ASSERT_TRUE(ck.ok());
+  const Golden g = golden();
+  V41CpuModel m((*ck)->config(), (*ck)->weights(), hash_params(), model::Numerics::kReference);
+  V41SequenceState st = make_v41_state((*ck)->config());
+  ForwardResult r;
+  PrefillExit small{static_cast<int64_t>(g.ids.size()), 21};
+  const Status s = m.forward(st, g.ids, &small, &r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.to_string().find("below window + max backtracking = 22"), std::string::npos);
+  PrefillExit shorter{10, 22};
+  EXPECT_FALSE(m.forward(st, g.ids, &shorter, &r).ok());
+}
+
+}  // namespace
+}  // namespace dsinfer::cpu_v41
