@@ -26,6 +26,26 @@ rc=$?
 check "inspect missing dir exits 2" test "$rc" -eq 2
 check "inspect missing dir names it" contains "$TMP/err.txt" "$TMP/nope"
 
+# inspect on V4.1 checkpoints (both layouts): the producer/consumer split, owners, Engram, state.
+V41=$SRC/tests/fixtures/v41-tiny
+for layout in official hf; do
+  "$DSI" inspect --model "$V41/$layout" >"$TMP/v41.txt" 2>&1
+  check "v41 $layout inspect shows the YOCO split" contains "$TMP/v41.txt" \
+    "YOCO: producers 0-4 (5 layers), consumers 5-7 (3 layers)"
+  check "v41 $layout inspect shows Engram" contains "$TMP/v41.txt" "Engram layer 3:"
+  check "v41 $layout inspect shows the state" contains "$TMP/v41.txt" "state per sequence"
+done
+check "v41 inspect names the model" contains "$TMP/v41.txt" "model: DeepSeek V4.1"
+"$DSI" score --model "$V41/official" --input-ids 0,5,6 --output "$TMP/v41s.safetensors" \
+  >"$TMP/err.txt" 2>&1
+check "v41 score is a clear error" contains "$TMP/err.txt" "DeepSeek V4.1 checkpoint"
+mkdir -p "$TMP/v41bad" && cp "$V41/official/"* "$TMP/v41bad/"
+sed -i 's/"candidate_source_layer_id": 5/"candidate_source_layer_id": 6/' "$TMP/v41bad/config.json"
+"$DSI" inspect --model "$TMP/v41bad" >"$TMP/err.txt" 2>&1
+rc=$?
+check "v41 bad schedule exits 2" test "$rc" -eq 2
+check "v41 bad schedule is named" contains "$TMP/err.txt" "wrong layer schedule"
+
 # score: full and chunked logits agree in shape; bad ids are rejected.
 "$DSI" score --model "$FIX" --input-ids 0,5,6,7,8 --output "$TMP/s.safetensors" --mtp 2>/dev/null
 check "score writes logits" test -s "$TMP/s.safetensors"

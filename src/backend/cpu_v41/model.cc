@@ -8,6 +8,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/ops.h"
+#include "model_v41/engram.h"
 #include "numeric/float_formats.h"
 
 namespace dsinfer::cpu_v41 {
@@ -145,6 +146,15 @@ Status EngramHashParams::validate(const V41Config& c) const {
     }
   }
   return Status::ok_status();
+}
+
+Result<EngramHashParams> EngramHashParams::from_config(const V41Config& c,
+                                                       std::vector<int32_t> token_map) {
+  EngramHashParams h;
+  h.token_map = std::move(token_map);
+  h.multipliers = model_v41::engram_multipliers(c);
+  DSI_RETURN_IF_ERROR(h.validate(c));
+  return h;
 }
 
 void engram_row_ids(const V41Config& c,
@@ -718,6 +728,11 @@ Status V41CpuModel::forward(V41SequenceState& st,
     return invalid_argument("forward: no tokens");
   }
   for (int32_t id : tokens) {
+    if (id == c_.image_token_id) {
+      return invalid_argument("forward: token id " + std::to_string(id) +
+                              " is the image placeholder; image inputs (the V4.1 vision tower) "
+                              "are not supported yet");
+    }
     if (id < 0 || id >= c_.vocab_size) {
       return invalid_argument("forward: token id " + std::to_string(id) + " is outside [0, " +
                               std::to_string(c_.vocab_size) + ")");

@@ -33,6 +33,8 @@ struct EngramHashParams {
   std::vector<std::vector<int64_t>> multipliers;  // per Engram layer: max_ngram odd values
   // Checks sizes and ranges against the config.
   Status validate(const V41Config& c) const;
+  // The multipliers computed from the config (model_v41::engram_multipliers) with `token_map`.
+  static Result<EngramHashParams> from_config(const V41Config& c, std::vector<int32_t> token_map);
 };
 
 // Row ids of every Engram table for position `p` of `tokens` (spec §4.4): out[layer][col].

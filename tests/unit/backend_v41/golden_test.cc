@@ -10,6 +10,7 @@
 
 #include "backend/cpu_v41/model.h"
 #include "model_v41/checkpoint.h"
+#include "model_v41/engram.h"
 #include "tensor/safetensors.h"
 
 namespace dsinfer::cpu_v41 {
@@ -117,7 +118,36 @@ INSTANTIATE_TEST_SUITE_P(Layouts,
                          V41Golden,
                          ::testing::Combine(::testing::Values("official", "hf"),
                                             ::testing::Values(model::Numerics::kReference,
-                                                              model::Numerics::kDeepSeek)));
+                                                              model::Numerics::kDeepSeek)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  model::numerics_name(std::get<1>(info.param));
+                         });
+
+TEST(V41Golden, ImagePlaceholderIsAClearError) {
+  auto ck = model_v41::V41Checkpoint::open(kFixture + "/official");
+  ASSERT_TRUE(ck.ok());
+  model_v41::V41Config cfg = (*ck)->config();
+  cfg.image_token_id = 50;  // inside this tiny vocabulary
+  V41CpuModel m(cfg, (*ck)->weights(), hash_params(), model::Numerics::kReference);
+  V41SequenceState st = make_v41_state(cfg);
+  std::vector<float> logits;
+  const std::vector<int32_t> ids = {0, 7, 50, 9};
+  const Status s = m.forward(st, ids, &logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.to_string().find("image"), std::string::npos) << s.to_string();
+  EXPECT_EQ(st.length(), 0);
+}
+
+TEST(V41Golden, HashParamsFromConfig) {
+  auto ck = model_v41::V41Checkpoint::open(kFixture + "/official");
+  ASSERT_TRUE(ck.ok());
+  const EngramHashParams want = hash_params();
+  auto h = EngramHashParams::from_config((*ck)->config(), want.token_map);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_EQ(h->multipliers, want.multipliers);
+  EXPECT_FALSE(EngramHashParams::from_config((*ck)->config(), {1, 2, 3}).ok());
+}
 
 TEST(V41Golden, NumericsDiffer) {
   // gate_temp is 1.25 in the fixture: the two numerics must not coincide.
@@ -138,6 +168,8 @@ TEST(V41Engram, RowIdsMatchFixturePrimes) {
   }
   EngramHashParams h = hash_params();
   ASSERT_TRUE(h.validate(c).ok());
+  // The C++ NumPy PCG64 reproduces the fixture's multipliers (|phi| = 80, layers 1 and 3).
+  EXPECT_EQ(model_v41::engram_multipliers(c), h.multipliers);
   h.multipliers[0][1] = 4;  // even: not 2 r + 1
   EXPECT_FALSE(h.validate(c).ok());
 }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model_v41/engram.h"
 #include "model_v41/state_layout.h"
 #include "model_v41/synthetic.h"
 
@@ -204,6 +205,36 @@ TEST(V41Config, PrimeTest) {
   EXPECT_TRUE(is_prime_u64(18446744073709551557ull));
   EXPECT_FALSE(is_prime_u64(1));
   EXPECT_FALSE(is_prime_u64(3215031751ull));  // strong pseudoprime to bases 2, 3, 5, 7
+}
+
+}  // namespace
+}  // namespace dsinfer::model_v41
+
+namespace dsinfer::model_v41 {
+namespace {
+
+TEST(V41Engram, FlashMultipliersMatchSpecTable) {
+  auto c = parse_v41_config(v41_flash_config_json().dump(), "config.json");
+  ASSERT_TRUE(c.ok());
+  const auto m = engram_multipliers(*c);
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0],
+            (std::vector<int64_t>{76632096046245, 4839876093313, 35959672319349, 73987337458391}));
+  EXPECT_EQ(m[1],
+            (std::vector<int64_t>{67716810739261, 51510806800915, 30921347202721, 82619226485591}));
+}
+
+TEST(V41Engram, NumpyPcg64Stream) {
+  // numpy.random.default_rng(10007).integers(0, 2**62, 3, dtype=np.int64) and
+  // default_rng(140098).integers(0, 2**40, 3, dtype=np.int64), numpy 2.4.
+  NumpyPcg64 g(10007);
+  EXPECT_EQ(g.bounded(uint64_t{1} << 62), 3796813830707316620ull);
+  EXPECT_EQ(g.bounded(uint64_t{1} << 62), 239796500919311629ull);
+  EXPECT_EQ(g.bounded(uint64_t{1} << 62), 1781657924734481866ull);
+  NumpyPcg64 h(140098);
+  EXPECT_EQ(h.bounded(uint64_t{1} << 40), 799917484495ull);
+  EXPECT_EQ(h.bounded(uint64_t{1} << 40), 608481033744ull);
+  EXPECT_EQ(h.bounded(uint64_t{1} << 40), 365264193655ull);
 }
 
 }  // namespace
