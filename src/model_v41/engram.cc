@@ -2,6 +2,9 @@
 #include "model_v41/engram.h"
 
 #include <limits>
+#include <nlohmann/json.hpp>
+
+#include "base/file.h"
 
 namespace dsinfer::model_v41 {
 
@@ -105,6 +108,48 @@ std::vector<std::vector<int64_t>> engram_multipliers(const V41Config& c) {
     out.push_back(row);
   }
   return out;
+}
+
+Result<std::vector<int32_t>> load_engram_token_map(const std::string& path, const V41Config& c) {
+  DSI_ASSIGN_OR_RETURN(std::string text, read_text_file(path, uint64_t{1} << 28));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("token_map") ||
+      !j["token_map"].is_array()) {
+    return invalid_argument(path + ": not a JSON object with a 'token_map' list");
+  }
+  const auto& m = j["token_map"];
+  if (static_cast<int64_t>(m.size()) != c.vocab_size) {
+    return invalid_argument(path + ": token_map has " + std::to_string(m.size()) +
+                            " entries, the config's vocab_size is " + std::to_string(c.vocab_size));
+  }
+  std::vector<int32_t> phi;
+  phi.reserve(m.size());
+  int32_t next = 0;
+  for (size_t i = 0; i < m.size(); ++i) {
+    if (!m[i].is_number_integer()) {
+      return invalid_argument(path + ": token_map entry " + std::to_string(i) +
+                              " is not an integer");
+    }
+    const int64_t v = m[i].get<int64_t>();
+    if (v < 0 || v > next || v >= c.engram_compressed_vocab_size) {
+      return invalid_argument(path + ": token_map entry " + std::to_string(i) + " = " +
+                              std::to_string(v) +
+                              " breaks first-occurrence numbering or is outside [0, "
+                              "engram_compressed_vocab_size = " +
+                              std::to_string(c.engram_compressed_vocab_size) + ")");
+    }
+    if (v == next) {
+      ++next;
+    }
+    phi.push_back(static_cast<int32_t>(v));
+  }
+  if (next != c.engram_compressed_vocab_size) {
+    return invalid_argument(path + ": token_map has " + std::to_string(next) +
+                            " compressed ids, the config's engram_compressed_vocab_size is " +
+                            std::to_string(c.engram_compressed_vocab_size) +
+                            " (a different tokenizer would rehash every Engram row)");
+  }
+  return phi;
 }
 
 }  // namespace dsinfer::model_v41

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "model_v41/config.h"
 
 namespace dsinfer::model_v41 {
@@ -26,5 +28,11 @@ class NumpyPcg64 {
 
 // Multipliers per Engram layer (engram_layer_ids order), engram_max_ngram_size values each.
 std::vector<std::vector<int64_t>> engram_multipliers(const V41Config& c);
+
+// The compressed token map phi (spec §4.2) from the JSON that tools/reference/v41/
+// engram_token_map.py writes ({"compressed_vocab_size", "token_map"}), checked against the
+// config: vocab_size entries, ids in [0, engram_compressed_vocab_size), every id used, numbered
+// in order of first occurrence.
+Result<std::vector<int32_t>> load_engram_token_map(const std::string& path, const V41Config& c);
 
 }  // namespace dsinfer::model_v41

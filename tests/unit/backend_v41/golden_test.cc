@@ -149,6 +149,22 @@ TEST(V41Golden, HashParamsFromConfig) {
   EXPECT_FALSE(EngramHashParams::from_config((*ck)->config(), {1, 2, 3}).ok());
 }
 
+TEST(V41Golden, EngramTokenMapFile) {
+  auto ck = model_v41::V41Checkpoint::open(kFixture + "/official");
+  ASSERT_TRUE(ck.ok());
+  const EngramHashParams want = hash_params();
+  const std::string path = std::string(DSI_BINARY_DIR) + "/v41_token_map.json";
+  std::ofstream(path) << json{{"compressed_vocab_size", 80}, {"token_map", want.token_map}}.dump();
+  auto phi = model_v41::load_engram_token_map(path, (*ck)->config());
+  ASSERT_TRUE(phi.ok()) << phi.status().to_string();
+  EXPECT_EQ(*phi, want.token_map);
+  std::vector<int32_t> bad = want.token_map;
+  bad.back() = 79;  // still in range, but then not every id is used in first-occurrence order
+  bad[0] = 5;
+  std::ofstream(path) << json{{"token_map", bad}}.dump();
+  EXPECT_FALSE(model_v41::load_engram_token_map(path, (*ck)->config()).ok());
+}
+
 TEST(V41Golden, NumericsDiffer) {
   // gate_temp is 1.25 in the fixture: the two numerics must not coincide.
   const Golden g = golden();
