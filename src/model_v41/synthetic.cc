@@ -2,10 +2,12 @@
 #include "model_v41/synthetic.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "base/file.h"
 #include "base/strings.h"
@@ -378,6 +380,230 @@ Status write_v41_synthetic(const V41SyntheticSpec& spec, const std::string& dir)
     v("image_newline", {c.hidden_size});
   }
   return write_safetensors(dir + "/model.safetensors", tensors);
+}
+
+}  // namespace dsinfer::model_v41
+
+namespace dsinfer::model_v41 {
+
+Result<nlohmann::json> v41_flash_preset_config(int layers, bool real_engram_rows) {
+  if (layers < 4 || layers > 40) {
+    return invalid_argument("v4.1-flash keeps both YOCO halves: --layers must be in [4, 40], got " +
+                            std::to_string(layers));
+  }
+  json j = v41_flash_config_json();
+  json& t = j["text_config"];
+  const int producers = std::max(1, static_cast<int>(std::lround((layers - 2) * 18.0 / 38.0)));
+  const int boundary = 2 + producers;
+  if (boundary >= layers) {
+    return invalid_argument("--layers " + std::to_string(layers) + " leaves no consumer layer");
+  }
+  std::vector<int> ratios = {0, 0};
+  for (int i = 0; i < producers; ++i) ratios.push_back(2);
+  for (int i = boundary; i < layers; ++i) ratios.push_back(1);
+  for (int i = 0; i < 3; ++i) ratios.push_back(0);
+  std::vector<int> kv;
+  for (int s : {2, 8, 14}) {
+    if (s < boundary) {
+      kv.push_back(s);
+    }
+  }
+  kv.push_back(boundary);
+  std::vector<int> index = kv;
+  for (int l = boundary + 4; l < layers; l += 4) index.push_back(l);
+  std::vector<int> engram = {1};
+  if (std::min(14, boundary - 1) > 1) {
+    engram.push_back(std::min(14, boundary - 1));
+  }
+  std::vector<int> targets;
+  for (int l = std::max(boundary, layers - 3); l < layers; ++l) targets.push_back(l);
+  t["num_hidden_layers"] = layers;
+  t["compress_ratios"] = ratios;
+  t["kv_source_layer_ids"] = kv;
+  t["index_source_layer_ids"] = index;
+  t["candidate_source_layer_id"] = boundary;
+  t["engram_layer_ids"] = engram;
+  t["dspark_target_layer_ids"] = targets;
+  if (!real_engram_rows || engram != std::vector<int>{1, 14}) {
+    t.erase("engram_num_embeddings");  // recomputed from the primes
+  }
+  if (!real_engram_rows) {
+    t["engram_vocab_size"] = 1000;
+  }
+  return j;
+}
+
+namespace {
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t name_key(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
+  return mix64(seed ^ h);
+}
+
+// Approximately N(0, 1) from one 64-bit hash (sum of four 16-bit lanes).
+float approx_normal(uint64_t h) {
+  const float s = static_cast<float>(h & 0xffffu) + static_cast<float>((h >> 16) & 0xffffu) +
+                  static_cast<float>((h >> 32) & 0xffffu) + static_cast<float>(h >> 48);
+  return (s - 131070.0f) * (1.7320508075688772f / 65536.0f);
+}
+
+// Bytes of rows [r0, r1) of a tensor (row = the first dimension).
+void gen_rows(
+    const V41TensorSpec& t, uint64_t key, int64_t r0, int64_t r1, std::vector<uint8_t>* out) {
+  const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+  const int64_t es = dtype_size(t.dtype);
+  out->resize(static_cast<size_t>((r1 - r0) * cols * es));
+  const bool norm = str_ends_with(t.name, "norm.weight") || str_ends_with(t.name, "_weight");
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint64_t rk = mix64(key + static_cast<uint64_t>(r) * 0xd1b54a32d192ed03ull);
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint64_t h = mix64(rk + static_cast<uint64_t>(c + 1) * 0x9e3779b97f4a7c15ull);
+      uint8_t* o = out->data() + ((r - r0) * cols + c) * es;
+      switch (t.dtype) {
+        case DType::kF8E8M0:
+          // Weights: tile / block scales around 2^-6 (with E4M3 / E2M1 codes of RMS ~1-2 this
+          // gives weights of RMS ~0.02); jittered by one binade.
+          *o = static_cast<uint8_t>(127 - 6 - 1 + static_cast<int>(h % 3));
+          break;
+        case DType::kF8E4M3:
+          *o = numeric::f32_to_fp8_e4m3(approx_normal(h));
+          break;
+        case DType::kI8: {
+          const uint8_t lo = static_cast<uint8_t>(h & 0xf),
+                        hi = static_cast<uint8_t>((h >> 4) & 0xf);
+          *o = static_cast<uint8_t>((lo & 0x7) == 7 ? lo & 0xd : lo) |
+               static_cast<uint8_t>(((hi & 0x7) == 7 ? hi & 0xd : hi) << 4);
+          break;
+        }
+        case DType::kBF16: {
+          const float v = norm ? 1.0f + 0.05f * approx_normal(h) : 0.02f * approx_normal(h);
+          const uint16_t b = numeric::f32_to_bf16(v);
+          std::memcpy(o, &b, 2);
+          break;
+        }
+        case DType::kF32: {
+          const float v = 0.05f * approx_normal(h);
+          std::memcpy(o, &v, 4);
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Status write_v41_streaming(const json& config_json,
+                           uint64_t seed,
+                           int threads,
+                           const std::string& dir,
+                           V41StreamStats* stats) {
+  const std::string text = config_json.dump(2);
+  DSI_ASSIGN_OR_RETURN(V41Config c, parse_v41_config(text, "preset config"));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return io_error(dir + ": " + ec.message());
+  }
+  {
+    std::ofstream f(dir + "/config.json");
+    f << text << "\n";
+    if (!f) {
+      return io_error(dir + "/config.json: cannot write");
+    }
+  }
+  // Shards: globals, one per layer, one per DSpark block (its head tensors with it).
+  std::vector<std::pair<std::string, std::vector<V41TensorSpec>>> shards;
+  auto shard_of = [&](const std::string& name) -> std::string {
+    if (str_starts_with(name, "layers.")) {
+      return "layer-" + name.substr(7, name.find('.', 7) - 7);
+    }
+    if (str_starts_with(name, "mtp.")) {
+      return "mtp-" + name.substr(4, name.find('.', 4) - 4);
+    }
+    return "globals";
+  };
+  for (const V41TensorSpec& t : v41_official_tensors(c, true)) {
+    const std::string s = shard_of(t.name);
+    if (shards.empty() || shards.back().first != s) {
+      shards.push_back({s, {}});
+    }
+    shards.back().second.push_back(t);
+  }
+  const int n_threads = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+  json weight_map = json::object();
+  uint64_t total = 0;
+  const int nfiles = static_cast<int>(shards.size());
+  for (int f = 0; f < nfiles; ++f) {
+    const auto& [label, tensors] = shards[static_cast<size_t>(f)];
+    char fname[64];
+    std::snprintf(fname, sizeof(fname), "model-%05d-of-%05d.safetensors", f + 1, nfiles);
+    std::vector<TensorSpec> specs;
+    for (const auto& t : tensors) {
+      specs.push_back({t.name, t.dtype, t.shape});
+      weight_map[t.name] = fname;
+    }
+    DSI_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::create(dir + "/" + fname, specs));
+    // Work items: row ranges of at most ~8 MB.
+    struct Item {
+      size_t tensor;
+      int64_t r0, r1;
+    };
+    std::vector<Item> items;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& t = tensors[i];
+      const int64_t rows = t.shape[0];
+      const int64_t row_bytes =
+          std::max<int64_t>(1, w->tensor_bytes(i) / std::max<int64_t>(1, rows));
+      const int64_t step = std::max<int64_t>(1, (int64_t{8} << 20) / row_bytes);
+      for (int64_t r = 0; r < rows; r += step) items.push_back({i, r, std::min(rows, r + step)});
+    }
+    std::atomic<size_t> next{0};
+    std::vector<Status> errors(static_cast<size_t>(n_threads), Status::ok_status());
+    std::vector<std::thread> pool;
+    for (int k = 0; k < n_threads; ++k) {
+      pool.emplace_back([&, k] {
+        std::vector<uint8_t> buf;
+        for (size_t it = next++; it < items.size(); it = next++) {
+          const Item& item = items[it];
+          const V41TensorSpec& t = tensors[item.tensor];
+          gen_rows(t, name_key(seed, t.name), item.r0, item.r1, &buf);
+          const int64_t row_bytes = static_cast<int64_t>(buf.size()) / (item.r1 - item.r0);
+          Status s = w->write(
+              item.tensor, item.r0 * row_bytes, buf.data(), static_cast<int64_t>(buf.size()));
+          if (!s.ok()) {
+            errors[static_cast<size_t>(k)] = s;
+            return;
+          }
+        }
+      });
+    }
+    for (auto& th : pool) th.join();
+    for (const Status& s : errors) DSI_RETURN_IF_ERROR(s);
+    DSI_RETURN_IF_ERROR(w->finish());
+    total += w->file_bytes();
+    if (stats) {
+      stats->files += 1;
+      stats->tensors += static_cast<int64_t>(tensors.size());
+      stats->bytes += w->file_bytes();
+    }
+  }
+  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  std::ofstream f(dir + "/model.safetensors.index.json");
+  f << index.dump(1) << "\n";
+  if (!f) {
+    return io_error(dir + "/model.safetensors.index.json: cannot write");
+  }
+  return Status::ok_status();
 }
 
 }  // namespace dsinfer::model_v41

@@ -40,4 +40,29 @@ std::vector<V41TensorSpec> v41_official_tensors(const V41Config& c, bool with_ds
 
 Status write_v41_synthetic(const V41SyntheticSpec& spec, const std::string& dir);
 
+// DeepSeek-V4.1-Flash at its real widths with `layers` backbone layers (4..40) that keep both
+// YOCO halves: layers 0-1 window-only (Engram at 1), round((layers - 2) * 18 / 38) ratio-2
+// producers (KV owners 2, 8, 14 where present, Engram at min(14, last producer)), the rest ratio-1
+// consumers (KV owner and candidate source = the boundary, Reindex every 4th layer after it),
+// DSpark targets = the last min(3, consumers) layers. 40 gives the published schedule. Engram
+// tables are small (bucket primes from `engram_vocab_size`, default 1000: ~24k rows per layer)
+// unless real_engram_rows (primes from 16,000,000: 94 GiB per table).
+Result<nlohmann::json> v41_flash_preset_config(int layers, bool real_engram_rows);
+
+struct V41StreamStats {
+  int files = 0;
+  int64_t tensors = 0;
+  uint64_t bytes = 0;
+};
+
+// Writes an official-layout checkpoint of `config` with random weights streamed to disk: one shard
+// per block (globals, each layer, each DSpark block) + model.safetensors.index.json, every
+// tensor generated row by row from a counter-based hash (independent of `threads`), FP8 tiles and
+// MXFP4 / Engram rows drawn directly as codes with jittered power-of-two scales.
+Status write_v41_streaming(const nlohmann::json& config,
+                           uint64_t seed,
+                           int threads,
+                           const std::string& dir,
+                           V41StreamStats* stats);
+
 }  // namespace dsinfer::model_v41

@@ -45,6 +45,13 @@ sed -i 's/"candidate_source_layer_id": 5/"candidate_source_layer_id": 6/' "$TMP/
 rc=$?
 check "v41 bad schedule exits 2" test "$rc" -eq 2
 check "v41 bad schedule is named" contains "$TMP/err.txt" "wrong layer schedule"
+"$DSI" make-checkpoint --preset v4.1-tiny --out "$TMP/v41mk" --seed 3 --threads 2 \
+  >"$TMP/mk.txt" 2>&1
+check "v41 make-checkpoint tiny" contains "$TMP/mk.txt" "10 safetensors files"
+"$DSI" inspect --model "$TMP/v41mk" >"$TMP/v41.txt" 2>&1
+check "v41 made checkpoint opens" contains "$TMP/v41.txt" "DSpark blocks loaded"
+"$DSI" make-checkpoint --preset v4.1-flash --layers 3 --out "$TMP/v41x" >"$TMP/err.txt" 2>&1
+check "v41 flash needs both halves" contains "$TMP/err.txt" "both YOCO halves"
 
 # score: full and chunked logits agree in shape; bad ids are rejected.
 "$DSI" score --model "$FIX" --input-ids 0,5,6,7,8 --output "$TMP/s.safetensors" --mtp 2>/dev/null
@@ -96,7 +103,7 @@ check "make-checkpoint --layers 0 writes nothing" test ! -e "$TMP/flash"
 rc=$?
 check "make-checkpoint unknown preset exits 2" test "$rc" -eq 2
 check "make-checkpoint unknown preset lists presets" \
-  contains "$TMP/err.txt" "unknown preset .nope. (available: tiny, v4-flash)"
+  contains "$TMP/err.txt" "unknown preset .nope. (available: tiny, v4-flash, v4.1-tiny, v4.1-flash)"
 "$DSI" make-checkpoint --preset tiny --layers 2 --no-mtp --out "$TMP/m2" 2>/dev/null
 "$DSI" inspect --model "$TMP/m2" >"$TMP/inspect2.txt" 2>&1
 check "make-checkpoint --layers 2 keeps two layers" \

@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
+#include "base/strings.h"
 #include "model_v41/synthetic.h"
 #include "tensor/safetensors.h"
 
@@ -234,6 +237,122 @@ TEST(V41Checkpoint, MixedPrefixes) {
     }
   });
   EXPECT_NE(open_err(dir).find("mix"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsinfer::model_v41
+
+namespace dsinfer::model_v41 {
+namespace {
+
+TEST(V41Preset, FortyLayersIsThePublishedSchedule) {
+  auto j = v41_flash_preset_config(40, /*real_engram_rows=*/true);
+  ASSERT_TRUE(j.ok()) << j.status().to_string();
+  EXPECT_EQ((*j)["text_config"], v41_flash_config_json()["text_config"]);
+  auto small = v41_flash_preset_config(40, false);
+  ASSERT_TRUE(small.ok());
+  auto c = parse_v41_config(small->dump(), "preset");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_LT(c->engram_rows[0], 30000);
+  EXPECT_EQ(c->yoco_boundary, 20);
+}
+
+TEST(V41Preset, ReducedDepthKeepsBothHalves) {
+  for (int n : {4, 5, 9, 23}) {
+    auto j = v41_flash_preset_config(n, false);
+    ASSERT_TRUE(j.ok()) << n;
+    auto c = parse_v41_config(j->dump(), "preset");
+    ASSERT_TRUE(c.ok()) << n << ": " << c.status().to_string();
+    EXPECT_GT(c->yoco_boundary, 2) << n;
+    EXPECT_LT(c->yoco_boundary, n) << n;
+    EXPECT_EQ(c->hidden_size, 5120);
+    EXPECT_EQ(c->layers[static_cast<size_t>(c->yoco_boundary)].role, LayerRole::kFull);
+    EXPECT_TRUE(c->layers[1].engram);
+  }
+  EXPECT_FALSE(v41_flash_preset_config(3, false).ok());
+  EXPECT_FALSE(v41_flash_preset_config(41, false).ok());
+}
+
+TEST(V41Preset, StreamingWriterOpens) {
+  const std::string dir = test_dir();
+  V41StreamStats stats;
+  ASSERT_TRUE(write_v41_streaming(v41_tiny_config_json(true), 7, 2, dir, &stats).ok());
+  EXPECT_EQ(stats.files, 10);  // globals, 8 layers, 1 DSpark block
+  auto ck = V41Checkpoint::open(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  EXPECT_TRUE((*ck)->weights().has_dspark);
+  // Deterministic and independent of the thread count.
+  const std::string dir1 = dir + "-1";
+  V41StreamStats s1;
+  ASSERT_TRUE(write_v41_streaming(v41_tiny_config_json(true), 7, 1, dir1, &s1).ok());
+  auto a = SafetensorsFile::open(dir + "/model-00003-of-00010.safetensors");
+  auto b = SafetensorsFile::open(dir1 + "/model-00003-of-00010.safetensors");
+  ASSERT_TRUE(a.ok() && b.ok());
+  const TensorInfo* ta = (*a)->find("layers.1.engram.embed.weight");
+  const TensorInfo* tb = (*b)->find("layers.1.engram.embed.weight");
+  ASSERT_TRUE(ta && tb);
+  EXPECT_EQ(std::memcmp(ta->data, tb->data, static_cast<size_t>(ta->nbytes)), 0);
+}
+
+}  // namespace
+}  // namespace dsinfer::model_v41
+
+namespace dsinfer::model_v41 {
+namespace {
+
+// The official tensor inventory at the real config: the shapes and dtypes of spec §8.3.
+TEST(V41Preset, FlashInventoryMatchesSpec) {
+  auto c = parse_v41_config(v41_flash_config_json().dump(), "config.json");
+  ASSERT_TRUE(c.ok());
+  std::map<std::string, V41TensorSpec> inv;
+  int64_t bytes = 0;
+  for (const auto& t : v41_official_tensors(*c, true)) {
+    int64_t n = dtype_size(t.dtype);
+    for (int64_t d : t.shape) n *= d;
+    bytes += n;
+    inv[t.name] = t;
+  }
+  auto shape = [&](const std::string& n) { return inv.at(n).shape; };
+  using S = std::vector<int64_t>;
+  EXPECT_EQ(shape("layers.0.attn.wq_a.scale"), (S{40, 160}));
+  EXPECT_EQ(shape("layers.0.attn.wq_b.scale"), (S{1024, 40}));
+  EXPECT_EQ(shape("layers.0.attn.wo_a.weight"), (S{8192, 4096}));
+  EXPECT_EQ(shape("layers.0.attn.wo_a.scale"), (S{256, 128}));
+  EXPECT_EQ(shape("layers.0.attn.wo_b.scale"), (S{160, 256}));
+  EXPECT_EQ(shape("layers.0.hc_attn_fn"), (S{24, 20480}));
+  EXPECT_EQ(inv.at("layers.0.hc_attn_fn").dtype, DType::kF32);
+  EXPECT_EQ(shape("layers.5.ffn.experts.383.w1.weight"), (S{2304, 2560}));
+  EXPECT_EQ(shape("layers.5.ffn.experts.383.w1.scale"), (S{2304, 160}));
+  EXPECT_EQ(shape("layers.5.ffn.experts.0.w2.scale"), (S{5120, 72}));
+  EXPECT_EQ(shape("layers.5.ffn.shared_experts.w1.scale"), (S{72, 160}));
+  EXPECT_EQ(shape("layers.20.attn.indexer.wq_b.scale"), (S{128, 40}));
+  EXPECT_EQ(shape("layers.20.attn.indexer.wk.weight"), (S{128, 512}));
+  EXPECT_EQ(inv.count("layers.20.attn.compressor.wgate.weight"), 0u);
+  EXPECT_EQ(inv.count("layers.24.attn.indexer.wk.weight"), 0u);
+  EXPECT_EQ(shape("layers.24.attn.indexer.weights_proj.weight"), (S{32, 5120}));
+  EXPECT_EQ(shape("layers.1.engram.embed.weight"), (S{384006168, 256}));
+  EXPECT_EQ(shape("layers.14.engram.embed.scale"), (S{384016682, 8}));
+  EXPECT_EQ(shape("layers.1.engram.wkv.scale"), (S{800, 192}));
+  EXPECT_EQ(shape("mtp.0.main_proj.scale"), (S{160, 480}));
+  EXPECT_EQ(shape("mtp.1.ffn.gate.bias_vl"), (S{128}));
+  EXPECT_EQ(shape("mtp.2.confidence_head.proj.weight"), (S{1, 5376}));
+  EXPECT_EQ(shape("mtp.2.markov_head.embed.weight"), (S{129280, 256}));
+  // 4 compressor.wkv, 3 wgate, 8 indexer.wq_b, 4 indexer.wk (spec §1.2).
+  int wkv = 0, wgate = 0, wqb = 0, wk = 0;
+  for (const auto& [n, t] : inv) {
+    wkv += str_ends_with(n, "compressor.wkv.weight");
+    wgate += str_ends_with(n, "compressor.wgate.weight");
+    wqb += str_ends_with(n, "indexer.wq_b.weight");
+    wk += str_ends_with(n, "indexer.wk.weight");
+  }
+  EXPECT_EQ(wkv, 4);
+  EXPECT_EQ(wgate, 3);
+  EXPECT_EQ(wqb, 8);
+  EXPECT_EQ(wk, 4);
+  // Spec §8.1: 96,085 tensors and 475.3 GiB with the vision tower, aligner and image embeddings
+  // (2 + 32 x 8 + 1 + 4 + 3 = 266 tensors, ~0.95 GiB), which the text model does not hold.
+  EXPECT_EQ(inv.size(), 96085u - 266u);
+  EXPECT_NEAR(static_cast<double>(bytes) / (1ull << 30), 475.3 - 0.95, 0.1);
 }
 
 }  // namespace
