@@ -36,9 +36,19 @@ for layout in official hf; do
   check "v41 $layout inspect shows the state" contains "$TMP/v41.txt" "state per sequence"
 done
 check "v41 inspect names the model" contains "$TMP/v41.txt" "model: DeepSeek V4.1"
-"$DSI" score --model "$V41/official" --input-ids 0,5,6 --output "$TMP/v41s.safetensors" \
+"$DSI" generate --model "$V41/official" --prompt-token-ids 0,5 --max-tokens 2 >"$TMP/err.txt" 2>&1
+check "v41 generate is a clear error" contains "$TMP/err.txt" "DeepSeek V4.1 checkpoint"
+# score runs V4.1 on the CPU (whole, chunked, early exit); the numbers are checked against the
+# golden fixture in backend_v41_golden_test.
+"$DSI" score --model "$V41/official" --input-ids 0,5,6,7,8,9,10 --chunk 3 \
+  --output "$TMP/v41s.safetensors" >"$TMP/v41score.txt" 2>&1
+check "v41 score chunked" contains "$TMP/v41score.txt" "7 tokens, V4.1, reference numerics"
+"$DSI" score --model "$V41/hf" --input-ids "$(seq -s, 3 40)" --keep-rows 22 \
+  --output "$TMP/v41e.safetensors" >"$TMP/v41score.txt" 2>&1
+check "v41 score early exit" contains "$TMP/v41score.txt" "logits of positions 16..37"
+"$DSI" score --model "$V41/hf" --input-ids 0,5,6 --keep-rows 8 --output "$TMP/v41e.safetensors" \
   >"$TMP/err.txt" 2>&1
-check "v41 score is a clear error" contains "$TMP/err.txt" "DeepSeek V4.1 checkpoint"
+check "v41 keep-rows too small" contains "$TMP/err.txt" "below window + max backtracking"
 mkdir -p "$TMP/v41bad" && cp "$V41/official/"* "$TMP/v41bad/"
 sed -i 's/"candidate_source_layer_id": 5/"candidate_source_layer_id": 6/' "$TMP/v41bad/config.json"
 "$DSI" inspect --model "$TMP/v41bad" >"$TMP/err.txt" 2>&1

@@ -436,6 +436,12 @@ def main():
             "single_row_pytorch_max_abs_diff": single_row,
             "versions": {"torch": torch.__version__, "numpy": np.__version__},
         }
+        # The tokenizer-derived Engram token map next to each checkpoint, in the format of
+        # engram_token_map.py (the engine reads it from the model directory).
+        for sub in ("official", "hf"):
+            with open(os.path.join(d, sub, "engram_token_map.json"), "w") as f:
+                json.dump({"compressed_vocab_size": cfg.engram_compressed_vocab_size,
+                           "pad_id": phi[cfg.engram_pad_token_id], "token_map": phi}, f)
         with open(os.path.join(d, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         print(f"wrote {d}")
