@@ -60,6 +60,18 @@ Golden golden() {
   return g;
 }
 
+std::vector<float> fixture_tensor(const std::string& name) {
+  auto f = SafetensorsFile::open(kFixture + "/reference.safetensors");
+  EXPECT_TRUE(f.ok());
+  const TensorInfo* t = (*f)->find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (t == nullptr) {
+    return {};
+  }
+  const auto* p = static_cast<const float*>(t->data);
+  return std::vector<float>(p, p + t->numel());
+}
+
 struct Diff {
   double max = 0, mean = 0;
 };
@@ -251,6 +263,14 @@ TEST(V41EarlyExit, KeptRowsIndependentOfChunkingAndCloseToExact) {
         EXPECT_EQ(kept, whole) << "K " << K << " chunk " << chunk;
       }
     }
+    // Against the spec-derived PyTorch reference's early exit (tools/reference/v41/model.py).
+    const Diff ref = compare(whole, fixture_tensor("logits_early_exit_k" + std::to_string(K)));
+    std::printf("early exit K=%lld vs the PyTorch reference: max |d| %.3e mean %.3e\n",
+                static_cast<long long>(K),
+                ref.max,
+                ref.mean);
+    EXPECT_LE(ref.max, 2e-3);
+    EXPECT_LE(ref.mean, 2e-4);
     // Against the exact prefill: the last row (the one that is sampled) and all kept rows.
     const std::vector<float>& exact = g.reference;
     double last = 0, all = 0;

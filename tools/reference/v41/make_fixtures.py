@@ -367,6 +367,17 @@ def main():
             single_row[numerics] = (torch.cat(rows) - out[numerics]).abs().max().item()
         print(f"  one row at a time (PyTorch single-row GEMMs): max |d| {single_row}", flush=True)
 
+        # Prefill early exit (bounded replay) over the whole prompt: logits of the last K rows.
+        early = {}
+        for K in (22, 40):
+            m = ref.Model(cfg, deq, phi, "reference")
+            with torch.no_grad():
+                lg, first = m.forward(ids, ref.State(), exit=(T, K))
+            assert first == T - K and lg.shape[0] == K
+            early[f"logits_early_exit_k{K}"] = lg.contiguous()
+            dev = (lg[-1] - out["reference"][-1]).abs().max().item()
+            print(f"  early exit K={K}: last row vs exact max |d| {dev:.3e}", flush=True)
+
         d = os.path.join(args.out, fname)
         os.makedirs(os.path.join(d, "official"), exist_ok=True)
         os.makedirs(os.path.join(d, "hf"), exist_ok=True)
@@ -416,6 +427,7 @@ def main():
                 "input_ids": torch.tensor(ids, dtype=torch.int64),
                 "logits_reference": out["reference"].contiguous(),
                 "logits_deepseek": out["deepseek"].contiguous(),
+                **early,
             },
             os.path.join(d, "reference.safetensors"),
         )

@@ -373,7 +373,7 @@ class Model:
         return post[:, :, None] * F[:, None, :] + torch.einsum("tjk,tjd->tkd", comb, X)
 
     # -- attention ---------------------------------------------------------------------------
-    def attention(self, L, x, pos, st: State, shared: dict):
+    def attention(self, L, x, pos, st: State, shared: dict, early=None, compressed_already=False):
         cfg, w = self.cfg, self.w
         p = f"layers.{L}.attn."
         ratio = cfg.compress_ratios[L]
@@ -385,18 +385,27 @@ class Model:
         q = rope(self.lin(p + "wq_b.weight", q_res).view(T, H, hd), pos, inv)
         kv = rope(self.rms(self.lin(p + "wkv.weight", x), w[p + "kv_norm.weight"]), pos, inv)
         kv = fp8_window_quant(kv)
+        consumer = L >= self.boundary()
+        narrowed = early is not None and consumer
         prev = st.window.get(L)
-        allkv = kv if prev is None else torch.cat([prev, kv])
-        st.window[L] = allkv
-        n_before = allkv.shape[0] - T  # positions 0..n_before-1 are cached
+        if prev is None:
+            prev = kv[:0]
+        if prev.shape[0] < int(pos[0]):  # rows an early exit never computed: never visible
+            prev = torch.cat([prev, torch.zeros(int(pos[0]) - prev.shape[0], kv.shape[1])])
+        stored = kv if not (narrowed and early["placeholder"]) else torch.zeros_like(kv)
+        allkv = torch.cat([prev, kv])
+        st.window[L] = torch.cat([prev, stored])
         keys = [allkv]
         kpos = torch.arange(allkv.shape[0])
-        # window mask [T, n_all]: key k visible iff p - W < k <= p
+        # window mask [T, n_all]: key k visible iff p - W < k <= p (and k >= the kept tail's
+        # start in an early-exit prefill's consumer layers)
         mask = (kpos[None, :] <= pos[:, None]) & (kpos[None, :] > pos[:, None] - cfg.sliding_window)
+        if narrowed:
+            mask = mask & (kpos[None, :] >= early["floor"])
         masks = [mask]
         if ratio > 0:
             owner = cfg.kv_owner(L)
-            if owner == L:
+            if owner == L and not compressed_already:
                 self.compress(L, x, st)
             if cfg.topk_source(L) == L:
                 shared["topk"] = self.indexer(L, x, q_res, pos, st, shared)
@@ -571,7 +580,17 @@ class Model:
         return X + g[:, :, None] * value[:, None, :]
 
     # -- forward -----------------------------------------------------------------------------
-    def forward(self, ids: list, st: State) -> torch.Tensor:
+    def boundary(self):
+        r = self.cfg.compress_ratios
+        return r.index(1) if 1 in r else len(r)
+
+    def forward(self, ids: list, st: State, exit=None):
+        """exit = (prompt_length N, keep_rows K): prefill early exit (spec §5.2); returns the
+        logits of the consumer rows only, with the chunk index of the first one."""
+        logits, first = self._forward(ids, st, exit)
+        return logits if exit is None else (logits, first)
+
+    def _forward(self, ids: list, st: State, exit):
         """Runs positions len(st.tokens) .. + len(ids) - 1; returns fp32 logits [T, vocab]."""
         cfg, w = self.cfg, self.w
         start = len(st.tokens)
@@ -586,13 +605,27 @@ class Model:
         if cfg.engram_layer_ids:
             rows = torch.tensor(engram_rows(cfg, self.phi, st.tokens, list(range(start, start + T))))
         shared: dict = {}
+        early = None
+        first_row = 0
+        if exit is not None:
+            floor = max(0, exit[0] - exit[1])
+            early = {"floor": floor, "placeholder": start + T <= floor}
         for L in range(cfg.num_hidden_layers):
             p = f"layers.{L}."
             if L in cfg.engram_layer_ids:
                 X = self.engram(L, X, rows[:, cfg.engram_layer_ids.index(L)])
             pre, post, comb = self.mixes(X, p + "hc_attn")
-            u = (pi[:, :, None] * X).sum(1)
-            a = self.attention(L, self.rms(u, w[p + "attn_norm.weight"]), pos, st, shared)
+            u = self.rms((pi[:, :, None] * X).sum(1), w[p + "attn_norm.weight"])
+            done = False
+            if early is not None and L == self.boundary():
+                # The global KV from every row, then the consumer half on the kept rows only.
+                self.compress(L, u, st)
+                done = True
+                keep = T - 1 if early["placeholder"] else max(0, early["floor"] - start)
+                X, pi, pre, post, comb, u, pos = (
+                    X[keep:], pi[keep:], pre[keep:], post[keep:], comb[keep:], u[keep:], pos[keep:])
+                first_row = keep
+            a = self.attention(L, u, pos, st, shared, early, done)
             pi = pre
             X = self.expand(a, X, post, comb)
             pre, post, comb = self.mixes(X, p + "hc_ffn")
@@ -601,4 +634,4 @@ class Model:
             pi = pre
             X = self.expand(f, X, post, comb)
         h = (pi[:, :, None] * X).sum(1)
-        return self.rms(h, w["norm.weight"]) @ w["head.weight"].T
+        return self.rms(h, w["norm.weight"]) @ w["head.weight"].T, first_row
