@@ -195,6 +195,7 @@ void engram_row_ids(const V41Config& c,
 
 V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking) {
   V41SequenceState st;
+  st.max_backtracking = max_backtracking;
   const size_t L = static_cast<size_t>(c.num_hidden_layers);
   st.ring_slots = c.sliding_window + max_backtracking;
   st.window.assign(L, std::vector<float>(static_cast<size_t>(st.ring_slots * c.head_dim), 0.0f));
@@ -210,6 +211,24 @@ V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking) {
     }
   }
   return st;
+}
+
+Status rollback_v41_state(const V41Config& c, V41SequenceState& st, int64_t new_length) {
+  const int64_t len = st.length();
+  if (new_length < 0 || new_length > len || len - new_length > st.max_backtracking) {
+    return invalid_argument("rollback from " + std::to_string(len) + " to " +
+                            std::to_string(new_length) + " tokens: at most " +
+                            std::to_string(st.max_backtracking) + " tokens can be rolled back");
+  }
+  st.tokens.resize(static_cast<size_t>(new_length));
+  for (int l : c.kv_source_layer_ids) {
+    const int64_t entries = new_length / c.compress_ratios[static_cast<size_t>(l)];
+    auto& comp = st.compressed[static_cast<size_t>(l)];
+    comp.resize(std::min(comp.size(), static_cast<size_t>(entries * c.head_dim)));
+    auto& keys = st.index_keys[static_cast<size_t>(l)];
+    keys.resize(std::min(keys.size(), static_cast<size_t>(entries * c.index_head_dim)));
+  }
+  return Status::ok_status();
 }
 
 struct V41CpuModel::Shared {

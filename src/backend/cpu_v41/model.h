@@ -49,6 +49,7 @@ void engram_row_ids(const V41Config& c,
 // (z, c) rings of ratio + backtracking - 1 slots, the token ids.
 struct V41SequenceState {
   std::vector<int32_t> tokens;
+  int64_t max_backtracking = 0;
   int64_t ring_slots = 0;
   int64_t compressor_slots = 0;
   std::vector<std::vector<float>> window;      // [layer] -> [ring_slots, head_dim]
@@ -59,6 +60,12 @@ struct V41SequenceState {
 };
 
 V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking = 6);
+
+// Speculative rollback (spec §6.5): drops the last tokens so that `new_length` remain (at most
+// max_backtracking fewer). The rings need no undo (they hold window / group + backtracking slots,
+// so no slot a live window or unfinished group still needs was overwritten); the compressed
+// entries and index keys shrink to floor(new_length / ratio) per owner.
+Status rollback_v41_state(const V41Config& c, V41SequenceState& st, int64_t new_length);
 
 // Prefill early exit ("SWA bounded replay", spec §5.2): producers and the boundary layer's global
 // KV projection (compressor + index keys) run on every prompt row; the rest of the consumer half

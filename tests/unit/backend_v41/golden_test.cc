@@ -177,6 +177,41 @@ TEST(V41Golden, EngramTokenMapFile) {
   EXPECT_FALSE(model_v41::load_engram_token_map(path, (*ck)->config()).ok());
 }
 
+// Speculative rollback: decode 6 tokens, roll them back, decode 6 others: the logits equal a
+// fresh run over the prompt and the other 6 (bitwise: the forward is chunk-invariant).
+TEST(V41Golden, RollbackOfSixTokensIsExact) {
+  auto ck = model_v41::V41Checkpoint::open(kFixture + "/official");
+  ASSERT_TRUE(ck.ok());
+  const auto& cfg = (*ck)->config();
+  const Golden g = golden();
+  V41CpuModel m(cfg, (*ck)->weights(), hash_params(), model::Numerics::kDeepSeek);
+  for (size_t prompt : {size_t{49}, size_t{70}}) {  // odd and even: a ratio-2 group open or closed
+    const std::vector<int32_t> head(g.ids.begin(), g.ids.begin() + static_cast<long>(prompt));
+    const std::vector<int32_t> draft = {11, 12, 13, 14, 15, 16}, other = {21, 22, 23, 24, 25, 26};
+    V41SequenceState st = make_v41_state(cfg);
+    std::vector<float> logits, got, want;
+    ASSERT_TRUE(m.forward(st, head, &logits).ok());
+    for (int32_t t : draft) ASSERT_TRUE(m.forward(st, std::span(&t, 1), &logits).ok());
+    ASSERT_TRUE(rollback_v41_state(cfg, st, static_cast<int64_t>(prompt)).ok());
+    for (int32_t t : other) {
+      ASSERT_TRUE(m.forward(st, std::span(&t, 1), &logits).ok());
+      got.insert(got.end(), logits.begin(), logits.end());
+    }
+    V41SequenceState fresh = make_v41_state(cfg);
+    ASSERT_TRUE(m.forward(fresh, head, &logits).ok());
+    for (int32_t t : other) {
+      ASSERT_TRUE(m.forward(fresh, std::span(&t, 1), &logits).ok());
+      want.insert(want.end(), logits.begin(), logits.end());
+    }
+    EXPECT_EQ(got, want) << "prompt " << prompt;
+  }
+  V41SequenceState st = make_v41_state(cfg);
+  std::vector<float> logits;
+  ASSERT_TRUE(m.forward(st, std::span(g.ids).subspan(0, 20), &logits).ok());
+  EXPECT_FALSE(rollback_v41_state(cfg, st, 13).ok());  // 7 > max backtracking
+  EXPECT_TRUE(rollback_v41_state(cfg, st, 14).ok());
+}
+
 TEST(V41Golden, NumericsDiffer) {
   // gate_temp is 1.25 in the fixture: the two numerics must not coincide.
   const Golden g = golden();
