@@ -63,7 +63,7 @@ def main():
     t_cfg = dict(hcfg)
     t_cfg["engram_pad_token_id"] = t_cfg.pop("engram_pad_id")
     ocfg = ours.Config.from_text_config(t_cfg)
-    w = {("head.weight" if k == "lm_head.weight" else k[len("model."):]): v for k, v in sd.items()}
+    w = {("head.weight" if k == "lm_head.weight" else k[len("model.") :]): v for k, v in sd.items()}
 
     for chunk in [int(c) for c in args.chunks.split(",")]:
         step = T if chunk == 0 else chunk

@@ -181,7 +181,9 @@ def inventory(cfg: ref.Config, tc: dict):
                     out.append((a + "compressor.wgate.weight", "bf16", [hd, h]))
                 out.append((a + "compressor.norm.weight", "norm", [hd]))
             if ratio > 0 and cfg.topk_source(layer) == layer:
-                out.append((a + "indexer.wq_b.weight", "fp8", [cfg.index_n_heads * cfg.index_head_dim, cfg.q_lora_rank]))
+                out.append(
+                    (a + "indexer.wq_b.weight", "fp8", [cfg.index_n_heads * cfg.index_head_dim, cfg.q_lora_rank])
+                )
                 out.append((a + "indexer.weights_proj.weight", "bf16", [cfg.index_n_heads, h]))
                 if layer in cfg.index_k_source_layer_ids:
                     out.append((a + "indexer.wk.weight", "bf16", [cfg.index_head_dim, hd]))
@@ -310,9 +312,16 @@ def main():
         for seed in range(1, args.max_seeds + 1):
             rng = np.random.default_rng(seed)
             # A many-to-one compressed token map with engram_compressed_vocab_size classes.
-            phi_classes = rng.permutation(np.concatenate([np.arange(cfg.engram_compressed_vocab_size),
-                                                          rng.integers(0, cfg.engram_compressed_vocab_size,
-                                                                       cfg.vocab_size - cfg.engram_compressed_vocab_size)]))
+            phi_classes = rng.permutation(
+                np.concatenate(
+                    [
+                        np.arange(cfg.engram_compressed_vocab_size),
+                        rng.integers(
+                            0, cfg.engram_compressed_vocab_size, cfg.vocab_size - cfg.engram_compressed_vocab_size
+                        ),
+                    ]
+                )
+            )
             # Renumber in order of first occurrence, as the tokenizer-derived map is.
             first, phi = {}, []
             for c in phi_classes.tolist():
@@ -452,8 +461,14 @@ def main():
         # engram_token_map.py (the engine reads it from the model directory).
         for sub in ("official", "hf"):
             with open(os.path.join(d, sub, "engram_token_map.json"), "w") as f:
-                json.dump({"compressed_vocab_size": cfg.engram_compressed_vocab_size,
-                           "pad_id": phi[cfg.engram_pad_token_id], "token_map": phi}, f)
+                json.dump(
+                    {
+                        "compressed_vocab_size": cfg.engram_compressed_vocab_size,
+                        "pad_id": phi[cfg.engram_pad_token_id],
+                        "token_map": phi,
+                    },
+                    f,
+                )
         with open(os.path.join(d, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         print(f"wrote {d}")

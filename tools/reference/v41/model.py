@@ -279,9 +279,7 @@ def engram_multipliers(cfg: Config):
     bound = max(1, (np.iinfo(np.int64).max // cfg.engram_compressed_vocab_size) // 2)
     rows = []
     for layer in cfg.engram_layer_ids:
-        r = np.random.default_rng(10007 * layer).integers(
-            0, bound, size=(cfg.engram_max_ngram_size,), dtype=np.int64
-        )
+        r = np.random.default_rng(10007 * layer).integers(0, bound, size=(cfg.engram_max_ngram_size,), dtype=np.int64)
         rows.append([int(v) * 2 + 1 for v in r])
     return rows
 
@@ -500,7 +498,7 @@ class Model:
             n_valid = int((vals > float("-inf")).sum())
             kk = min(k, n_valid)
             sel[t, idx[:kk]] = True
-            self.selections.append(("index", L, int(pos[t]), vals[: n_valid].clone(), kk))
+            self.selections.append(("index", L, int(pos[t]), vals[:n_valid].clone(), kk))
         return sel
 
     def candidate_pool(self, L, score, visible, pos):
@@ -623,7 +621,14 @@ class Model:
                 done = True
                 keep = T - 1 if early["placeholder"] else max(0, early["floor"] - start)
                 X, pi, pre, post, comb, u, pos = (
-                    X[keep:], pi[keep:], pre[keep:], post[keep:], comb[keep:], u[keep:], pos[keep:])
+                    X[keep:],
+                    pi[keep:],
+                    pre[keep:],
+                    post[keep:],
+                    comb[keep:],
+                    u[keep:],
+                    pos[keep:],
+                )
                 first_row = keep
             a = self.attention(L, u, pos, st, shared, early, done)
             pi = pre
