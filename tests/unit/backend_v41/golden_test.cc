@@ -11,6 +11,8 @@
 #include "backend/cpu_v41/model.h"
 #include "model_v41/checkpoint.h"
 #include "model_v41/engram.h"
+#include "model_v41/state_layout.h"
+#include "model_v41/synthetic.h"
 #include "tensor/safetensors.h"
 
 namespace dsinfer::cpu_v41 {
@@ -344,6 +346,30 @@ TEST(V41EarlyExit, Validation) {
   EXPECT_NE(s.to_string().find("below window + max backtracking = 22"), std::string::npos);
   PrefillExit shorter{10, 22};
   EXPECT_FALSE(m.forward(st, g.ids, &shorter, &r).ok());
+}
+
+}  // namespace
+}  // namespace dsinfer::cpu_v41
+
+namespace dsinfer::cpu_v41 {
+namespace {
+
+// The CPU state uses the slot counts of the state layout (spec §6.3) that inspect reports.
+TEST(V41State, SlotsMatchTheLayout) {
+  for (const auto& j :
+       {model_v41::v41_flash_config_json(), model_v41::v41_tiny_config_json(true)}) {
+    auto c = model_v41::parse_v41_config(j.dump(), "config.json");
+    ASSERT_TRUE(c.ok());
+    const model_v41::StateLayout s = model_v41::compute_state_layout(*c);
+    const V41SequenceState st = make_v41_state(*c);
+    EXPECT_EQ(st.ring_slots, s.ring_slots);
+    EXPECT_EQ(st.compressor_slots, s.compressor_ring_slots);
+    EXPECT_EQ(st.max_backtracking, 6);
+    int rings = 0;
+    for (const auto& r : st.comp_ring) rings += r.empty() ? 0 : 1;
+    EXPECT_EQ(rings, s.n_compressor_rings);
+    EXPECT_EQ(static_cast<int64_t>(st.window.size()) + c->num_nextn_predict_layers, s.n_rings);
+  }
 }
 
 }  // namespace
