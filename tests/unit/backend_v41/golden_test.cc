@@ -20,7 +20,8 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::string kFixture = std::string(DSI_SOURCE_DIR) + "/tests/fixtures/v41-tiny";
+const std::string kFixtures = std::string(DSI_SOURCE_DIR) + "/tests/fixtures/";
+const std::string kFixture = kFixtures + "v41-tiny";
 
 json read_json(const std::string& path) {
   std::ifstream f(path);
@@ -29,8 +30,8 @@ json read_json(const std::string& path) {
   return json::parse(ss.str());
 }
 
-EngramHashParams hash_params() {
-  const json meta = read_json(kFixture + "/meta.json");
+EngramHashParams hash_params(const std::string& fixture = kFixture) {
+  const json meta = read_json(fixture + "/meta.json");
   EngramHashParams h;
   for (const auto& v : meta["engram_token_map"]) h.token_map.push_back(v.get<int32_t>());
   for (const auto& row : meta["engram_multipliers"]) {
@@ -46,8 +47,8 @@ struct Golden {
   std::vector<float> reference, deepseek;
 };
 
-Golden golden() {
-  auto f = SafetensorsFile::open(kFixture + "/reference.safetensors");
+Golden golden(const std::string& fixture = kFixture) {
+  auto f = SafetensorsFile::open(fixture + "/reference.safetensors");
   EXPECT_TRUE(f.ok());
   Golden g;
   const TensorInfo* ids = (*f)->find("input_ids");
@@ -90,15 +91,17 @@ Diff compare(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
-class V41Golden : public ::testing::TestWithParam<std::tuple<const char*, model::Numerics>> {};
+class V41Golden
+    : public ::testing::TestWithParam<std::tuple<const char*, const char*, model::Numerics>> {};
 
 TEST_P(V41Golden, MatchesFixtureWholeAndChunked) {
-  const auto [layout, numerics] = GetParam();
-  auto ck = model_v41::V41Checkpoint::open(kFixture + "/" + layout);
+  const auto [fixture_name, layout, numerics] = GetParam();
+  const std::string fixture = kFixtures + fixture_name;
+  auto ck = model_v41::V41Checkpoint::open(fixture + "/" + layout);
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
-  const Golden g = golden();
+  const Golden g = golden(fixture);
   const auto& want = numerics == model::Numerics::kReference ? g.reference : g.deepseek;
-  V41CpuModel m((*ck)->config(), (*ck)->weights(), hash_params(), numerics);
+  V41CpuModel m((*ck)->config(), (*ck)->weights(), hash_params(fixture), numerics);
   std::vector<float> first;
   for (int chunk : {0, 1, 7, 64}) {
     V41SequenceState st = make_v41_state((*ck)->config());
@@ -111,7 +114,8 @@ TEST_P(V41Golden, MatchesFixtureWholeAndChunked) {
       all.insert(all.end(), part.begin(), part.end());
     }
     const Diff d = compare(all, want);
-    std::printf("%s %s chunk %d: max |d| %.3e mean %.3e\n",
+    std::printf("%s %s %s chunk %d: max |d| %.3e mean %.3e\n",
+                fixture_name,
                 layout,
                 model::numerics_name(numerics),
                 chunk,
@@ -128,14 +132,17 @@ TEST_P(V41Golden, MatchesFixtureWholeAndChunked) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts,
+INSTANTIATE_TEST_SUITE_P(Fixtures,
                          V41Golden,
-                         ::testing::Combine(::testing::Values("official", "hf"),
+                         ::testing::Combine(::testing::Values("v41-tiny", "v41-tiny-b"),
+                                            ::testing::Values("official", "hf"),
                                             ::testing::Values(model::Numerics::kReference,
                                                               model::Numerics::kDeepSeek)),
                          [](const auto& info) {
-                           return std::string(std::get<0>(info.param)) + "_" +
-                                  model::numerics_name(std::get<1>(info.param));
+                           std::string fixture = std::get<0>(info.param);
+                           for (char& ch : fixture) ch = ch == '-' ? '_' : ch;
+                           return fixture + "_" + std::get<1>(info.param) + "_" +
+                                  model::numerics_name(std::get<2>(info.param));
                          });
 
 TEST(V41Golden, ImagePlaceholderIsAClearError) {
@@ -369,6 +376,47 @@ TEST(V41State, SlotsMatchTheLayout) {
     for (const auto& r : st.comp_ring) rings += r.empty() ? 0 : 1;
     EXPECT_EQ(rings, s.n_compressor_rings);
     EXPECT_EQ(static_cast<int64_t>(st.window.size()) + c->num_nextn_predict_layers, s.n_rings);
+  }
+}
+
+}  // namespace
+}  // namespace dsinfer::cpu_v41
+
+namespace dsinfer::cpu_v41 {
+namespace {
+
+// v41-tiny-b has 3 consumer layers and window 8: the sampled row depends on rows back to T - 21
+// only, so with K = 22 the early exit is exact for it (PyTorch reference: 0 as well).
+TEST(V41EarlyExit, TinyBMatchesReferenceAndIsExactForTheLastRow) {
+  const std::string fixture = kFixtures + "v41-tiny-b";
+  auto ck = model_v41::V41Checkpoint::open(fixture + "/official");
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const Golden g = golden(fixture);
+  const auto& cfg = (*ck)->config();
+  const int64_t T = static_cast<int64_t>(g.ids.size()), V = cfg.vocab_size;
+  V41CpuModel m(cfg, (*ck)->weights(), hash_params(fixture), model::Numerics::kReference);
+  for (int64_t K : {int64_t{22}, int64_t{40}}) {
+    PrefillExit ex{T, K};
+    V41SequenceState st = make_v41_state(cfg);
+    ForwardResult r;
+    ASSERT_TRUE(m.forward(st, g.ids, &ex, &r).ok());
+    ASSERT_EQ(r.first_row, T - K);
+    auto f = SafetensorsFile::open(fixture + "/reference.safetensors");
+    ASSERT_TRUE(f.ok());
+    const TensorInfo* t = (*f)->find("logits_early_exit_k" + std::to_string(K));
+    ASSERT_NE(t, nullptr);
+    const auto* p = static_cast<const float*>(t->data);
+    const Diff d = compare(r.logits, std::vector<float>(p, p + t->numel()));
+    EXPECT_LE(d.max, 2e-3);
+    EXPECT_LE(d.mean, 2e-4);
+    double last = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      last =
+          std::max(last,
+                   std::fabs(static_cast<double>(r.logits[static_cast<size_t>((K - 1) * V + v)]) -
+                             g.reference[static_cast<size_t>((T - 1) * V + v)]));
+    }
+    EXPECT_LE(last, 1e-5) << "K " << K;
   }
 }
 

@@ -67,7 +67,8 @@ def main():
 
     for chunk in [int(c) for c in args.chunks.split(",")]:
         step = T if chunk == 0 else chunk
-        model.model.bind_tokenizer(None)
+        if hcfg.get("engram_layer_ids"):
+            model.model.bind_tokenizer(None)
         cache = DynamicCache(config=cfg)
         rows = []
         with torch.no_grad():

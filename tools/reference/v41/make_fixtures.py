@@ -91,7 +91,54 @@ FIXTURES = {
             "eos_token_id": 1,
         },
         "T": 100,
-    }
+        "shards": 2,
+    },
+    # No Engram, no DSpark, no YaRN, hc_mult 2, a Reindex layer among the producers (3 scores
+    # layer 1's keys), the candidate pool binding at the last layer, three shards.
+    "v41-tiny-b": {
+        "text_config": {
+            "vocab_size": 128,
+            "hidden_size": 64,
+            "num_hidden_layers": 7,
+            "num_attention_heads": 2,
+            "head_dim": 64,
+            "qk_rope_head_dim": 32,
+            "q_lora_rank": 48,
+            "o_groups": 2,
+            "o_lora_rank": 24,
+            "rope_theta": 10000.0,
+            "compress_rope_theta": 40000.0,
+            "max_position_embeddings": 4096,
+            "sliding_window": 8,
+            "compress_ratios": [0, 2, 2, 2, 1, 1, 1],
+            "kv_source_layer_ids": [1, 4],
+            "index_source_layer_ids": [1, 3, 4, 6],
+            "candidate_source_layer_id": 4,
+            "candidate_topk_blocks": 8,
+            "candidate_block_size": 8,
+            "index_n_heads": 8,
+            "index_head_dim": 64,
+            "index_topk": 12,
+            "moe_intermediate_size": 64,
+            "n_routed_experts": 6,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 3,
+            "routed_scaling_factor": 2.0,
+            "gate_temp": 1.0,
+            "swiglu_limit": 7.0,
+            "hc_mult": 2,
+            "hc_sinkhorn_iters": 10,
+            "hc_eps": 1e-6,
+            "rms_norm_eps": 1e-20,
+            "engram_layer_ids": [],
+            "engram_compressed_vocab_size": 128,
+            "num_nextn_predict_layers": 0,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+        },
+        "T": 90,
+        "shards": 3,
+    },
 }
 
 
@@ -392,10 +439,18 @@ def main():
         os.makedirs(os.path.join(d, "hf"), exist_ok=True)
         # Official layout: two shards + index (an Engram table and its scale stay together).
         names = sorted(official)
-        half = len(names) // 2
-        while names[half].rsplit(".", 1)[0] == names[half - 1].rsplit(".", 1)[0]:
-            half += 1
-        shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+        n_sh = spec["shards"]
+        cuts = [0]
+        for k in range(1, n_sh):
+            c = max(cuts[-1] + 1, len(names) * k // n_sh)
+            # A weight and its scale (an Engram table and its scale in particular) stay together.
+            while names[c].rsplit(".", 1)[0] == names[c - 1].rsplit(".", 1)[0]:
+                c += 1
+            cuts.append(c)
+        cuts.append(len(names))
+        shards = {
+            f"model-{k + 1:05d}-of-{n_sh:05d}.safetensors": names[cuts[k] : cuts[k + 1]] for k in range(n_sh)
+        }
         wm = {}
         for fn, ns in shards.items():
             save_file({n: official[n].contiguous() for n in ns}, os.path.join(d, "official", fn))
@@ -426,7 +481,7 @@ def main():
         save_file({k: v.contiguous() for k, v in sorted(hf.items())}, os.path.join(d, "hf", "model.safetensors"))
         hf_cfg = dict(tc)
         hf_cfg["model_type"] = "deepseek_v41_text"
-        hf_cfg["engram_pad_id"] = hf_cfg.pop("engram_pad_token_id")
+        hf_cfg["engram_pad_id"] = hf_cfg.pop("engram_pad_token_id", 2)
         hf_cfg["engram_num_embeddings"] = [sum(p) for p in ref.engram_primes(cfg)]
         hf_cfg["num_nextn_predict_layers"] = tc["num_nextn_predict_layers"]
         with open(os.path.join(d, "hf", "config.json"), "w") as f:
@@ -459,7 +514,7 @@ def main():
         }
         # The tokenizer-derived Engram token map next to each checkpoint, in the format of
         # engram_token_map.py (the engine reads it from the model directory).
-        for sub in ("official", "hf"):
+        for sub in ("official", "hf") if cfg.engram_layer_ids else ():
             with open(os.path.join(d, sub, "engram_token_map.json"), "w") as f:
                 json.dump(
                     {
