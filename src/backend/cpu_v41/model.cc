@@ -417,7 +417,13 @@ void V41CpuModel::compress(
   }
   for (int64_t g = 0; g < G; ++g) {
     cpu::rope_apply(lat.data() + g * hd, hd, inv_compress_, gpos[static_cast<size_t>(g)], false);
-    fp4_compressed_quant(lat.data() + g * hd, hd, deepseek());
+    // The compressed-KV record: FP4 (288 B at head_dim 512) or, with use_fp4_sparse_kv = false,
+    // the FP8 main record of the window rings (spec §6.1).
+    if (c_.use_fp4_sparse_kv) {
+      fp4_compressed_quant(lat.data() + g * hd, hd, deepseek());
+    } else {
+      fp8_window_quant(lat.data() + g * hd, hd);
+    }
   }
   auto& comp = st.compressed[static_cast<size_t>(l)];
   comp.insert(comp.end(), lat.begin(), lat.end());

@@ -422,3 +422,33 @@ TEST(V41EarlyExit, TinyBMatchesReferenceAndIsExactForTheLastRow) {
 
 }  // namespace
 }  // namespace dsinfer::cpu_v41
+
+namespace dsinfer::cpu_v41 {
+namespace {
+
+// use_fp4_sparse_kv = false stores the compressed entries as FP8 main records (1x32 E4M3 with
+// UE8M0 scales) instead of FP4: the entries are then fixed points of the FP8 quantiser, not of
+// the FP4 one, and the logits move.
+TEST(V41State, Fp8SparseKvOption) {
+  auto ck = model_v41::V41Checkpoint::open(kFixture + "/official");
+  ASSERT_TRUE(ck.ok());
+  const Golden g = golden();
+  model_v41::V41Config fp8 = (*ck)->config();
+  fp8.use_fp4_sparse_kv = false;
+  V41CpuModel m8(fp8, (*ck)->weights(), hash_params(), model::Numerics::kReference);
+  V41SequenceState st = make_v41_state(fp8);
+  std::vector<float> logits;
+  ASSERT_TRUE(m8.forward(st, g.ids, &logits).ok());
+  const std::vector<float>& entries = st.compressed[5];
+  ASSERT_FALSE(entries.empty());
+  std::vector<float> again = entries;
+  fp8_window_quant(again.data(), static_cast<int64_t>(again.size()));
+  EXPECT_EQ(again, entries);
+  std::vector<float> fp4 = entries;
+  fp4_compressed_quant(fp4.data(), static_cast<int64_t>(fp4.size()), false);
+  EXPECT_NE(fp4, entries);
+  EXPECT_GT(compare(logits, g.reference).max, 1e-3);
+}
+
+}  // namespace
+}  // namespace dsinfer::cpu_v41

@@ -72,6 +72,7 @@ class Config:
     engram_head_dim: int
     engram_pad_token_id: int
     engram_compressed_vocab_size: int
+    use_fp4_sparse_kv: bool = True
 
     @staticmethod
     def from_text_config(t: dict) -> "Config":
@@ -124,6 +125,7 @@ class Config:
             engram_head_dim=t.get("engram_head_dim", 256),
             engram_pad_token_id=t.get("engram_pad_token_id", t.get("engram_pad_id", 2)),
             engram_compressed_vocab_size=t.get("engram_compressed_vocab_size", 0),
+            use_fp4_sparse_kv=t.get("use_fp4_sparse_kv", True),
         )
 
     @staticmethod
@@ -459,7 +461,11 @@ class Model:
             k = fp4_index_quant(rope(k, gpos, inv))
             prev = st.index_keys.get(L)
             st.index_keys[L] = k if prev is None else torch.cat([prev, k])
-        e = fp4_compressed_quant(rope(lat, gpos, inv), clamp_scale=self.numerics == "deepseek")
+        e = rope(lat, gpos, inv)
+        if cfg.use_fp4_sparse_kv:
+            e = fp4_compressed_quant(e, clamp_scale=self.numerics == "deepseek")
+        else:  # the FP8 main record of the window rings (spec §6.1)
+            e = fp8_window_quant(e)
         prev = st.compressed.get(L)
         st.compressed[L] = e if prev is None else torch.cat([prev, e])
 
