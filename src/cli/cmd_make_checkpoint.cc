@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "model/synthetic.h"
+#include "model_v41/synthetic.h"
 
 namespace dsinfer::cli {
 
@@ -19,6 +20,7 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
     int shards = 1;
     int layers = 0;
     int threads = 0;
+    bool engram_real_rows = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -28,7 +30,10 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
                   "tiny: a small V4 with every layer type (5 layers, written in memory); "
                   "v4-flash: DeepSeek-V4-Flash at its real widths (43 layers, ~3.6 GB per layer "
                   "and ~2 GB embed/head; use --layers), streamed to disk on all cores with one "
-                  "shard per layer + index json");
+                  "shard per layer + index json; v4.1-flash: DeepSeek-V4.1-Flash at its real "
+                  "widths (40 layers, ~7.3 GB per layer; --layers N keeps both YOCO halves), small "
+                  "Engram tables unless --engram-real-rows, DSpark blocks, streamed like v4-flash; "
+                  "v4.1-tiny: the tiny V4.1 test config through the same writer");
   cmd->add_option("--out", args->out, "Output directory")->required();
   cmd->add_option("--seed", args->seed, "Random seed");
   cmd->add_option("--layers",
@@ -37,6 +42,9 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
                   "v4-flash, 1..5 for tiny); compress_ratios and num_hash_layers are truncated "
                   "to match; default: all");
   cmd->add_option("--threads", args->threads, "v4-flash: worker threads (default: all cores)");
+  cmd->add_flag("--engram-real-rows",
+                args->engram_real_rows,
+                "v4.1-flash: the real Engram row counts (2 x 94 GiB) instead of small tables");
   cmd->add_flag("--bf16", args->bf16, "Store matrices in bf16 instead of FP8/MXFP4");
   cmd->add_flag("--no-mtp", args->no_mtp, "Leave out the MTP block");
   cmd->add_option("--shards",
@@ -44,10 +52,54 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
                   "tiny: number of safetensors shards (index json when > 1); v4-flash always "
                   "writes one shard per layer");
   cmd->callback([args, cmd, &exit_code] {
+    if (args->preset == "v4.1-flash" || args->preset == "v4.1-tiny") {
+      if (args->bf16 || args->no_mtp || cmd->count("--shards") > 0) {
+        exit_code = fail(invalid_argument(
+            "--bf16, --no-mtp and --shards apply to the V4 presets; V4.1 presets write the "
+            "official layout with DSpark blocks, one shard per block"));
+        return;
+      }
+      nlohmann::json config;
+      if (args->preset == "v4.1-flash") {
+        auto c = model_v41::v41_flash_preset_config(cmd->count("--layers") > 0 ? args->layers : 40,
+                                                    args->engram_real_rows);
+        if (!c.ok()) {
+          exit_code = fail(c.status().with_context("--layers"));
+          return;
+        }
+        config = std::move(c).value();
+      } else {
+        if (cmd->count("--layers") > 0 || args->engram_real_rows) {
+          exit_code =
+              fail(invalid_argument("v4.1-tiny takes neither --layers nor --engram-real-rows"));
+          return;
+        }
+        config = model_v41::v41_tiny_config_json(true);
+      }
+      model_v41::V41StreamStats stats;
+      Status s =
+          model_v41::write_v41_streaming(config, args->seed, args->threads, args->out, &stats);
+      if (!s.ok()) {
+        exit_code = fail(s);
+        return;
+      }
+      std::fprintf(stderr,
+                   "dsinfer make-checkpoint: wrote %s (preset %s, %d layers + DSpark, seed %llu): "
+                   "%lld tensors, %llu bytes in %d safetensors files\n",
+                   args->out.c_str(),
+                   args->preset.c_str(),
+                   config["text_config"]["num_hidden_layers"].get<int>(),
+                   static_cast<unsigned long long>(args->seed),
+                   static_cast<long long>(stats.tensors),
+                   static_cast<unsigned long long>(stats.bytes),
+                   stats.files);
+      exit_code = 0;
+      return;
+    }
     const bool flash = args->preset == "v4-flash";
     if (args->preset != "tiny" && !flash) {
       exit_code = fail(invalid_argument("--preset: unknown preset `" + args->preset +
-                                        "` (available: tiny, v4-flash)"));
+                                        "` (available: tiny, v4-flash, v4.1-tiny, v4.1-flash)"));
       return;
     }
     if (args->shards < 1) {

@@ -5,10 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_v41/model.h"
+#include "base/file.h"
 #include "base/strings.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "model/checkpoint.h"
+#include "model_v41/checkpoint.h"
+#include "model_v41/engram.h"
 #include "tensor/safetensors.h"
 
 namespace dsinfer::cli {
@@ -22,7 +26,84 @@ struct ScoreArgs {
   std::string numerics = "reference";
   std::string device = "cpu";
   bool mtp = false;
+  int64_t keep_rows = 0;
+  std::string engram_token_map;
 };
+
+// DeepSeek V4.1 on the CPU (cpu_v41::V41CpuModel): whole prompt, chunks, or prefill early exit.
+int run_score_v41(const ScoreArgs& args,
+                  const std::vector<int32_t>& ids,
+                  model::Numerics numerics) {
+  if (args.device != "cpu")
+    return fail(unimplemented("V4.1 runs on the CPU only so far (--device cpu)"));
+  if (args.mtp)
+    return fail(unimplemented("--mtp: V4.1 has DSpark blocks, not an MTP head"));
+  if (args.chunk < 0 || args.keep_rows < 0)
+    return fail(invalid_argument("--chunk and --keep-rows must be >= 1"));
+  auto ck = model_v41::V41Checkpoint::open(args.model_dir);
+  if (!ck.ok())
+    return fail(ck.status());
+  const model_v41::V41Config& cfg = (*ck)->config();
+  std::vector<int32_t> phi;
+  if (!cfg.engram_layer_ids.empty()) {
+    const std::string path = args.engram_token_map.empty()
+                                 ? args.model_dir + "/engram_token_map.json"
+                                 : args.engram_token_map;
+    auto m = model_v41::load_engram_token_map(path, cfg);
+    if (!m.ok()) {
+      return fail(m.status().with_context(
+          "the Engram token map (write it with tools/reference/v41/engram_token_map.py)"));
+    }
+    phi = std::move(m).value();
+  }
+  auto hash = cpu_v41::EngramHashParams::from_config(cfg, std::move(phi));
+  if (!hash.ok())
+    return fail(hash.status());
+  cpu_v41::V41CpuModel model(cfg, (*ck)->weights(), std::move(hash).value(), numerics);
+  cpu_v41::V41SequenceState st = cpu_v41::make_v41_state(cfg);
+  const int64_t total = static_cast<int64_t>(ids.size());
+  const int64_t chunk = args.chunk == 0 ? total : args.chunk;
+  cpu_v41::PrefillExit exit{total, args.keep_rows};
+  std::vector<float> logits;
+  int64_t first_row = -1;
+  for (int64_t begin = 0; begin < total; begin += chunk) {
+    const int64_t n = std::min(chunk, total - begin);
+    cpu_v41::ForwardResult r;
+    Status s =
+        model.forward(st,
+                      std::span(ids).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
+                      args.keep_rows > 0 ? &exit : nullptr,
+                      &r);
+    if (!s.ok())
+      return fail(s);
+    if (r.placeholder)
+      continue;
+    if (first_row < 0)
+      first_row = begin + r.first_row;
+    logits.insert(logits.end(), r.logits.begin(), r.logits.end());
+  }
+  const int64_t rows = static_cast<int64_t>(logits.size()) / cfg.vocab_size;
+  Status s = write_safetensors(args.output,
+                               {f32_tensor("logits", {rows, cfg.vocab_size}, logits)},
+                               {{"numerics", model::numerics_name(numerics)},
+                                {"chunk", std::to_string(chunk)},
+                                {"device", "cpu"},
+                                {"first_position", std::to_string(first_row)},
+                                {"keep_rows", std::to_string(args.keep_rows)}});
+  if (!s.ok())
+    return fail(s);
+  std::fprintf(stderr,
+               "dsinfer score: %lld tokens, V4.1, %s numerics, cpu, chunk %lld%s -> %s (logits of "
+               "positions %lld..%lld)\n",
+               static_cast<long long>(total),
+               model::numerics_name(numerics),
+               static_cast<long long>(chunk),
+               args.keep_rows > 0 ? ", prefill early exit" : "",
+               args.output.c_str(),
+               static_cast<long long>(first_row),
+               static_cast<long long>(first_row + rows - 1));
+  return 0;
+}
 
 int run_score(const ScoreArgs& args) {
   auto ids = parse_token_ids(args.input_ids);
@@ -37,6 +118,12 @@ int run_score(const ScoreArgs& args) {
     return fail(s);
   if (args.chunk < 0)
     return fail(invalid_argument("--chunk must be >= 1"));
+  if (auto text = read_text_file(args.model_dir + "/config.json", uint64_t{1} << 26);
+      text.ok() && model_v41::is_v41_config_text(*text)) {
+    return run_score_v41(args, *ids, *numerics);
+  }
+  if (args.keep_rows > 0 || !args.engram_token_map.empty())
+    return fail(invalid_argument("--keep-rows and --engram-token-map apply to V4.1 checkpoints"));
   auto ckpt = model::Checkpoint::open(args.model_dir);
   if (!ckpt.ok())
     return fail(ckpt.status());
@@ -109,6 +196,15 @@ void add_score_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--mtp",
                 args->mtp,
                 "Also write `mtp_logits` [T-1, vocab]: the MTP block's prediction of token i+2");
+  cmd->add_option("--keep-rows",
+                  args->keep_rows,
+                  "V4.1: prefill early exit, the consumer half on the last K prompt rows only "
+                  "(K >= window + 6; DeepSeek uses 140); `logits` then holds those rows only "
+                  "(prompt logprobs are unavailable in that mode)");
+  cmd->add_option("--engram-token-map",
+                  args->engram_token_map,
+                  "V4.1: the Engram compressed token map JSON (default: "
+                  "<model>/engram_token_map.json; tools/reference/v41/engram_token_map.py)");
   cmd->callback([args, &exit_code] { exit_code = run_score(*args); });
 }
 

@@ -509,6 +509,10 @@ Status parse_impl(const json& j, const std::string& src, ModelConfig* c) {
 
   std::string model_type;
   DSI_RETURN_IF_ERROR(f.get_string({"model_type"}, &model_type, false));
+  if (model_type == "deepseek_v41" || model_type == "deepseek_v41_text") {
+    return unimplemented(src + ": a DeepSeek V4.1 checkpoint (model_type '" + model_type +
+                         "'): this command runs V4 only so far; `dsinfer inspect` reads V4.1");
+  }
   if (!model_type.empty() && model_type != "deepseek_v4") {
     return invalid_argument(src + ": field 'model_type' = '" + model_type +
                             "' is not supported (expected deepseek_v4)");

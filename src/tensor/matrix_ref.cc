@@ -12,10 +12,25 @@ const char* weight_format_name(WeightFormat f) {
       return "float";
     case WeightFormat::kFp8Block128:
       return "fp8-block128";
+    case WeightFormat::kFp8Block32:
+      return "fp8-block32";
     case WeightFormat::kMxfp4:
       return "mxfp4";
   }
   return "?";
+}
+
+int64_t fp8_block_edge(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFp8Block128:
+      return 128;
+    case WeightFormat::kFp8Block32:
+      return 32;
+    case WeightFormat::kFloat:
+    case WeightFormat::kMxfp4:
+      return 0;
+  }
+  return 0;
 }
 
 void MatrixRef::dequant_row(int64_t r, float* out) const {
@@ -32,14 +47,16 @@ void MatrixRef::dequant_row(int64_t r, float* out) const {
         for (int64_t c = 0; c < cols; ++c) out[c] = load_float(data, dtype, r * cols + c);
       }
       return;
-    case WeightFormat::kFp8Block128: {
+    case WeightFormat::kFp8Block128:
+    case WeightFormat::kFp8Block32: {
+      const int64_t e = fp8_block_edge(format);
       const auto* q = static_cast<const uint8_t*>(data) + r * cols;
-      const int64_t scale_cols = (cols + 127) / 128;
-      const int64_t srow = (r / 128) * scale_cols;
+      const int64_t scale_cols = (cols + e - 1) / e;
+      const int64_t srow = (r / e) * scale_cols;
       for (int64_t cb = 0; cb < scale_cols; ++cb) {
         const float s = load_float(scale, scale_dtype, srow + cb);
-        const int64_t end = cb * 128 + 128 < cols ? cb * 128 + 128 : cols;
-        for (int64_t c = cb * 128; c < end; ++c) out[c] = numeric::fp8_e4m3_to_f32(q[c]) * s;
+        const int64_t end = cb * e + e < cols ? cb * e + e : cols;
+        for (int64_t c = cb * e; c < end; ++c) out[c] = numeric::fp8_e4m3_to_f32(q[c]) * s;
       }
       return;
     }
@@ -58,9 +75,11 @@ float MatrixRef::at(int64_t r, int64_t c) const {
   switch (format) {
     case WeightFormat::kFloat:
       return load_float(data, dtype, r * cols + c);
-    case WeightFormat::kFp8Block128: {
-      const int64_t scale_cols = (cols + 127) / 128;
-      const float s = load_float(scale, scale_dtype, (r / 128) * scale_cols + c / 128);
+    case WeightFormat::kFp8Block128:
+    case WeightFormat::kFp8Block32: {
+      const int64_t e = fp8_block_edge(format);
+      const int64_t scale_cols = (cols + e - 1) / e;
+      const float s = load_float(scale, scale_dtype, (r / e) * scale_cols + c / e);
       return numeric::fp8_e4m3_to_f32(static_cast<const uint8_t*>(data)[r * cols + c]) * s;
     }
     case WeightFormat::kMxfp4: {
@@ -81,6 +100,7 @@ int64_t MatrixRef::data_bytes() const {
     case WeightFormat::kFloat:
       return rows * cols * dtype_size(dtype);
     case WeightFormat::kFp8Block128:
+    case WeightFormat::kFp8Block32:
       return rows * cols;
     case WeightFormat::kMxfp4:
       return rows * cols / 2;
@@ -93,7 +113,10 @@ int64_t MatrixRef::scale_bytes() const {
     case WeightFormat::kFloat:
       return 0;
     case WeightFormat::kFp8Block128:
-      return ((rows + 127) / 128) * ((cols + 127) / 128) * dtype_size(scale_dtype);
+    case WeightFormat::kFp8Block32: {
+      const int64_t e = fp8_block_edge(format);
+      return ((rows + e - 1) / e) * ((cols + e - 1) / e) * dtype_size(scale_dtype);
+    }
     case WeightFormat::kMxfp4:
       return rows * (cols / 32);
   }

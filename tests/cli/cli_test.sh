@@ -26,6 +26,43 @@ rc=$?
 check "inspect missing dir exits 2" test "$rc" -eq 2
 check "inspect missing dir names it" contains "$TMP/err.txt" "$TMP/nope"
 
+# inspect on V4.1 checkpoints (both layouts): the producer/consumer split, owners, Engram, state.
+V41=$SRC/tests/fixtures/v41-tiny
+for layout in official hf; do
+  "$DSI" inspect --model "$V41/$layout" >"$TMP/v41.txt" 2>&1
+  check "v41 $layout inspect shows the YOCO split" contains "$TMP/v41.txt" \
+    "YOCO: producers 0-4 (5 layers), consumers 5-7 (3 layers)"
+  check "v41 $layout inspect shows Engram" contains "$TMP/v41.txt" "Engram layer 3:"
+  check "v41 $layout inspect shows the state" contains "$TMP/v41.txt" "state per sequence"
+done
+check "v41 inspect names the model" contains "$TMP/v41.txt" "model: DeepSeek V4.1"
+"$DSI" generate --model "$V41/official" --prompt-token-ids 0,5 --max-tokens 2 >"$TMP/err.txt" 2>&1
+check "v41 generate is a clear error" contains "$TMP/err.txt" "DeepSeek V4.1 checkpoint"
+# score runs V4.1 on the CPU (whole, chunked, early exit); the numbers are checked against the
+# golden fixture in backend_v41_golden_test.
+"$DSI" score --model "$V41/official" --input-ids 0,5,6,7,8,9,10 --chunk 3 \
+  --output "$TMP/v41s.safetensors" >"$TMP/v41score.txt" 2>&1
+check "v41 score chunked" contains "$TMP/v41score.txt" "7 tokens, V4.1, reference numerics"
+"$DSI" score --model "$V41/hf" --input-ids "$(seq -s, 3 40)" --keep-rows 22 \
+  --output "$TMP/v41e.safetensors" >"$TMP/v41score.txt" 2>&1
+check "v41 score early exit" contains "$TMP/v41score.txt" "logits of positions 16..37"
+"$DSI" score --model "$V41/hf" --input-ids 0,5,6 --keep-rows 8 --output "$TMP/v41e.safetensors" \
+  >"$TMP/err.txt" 2>&1
+check "v41 keep-rows too small" contains "$TMP/err.txt" "below window + max backtracking"
+mkdir -p "$TMP/v41bad" && cp "$V41/official/"* "$TMP/v41bad/"
+sed -i 's/"candidate_source_layer_id": 5/"candidate_source_layer_id": 6/' "$TMP/v41bad/config.json"
+"$DSI" inspect --model "$TMP/v41bad" >"$TMP/err.txt" 2>&1
+rc=$?
+check "v41 bad schedule exits 2" test "$rc" -eq 2
+check "v41 bad schedule is named" contains "$TMP/err.txt" "wrong layer schedule"
+"$DSI" make-checkpoint --preset v4.1-tiny --out "$TMP/v41mk" --seed 3 --threads 2 \
+  >"$TMP/mk.txt" 2>&1
+check "v41 make-checkpoint tiny" contains "$TMP/mk.txt" "10 safetensors files"
+"$DSI" inspect --model "$TMP/v41mk" >"$TMP/v41.txt" 2>&1
+check "v41 made checkpoint opens" contains "$TMP/v41.txt" "DSpark blocks loaded"
+"$DSI" make-checkpoint --preset v4.1-flash --layers 3 --out "$TMP/v41x" >"$TMP/err.txt" 2>&1
+check "v41 flash needs both halves" contains "$TMP/err.txt" "both YOCO halves"
+
 # score: full and chunked logits agree in shape; bad ids are rejected.
 "$DSI" score --model "$FIX" --input-ids 0,5,6,7,8 --output "$TMP/s.safetensors" --mtp 2>/dev/null
 check "score writes logits" test -s "$TMP/s.safetensors"
@@ -76,7 +113,7 @@ check "make-checkpoint --layers 0 writes nothing" test ! -e "$TMP/flash"
 rc=$?
 check "make-checkpoint unknown preset exits 2" test "$rc" -eq 2
 check "make-checkpoint unknown preset lists presets" \
-  contains "$TMP/err.txt" "unknown preset .nope. (available: tiny, v4-flash)"
+  contains "$TMP/err.txt" "unknown preset .nope. (available: tiny, v4-flash, v4.1-tiny, v4.1-flash)"
 "$DSI" make-checkpoint --preset tiny --layers 2 --no-mtp --out "$TMP/m2" 2>/dev/null
 "$DSI" inspect --model "$TMP/m2" >"$TMP/inspect2.txt" 2>&1
 check "make-checkpoint --layers 2 keeps two layers" \

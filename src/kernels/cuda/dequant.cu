@@ -189,6 +189,8 @@ Status dequant_matrix(const MatrixRef& w, float* out, cudaStream_t stream) {
       p.out = out;
       return launch_fp8_block_dequant(p, stream);
     }
+    case WeightFormat::kFp8Block32:
+      return unimplemented("dequant_matrix: fp8-block32 (V4.1) weights have no CUDA path yet");
     case WeightFormat::kMxfp4: {
       Mxfp4DequantParams p;
       p.packed = static_cast<const uint8_t*>(w.data);

@@ -51,6 +51,12 @@ __device__ __forceinline__ float load_weight(const MatrixRef& w, int64_t r, int6
           fp8_block_scale(w.scale, w.scale_dtype == DType::kF32, (r / 128) * scale_cols + c / 128);
       return numeric::fp8_e4m3_to_f32(static_cast<const uint8_t*>(w.data)[r * w.cols + c]) * s;
     }
+    case WeightFormat::kFp8Block32: {
+      const int64_t scale_cols = (w.cols + 31) / 32;
+      const float s =
+          fp8_block_scale(w.scale, w.scale_dtype == DType::kF32, (r / 32) * scale_cols + c / 32);
+      return numeric::fp8_e4m3_to_f32(static_cast<const uint8_t*>(w.data)[r * w.cols + c]) * s;
+    }
     case WeightFormat::kMxfp4: {
       const auto* q = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);
       const auto* s = static_cast<const uint8_t*>(w.scale) + r * (w.cols / 32);

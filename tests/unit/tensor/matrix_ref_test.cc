@@ -1,4 +1,4 @@
-// MatrixRef dequantisation of the three checkpoint formats.
+// MatrixRef dequantisation of the checkpoint formats.
 #include "tensor/matrix_ref.h"
 
 #include <gtest/gtest.h>
@@ -37,6 +37,26 @@ TEST(MatrixRef, Fp8Block128) {
   m.dequant_row(129, row);
   EXPECT_EQ(row[2], 0.75f);
   EXPECT_EQ(m.nbytes(), 130 * 3 + 2);
+}
+
+TEST(MatrixRef, Fp8Block32) {
+  // 40 x 70: tiles of 32 x 32, a 2 x 3 scale grid (V4.1).
+  std::vector<uint8_t> q(40 * 70, numeric::f32_to_fp8_e4m3(1.5f));
+  std::vector<uint8_t> s = {127, 128, 129, 126, 125, 130};  // 1 2 4 / 0.5 0.25 8
+  MatrixRef m{
+      WeightFormat::kFp8Block32, DType::kF8E4M3, DType::kF8E8M0, q.data(), s.data(), 40, 70};
+  EXPECT_EQ(m.at(0, 0), 1.5f);
+  EXPECT_EQ(m.at(31, 63), 3.0f);
+  EXPECT_EQ(m.at(31, 64), 6.0f);
+  EXPECT_EQ(m.at(32, 31), 0.75f);
+  EXPECT_EQ(m.at(39, 69), 12.0f);
+  float row[70];
+  m.dequant_row(35, row);
+  EXPECT_EQ(row[33], 0.375f);
+  EXPECT_EQ(row[69], 12.0f);
+  EXPECT_EQ(m.nbytes(), 40 * 70 + 6);
+  EXPECT_EQ(fp8_block_edge(WeightFormat::kFp8Block32), 32);
+  EXPECT_STREQ(weight_format_name(WeightFormat::kFp8Block32), "fp8-block32");
 }
 
 TEST(MatrixRef, Mxfp4) {

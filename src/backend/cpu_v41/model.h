@@ -1,0 +1,169 @@
+// V41CpuModel: the DeepSeek V4.1 text forward (spec deepseek-v41.md §3, §4) on the CPU over a
+// V41SequenceState, for any chunk size: every token's arithmetic is independent of how the
+// prompt is chunked. YOCO cross-layer KV sharing (consumers read the global compressed KV their
+// owner wrote), single-pass mHC, Engram hashing + gate (tables read in place from the
+// checkpoint: on the CPU they already are host memory), the indexer's two-level top-k.
+//
+// Numerics (docs/numerics.md): `reference` = the transformers port in fp32 with the model's own
+// FP8 window-KV and FP4 compressed-KV / index fake-quantisation, indexer scores scaled, router
+// logits divided by gate_temp; `deepseek` = DeepInfer's differences from that (no indexer
+// scaling, gate_temp unread, candidate block scores capped at the bf16 maximum, compressed-KV
+// E4M3 scale clamped at 448).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "model/numerics.h"
+#include "model_v41/config.h"
+#include "model_v41/weights.h"
+
+namespace dsinfer::cpu_v41 {
+
+using model_v41::V41Config;
+using model_v41::V41Weights;
+
+// Engram hashing inputs that do not live in the checkpoint (spec §4.2, §4.3): the compressed
+// token map phi (tokenizer-derived) and the per-layer multipliers (NumPy default_rng(10007 L)).
+struct EngramHashParams {
+  std::vector<int32_t> token_map;                 // [vocab] -> [0, compressed vocab)
+  std::vector<std::vector<int64_t>> multipliers;  // per Engram layer: max_ngram odd values
+  // Checks sizes and ranges against the config.
+  Status validate(const V41Config& c) const;
+  // The multipliers computed from the config (model_v41::engram_multipliers) with `token_map`.
+  static Result<EngramHashParams> from_config(const V41Config& c, std::vector<int32_t> token_map);
+};
+
+// Row ids of every Engram table for position `p` of `tokens` (spec §4.4): out[layer][col].
+void engram_row_ids(const V41Config& c,
+                    const EngramHashParams& h,
+                    std::span<const int32_t> tokens,
+                    int64_t p,
+                    std::vector<std::vector<int64_t>>* out);
+
+// Per-sequence state: window-KV rings of window + backtracking slots per layer (dequantised
+// values), the compressed entries and index keys of each KV owner, the ratio-2 compressors'
+// (z, c) rings of ratio + backtracking - 1 slots, the token ids.
+struct V41SequenceState {
+  std::vector<int32_t> tokens;
+  int64_t max_backtracking = 0;
+  int64_t ring_slots = 0;
+  int64_t compressor_slots = 0;
+  std::vector<std::vector<float>> window;      // [layer] -> [ring_slots, head_dim]
+  std::vector<std::vector<float>> compressed;  // [layer] (owners) -> [G, head_dim]
+  std::vector<std::vector<float>> index_keys;  // [layer] (owners) -> [G, index_head_dim]
+  std::vector<std::vector<float>> comp_ring;   // [layer] (ratio-2 owners) -> [slots, 2*head_dim]
+  int64_t length() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking = 6);
+
+// Speculative rollback (spec §6.5): drops the last tokens so that `new_length` remain (at most
+// max_backtracking fewer). The rings need no undo (they hold window / group + backtracking slots,
+// so no slot a live window or unfinished group still needs was overwritten); the compressed
+// entries and index keys shrink to floor(new_length / ratio) per owner.
+Status rollback_v41_state(const V41Config& c, V41SequenceState& st, int64_t new_length);
+
+// Prefill early exit ("SWA bounded replay", spec §5.2): producers and the boundary layer's global
+// KV projection (compressor + index keys) run on every prompt row; the rest of the consumer half
+// runs only on the last `keep_rows` rows of the prompt (positions >= prompt_length - keep_rows),
+// whose decoder window is narrowed to that tail. A chunk with no kept row still runs its last row
+// through the consumer half (a placeholder: empty decoder window, no window-KV write, its output
+// is not a prediction). Logits come back for the consumer rows only: prompt logprobs are not
+// available in this mode.
+struct PrefillExit {
+  int64_t prompt_length = 0;  // N
+  int64_t keep_rows = 140;    // K; must be >= window + max backtracking
+};
+
+struct ForwardResult {
+  std::vector<float> logits;  // [rows, vocab]
+  int64_t first_row = 0;      // chunk index of the first row with logits (0 without early exit)
+  bool placeholder = false;   // the only row is an early-exit placeholder (not a prediction)
+};
+
+class V41CpuModel {
+ public:
+  V41CpuModel(const V41Config& c,
+              const V41Weights& w,
+              EngramHashParams hash,
+              model::Numerics numerics);
+
+  // Appends `tokens` to `st` and writes their logits [tokens, vocab] to `logits`.
+  Status forward(V41SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 std::vector<float>* logits) const;
+  // Same; with `exit` (a prefill chunk of a prompt of exit->prompt_length tokens) the consumer
+  // half runs on the kept rows only (see PrefillExit).
+  Status forward(V41SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const PrefillExit* exit,
+                 ForwardResult* out) const;
+
+ private:
+  struct Shared;  // values passed between layers within one forward
+  struct Exit {   // early-exit plan of one forward
+    bool active = false;
+    int64_t window_floor = 0;  // lowest position a consumer window may read
+    bool placeholder = false;
+  };
+  void layer(int l,
+             V41SequenceState& st,
+             int64_t& first,
+             int64_t& n,
+             const std::vector<std::vector<std::vector<int64_t>>>& rows,
+             std::vector<float>& X,
+             std::vector<float>& pi,
+             Shared& sh,
+             const Exit& ex) const;
+  void attention(int l,
+                 V41SequenceState& st,
+                 int64_t first,
+                 int64_t n,
+                 const float* x,
+                 float* out,
+                 Shared& sh,
+                 bool compressed_already,
+                 const Exit& ex) const;
+  void compress(int l, V41SequenceState& st, int64_t first, int64_t n, const float* x) const;
+  void indexer(int l,
+               V41SequenceState& st,
+               int64_t first,
+               int64_t n,
+               const float* x,
+               const float* q_res,
+               Shared& sh) const;
+  void moe(const model_v41::MoeWeights& w, const float* x, int64_t n, float* out) const;
+  void expert(const model_v41::ExpertWeights& w,
+              const float* x,
+              float gate,
+              bool weighted,
+              float* out) const;
+  void engram(int l,
+              int64_t n,
+              const std::vector<std::vector<std::vector<int64_t>>>& rows,
+              std::vector<float>& X) const;
+  void mixes(
+      const model_v41::HcSite& s, const float* X, float* pre, float* post, float* comb) const;
+  bool deepseek() const { return numerics_ == model::Numerics::kDeepSeek; }
+
+  const V41Config& c_;
+  const V41Weights& w_;
+  EngramHashParams hash_;
+  model::Numerics numerics_;
+  std::vector<float> inv_main_;
+  std::vector<float> inv_compress_;
+};
+
+// Quantisation points of V4.1 (exposed for tests).
+// FP8 E4M3 per 32 values, UE8M0 scale 2^ceil(log2(max(amax, 1e-4) / 448)); in place.
+void fp8_window_quant(float* x, int64_t n);
+// FP4 E2M1 per 32 values, UE8M0 scale 2^ceil(log2(max(amax, 6 2^-126) / 6)); in place.
+void fp4_index_quant(float* x, int64_t n);
+// FP4 E2M1 per 16 values, E4M3 scale e4m3(max(amax, 6 2^-9) / 6) (clamped at 448 if asked).
+void fp4_compressed_quant(float* x, int64_t n, bool clamp_scale);
+
+}  // namespace dsinfer::cpu_v41
