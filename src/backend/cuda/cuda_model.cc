@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 
@@ -348,6 +349,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   }
   DSI_RETURN_IF_ERROR(ensure_pool(*arena));
   ++stats_.forwards;
+  const auto plan_start = std::chrono::steady_clock::now();
 
   bool decode =
       options_.cuda_graphs && static_cast<int64_t>(active.size()) <= options_.max_graph_batch;
@@ -484,6 +486,9 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
                                                          cudaMemcpyHostToDevice,
                                                          stream_.get()),
                                          "copying the forward plan"));
+  stats_.host_plan_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - plan_start)
+                             .count();
   DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
   if (moved)
     clear_graphs();

@@ -56,6 +56,9 @@ struct CudaModelStats {
   int64_t graph_replays = 0;
   int64_t graph_captures = 0;
   int64_t moe_fp8_layers = 0;  // layers with the re-encoded experts (CudaModelOptions)
+  // Host time spent planning forwards (key lists, page tables, the pack) until the plan's copy
+  // is enqueued: the part of a forward the GPU waits for (issue 13's step loop hides it).
+  int64_t host_plan_ns = 0;
   int64_t weight_bytes = 0;
   int64_t pool_bytes = 0;
   int64_t workspace_bytes = 0;

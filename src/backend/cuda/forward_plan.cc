@@ -144,6 +144,16 @@ void plan_pass(const PlanContext& ctx,
 
     std::vector<int64_t> key_begin(static_cast<size_t>(rows + 1), 0);
     std::vector<int64_t> keys;
+    {
+      // One allocation: window keys, then per row the HCA entries or the CSA selections.
+      int64_t room = 0;
+      for (const SeqSpan& s : spans) {
+        const int64_t last = s.first + s.n;
+        room += s.n * (window + (csa ? c.index_topk : 0) +
+                       (hca ? last / std::max<int64_t>(plan.compress_ratio, 1) : 0));
+      }
+      keys.reserve(static_cast<size_t>(room + (rows + 1) * (csa ? c.index_topk : 0)));
+    }
     std::vector<int64_t> ring_dest(static_cast<size_t>(rows), kNone);
     std::vector<int64_t> select_begin(static_cast<size_t>(rows), 0);
     std::vector<int32_t> index_pages;

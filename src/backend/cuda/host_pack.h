@@ -18,9 +18,8 @@ class HostPack {
   template <typename T>
   int32_t add(const std::vector<T>& v) {
     Array a;
-    a.bytes.resize(v.size() * sizeof(T));
-    if (!v.empty())
-      std::memcpy(a.bytes.data(), v.data(), a.bytes.size());
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    a.bytes.assign(p, p + v.size() * sizeof(T));  // one pass (no zero fill first)
     arrays_.push_back(std::move(a));
     return static_cast<int32_t>(arrays_.size() - 1);
   }

@@ -6,6 +6,8 @@
 // windows) as the CPU forward over the same tokens. Runs in CI (no GPU needed).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "backend/cpu/cpu_model.h"
 #include "backend/cuda/forward_plan.h"
 #include "model/checkpoint.h"
+#include "model/synthetic.h"
 
 namespace dsinfer::gpu {
 namespace {
@@ -151,6 +154,46 @@ TEST(ForwardPlan, ReferencesAddressTheRowsTheCpuForwardReads) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace dsinfer::gpu
+
+namespace dsinfer::gpu {
+namespace {
+
+// The host planning of a prefill of 8192 tokens on four real-width V4-Flash layers (what `dsinfer
+// bench` times on the GPU), here on the CPU: the reference count and the time, for the record.
+TEST(ForwardPlan, PlansAnEightThousandTokenFlashPrefill) {
+  auto cfg = model::v4_flash_preset_config(4);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  const model::ModelConfig& c = *cfg;
+  auto arena = state::PageArena::growable(state::default_page_bytes(c));
+  const int64_t n = 8192;
+  state::SequenceState st(c, arena.get(), 1, 0);
+  ASSERT_TRUE(st.reserve(n));
+  const std::vector<int32_t> toks = ids(static_cast<int>(n), 3);
+  HostPack pack;
+  PassPlan plan;
+  PlanContext ctx;
+  ctx.config = &c;
+  ctx.page_floats = arena->page_floats();
+  const auto t0 = std::chrono::steady_clock::now();
+  plan_pass(ctx, {SeqSpan{&st, 0, n, 0, false}}, toks, n, pack, &plan);
+  pack.layout(false);
+  std::vector<uint8_t> staging(static_cast<size_t>(pack.total_bytes()));
+  pack.copy_to(staging.data());
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  int64_t refs = 0;
+  for (const LayerPass& lp : plan.layers) refs += pack.size_bytes(lp.key_refs) / 8;
+  std::printf("[plan] 8192-token prefill, 4 Flash layers: %lld key references, %.1f MB packed, "
+              "%.1f ms\n",
+              static_cast<long long>(refs),
+              static_cast<double>(pack.total_bytes()) / 1e6,
+              ms);
+  // Window keys of every row, plus 512 selections per CSA row and the visible HCA entries.
+  EXPECT_GT(refs, 4 * n * 100);
 }
 
 }  // namespace
