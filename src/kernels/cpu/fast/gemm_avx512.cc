@@ -1,0 +1,108 @@
+// AVX-512 GEMM kernels (compiled with -mavx512f -mavx512bw -mavx512vl -mfma; called only when
+// the CPU has them). Dot-product form over row-major weights: a tile of R weight rows x T tokens
+// keeps R*T 16-lane accumulators; the k tail is a masked load, so every output element is the
+// same FMA chain for any tile (batch invariance). Nothing from the standard library here, so no
+// AVX-512 code can leak into other translation units through shared inline functions.
+// GCC 12 flags its own _mm512_reduce_add_ps (an intentionally undefined operand inside
+// _mm512_extractf64x4_pd) as uninitialised once inlined here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include "kernels/cpu/fast/gemm.h"
+
+namespace dsinfer::cpu::fast {
+namespace {
+
+inline __m512 load_w(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline __m512 load_w(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load_w_tail(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+inline __m512 load_w_tail(const uint16_t* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int R, int T, typename W>
+inline void tile(
+    const W* w, int64_t ldw, int64_t k, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  __m512 acc[R][T];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= k; c += 16) {
+    __m512 xv[T];
+    for (int j = 0; j < T; ++j) xv[j] = _mm512_loadu_ps(x + j * ldx + c);
+    for (int i = 0; i < R; ++i) {
+      const __m512 wv = load_w(w + i * ldw + c);
+      for (int j = 0; j < T; ++j) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+  if (c < k) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (k - c)) - 1u);
+    __m512 xv[T];
+    for (int j = 0; j < T; ++j) xv[j] = _mm512_maskz_loadu_ps(m, x + j * ldx + c);
+    for (int i = 0; i < R; ++i) {
+      const __m512 wv = load_w_tail(w + i * ldw + c, m);
+      for (int j = 0; j < T; ++j) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+template <int R, typename W>
+inline void row_block(const W* w,
+                      int64_t ldw,
+                      int64_t k,
+                      const float* x,
+                      int64_t ldx,
+                      int64_t n,
+                      float* y,
+                      int64_t ldy) {
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) tile<R, 4>(w, ldw, k, x + t * ldx, ldx, y + t * ldy, ldy);
+  switch (n - t) {
+    case 3:
+      tile<R, 3>(w, ldw, k, x + t * ldx, ldx, y + t * ldy, ldy);
+      break;
+    case 2:
+      tile<R, 2>(w, ldw, k, x + t * ldx, ldx, y + t * ldy, ldy);
+      break;
+    case 1:
+      tile<R, 1>(w, ldw, k, x + t * ldx, ldx, y + t * ldy, ldy);
+      break;
+    default:
+      break;
+  }
+}
+
+template <typename W>
+void kernel(const W* w,
+            int64_t ldw,
+            int64_t rows,
+            int64_t k,
+            const float* x,
+            int64_t ldx,
+            int64_t n,
+            float* y,
+            int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) row_block<4>(w + r * ldw, ldw, k, x, ldx, n, y + r, ldy);
+  for (; r < rows; ++r) row_block<1>(w + r * ldw, ldw, k, x, ldx, n, y + r, ldy);
+}
+
+}  // namespace
+
+GemmKernels gemm_kernels_avx512() {
+  return GemmKernels{&kernel<float>, &kernel<uint16_t>};
+}
+
+}  // namespace dsinfer::cpu::fast
