@@ -71,6 +71,17 @@ check "make-checkpoint writes config" test -s "$TMP/m/config.json"
   >"$TMP/g.txt" 2>"$TMP/g.err"
 check "generate prints token ids" contains "$TMP/g.txt" "\["
 check "generate prints a summary" contains "$TMP/g.err" "TTFT p50"
+# The bundled model: the fast CPU path (default) and the reference give the same greedy text.
+MINI=$SRC/models/dsv4-mini
+for k in fast reference; do
+  "$DSI" generate --model "$MINI" --prompt $'def fibonacci(n):\n' --max-tokens 24 --temperature 0 \
+    --cpu-kernels "$k" >"$TMP/g_$k.txt" 2>/dev/null
+done
+check "generate: fast and reference CPU kernels give the same greedy output" \
+  cmp -s "$TMP/g_fast.txt" "$TMP/g_reference.txt"
+check "generate: greedy output is not empty" test -s "$TMP/g_fast.txt"
+"$DSI" generate --model "$MINI" --prompt x --max-tokens 1 --cpu-kernels turbo >"$TMP/err.txt" 2>&1
+check "generate --cpu-kernels rejects an unknown name" contains "$TMP/err.txt" "--cpu-kernels must be"
 
 # make-checkpoint argument errors (never writes a real-width checkpoint: that is GBs).
 "$DSI" make-checkpoint --preset v4-flash --layers 0 --out "$TMP/flash" >"$TMP/err.txt" 2>&1
