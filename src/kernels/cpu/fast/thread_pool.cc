@@ -33,6 +33,7 @@ void ThreadPool::drain() {
 }
 
 void ThreadPool::run_erased(int64_t tasks, TaskFn fn, void* ctx) {
+  std::lock_guard<std::mutex> run_lock(run_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     fn_ = fn;

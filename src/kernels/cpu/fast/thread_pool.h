@@ -1,7 +1,8 @@
 // ThreadPool: a small fixed set of worker threads for the fast CPU path. run(tasks, fn) calls
 // fn(task) for task in [0, tasks) across the workers and the calling thread and returns when all
-// are done. Tasks are handed out dynamically (an atomic counter), so a core taken by another
-// process only slows its own share. No allocation per run: the callable is passed by reference.
+// are done; runs from several threads take turns (a task must not call run itself). Tasks are
+// handed out dynamically (an atomic counter), so a core taken by another process only slows its
+// own share. No allocation per run: the callable is passed by reference.
 #pragma once
 
 #include <atomic>
@@ -42,6 +43,7 @@ class ThreadPool {
   void drain();
 
   std::vector<std::thread> workers_;
+  std::mutex run_mu_;  // one run at a time (several models or engines may share the pool)
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_cv_;
