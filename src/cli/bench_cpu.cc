@@ -229,7 +229,14 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
       "bench", "Measure CPU prefill/decode speed, fast path vs reference (JSON)");
   cmd->add_option("--model", a->model_dir, "Model directory (default: $DSINFER_MODEL or bundled)");
   cmd->add_option("--device", *device, "cpu (this build has no CUDA backend)");
-  cmd->allow_extras();  // the CUDA bench's flags: refused below with the reason
+  // The CUDA bench's own flags parse here too, so that using them says why they cannot run.
+  auto cuda_only = std::make_shared<std::vector<CLI::Option*>>();
+  const std::string only = "(CUDA build only)";
+  cuda_only->push_back(cmd->add_flag("--no-ceilings", only));
+  cuda_only->push_back(cmd->add_flag("--no-cuda-graphs", only));
+  cuda_only->push_back(cmd->add_flag("--ops", only));
+  cuda_only->push_back(cmd->add_option("--profile-range", only));
+  cuda_only->push_back(cmd->add_option("--op-tokens", only));
   cmd->add_option("--numerics", a->numerics, "reference (default) | deepseek");
   cmd->add_option("--cpu-kernels", a->kernels, "Kernels to compare (default fast,reference)")
       ->delimiter(',');
@@ -242,7 +249,7 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--decode-steps", a->decode_steps, "Timed decode steps (default 8)");
   cmd->add_option("--repeats", a->repeats, "Timed prefill runs after a warm-up (default 2)");
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
-  cmd->callback([a, device, cmd, &exit_code] {
+  cmd->callback([a, device, cuda_only, &exit_code] {
     if (*device != "cpu") {
       exit_code = fail(Status(StatusCode::kUnimplemented,
                               "bench --device " + *device +
@@ -250,10 +257,14 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
                                   "-DDSINFER_CUDA=ON); --device cpu measures the CPU backend"));
       return;
     }
-    if (!cmd->remaining().empty()) {
-      exit_code = fail(invalid_argument("bench --device cpu: unknown argument `" +
-                                        cmd->remaining().front() + "`"));
-      return;
+    for (const CLI::Option* o : *cuda_only) {
+      if (o->count() > 0) {
+        exit_code = fail(Status(StatusCode::kUnimplemented,
+                                "bench " + o->get_name() +
+                                    ": this build has no CUDA backend (configure with "
+                                    "-DDSINFER_CUDA=ON)"));
+        return;
+      }
     }
     exit_code = run_cpu_bench(*a);
   });

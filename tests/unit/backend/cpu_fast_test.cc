@@ -11,10 +11,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +29,29 @@
 #include "kernels/cpu/fast/thread_pool.h"
 #include "model/checkpoint.h"
 #include "tokenizer/tokenizer.h"
+
+// The replaced global operator new/delete below pair malloc with free; GCC's inliner does not see
+// the replacement and reports the pairs of the standard ones as mismatched.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+// Heap allocations while g_count_allocs is set (any thread): the step must make none once its
+// shape has been seen.
+std::atomic<bool> g_count_allocs{false};
+std::atomic<int64_t> g_allocs{0};
+
+void* operator new(std::size_t n) {
+  if (g_count_allocs.load(std::memory_order_relaxed))
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1))
+    return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 namespace dsinfer {
 namespace {
@@ -338,6 +364,53 @@ TEST(FastModel, BatchedStepsEqualSingleSequences) {
   for (size_t p = 0; p < P; ++p) {
     EXPECT_EQ(batched[p].tokens, alone[p].tokens) << "prompt " << p;
     EXPECT_TRUE(batched[p].logits == alone[p].logits) << "prompt " << p << ": logits not bitwise";
+  }
+}
+
+// A decode step over several sequences allocates nothing once that shape has been seen (the
+// scratch is the model's and is reused; the state's pages come from a preallocated arena).
+TEST(FastModel, DecodeStepDoesNotAllocate) {
+  auto ckpt = model::Checkpoint::open(bundled_model());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  const model::ModelConfig& cfg = (*ckpt)->config();
+  cpu::fast::ThreadPool pool(2);
+  cpu::fast::FastCpuModel fast(cfg, (*ckpt)->weights(), model::Numerics::kReference, &pool);
+  const int64_t page = state::default_page_bytes(cfg);
+  const int64_t pages = state::SequenceState::pages_for(cfg, page, 64, 0) * 12 + 16;
+  auto arena = state::PageArena::with_budget(page * pages, page);
+  const int B = 12;  // > 8 rows: the attention rows run on the pool too
+  std::vector<std::unique_ptr<state::SequenceState>> st;
+  std::vector<backend::ForwardOutputs> outs(B);
+  std::vector<backend::ForwardItem> items(B);
+  std::vector<std::vector<int32_t>> toks(B);
+  for (int i = 0; i < B; ++i) {
+    st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, 0));
+    std::vector<int32_t> prompt;
+    for (int j = 0; j < 20 + i; ++j) prompt.push_back((j * 31 + i * 7 + 3) % 8000);
+    backend::ForwardOptions last;
+    last.last_logits_only = true;
+    ASSERT_TRUE(fast.forward(*st[i], prompt, last, &outs[i]).ok());
+  }
+  auto step = [&](int k) {
+    for (int i = 0; i < B; ++i) {
+      toks[i].assign(1, (k * 13 + i) % 8000);
+      items[i] = backend::ForwardItem();
+      items[i].state = st[i].get();
+      items[i].tokens = toks[i];
+      items[i].options.last_logits_only = true;
+      items[i].out = &outs[i];
+    }
+    return fast.forward_batch(items);
+  };
+  ASSERT_TRUE(step(0).ok());  // the shape's first step sizes the scratch
+  for (int k = 1; k <= 3; ++k) {
+    g_allocs = 0;
+    g_count_allocs = true;
+    const Status s = step(k);
+    g_count_allocs = false;
+    ASSERT_TRUE(s.ok());
+    for (const auto& it : items) ASSERT_TRUE(it.status.ok());
+    EXPECT_EQ(g_allocs.load(), 0) << "heap allocations in decode step " << k;
   }
 }
 
