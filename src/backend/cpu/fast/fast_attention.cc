@@ -244,8 +244,24 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
       1.0f / std::sqrt(static_cast<float>(ihd)) / std::sqrt(static_cast<float>(ih));
   o_.resize(static_cast<size_t>(N * heads * hd));
   const int threads = pool_ ? pool_->threads() : 1;
-  if (row_scratch_.size() < static_cast<size_t>(threads))
+  if (row_scratch_.size() < static_cast<size_t>(threads)) {
+    // Sized once for the longest context, so that steps never grow them.
+    int64_t min_ratio = 0;
+    for (const model::LayerPlan& p : c.layers) {
+      if (p.compress_ratio > 0 && (min_ratio == 0 || p.compress_ratio < min_ratio))
+        min_ratio = p.compress_ratio;
+    }
+    const int64_t max_entries =
+        min_ratio > 0 ? c.max_position_embeddings / min_ratio + 1 : int64_t{1};
     row_scratch_.resize(static_cast<size_t>(threads));
+    for (RowScratch& sc : row_scratch_) {
+      sc.keys.reserve(static_cast<size_t>(c.sliding_window + max_entries));
+      sc.logits.reserve(static_cast<size_t>(c.sliding_window + max_entries));
+      sc.scores.reserve(static_cast<size_t>(max_entries));
+      sc.order.reserve(static_cast<size_t>(max_entries));
+      sc.selected.reserve(static_cast<size_t>(max_entries));
+    }
+  }
   auto rows_task = [&](int64_t t0, int64_t t1, RowScratch& sc) {
     for (int64_t t = t0; t < t1; ++t) {
       const Seg& s = segs_[static_cast<size_t>(row_seg_[t])];

@@ -370,6 +370,10 @@ void FastCpuModel::moe(const model::MoeWeights& w,
   // ascending expert id (the reference's order of additions).
   std::fill(out, out + N * hidden, 0.0f);
   ones_.assign(static_cast<size_t>(N), 1.0f);
+  // An expert gets at most every row: sized for that, a step never grows them.
+  xs_.reserve(static_cast<size_t>(N * hidden));
+  ys_.reserve(static_cast<size_t>(N * hidden));
+  gs_.reserve(static_cast<size_t>(N));
   expert(w.shared, x, N, ones_.data(), out);
   // Group (row, slot) pairs by expert: counting sort, rows ascending within an expert.
   expert_start_.assign(static_cast<size_t>(n_exp + 1), 0);
