@@ -32,19 +32,10 @@ void rope_rot(float* x, int64_t dim, const float* cs, int64_t half, bool inverse
   }
 }
 
-float dot8(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  }
-  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// attention_with_sink (kernels/cpu/ops.h) with caller-owned scratch for the logits.
-void sink_attention(const float* q,
+// attention_with_sink (kernels/cpu/ops.h) with caller-owned scratch for the logits and the
+// vector ops of the active instruction set.
+void sink_attention(const GemmKernels& kk,
+                    const float* q,
                     int64_t heads,
                     int64_t dim,
                     const std::vector<const float*>& keys,
@@ -60,7 +51,7 @@ void sink_attention(const float* q,
     std::fill(oh, oh + dim, 0.0f);
     float m = sinks[h];
     for (int64_t j = 0; j < nk; ++j) {
-      logits[j] = dot8(qh, keys[j], dim) * scale;
+      logits[j] = kk.dot(qh, keys[j], dim) * scale;
       m = std::max(m, logits[j]);
     }
     double denom = std::exp(static_cast<double>(sinks[h]) - m);
@@ -69,11 +60,7 @@ void sink_attention(const float* q,
       denom += logits[j];
     }
     const float inv = static_cast<float>(1.0 / denom);
-    for (int64_t j = 0; j < nk; ++j) {
-      const float p = logits[j] * inv;
-      const float* k = keys[j];
-      for (int64_t d = 0; d < dim; ++d) oh[d] += p * k[d];
-    }
+    for (int64_t j = 0; j < nk; ++j) kk.axpy(logits[j] * inv, keys[j], oh, dim);
   }
 }
 
@@ -262,6 +249,7 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
       sc.selected.reserve(static_cast<size_t>(max_entries));
     }
   }
+  const GemmKernels& kk = active_kernels();
   auto rows_task = [&](int64_t t0, int64_t t1, RowScratch& sc) {
     for (int64_t t = t0; t < t1; ++t) {
       const Seg& s = segs_[static_cast<size_t>(row_seg_[t])];
@@ -285,9 +273,7 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
           float sum = 0.0f;
           for (int64_t h = 0; h < ih; ++h) {
             const float* v = qi_.data() + (t * ih + h) * ihd;
-            float dotv = 0.0f;
-            for (int64_t i = 0; i < ihd; ++i) dotv += v[i] * key[i];
-            sum += hw_[t * ih + h] * hw_scale * std::max(0.0f, dotv);
+            sum += hw_[t * ih + h] * hw_scale * std::max(0.0f, kk.dot(v, key, ihd));
           }
           sc.scores[blk] = sum;
           sc.order[blk] = static_cast<int32_t>(blk);
@@ -312,8 +298,15 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
         for (int32_t blk : sc.selected) sc.keys.push_back(ls.entry(blk));
       }
       float* ot = o_.data() + t * heads * hd;
-      sink_attention(
-          q_.data() + t * heads * hd, heads, hd, sc.keys, w.attn_sink.data(), scale, sc.logits, ot);
+      sink_attention(kk,
+                     q_.data() + t * heads * hd,
+                     heads,
+                     hd,
+                     sc.keys,
+                     w.attn_sink.data(),
+                     scale,
+                     sc.logits,
+                     ot);
       for (int64_t h = 0; h < heads; ++h) rope_rot(ot + h * hd, hd, cs + t * rd, half, true);
     }
   };

@@ -16,6 +16,29 @@ namespace dsinfer::cpu::fast {
 using model::LayerPlan;
 using model::MoeType;
 
+namespace {
+// hc_post (kernels/cpu/mhc.h) with the loops turned so that the inner one runs along the hidden
+// dimension (vectorisable); every element sees the same operations in the same order.
+void hc_post_rows(int64_t hc,
+                  int64_t hidden,
+                  const float* f,
+                  const float* x,
+                  const float* post,
+                  const float* comb,
+                  float* x_out) {
+  for (int64_t k = 0; k < hc; ++k) {
+    float* o = x_out + k * hidden;
+    const float pk = post[k];
+    for (int64_t c = 0; c < hidden; ++c) o[c] = pk * f[c];
+    for (int64_t j = 0; j < hc; ++j) {
+      const float cjk = comb[j * hc + k];
+      const float* xj = x + j * hidden;
+      for (int64_t c = 0; c < hidden; ++c) o[c] += cjk * xj[c];
+    }
+  }
+}
+}  // namespace
+
 FastCpuModel::FastCpuModel(const model::ModelConfig& config,
                            const model::ModelWeights& weights,
                            model::Numerics numerics,
@@ -294,13 +317,13 @@ void FastCpuModel::layer(size_t l, std::vector<float>& x) {
     xnext_.resize(static_cast<size_t>(N * width));
     parallel_rows(N, 32, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
-        hc_post(hc,
-                hidden,
-                f_.data() + t * hidden,
-                x.data() + t * width,
-                post_.data() + t * hc,
-                comb_.data() + t * hc * hc,
-                xnext_.data() + t * width);
+        hc_post_rows(hc,
+                     hidden,
+                     f_.data() + t * hidden,
+                     x.data() + t * width,
+                     post_.data() + t * hc,
+                     comb_.data() + t * hc * hc,
+                     xnext_.data() + t * width);
       }
     });
     x.swap(xnext_);

@@ -51,6 +51,21 @@ void portable_kernel(const W* w,
   }
 }
 
+float portable_dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  }
+  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void portable_axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 GemmKernels pick() {
 #if defined(__x86_64__)
   if (const char* env = std::getenv("DSINFER_CPU_ISA"); env && *env) {
@@ -69,19 +84,20 @@ GemmKernels pick() {
   return gemm_kernels_portable();
 }
 
-const GemmKernels& kernels() {
+}  // namespace
+
+const GemmKernels& active_kernels() {
   static const GemmKernels k = pick();
   return k;
 }
 
-}  // namespace
-
 GemmKernels gemm_kernels_portable() {
-  return GemmKernels{&portable_kernel<float>, &portable_kernel<uint16_t>};
+  return GemmKernels{
+      &portable_kernel<float>, &portable_kernel<uint16_t>, &portable_dot, &portable_axpy};
 }
 
 const char* gemm_isa() {
-  const GemmKernels& k = kernels();
+  const GemmKernels& k = active_kernels();
   if (k.f32 == gemm_kernels_portable().f32)
     return "portable";
 #if defined(__x86_64__)
@@ -114,7 +130,7 @@ void gemm(const WeightView& w,
   DSI_CHECK(w.data != nullptr, "gemm on an unbound weight");
   if (n <= 0 || w.rows <= 0)
     return;
-  const GemmKernels& kk = kernels();
+  const GemmKernels& kk = active_kernels();
   auto run_rows = [&](int64_t r0, int64_t r1) {
     if (w.elem == WeightElem::kF32) {
       kk.f32(static_cast<const float*>(w.data) + r0 * w.ld,

@@ -64,7 +64,12 @@ struct GemmKernels {
                int64_t n,
                float* y,
                int64_t ldy);
+  // The attention's vector ops: sum_i a[i] * b[i] (a fixed order per n), y[i] += a * x[i].
+  float (*dot)(const float* a, const float* b, int64_t n);
+  void (*axpy)(float a, const float* x, float* y, int64_t n);
 };
+// The kernels in use (the same choice as gemm()).
+const GemmKernels& active_kernels();
 GemmKernels gemm_kernels_avx512();
 GemmKernels gemm_kernels_avx2();
 GemmKernels gemm_kernels_portable();

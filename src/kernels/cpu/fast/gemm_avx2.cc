@@ -97,10 +97,29 @@ void kernel(const W* w,
   for (; r < rows; ++r) row_block<1>(w + r * ldw, ldw, k, x, ldx, n, y + r, ldy);
 }
 
+float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = reduce(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
 }  // namespace
 
 GemmKernels gemm_kernels_avx2() {
-  return GemmKernels{&kernel<float>, &kernel<uint16_t>};
+  return GemmKernels{&kernel<float>, &kernel<uint16_t>, &dot, &axpy};
 }
 
 }  // namespace dsinfer::cpu::fast

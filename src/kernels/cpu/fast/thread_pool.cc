@@ -29,24 +29,32 @@ void ThreadPool::drain() {
     if (t >= tasks_)
       return;
     fn_(ctx_, t);
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == tasks_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_all();
+    }
   }
 }
 
 void ThreadPool::run_erased(int64_t tasks, TaskFn fn, void* ctx) {
   std::lock_guard<std::mutex> run_lock(run_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // Workers still inside the previous run's drain() read its fields: let them leave first.
+    idle_cv_.wait(lock, [this] { return active_ == 0; });
     fn_ = fn;
     ctx_ = ctx;
     tasks_ = tasks;
     next_.store(0, std::memory_order_relaxed);
-    busy_ = static_cast<int>(workers_.size());
+    done_.store(0, std::memory_order_relaxed);
     ++generation_;
   }
   wake_.notify_all();
   drain();
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return busy_ == 0; });
+  if (done_.load(std::memory_order_acquire) < tasks) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire) >= tasks; });
+  }
 }
 
 void ThreadPool::worker_loop() {
@@ -58,11 +66,12 @@ void ThreadPool::worker_loop() {
       if (stop_)
         return;
       seen = generation_;
+      ++active_;
     }
     drain();
     std::lock_guard<std::mutex> lock(mu_);
-    if (--busy_ == 0)
-      done_cv_.notify_one();
+    if (--active_ == 0)
+      idle_cv_.notify_all();
   }
 }
 

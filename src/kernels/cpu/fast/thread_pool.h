@@ -2,7 +2,9 @@
 // fn(task) for task in [0, tasks) across the workers and the calling thread and returns when all
 // are done; runs from several threads take turns (a task must not call run itself). Tasks are
 // handed out dynamically (an atomic counter), so a core taken by another process only slows its
-// own share. No allocation per run: the callable is passed by reference.
+// own share, and a run waits for its tasks, not for workers that have not woken up yet (on a
+// loaded machine the caller may do all of them). No allocation per run: the callable is passed
+// by reference.
 #pragma once
 
 #include <atomic>
@@ -47,13 +49,16 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_cv_;
+  std::condition_variable idle_cv_;
   uint64_t generation_ = 0;  // guarded by mu_
   bool stop_ = false;        // guarded by mu_
-  int busy_ = 0;             // workers inside the current generation, guarded by mu_
+  int active_ = 0;           // workers inside drain(), guarded by mu_
+  // The current run: written under mu_ while no worker is inside drain().
   TaskFn fn_ = nullptr;
   void* ctx_ = nullptr;
   int64_t tasks_ = 0;
   std::atomic<int64_t> next_{0};
+  std::atomic<int64_t> done_{0};
 };
 
 // The process-wide pool of the fast CPU path, created on first use with
