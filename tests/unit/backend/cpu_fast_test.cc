@@ -140,6 +140,50 @@ TEST(FastGemm, KernelsMatchDoubleSumsWithTails) {
   }
 }
 
+TEST(FastGemm, AttentionKernelsMatchDoubleSums) {
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<GemmKernels> ks = {cpu::fast::active_kernels()};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    ks.push_back(cpu::fast::gemm_kernels_avx512());
+#endif
+  for (const GemmKernels& k : ks) {
+    for (int64_t heads : {1, 3, 4, 5}) {
+      for (int64_t dim : {8, 72, 128}) {
+        const int64_t nk = 37;
+        std::vector<float> q(static_cast<size_t>(heads * dim)), p(static_cast<size_t>(heads * nk));
+        std::vector<std::vector<float>> kv(static_cast<size_t>(nk), std::vector<float>(dim));
+        std::vector<const float*> keys;
+        for (auto& row : kv) {
+          for (float& v : row) v = u(g);
+          keys.push_back(row.data());
+        }
+        for (float& v : q) v = u(g);
+        for (float& v : p) v = u(g);
+        std::vector<float> s(static_cast<size_t>(heads * nk), NAN);
+        k.qk(q.data(), heads, keys.data(), nk, dim, s.data(), nk);
+        std::vector<float> out(static_cast<size_t>(heads * dim), 0.5f);
+        k.pv(p.data(), nk, heads, keys.data(), nk, dim, out.data());
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t j = 0; j < nk; ++j) {
+            double ref = 0;
+            for (int64_t d = 0; d < dim; ++d) ref += static_cast<double>(q[h * dim + d]) * kv[j][d];
+            ASSERT_NEAR(s[h * nk + j], ref, 1e-4) << "qk h " << h << " j " << j << " dim " << dim;
+          }
+          for (int64_t d = 0; d < dim; ++d) {
+            double ref = 0.5;
+            for (int64_t j = 0; j < nk; ++j) ref += static_cast<double>(p[h * nk + j]) * kv[j][d];
+            ASSERT_NEAR(out[h * dim + d], ref, 1e-4)
+                << "pv h " << h << " d " << d << " dim " << dim;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(FastGemm, ThreadedEqualsSingleThreaded) {
   std::mt19937 g(3);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);

@@ -32,8 +32,8 @@ void rope_rot(float* x, int64_t dim, const float* cs, int64_t half, bool inverse
   }
 }
 
-// attention_with_sink (kernels/cpu/ops.h) with caller-owned scratch for the logits and the
-// vector ops of the active instruction set.
+// attention_with_sink (kernels/cpu/ops.h) with caller-owned scratch for the logits, all heads
+// against each key at once (qk), and p.V as an outer product over the keys (pv).
 void sink_attention(const GemmKernels& kk,
                     const float* q,
                     int64_t heads,
@@ -44,24 +44,25 @@ void sink_attention(const GemmKernels& kk,
                     std::vector<float>& logits,
                     float* out) {
   const int64_t nk = static_cast<int64_t>(keys.size());
-  logits.resize(static_cast<size_t>(nk));
+  logits.resize(static_cast<size_t>(heads * nk));
+  kk.qk(q, heads, keys.data(), nk, dim, logits.data(), nk);
   for (int64_t h = 0; h < heads; ++h) {
-    const float* qh = q + h * dim;
-    float* oh = out + h * dim;
-    std::fill(oh, oh + dim, 0.0f);
+    float* l = logits.data() + h * nk;
     float m = sinks[h];
     for (int64_t j = 0; j < nk; ++j) {
-      logits[j] = kk.dot(qh, keys[j], dim) * scale;
-      m = std::max(m, logits[j]);
+      l[j] *= scale;
+      m = std::max(m, l[j]);
     }
     double denom = std::exp(static_cast<double>(sinks[h]) - m);
     for (int64_t j = 0; j < nk; ++j) {
-      logits[j] = std::exp(logits[j] - m);
-      denom += logits[j];
+      l[j] = std::exp(l[j] - m);
+      denom += l[j];
     }
     const float inv = static_cast<float>(1.0 / denom);
-    for (int64_t j = 0; j < nk; ++j) kk.axpy(logits[j] * inv, keys[j], oh, dim);
+    for (int64_t j = 0; j < nk; ++j) l[j] *= inv;
   }
+  std::fill(out, out + heads * dim, 0.0f);
+  kk.pv(logits.data(), nk, heads, keys.data(), nk, dim, out);
 }
 
 }  // namespace
@@ -243,7 +244,8 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
     row_scratch_.resize(static_cast<size_t>(threads));
     for (RowScratch& sc : row_scratch_) {
       sc.keys.reserve(static_cast<size_t>(c.sliding_window + max_entries));
-      sc.logits.reserve(static_cast<size_t>(c.sliding_window + max_entries));
+      sc.logits.reserve(
+          static_cast<size_t>(c.num_attention_heads * (c.sliding_window + max_entries)));
       sc.scores.reserve(static_cast<size_t>(max_entries));
       sc.order.reserve(static_cast<size_t>(max_entries));
       sc.selected.reserve(static_cast<size_t>(max_entries));

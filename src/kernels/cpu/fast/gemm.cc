@@ -66,6 +66,40 @@ void portable_axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// qk / pv from a table's dot and axpy (AVX2 and portable tables).
+template <const GemmKernels& (*K)()>
+void generic_qk(const float* q,
+                int64_t heads,
+                const float* const* keys,
+                int64_t nk,
+                int64_t dim,
+                float* s,
+                int64_t lds) {
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < nk; ++j) s[h * lds + j] = K().dot(q + h * dim, keys[j], dim);
+  }
+}
+template <const GemmKernels& (*K)()>
+void generic_pv(const float* p,
+                int64_t ldp,
+                int64_t heads,
+                const float* const* keys,
+                int64_t nk,
+                int64_t dim,
+                float* out) {
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < nk; ++j) K().axpy(p[h * ldp + j], keys[j], out + h * dim, dim);
+  }
+}
+
+GemmKernels with_generic_attention(GemmKernels k) {
+  if (!k.qk)
+    k.qk = &generic_qk<&active_kernels>;
+  if (!k.pv)
+    k.pv = &generic_pv<&active_kernels>;
+  return k;
+}
+
 GemmKernels pick() {
 #if defined(__x86_64__)
   if (const char* env = std::getenv("DSINFER_CPU_ISA"); env && *env) {
@@ -87,13 +121,17 @@ GemmKernels pick() {
 }  // namespace
 
 const GemmKernels& active_kernels() {
-  static const GemmKernels k = pick();
+  static const GemmKernels k = with_generic_attention(pick());
   return k;
 }
 
 GemmKernels gemm_kernels_portable() {
-  return GemmKernels{
-      &portable_kernel<float>, &portable_kernel<uint16_t>, &portable_dot, &portable_axpy};
+  return GemmKernels{&portable_kernel<float>,
+                     &portable_kernel<uint16_t>,
+                     &portable_dot,
+                     &portable_axpy,
+                     nullptr,
+                     nullptr};
 }
 
 const char* gemm_isa() {

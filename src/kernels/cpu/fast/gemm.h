@@ -67,6 +67,23 @@ struct GemmKernels {
   // The attention's vector ops: sum_i a[i] * b[i] (a fixed order per n), y[i] += a * x[i].
   float (*dot)(const float* a, const float* b, int64_t n);
   void (*axpy)(float a, const float* x, float* y, int64_t n);
+  // One query row's attention over nk keys given by pointers (each dim wide):
+  // qk: s[h * lds + j] = q[h * dim : +dim] . keys[j]  for h < heads, j < nk;
+  // pv: out[h * dim + d] += sum_j p[h * ldp + j] * keys[j][d], j ascending for every element.
+  void (*qk)(const float* q,
+             int64_t heads,
+             const float* const* keys,
+             int64_t nk,
+             int64_t dim,
+             float* s,
+             int64_t lds);
+  void (*pv)(const float* p,
+             int64_t ldp,
+             int64_t heads,
+             const float* const* keys,
+             int64_t nk,
+             int64_t dim,
+             float* out);
 };
 // The kernels in use (the same choice as gemm()).
 const GemmKernels& active_kernels();

@@ -126,10 +126,88 @@ void axpy(float a, const float* x, float* y, int64_t n) {
   }
 }
 
+// Up to 4 heads against one key at a time: the key's chunks are loaded once for the heads.
+template <int H>
+void qk_heads(
+    const float* q, const float* const* keys, int64_t nk, int64_t dim, float* s, int64_t lds) {
+  for (int64_t j = 0; j < nk; ++j) {
+    const float* k = keys[j];
+    __m512 acc[H];
+    for (int h = 0; h < H; ++h) acc[h] = _mm512_setzero_ps();
+    int64_t d = 0;
+    for (; d + 16 <= dim; d += 16) {
+      const __m512 kv = _mm512_loadu_ps(k + d);
+      for (int h = 0; h < H; ++h)
+        acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * dim + d), kv, acc[h]);
+    }
+    if (d < dim) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (dim - d)) - 1u);
+      const __m512 kv = _mm512_maskz_loadu_ps(m, k + d);
+      for (int h = 0; h < H; ++h) {
+        acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + h * dim + d), kv, acc[h]);
+      }
+    }
+    for (int h = 0; h < H; ++h) s[h * lds + j] = _mm512_reduce_add_ps(acc[h]);
+  }
+}
+
+void qk(const float* q,
+        int64_t heads,
+        const float* const* keys,
+        int64_t nk,
+        int64_t dim,
+        float* s,
+        int64_t lds) {
+  int64_t h = 0;
+  for (; h + 4 <= heads; h += 4) qk_heads<4>(q + h * dim, keys, nk, dim, s + h * lds, lds);
+  for (; h < heads; ++h) qk_heads<1>(q + h * dim, keys, nk, dim, s + h * lds, lds);
+}
+
+// Outer-product form: 4 heads x 64 dims of the output in 16 accumulators, keys streamed once.
+template <int H>
+void pv_heads(
+    const float* p, int64_t ldp, const float* const* keys, int64_t nk, int64_t dim, float* out) {
+  int64_t d = 0;
+  for (; d + 64 <= dim; d += 64) {
+    __m512 acc[H][4];
+    for (int h = 0; h < H; ++h)
+      for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_loadu_ps(out + h * dim + d + 16 * c);
+    for (int64_t j = 0; j < nk; ++j) {
+      const float* k = keys[j] + d;
+      __m512 kv[4];
+      for (int c = 0; c < 4; ++c) kv[c] = _mm512_loadu_ps(k + 16 * c);
+      for (int h = 0; h < H; ++h) {
+        const __m512 pb = _mm512_set1_ps(p[h * ldp + j]);
+        for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_fmadd_ps(pb, kv[c], acc[h][c]);
+      }
+    }
+    for (int h = 0; h < H; ++h)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + h * dim + d + 16 * c, acc[h][c]);
+  }
+  if (d < dim) {  // the tail, one key at a time (the same FMA per element)
+    for (int h = 0; h < H; ++h) {
+      for (int64_t j = 0; j < nk; ++j)
+        axpy(p[h * ldp + j], keys[j] + d, out + h * dim + d, dim - d);
+    }
+  }
+}
+
+void pv(const float* p,
+        int64_t ldp,
+        int64_t heads,
+        const float* const* keys,
+        int64_t nk,
+        int64_t dim,
+        float* out) {
+  int64_t h = 0;
+  for (; h + 4 <= heads; h += 4) pv_heads<4>(p + h * ldp, ldp, keys, nk, dim, out + h * dim);
+  for (; h < heads; ++h) pv_heads<1>(p + h * ldp, ldp, keys, nk, dim, out + h * dim);
+}
+
 }  // namespace
 
 GemmKernels gemm_kernels_avx512() {
-  return GemmKernels{&kernel<float>, &kernel<uint16_t>, &dot, &axpy};
+  return GemmKernels{&kernel<float>, &kernel<uint16_t>, &dot, &axpy, &qk, &pv};
 }
 
 }  // namespace dsinfer::cpu::fast
