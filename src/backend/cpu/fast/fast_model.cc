@@ -16,29 +16,6 @@ namespace dsinfer::cpu::fast {
 using model::LayerPlan;
 using model::MoeType;
 
-namespace {
-// hc_post (kernels/cpu/mhc.h) with the loops turned so that the inner one runs along the hidden
-// dimension (vectorisable); every element sees the same operations in the same order.
-void hc_post_rows(int64_t hc,
-                  int64_t hidden,
-                  const float* f,
-                  const float* x,
-                  const float* post,
-                  const float* comb,
-                  float* x_out) {
-  for (int64_t k = 0; k < hc; ++k) {
-    float* o = x_out + k * hidden;
-    const float pk = post[k];
-    for (int64_t c = 0; c < hidden; ++c) o[c] = pk * f[c];
-    for (int64_t j = 0; j < hc; ++j) {
-      const float cjk = comb[j * hc + k];
-      const float* xj = x + j * hidden;
-      for (int64_t c = 0; c < hidden; ++c) o[c] += cjk * xj[c];
-    }
-  }
-}
-}  // namespace
-
 FastCpuModel::FastCpuModel(const model::ModelConfig& config,
                            const model::ModelWeights& weights,
                            model::Numerics numerics,
@@ -298,13 +275,13 @@ void FastCpuModel::layer(size_t l, std::vector<float>& x) {
     comb_.resize(static_cast<size_t>(N * hc * hc));
     u_.resize(static_cast<size_t>(N * hidden));
     gemm(fn, x.data(), width, N, mix_.data(), mix_rows, pool_);
+    const GemmKernels& vk = active_kernels();
     parallel_rows(N, 32, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const float* xt = x.data() + t * width;
-        double ss = 0.0;
-        for (int64_t i = 0; i < width; ++i) ss += static_cast<double>(xt[i]) * xt[i];
-        const float r =
-            1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(width)) + norm_eps);
+        // The mean square in fp32 vector lanes (the reference sums in double: rounding only).
+        const float ss = vk.dot(xt, xt, width);
+        const float r = 1.0f / std::sqrt(ss / static_cast<float>(width) + norm_eps);
         float* m = mix_.data() + t * mix_rows;
         for (int64_t i = 0; i < mix_rows; ++i) m[i] *= r;
         hc_pre_mixed(
@@ -317,13 +294,13 @@ void FastCpuModel::layer(size_t l, std::vector<float>& x) {
     xnext_.resize(static_cast<size_t>(N * width));
     parallel_rows(N, 32, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
-        hc_post_rows(hc,
-                     hidden,
-                     f_.data() + t * hidden,
-                     x.data() + t * width,
-                     post_.data() + t * hc,
-                     comb_.data() + t * hc * hc,
-                     xnext_.data() + t * width);
+        vk.hc_post(hc,
+                   hidden,
+                   f_.data() + t * hidden,
+                   x.data() + t * width,
+                   post_.data() + t * hc,
+                   comb_.data() + t * hc * hc,
+                   xnext_.data() + t * width);
       }
     });
     x.swap(xnext_);

@@ -92,7 +92,29 @@ void generic_pv(const float* p,
   }
 }
 
-GemmKernels with_generic_attention(GemmKernels k) {
+// hc_post with the loops turned so that the inner one runs along the hidden dimension.
+void portable_hc_post(int64_t hc,
+                      int64_t hidden,
+                      const float* f,
+                      const float* x,
+                      const float* post,
+                      const float* comb,
+                      float* out) {
+  for (int64_t k = 0; k < hc; ++k) {
+    float* o = out + k * hidden;
+    const float pk = post[k];
+    for (int64_t c = 0; c < hidden; ++c) o[c] = pk * f[c];
+    for (int64_t j = 0; j < hc; ++j) {
+      const float cjk = comb[j * hc + k];
+      const float* xj = x + j * hidden;
+      for (int64_t c = 0; c < hidden; ++c) o[c] += cjk * xj[c];
+    }
+  }
+}
+
+GemmKernels with_generic_ops(GemmKernels k) {
+  if (!k.hc_post)
+    k.hc_post = &portable_hc_post;
   if (!k.qk)
     k.qk = &generic_qk<&active_kernels>;
   if (!k.pv)
@@ -121,7 +143,7 @@ GemmKernels pick() {
 }  // namespace
 
 const GemmKernels& active_kernels() {
-  static const GemmKernels k = with_generic_attention(pick());
+  static const GemmKernels k = with_generic_ops(pick());
   return k;
 }
 
@@ -130,6 +152,7 @@ GemmKernels gemm_kernels_portable() {
                      &portable_kernel<uint16_t>,
                      &portable_dot,
                      &portable_axpy,
+                     nullptr,
                      nullptr,
                      nullptr};
 }

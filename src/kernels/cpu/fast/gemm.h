@@ -84,6 +84,15 @@ struct GemmKernels {
              int64_t nk,
              int64_t dim,
              float* out);
+  // mHC post step for one token (kernels/cpu/mhc.h hc_post):
+  // out[k] = post[k] * f + sum_j comb[j, k] * x[j], j ascending.
+  void (*hc_post)(int64_t hc,
+                  int64_t hidden,
+                  const float* f,
+                  const float* x,
+                  const float* post,
+                  const float* comb,
+                  float* out);
 };
 // The kernels in use (the same choice as gemm()).
 const GemmKernels& active_kernels();

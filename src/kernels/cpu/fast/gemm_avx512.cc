@@ -204,10 +204,36 @@ void pv(const float* p,
   for (; h < heads; ++h) pv_heads<1>(p + h * ldp, ldp, keys, nk, dim, out + h * dim);
 }
 
+void hc_post(int64_t hc,
+             int64_t hidden,
+             const float* f,
+             const float* x,
+             const float* post,
+             const float* comb,
+             float* out) {
+  for (int64_t k = 0; k < hc; ++k) {
+    const __m512 pk = _mm512_set1_ps(post[k]);
+    int64_t c = 0;
+    for (; c + 16 <= hidden; c += 16) {
+      __m512 acc = _mm512_mul_ps(pk, _mm512_loadu_ps(f + c));
+      for (int64_t j = 0; j < hc; ++j) {
+        acc = _mm512_fmadd_ps(
+            _mm512_set1_ps(comb[j * hc + k]), _mm512_loadu_ps(x + j * hidden + c), acc);
+      }
+      _mm512_storeu_ps(out + k * hidden + c, acc);
+    }
+    for (; c < hidden; ++c) {
+      float acc = post[k] * f[c];
+      for (int64_t j = 0; j < hc; ++j) acc += comb[j * hc + k] * x[j * hidden + c];
+      out[k * hidden + c] = acc;
+    }
+  }
+}
+
 }  // namespace
 
 GemmKernels gemm_kernels_avx512() {
-  return GemmKernels{&kernel<float>, &kernel<uint16_t>, &dot, &axpy, &qk, &pv};
+  return GemmKernels{&kernel<float>, &kernel<uint16_t>, &dot, &axpy, &qk, &pv, &hc_post};
 }
 
 }  // namespace dsinfer::cpu::fast
