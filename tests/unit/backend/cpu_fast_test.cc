@@ -184,6 +184,35 @@ TEST(FastGemm, AttentionKernelsMatchDoubleSums) {
   }
 }
 
+TEST(FastGemm, SwigluMatchesTheReferenceFormula) {
+  std::vector<GemmKernels> ks = {cpu::fast::active_kernels()};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    ks.push_back(cpu::fast::gemm_kernels_avx512());
+#endif
+  std::vector<float> a0, u0;
+  for (int i = 0; i < 403; ++i) {  // -100 .. 100, and a tail of 403 % 16
+    a0.push_back(-100.0f + 0.4975f * static_cast<float>(i));
+    u0.push_back(std::sin(static_cast<float>(i)) * 20.0f);
+  }
+  for (const GemmKernels& k : ks) {
+    for (float limit : {0.0f, 10.0f}) {
+      std::vector<float> a = a0;
+      k.swiglu(a.data(), u0.data(), static_cast<int64_t>(a.size()), 1.5f, limit);
+      for (size_t i = 0; i < a.size(); ++i) {
+        double g = a0[i], v = u0[i];
+        if (limit > 0) {
+          g = std::min<double>(g, limit);
+          v = std::clamp<double>(v, -limit, limit);
+        }
+        const double want = g / (1.0 + std::exp(-g)) * v * 1.5;
+        ASSERT_NEAR(a[i], want, 2e-6 * std::fabs(want) + 1e-30) << "a " << a0[i] << " u " << u0[i];
+      }
+    }
+  }
+}
+
 TEST(FastGemm, ThreadedEqualsSingleThreaded) {
   std::mt19937 g(3);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);

@@ -421,18 +421,9 @@ void FastCpuModel::expert(const model::ExpertWeights& w,
   eu_.resize(static_cast<size_t>(n * inter));
   linear(w.w1, x, n, ea_.data(), quantize_acts());
   linear(w.w3, x, n, eu_.data(), quantize_acts());
+  const GemmKernels& vk = active_kernels();
   for (int64_t t = 0; t < n; ++t) {
-    float* a = ea_.data() + t * inter;
-    const float* u = eu_.data() + t * inter;
-    for (int64_t i = 0; i < inter; ++i) {
-      float g = a[i];
-      float v = u[i];
-      if (limit > 0.0f) {
-        g = std::min(g, limit);
-        v = std::clamp(v, -limit, limit);
-      }
-      a[i] = silu(g) * v * gates[t];
-    }
+    vk.swiglu(ea_.data() + t * inter, eu_.data() + t * inter, inter, gates[t], limit);
   }
   ey_.resize(static_cast<size_t>(n * hidden));
   linear(w.w2, ea_.data(), n, ey_.data(), quantize_acts());

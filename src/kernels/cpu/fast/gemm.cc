@@ -2,6 +2,7 @@
 #include "kernels/cpu/fast/gemm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -112,7 +113,21 @@ void portable_hc_post(int64_t hc,
   }
 }
 
+void portable_swiglu(float* a, const float* u, int64_t n, float gate, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = a[i];
+    float v = u[i];
+    if (limit > 0.0f) {
+      g = std::min(g, limit);
+      v = std::clamp(v, -limit, limit);
+    }
+    a[i] = g / (1.0f + std::exp(-g)) * v * gate;
+  }
+}
+
 GemmKernels with_generic_ops(GemmKernels k) {
+  if (!k.swiglu)
+    k.swiglu = &portable_swiglu;
   if (!k.hc_post)
     k.hc_post = &portable_hc_post;
   if (!k.qk)
@@ -152,6 +167,7 @@ GemmKernels gemm_kernels_portable() {
                      &portable_kernel<uint16_t>,
                      &portable_dot,
                      &portable_axpy,
+                     nullptr,
                      nullptr,
                      nullptr,
                      nullptr};

@@ -93,6 +93,9 @@ struct GemmKernels {
                   const float* post,
                   const float* comb,
                   float* out);
+  // The expert's activation (backend/cpu CpuModel::expert): with limit > 0, g = min(a, limit)
+  // and v = clamp(u, -limit, limit); a[i] = silu(g) * v * gate.
+  void (*swiglu)(float* a, const float* u, int64_t n, float gate, float limit);
 };
 // The kernels in use (the same choice as gemm()).
 const GemmKernels& active_kernels();

@@ -119,7 +119,8 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 }  // namespace
 
 GemmKernels gemm_kernels_avx2() {
-  return GemmKernels{&kernel<float>, &kernel<uint16_t>, &dot, &axpy, nullptr, nullptr, nullptr};
+  return GemmKernels{
+      &kernel<float>, &kernel<uint16_t>, &dot, &axpy, nullptr, nullptr, nullptr, nullptr};
 }
 
 }  // namespace dsinfer::cpu::fast

@@ -230,10 +230,49 @@ void hc_post(int64_t hc,
   }
 }
 
+// e^x for |x| <= 88: x = n ln2 + r (two-part ln2), e^r by its degree-6 Taylor polynomial on
+// |r| <= ln2/2 (truncation below 2e-7 relative), times 2^n. Within a few ulp of expf.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+void swiglu(float* a, const float* u, int64_t n, float gate, float limit) {
+  const __m512 gv = _mm512_set1_ps(gate);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const bool clamp = limit > 0.0f;
+  const __m512 hi = _mm512_set1_ps(limit);
+  const __m512 lo = _mm512_set1_ps(-limit);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m =
+        n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    __m512 g = _mm512_maskz_loadu_ps(m, a + i);
+    __m512 v = _mm512_maskz_loadu_ps(m, u + i);
+    if (clamp) {
+      g = _mm512_min_ps(g, hi);
+      v = _mm512_max_ps(_mm512_min_ps(v, hi), lo);
+    }
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(a + i, m, _mm512_mul_ps(_mm512_mul_ps(s, v), gv));
+  }
+}
+
 }  // namespace
 
 GemmKernels gemm_kernels_avx512() {
-  return GemmKernels{&kernel<float>, &kernel<uint16_t>, &dot, &axpy, &qk, &pv, &hc_post};
+  return GemmKernels{&kernel<float>, &kernel<uint16_t>, &dot, &axpy, &qk, &pv, &hc_post, &swiglu};
 }
 
 }  // namespace dsinfer::cpu::fast
