@@ -99,6 +99,42 @@ void kernel(const W* w,
   for (; r < rows; ++r) row_block<1>(w + r * ldw, ldw, k, x, ldx, n, y + r, ldy);
 }
 
+// BF16 weights with 4+ tokens and k <= 512: each block of 4 rows is widened once into an L1
+// buffer and the tokens run the F32 tile on it (the weights become memory operands of the FMAs
+// instead of being widened again for every group of tokens). The values and the order of the
+// FMAs are those of the BF16 tile, so results are bit-identical to it (batch invariance).
+void kernel_bf16(const uint16_t* w,
+                 int64_t ldw,
+                 int64_t rows,
+                 int64_t k,
+                 const float* x,
+                 int64_t ldx,
+                 int64_t n,
+                 float* y,
+                 int64_t ldy) {
+  constexpr int64_t kMaxK = 512;
+  if (n < 4 || k > kMaxK) {
+    kernel<uint16_t>(w, ldw, rows, k, x, ldx, n, y, ldy);
+    return;
+  }
+  alignas(64) float buf[4 * kMaxK];
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t* src = w + (r + i) * ldw;
+      float* dst = buf + i * k;
+      int64_t c = 0;
+      for (; c + 16 <= k; c += 16) _mm512_storeu_ps(dst + c, load_w(src + c));
+      if (c < k) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (k - c)) - 1u);
+        _mm512_mask_storeu_ps(dst + c, m, load_w_tail(src + c, m));
+      }
+    }
+    row_block<4>(static_cast<const float*>(buf), k, k, x, ldx, n, y + r, ldy);
+  }
+  for (; r < rows; ++r) row_block<1>(w + r * ldw, ldw, k, x, ldx, n, y + r, ldy);
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
@@ -272,7 +308,7 @@ void swiglu(float* a, const float* u, int64_t n, float gate, float limit) {
 }  // namespace
 
 GemmKernels gemm_kernels_avx512() {
-  return GemmKernels{&kernel<float>, &kernel<uint16_t>, &dot, &axpy, &qk, &pv, &hc_post, &swiglu};
+  return GemmKernels{&kernel<float>, &kernel_bf16, &dot, &axpy, &qk, &pv, &hc_post, &swiglu};
 }
 
 }  // namespace dsinfer::cpu::fast
