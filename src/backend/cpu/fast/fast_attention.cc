@@ -1,7 +1,8 @@
 // FastCpuModel::attention: the projections of all rows of the step as GEMMs, the compressors'
 // pooling and the ring updates per sequence, and the indexer scores and sink attention per row
 // in parallel (spec §3.4-3.8). The arithmetic of each step is the reference's
-// (backend/cpu/attention.cc); only the linears' summation order differs.
+// (backend/cpu/attention.cc); only the summation order of the linears and of the q.k and p.V
+// products (vector lanes, FMAs) differs.
 #include <algorithm>
 #include <cmath>
 

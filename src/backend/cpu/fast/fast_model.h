@@ -12,8 +12,9 @@
 // step allocates nothing once the batch shape has been seen.
 //
 // The numerics are the reference's (same numerics modes, same quantisation points); only the
-// fp32 summation order differs (16/8-lane partial sums, fp32 instead of double in the mHC
-// mixes), so logits differ from the reference by rounding: docs/performance.md gives the budget
+// rounding differs: fp32 summation order (16/8-lane partial sums and FMAs, fp32 instead of
+// double in the mHC mixes) and, with AVX-512, a vectorised exp in the experts' SwiGLU (a few
+// ulp). Logits differ from the reference by that rounding: docs/performance.md gives the budget
 // and tests/unit/backend/cpu_fast_test.cc checks it. A token's results do not depend on the
 // other rows of its step (batch invariance, bit for bit).
 //
