@@ -28,38 +28,6 @@ FastCpuModel::FastCpuModel(const model::ModelConfig& config,
       inv_freq_main_(model::rope_inv_freq(config.rope_main, config.qk_rope_head_dim)),
       inv_freq_compress_(model::rope_inv_freq(config.rope_compress, config.qk_rope_head_dim)) {}
 
-void FastCpuModel::prepare_all_weights() {
-  auto prep = [&](const MatrixRef& m) {
-    if (!m.empty())
-      packed_.prepare(m);
-  };
-  auto prep_expert = [&](const model::ExpertWeights& e) {
-    prep(e.w1);
-    prep(e.w3);
-    prep(e.w2);
-  };
-  prep(weights_.head);
-  for (const model::LayerWeights& l : weights_.layers) {
-    const model::AttentionWeights& a = l.attn;
-    for (const MatrixRef* m : {&a.wq_a,
-                               &a.wq_b,
-                               &a.wkv,
-                               &a.wo_a,
-                               &a.wo_b,
-                               &a.compressor.wkv,
-                               &a.compressor.wgate,
-                               &a.indexer_wq_b,
-                               &a.indexer_weights_proj,
-                               &a.indexer_compressor.wkv,
-                               &a.indexer_compressor.wgate,
-                               &l.ffn.gate}) {
-      prep(*m);
-    }
-    prep_expert(l.ffn.shared);
-    for (const model::ExpertWeights& e : l.ffn.experts) prep_expert(e);
-  }
-}
-
 template <typename F>
 void FastCpuModel::parallel_rows(int64_t n, int64_t min_rows_per_task, F&& fn) {
   const int threads = pool_ ? pool_->threads() : 1;

@@ -55,8 +55,6 @@ class FastCpuModel final : public backend::Model {
   const model::ModelConfig& config() const override { return config_; }
   model::Numerics numerics() const override { return numerics_; }
 
-  // Converts every weight now instead of on first use.
-  void prepare_all_weights();
   int64_t converted_weight_bytes() const { return packed_.converted_bytes(); }
   int threads() const { return pool_ ? pool_->threads() : 1; }
 

@@ -29,8 +29,6 @@ class PackedWeights {
 
   // The fast view of `w` (converted on the first call for this weight). Thread-safe.
   WeightView get(const MatrixRef& w);
-  // Converts now (e.g. every weight at load time instead of on first use).
-  void prepare(const MatrixRef& w) { (void)get(w); }
   // Bytes held by converted copies.
   int64_t converted_bytes() const;
 
