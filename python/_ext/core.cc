@@ -78,7 +78,9 @@ class Engine {
          int64_t max_tokens_per_step,
          int64_t max_model_len,
          const std::string& model_version,
-         bool cuda_graphs) {
+         bool cuda_graphs,
+         const std::string& cpu_kernels,
+         int cpu_threads) {
     cli::EngineFlags f;
     f.model_dir = model;
     f.device = device;
@@ -89,6 +91,8 @@ class Engine {
     f.max_model_len = max_model_len;
     f.model_version = model_version;
     f.no_cuda_graphs = !cuda_graphs;
+    f.cpu_kernels = cpu_kernels;
+    f.cpu_threads = cpu_threads;
     if (max_num_seqs < 1)
       raise_value_error("max_num_seqs must be >= 1");
     if (max_tokens_per_step < 1)
@@ -313,7 +317,9 @@ NB_MODULE(_core, m) {
                     int64_t,
                     int64_t,
                     const std::string&,
-                    bool>(),
+                    bool,
+                    const std::string&,
+                    int>(),
            nb::arg("model"),
            nb::arg("device"),
            nb::arg("numerics"),
@@ -322,7 +328,9 @@ NB_MODULE(_core, m) {
            nb::arg("max_tokens_per_step"),
            nb::arg("max_model_len"),
            nb::arg("model_version"),
-           nb::arg("cuda_graphs"))
+           nb::arg("cuda_graphs"),
+           nb::arg("cpu_kernels"),
+           nb::arg("cpu_threads"))
       .def("generate",
            &Engine::generate,
            nb::arg("requests"),

@@ -19,6 +19,8 @@ class Engine:
         max_model_len: int,
         model_version: str,
         cuda_graphs: bool,
+        cpu_kernels: str,
+        cpu_threads: int,
     ) -> None: ...
     def generate(
         self,

@@ -36,6 +36,9 @@ class LLM:
         max_model_len: context limit, prompt + output tokens (None or 0: the model's).
         model_version: prompt format of chat(): "v4", "v4-0731" or "v4.1".
         cuda_graphs: replay decode steps from CUDA graphs (CUDA only).
+        cpu_kernels: device "cpu": "fast" (batched vectorised GEMMs on a thread pool) or
+            "reference" (the plain reference implementation; same greedy tokens).
+        cpu_threads: threads of the fast CPU path (0: $DSINFER_CPU_THREADS or all).
 
     These are the engine flags of `dsinfer generate` / `dsinfer serve`. Bad values raise
     ValueError with the engine's message; a missing model directory FileNotFoundError.
@@ -54,6 +57,8 @@ class LLM:
         max_model_len: Optional[int] = None,
         model_version: str = "v4",
         cuda_graphs: bool = True,
+        cpu_kernels: str = "fast",
+        cpu_threads: int = 0,
     ) -> None:
         if isinstance(state_memory, bool) or not isinstance(state_memory, (str, int)):
             raise ValueError("state_memory must be a size such as '1GiB' or a number of bytes")
@@ -67,6 +72,8 @@ class LLM:
             max_model_len=max_model_len or 0,
             model_version=model_version,
             cuda_graphs=cuda_graphs,
+            cpu_kernels=cpu_kernels,
+            cpu_threads=cpu_threads,
         )
         self.model: str = self._engine.model_dir
         self.device: str = device

@@ -1,7 +1,8 @@
 // `dsinfer bench`: prefill and decode speed of the CUDA backend on a checkpoint (typically a
 // real-width synthetic one from `make-checkpoint --preset v4-flash`), per layer, as JSON — with
 // the device's copy bandwidth and FP8/BF16 GEMM peaks measured in the same run, so that every
-// figure is also reported as a fraction of a limit.
+// figure is also reported as a fraction of a limit. `--device cpu` measures the CPU backend
+// instead, fast path vs reference (cli/bench_cpu.h).
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "backend/cuda/cuda_model.h"
 #include "base/strings.h"
+#include "cli/bench_cpu.h"
 #include "cli/bench_ops.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -44,7 +46,34 @@ struct BenchArgs {
   bool ops = false;
   std::string profile_range;  // "prefill" | "decode": cudaProfilerStart/Stop around those runs
   std::vector<int64_t> op_tokens = {1, 16, 64, 256, 1024, 8192};
+  // --device cpu (cli/bench_cpu.h): the CPU run's own defaults unless the flags were given.
+  CpuBenchArgs cpu;
+  bool numerics_set = false;
+  bool prefill_set = false;
+  bool decode_batch_set = false;
+  bool context_set = false;
+  bool decode_steps_set = false;
+  bool repeats_set = false;
 };
+
+int run_cpu_bench_from(const BenchArgs& a) {
+  CpuBenchArgs c = a.cpu;
+  c.model_dir = a.model_dir;
+  c.output = a.output;
+  if (a.numerics_set)
+    c.numerics = a.numerics;
+  if (a.prefill_set)
+    c.prefill = a.prefill;
+  if (a.decode_batch_set)
+    c.decode_batch = a.decode_batch;
+  if (a.context_set)
+    c.context = a.context;
+  if (a.decode_steps_set)
+    c.decode_steps = a.decode_steps;
+  if (a.repeats_set)
+    c.repeats = a.repeats;
+  return run_cpu_bench(c);
+}
 
 double now_s() {
   using namespace std::chrono;
@@ -93,10 +122,8 @@ int run_bench(const BenchArgs& a) {
   engine::EngineConfig ec;
   if (Status s = parse_device(a.device, &ec); !s.ok())
     return fail(s);
-  if (ec.device != engine::Device::kCuda) {
-    return fail(invalid_argument(
-        "--device: bench measures the CUDA backend (use `dsinfer score` to check the CPU one)"));
-  }
+  if (ec.device == engine::Device::kCpu)
+    return run_cpu_bench_from(a);
   auto numerics = parse_numerics(a.numerics);
   if (!numerics.ok())
     return fail(numerics.status());
@@ -351,15 +378,29 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "Measure prefill and decode speed on the GPU (JSON, with device ceilings)");
   cmd->add_option("--model", a->model_dir, "Model directory (default: $DSINFER_MODEL or bundled)");
-  cmd->add_option("--device", a->device, "cuda | cuda:N");
-  cmd->add_option("--numerics", a->numerics, "deepseek (default) | reference");
-  cmd->add_option("--prefill", a->prefill, "Prompt lengths to prefill (default 1024 8192)")
+  cmd->add_option(
+      "--device", a->device, "cuda | cuda:N | cpu (fast path vs reference; see `--cpu-kernels`)");
+  CLI::Option* o_numerics =
+      cmd->add_option("--numerics", a->numerics, "deepseek (default; cpu: reference) | reference");
+  CLI::Option* o_prefill =
+      cmd->add_option(
+             "--prefill", a->prefill, "Prompt lengths to prefill (default 1024 8192; cpu 64,512)")
+          ->delimiter(',');
+  CLI::Option* o_batch =
+      cmd->add_option(
+             "--decode-batch", a->decode_batch, "Decode batch sizes (default 1 64; cpu 1,8,64)")
+          ->delimiter(',');
+  CLI::Option* o_context = cmd->add_option(
+      "--context", a->context, "Context length of the decode runs (default 8192; cpu 128)");
+  CLI::Option* o_steps =
+      cmd->add_option("--decode-steps", a->decode_steps, "Timed decode steps (default 32; cpu 8)");
+  CLI::Option* o_repeats =
+      cmd->add_option("--repeats", a->repeats, "Timed prefill runs after a warm-up (default 2)");
+  cmd->add_option("--cpu-kernels",
+                  a->cpu.kernels,
+                  "--device cpu: kernels to compare (default fast,reference)")
       ->delimiter(',');
-  cmd->add_option("--decode-batch", a->decode_batch, "Decode batch sizes (default 1 64)")
-      ->delimiter(',');
-  cmd->add_option("--context", a->context, "Context length of the decode runs (default 8192)");
-  cmd->add_option("--decode-steps", a->decode_steps, "Timed decode steps (default 32)");
-  cmd->add_option("--repeats", a->repeats, "Timed prefill runs after a warm-up (default 2)");
+  cmd->add_option("--cpu-threads", a->cpu.threads, "--device cpu: fast-path threads (default all)");
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
   cmd->add_flag("--no-ceilings", a->no_ceilings, "Skip the copy/GEMM ceiling measurements");
   cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs, "Decode eagerly");
@@ -378,7 +419,15 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option(
          "--op-tokens", a->op_tokens, "Token counts of --ops (default 1,16,64,256,1024,8192)")
       ->delimiter(',');
-  cmd->callback([a, &exit_code] { exit_code = run_bench(*a); });
+  cmd->callback([=, &exit_code] {
+    a->numerics_set = o_numerics->count() > 0;
+    a->prefill_set = o_prefill->count() > 0;
+    a->decode_batch_set = o_batch->count() > 0;
+    a->context_set = o_context->count() > 0;
+    a->decode_steps_set = o_steps->count() > 0;
+    a->repeats_set = o_repeats->count() > 0;
+    exit_code = run_bench(*a);
+  });
 }
 
 }  // namespace dsinfer::cli

@@ -25,6 +25,7 @@ struct ScoreArgs {
   int64_t chunk = 0;
   std::string numerics = "reference";
   std::string device = "cpu";
+  std::string cpu_kernels = "reference";
   bool mtp = false;
   int64_t keep_rows = 0;
   std::string engram_token_map;
@@ -116,6 +117,10 @@ int run_score(const ScoreArgs& args) {
   ec.numerics = *numerics;
   if (Status s = parse_device(args.device, &ec); !s.ok())
     return fail(s);
+  auto kernels = parse_cpu_kernels(args.cpu_kernels);
+  if (!kernels.ok())
+    return fail(kernels.status());
+  ec.cpu_kernels = *kernels;
   if (args.chunk < 0)
     return fail(invalid_argument("--chunk must be >= 1"));
   if (auto text = read_text_file(args.model_dir + "/config.json", uint64_t{1} << 26);
@@ -192,6 +197,8 @@ void add_score_command(CLI::App& app, int& exit_code) {
                   "Feed the prompt N tokens at a time through the incremental path (1 = token by "
                   "token); default: one full forward");
   cmd->add_option("--numerics", args->numerics, "reference | deepseek");
+  cmd->add_option(
+      "--cpu-kernels", args->cpu_kernels, "--device cpu: reference (default: the oracle) | fast");
   cmd->add_option("--device", args->device, "cpu | cuda | cuda:N");
   cmd->add_flag("--mtp",
                 args->mtp,

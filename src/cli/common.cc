@@ -116,6 +116,12 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
                   "Context limit, prompt + output tokens (default: the model's)");
   cmd->add_option("--model-version", f->model_version, "Prompt format: v4 | v4-0731 | v4.1");
   cmd->add_option("--device", f->device, "cpu | cuda | cuda:N (the CUDA backend needs a GPU)");
+  cmd->add_option("--cpu-kernels",
+                  f->cpu_kernels,
+                  "--device cpu: fast (default; batched vectorised GEMMs, threads) | reference");
+  cmd->add_option("--cpu-threads",
+                  f->cpu_threads,
+                  "--device cpu: threads of the fast path (default $DSINFER_CPU_THREADS or all)");
   cmd->add_flag("--no-cuda-graphs",
                 f->no_cuda_graphs,
                 "Launch decode steps eagerly instead of replaying CUDA graphs");
@@ -144,6 +150,14 @@ const std::vector<std::string>& program_args() {
   return args_storage();
 }
 
+Result<engine::CpuKernels> parse_cpu_kernels(const std::string& s) {
+  if (s == "fast")
+    return engine::CpuKernels::kFast;
+  if (s == "reference")
+    return engine::CpuKernels::kReference;
+  return invalid_argument("--cpu-kernels must be `fast` or `reference`, got `" + s + "`");
+}
+
 Status parse_device(const std::string& s, engine::EngineConfig* config) {
   if (s == "cpu") {
     config->device = engine::Device::kCpu;
@@ -169,6 +183,10 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   DSI_ASSIGN_OR_RETURN(s.config.state_budget_bytes, parse_bytes("--state-memory", f.state_memory));
   DSI_ASSIGN_OR_RETURN(s.version, parse_model_version(f.model_version));
   DSI_RETURN_IF_ERROR(parse_device(f.device, &s.config));
+  DSI_ASSIGN_OR_RETURN(s.config.cpu_kernels, parse_cpu_kernels(f.cpu_kernels));
+  if (f.cpu_threads < 0)
+    return invalid_argument("--cpu-threads must be >= 0");
+  s.config.cpu_threads = f.cpu_threads;
   s.config.cuda_graphs = !f.no_cuda_graphs;
   s.config.batch_invariant = f.batch_invariant;
   if (f.ep < 0)

@@ -43,11 +43,15 @@ struct EngineFlags {
   int64_t max_model_len = 0;  // 0 = the model's
   std::string model_version = "v4";
   std::string device = "cpu";
+  std::string cpu_kernels = "fast";
+  int cpu_threads = 0;
   bool no_cuda_graphs = false;
   bool batch_invariant = false;
   int ep = 0;
 };
 void add_engine_flags(CLI::App* cmd, EngineFlags* f);
+// "reference" | "fast" (--cpu-kernels).
+Result<engine::CpuKernels> parse_cpu_kernels(const std::string& s);
 
 struct EngineSetup {
   engine::EngineConfig config;  // model_dir resolved (flag, $DSINFER_MODEL, bundled model)

@@ -1,6 +1,7 @@
 // dsinfer: command-line entry point (vLLM-like subcommands).
 #include <cstdio>
 
+#include "cli/bench_cpu.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 
@@ -22,13 +23,7 @@ int main(int argc, char** argv) {
 #ifdef DSINFER_HAVE_BENCH
   dsinfer::cli::add_bench_command(app, exit_code);
 #else
-  app.add_subcommand("bench", "Measure GPU speed (needs a CUDA build)")
-      ->allow_extras()
-      ->callback([&exit_code] {
-        exit_code = dsinfer::cli::fail(dsinfer::Status(
-            dsinfer::StatusCode::kUnimplemented,
-            "bench: this build has no CUDA backend (configure with -DDSINFER_CUDA=ON)"));
-      });
+  dsinfer::cli::add_cpu_bench_command(app, exit_code);
 #endif
   try {
     app.parse(argc, argv);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backend/cpu/fast/fast_model.h"
 #include "base/check.h"
 #include "base/strings.h"
 #if DSINFER_HAVE_CUDA_BACKEND
@@ -51,6 +52,38 @@ class Engine::Memory : public MemoryHooks {
   std::map<RequestId, std::unique_ptr<state::SequenceState>> states_;
 };
 
+const char* cpu_kernels_name(CpuKernels k) {
+  return k == CpuKernels::kFast ? "fast" : "reference";
+}
+
+namespace {
+// A FastCpuModel that owns its thread pool (EngineConfig::cpu_threads > 0).
+class OwnedPoolFastModel final : public backend::Model {
+ public:
+  OwnedPoolFastModel(const model::ModelConfig& mc,
+                     const model::ModelWeights& weights,
+                     model::Numerics numerics,
+                     int threads)
+      : pool_(threads), model_(mc, weights, numerics, &pool_) {}
+  Status forward(state::SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const backend::ForwardOptions& options,
+                 backend::ForwardOutputs* out) override {
+    return model_.forward(st, tokens, options, out);
+  }
+  Status forward_batch(std::span<backend::ForwardItem> items) override {
+    return model_.forward_batch(items);
+  }
+  const char* name() const override { return model_.name(); }
+  const model::ModelConfig& config() const override { return model_.config(); }
+  model::Numerics numerics() const override { return model_.numerics(); }
+
+ private:
+  cpu::fast::ThreadPool pool_;
+  cpu::fast::FastCpuModel model_;
+};
+}  // namespace
+
 Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
                                                      const model::ModelConfig& mc,
                                                      const model::ModelWeights& weights) {
@@ -58,6 +91,16 @@ Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
     case Device::kCpu:
       if (config.expert_parallel > 0)
         return invalid_argument("--ep: expert parallelism needs --device cuda");
+      if (config.cpu_threads < 0)
+        return invalid_argument("--cpu-threads must be >= 0");
+      if (config.cpu_kernels == CpuKernels::kFast) {
+        if (config.cpu_threads > 0) {
+          return std::unique_ptr<backend::Model>(std::make_unique<OwnedPoolFastModel>(
+              mc, weights, config.numerics, config.cpu_threads));
+        }
+        return std::unique_ptr<backend::Model>(std::make_unique<cpu::fast::FastCpuModel>(
+            mc, weights, config.numerics, &cpu::fast::default_pool()));
+      }
       return std::unique_ptr<backend::Model>(
           std::make_unique<cpu::CpuModel>(mc, weights, config.numerics));
     case Device::kCuda: {

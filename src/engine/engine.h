@@ -22,11 +22,19 @@ namespace dsinfer::engine {
 
 enum class Device { kCpu, kCuda };
 
+// The CPU backend's implementation: the reference (backend/cpu, the oracle of the golden tests
+// and `score`) or the fast path (backend/cpu/fast: batched GEMMs, threads). The command line
+// and the Python package default to kFast; an EngineConfig made in C++ starts at the reference.
+enum class CpuKernels { kReference, kFast };
+const char* cpu_kernels_name(CpuKernels k);
+
 struct EngineConfig {
   std::string model_dir;
   model::Numerics numerics = model::Numerics::kReference;
   Device device = Device::kCpu;
-  int device_ordinal = 0;   // CUDA device
+  CpuKernels cpu_kernels = CpuKernels::kReference;
+  int cpu_threads = 0;     // fast CPU path: 0 = the process-wide pool ($DSINFER_CPU_THREADS or all)
+  int device_ordinal = 0;  // CUDA device
   bool cuda_graphs = true;  // decode steps replayed from CUDA graphs
   // CUDA: every linear on kernels whose summation order does not depend on the batch, so a
   // request's logits are bit-identical whatever else is batched with it (slower prefill).

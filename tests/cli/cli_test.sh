@@ -86,8 +86,14 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
   "$DSI" generate --model "$FIX" --prompt-token-ids 0,5 --max-tokens 2 --device cuda >"$TMP/err.txt" 2>&1
   check "generate --device cuda without a GPU says why" grep -qiE "no CUDA device|no CUDA backend" "$TMP/err.txt"
 fi
-"$DSI" bench --model "$FIX" --device cpu >"$TMP/err.txt" 2>&1
-check "bench --device cpu is refused clearly" grep -qiE "bench measures the CUDA backend|no CUDA backend" "$TMP/err.txt"
+# bench --device cpu: the CPU backend, fast path vs reference in one run (JSON with speed-ups).
+"$DSI" bench --model "$FIX" --device cpu --prefill 8 --decode-batch 1,2 --context 8 \
+  --decode-steps 2 --repeats 1 --output "$TMP/bench_cpu.json" >"$TMP/err.txt" 2>&1
+check "bench --device cpu runs" test $? -eq 0
+check "bench --device cpu compares fast and reference" \
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert [r["kernels"] for r in d["runs"]]==["fast","reference"] and d["speedups"][0]["decode"][1]["batch"]==2' "$TMP/bench_cpu.json"
+"$DSI" bench --model "$FIX" --device cpu --cpu-kernels turbo >"$TMP/err.txt" 2>&1
+check "bench --cpu-kernels rejects an unknown name" contains "$TMP/err.txt" "--cpu-kernels must be"
 
 # --ep: expert parallelism needs CUDA; serve --ep is not built yet (clear errors, no ranks start).
 "$DSI" generate --model "$FIX" --prompt-token-ids 0,5 --max-tokens 2 --ep 2 >"$TMP/err.txt" 2>&1
@@ -102,6 +108,17 @@ check "make-checkpoint writes config" test -s "$TMP/m/config.json"
   >"$TMP/g.txt" 2>"$TMP/g.err"
 check "generate prints token ids" contains "$TMP/g.txt" "\["
 check "generate prints a summary" contains "$TMP/g.err" "TTFT p50"
+# The bundled model: the fast CPU path (default) and the reference give the same greedy text.
+MINI=$SRC/models/dsv4-mini
+for k in fast reference; do
+  "$DSI" generate --model "$MINI" --prompt $'def fibonacci(n):\n' --max-tokens 24 --temperature 0 \
+    --cpu-kernels "$k" >"$TMP/g_$k.txt" 2>/dev/null
+done
+check "generate: fast and reference CPU kernels give the same greedy output" \
+  cmp -s "$TMP/g_fast.txt" "$TMP/g_reference.txt"
+check "generate: greedy output is not empty" test -s "$TMP/g_fast.txt"
+"$DSI" generate --model "$MINI" --prompt x --max-tokens 1 --cpu-kernels turbo >"$TMP/err.txt" 2>&1
+check "generate --cpu-kernels rejects an unknown name" contains "$TMP/err.txt" "--cpu-kernels must be"
 
 # make-checkpoint argument errors (never writes a real-width checkpoint: that is GBs).
 "$DSI" make-checkpoint --preset v4-flash --layers 0 --out "$TMP/flash" >"$TMP/err.txt" 2>&1

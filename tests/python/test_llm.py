@@ -184,6 +184,8 @@ def test_bad_engine_flags_raise_engine_message(model_dir):
         LLM(model=model_dir, model_version="v9")
     with pytest.raises(ValueError, match="max_num_seqs"):
         LLM(model=model_dir, max_num_seqs=0)
+    with pytest.raises(ValueError, match="--cpu-kernels must be"):
+        LLM(model=model_dir, cpu_kernels="turbo")
     with pytest.raises(FileNotFoundError):
         LLM(model="/nonexistent/model/dir")
 
@@ -306,3 +308,14 @@ def test_sigint_in_a_real_process(model_dir):
             child.kill()
     assert child.returncode == 0, err
     assert out.split() == ["interrupted", "usable"]
+
+
+def test_cpu_kernels_same_greedy_tokens(llm, model_dir):
+    """The fast CPU path (the default) and the reference give the same greedy tokens."""
+    ref = LLM(model=model_dir, cpu_kernels="reference", cpu_threads=1)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    prompts = [[0, 5, 6, 7], [0, 100, 200, 300, 400]]
+    fast_out = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    ref_out = [o.token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
+    assert fast_out == ref_out
+    assert all(len(t) == 16 for t in fast_out)

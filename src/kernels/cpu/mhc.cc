@@ -34,7 +34,17 @@ void hc_pre(const HyperConnParams& p, const float* x, float* post, float* comb, 
   DSI_CHECK(hc > 0 && hc <= 16, "hc_mult %lld", static_cast<long long>(hc));
   float mix[(2 + 16) * 16];
   rms_scaled_mix(p.fn, mix_rows, x, hc * p.hidden, p.norm_eps, mix);
+  hc_pre_mixed(p, mix, x, post, comb, collapsed);
+}
 
+void hc_pre_mixed(const HyperConnParams& p,
+                  const float* mix,
+                  const float* x,
+                  float* post,
+                  float* comb,
+                  float* collapsed) {
+  const int64_t hc = p.hc;
+  DSI_CHECK(hc > 0 && hc <= 16, "hc_mult %lld", static_cast<long long>(hc));
   float pre[16];
   for (int64_t j = 0; j < hc; ++j) {
     pre[j] = sigmoid(mix[j] * p.scale[0] + p.base[j]) + p.hc_eps;
@@ -103,6 +113,12 @@ void hc_head(const HyperHeadParams& p, const float* x, float* collapsed) {
   DSI_CHECK(hc > 0 && hc <= 16, "hc_mult %lld", static_cast<long long>(hc));
   float mix[16];
   rms_scaled_mix(p.fn, hc, x, hc * p.hidden, p.norm_eps, mix);
+  hc_head_mixed(p, mix, x, collapsed);
+}
+
+void hc_head_mixed(const HyperHeadParams& p, const float* mix, const float* x, float* collapsed) {
+  const int64_t hc = p.hc;
+  DSI_CHECK(hc > 0 && hc <= 16, "hc_mult %lld", static_cast<long long>(hc));
   float pre[16];
   for (int64_t j = 0; j < hc; ++j) {
     pre[j] = 1.0f / (1.0f + std::exp(-(mix[j] * p.scale[0] + p.base[j]))) + p.hc_eps;

@@ -21,6 +21,14 @@ struct HyperConnParams {
 // For one token: x [hc, hidden] -> post [hc], comb [hc, hc] (row j = input stream),
 // collapsed [hidden] = sum_j pre_j x_j.
 void hc_pre(const HyperConnParams& p, const float* x, float* post, float* comb, float* collapsed);
+// The same from mix[(2+hc)*hc] = rsqrt(mean(x^2) + norm_eps) * (fn . x) computed by the caller
+// (the fast path computes it for all tokens of a step with one GEMM).
+void hc_pre_mixed(const HyperConnParams& p,
+                  const float* mix,
+                  const float* x,
+                  float* post,
+                  float* comb,
+                  float* collapsed);
 
 // For one token: x_out[k] = post[k] * f + sum_j comb[j, k] * x[j]. x_out may not alias x.
 void hc_post(int64_t hc,
@@ -43,5 +51,7 @@ struct HyperHeadParams {
 
 // For one token: collapsed [hidden] = sum_j (sigmoid(scale * mix_j + base_j) + eps) x_j.
 void hc_head(const HyperHeadParams& p, const float* x, float* collapsed);
+// The same from mix[hc] = rsqrt(mean(x^2) + norm_eps) * (fn . x) computed by the caller.
+void hc_head_mixed(const HyperHeadParams& p, const float* mix, const float* x, float* collapsed);
 
 }  // namespace dsinfer::cpu

@@ -27,8 +27,12 @@ std::shared_ptr<const model::Checkpoint> fixture() {
   return ckpt;
 }
 
+// The CPU kernels of the engines the tests make (EngineKernels runs its tests with both).
+CpuKernels g_kernels = CpuKernels::kReference;
+
 std::unique_ptr<Engine> make_engine(int64_t budget_bytes, SchedulerConfig sc = {}) {
   EngineConfig cfg;
+  cfg.cpu_kernels = g_kernels;
   cfg.state_budget_bytes = budget_bytes;
   cfg.page_bytes = state::min_page_bytes(fixture()->config());
   cfg.scheduler = sc;
@@ -91,7 +95,21 @@ std::vector<std::vector<int32_t>> run_batch(Engine& e, const std::vector<Case>& 
   return out;
 }
 
-TEST(Engine, BatchOf64EqualsAloneAndScoreArgmax) {
+// Batch invariance, preemption, arrivals/aborts and seeded sampling, with the reference and
+// with the fast CPU path (backend/cpu/fast), whose steps batch every sequence's rows.
+class EngineKernels : public ::testing::TestWithParam<CpuKernels> {
+ protected:
+  void SetUp() override { g_kernels = GetParam(); }
+  void TearDown() override { g_kernels = CpuKernels::kReference; }
+};
+INSTANTIATE_TEST_SUITE_P(Cpu,
+                         EngineKernels,
+                         ::testing::Values(CpuKernels::kReference, CpuKernels::kFast),
+                         [](const auto& info) {
+                           return std::string(cpu_kernels_name(info.param));
+                         });
+
+TEST_P(EngineKernels, BatchOf64EqualsAloneAndScoreArgmax) {
   const auto cases = mixed_cases(64, 7);
   SchedulerConfig sc;
   sc.max_tokens_per_step = 48;
@@ -120,7 +138,7 @@ TEST(Engine, BatchOf64EqualsAloneAndScoreArgmax) {
   }
 }
 
-TEST(Engine, PreemptionUnderATightBudgetKeepsOutputs) {
+TEST_P(EngineKernels, PreemptionUnderATightBudgetKeepsOutputs) {
   const auto cases = mixed_cases(24, 11);
   auto roomy = make_engine(int64_t{256} << 20);
   const auto expected = run_batch(*roomy, cases);
@@ -140,7 +158,7 @@ TEST(Engine, PreemptionUnderATightBudgetKeepsOutputs) {
   EXPECT_EQ(got, expected);
 }
 
-TEST(Engine, RandomArrivalsAndAbortsKeepEveryInvariant) {
+TEST_P(EngineKernels, RandomArrivalsAndAbortsKeepEveryInvariant) {
   std::mt19937 g(3);
   const auto& mc = fixture()->config();
   const int64_t page = state::min_page_bytes(mc);
@@ -179,7 +197,7 @@ TEST(Engine, RandomArrivalsAndAbortsKeepEveryInvariant) {
   EXPECT_GT(aborted, 0);
 }
 
-TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
+TEST_P(EngineKernels, SeededSamplingDoesNotDependOnTheBatch) {
   const auto cases = mixed_cases(6, 5);
   auto sample_all = [&](bool together) {
     std::vector<std::vector<int32_t>> out;

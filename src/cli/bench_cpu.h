@@ -1,0 +1,30 @@
+// `dsinfer bench --device cpu`: prefill and decode speed of the CPU backend, the fast path and
+// the reference side by side in one run (same checkpoint, same machine, same inputs), as JSON.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dsinfer::cli {
+
+struct CpuBenchArgs {
+  std::string model_dir;
+  std::string numerics = "reference";
+  std::vector<std::string> kernels = {"fast", "reference"};
+  std::vector<int64_t> prefill = {64, 512};
+  std::vector<int64_t> decode_batch = {1, 8, 64};
+  int64_t context = 128;
+  int64_t decode_steps = 8;
+  int64_t repeats = 2;
+  int threads = 0;
+  std::string output;
+};
+
+int run_cpu_bench(const CpuBenchArgs& a);
+
+// The `bench` subcommand of a build without CUDA (CPU only).
+void add_cpu_bench_command(CLI::App& app, int& exit_code);
+
+}  // namespace dsinfer::cli
