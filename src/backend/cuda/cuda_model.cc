@@ -378,6 +378,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   tokens.resize(static_cast<size_t>(rows), 0);
 
   auto L = std::make_unique<Launch>();
+  L->pack = std::move(spare_pack_);  // the previous forward's storage (HostPack::clear)
+  L->pack.clear();
   PlanContext ctx;
   ctx.config = &c;
   ctx.page_floats = arena->page_floats();
@@ -550,6 +552,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
                                            "copying MTP logits"));
   }
   DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "forward"));
+  spare_pack_ = std::move(L->pack);
   if (profiling_now_) {
     profiling_now_ = false;
     const size_t marks = c.layers.size() + 4;  // start, embed, layers, mtp, head

@@ -202,6 +202,7 @@ class CudaModel final : public backend::Model {
   CudaModelStats stats_;
   bool profile_ = false;
   bool decode_step_ = false;  // the batch being launched is one token per sequence
+  HostPack spare_pack_;       // the plan pack's storage, kept from forward to forward
   bool profiling_now_ = false;
   std::vector<cudaEvent_t> events_;
   std::vector<float> profile_ms_;

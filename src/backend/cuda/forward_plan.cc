@@ -143,7 +143,11 @@ void plan_pass(const PlanContext& ctx,
       lp.index_comp = plan_compressor(ctx, spans, l, plan, true, rows, pack);
 
     std::vector<int64_t> key_begin(static_cast<size_t>(rows + 1), 0);
-    std::vector<int64_t> keys;
+    // The key list is this thread's scratch, kept from call to call: a prefill's list is tens of
+    // MB, and fresh memory would be page-faulted in on every forward.
+    thread_local std::vector<int64_t> keys_scratch;
+    std::vector<int64_t>& keys = keys_scratch;
+    keys.clear();
     {
       // One allocation: window keys, then per row the HCA entries or the CSA selections.
       int64_t room = 0;

@@ -6,7 +6,8 @@ namespace dsinfer::gpu {
 
 void HostPack::layout(bool bucketed) {
   int64_t off = 0;
-  for (Array& a : arrays_) {
+  for (size_t i = 0; i < used_; ++i) {
+    Array& a = arrays_[i];
     int64_t room = std::max<int64_t>(static_cast<int64_t>(a.bytes.size()), 8);
     if (bucketed) {
       int64_t r = 256;
@@ -22,13 +23,14 @@ void HostPack::layout(bool bucketed) {
 
 std::vector<int64_t> HostPack::layout_key() const {
   std::vector<int64_t> k;
-  k.reserve(arrays_.size());
-  for (const Array& a : arrays_) k.push_back(a.room);
+  k.reserve(used_);
+  for (size_t i = 0; i < used_; ++i) k.push_back(arrays_[i].room);
   return k;
 }
 
 void HostPack::copy_to(uint8_t* dst) const {
-  for (const Array& a : arrays_) {
+  for (size_t i = 0; i < used_; ++i) {
+    const Array& a = arrays_[i];
     if (!a.bytes.empty())
       std::memcpy(dst + a.offset, a.bytes.data(), a.bytes.size());
   }

@@ -15,13 +15,22 @@ namespace dsinfer::gpu {
 
 class HostPack {
  public:
+  // Forgets the arrays but keeps their storage: a pack reused forward after forward copies into
+  // memory it already touched (no page faults; an 8k-token prefill packs ~70 MB).
+  void clear() {
+    used_ = 0;
+    total_ = 0;
+  }
   template <typename T>
   int32_t add(const std::vector<T>& v) {
-    Array a;
+    if (used_ == arrays_.size())
+      arrays_.emplace_back();
+    Array& a = arrays_[used_];
     const auto* p = reinterpret_cast<const uint8_t*>(v.data());
-    a.bytes.assign(p, p + v.size() * sizeof(T));  // one pass (no zero fill first)
-    arrays_.push_back(std::move(a));
-    return static_cast<int32_t>(arrays_.size() - 1);
+    a.bytes.assign(p, p + v.size() * sizeof(T));  // one pass, into the kept capacity
+    a.room = 0;
+    a.offset = 0;
+    return static_cast<int32_t>(used_++);
   }
   // The host copy of an array (tests, diagnostics).
   template <typename T>
@@ -45,7 +54,7 @@ class HostPack {
   void copy_to(uint8_t* dst) const;
   template <typename T>
   T* resolve(uint8_t* base, int32_t id) const {
-    DSI_CHECK(id >= 0 && id < static_cast<int32_t>(arrays_.size()), "pack array %d", id);
+    DSI_CHECK(id >= 0 && id < static_cast<int32_t>(used_), "pack array %d", id);
     return reinterpret_cast<T*>(base + offset(id));
   }
 
@@ -55,7 +64,8 @@ class HostPack {
     int64_t room = 0;
     int64_t offset = 0;
   };
-  std::vector<Array> arrays_;
+  std::vector<Array> arrays_;  // [0, used_) are this pack's arrays; the rest keep storage
+  size_t used_ = 0;
   int64_t total_ = 0;
 };
 

@@ -170,28 +170,42 @@ TEST(ForwardPlan, PlansAnEightThousandTokenFlashPrefill) {
   const model::ModelConfig& c = *cfg;
   auto arena = state::PageArena::growable(state::default_page_bytes(c));
   const int64_t n = 8192;
-  state::SequenceState st(c, arena.get(), 1, 0);
-  ASSERT_TRUE(st.reserve(n));
   const std::vector<int32_t> toks = ids(static_cast<int>(n), 3);
   HostPack pack;
   PassPlan plan;
   PlanContext ctx;
   ctx.config = &c;
   ctx.page_floats = arena->page_floats();
+  std::vector<uint8_t> staging;
+  {  // a first forward (as bench's warm-up): the pack and the planner's scratch keep storage
+    state::SequenceState warm(c, arena.get(), 2, 0);
+    ASSERT_TRUE(warm.reserve(n));
+    plan_pass(ctx, {SeqSpan{&warm, 0, n, 0, false}}, toks, n, pack, &plan);
+    pack.layout(false);
+    staging.resize(static_cast<size_t>(pack.total_bytes()));
+    pack.copy_to(staging.data());
+    pack.clear();
+  }
+  state::SequenceState st(c, arena.get(), 1, 0);
+  ASSERT_TRUE(st.reserve(n));
   const auto t0 = std::chrono::steady_clock::now();
   plan_pass(ctx, {SeqSpan{&st, 0, n, 0, false}}, toks, n, pack, &plan);
+  const double plan_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   pack.layout(false);
-  std::vector<uint8_t> staging(static_cast<size_t>(pack.total_bytes()));
+  staging.resize(static_cast<size_t>(pack.total_bytes()));
   pack.copy_to(staging.data());
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   int64_t refs = 0;
   for (const LayerPass& lp : plan.layers) refs += pack.size_bytes(lp.key_refs) / 8;
   std::printf("[plan] 8192-token prefill, 4 Flash layers: %lld key references, %.1f MB packed, "
-              "%.1f ms\n",
+              "%.1f ms (planning %.1f ms, staging copy %.1f ms)\n",
               static_cast<long long>(refs),
               static_cast<double>(pack.total_bytes()) / 1e6,
-              ms);
+              ms,
+              plan_ms,
+              ms - plan_ms);
   // Window keys of every row, plus 512 selections per CSA row and the visible HCA entries.
   EXPECT_GT(refs, 4 * n * 100);
 }
