@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -39,7 +40,8 @@ void run_sink_attention(int64_t heads,
                         int64_t dim,
                         const std::vector<int64_t>& key_counts,
                         uint32_t seed,
-                        AttnPath path = AttnPath::kMmaSplit) {
+                        AttnPath path = AttnPath::kMmaSplit,
+                        int64_t exact_dims = 0) {
   SCOPED_TRACE("sink attention heads " + std::to_string(heads) + " dim " + std::to_string(dim) +
                " path " + std::to_string(static_cast<int>(path)));
   std::mt19937 rng(seed);
@@ -47,10 +49,22 @@ void run_sink_attention(int64_t heads,
   const int64_t pool_rows = 9000;
   const int64_t local_rows = 300;
   const int64_t row_stride = dim + 3;  // rows need not be packed
-  const std::vector<float> pool =
-      normal_floats(static_cast<size_t>(pool_rows * row_stride), seed + 1);
-  const std::vector<float> local =
-      normal_floats(static_cast<size_t>(local_rows * row_stride), seed + 2);
+  std::vector<float> pool = normal_floats(static_cast<size_t>(pool_rows * row_stride), seed + 1);
+  std::vector<float> local = normal_floats(static_cast<size_t>(local_rows * row_stride), seed + 2);
+  // Keys whose first exact_dims dims are BF16 values (as FP8-simulated ones are).
+  auto to_bf16 = [](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&v, &u, 4);
+    return v;
+  };
+  for (auto* rows : {&pool, &local}) {
+    for (size_t i = 0; i < rows->size(); ++i) {
+      if (static_cast<int64_t>(i % static_cast<size_t>(row_stride)) < exact_dims)
+        (*rows)[i] = to_bf16((*rows)[i]);
+    }
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
   std::vector<float> q = normal_floats(static_cast<size_t>(nq * heads * dim), seed + 3, 1.5f);
   std::vector<float> sinks = normal_floats(static_cast<size_t>(heads), seed + 4, 2.0f);
@@ -107,7 +121,8 @@ void run_sink_attention(int64_t heads,
                                                           .out = d_out.get(),
                                                           .tensor_cores = path != AttnPath::kSimple,
                                                           .split_scratch = d_scratch.get(),
-                                                          .split_scratch_floats = scratch_floats},
+                                                          .split_scratch_floats = scratch_floats,
+                                                          .exact_dims = exact_dims},
                                       nullptr));
   sync();
   const std::vector<float> got = d_out.download();
@@ -125,6 +140,8 @@ TEST_F(GpuTest, SinkAttentionMatchesCpu) {
     }
     run_sink_attention(64, 512, {128, 640, 1}, seed += 10, path);  // decode-like, all 64 heads
     run_sink_attention(64, 512, {31, 33, 0, 64, 65}, seed += 10, path);  // tile edges
+    // deepseek numerics' keys: the 448 no-RoPE dims exact in BF16, their low-half MMAs skipped.
+    run_sink_attention(64, 512, {128, 640, 1, 700}, seed += 10, path, 448);
     if (!small_mode()) {
       run_sink_attention(2, 512, {8320, 4096}, seed += 10, path);  // HCA at 1M: 128 + 8192 keys
       // Prefill-sized: more queries than the split threshold, real heads and width.

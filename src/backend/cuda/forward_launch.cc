@@ -238,6 +238,8 @@ Status CudaModel::launch_attention(const DAttention& w,
   sp.sinks = w.sinks;
   sp.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   sp.out = o;
+  // deepseek numerics: the no-RoPE dims of every key (window rows and entries) are FP8 values.
+  sp.exact_dims = numerics_ == model::Numerics::kDeepSeek ? hd - rd : 0;
   // Split key lists (few queries) sum in an order that depends on the batch: not when invariant.
   sp.split_scratch_floats =
       options_.batch_invariant ? 0 : cuda::sink_attention_scratch_floats(n, heads, hd);

@@ -61,6 +61,9 @@ struct SinkAttentionParams {
   // too small (sink_attention_scratch_floats): one block per query.
   float* split_scratch = nullptr;
   int64_t split_scratch_floats = 0;
+  // Dims [0, exact_dims) of every key are exactly BF16 values (the FP8-simulated no-RoPE dims of
+  // `deepseek` numerics): their low halves are zero, and the tensor-core path skips those MMAs.
+  int64_t exact_dims = 0;
 };
 Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream);
 

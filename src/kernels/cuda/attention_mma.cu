@@ -145,11 +145,13 @@ __global__ void __launch_bounds__(256, 1)
           const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
           const uint32_t bl0[2] = {bl[0], bl[1]}, bl1[2] = {bl[2], bl[3]};
           mma_bf16(s[2 * np], ah, bh0);
-          mma_bf16(s[2 * np], ah, bl0);
           mma_bf16(s[2 * np], al, bh0);
           mma_bf16(s[2 * np + 1], ah, bh1);
-          mma_bf16(s[2 * np + 1], ah, bl1);
           mma_bf16(s[2 * np + 1], al, bh1);
+          if (col + 16 > p.exact_dims) {  // warp-uniform: keys' low halves are nonzero here
+            mma_bf16(s[2 * np], ah, bl0);
+            mma_bf16(s[2 * np + 1], ah, bl1);
+          }
         }
       }
       float* mine = sx + half * rows * kSx;
@@ -223,11 +225,13 @@ __global__ void __launch_bounds__(256, 1)
           const uint32_t vh0[2] = {vh[0], vh[1]}, vh1[2] = {vh[2], vh[3]};
           const uint32_t vl0[2] = {vl[0], vl[1]}, vl1[2] = {vl[2], vl[3]};
           mma_bf16(o[2 * np], ph, vh0);
-          mma_bf16(o[2 * np], ph, vl0);
           mma_bf16(o[2 * np], pl, vh0);
           mma_bf16(o[2 * np + 1], ph, vh1);
-          mma_bf16(o[2 * np + 1], ph, vl1);
           mma_bf16(o[2 * np + 1], pl, vh1);
+          if (half * HALF + 16 * np + 16 > p.exact_dims) {
+            mma_bf16(o[2 * np], ph, vl0);
+            mma_bf16(o[2 * np + 1], ph, vl1);
+          }
         }
       }
     }
