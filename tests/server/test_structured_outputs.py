@@ -112,6 +112,24 @@ class StructuredOutputs(harness.unittest.TestCase):
             self.assertEqual(c.finish_reason, "stop", c.message.content)
             validate(json.loads(c.message.content), PERSON)
 
+    def test_thinking_mode_constrains_only_the_answer(self):
+        # Thinking on: the reasoning is free, the answer after `</think>` follows the schema. The
+        # bundled model closes its thinking block within the budget for some seeds only (measured
+        # with seeds 1-3: seed 3 does; seed 1 ends inside the reasoning, seed 2 runs out of
+        # tokens); every answer it gives must validate.
+        answered = 0
+        for seed in (1, 2, 3):
+            r = self.client.chat.completions.create(
+                model=MODEL_NAME, messages=[{"role": "user", "content": "Give a person as json"}],
+                max_tokens=800, seed=seed, response_format=self.json_schema_format(PERSON))
+            c = r.choices[0]
+            if c.message.content:
+                self.assertEqual(c.finish_reason, "stop", c.message.content)
+                self.assertTrue(getattr(c.message, "reasoning_content", None))
+                validate(json.loads(c.message.content), PERSON)
+                answered += 1
+        self.assertGreater(answered, 0)
+
     # ---- Responses text.format ----
 
     def test_responses_text_format(self):
