@@ -14,15 +14,6 @@
 
 namespace dsinfer::grammar {
 
-namespace {
-// Grammar sources above this size are refused before compiling (compile time and memory grow
-// with them; no real schema or pattern comes near).
-constexpr size_t kMaxSpecBytes = 256 * 1024;
-// Compiled grammars kept (a full cache is emptied; entries in use stay alive through their
-// shared_ptr).
-constexpr size_t kMaxCacheEntries = 512;
-}  // namespace
-
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::kJsonObject:
@@ -55,6 +46,13 @@ class Compiled {
 };
 
 namespace {
+// Grammar sources above this size are refused before compiling (compile time and memory grow
+// with them; no real schema or pattern comes near).
+constexpr size_t kMaxSpecBytes = 256 * 1024;
+// Compiled grammars kept (a full cache is emptied; entries in use stay alive through their
+// shared_ptr).
+constexpr size_t kMaxCacheEntries = 512;
+
 // Runs `f`, turning any exception (XGrammar reports every error by throwing) into a Status.
 template <typename F>
 Status guarded(const char* what, F&& f) {
