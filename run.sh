@@ -20,6 +20,10 @@ if dsi_has_gpu && [ -n "$NVCC" ]; then
     CUDA_FLAGS+=(-DCUTLASS_INCLUDE_DIR="$CUTLASS_DIR")
   fi
 fi
+# XGrammar (structured outputs) from its PyPI source distribution.
+if XGRAMMAR_DIR=$(dsi_fetch_xgrammar); then
+  CUDA_FLAGS+=(-DXGRAMMAR_SOURCE_DIR="$XGRAMMAR_DIR")
+fi
 # An existing build/ (./test.sh configures it with the tests, and CUDA where nvcc exists) is
 # reused as it is: reconfiguring it here would rebuild what the other script built.
 if [ -f build/CMakeCache.txt ] && [ -f build/build.ninja ]; then

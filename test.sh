@@ -36,6 +36,13 @@ else
   echo "[test] warning: nanobind/numpy/pytest unavailable; the Python package is not tested" >&2
 fi
 JOBS=$(nproc)
+# XGrammar (structured outputs) from its PyPI source distribution; never committed.
+XGR_FLAGS=()
+if XGRAMMAR_DIR=$(dsi_fetch_xgrammar); then
+  XGR_FLAGS=(-DXGRAMMAR_SOURCE_DIR="$XGRAMMAR_DIR")
+else
+  echo "[test] warning: XGrammar unavailable; structured outputs are off (their tests skip)" >&2
+fi
 CUDA_FLAGS=(-DDSINFER_CUDA=OFF)
 NVCC=$(dsi_find_nvcc || true)
 if [ -n "$NVCC" ]; then
@@ -56,7 +63,7 @@ if [ -n "$NVCC" ]; then
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${CUDA_FLAGS[@]}" "${PY_FLAGS[@]}" \
-  >/dev/null
+  "${XGR_FLAGS[@]}" >/dev/null
 ninja -C build -j "$JOBS"
 
 LABEL_ARGS=(-LE gpu)

@@ -76,13 +76,16 @@ dsi_install_python_recipe_test_deps() {
 }
 
 # Python packages the server tests need (tests/server): the official OpenAI and Anthropic SDKs
-# from PyPI, driven unmodified against `dsinfer serve`. Installs the tested versions when they
-# are missing (same pip fallbacks as above; DSI_OPENAI_VERSION / DSI_ANTHROPIC_VERSION override).
+# from PyPI, driven unmodified against `dsinfer serve`, and jsonschema (the structured-output
+# tests validate every output with it). Installs the tested versions when they are missing (same
+# pip fallbacks as above; DSI_OPENAI_VERSION / DSI_ANTHROPIC_VERSION / DSI_JSONSCHEMA_VERSION
+# override).
 # Returns 1 when they cannot be installed: the server's Python tests then skip.
 # Usage: dsi_install_python_server_test_deps || echo "warning: ..." >&2
 dsi_install_python_server_test_deps() {
   local py=${DSI_PYTHON:-python3}
-  local want=("openai==${DSI_OPENAI_VERSION:-3.57.0}" "anthropic==${DSI_ANTHROPIC_VERSION:-2.14.0}")
+  local want=("openai==${DSI_OPENAI_VERSION:-3.57.0}" "anthropic==${DSI_ANTHROPIC_VERSION:-2.14.0}"
+    "jsonschema==${DSI_JSONSCHEMA_VERSION:-4.26.0}")
   local missing=() spec have
   for spec in "${want[@]}"; do
     have=$("$py" -c "import importlib.metadata as m; print(m.version('${spec%%==*}'))" \
@@ -155,6 +158,53 @@ PY
     rm -rf "$tmp"
   fi
   echo "$dir/include"
+}
+
+# XGrammar (structured outputs: JSON schema / regex / EBNF token masks, src/grammar): its C++ core
+# ships in PyPI's source distribution (pinned, sha256-checked; DSI_XGRAMMAR_VERSION and
+# DSI_XGRAMMAR_SHA256 override together). The sdist is unpacked into
+# ${XDG_CACHE_HOME:-~/.cache}/dsinfer/xgrammar-<version> (nothing installed into Python, nothing
+# committed; cmake/xgrammar.cmake compiles its C++ core) and that path printed. Returns 1 (printing
+# nothing) when it cannot be fetched: the build is then without structured outputs (requests
+# asking for them get a 400).
+# Usage: XGRAMMAR_DIR=$(dsi_fetch_xgrammar)
+dsi_fetch_xgrammar() {
+  local py=${DSI_PYTHON:-python3} ver=${DSI_XGRAMMAR_VERSION:-0.2.9}
+  local sha=${DSI_XGRAMMAR_SHA256:-87b466bca2475e29bb0323abc62c6c33cbcbcff47e5fb800a3e2099ac9620b90}
+  local dir=${XDG_CACHE_HOME:-$HOME/.cache}/dsinfer/xgrammar-$ver
+  if [ ! -f "$dir/include/xgrammar/xgrammar.h" ]; then
+    local tmp
+    tmp=$(mktemp -d)
+    echo "[deps] fetching xgrammar==$ver (its source distribution)" >&2
+    if ! "$py" -m pip download --quiet --no-deps --no-binary xgrammar -d "$tmp" \
+      "xgrammar==$ver" >&2; then
+      rm -rf "$tmp"
+      return 1
+    fi
+    if ! "$py" - "$tmp" "$dir" "$sha" <<'PY'; then
+import glob, hashlib, os, shutil, sys, tarfile
+tmp, dest, want = sys.argv[1], sys.argv[2], sys.argv[3]
+sdist = glob.glob(os.path.join(tmp, "xgrammar-*.tar.gz"))[0]
+got = hashlib.sha256(open(sdist, "rb").read()).hexdigest()
+if got != want:
+    sys.exit(f"[deps] xgrammar sdist sha256 {got} != pinned {want}")
+part = dest + ".part"
+shutil.rmtree(part, ignore_errors=True)
+os.makedirs(part)
+with tarfile.open(sdist) as t:
+    t.extractall(part, filter="data")
+(top,) = os.listdir(part)
+shutil.rmtree(dest, ignore_errors=True)
+os.makedirs(os.path.dirname(dest), exist_ok=True)
+os.rename(os.path.join(part, top), dest)
+shutil.rmtree(part)
+PY
+      rm -rf "$tmp"
+      return 1
+    fi
+    rm -rf "$tmp"
+  fi
+  echo "$dir"
 }
 
 # The Boost headers package for the HTTP server (Asio/Beast >= 1.80): the newest of

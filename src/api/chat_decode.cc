@@ -255,6 +255,56 @@ Err read_messages(const Reader& r,
       });
 }
 
+// vLLM's structured-output extensions: `structured_outputs` {json | regex | grammar} and the older
+// top-level `guided_json` / `guided_regex` / `guided_grammar` (a schema is an object or its JSON
+// text). One constraint per request, response_format's included.
+Err read_structured_outputs(const Reader& r, const Json& root, recipe::GenerationRequest* req) {
+  using Kind = recipe::OutputConstraint::Kind;
+  struct Field {
+    const Json* obj;
+    Path path;
+    const char* key;
+    Kind kind;
+  };
+  std::vector<Field> fields;
+  const Json* so = nullptr;
+  DSI_API_TRY(r.opt_object(root, Path(), "structured_outputs", &so));
+  if (so) {
+    const Path sp = Path().key("structured_outputs");
+    fields.push_back({so, sp, "json", Kind::kJsonSchema});
+    fields.push_back({so, sp, "regex", Kind::kRegex});
+    fields.push_back({so, sp, "grammar", Kind::kGrammar});
+  }
+  fields.push_back({&root, Path(), "guided_json", Kind::kJsonSchema});
+  fields.push_back({&root, Path(), "guided_regex", Kind::kRegex});
+  fields.push_back({&root, Path(), "guided_grammar", Kind::kGrammar});
+  for (const Field& f : fields) {
+    const Json* v = find(*f.obj, f.key);
+    if (!v)
+      continue;
+    const Path p = f.path.key(f.key);
+    if (req->constraint.kind != Kind::kNone) {
+      return r.invalid(p,
+                       "only one structured output constraint is allowed per request (already "
+                       "given: " +
+                           req->constraint.param + ").");
+    }
+    recipe::OutputConstraint c;
+    c.kind = f.kind;
+    c.param = p.render(r.dialect());
+    if (f.kind == Kind::kJsonSchema && (v->is_object() || v->is_boolean())) {
+      c.text = v->dump();
+    } else if (v->is_string()) {
+      c.text = v->get<std::string>();
+    } else {
+      return r.type_error(
+          p, f.kind == Kind::kJsonSchema ? "an object or a string" : "a string", *v);
+    }
+    req->constraint = std::move(c);
+  }
+  return std::nullopt;
+}
+
 Err read_response_format(const Reader& r, const Json& root, recipe::Conversation* conv) {
   const Json* rf = nullptr;
   DSI_API_TRY(r.opt_object(root, Path(), "response_format", &rf));
@@ -362,6 +412,15 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(read_tool_choice(r, root, &req->conversation));
   DSI_API_TRY(detail::check_tool_choice_mode(r, Path().key("tool_choice"), req->conversation));
   DSI_API_TRY(read_response_format(r, root, &req->conversation));
+  // The response format constrains the answer too (json_schema: its schema, always enforced).
+  if (req->conversation.response_format_json) {
+    req->constraint = {recipe::OutputConstraint::Kind::kJsonSchema,
+                       *req->conversation.response_format_json,
+                       "response_format"};
+  } else if (req->conversation.json_output) {
+    req->constraint = {recipe::OutputConstraint::Kind::kJsonObject, "", "response_format"};
+  }
+  DSI_API_TRY(read_structured_outputs(r, root, req));
   DSI_API_TRY(read_messages(r, root, opts, req));
   DSI_API_TRY(detail::check_conversation_rules(
       r,

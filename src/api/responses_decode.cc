@@ -362,6 +362,14 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(read_tool_choice(r, root, &req->conversation));
   DSI_API_TRY(detail::check_tool_choice_mode(r, Path().key("tool_choice"), req->conversation));
   DSI_API_TRY(read_text_format(r, root, &req->conversation));
+  // text.format constrains the answer (json_schema: its schema, always enforced).
+  if (req->conversation.response_format_json) {
+    req->constraint = {recipe::OutputConstraint::Kind::kJsonSchema,
+                       *req->conversation.response_format_json,
+                       "text.format"};
+  } else if (req->conversation.json_output) {
+    req->constraint = {recipe::OutputConstraint::Kind::kJsonObject, "", "text.format"};
+  }
 
   std::optional<std::string> instructions;
   DSI_API_TRY(r.opt_string(root, Path(), "instructions", &instructions));

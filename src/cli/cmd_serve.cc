@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 #include "sampling/sampler.h"
 #include "server/engine_loop.h"
 #include "server/generation.h"
@@ -158,6 +159,19 @@ int run_serve(const ServeArgs& a) {
   ctx.max_prompt_bytes = server::prompt_byte_limit(**tok, max_prompt);
   ctx.request_timeout_s = a.request_timeout_s;
   ctx.scripted = scripted.get();
+  // Structured outputs: grammars compile against the model's vocabulary (EOS ends a complete
+  // answer). Without XGrammar in the build, requests asking for them get a 400.
+  std::unique_ptr<grammar::Compiler> grammars;
+  if (grammar::available()) {
+    auto g = grammar::Compiler::create(
+        **tok, static_cast<int32_t>(mc.vocab_size), {static_cast<int32_t>(mc.eos_token_id)});
+    if (!g.ok())
+      return fail(g.status().with_context("structured outputs"));
+    grammars = std::move(g).value();
+    ctx.grammar = grammars.get();
+  } else {
+    DSI_LOG_WARN("built without XGrammar: structured outputs are off (requests get a 400)");
+  }
 
   server::Metrics metrics;
   metrics.set_max_concurrency(a.engine.max_num_seqs, a.max_queue);

@@ -339,12 +339,7 @@ void Engine::start_forks(Request& parent, std::span<const float> logits) {
     c->num_computed = parent.num_computed;
     c->state = RequestState::kDecoding;
     fork_logits_.assign(logits.begin(), logits.end());
-    const sampling::SampleResult sr = sampling::sample(fork_logits_,
-                                                       c->spec.sampling,
-                                                       c->penalties,
-                                                       static_cast<uint64_t>(c->num_tokens()),
-                                                       sampler_scratch_);
-    accept_token(*c, sr);
+    accept_token(*c, sample_for(*c, fork_logits_));
   }
 }
 
@@ -423,12 +418,26 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
   const std::span<float> logits(out.logits.data(), static_cast<size_t>(mc.vocab_size));
   if (r.output.empty())
     start_forks(r, logits);  // before sample() uses the logits as scratch
+  accept_token(r, sample_for(r, logits));
+}
+
+sampling::SampleResult Engine::sample_for(Request& r, std::span<float> logits) {
+  // Structured outputs: the request's mask for this token (its grammar's allowed tokens).
+  std::span<const uint32_t> allowed;
+  if (r.spec.token_mask) {
+    mask_bits_.assign((logits.size() + 31) / 32, 0u);
+    if (r.spec.token_mask->fill(mask_bits_))
+      allowed = mask_bits_;
+  }
   const sampling::SampleResult sr = sampling::sample(logits,
                                                      r.spec.sampling,
                                                      r.penalties,
                                                      static_cast<uint64_t>(r.num_tokens()),
-                                                     sampler_scratch_);
-  accept_token(r, sr);
+                                                     sampler_scratch_,
+                                                     allowed);
+  if (r.spec.token_mask)
+    r.spec.token_mask->accept(sr.token);
+  return sr;
 }
 
 void Engine::accept_token(Request& r, const sampling::SampleResult& sr) {

@@ -122,6 +122,8 @@ class Engine {
   void finish(Request& r, FinishReason why);
   // Stores a sampled token, applies the stop conditions and calls the token callback.
   void accept_token(Request& r, const sampling::SampleResult& sr);
+  // Samples r's next token from `logits` (scratch), under its TokenMask when it has one.
+  sampling::SampleResult sample_for(Request& r, std::span<float> logits);
   // Forks `parent`'s prompt state into the requests waiting to share it, each sampling its first
   // token from `logits`; those that cannot fork go to the scheduler to compute their prompt.
   void start_forks(Request& parent, std::span<const float> logits);
@@ -145,6 +147,7 @@ class Engine {
   std::vector<size_t> item_chunk_;
   Status failure_;  // a device failure: every request failed, step() does nothing more
   sampling::SamplerScratch sampler_scratch_;
+  std::vector<uint32_t> mask_bits_;  // a request's TokenMask for the token being sampled
   // share_prompt_of: requests waiting for their parent's prompt state, by parent id.
   std::map<RequestId, std::vector<Request*>> pending_forks_;
   std::vector<float> fork_logits_;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,19 @@ class StopChecker {
   virtual bool on_token(int32_t token) = 0;
 };
 
+// Optional constraint on which token may come next (structured outputs: a grammar's matcher,
+// which lives above the engine). Before sampling each token the engine asks for the mask; after
+// choosing, it reports the token. Both run on the engine's thread.
+class TokenMask {
+ public:
+  virtual ~TokenMask() = default;
+  // Fills `bits` (one bit per token of the model's vocabulary, bit t%32 of word t/32 set = token
+  // t allowed). Returns false when every token is allowed (`bits` is then ignored).
+  virtual bool fill(std::span<uint32_t> bits) = 0;
+  // The token chosen (after fill() for it).
+  virtual void accept(int32_t token) = 0;
+};
+
 struct RequestSpec {
   std::vector<int32_t> prompt;  // token ids, non-empty
   sampling::SamplingConfig sampling;
@@ -38,6 +52,7 @@ struct RequestSpec {
   std::vector<int32_t> stop_token_ids;  // besides EOS
   bool ignore_eos = false;
   std::unique_ptr<StopChecker> stop_checker;  // optional
+  std::unique_ptr<TokenMask> token_mask;      // optional (structured outputs)
   // n > 1: the id of a request with the same prompt, submitted earlier and not yet generating.
   // This request waits until that one's prompt is computed, forks its sequence state and samples
   // its first token from the same logits (with its own seed), instead of computing the prompt

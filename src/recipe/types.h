@@ -95,6 +95,16 @@ struct SamplingParams {
   bool ignore_eos = false;
 };
 
+// Structured output: a grammar the answer content must follow (the reasoning block and the
+// prompt format's wrapper tokens are not constrained). Set from response_format (Chat),
+// text.format (Responses) or vLLM's structured_outputs / guided_* extensions.
+struct OutputConstraint {
+  enum class Kind { kNone, kJsonObject, kJsonSchema, kRegex, kGrammar };
+  Kind kind = Kind::kNone;
+  std::string text;   // the schema (JSON text), regex or EBNF grammar
+  std::string param;  // the request field it came from, for error messages
+};
+
 // A decoded API request: what to render and how to sample.
 struct GenerationRequest {
   std::string model;
@@ -104,6 +114,7 @@ struct GenerationRequest {
   bool include_usage = false;  // Chat stream_options.include_usage
   int32_t n = 1;
   std::string user;  // user / user_id / metadata.user_id
+  OutputConstraint constraint;
 };
 
 enum class FinishReason { kStop, kLength, kToolCalls, kStopSequence, kAborted, kError };

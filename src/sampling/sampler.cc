@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "base/check.h"
@@ -65,6 +66,33 @@ double log_sum_exp(std::span<const float> x) {
 }
 }  // namespace
 
+bool apply_token_mask(std::span<float> logits, std::span<const uint32_t> allowed) {
+  const size_t vocab = logits.size();
+  const size_t words = std::min(allowed.size(), (vocab + 31) / 32);
+  bool any = false;
+  for (size_t w = 0; w < words && !any; ++w) {
+    uint32_t bits = allowed[w];
+    if (w * 32 + 32 > vocab)
+      bits &= (vocab % 32 == 0) ? ~0u : ((1u << (vocab % 32)) - 1u);
+    any = bits != 0;
+  }
+  if (!any)
+    return false;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (size_t w = 0; w < words; ++w) {
+    const uint32_t bits = allowed[w];
+    if (bits == ~0u)
+      continue;
+    const size_t end = std::min(vocab, w * 32 + 32);
+    for (size_t t = w * 32; t < end; ++t) {
+      if (!((bits >> (t % 32)) & 1u))
+        logits[t] = kNegInf;
+    }
+  }
+  for (size_t t = words * 32; t < vocab; ++t) logits[t] = kNegInf;
+  return true;
+}
+
 SampleResult sample(std::span<float> logits,
                     const SamplingConfig& c,
                     const PenaltyState& pen,
@@ -77,7 +105,8 @@ SampleResult sample(std::span<float> logits,
                     const SamplingConfig& c,
                     const PenaltyState& pen,
                     uint64_t step,
-                    SamplerScratch& scratch) {
+                    SamplerScratch& scratch,
+                    std::span<const uint32_t> allowed) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   DSI_CHECK(vocab > 0, "empty logits");
   SampleResult r;
@@ -99,6 +128,10 @@ SampleResult sample(std::span<float> logits,
   std::vector<float> raw;
   if (c.logprobs)
     raw.assign(logits.begin(), logits.end());
+
+  // Structured outputs: only the grammar's tokens stay candidates.
+  if (!allowed.empty())
+    apply_token_mask(logits, allowed);
 
   // Penalties.
   if (c.repetition_penalty != 1.0f) {
@@ -161,6 +194,8 @@ SampleResult sample(std::span<float> logits,
       while (i < keep && p[i] >= floor) ++i;
       keep = i;
     }
+    // Tokens of probability 0 (masked out, or underflowed) are never chosen.
+    while (keep > 1 && p[keep - 1] == 0.0) --keep;
     double total = 0.0;
     for (int64_t i = 0; i < keep; ++i) total += p[i];
     const double u = uniform_from(c.seed, step) * total;

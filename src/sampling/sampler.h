@@ -76,11 +76,18 @@ SampleResult sample(std::span<float> logits,
                     const SamplingConfig& c,
                     const PenaltyState& pen,
                     uint64_t step);
-// Same with caller-owned scratch buffers (the engine's step loop).
+// Same with caller-owned scratch buffers (the engine's step loop). `allowed` (optional, structured
+// outputs): a token bitmask, bit t%32 of word t/32 set = token t may be chosen; the others are
+// removed before penalties, temperature and the top-k/top-p/min-p filters (logprobs still report
+// the model's own distribution, as without a mask). A mask that allows no token is ignored.
 SampleResult sample(std::span<float> logits,
                     const SamplingConfig& c,
                     const PenaltyState& pen,
                     uint64_t step,
-                    SamplerScratch& scratch);
+                    SamplerScratch& scratch,
+                    std::span<const uint32_t> allowed = {});
+// Sets every logit whose token `allowed` excludes (and every one past the mask) to -infinity.
+// Returns false, changing nothing, when the mask allows no token of `logits`.
+bool apply_token_mask(std::span<float> logits, std::span<const uint32_t> allowed);
 
 }  // namespace dsinfer::sampling

@@ -254,6 +254,15 @@ void EngineLoop::handle(Command& c) {
       }
       a->pipeline.set_report_logprobs(spec.sampling.logprobs);
       spec.stop_checker = std::make_unique<PipelineStopChecker>(&raw->pipeline);
+      if (c.job.grammar) {
+        auto m = grammar::Matcher::create(c.job.grammar);
+        if (!m.ok()) {
+          --in_flight_;
+          a->sink->on_rejected(m.status());
+          return;
+        }
+        spec.token_mask = std::make_unique<GrammarTokenMask>(std::move(m).value(), &raw->pipeline);
+      }
       auto id = engine_->submit(std::move(spec),
                                 [this, raw](const engine::TokenEvent& ev) { on_token(*raw, ev); });
       if (!id.ok()) {

@@ -26,6 +26,7 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 #include "recipe/output_parser.h"
 #include "recipe/types.h"
 #include "server/metrics.h"
@@ -44,6 +45,9 @@ struct Job {
   recipe::OutputParserOptions parser;
   std::vector<int32_t> script;  // test-only scripted ids (ScriptedOutputs); empty: the model's
   double timeout_s = 0;         // from admission; 0 = none
+  // Structured outputs: the grammar the answer content follows (the loop gives the request a
+  // matcher over it); nullptr: unconstrained.
+  std::shared_ptr<const grammar::Compiled> grammar;
   // n > 1: the ticket of a job with the same prompt submitted earlier (choice 0) whose prompt
   // state this one shares while that one is still active (engine::RequestSpec::share_prompt_of).
   uint64_t share_prompt_ticket = 0;

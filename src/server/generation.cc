@@ -89,6 +89,19 @@ bool OutputPipeline::feed(int32_t sampled_token) {
   return parser_.done();
 }
 
+bool GrammarTokenMask::fill(std::span<uint32_t> bits) {
+  masked_ = pipeline_->answering();
+  return masked_ && matcher_->fill_mask(bits);
+}
+
+void GrammarTokenMask::accept(int32_t token) {
+  // A token the mask allowed is always accepted; one chosen without the mask (reasoning, or a
+  // mask that allowed nothing of the model's vocabulary) leaves the matcher where it was.
+  if (masked_)
+    (void)matcher_->accept(token);
+  masked_ = false;
+}
+
 void OutputPipeline::logprobs(float logprob, const std::vector<sampling::TokenLogprob>& top) {
   const LastToken kind = last_kind_;
   last_kind_ = LastToken::kNone;

@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/status.h"
 #include "engine/request.h"
+#include "grammar/grammar.h"
 #include "recipe/output_parser.h"
 #include "recipe/types.h"
 #include "sampling/sampler.h"
@@ -57,6 +59,9 @@ class OutputPipeline {
   int64_t tokens() const { return tokens_; }
   int64_t reasoning_tokens() const { return reasoning_tokens_; }
   bool done() const { return parser_.done(); }
+  // The output is in its answer content: the reasoning block (if any) has closed and the output
+  // has not ended. Structured outputs constrain only these tokens.
+  bool answering() const { return !finished_ && !parser_.done() && !parser_.in_reasoning(); }
   bool finished() const { return finished_; }
   // The finish reason the parser reported (valid after finish()).
   recipe::FinishReason finish_reason() const { return finish_reason_; }
@@ -97,6 +102,25 @@ class PipelineStopChecker : public engine::StopChecker {
 
  private:
   OutputPipeline* pipeline_;
+};
+
+// Structured outputs: an engine::TokenMask over a grammar matcher that constrains only the answer
+// content. The pipeline (fed every token before the next mask is asked for) says where the output
+// is: while it is in reasoning every token is allowed (`</think>` included); from the first
+// token after the thinking block closes, the grammar decides, and once it is complete only EOS is
+// allowed. The pipeline must outlive the engine request.
+class GrammarTokenMask : public engine::TokenMask {
+ public:
+  GrammarTokenMask(std::unique_ptr<grammar::Matcher> matcher, const OutputPipeline* pipeline)
+      : matcher_(std::move(matcher)), pipeline_(pipeline) {}
+  bool fill(std::span<uint32_t> bits) override;
+  void accept(int32_t token) override;
+  const grammar::Matcher& matcher() const { return *matcher_; }
+
+ private:
+  std::unique_ptr<grammar::Matcher> matcher_;
+  const OutputPipeline* pipeline_;
+  bool masked_ = false;  // the mask applied to the token being chosen
 };
 
 // Test-only scripted model output. File format (JSON):

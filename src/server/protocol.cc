@@ -43,6 +43,39 @@ std::string leading_field(const std::string& message) {
   return field == "prompt" ? "" : field;
 }
 
+// Compiles a request's structured-output constraint (cached by the compiler). Every failure is a
+// 400 naming the field: a schema / regex / grammar that does not compile, or a server without a
+// grammar engine.
+api::ApiResult<std::shared_ptr<const grammar::Compiled>> compile_constraint(
+    const recipe::OutputConstraint& c, const ServingContext& ctx) {
+  using Kind = recipe::OutputConstraint::Kind;
+  if (ctx.grammar == nullptr) {
+    return api::invalid_request(c.param,
+                                "structured outputs are not available on this server (built "
+                                "without XGrammar).");
+  }
+  grammar::Spec spec;
+  spec.text = c.text;
+  switch (c.kind) {
+    case Kind::kNone:
+    case Kind::kJsonObject:
+      spec.kind = grammar::Kind::kJsonObject;
+      break;
+    case Kind::kJsonSchema:
+      spec.kind = grammar::Kind::kJsonSchema;
+      break;
+    case Kind::kRegex:
+      spec.kind = grammar::Kind::kRegex;
+      break;
+    case Kind::kGrammar:
+      spec.kind = grammar::Kind::kEbnf;
+      break;
+  }
+  auto g = ctx.grammar->compile(spec);
+  if (!g.ok())
+    return api::invalid_request(c.param, g.status().message());
+  return std::move(g).value();
+}
 }  // namespace
 
 size_t prompt_byte_limit(const tokenizer::Tokenizer& tok, int64_t max_prompt_tokens) {
@@ -119,6 +152,12 @@ api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
     return api::invalid_request(leading_field(valid.message()), valid.message());
   p.job.parser = prompt->parser;
   p.job.timeout_s = ctx.request_timeout_s;
+  if (req.constraint.kind != recipe::OutputConstraint::Kind::kNone) {
+    auto g = compile_constraint(req.constraint, ctx);
+    if (!g.ok())
+      return g.error();
+    p.job.grammar = std::move(g).value();
+  }
   if (ctx.scripted != nullptr) {
     if (auto script = ctx.scripted->select(req))
       p.job.script = std::move(*script);
@@ -133,6 +172,7 @@ api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
     j.spec.stop_token_ids = spec.stop_token_ids;
     j.spec.ignore_eos = spec.ignore_eos;
     j.parser = p.job.parser;
+    j.grammar = p.job.grammar;
     j.script = p.job.script;
     j.timeout_s = p.job.timeout_s;
     p.more_choices.push_back(std::move(j));

@@ -15,6 +15,7 @@
 #include "api/messages.h"
 #include "api/options.h"
 #include "api/responses.h"
+#include "grammar/grammar.h"
 #include "recipe/types.h"
 #include "server/engine_loop.h"
 #include "server/generation.h"
@@ -37,6 +38,9 @@ struct ServingContext {
   size_t max_prompt_bytes = 0;
   double request_timeout_s = 0;               // 0 = none
   const ScriptedOutputs* scripted = nullptr;  // test-only
+  // Structured outputs (grammars compiled on the preparing thread, cached); nullptr: requests
+  // asking for them get a 400.
+  grammar::Compiler* grammar = nullptr;
 };
 
 // The byte bound for ServingContext::max_prompt_bytes: max_prompt_tokens times the longest

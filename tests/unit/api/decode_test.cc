@@ -638,5 +638,54 @@ TEST(FuzzCorpus, SeedsDecode) {
   EXPECT_GE(seen, 9);
 }
 
+// Structured outputs: response_format / text.format / vLLM's extensions become one constraint.
+TEST(ChatDecode, StructuredOutputConstraints) {
+  using Kind = recipe::OutputConstraint::Kind;
+  const std::string msgs = R"("messages":[{"role":"user","content":"json please"}])";
+  GenerationRequest r =
+      chat_ok(R"({"model":"m",)" + msgs + R"(,"response_format":{"type":"json_object"}})");
+  EXPECT_EQ(r.constraint.kind, Kind::kJsonObject);
+  EXPECT_EQ(r.constraint.param, "response_format");
+  r = chat_ok(R"({"model":"m",)" + msgs +
+              R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a",
+              "schema":{"type":"object"},"strict":true}}})");
+  EXPECT_EQ(r.constraint.kind, Kind::kJsonSchema);
+  EXPECT_EQ(r.constraint.text, R"({"type": "object"})");
+  r = chat_ok(R"({"model":"m",)" + msgs + R"(,"guided_regex":"[0-9]+"})");
+  EXPECT_EQ(r.constraint.kind, Kind::kRegex);
+  EXPECT_EQ(r.constraint.text, "[0-9]+");
+  EXPECT_EQ(r.constraint.param, "guided_regex");
+  r = chat_ok(R"({"model":"m",)" + msgs + R"(,"structured_outputs":{"grammar":"root ::= \"a\""}})");
+  EXPECT_EQ(r.constraint.kind, Kind::kGrammar);
+  EXPECT_EQ(r.constraint.text, R"(root ::= "a")");
+  EXPECT_EQ(r.constraint.param, "structured_outputs.grammar");
+  r = chat_ok(R"({"model":"m",)" + msgs + R"(,"guided_json":{"type":"integer"}})");
+  EXPECT_EQ(r.constraint.kind, Kind::kJsonSchema);
+  EXPECT_EQ(r.constraint.text, R"({"type":"integer"})");
+  r = chat_ok(R"({"model":"m",)" + msgs + R"(,"guided_json":"{\"type\":\"integer\"}"})");
+  EXPECT_EQ(r.constraint.text, R"({"type":"integer"})");
+  r = chat_ok(R"({"model":"m",)" + msgs + "}");
+  EXPECT_EQ(r.constraint.kind, Kind::kNone);
+  // One constraint per request; wrong types.
+  for (const std::string extra : {R"("guided_regex":"a","guided_json":{}})",
+                                  R"("guided_regex":5})",
+                                  R"("structured_outputs":{"regex":"a","grammar":"b"}})",
+                                  R"("response_format":{"type":"json_object"},"guided_regex":"a"})",
+                                  R"("structured_outputs":"x"})"}) {
+    auto e = decode_chat_request(R"({"model":"m",)" + msgs + "," + extra, DecodeOptions{});
+    ASSERT_FALSE(e.ok()) << extra;
+    EXPECT_EQ(e.error().http_status, 400) << extra;
+  }
+}
+
+TEST(ResponsesDecode, TextFormatConstraint) {
+  GenerationRequest r = responses_ok(R"({"model":"m","input":"json","text":{"format":{
+      "type":"json_schema","name":"x","schema":{"type":"object"}}}})");
+  EXPECT_EQ(r.constraint.kind, recipe::OutputConstraint::Kind::kJsonSchema);
+  EXPECT_EQ(r.constraint.param, "text.format");
+  r = responses_ok(R"({"model":"m","input":"json","text":{"format":{"type":"json_object"}}})");
+  EXPECT_EQ(r.constraint.kind, recipe::OutputConstraint::Kind::kJsonObject);
+}
+
 }  // namespace
 }  // namespace dsinfer::api

@@ -203,5 +203,41 @@ TEST(Sampler, LogprobsAreRawEvenWithTemperatureAndTopK) {
   EXPECT_NEAR(r.top[0].logprob, std::log(p[5]), 1e-5);
 }
 
+// Structured outputs: a token mask restricts the choice (greedy and sampled), keeps the raw
+// logprobs, and one allowing nothing is ignored.
+TEST(SamplerTest, TokenMaskRestrictsTheChoice) {
+  // Allow tokens 1, 3 and 6 only (token 5, the argmax, is excluded).
+  const std::vector<uint32_t> allowed = {(1u << 1) | (1u << 3) | (1u << 6)};
+  PenaltyState pen;
+  SamplerScratch scratch;
+  SamplingConfig greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = true;
+  std::vector<float> l = kLogits;
+  SampleResult r = sample(l, greedy, pen, 0, scratch, allowed);
+  EXPECT_EQ(r.token, 1);
+  const double lse = std::log(softmax(kLogits, 1.0)[1]);
+  EXPECT_NEAR(r.logprob, lse, 1e-5);  // the model's own distribution, not the masked one
+  SamplingConfig c;
+  c.temperature = 2.0f;
+  std::map<int32_t, int> seen;
+  for (uint64_t s = 0; s < 2000; ++s) {
+    c.seed = s;
+    l = kLogits;
+    ++seen[sample(l, c, pen, 3, scratch, allowed).token];
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  for (const auto& [t, n] : seen) EXPECT_TRUE(t == 1 || t == 3 || t == 6) << t;
+  // The masked distribution: renormalised over the allowed tokens.
+  const auto p = softmax(kLogits, 2.0);
+  const double z = p[1] + p[3] + p[6];
+  EXPECT_NEAR(seen[1] / 2000.0, p[1] / z, 0.04);
+  EXPECT_NEAR(seen[6] / 2000.0, p[6] / z, 0.04);
+  // A mask that allows nothing is ignored.
+  l = kLogits;
+  EXPECT_EQ(sample(l, greedy, pen, 0, scratch, std::vector<uint32_t>{0u}).token, 5);
+  EXPECT_FALSE(apply_token_mask(l, std::vector<uint32_t>{1u << 9}));  // past the vocabulary
+}
+
 }  // namespace
 }  // namespace dsinfer::sampling

@@ -3,6 +3,7 @@
 // the fixture tokenizer and fed one id at a time.
 #include <gtest/gtest.h>
 
+#include "grammar/grammar.h"
 #include "recipe/encoder.h"
 #include "recipe/output_parser.h"
 #include "recipe/tokens.h"
@@ -319,6 +320,46 @@ TEST(ScriptedOutputs, RejectsMalformedFiles) {
     EXPECT_FALSE(ScriptedOutputs::from_json(bad, tok(), 1).ok()) << bad;
   }
   EXPECT_FALSE(ScriptedOutputs::load("/nonexistent/rules.json", tok(), 1).ok());
+}
+
+// Structured outputs constrain the answer only: while the output is in its thinking block every
+// token is allowed (so `</think>` can close it); from the first answer token the grammar decides.
+TEST(GrammarTokenMaskTest, ConstrainsOnlyTheAnswer) {
+  if (!grammar::available())
+    GTEST_SKIP() << "built without XGrammar";
+  const int32_t vocab = tok().vocab_size();
+  auto compiler = grammar::Compiler::create(tok(), vocab, {eos_id()});
+  ASSERT_TRUE(compiler.ok()) << compiler.status().to_string();
+  auto g = (*compiler)->compile({grammar::Kind::kRegex, "[0-9]+"});
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  auto m = grammar::Matcher::create(*g);
+  ASSERT_TRUE(m.ok());
+  OutputPipeline p(tok(), thinking_parser());
+  GrammarTokenMask mask(std::move(m).value(), &p);
+  std::vector<uint32_t> bits(grammar::mask_words(vocab));
+  auto step = [&](int32_t token) {
+    bits.assign(bits.size(), 0u);
+    const bool masked = mask.fill(bits);
+    mask.accept(token);
+    p.feed(token);
+    return masked;
+  };
+  for (int32_t t : text_ids("let me think")) EXPECT_FALSE(step(t));
+  EXPECT_FALSE(step(control_id("</think>")));  // the reasoning's closing token is free
+  EXPECT_TRUE(p.answering());
+  const std::vector<int32_t> digits = text_ids("42");
+  bits.assign(bits.size(), 0u);
+  ASSERT_TRUE(mask.fill(bits));
+  EXPECT_TRUE(grammar::mask_allows(bits, digits[0]));
+  EXPECT_FALSE(grammar::mask_allows(bits, text_ids("x")[0]));
+  EXPECT_FALSE(grammar::mask_allows(bits, eos_id()));  // empty is no match of [0-9]+
+  mask.accept(digits[0]);
+  p.feed(digits[0]);
+  for (size_t i = 1; i < digits.size(); ++i) EXPECT_TRUE(step(digits[i]));
+  EXPECT_TRUE(mask.matcher().completed());
+  bits.assign(bits.size(), 0u);
+  ASSERT_TRUE(mask.fill(bits));
+  EXPECT_TRUE(grammar::mask_allows(bits, eos_id()));
 }
 
 }  // namespace

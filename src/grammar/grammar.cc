@@ -1,0 +1,305 @@
+#include "grammar/grammar.h"
+
+#include <exception>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "tokenizer/tokenizer.h"
+
+#if DSINFER_HAVE_XGRAMMAR
+#include <dlpack/dlpack.h>
+#include <xgrammar/xgrammar.h>
+#endif
+
+namespace dsinfer::grammar {
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kJsonObject:
+      return "json_object";
+    case Kind::kJsonSchema:
+      return "json_schema";
+    case Kind::kRegex:
+      return "regex";
+    case Kind::kEbnf:
+      return "grammar";
+  }
+  return "?";
+}
+
+#if DSINFER_HAVE_XGRAMMAR
+
+bool available() {
+  return true;
+}
+
+class Compiled {
+ public:
+  Compiled(xgrammar::CompiledGrammar g, int32_t vocab) : g_(std::move(g)), vocab_(vocab) {}
+  const xgrammar::CompiledGrammar& get() const { return g_; }
+  int32_t vocab_size() const { return vocab_; }
+
+ private:
+  xgrammar::CompiledGrammar g_;
+  int32_t vocab_;
+};
+
+namespace {
+// Grammar sources above this size are refused before compiling (compile time and memory grow
+// with them; no real schema or pattern comes near).
+constexpr size_t kMaxSpecBytes = 256 * 1024;
+// Compiled grammars kept (a full cache is emptied; entries in use stay alive through their
+// shared_ptr).
+constexpr size_t kMaxCacheEntries = 512;
+
+// Runs `f`, turning any exception (XGrammar reports every error by throwing) into a Status.
+template <typename F>
+Status guarded(const char* what, F&& f) {
+  try {
+    f();
+    return Status();
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    // XGrammar prefixes "[time] file:line: " and may append a backtrace: keep the message.
+    const size_t check = m.find("Check failed");
+    if (check != std::string::npos)
+      m = m.substr(check);
+    if (const size_t nl = m.find("\nStack trace"); nl != std::string::npos)
+      m.resize(nl);
+    while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+    return invalid_argument(std::string(what) + ": " + m);
+  } catch (...) {
+    return invalid_argument(std::string(what) + ": unknown error");
+  }
+}
+}  // namespace
+
+struct Compiler::Impl {
+  struct Slot {
+    std::once_flag once;
+    Status status;
+    std::shared_ptr<const Compiled> value;
+  };
+  int32_t vocab = 0;
+  std::unique_ptr<xgrammar::GrammarCompiler> compiler;
+  mutable std::mutex mu;
+  std::map<std::pair<Kind, std::string>, std::shared_ptr<Slot>> cache;
+};
+
+Compiler::Compiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Compiler::~Compiler() = default;
+
+Result<std::unique_ptr<Compiler>> Compiler::create(const tokenizer::Tokenizer& tok,
+                                                   int32_t vocab_size,
+                                                   std::vector<int32_t> stop_token_ids,
+                                                   int max_threads) {
+  if (vocab_size <= 0)
+    return invalid_argument("grammar: vocab_size must be positive");
+  for (int32_t id : stop_token_ids) {
+    if (id < 0 || id >= vocab_size)
+      return invalid_argument("grammar: stop token id " + std::to_string(id) + " out of range");
+  }
+  // The decoded bytes of every ordinary token; "" marks a token the grammar never allows
+  // (added/control tokens, ids the tokenizer lacks): XGrammar treats empty ones as special.
+  std::vector<std::string> vocab(static_cast<size_t>(vocab_size));
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    if (tok.has_token(id) && !tok.is_added(id))
+      vocab[static_cast<size_t>(id)] = std::string(tok.token_bytes(id));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->vocab = vocab_size;
+  Status s = guarded("grammar: vocabulary", [&] {
+    xgrammar::TokenizerInfo info(
+        vocab, xgrammar::VocabType::RAW, vocab_size, std::move(stop_token_ids), false);
+    impl->compiler = std::make_unique<xgrammar::GrammarCompiler>(
+        info, max_threads, /*cache_enabled=*/false, /*max_memory_bytes=*/-1);
+  });
+  if (!s.ok())
+    return s;
+  return std::unique_ptr<Compiler>(new Compiler(std::move(impl)));
+}
+
+int32_t Compiler::vocab_size() const {
+  return impl_->vocab;
+}
+
+size_t Compiler::cache_entries() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->cache.size();
+}
+
+Result<std::shared_ptr<const Compiled>> Compiler::compile(const Spec& spec) {
+  if (spec.text.size() > kMaxSpecBytes) {
+    return invalid_argument(std::string("the ") + kind_name(spec.kind) + " is " +
+                            std::to_string(spec.text.size()) + " bytes; at most " +
+                            std::to_string(kMaxSpecBytes) + " are accepted");
+  }
+  std::shared_ptr<Impl::Slot> slot;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    std::pair<Kind, std::string> key{spec.kind,
+                                     spec.kind == Kind::kJsonObject ? std::string() : spec.text};
+    auto it = impl_->cache.find(key);
+    if (it == impl_->cache.end()) {
+      if (impl_->cache.size() >= kMaxCacheEntries)
+        impl_->cache.clear();
+      it = impl_->cache.emplace(std::move(key), std::make_shared<Impl::Slot>()).first;
+    }
+    slot = it->second;
+  }
+  // Compiles once per key; concurrent callers of the same key wait for that one compile.
+  std::call_once(slot->once, [&] {
+    xgrammar::GrammarCompiler& c = *impl_->compiler;
+    std::optional<xgrammar::CompiledGrammar> g;
+    const std::string what = std::string("invalid ") + kind_name(spec.kind);
+    slot->status = guarded(what.c_str(), [&] {
+      switch (spec.kind) {
+        case Kind::kJsonObject:
+          // Compact JSON (no free whitespace: a model cannot loop on it), any object.
+          g = c.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false);
+          break;
+        case Kind::kJsonSchema:
+          g = c.CompileJSONSchema(spec.text, /*any_whitespace=*/false);
+          break;
+        case Kind::kRegex:
+          g = c.CompileRegex(spec.text);
+          break;
+        case Kind::kEbnf:
+          g = c.CompileGrammar(spec.text, "root");
+          break;
+      }
+    });
+    if (slot->status.ok())
+      slot->value = std::make_shared<const Compiled>(std::move(*g), impl_->vocab);
+  });
+  if (!slot->status.ok())
+    return slot->status;
+  return slot->value;
+}
+
+struct Matcher::Impl {
+  std::shared_ptr<const Compiled> grammar;
+  std::optional<xgrammar::GrammarMatcher> m;
+};
+
+Matcher::Matcher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Matcher::~Matcher() = default;
+
+Result<std::unique_ptr<Matcher>> Matcher::create(std::shared_ptr<const Compiled> grammar) {
+  if (!grammar)
+    return invalid_argument("grammar: no compiled grammar");
+  auto impl = std::make_unique<Impl>();
+  impl->grammar = std::move(grammar);
+  Status s = guarded("grammar: matcher", [&] { impl->m.emplace(impl->grammar->get()); });
+  if (!s.ok())
+    return s;
+  return std::unique_ptr<Matcher>(new Matcher(std::move(impl)));
+}
+
+int32_t Matcher::vocab_size() const {
+  return impl_->grammar->vocab_size();
+}
+
+bool Matcher::fill_mask(std::span<uint32_t> bits) {
+  DSI_CHECK(bits.size() == mask_words(vocab_size()), "grammar mask: %zu words", bits.size());
+  int64_t shape[1] = {static_cast<int64_t>(bits.size())};
+  DLTensor t{};
+  t.data = bits.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = DLDataType{kDLInt, 32, 1};
+  t.shape = shape;
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  bool need = true;
+  Status s = guarded("grammar: mask", [&] { need = impl_->m->FillNextTokenBitmask(&t); });
+  // The tensor is shaped as XGrammar checks it (size checked above): a failure is a bug.
+  DSI_CHECK(s.ok(), "%s", s.message().c_str());
+  return need;
+}
+
+Status Matcher::accept(int32_t token) {
+  if (token < 0 || token >= vocab_size())
+    return invalid_argument("grammar: token " + std::to_string(token) + " out of range");
+  bool ok = false;
+  Status s = guarded("grammar: accept", [&] { ok = impl_->m->AcceptToken(token); });
+  if (!s.ok())
+    return s;
+  if (!ok)
+    return invalid_argument("grammar: token " + std::to_string(token) + " is not allowed here");
+  return Status();
+}
+
+Status Matcher::rollback(int n) {
+  return guarded("grammar: rollback", [&] { impl_->m->Rollback(n); });
+}
+
+bool Matcher::completed() const {
+  return impl_->m->IsCompleted();
+}
+bool Matcher::terminated() const {
+  return impl_->m->IsTerminated();
+}
+
+#else  // !DSINFER_HAVE_XGRAMMAR
+
+bool available() {
+  return false;
+}
+
+class Compiled {};
+
+struct Compiler::Impl {
+  int32_t vocab = 0;
+};
+Compiler::Compiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Compiler::~Compiler() = default;
+
+Result<std::unique_ptr<Compiler>> Compiler::create(const tokenizer::Tokenizer&,
+                                                   int32_t vocab_size,
+                                                   std::vector<int32_t>,
+                                                   int) {
+  auto impl = std::make_unique<Impl>();
+  impl->vocab = vocab_size;
+  return std::unique_ptr<Compiler>(new Compiler(std::move(impl)));
+}
+int32_t Compiler::vocab_size() const {
+  return impl_->vocab;
+}
+size_t Compiler::cache_entries() const {
+  return 0;
+}
+Result<std::shared_ptr<const Compiled>> Compiler::compile(const Spec& spec) {
+  return unimplemented(std::string("structured outputs (") + kind_name(spec.kind) +
+                       ") are not available: this server was built without XGrammar");
+}
+
+struct Matcher::Impl {};
+Matcher::Matcher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Matcher::~Matcher() = default;
+Result<std::unique_ptr<Matcher>> Matcher::create(std::shared_ptr<const Compiled>) {
+  return unimplemented("structured outputs are not available: built without XGrammar");
+}
+bool Matcher::fill_mask(std::span<uint32_t>) {
+  return false;
+}
+Status Matcher::accept(int32_t) {
+  return Status();
+}
+Status Matcher::rollback(int) {
+  return Status();
+}
+bool Matcher::completed() const {
+  return false;
+}
+bool Matcher::terminated() const {
+  return false;
+}
+int32_t Matcher::vocab_size() const {
+  return 0;
+}
+
+#endif
+
+}  // namespace dsinfer::grammar
