@@ -199,13 +199,14 @@ TEST(ForwardPlan, PlansAnEightThousandTokenFlashPrefill) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   int64_t refs = 0;
   for (const LayerPass& lp : plan.layers) refs += pack.size_bytes(lp.key_refs) / 8;
-  std::printf("[plan] 8192-token prefill, 4 Flash layers: %lld key references, %.1f MB packed, "
-              "%.1f ms (planning %.1f ms, staging copy %.1f ms)\n",
-              static_cast<long long>(refs),
-              static_cast<double>(pack.total_bytes()) / 1e6,
-              ms,
-              plan_ms,
-              ms - plan_ms);
+  std::printf(
+      "[plan] 8192-token prefill, 4 Flash layers: %lld key references, %.1f MB packed, "
+      "%.1f ms (planning %.1f ms, staging copy %.1f ms)\n",
+      static_cast<long long>(refs),
+      static_cast<double>(pack.total_bytes()) / 1e6,
+      ms,
+      plan_ms,
+      ms - plan_ms);
   // Window keys of every row, plus 512 selections per CSA row and the visible HCA entries.
   EXPECT_GT(refs, 4 * n * 100);
 }
