@@ -134,5 +134,116 @@ TEST_F(GpuTest, RefsFromTopKIndicesThroughPageTables) {
   EXPECT_FALSE(launch_scatter_rows(bad2, nullptr).ok());
 }
 
+// Key lists expanded on the device: spans of a decode batch and of prefill chunks (positions
+// before the span read the ring through its page table, the span's own rows are local), a
+// padding row, a sliding and an HCA layer in one launch, against a host transcription of the
+// contract in paged.h. Slots the kernel must leave alone (CSA selections) keep their sentinel.
+TEST_F(GpuTest, ExpandKeysFromPageTables) {
+  std::mt19937 g(41);
+  const int64_t window = 8, width = 16, page_floats = 64, rpp = page_floats / width, cap = 11;
+  const int64_t hca_ratio = 4;
+  struct Span {
+    int64_t first, n;
+  };
+  const std::vector<Span> spans = {{0, 5}, {30, 1}, {9, 13}, {100, 3}};
+  std::vector<int32_t> row_span;
+  std::vector<int64_t> span_pos;
+  for (size_t s = 0; s < spans.size(); ++s) {
+    span_pos.push_back(spans[s].first);
+    span_pos.push_back(static_cast<int64_t>(row_span.size()));
+    for (int64_t t = 0; t < spans[s].n; ++t) row_span.push_back(static_cast<int32_t>(s));
+  }
+  row_span.push_back(-1);  // a padding row
+  const auto rows = static_cast<int64_t>(row_span.size());
+  // Per layer: random page tables; 3 reserved slots after each row's keys (like CSA slots).
+  auto pages_for = [&](int64_t n_rows, std::vector<int32_t>* pages, std::vector<int32_t>* begin) {
+    for (size_t s = 0; s < spans.size(); ++s) {
+      begin->push_back(static_cast<int32_t>(pages->size()));
+      for (int64_t i = 0; i < (n_rows + rpp - 1) / rpp; ++i)
+        pages->push_back(static_cast<int32_t>(g() % 1000));
+    }
+  };
+  std::vector<int32_t> ring_pages[2], ring_begin[2], hca_pages, hca_begin;
+  pages_for(cap, &ring_pages[0], &ring_begin[0]);
+  pages_for(cap, &ring_pages[1], &ring_begin[1]);
+  pages_for(103 / hca_ratio + 1, &hca_pages, &hca_begin);
+  std::vector<int64_t> key_begin[2], want[2];
+  for (int l = 0; l < 2; ++l) {
+    key_begin[l].push_back(0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t s = row_span[r];
+      if (s >= 0) {
+        const int64_t first = spans[s].first;
+        const int64_t row0 = span_pos[2 * s + 1];
+        const int64_t p0 = first + r - row0;
+        for (int64_t p = std::max<int64_t>(0, p0 - window + 1); p <= p0; ++p) {
+          if (p < first) {
+            const int64_t row = p % cap;
+            want[l].push_back(static_cast<int64_t>(ring_pages[l][ring_begin[l][s] + row / rpp]) *
+                                  page_floats +
+                              (row % rpp) * width);
+          } else {
+            want[l].push_back(-2 - (row0 + p - first) * width);
+          }
+        }
+        if (l == 1) {
+          for (int64_t b = 0; b < (p0 + 1) / hca_ratio; ++b)
+            want[l].push_back(static_cast<int64_t>(hca_pages[hca_begin[s] + b / rpp]) *
+                                  page_floats +
+                              (b % rpp) * width);
+        }
+      }
+      for (int i = 0; i < 3; ++i) want[l].push_back(-77);
+      key_begin[l].push_back(static_cast<int64_t>(want[l].size()));
+    }
+  }
+  DevVec<int32_t> d_row_span(row_span), d_hca_pages(hca_pages), d_hca_begin(hca_begin);
+  DevVec<int64_t> d_span_pos(span_pos);
+  DevVec<int32_t> d_ring_pages0(ring_pages[0]), d_ring_pages1(ring_pages[1]);
+  DevVec<int32_t> d_ring_begin0(ring_begin[0]), d_ring_begin1(ring_begin[1]);
+  DevVec<int64_t> d_begin0(key_begin[0]), d_begin1(key_begin[1]);
+  DevVec<int64_t> d_out0(want[0].size() + 1, -77), d_out1(want[1].size() + 1, -77);
+  ExpandKeysParams p;
+  p.rows = rows;
+  p.row_span = d_row_span.get();
+  p.span_pos = d_span_pos.get();
+  p.window = window;
+  p.width = width;
+  p.page_floats = page_floats;
+  p.n_layers = 2;
+  p.layers[0] = ExpandKeysLayer{.out = d_out0.get(),
+                                .key_begin = d_begin0.get(),
+                                .ring_pages = d_ring_pages0.get(),
+                                .ring_page_begin = d_ring_begin0.get(),
+                                .ring_capacity = static_cast<int32_t>(cap),
+                                .ring_rows_per_page = static_cast<int32_t>(rpp),
+                                .entry_rows_per_page = static_cast<int32_t>(rpp)};
+  p.layers[1] = ExpandKeysLayer{.out = d_out1.get(),
+                                .key_begin = d_begin1.get(),
+                                .ring_pages = d_ring_pages1.get(),
+                                .ring_page_begin = d_ring_begin1.get(),
+                                .hca_pages = d_hca_pages.get(),
+                                .hca_page_begin = d_hca_begin.get(),
+                                .hca_ratio = static_cast<int32_t>(hca_ratio),
+                                .ring_capacity = static_cast<int32_t>(cap),
+                                .ring_rows_per_page = static_cast<int32_t>(rpp),
+                                .entry_rows_per_page = static_cast<int32_t>(rpp)};
+  DSI_EXPECT_OK(launch_expand_keys(p, nullptr));
+  sync();
+  std::vector<int64_t> got0 = d_out0.download(), got1 = d_out1.download();
+  EXPECT_EQ(got0.back(), -77) << "write past the end";
+  EXPECT_EQ(got1.back(), -77) << "write past the end";
+  got0.pop_back();
+  got1.pop_back();
+  EXPECT_EQ(got0, want[0]);
+  EXPECT_EQ(got1, want[1]);
+  // Argument checks.
+  p.n_layers = kExpandKeysMaxLayers + 1;
+  EXPECT_EQ(launch_expand_keys(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.n_layers = 2;
+  p.layers[1].hca_pages = nullptr;
+  EXPECT_EQ(launch_expand_keys(p, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dsinfer::cuda::test

@@ -97,8 +97,10 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
     DSI_ASSIGN_OR_RETURN(m->stats_.moe_fp8_layers,
                          m->weights_->add_moe_fp8_copies(options.moe_fp8_reserve_bytes));
   }
-  if (!options.batch_invariant)
+  if (!options.batch_invariant) {
     DSI_RETURN_IF_ERROR(m->weights_->add_wo_a_bf16_copies().status());
+    DSI_ASSIGN_OR_RETURN(m->stats_.moe_gemv_layers, m->weights_->enable_expert_gemv());
+  }
   DSI_ASSIGN_OR_RETURN(m->stream_, device::Stream::create(true));
   m->ws_ = std::make_unique<Workspace>();
   m->stats_.weight_bytes = m->weights_->bytes();
@@ -472,8 +474,9 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
 
   // One transfer of the plan.
   L->pack.layout(decode);
-  const int64_t bytes = L->pack.total_bytes();
-  DSI_RETURN_IF_ERROR(ensure_device_buffer(&pack_dev_, &pack_cap_, bytes, "cudaMalloc (plan)"));
+  DSI_RETURN_IF_ERROR(
+      ensure_device_buffer(&pack_dev_, &pack_cap_, L->pack.total_bytes(), "cudaMalloc (plan)"));
+  const int64_t bytes = L->pack.host_bytes();  // device-only arrays (key lists) are not copied
   if (static_cast<int64_t>(pinned_.size()) < bytes) {
     DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "pinned staging"));
     DSI_ASSIGN_OR_RETURN(
@@ -614,6 +617,7 @@ Status CudaModel::launch_all(Launch& L) {
   ep.copies = hc;
   ep.out = x;
   DSI_RETURN_IF_ERROR(cuda::launch_embed(ep, s));
+  DSI_RETURN_IF_ERROR(expand_keys(L.main, pack, hp));
   DSI_RETURN_IF_ERROR(mark(1));
   for (size_t l = 0; l < c.layers.size(); ++l) {
     DSI_RETURN_IF_ERROR(launch_layer(weights_->layers[l],
@@ -651,6 +655,7 @@ Status CudaModel::launch_all(Launch& L) {
     me.copies = 1;
     me.out = e;
     DSI_RETURN_IF_ERROR(cuda::launch_embed(me, s));
+    DSI_RETURN_IF_ERROR(expand_keys(L.mtp, pack, hp));
     DSI_RETURN_IF_ERROR(rms_norm(e, nm, hidden, w.enorm, eps, s));
     DSI_RETURN_IF_ERROR(linear(lin(), w.e_proj, e, nm, eproj, q8(), s));
     cuda::GatherRowsParams gp;

@@ -55,7 +55,8 @@ struct CudaModelStats {
   int64_t forwards = 0;
   int64_t graph_replays = 0;
   int64_t graph_captures = 0;
-  int64_t moe_fp8_layers = 0;  // layers with the re-encoded experts (CudaModelOptions)
+  int64_t moe_fp8_layers = 0;   // layers with the re-encoded experts (CudaModelOptions)
+  int64_t moe_gemv_layers = 0;  // routed expert sets the decode GEMVs may run (moe_gemv.h)
   // Host time spent planning forwards (key lists, page tables, the pack) until the plan's copy
   // is enqueued: the part of a forward the GPU waits for (issue 13's step loop hides it).
   int64_t host_plan_ns = 0;
@@ -141,8 +142,11 @@ class CudaModel final : public backend::Model {
                            uint8_t* pack,
                            const HostPack& hp,
                            const float* u);
+  // The pass's attention key lists, expanded on the device (paged.h: launch_expand_keys).
+  Status expand_keys(const PassPlan& plan, uint8_t* pack, const HostPack& hp);
   Status fp8_experts(const cuda::ExpertFfnParams& p,
                      WeightFormat format,
+                     bool gemv,
                      const cuda::Fp8Acts& xq,
                      cudaStream_t s);
   Status launch_moe(const DMoe& w,

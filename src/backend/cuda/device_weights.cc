@@ -12,6 +12,7 @@
 #include "device/device_error.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/moe_gemv.h"
 
 namespace dsinfer::gpu {
 namespace {
@@ -322,6 +323,72 @@ Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes) {
   (void)reserve_bytes;
   return int64_t{0};
 #endif
+}
+
+Result<int64_t> DeviceWeights::enable_expert_gemv() {
+  int* bad = nullptr;
+  DSI_RETURN_IF_ERROR(device::check_cuda(cudaMalloc(reinterpret_cast<void**>(&bad), sizeof(int)),
+                                         "cudaMalloc (expert GEMV check)"));
+  int64_t done = 0;
+  // One expert set: whether the GEMVs read it exactly.
+  auto check = [&](const MatrixRef* w1,
+                   const MatrixRef* w3,
+                   const MatrixRef* w2,
+                   WeightFormat format,
+                   int64_t n_experts,
+                   int64_t inter,
+                   bool* ok) -> Status {
+    *ok = false;
+    if (n_experts == 0 || inter == 0)
+      return Status();
+    MatrixRef first;
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpy(&first, w1, sizeof(MatrixRef), cudaMemcpyDeviceToHost), "expert table"));
+    if (!cuda::expert_gemv_supports(first.cols, inter))
+      return Status();
+    if (format == WeightFormat::kFp8Block128) {
+      *ok = true;
+      return Status();
+    }
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemset(bad, 0, sizeof(int)), "GEMV check counter"));
+    DSI_RETURN_IF_ERROR(
+        cuda::launch_expert_gemv_check(w1, w3, w2, n_experts, first.cols, inter, bad, nullptr));
+    int count = 0;
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpy(&count, bad, sizeof(int), cudaMemcpyDeviceToHost), "GEMV check counter"));
+    *ok = count == 0;
+    return Status();
+  };
+  auto mark = [&](DMoe& m) -> Status {
+    if (m.routed_fast) {
+      DSI_RETURN_IF_ERROR(
+          check(m.w1, m.w3, m.w2, m.routed_format, m.num_local_experts, m.inter, &m.routed_gemv));
+      done += m.routed_gemv;
+    }
+    if (m.shared_fast) {
+      DSI_RETURN_IF_ERROR(check(m.shared_w1,
+                                m.shared_w3,
+                                m.shared_w2,
+                                m.shared_format,
+                                1,
+                                m.shared_inter,
+                                &m.shared_gemv));
+    }
+    return Status();
+  };
+  Status st;
+  for (DLayer& l : layers) {
+    if (st.ok())
+      st = mark(l.moe);
+  }
+  for (DMtp& t : mtp) {
+    if (st.ok())
+      st = mark(t.layer.moe);
+  }
+  const cudaError_t err = cudaFree(bad);
+  DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
+  DSI_RETURN_IF_ERROR(st);
+  return done;
 }
 
 Result<int64_t> DeviceWeights::add_wo_a_bf16_copies() {

@@ -65,6 +65,10 @@ struct DMoe {
   // or n_experts == 0 when this layer has none.
   cuda::MoeFp8Weights routed_fp8;
   cuda::MoeFp8Weights shared_fp8;  // the shared expert, likewise
+  // Whether decode-sized batches may run these experts on the grouped GEMVs (moe_gemv.h; set by
+  // enable_expert_gemv after the scale check).
+  bool routed_gemv = false;
+  bool shared_gemv = false;
 };
 
 struct DLayer {
@@ -114,6 +118,10 @@ class DeviceWeights {
   // Gives every FP8 wo_a a BF16 copy (DAttention::wo_a_bf16, exact) for the wgmma BF16x2 path of
   // prefill-sized batches; builds without CUTLASS make none. Returns the copies made.
   Result<int64_t> add_wo_a_bf16_copies();
+  // Marks the expert sets the grouped GEMVs can run exactly (moe_gemv.h: FP8 always, MXFP4 when
+  // launch_expert_gemv_check finds no 128-block whose scales spread over more than 26 binades).
+  // Returns how many routed sets qualified.
+  Result<int64_t> enable_expert_gemv();
 
  private:
   DeviceWeights() = default;

@@ -314,10 +314,44 @@ Status CudaModel::launch_attention(const DAttention& w,
   return linear(lin(), w.wo_b, z, n, f, q8, s);
 }
 
+Status CudaModel::expand_keys(const PassPlan& plan, uint8_t* pack, const HostPack& hp) {
+  cuda::ExpandKeysParams p;
+  p.rows = plan.rows;
+  p.row_span = hp.resolve<int32_t>(pack, plan.row_span);
+  p.span_pos = hp.resolve<int64_t>(pack, plan.span_pos);
+  p.window = config_.sliding_window;
+  p.width = config_.head_dim;
+  p.page_floats = arena_->page_floats();
+  for (size_t l0 = 0; l0 < plan.layers.size(); l0 += cuda::kExpandKeysMaxLayers) {
+    p.n_layers = 0;
+    for (size_t l = l0; l < plan.layers.size() && p.n_layers < cuda::kExpandKeysMaxLayers; ++l) {
+      const LayerPass& lp = plan.layers[l];
+      cuda::ExpandKeysLayer& k = p.layers[p.n_layers++];
+      k = cuda::ExpandKeysLayer();
+      k.out = hp.resolve<int64_t>(pack, lp.key_refs);
+      k.key_begin = hp.resolve<int64_t>(pack, lp.key_begin);
+      k.ring_pages = hp.resolve<int32_t>(pack, lp.ring_pages);
+      k.ring_page_begin = hp.resolve<int32_t>(pack, lp.ring_page_begin);
+      if (lp.hca_ratio > 0) {
+        k.hca_pages = hp.resolve<int32_t>(pack, lp.hca_pages);
+        k.hca_page_begin = hp.resolve<int32_t>(pack, lp.hca_page_begin);
+        k.hca_ratio = static_cast<int32_t>(lp.hca_ratio);
+      }
+      // A pass without real rows plans no ring geometry: nothing is expanded then.
+      k.ring_capacity = static_cast<int32_t>(std::max<int64_t>(lp.ring_capacity, 1));
+      k.ring_rows_per_page = static_cast<int32_t>(std::max<int64_t>(lp.ring_rows_per_page, 1));
+      k.entry_rows_per_page = static_cast<int32_t>(std::max<int64_t>(lp.entry_rows_per_page, 1));
+    }
+    DSI_RETURN_IF_ERROR(cuda::launch_expand_keys(p, stream_.get()));
+  }
+  return Status();
+}
+
 // The experts of `p` (the reference ExpertFfnParams) on the FP8 tensor-core kernels, over the
 // already quantised activations xq; h's FP8 copy comes from the workspace.
 Status CudaModel::fp8_experts(const cuda::ExpertFfnParams& p,
                               WeightFormat format,
+                              bool gemv,
                               const cuda::Fp8Acts& xq,
                               cudaStream_t s) {
   cuda::Fp8ExpertFfnParams q;
@@ -337,6 +371,7 @@ Status CudaModel::fp8_experts(const cuda::ExpertFfnParams& p,
   q.swiglu_limit = p.swiglu_limit;
   q.h = p.h;
   q.y = p.y;
+  q.gemv = gemv && !options_.batch_invariant;
   const int64_t ld = cuda::fp8_acts_ld(p.inter);
   DSI_RETURN_IF_ERROR(ws_->get(&q.h_codes, p.num_pairs * ld));
   DSI_RETURN_IF_ERROR(ws_->get(&q.h_scales, p.num_pairs * (ld / 128)));
@@ -427,7 +462,7 @@ Status CudaModel::launch_moe(const DMoe& w,
     DSI_RETURN_IF_ERROR(cuda::launch_moe_sm90(mp, s));
 #endif
   } else if (fast_shared) {
-    DSI_RETURN_IF_ERROR(fp8_experts(sp, w.shared_format, uq, s));
+    DSI_RETURN_IF_ERROR(fp8_experts(sp, w.shared_format, w.shared_gemv, uq, s));
   } else {
     DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
   }
@@ -483,7 +518,7 @@ Status CudaModel::launch_moe(const DMoe& w,
     DSI_RETURN_IF_ERROR(cuda::launch_moe_sm90(mp, s));
 #endif
   } else if (fast_routed) {
-    DSI_RETURN_IF_ERROR(fp8_experts(ep, w.routed_format, uq, s));
+    DSI_RETURN_IF_ERROR(fp8_experts(ep, w.routed_format, w.routed_gemv, uq, s));
   } else {
     DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(ep, s));
   }

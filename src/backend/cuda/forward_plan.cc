@@ -113,7 +113,6 @@ void plan_pass(const PlanContext& ctx,
                HostPack& pack,
                PassPlan* out) {
   const auto& c = *ctx.config;
-  const int64_t hd = c.head_dim;
   const int64_t window = c.sliding_window;
   out->rows = rows;
   std::vector<int32_t> tok(static_cast<size_t>(rows), 0);
@@ -126,6 +125,19 @@ void plan_pass(const PlanContext& ctx,
   }
   out->tokens = pack.add(tok);
   out->positions = pack.add(pos);
+  std::vector<int32_t> row_span(static_cast<size_t>(std::max<int64_t>(rows, 1)), -1);
+  std::vector<int64_t> span_pos;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const SeqSpan& s = spans[i];
+    for (int64_t t = 0; t < s.n; ++t)
+      row_span[static_cast<size_t>(s.begin + t)] = static_cast<int32_t>(i);
+    span_pos.push_back(s.first);
+    span_pos.push_back(s.begin);
+  }
+  if (span_pos.empty())
+    span_pos.assign(2, 0);
+  out->row_span = pack.add(row_span);
+  out->span_pos = pack.add(span_pos);
 
   const bool mtp = !spans.empty() && spans.front().mtp;
   const std::vector<model::LayerPlan>& plans = mtp ? c.mtp_layers : c.layers;
@@ -142,43 +154,49 @@ void plan_pass(const PlanContext& ctx,
     if (csa)
       lp.index_comp = plan_compressor(ctx, spans, l, plan, true, rows, pack);
 
+    // Key counts only: the lists themselves are expanded on the device (launch_expand_keys).
     std::vector<int64_t> key_begin(static_cast<size_t>(rows + 1), 0);
-    // The key list is this thread's scratch, kept from call to call: a prefill's list is tens of
-    // MB, and fresh memory would be page-faulted in on every forward.
-    thread_local std::vector<int64_t> keys_scratch;
-    std::vector<int64_t>& keys = keys_scratch;
-    keys.clear();
-    {
-      // One allocation: window keys, then per row the HCA entries or the CSA selections.
-      int64_t room = 0;
-      for (const SeqSpan& s : spans) {
-        const int64_t last = s.first + s.n;
-        room += s.n * (window + (csa ? c.index_topk : 0) +
-                       (hca ? last / std::max<int64_t>(plan.compress_ratio, 1) : 0));
-      }
-      keys.reserve(static_cast<size_t>(room + (rows + 1) * (csa ? c.index_topk : 0)));
-    }
     std::vector<int64_t> ring_dest(static_cast<size_t>(rows), kNone);
     std::vector<int64_t> select_begin(static_cast<size_t>(rows), 0);
     std::vector<int32_t> index_pages;
     std::vector<int32_t> entry_pages;
+    std::vector<int32_t> ring_pages;
+    std::vector<int32_t> ring_page_begin;
+    std::vector<int32_t> hca_pages;
+    std::vector<int32_t> hca_page_begin;
     std::vector<int64_t> index_page_begin(static_cast<size_t>(rows), 0);
     std::vector<int64_t> entry_page_begin(static_cast<size_t>(rows), 0);
     std::vector<int64_t> visible(static_cast<size_t>(rows), 0);
     int64_t max_visible = 0;
     int64_t next_row = 0;
-    auto close_rows_until = [&](int64_t r) {  // padding rows: no keys
+    int64_t nkeys = 0;
+    auto close_rows_until = [&](int64_t r) {  // padding rows: no keys (CSA: unused slots)
       for (; next_row < r; ++next_row) {
         if (csa) {
-          select_begin[static_cast<size_t>(next_row)] = static_cast<int64_t>(keys.size());
-          keys.resize(keys.size() + static_cast<size_t>(c.index_topk), kNone);
+          select_begin[static_cast<size_t>(next_row)] = nkeys;
+          nkeys += c.index_topk;
         }
-        key_begin[static_cast<size_t>(next_row + 1)] = static_cast<int64_t>(keys.size());
+        key_begin[static_cast<size_t>(next_row + 1)] = nkeys;
       }
     };
     for (const SeqSpan& s : spans) {
       close_rows_until(s.begin);
       state::LayerState& ls = layer_state(s, l);
+      if (lp.ring_capacity == 0) {
+        lp.ring_capacity = ls.ring_capacity;
+        lp.ring_rows_per_page = ls.ring.rows_per_page();
+        lp.entry_rows_per_page = ls.entries.rows_per_page();
+      }
+      DSI_CHECK(lp.ring_capacity == ls.ring_capacity &&
+                    lp.ring_rows_per_page == ls.ring.rows_per_page() &&
+                    lp.entry_rows_per_page == ls.entries.rows_per_page(),
+                "sequences of one pass disagree on a layer's ring or entry layout");
+      ring_page_begin.push_back(static_cast<int32_t>(ring_pages.size()));
+      ring_pages.insert(ring_pages.end(), ls.ring.pages().begin(), ls.ring.pages().end());
+      if (hca) {
+        hca_page_begin.push_back(static_cast<int32_t>(hca_pages.size()));
+        hca_pages.insert(hca_pages.end(), ls.entries.pages().begin(), ls.entries.pages().end());
+      }
       const int64_t ipb = static_cast<int64_t>(index_pages.size());
       const int64_t epb = static_cast<int64_t>(entry_pages.size());
       if (csa) {
@@ -189,23 +207,19 @@ void plan_pass(const PlanContext& ctx,
       for (int64_t t = 0; t < s.n; ++t) {
         const int64_t p0 = s.first + t;
         const int64_t r = s.begin + t;
-        for (int64_t p = std::max<int64_t>(0, p0 - window + 1); p <= p0; ++p) {
-          keys.push_back(p < s.first ? ls.ring.pool_offset(p % ls.ring_capacity)
-                                     : local_ref((s.begin + p - s.first) * hd));
-        }
+        nkeys += std::min<int64_t>(p0 + 1, window);
         if (hca) {
-          const int64_t vis = (p0 + 1) / plan.compress_ratio;
-          for (int64_t blk = 0; blk < vis; ++blk) keys.push_back(ls.entries.pool_offset(blk));
+          nkeys += (p0 + 1) / plan.compress_ratio;
         } else if (csa) {
           const int64_t vis = (p0 + 1) / plan.compress_ratio;
           visible[static_cast<size_t>(r)] = vis;
           max_visible = std::max(max_visible, vis);
           index_page_begin[static_cast<size_t>(r)] = ipb;
           entry_page_begin[static_cast<size_t>(r)] = epb;
-          select_begin[static_cast<size_t>(r)] = static_cast<int64_t>(keys.size());
-          keys.resize(keys.size() + static_cast<size_t>(c.index_topk), kNone);
+          select_begin[static_cast<size_t>(r)] = nkeys;
+          nkeys += c.index_topk;
         }
-        key_begin[static_cast<size_t>(r + 1)] = static_cast<int64_t>(keys.size());
+        key_begin[static_cast<size_t>(r + 1)] = nkeys;
         if (t >= s.n - ls.ring_capacity)
           ring_dest[static_cast<size_t>(r)] = ls.ring.pool_offset(p0 % ls.ring_capacity);
       }
@@ -213,7 +227,22 @@ void plan_pass(const PlanContext& ctx,
     }
     close_rows_until(rows);
     lp.key_begin = pack.add(key_begin);
-    lp.key_refs = pack.add(keys);
+    lp.key_refs = pack.reserve_device<int64_t>(std::max<int64_t>(nkeys, 1));
+    if (ring_pages.empty())
+      ring_pages.push_back(0);
+    if (ring_page_begin.empty())
+      ring_page_begin.push_back(0);
+    lp.ring_pages = pack.add(ring_pages);
+    lp.ring_page_begin = pack.add(ring_page_begin);
+    if (hca) {
+      if (hca_pages.empty())
+        hca_pages.push_back(0);
+      if (hca_page_begin.empty())
+        hca_page_begin.push_back(0);
+      lp.hca_pages = pack.add(hca_pages);
+      lp.hca_page_begin = pack.add(hca_page_begin);
+      lp.hca_ratio = plan.compress_ratio;
+    }
     lp.ring_dest = pack.add(ring_dest);
     if (csa) {
       if (index_pages.empty())
@@ -229,6 +258,58 @@ void plan_pass(const PlanContext& ctx,
       lp.visible_room = ctx.fixed_shape ? bucket(max_visible) : max_visible;
     }
   }
+}
+
+std::vector<int64_t> expand_keys_host(const PlanContext& ctx,
+                                      const HostPack& pack,
+                                      const PassPlan& plan,
+                                      size_t layer) {
+  const auto& c = *ctx.config;
+  const LayerPass& lp = plan.layers[layer];
+  const std::vector<int64_t> begin = pack.read<int64_t>(lp.key_begin);
+  const std::vector<int32_t> row_span = pack.read<int32_t>(plan.row_span);
+  const std::vector<int64_t> span_pos = pack.read<int64_t>(plan.span_pos);
+  const std::vector<int32_t> ring_pages = pack.read<int32_t>(lp.ring_pages);
+  const std::vector<int32_t> ring_pb = pack.read<int32_t>(lp.ring_page_begin);
+  const bool hca = lp.hca_pages >= 0;
+  const std::vector<int32_t> hca_pages =
+      hca ? pack.read<int32_t>(lp.hca_pages) : std::vector<int32_t>();
+  const std::vector<int32_t> hca_pb =
+      hca ? pack.read<int32_t>(lp.hca_page_begin) : std::vector<int32_t>();
+  const int64_t ratio = lp.hca_ratio;
+  const int64_t hd = c.head_dim;
+  const int64_t pf = ctx.page_floats;
+  std::vector<int64_t> out(static_cast<size_t>(begin.back()), kNone);
+  for (int64_t r = 0; r < plan.rows; ++r) {
+    const int32_t s = row_span[static_cast<size_t>(r)];
+    if (s < 0)
+      continue;
+    const int64_t first = span_pos[static_cast<size_t>(2 * s)];
+    const int64_t row0 = span_pos[static_cast<size_t>(2 * s + 1)];
+    const int64_t p0 = first + (r - row0);
+    const int64_t lo = std::max<int64_t>(0, p0 - c.sliding_window + 1);
+    int64_t j = begin[static_cast<size_t>(r)];
+    for (int64_t p = lo; p <= p0; ++p, ++j) {
+      if (p < first) {
+        const int64_t row = p % lp.ring_capacity;
+        const int32_t page = ring_pages[static_cast<size_t>(ring_pb[static_cast<size_t>(s)] +
+                                                            row / lp.ring_rows_per_page)];
+        out[static_cast<size_t>(j)] =
+            static_cast<int64_t>(page) * pf + (row % lp.ring_rows_per_page) * hd;
+      } else {
+        out[static_cast<size_t>(j)] = local_ref((row0 + p - first) * hd);
+      }
+    }
+    if (hca) {
+      for (int64_t blk = 0; blk < (p0 + 1) / ratio; ++blk, ++j) {
+        const int32_t page = hca_pages[static_cast<size_t>(hca_pb[static_cast<size_t>(s)] +
+                                                           blk / lp.entry_rows_per_page)];
+        out[static_cast<size_t>(j)] =
+            static_cast<int64_t>(page) * pf + (blk % lp.entry_rows_per_page) * hd;
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace dsinfer::gpu

@@ -34,7 +34,17 @@ struct CompressorPlan {
 
 struct LayerPass {
   int32_t key_begin = -1;  // [N + 1] attention CSR
+  // [key_begin[N]], device-only (HostPack::reserve_device): window keys and HCA entries written
+  // by launch_expand_keys from the page tables below, CSA selections by refs_from_indices.
   int32_t key_refs = -1;
+  int32_t ring_pages = -1;       // the spans' window-ring page tables, concatenated
+  int32_t ring_page_begin = -1;  // [spans]
+  int32_t hca_pages = -1;        // HCA: the spans' entry page tables, concatenated
+  int32_t hca_page_begin = -1;   // [spans]
+  int64_t hca_ratio = 0;         // HCA: position p sees entries [0, (p + 1) / hca_ratio)
+  int64_t ring_capacity = 0;
+  int64_t ring_rows_per_page = 0;
+  int64_t entry_rows_per_page = 0;
   int32_t ring_dest = -1;     // [N] where each row's K=V vector goes in its ring (or none)
   CompressorPlan comp;        // CSA / HCA main compressor
   CompressorPlan index_comp;  // CSA indexer compressor
@@ -52,6 +62,8 @@ struct PassPlan {
   int64_t rows = 0;        // N (padding rows included)
   int32_t tokens = -1;     // [N] int32
   int32_t positions = -1;  // [N] int64
+  int32_t row_span = -1;   // [N] int32: the span of each row, -1 for padding rows
+  int32_t span_pos = -1;   // [spans, 2] int64: first position, first row
   std::vector<LayerPass> layers;
 };
 
@@ -70,5 +82,13 @@ void plan_pass(const PlanContext& ctx,
                int64_t rows,
                HostPack& pack,
                PassPlan* out);
+
+// The key list of layer `layer` of a planned pass, computed on the host exactly as
+// launch_expand_keys computes it on the device (window keys and HCA entries), with kKvRefNone (-1)
+// in the CSA selection slots that refs_from_indices fills. For tests and checks.
+std::vector<int64_t> expand_keys_host(const PlanContext& ctx,
+                                      const HostPack& pack,
+                                      const PassPlan& plan,
+                                      size_t layer);
 
 }  // namespace dsinfer::gpu

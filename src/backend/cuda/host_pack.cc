@@ -6,17 +6,25 @@ namespace dsinfer::gpu {
 
 void HostPack::layout(bool bucketed) {
   int64_t off = 0;
-  for (size_t i = 0; i < used_; ++i) {
-    Array& a = arrays_[i];
-    int64_t room = std::max<int64_t>(static_cast<int64_t>(a.bytes.size()), 8);
-    if (bucketed) {
-      int64_t r = 256;
-      while (r < room) r *= 2;
-      room = r;
+  for (int pass = 0; pass < 2; ++pass) {  // host arrays, then device-only ones
+    for (size_t i = 0; i < used_; ++i) {
+      Array& a = arrays_[i];
+      if ((a.device_bytes >= 0) != (pass == 1))
+        continue;
+      const int64_t size =
+          a.device_bytes >= 0 ? a.device_bytes : static_cast<int64_t>(a.bytes.size());
+      int64_t room = std::max<int64_t>(size, 8);
+      if (bucketed) {
+        int64_t r = 256;
+        while (r < room) r *= 2;
+        room = r;
+      }
+      a.offset = off;
+      a.room = room;
+      off = (off + room + 255) / 256 * 256;
     }
-    a.offset = off;
-    a.room = room;
-    off = (off + room + 255) / 256 * 256;
+    if (pass == 0)
+      host_total_ = off;
   }
   total_ = off;
 }

@@ -20,6 +20,7 @@ class HostPack {
   void clear() {
     used_ = 0;
     total_ = 0;
+    host_total_ = 0;
   }
   template <typename T>
   int32_t add(const std::vector<T>& v) {
@@ -28,6 +29,20 @@ class HostPack {
     Array& a = arrays_[used_];
     const auto* p = reinterpret_cast<const uint8_t*>(v.data());
     a.bytes.assign(p, p + v.size() * sizeof(T));  // one pass, into the kept capacity
+    a.device_bytes = -1;
+    a.room = 0;
+    a.offset = 0;
+    return static_cast<int32_t>(used_++);
+  }
+  // An array of `count` T that only the device writes (e.g. key lists expanded by a kernel): it
+  // takes room in the device layout, after every host array, and is never copied.
+  template <typename T>
+  int32_t reserve_device(int64_t count) {
+    if (used_ == arrays_.size())
+      arrays_.emplace_back();
+    Array& a = arrays_[used_];
+    a.bytes.clear();
+    a.device_bytes = count * static_cast<int64_t>(sizeof(T));
     a.room = 0;
     a.offset = 0;
     return static_cast<int32_t>(used_++);
@@ -41,13 +56,17 @@ class HostPack {
       std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
     return v;
   }
-  // Lays the arrays out (256-byte aligned). bucketed: each array's room is rounded up to a power
-  // of two (at least 256 bytes), so that small changes of content keep the layout.
+  // Lays the arrays out (256-byte aligned; host arrays first, then the device-only ones).
+  // bucketed: each array's room is rounded up to a power of two (at least 256 bytes), so that
+  // small changes of content keep the layout.
   void layout(bool bucketed);
   int64_t total_bytes() const { return total_; }
+  // The prefix of the layout that holds host arrays: what copy_to writes and the device needs.
+  int64_t host_bytes() const { return host_total_; }
   int64_t offset(int32_t id) const { return arrays_[static_cast<size_t>(id)].offset; }
   int64_t size_bytes(int32_t id) const {
-    return static_cast<int64_t>(arrays_[static_cast<size_t>(id)].bytes.size());
+    const Array& a = arrays_[static_cast<size_t>(id)];
+    return a.device_bytes >= 0 ? a.device_bytes : static_cast<int64_t>(a.bytes.size());
   }
   // The room of every array (the layout): equal vectors mean equal layouts.
   std::vector<int64_t> layout_key() const;
@@ -61,12 +80,14 @@ class HostPack {
  private:
   struct Array {
     std::vector<uint8_t> bytes;
+    int64_t device_bytes = -1;  // >= 0: a device-only array of this size (reserve_device)
     int64_t room = 0;
     int64_t offset = 0;
   };
   std::vector<Array> arrays_;  // [0, used_) are this pack's arrays; the rest keep storage
   size_t used_ = 0;
   int64_t total_ = 0;
+  int64_t host_total_ = 0;
 };
 
 }  // namespace dsinfer::gpu

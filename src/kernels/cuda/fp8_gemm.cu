@@ -14,6 +14,7 @@
 #include "kernels/cuda/fp8_mma_tile.cuh"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/moe_gemv.h"
 
 namespace dsinfer::cuda {
 namespace {
@@ -609,6 +610,9 @@ Status launch_fp8_expert_ffn(const Fp8ExpertFfnParams& p, cudaStream_t stream) {
   if (!p.w1 || !p.w3 || !p.w2 || !p.h || !p.h_codes || !p.h_scales || !p.y || !p.x.codes ||
       !p.x.scales)
     return null_pointer("fp8_expert_ffn");
+  if (p.gemv && expert_gemv_supports(p.hidden, p.inter) &&
+      ceil_div(p.num_pairs, p.expert_begin ? p.n_experts : 1) <= kExpertGemvTokens)
+    return launch_expert_gemv(p, stream);
   if (p.format == WeightFormat::kMxfp4)
     return launch_experts_fmt<WFmt::kFp4>(p, stream);
   DSI_RETURN_IF_ERROR(require(p.format == WeightFormat::kFp8Block128,

@@ -98,6 +98,10 @@ struct Fp8ExpertFfnParams {
   uint8_t* h_codes = nullptr;  // scratch [num_pairs, fp8_acts_ld(inter)]
   float* h_scales = nullptr;   // scratch [num_pairs, fp8_acts_ld(inter) / 128]
   float* y = nullptr;          // [num_pairs, hidden]
+  // Few pairs per expert (<= 8 on average) may take the grouped GEMVs (moe_gemv.h), which sum in
+  // another order than the tiles: set only where the experts passed launch_expert_gemv_check
+  // (MXFP4) and batch invariance is not asked for.
+  bool gemv = false;
 };
 Status launch_fp8_expert_ffn(const Fp8ExpertFfnParams& p, cudaStream_t stream);
 

@@ -61,27 +61,54 @@ __global__ void hc_rms_kernel(
   }
 }
 
-// Split mixing, pass 2: block (s, t) computes the double partial dot products of every mixing row
-// over column slice s of token t (one warp per row), into scratch[t][s][row].
+// Split mixing, pass 2: block (s, g) computes the double partial dot products of every mixing row
+// over column slice s for the kMixTokens tokens of group g, into scratch[t][s][row]. The slice of
+// x * r is staged once in shared memory and each fn value read once per group (fn would otherwise
+// be re-read from L2 for every token); per (token, row) the lane order and the butterfly are
+// those of a warp over one token, so the sums do not depend on the grouping.
+constexpr int kMixTokens = 8;
+
 __global__ void hc_mix_partial_kernel(
     const float* fn, int rows, const float* xs, int64_t width, int64_t n, double* scratch) {
+  extern __shared__ float xr[];  // [kMixTokens][slice]
   const int lane = threadIdx.x & 31;
   const int64_t slice = (width + kHcMixSplits - 1) / kHcMixSplits;
   const int64_t c0 = blockIdx.x * slice;
   const int64_t c1 = min(width, c0 + slice);
-  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
-    const float* x = xs + t * width;
-    double* part = scratch + t * (kHcMixSplits * rows + 1);
-    const float r = static_cast<float>(part[kHcMixSplits * rows]);
+  const int64_t stride = kHcMixSplits * rows + 1;
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMixTokens; t0 < n;
+       t0 += static_cast<int64_t>(gridDim.y) * kMixTokens) {
+    const int count = n - t0 < kMixTokens ? static_cast<int>(n - t0) : kMixTokens;
+    for (int j = 0; j < count; ++j) {
+      const float r = static_cast<float>(scratch[(t0 + j) * stride + kHcMixSplits * rows]);
+      const float* x = xs + (t0 + j) * width;
+      for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x)
+        xr[j * slice + (c - c0)] = __fmul_rn(x[c], r);
+    }
+    __syncthreads();
     for (int i = threadIdx.x >> 5; i < rows; i += blockDim.x >> 5) {
       const float* w = fn + i * width;
-      double acc = 0.0;
-      for (int64_t c = c0 + lane; c < c1; c += 32)
-        acc += static_cast<double>(w[c]) * static_cast<double>(__fmul_rn(x[c], r));
-      acc = warp_sum(acc);
-      if (lane == 0)
-        part[blockIdx.x * rows + i] = acc;
+      double acc[kMixTokens];
+#pragma unroll
+      for (int j = 0; j < kMixTokens; ++j) acc[j] = 0.0;
+      for (int64_t c = c0 + lane; c < c1; c += 32) {
+        const double wv = static_cast<double>(w[c]);
+#pragma unroll
+        for (int j = 0; j < kMixTokens; ++j) {
+          if (j < count)
+            acc[j] += wv * static_cast<double>(xr[j * slice + (c - c0)]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kMixTokens; ++j) {
+        if (j < count) {
+          const double v = warp_sum(acc[j]);
+          if (lane == 0)
+            scratch[(t0 + j) * stride + blockIdx.x * rows + i] = v;
+        }
+      }
     }
+    __syncthreads();  // xr is restaged for the next group
   }
 }
 
@@ -225,8 +252,20 @@ Status split_mix(const float* fn,
   const auto blocks = static_cast<unsigned>(std::min(n, kMaxBlocks));
   hc_rms_kernel<<<blocks, kThreads, 0, stream>>>(x, width, eps, n, rows, scratch);
   DSI_RETURN_IF_ERROR(launched("hc_rms launch"));
-  hc_mix_partial_kernel<<<dim3(static_cast<unsigned>(kHcMixSplits), blocks), kThreads, 0, stream>>>(
-      fn, rows, x, width, n, scratch);
+  const int64_t slice = (width + kHcMixSplits - 1) / kHcMixSplits;
+  const int smem = static_cast<int>(kMixTokens * slice * sizeof(float));
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      hc_mix_partial_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  if (attr != cudaSuccess)
+    return failed_precondition(std::string("hc_mix_partial: shared memory: ") +
+                               cudaGetErrorString(attr));
+  if (smem > 200 * 1024)
+    return invalid_argument("hc_mix_partial: hc * hidden too large");
+  const auto groups = static_cast<unsigned>(std::min(ceil_div(n, kMixTokens), kMaxBlocks));
+  hc_mix_partial_kernel<<<dim3(static_cast<unsigned>(kHcMixSplits), groups),
+                          kThreads,
+                          smem,
+                          stream>>>(fn, rows, x, width, n, scratch);
   return launched("hc_mix_partial launch");
 }
 

@@ -43,7 +43,72 @@ __global__ void refs_from_indices_kernel(RefsFromIndicesParams p) {
   }
 }
 
+__device__ __forceinline__ int64_t paged_ref(
+    const int32_t* pages, int64_t row, int64_t rows_per_page, int64_t page_floats, int64_t width) {
+  return static_cast<int64_t>(pages[row / rows_per_page]) * page_floats +
+         (row % rows_per_page) * width;
+}
+
+__global__ void expand_keys_kernel(ExpandKeysParams p) {
+  const ExpandKeysLayer& L = p.layers[blockIdx.y];
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const int32_t s = p.row_span[r];
+    if (s < 0)
+      continue;  // block-uniform
+    const int64_t first = p.span_pos[2 * s];
+    const int64_t row0 = p.span_pos[2 * s + 1];
+    const int64_t p0 = first + (r - row0);
+    const int64_t lo = p0 - p.window + 1 > 0 ? p0 - p.window + 1 : 0;
+    const int64_t nw = p0 - lo + 1;
+    const int64_t vis = L.hca_ratio > 0 ? (p0 + 1) / L.hca_ratio : 0;
+    int64_t* out = L.out + L.key_begin[r];
+    const int32_t* ring = L.ring_pages + L.ring_page_begin[s];
+    for (int64_t j = threadIdx.x; j < nw + vis; j += blockDim.x) {
+      int64_t ref;
+      if (j < nw) {
+        const int64_t pos = lo + j;
+        ref = pos < first
+                  ? paged_ref(
+                        ring, pos % L.ring_capacity, L.ring_rows_per_page, p.page_floats, p.width)
+                  : -2 - (row0 + pos - first) * p.width;
+      } else {
+        ref = paged_ref(L.hca_pages + L.hca_page_begin[s],
+                        j - nw,
+                        L.entry_rows_per_page,
+                        p.page_floats,
+                        p.width);
+      }
+      out[j] = ref;
+    }
+  }
+}
+
 }  // namespace
+
+Status launch_expand_keys(const ExpandKeysParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("expand_keys", {p.rows, p.window, p.width, p.page_floats}));
+  DSI_RETURN_IF_ERROR(require(p.n_layers >= 0 && p.n_layers <= kExpandKeysMaxLayers,
+                              "expand_keys",
+                              "too many layers for one launch"));
+  if (p.rows == 0 || p.n_layers == 0)
+    return Status();
+  if (!p.row_span || !p.span_pos)
+    return null_pointer("expand_keys");
+  for (int l = 0; l < p.n_layers; ++l) {
+    const ExpandKeysLayer& L = p.layers[l];
+    if (!L.out || !L.key_begin || !L.ring_pages || !L.ring_page_begin ||
+        (L.hca_ratio > 0 && (!L.hca_pages || !L.hca_page_begin)))
+      return null_pointer("expand_keys");
+    DSI_RETURN_IF_ERROR(require(L.ring_capacity > 0 && L.ring_rows_per_page > 0 &&
+                                    L.entry_rows_per_page > 0 && L.hca_ratio >= 0,
+                                "expand_keys",
+                                "bad ring or entry geometry"));
+  }
+  const dim3 grid(static_cast<unsigned>(std::min(p.rows, kMaxGrid)),
+                  static_cast<unsigned>(p.n_layers));
+  expand_keys_kernel<<<grid, 128, 0, stream>>>(p);
+  return launched("expand_keys launch");
+}
 
 Status launch_scatter_rows(const ScatterRowsParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_nonneg("scatter_rows", {p.n, p.width, p.ld_src}));

@@ -1,0 +1,465 @@
+// Grouped expert GEMVs for decode (moe_gemv.h): weights from global memory into registers,
+// converted to FP16 there, FP16 m16n8k16 MMAs with weights as A (16 rows) and tokens as B (8).
+#include <algorithm>
+
+#include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/fp8_mma_tile.cuh"
+#include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/moe_gemv.h"
+
+namespace dsinfer::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kWarpRows = 16;
+constexpr int kBlockRows = kWarps * kWarpRows;
+constexpr int kTok = static_cast<int>(kExpertGemvTokens);
+constexpr int64_t kMaxGridY = 65535;
+// The largest spread of the four E8M0 exponents of a 128-block that the FP16 weights absorb.
+constexpr int kMaxSpread = 26;
+
+enum class Fmt { kFp4, kFp8 };
+
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+// Streaming 16-byte load: read once, kept out of L1.
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// prmt in its generic mode: a selector nibble with bit 3 set replicates the selected byte's sign.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// Four E2M1 codes (bits 0..15, first lowest) -> FP16 pairs (codes 0, 1) and (2, 3), each value
+// times 2^o where o is folded into the magnitude table (lut0, lut1: FP16 high bytes of |E2M1|;
+// every FP16 of an E2M1 value has a zero low byte).
+__device__ __forceinline__ void fp4x4_to_f16(
+    uint32_t v, uint32_t lut0, uint32_t lut1, uint32_t* r01, uint32_t* r23) {
+  const uint32_t mag = prmt(lut0, lut1, v & 0x7777u);
+  const uint32_t pos = prmt(0x7F7F7F7Fu, 0x7F7F7F7Fu, v);  // 0x7F where the sign is 0, else 0
+  const uint32_t hi = mag | (~(pos << 7) & 0x80808080u);    // bit 0 of each byte -> sign
+  *r01 = prmt(hi, 0u, 0x1404u);
+  *r23 = prmt(hi, 0u, 0x3424u);
+}
+
+// The magnitude table scaled by 2^o (|o| <= 13 keeps every entry a normal FP16).
+__device__ __forceinline__ void fp4_lut(int o, uint32_t* lut0, uint32_t* lut1) {
+  const uint32_t d = static_cast<uint32_t>(o * 4);  // the exponent field starts at bit 2
+  *lut0 = 0x3E3C3800u + d * 0x01010100u;            // |E2M1| 0, 0.5, 1, 1.5 (0 stays 0)
+  *lut1 = 0x46444240u + d * 0x01010101u;            // 2, 3, 4, 6
+}
+
+__device__ __forceinline__ float pow2(int e) {
+  return e >= -126 && e <= 127 ? __int_as_float((e + 127) << 23) : scalbnf(1.0f, e);
+}
+
+// One lane's share of rows g and g + 8 of a warp's 16 rows for one 128-wide K block: the 32
+// weights at K offset 32 t of the block.
+template <Fmt F>
+struct WFrag {
+  uint4 v[2][F == Fmt::kFp4 ? 1 : 2];
+  uint32_t s[2];  // MXFP4: the four E8M0 scales of each row's block
+  float fs;       // FP8: the 128x128 block's scale
+};
+
+template <Fmt F>
+__device__ __forceinline__ void load_w(
+    const MatrixRef& w, int64_t r0, int g, int t, int64_t kb, WFrag<F>* f) {
+  const auto* d = static_cast<const uint8_t*>(w.data);
+  if constexpr (F == Fmt::kFp4) {
+    const auto* s = static_cast<const uint8_t*>(w.scale);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t row = r0 + g + 8 * i;
+      f->v[i][0] = ld_stream(d + row * (w.cols / 2) + kb * 64 + 16 * t);
+      f->s[i] = __ldg(reinterpret_cast<const uint32_t*>(s + row * (w.cols / 32) + kb * 4));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* p = d + (r0 + g + 8 * i) * w.cols + kb * 128 + 32 * t;
+      f->v[i][0] = ld_stream(p);
+      f->v[i][1] = ld_stream(p + 16);
+    }
+    f->fs = fp8_block_scale(
+        w.scale, w.scale_dtype == DType::kF32, (r0 / 128) * ((w.cols + 127) / 128) + kb);
+  }
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// c = the block's products for rows g, g + 8 x tokens 2t, 2t + 1 (the MMA's C fragment), and the
+// rows' factors fa, fb that turn them into values (before the activation scale).
+template <Fmt F>
+__device__ __forceinline__ void block_mma(
+    const WFrag<F>& f, const uint32_t (&xb)[16], int t, float (&c)[4], float* fa, float* fb) {
+  c[0] = c[1] = c[2] = c[3] = 0.0f;
+  if constexpr (F == Fmt::kFp4) {
+    uint32_t lut[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t s = f.s[i];
+      const uint32_t m2 = __vmaxu4(s, s >> 8);
+      const int emax = static_cast<int>(__vmaxu4(m2, m2 >> 16) & 0xFFu);
+      const int e = static_cast<int>((s >> (8 * t)) & 0xFFu);
+      fp4_lut(e - emax + 13, &lut[i][0], &lut[i][1]);
+      (i == 0 ? *fa : *fb) = pow2(emax - 140);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a[4];
+        fp4x4_to_f16(word(f.v[0][0], q) >> (16 * h), lut[0][0], lut[0][1], &a[0], &a[2]);
+        fp4x4_to_f16(word(f.v[1][0], q) >> (16 * h), lut[1][0], lut[1][1], &a[1], &a[3]);
+        const int st = 2 * q + h;
+        const uint32_t b[2] = {xb[2 * st], xb[2 * st + 1]};
+        mma::mma_f16(c, a, b);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+      const uint32_t wa = word(f.v[0][st / 4], st % 4);
+      const uint32_t wb = word(f.v[1][st / 4], st % 4);
+      const uint32_t a[4] = {mma::e4m3x2_to_f16x2(wa),
+                             mma::e4m3x2_to_f16x2(wb),
+                             mma::e4m3x2_to_f16x2(wa >> 16),
+                             mma::e4m3x2_to_f16x2(wb >> 16)};
+      const uint32_t b[2] = {xb[2 * st], xb[2 * st + 1]};
+      mma::mma_f16(c, a, b);
+    }
+    *fa = f.fs;
+    *fb = f.fs;
+  }
+}
+
+// Token g's 32 activations at K offset 32 t of block kb as FP16 pairs, and the activation scales
+// of tokens 2t, 2t + 1 (zero for absent tokens).
+struct XFrag {
+  uint4 v[2];
+  float s0, s1;
+};
+
+__device__ __forceinline__ void load_x(
+    const Fp8Acts& x, const int32_t* xrow, int g, int t, int64_t kb, XFrag* f) {
+  const int r = xrow[g];
+  if (r >= 0) {
+    const uint8_t* p = x.codes + static_cast<int64_t>(r) * x.ld + kb * 128 + 32 * t;
+    f->v[0] = __ldg(reinterpret_cast<const uint4*>(p));
+    f->v[1] = __ldg(reinterpret_cast<const uint4*>(p + 16));
+  } else {
+    f->v[0] = f->v[1] = make_uint4(0, 0, 0, 0);
+  }
+  const int64_t sld = x.ld / 128;
+  const int r0 = xrow[2 * t];
+  const int r1 = xrow[2 * t + 1];
+  f->s0 = r0 >= 0 ? __ldg(x.scales + r0 * sld + kb) : 0.0f;
+  f->s1 = r1 >= 0 ? __ldg(x.scales + r1 * sld + kb) : 0.0f;
+}
+
+__device__ __forceinline__ void x_f16(const XFrag& f, uint32_t (&xb)[16]) {
+#pragma unroll
+  for (int st = 0; st < 8; ++st) {
+    const uint32_t w = word(f.v[st / 4], st % 4);
+    xb[2 * st] = mma::e4m3x2_to_f16x2(w);
+    xb[2 * st + 1] = mma::e4m3x2_to_f16x2(w >> 16);
+  }
+}
+
+__device__ __forceinline__ void accumulate(
+    const float (&c)[4], float fa, float fb, const XFrag& x, float (&acc)[4]) {
+  acc[0] = fmaf(c[0], fa * x.s0, acc[0]);
+  acc[1] = fmaf(c[1], fa * x.s1, acc[1]);
+  acc[2] = fmaf(c[2], fb * x.s0, acc[2]);
+  acc[3] = fmaf(c[3], fb * x.s1, acc[3]);
+}
+
+// Block-wide: tile ty of the grouped pairs (each expert's pairs cut into kTok-pair tiles, experts
+// ascending) -> found[0..2] = expert, first grouped pair, the expert's end; false past the last.
+__device__ bool find_tile(const Fp8ExpertFfnParams& p, int64_t ty, int64_t* found) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    if (lane == 0)
+      found[0] = -1;
+    __syncwarp();
+    if (p.expert_begin == nullptr) {
+      if (lane == 0 && ty * kTok < p.num_pairs) {
+        found[0] = 0;
+        found[1] = ty * kTok;
+        found[2] = p.num_pairs;
+      }
+    } else {
+      // Lane l sums the tiles of experts [lo, hi); a scan over the lanes finds ty's lane.
+      const int64_t per = (p.n_experts + 31) / 32;
+      const int64_t lo = imin(lane * per, p.n_experts);
+      const int64_t hi = imin(lo + per, p.n_experts);
+      int64_t tiles = 0;
+      for (int64_t e = lo; e < hi; ++e)
+        tiles += (p.expert_begin[e + 1] - p.expert_begin[e] + kTok - 1) / kTok;
+      int64_t incl = tiles;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int64_t o = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off)
+          incl += o;
+      }
+      if (ty >= incl - tiles && ty < incl) {
+        int64_t local = ty - (incl - tiles);
+        for (int64_t e = lo; e < hi; ++e) {
+          const int64_t b = p.expert_begin[e];
+          const int64_t end = p.expert_begin[e + 1];
+          const int64_t te = (end - b + kTok - 1) / kTok;
+          if (local < te) {
+            found[0] = e;
+            found[1] = b + local * kTok;
+            found[2] = end;
+            break;
+          }
+          local -= te;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  return found[0] >= 0;
+}
+
+template <Fmt F>
+__global__ void __launch_bounds__(kWarps * 32) gemv_gate_up_kernel(Fp8ExpertFfnParams p) {
+  __shared__ int64_t found[3];
+  __shared__ int32_t xrow[kTok];
+  if (!find_tile(p, blockIdx.y, found))
+    return;  // block-uniform
+  const int64_t e = found[0];
+  const int64_t g0 = found[1];
+  const int count = static_cast<int>(imin(kTok, found[2] - g0));
+  if (threadIdx.x < kTok) {
+    const int j = threadIdx.x;
+    xrow[j] =
+        j < count ? static_cast<int32_t>((p.pair_src ? p.pair_src[g0 + j] : g0 + j) / p.k) : -1;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBlockRows + (threadIdx.x >> 5) * kWarpRows;
+  if (r0 >= p.inter)
+    return;  // warp-uniform
+  const MatrixRef w1 = p.w1[e];
+  const MatrixRef w3 = p.w3[e];
+  const int64_t kbs = p.hidden / 128;
+  float acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc3[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  WFrag<F> f1, f3;
+  XFrag xf;
+  load_w(w1, r0, g, t, 0, &f1);
+  load_w(w3, r0, g, t, 0, &f3);
+  load_x(p.x, xrow, g, t, 0, &xf);
+  for (int64_t kb = 0; kb < kbs; ++kb) {
+    WFrag<F> n1 = f1, n3 = f3;
+    XFrag nx = xf;
+    if (kb + 1 < kbs) {  // the next block's loads fly while this one computes
+      load_w(w1, r0, g, t, kb + 1, &n1);
+      load_w(w3, r0, g, t, kb + 1, &n3);
+      load_x(p.x, xrow, g, t, kb + 1, &nx);
+    }
+    uint32_t xb[16];
+    x_f16(xf, xb);
+    float c[4], fa, fb;
+    block_mma(f1, xb, t, c, &fa, &fb);
+    accumulate(c, fa, fb, xf, acc1);
+    block_mma(f3, xb, t, c, &fa, &fb);
+    accumulate(c, fa, fb, xf, acc3);
+    f1 = n1;
+    f3 = n3;
+    xf = nx;
+  }
+  const float lim = p.swiglu_limit;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int j = 2 * t + (i & 1);
+    if (j >= count)
+      continue;
+    const int64_t row = r0 + g + 8 * (i >> 1);
+    const int64_t pair = g0 + j;
+    float gv = acc1[i];
+    float v = acc3[i];
+    if (lim > 0.0f) {
+      gv = fminf(gv, lim);
+      v = v < -lim ? -lim : (lim < v ? lim : v);
+    }
+    const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[pair] : pair] : 1.0f;
+    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
+    p.h[pair * p.inter + row] = __fmul_rn(__fmul_rn(silu, v), gate);
+  }
+}
+
+template <Fmt F>
+__global__ void __launch_bounds__(kWarps * 32) gemv_down_kernel(Fp8ExpertFfnParams p) {
+  __shared__ int64_t found[3];
+  __shared__ int32_t xrow[kTok];
+  if (!find_tile(p, blockIdx.y, found))
+    return;
+  const int64_t e = found[0];
+  const int64_t g0 = found[1];
+  const int count = static_cast<int>(imin(kTok, found[2] - g0));
+  if (threadIdx.x < kTok)
+    xrow[threadIdx.x] = static_cast<int>(threadIdx.x) < count
+                            ? static_cast<int32_t>(g0 + static_cast<int>(threadIdx.x))
+                            : -1;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBlockRows + (threadIdx.x >> 5) * kWarpRows;
+  if (r0 >= p.hidden)
+    return;
+  const MatrixRef w2 = p.w2[e];
+  const Fp8Acts hq{p.h_codes, p.h_scales, (p.inter + 127) / 128 * 128};  // fp8_acts_ld
+  const int64_t kbs = p.inter / 128;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  WFrag<F> f;
+  XFrag xf;
+  load_w(w2, r0, g, t, 0, &f);
+  load_x(hq, xrow, g, t, 0, &xf);
+  for (int64_t kb = 0; kb < kbs; ++kb) {
+    WFrag<F> nf = f;
+    XFrag nx = xf;
+    if (kb + 1 < kbs) {
+      load_w(w2, r0, g, t, kb + 1, &nf);
+      load_x(hq, xrow, g, t, kb + 1, &nx);
+    }
+    uint32_t xb[16];
+    x_f16(xf, xb);
+    float c[4], fa, fb;
+    block_mma(f, xb, t, c, &fa, &fb);
+    accumulate(c, fa, fb, xf, acc);
+    f = nf;
+    xf = nx;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int j = 2 * t + (i & 1);
+    if (j < count)
+      p.y[(g0 + j) * p.hidden + r0 + g + 8 * (i >> 1)] = acc[i];
+  }
+}
+
+// Counts the (row, 128-block)s of MXFP4 matrix blockIdx.y (w1, w3, w2 of every expert) whose
+// scales the FP16 weights cannot absorb; a scale array that is not 4-byte aligned counts once.
+__global__ void gemv_check_kernel(
+    const MatrixRef* w1, const MatrixRef* w3, const MatrixRef* w2, int64_t n_experts, int* bad) {
+  const int64_t m = blockIdx.y;
+  const int64_t which = m / n_experts;
+  const MatrixRef w = (which == 0 ? w1 : which == 1 ? w3 : w2)[m % n_experts];
+  if (w.format != WeightFormat::kMxfp4)
+    return;
+  const auto* s = static_cast<const uint8_t*>(w.scale);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && (reinterpret_cast<uintptr_t>(s) & 3u) != 0)
+    atomicAdd(bad, 1);
+  const int64_t kbs = w.cols / 128;
+  const int64_t total = w.rows * kbs;
+  int count = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint8_t* b = s + (i / kbs) * (w.cols / 32) + (i % kbs) * 4;
+    int hi = 0;
+    int lo = 255;
+    bool nan = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int v = b[j];
+      nan |= v == 255;
+      hi = max(hi, v);
+      lo = min(lo, v);
+    }
+    count += nan || hi - lo > kMaxSpread;
+  }
+  if (count > 0)
+    atomicAdd(bad, count);
+}
+
+template <Fmt F>
+Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
+  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kBlockRows)), static_cast<unsigned>(tiles));
+  gemv_gate_up_kernel<F><<<g1, kWarps * 32, 0, s>>>(p);
+  DSI_RETURN_IF_ERROR(launched("expert_gemv gate/up launch"));
+  QuantizeFp8Params q;
+  q.x = p.h;
+  q.ldx = p.inter;
+  q.n = p.num_pairs;
+  q.k = p.inter;
+  q.codes = p.h_codes;
+  q.scales = p.h_scales;
+  DSI_RETURN_IF_ERROR(launch_quantize_fp8(q, s));
+  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kBlockRows)),
+                static_cast<unsigned>(tiles));
+  gemv_down_kernel<F><<<g2, kWarps * 32, 0, s>>>(p);
+  return launched("expert_gemv down launch");
+}
+
+}  // namespace
+
+bool expert_gemv_supports(int64_t hidden, int64_t inter) {
+  return hidden > 0 && inter > 0 && hidden % 128 == 0 && inter % 128 == 0;
+}
+
+Status launch_expert_gemv_check(const MatrixRef* w1,
+                                const MatrixRef* w3,
+                                const MatrixRef* w2,
+                                int64_t n_experts,
+                                int64_t hidden,
+                                int64_t inter,
+                                int* bad,
+                                cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("expert_gemv_check", {n_experts, hidden, inter}));
+  DSI_RETURN_IF_ERROR(require(3 * n_experts <= kMaxGridY, "expert_gemv_check", "too many experts"));
+  if (n_experts == 0)
+    return Status();
+  if (!w1 || !w3 || !w2 || !bad)
+    return null_pointer("expert_gemv_check");
+  const dim3 grid(64, static_cast<unsigned>(3 * n_experts));
+  gemv_check_kernel<<<grid, 256, 0, stream>>>(w1, w3, w2, n_experts, bad);
+  return launched("expert_gemv_check launch");
+}
+
+Status launch_expert_gemv(const Fp8ExpertFfnParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(
+      check_nonneg("expert_gemv", {p.n_experts, p.hidden, p.inter, p.num_pairs, p.k - 1}));
+  DSI_RETURN_IF_ERROR(require(expert_gemv_supports(p.hidden, p.inter),
+                              "expert_gemv",
+                              "hidden and inter must be multiples of 128"));
+  DSI_RETURN_IF_ERROR(
+      require(p.format == WeightFormat::kMxfp4 || p.format == WeightFormat::kFp8Block128,
+              "expert_gemv",
+              "experts are neither MXFP4 nor FP8 block-128"));
+  DSI_RETURN_IF_ERROR(require(
+      p.x.ld >= p.hidden && p.x.ld % 128 == 0, "expert_gemv", "activation rows are too short"));
+  if (p.num_pairs == 0)
+    return Status();
+  if (!p.w1 || !p.w3 || !p.w2 || !p.x.codes || !p.x.scales || !p.h || !p.h_codes || !p.h_scales ||
+      !p.y)
+    return null_pointer("expert_gemv");
+  const int64_t experts = p.expert_begin ? p.n_experts : 1;
+  const int64_t tiles = p.num_pairs / kTok + std::min(experts, p.num_pairs);
+  if (tiles > kMaxGridY)
+    return invalid_argument("expert_gemv: too many pairs for one launch");
+  if (p.format == WeightFormat::kMxfp4)
+    return launch_fmt<Fmt::kFp4>(p, tiles, stream);
+  return launch_fmt<Fmt::kFp8>(p, tiles, stream);
+}
+
+}  // namespace dsinfer::cuda
