@@ -537,19 +537,29 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     DSI_RETURN_IF_ERROR(launch_all(*L));
   }
 
-  // Outputs.
-  std::vector<float> logits(static_cast<size_t>(L->head_rows * c.vocab_size));
-  std::vector<float> mtp_logits(static_cast<size_t>(mrows * c.vocab_size));
-  if (!logits.empty()) {
-    DSI_RETURN_IF_ERROR(device::check_cuda(
-        cudaMemcpyAsync(
-            logits.data(), L->logits, logits.size() * 4, cudaMemcpyDeviceToHost, stream_.get()),
-        "copying logits"));
+  // Outputs, through pinned memory kept from call to call (a batch-64 decode step returns 33 MB
+  // of logits: pageable copies and fresh pages cost more than the step's kernels).
+  const int64_t main_floats = L->head_rows * c.vocab_size;
+  const int64_t mtp_floats = mrows * c.vocab_size;
+  const size_t out_bytes = static_cast<size_t>(main_floats + mtp_floats) * sizeof(float);
+  if (logits_pinned_.size() < out_bytes) {
+    DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "pinned logits"));
+    DSI_ASSIGN_OR_RETURN(logits_pinned_, device::PinnedBuffer::allocate(out_bytes));
   }
-  if (!mtp_logits.empty()) {
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(mtp_logits.data(),
+  const float* logits = logits_pinned_.as<float>();
+  const float* mtp_logits = logits + main_floats;
+  if (main_floats > 0) {
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(logits_pinned_.get(),
+                                                           L->logits,
+                                                           static_cast<size_t>(main_floats) * 4,
+                                                           cudaMemcpyDeviceToHost,
+                                                           stream_.get()),
+                                           "copying logits"));
+  }
+  if (mtp_floats > 0) {
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(logits_pinned_.as<float>() + main_floats,
                                                            L->mtp_logits,
-                                                           mtp_logits.size() * 4,
+                                                           static_cast<size_t>(mtp_floats) * 4,
                                                            cudaMemcpyDeviceToHost,
                                                            stream_.get()),
                                            "copying MTP logits"));
@@ -572,7 +582,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     if (it.out && it.options.want_logits) {
       const int64_t nrows = it.options.last_logits_only ? 1 : s.n;
       const int64_t from = decode ? s.begin : head_first[active[k]];
-      const float* src = logits.data() + from * c.vocab_size;
+      const float* src = logits + from * c.vocab_size;
       it.out->logits.assign(src, src + nrows * c.vocab_size);
     }
     if (it.options.run_mtp) {
@@ -581,7 +591,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
         it.out->mtp_first_pos = mfirst[active[k]];
         it.out->mtp_count = m;
         if (m > 0) {
-          const float* src = mtp_logits.data() + mrow[active[k]] * c.vocab_size;
+          const float* src = mtp_logits + mrow[active[k]] * c.vocab_size;
           it.out->mtp_logits.assign(src, src + m * c.vocab_size);
         }
       }

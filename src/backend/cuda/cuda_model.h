@@ -193,6 +193,7 @@ class CudaModel final : public backend::Model {
   void* pack_dev_ = nullptr;
   int64_t pack_cap_ = 0;
   device::PinnedBuffer pinned_;
+  device::PinnedBuffer logits_pinned_;  // logits (and MTP logits) copied back, reused
   // Decode graphs by layout; invalidated when a buffer they point into moves.
   struct Graph {
     cudaGraphExec_t exec = nullptr;

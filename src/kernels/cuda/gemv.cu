@@ -23,24 +23,25 @@ __device__ __forceinline__ float bf16_hi(uint32_t v) {
   return __uint_as_float(v & 0xffff0000u);
 }
 
-template <int N>
+template <int N, int R>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_bf16_kernel(GemvParams p, int64_t ldx, int64_t ldy) {
   const int lane = threadIdx.x & 31;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
   if (r0 >= p.w.rows)
     return;  // warp-uniform
   const int64_t K = p.w.cols;
   const uint16_t* w = static_cast<const uint16_t*>(p.w.data);
-  float acc[kRows][N];
+  float acc[R][N];
 #pragma unroll
-  for (int i = 0; i < kRows; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int t = 0; t < N; ++t) acc[i][t] = 0.0f;
+#pragma unroll 4  // several 16-byte loads in flight per lane; the sums keep their order
   for (int64_t k = static_cast<int64_t>(lane) * 8; k < K; k += 256) {
-    uint4 wv[kRows];
+    uint4 wv[R];
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
+    for (int i = 0; i < R; ++i) {
       const int64_t r = min(r0 + i, p.w.rows - 1);  // clamped rows are computed, not stored
       wv[i] = __ldg(reinterpret_cast<const uint4*>(w + r * K + k));
     }
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const float4 x0 = __ldg(reinterpret_cast<const float4*>(p.x + t * ldx + k));
       const float4 x1 = __ldg(reinterpret_cast<const float4*>(p.x + t * ldx + k + 4));
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
+      for (int i = 0; i < R; ++i) {
         float a = acc[i][t];
         a = fmaf(bf16_lo(wv[i].x), x0.x, a);
         a = fmaf(bf16_hi(wv[i].x), x0.y, a);
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
 #pragma unroll
-  for (int i = 0; i < kRows; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int t = 0; t < N; ++t) {
       float v = acc[i][t];
@@ -74,12 +75,12 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
       acc[i][t] = v;
     }
-  if (lane < kRows * N) {  // lane (i, t) stores one output
+  if (lane < R * N) {  // lane (i, t) stores one output
     const int i = lane / N;
     const int t = lane % N;
     float v = 0.0f;
 #pragma unroll
-    for (int ii = 0; ii < kRows; ++ii)
+    for (int ii = 0; ii < R; ++ii)
 #pragma unroll
       for (int tt = 0; tt < N; ++tt)
         if (ii == i && tt == t)
@@ -92,10 +93,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Rows per warp: 4 for long weights (the LM head), 1 for short ones (router, compressors: 256 to
+// 1024 rows would otherwise run on a few blocks). Each (row, token) sum is the same either way.
 template <int N>
 Status launch_n(const GemvParams& p, int64_t ldx, int64_t ldy, cudaStream_t s) {
-  const int64_t blocks = ceil_div(p.w.rows, kRows * kWarps);
-  gemv_bf16_kernel<N><<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(p, ldx, ldy);
+  if (p.w.rows < 4096) {
+    const int64_t blocks = ceil_div(p.w.rows, kWarps);
+    gemv_bf16_kernel<N, 1><<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(p, ldx, ldy);
+  } else {
+    const int64_t blocks = ceil_div(p.w.rows, kRows * kWarps);
+    gemv_bf16_kernel<N, kRows><<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(p, ldx, ldy);
+  }
   return launched("gemv_bf16 launch");
 }
 

@@ -50,6 +50,7 @@ __global__ void hc_rms_kernel(
   for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
     const float* x = xs + t * width;
     double ss = 0.0;
+#pragma unroll 8  // loads in flight together (one decode token is one block); same sum order
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
       ss += static_cast<double>(x[i]) * x[i];
     ss = block_sum(ss, red);
@@ -91,6 +92,7 @@ __global__ void hc_mix_partial_kernel(
       double acc[kMixTokens];
 #pragma unroll
       for (int j = 0; j < kMixTokens; ++j) acc[j] = 0.0;
+#pragma unroll 8  // fn loads in flight together; each (token, row) sum keeps its order
       for (int64_t c = c0 + lane; c < c1; c += 32) {
         const double wv = static_cast<double>(w[c]);
 #pragma unroll
@@ -145,49 +147,60 @@ __global__ void hc_pre_kernel(HcPreParams p) {
     } else {
       rms_scaled_mix(p.fn, (2 + hc) * hc, x, width, p.norm_eps, mix);
     }
-    if (threadIdx.x == 0) {
-      float* post = p.post + t * hc;
-      float* comb = comb_s;
-      const float eps = p.hc_eps;
-      for (int j = 0; j < hc; ++j) {
-        pre[j] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(mix[j], p.scale[0]), p.base[j])), eps);
-        post[j] = 2.0f * sigmoidf(__fadd_rn(__fmul_rn(mix[hc + j], p.scale[1]), p.base[hc + j]));
-      }
-      for (int j = 0; j < hc; ++j) {
-        float* row = comb + j * hc;
-        float m = -INFINITY;
-        for (int k = 0; k < hc; ++k) {
-          row[k] = __fadd_rn(__fmul_rn(mix[2 * hc + j * hc + k], p.scale[2]),
-                             p.base[2 * hc + j * hc + k]);
-          m = fmaxf(m, row[k]);
-        }
-        float s = 0.0f;
-        for (int k = 0; k < hc; ++k) {
-          row[k] = expf(__fsub_rn(row[k], m));
-          s = __fadd_rn(s, row[k]);
-        }
-        for (int k = 0; k < hc; ++k) row[k] = __fadd_rn(__fdiv_rn(row[k], s), eps);
-      }
-      auto normalise_columns = [&] {
-        for (int k = 0; k < hc; ++k) {
-          float s = 0.0f;
-          for (int j = 0; j < hc; ++j) s = __fadd_rn(s, comb[j * hc + k]);
-          for (int j = 0; j < hc; ++j) comb[j * hc + k] = __fdiv_rn(comb[j * hc + k], s + eps);
-        }
-      };
-      auto normalise_rows = [&] {
-        for (int j = 0; j < hc; ++j) {
-          float s = 0.0f;
-          for (int k = 0; k < hc; ++k) s = __fadd_rn(s, comb[j * hc + k]);
-          for (int k = 0; k < hc; ++k) comb[j * hc + k] = __fdiv_rn(comb[j * hc + k], s + eps);
-        }
-      };
-      normalise_columns();
-      for (int64_t it = 0; it + 1 < p.sinkhorn_iters; ++it) {
-        normalise_rows();
-        normalise_columns();
-      }
+    // Gates: thread j < hc. The comb matrix: thread i = j * hc + k < hc * hc owns element (j, k)
+    // and forms every row / column sum itself in the CPU's order (k, resp. j, ascending), so the
+    // result is the serial loop's, bit for bit, with 2 barriers per normalisation.
+    const int i = threadIdx.x;
+    const bool own = i < hc * hc;
+    const int j = own ? i / hc : 0;
+    const int k = own ? i % hc : 0;
+    const float eps = p.hc_eps;
+    if (i < hc) {
+      pre[i] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(mix[i], p.scale[0]), p.base[i])), eps);
+      p.post[t * hc + i] =
+          2.0f * sigmoidf(__fadd_rn(__fmul_rn(mix[hc + i], p.scale[1]), p.base[hc + i]));
     }
+    float v = 0.0f;
+    if (own) {
+      v = __fadd_rn(__fmul_rn(mix[2 * hc + i], p.scale[2]), p.base[2 * hc + i]);
+      comb_s[i] = v;
+    }
+    __syncthreads();
+    if (own) {
+      float m = -INFINITY;
+      for (int kk = 0; kk < hc; ++kk) m = fmaxf(m, comb_s[j * hc + kk]);
+      v = expf(__fsub_rn(v, m));
+    }
+    __syncthreads();
+    if (own)
+      comb_s[i] = v;
+    __syncthreads();
+    float sum = 0.0f;
+    if (own) {
+      for (int kk = 0; kk < hc; ++kk) sum = __fadd_rn(sum, comb_s[j * hc + kk]);
+      v = __fadd_rn(__fdiv_rn(v, sum), eps);
+    }
+    __syncthreads();
+    // One normalisation: every owner sums its row (rows) or column, then divides its element.
+    auto normalise = [&](bool rows) {
+      if (own)
+        comb_s[i] = v;
+      __syncthreads();
+      if (own) {
+        float s = 0.0f;
+        for (int q = 0; q < hc; ++q)
+          s = __fadd_rn(s, rows ? comb_s[j * hc + q] : comb_s[q * hc + k]);
+        v = __fdiv_rn(v, s + eps);
+      }
+      __syncthreads();
+    };
+    normalise(false);
+    for (int64_t it = 0; it + 1 < p.sinkhorn_iters; ++it) {
+      normalise(true);
+      normalise(false);
+    }
+    if (own)
+      comb_s[i] = v;
     __syncthreads();
     for (int i = threadIdx.x; i < hc * hc; i += blockDim.x) p.comb[t * hc * hc + i] = comb_s[i];
     collapse(pre, hc, x, p.hidden, p.collapsed + t * p.hidden);
