@@ -154,6 +154,7 @@ __device__ bool expert_tile(
     const int lane = threadIdx.x;
     if (lane == 0)
       found[0] = -1;
+    __syncwarp();  // the reset is ordered before the found lane's write (racecheck)
     if (p.expert_begin == nullptr) {
       if (lane == 0 && ty * BN < p.num_pairs) {
         found[0] = 0;
