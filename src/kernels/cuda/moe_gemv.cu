@@ -10,9 +10,8 @@
 namespace dsinfer::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kWarpRows = 16;
-constexpr int kBlockRows = kWarps * kWarpRows;
+constexpr int kWarps = 4;      // per block, each a quarter of K of the block's rows
+constexpr int kWarpRows = 16;  // rows per block (the MMA's M)
 constexpr int kTok = static_cast<int>(kExpertGemvTokens);
 constexpr int64_t kMaxGridY = 65535;
 // The largest spread of the four E8M0 exponents of a 128-block that the FP16 weights absorb.
@@ -47,7 +46,7 @@ __device__ __forceinline__ void fp4x4_to_f16(
     uint32_t v, uint32_t lut0, uint32_t lut1, uint32_t* r01, uint32_t* r23) {
   const uint32_t mag = prmt(lut0, lut1, v & 0x7777u);
   const uint32_t pos = prmt(0x7F7F7F7Fu, 0x7F7F7F7Fu, v);  // 0x7F where the sign is 0, else 0
-  const uint32_t hi = mag | (~(pos << 7) & 0x80808080u);    // bit 0 of each byte -> sign
+  const uint32_t hi = mag | (~(pos << 7) & 0x80808080u);   // bit 0 of each byte -> sign
   *r01 = prmt(hi, 0u, 0x1404u);
   *r23 = prmt(hi, 0u, 0x3424u);
 }
@@ -237,11 +236,87 @@ __device__ bool find_tile(const Fp8ExpertFfnParams& p, int64_t ty, int64_t* foun
   return found[0] >= 0;
 }
 
+// Warp w of the block: K blocks [kb0, kb1), a contiguous quarter, of its 16 rows; M matrices
+// (gate/up: w1 and w3 on the same x; down: w2) into acc[m][4]. The loads of the next K block
+// fly while this one computes.
+template <Fmt F, int M>
+__device__ __forceinline__ void stream_rows(const MatrixRef (&w)[M],
+                                            const Fp8Acts& x,
+                                            const int32_t* xrow,
+                                            int64_t r0,
+                                            int64_t kbs,
+                                            float (&acc)[M][4]) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int64_t per = (kbs + kWarps - 1) / kWarps;
+  const int64_t kb0 = imin(kbs, (threadIdx.x >> 5) * per);
+  const int64_t kb1 = imin(kbs, kb0 + per);
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[m][i] = 0.0f;
+  if (kb0 >= kb1)
+    return;
+  WFrag<F> f[M];
+  XFrag xf;
+#pragma unroll
+  for (int m = 0; m < M; ++m) load_w(w[m], r0, g, t, kb0, &f[m]);
+  load_x(x, xrow, g, t, kb0, &xf);
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    WFrag<F> nf[M];
+    XFrag nx = xf;
+#pragma unroll
+    for (int m = 0; m < M; ++m) nf[m] = f[m];
+    if (kb + 1 < kb1) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) load_w(w[m], r0, g, t, kb + 1, &nf[m]);
+      load_x(x, xrow, g, t, kb + 1, &nx);
+    }
+    uint32_t xb[16];
+    x_f16(xf, xb);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float c[4], fa, fb;
+      block_mma(f[m], xb, t, c, &fa, &fb);
+      accumulate(c, fa, fb, xf, acc[m]);
+      f[m] = nf[m];
+    }
+    xf = nx;
+  }
+}
+
+// The warps' partial sums added in warp order (fixed): true for warp 0, whose acc then holds the
+// block's sums.
+template <int M>
+__device__ __forceinline__ bool reduce_warps(float (&acc)[M][4]) {
+  __shared__ float red[kWarps][M * 4][32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][m * 4 + i][lane] = acc[m][i];
+  __syncthreads();
+  if (warp != 0)
+    return false;
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v = red[0][m * 4 + i][lane];
+      for (int w = 1; w < kWarps; ++w) v = __fadd_rn(v, red[w][m * 4 + i][lane]);
+      acc[m][i] = v;
+    }
+  return true;
+}
+
 template <Fmt F>
 __global__ void __launch_bounds__(kWarps * 32) gemv_gate_up_kernel(Fp8ExpertFfnParams p) {
   __shared__ int64_t found[3];
   __shared__ int32_t xrow[kTok];
-  if (!find_tile(p, blockIdx.y, found))
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kWarpRows;
+  if (r0 >= p.inter || !find_tile(p, blockIdx.y, found))
     return;  // block-uniform
   const int64_t e = found[0];
   const int64_t g0 = found[1];
@@ -252,41 +327,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_gate_up_kernel(Fp8ExpertFfnP
         j < count ? static_cast<int32_t>((p.pair_src ? p.pair_src[g0 + j] : g0 + j) / p.k) : -1;
   }
   __syncthreads();
+  const MatrixRef w[2] = {p.w1[e], p.w3[e]};
+  float acc[2][4];
+  stream_rows<F, 2>(w, p.x, xrow, r0, p.hidden / 128, acc);
+  if (!reduce_warps<2>(acc))
+    return;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBlockRows + (threadIdx.x >> 5) * kWarpRows;
-  if (r0 >= p.inter)
-    return;  // warp-uniform
-  const MatrixRef w1 = p.w1[e];
-  const MatrixRef w3 = p.w3[e];
-  const int64_t kbs = p.hidden / 128;
-  float acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float acc3[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  WFrag<F> f1, f3;
-  XFrag xf;
-  load_w(w1, r0, g, t, 0, &f1);
-  load_w(w3, r0, g, t, 0, &f3);
-  load_x(p.x, xrow, g, t, 0, &xf);
-  for (int64_t kb = 0; kb < kbs; ++kb) {
-    WFrag<F> n1 = f1, n3 = f3;
-    XFrag nx = xf;
-    if (kb + 1 < kbs) {  // the next block's loads fly while this one computes
-      load_w(w1, r0, g, t, kb + 1, &n1);
-      load_w(w3, r0, g, t, kb + 1, &n3);
-      load_x(p.x, xrow, g, t, kb + 1, &nx);
-    }
-    uint32_t xb[16];
-    x_f16(xf, xb);
-    float c[4], fa, fb;
-    block_mma(f1, xb, t, c, &fa, &fb);
-    accumulate(c, fa, fb, xf, acc1);
-    block_mma(f3, xb, t, c, &fa, &fb);
-    accumulate(c, fa, fb, xf, acc3);
-    f1 = n1;
-    f3 = n3;
-    xf = nx;
-  }
   const float lim = p.swiglu_limit;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -295,8 +343,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_gate_up_kernel(Fp8ExpertFfnP
       continue;
     const int64_t row = r0 + g + 8 * (i >> 1);
     const int64_t pair = g0 + j;
-    float gv = acc1[i];
-    float v = acc3[i];
+    float gv = acc[0][i];
+    float v = acc[1][i];
     if (lim > 0.0f) {
       gv = fminf(gv, lim);
       v = v < -lim ? -lim : (lim < v ? lim : v);
@@ -311,7 +359,8 @@ template <Fmt F>
 __global__ void __launch_bounds__(kWarps * 32) gemv_down_kernel(Fp8ExpertFfnParams p) {
   __shared__ int64_t found[3];
   __shared__ int32_t xrow[kTok];
-  if (!find_tile(p, blockIdx.y, found))
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kWarpRows;
+  if (r0 >= p.hidden || !find_tile(p, blockIdx.y, found))
     return;
   const int64_t e = found[0];
   const int64_t g0 = found[1];
@@ -321,40 +370,20 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_down_kernel(Fp8ExpertFfnPara
                             ? static_cast<int32_t>(g0 + static_cast<int>(threadIdx.x))
                             : -1;
   __syncthreads();
+  const MatrixRef w[1] = {p.w2[e]};
+  const Fp8Acts hq{p.h_codes, p.h_scales, (p.inter + 127) / 128 * 128};  // fp8_acts_ld
+  float acc[1][4];
+  stream_rows<F, 1>(w, hq, xrow, r0, p.inter / 128, acc);
+  if (!reduce_warps<1>(acc))
+    return;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBlockRows + (threadIdx.x >> 5) * kWarpRows;
-  if (r0 >= p.hidden)
-    return;
-  const MatrixRef w2 = p.w2[e];
-  const Fp8Acts hq{p.h_codes, p.h_scales, (p.inter + 127) / 128 * 128};  // fp8_acts_ld
-  const int64_t kbs = p.inter / 128;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  WFrag<F> f;
-  XFrag xf;
-  load_w(w2, r0, g, t, 0, &f);
-  load_x(hq, xrow, g, t, 0, &xf);
-  for (int64_t kb = 0; kb < kbs; ++kb) {
-    WFrag<F> nf = f;
-    XFrag nx = xf;
-    if (kb + 1 < kbs) {
-      load_w(w2, r0, g, t, kb + 1, &nf);
-      load_x(hq, xrow, g, t, kb + 1, &nx);
-    }
-    uint32_t xb[16];
-    x_f16(xf, xb);
-    float c[4], fa, fb;
-    block_mma(f, xb, t, c, &fa, &fb);
-    accumulate(c, fa, fb, xf, acc);
-    f = nf;
-    xf = nx;
-  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int j = 2 * t + (i & 1);
     if (j < count)
-      p.y[(g0 + j) * p.hidden + r0 + g + 8 * (i >> 1)] = acc[i];
+      p.y[(g0 + j) * p.hidden + r0 + g + 8 * (i >> 1)] = acc[0][i];
   }
 }
 
@@ -394,7 +423,7 @@ __global__ void gemv_check_kernel(
 
 template <Fmt F>
 Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
-  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kBlockRows)), static_cast<unsigned>(tiles));
+  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kWarpRows)), static_cast<unsigned>(tiles));
   gemv_gate_up_kernel<F><<<g1, kWarps * 32, 0, s>>>(p);
   DSI_RETURN_IF_ERROR(launched("expert_gemv gate/up launch"));
   QuantizeFp8Params q;
@@ -405,8 +434,7 @@ Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
   q.codes = p.h_codes;
   q.scales = p.h_scales;
   DSI_RETURN_IF_ERROR(launch_quantize_fp8(q, s));
-  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kBlockRows)),
-                static_cast<unsigned>(tiles));
+  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kWarpRows)), static_cast<unsigned>(tiles));
   gemv_down_kernel<F><<<g2, kWarps * 32, 0, s>>>(p);
   return launched("expert_gemv down launch");
 }

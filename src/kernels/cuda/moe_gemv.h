@@ -2,8 +2,9 @@
 // (Fp8ExpertFfnParams) as grouped GEMVs that stream each selected expert's weights once, in their
 // checkpoint format, straight from global memory into registers.
 //
-// A warp owns 16 weight rows of one expert and up to 8 of its pairs (tokens): per 128-wide K
-// block, lane (g, t) holds 32 consecutive weights of rows g and g + 8 (MXFP4: one 32-block, 16
+// A block owns 16 weight rows of one expert and up to 8 of its pairs (tokens); its 4 warps take a
+// contiguous quarter of K each and their sums are added in warp order. Per 128-wide K block,
+// lane (g, t) holds 32 consecutive weights of rows g and g + 8 (MXFP4: one 32-block, 16
 // bytes; FP8: 32 bytes) and the same 32 activations of token g, converted to FP16 in registers,
 // and eight m16n8k16 FP16 MMAs (weights as A, tokens as B) accumulate the block in fp32; the
 // block's sum is then scaled by the activation scale (and the FP8 block scale) and added in K
