@@ -392,12 +392,10 @@ Status CudaModel::launch_moe(const DMoe& w,
   float* logits = nullptr;
   int32_t* ids = nullptr;
   float* gates = nullptr;
-  float* hs = nullptr;
   float* ys = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&logits, n * ne));
   DSI_RETURN_IF_ERROR(ws_->get(&ids, n * k));
   DSI_RETURN_IF_ERROR(ws_->get(&gates, n * k));
-  DSI_RETURN_IF_ERROR(ws_->get(&hs, n * w.shared_inter));
   DSI_RETURN_IF_ERROR(ws_->get(&ys, n * hidden));
   DSI_RETURN_IF_ERROR(linear(lin(), w.gate, u, n, logits, false, s));  // router in fp32
   cuda::MoeRouteParams rp;
@@ -440,7 +438,7 @@ Status CudaModel::launch_moe(const DMoe& w,
   sp.num_pairs = n;
   sp.swiglu_limit = static_cast<float>(c.swiglu_limit);
   sp.quantize_activations = q8();
-  sp.h = hs;
+  sp.h = nullptr;  // the h scratch is taken below by the paths that use it (not the wgmma one)
   sp.y = ys;
   // FP8 activations on the tensor cores: u quantised once for the shared and routed experts.
   const bool fast_shared = q8() && w.shared_fast;
@@ -461,10 +459,12 @@ Status CudaModel::launch_moe(const DMoe& w,
     mp.y = ys;
     DSI_RETURN_IF_ERROR(cuda::launch_moe_sm90(mp, s));
 #endif
-  } else if (fast_shared) {
-    DSI_RETURN_IF_ERROR(fp8_experts(sp, w.shared_format, w.shared_gemv, uq, s));
   } else {
-    DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
+    DSI_RETURN_IF_ERROR(ws_->get(&sp.h, n * w.shared_inter));
+    if (fast_shared)
+      DSI_RETURN_IF_ERROR(fp8_experts(sp, w.shared_format, w.shared_gemv, uq, s));
+    else
+      DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
   }
   if (options_.comm != nullptr)
     return launch_routed_ep(w, n, u, ids, gates, ys, f);
@@ -473,12 +473,10 @@ Status CudaModel::launch_moe(const DMoe& w,
   int64_t* expert_begin = nullptr;
   int32_t* pair_src = nullptr;
   int32_t* pair_pos = nullptr;
-  float* h = nullptr;
   float* y = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&expert_begin, ne + 1));
   DSI_RETURN_IF_ERROR(ws_->get(&pair_src, n * k));
   DSI_RETURN_IF_ERROR(ws_->get(&pair_pos, n * k));
-  DSI_RETURN_IF_ERROR(ws_->get(&h, n * k * w.inter));
   DSI_RETURN_IF_ERROR(ws_->get(&y, n * k * hidden));
   cuda::MoeGroupParams gp;
   gp.expert_ids = ids;
@@ -500,7 +498,7 @@ Status CudaModel::launch_moe(const DMoe& w,
   ep.k = k;
   ep.gates = gates;
   ep.num_pairs = n * k;
-  ep.h = h;
+  ep.h = nullptr;  // taken below where used (the grouped wgmma path has its own scratch)
   ep.y = y;
   if (fast_routed && use_moe_sm90(w, n)) {
 #if DSINFER_HAVE_CUTLASS
@@ -517,10 +515,12 @@ Status CudaModel::launch_moe(const DMoe& w,
     mp.y = y;
     DSI_RETURN_IF_ERROR(cuda::launch_moe_sm90(mp, s));
 #endif
-  } else if (fast_routed) {
-    DSI_RETURN_IF_ERROR(fp8_experts(ep, w.routed_format, w.routed_gemv, uq, s));
   } else {
-    DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(ep, s));
+    DSI_RETURN_IF_ERROR(ws_->get(&ep.h, n * k * w.inter));
+    if (fast_routed)
+      DSI_RETURN_IF_ERROR(fp8_experts(ep, w.routed_format, w.routed_gemv, uq, s));
+    else
+      DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(ep, s));
   }
   cuda::MoeCombineParams cp;
   cp.n = n;

@@ -330,14 +330,7 @@ Status launch_experts(const Fp8ExpertFfnParams& p, cudaStream_t s) {
   const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, C::BM / 2)), static_cast<unsigned>(tiles));
   up<<<g1, C::kThreads, kSmem, s>>>(p);
   DSI_RETURN_IF_ERROR(launched("fp8_expert gate/up launch"));
-  QuantizeFp8Params q;
-  q.x = p.h;
-  q.ldx = p.inter;
-  q.n = p.num_pairs;
-  q.k = p.inter;
-  q.codes = p.h_codes;
-  q.scales = p.h_scales;
-  DSI_RETURN_IF_ERROR(launch_quantize_fp8(q, s));
+  DSI_RETURN_IF_ERROR(launch_quantize_expert_h(p, s));
   constexpr auto down = fp8_down_kernel<C, F>;
   DSI_RETURN_IF_ERROR((prepare<down, kSmem>()));
   const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, C::BM)), static_cast<unsigned>(tiles));
@@ -385,6 +378,17 @@ Status launch_quantize_fp8(const QuantizeFp8Params& p, cudaStream_t stream) {
   const int64_t grid = std::min<int64_t>(ceil_div(p.n * blocks, 8), 65535);
   quantize_fp8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(q, ld, blocks);
   return launched("quantize_fp8 launch");
+}
+
+Status launch_quantize_expert_h(const Fp8ExpertFfnParams& p, cudaStream_t stream) {
+  QuantizeFp8Params q;
+  q.x = p.h;
+  q.ldx = p.inter;
+  q.n = p.num_pairs;
+  q.k = p.inter;
+  q.codes = p.h_codes;
+  q.scales = p.h_scales;
+  return launch_quantize_fp8(q, stream);
 }
 
 Status launch_fp8_linear(const Fp8LinearParams& p, cudaStream_t stream) {

@@ -104,6 +104,9 @@ struct Fp8ExpertFfnParams {
   bool gemv = false;
 };
 Status launch_fp8_expert_ffn(const Fp8ExpertFfnParams& p, cudaStream_t stream);
+// The middle step of every expert path: h ([num_pairs, inter] fp32) quantised into h_codes and
+// h_scales (1x128 E4M3 / UE8M0), as the second GEMM reads it.
+Status launch_quantize_expert_h(const Fp8ExpertFfnParams& p, cudaStream_t stream);
 
 // ---- fp32 activations on BF16 tensor cores -----------------------------------------------------
 // For the linears that stay in fp32 (the `reference` numerics everywhere; wo_a, the compressors,

@@ -311,22 +311,44 @@ __device__ __forceinline__ bool reduce_warps(float (&acc)[M][4]) {
   return true;
 }
 
-template <Fmt F>
-__global__ void __launch_bounds__(kWarps * 32) gemv_gate_up_kernel(Fp8ExpertFfnParams p) {
+struct Tile {
+  int64_t e = 0;   // expert
+  int64_t g0 = 0;  // first grouped pair
+  int count = 0;   // pairs (<= kTok)
+};
+
+// Block-wide prologue: the block's tile and the activation row of each of its pairs (by_token: the
+// token row, as gate/up reads x; else the grouped pair row, as down reads h). False for the whole
+// block past the last tile or past the weight's rows.
+__device__ bool tile_prologue(
+    const Fp8ExpertFfnParams& p, int64_t r0, int64_t rows, bool by_token, Tile* tl, int32_t* xrow) {
   __shared__ int64_t found[3];
-  __shared__ int32_t xrow[kTok];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kWarpRows;
-  if (r0 >= p.inter || !find_tile(p, blockIdx.y, found))
-    return;  // block-uniform
-  const int64_t e = found[0];
-  const int64_t g0 = found[1];
-  const int count = static_cast<int>(imin(kTok, found[2] - g0));
+  if (r0 >= rows || !find_tile(p, blockIdx.y, found))
+    return false;
+  tl->e = found[0];
+  tl->g0 = found[1];
+  tl->count = static_cast<int>(imin(kTok, found[2] - tl->g0));
   if (threadIdx.x < kTok) {
     const int j = threadIdx.x;
-    xrow[j] =
-        j < count ? static_cast<int32_t>((p.pair_src ? p.pair_src[g0 + j] : g0 + j) / p.k) : -1;
+    const int64_t g = tl->g0 + j;  // read only below count: pair_src ends at the last pair
+    xrow[j] = j >= tl->count ? -1
+              : by_token     ? static_cast<int32_t>((p.pair_src ? p.pair_src[g] : g) / p.k)
+                             : static_cast<int32_t>(g);
   }
   __syncthreads();
+  return true;
+}
+
+template <Fmt F>
+__global__ void __launch_bounds__(kWarps * 32) gemv_gate_up_kernel(Fp8ExpertFfnParams p) {
+  __shared__ int32_t xrow[kTok];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kWarpRows;
+  Tile tl;
+  if (!tile_prologue(p, r0, p.inter, true, &tl, xrow))
+    return;  // block-uniform
+  const int64_t e = tl.e;
+  const int64_t g0 = tl.g0;
+  const int count = tl.count;
   const MatrixRef w[2] = {p.w1[e], p.w3[e]};
   float acc[2][4];
   stream_rows<F, 2>(w, p.x, xrow, r0, p.hidden / 128, acc);
@@ -357,19 +379,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_gate_up_kernel(Fp8ExpertFfnP
 
 template <Fmt F>
 __global__ void __launch_bounds__(kWarps * 32) gemv_down_kernel(Fp8ExpertFfnParams p) {
-  __shared__ int64_t found[3];
   __shared__ int32_t xrow[kTok];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kWarpRows;
-  if (r0 >= p.hidden || !find_tile(p, blockIdx.y, found))
+  Tile tl;
+  if (!tile_prologue(p, r0, p.hidden, false, &tl, xrow))
     return;
-  const int64_t e = found[0];
-  const int64_t g0 = found[1];
-  const int count = static_cast<int>(imin(kTok, found[2] - g0));
-  if (threadIdx.x < kTok)
-    xrow[threadIdx.x] = static_cast<int>(threadIdx.x) < count
-                            ? static_cast<int32_t>(g0 + static_cast<int>(threadIdx.x))
-                            : -1;
-  __syncthreads();
+  const int64_t e = tl.e;
+  const int64_t g0 = tl.g0;
+  const int count = tl.count;
   const MatrixRef w[1] = {p.w2[e]};
   const Fp8Acts hq{p.h_codes, p.h_scales, (p.inter + 127) / 128 * 128};  // fp8_acts_ld
   float acc[1][4];
@@ -426,14 +443,7 @@ Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
   const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kWarpRows)), static_cast<unsigned>(tiles));
   gemv_gate_up_kernel<F><<<g1, kWarps * 32, 0, s>>>(p);
   DSI_RETURN_IF_ERROR(launched("expert_gemv gate/up launch"));
-  QuantizeFp8Params q;
-  q.x = p.h;
-  q.ldx = p.inter;
-  q.n = p.num_pairs;
-  q.k = p.inter;
-  q.codes = p.h_codes;
-  q.scales = p.h_scales;
-  DSI_RETURN_IF_ERROR(launch_quantize_fp8(q, s));
+  DSI_RETURN_IF_ERROR(launch_quantize_expert_h(p, s));
   const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kWarpRows)), static_cast<unsigned>(tiles));
   gemv_down_kernel<F><<<g2, kWarps * 32, 0, s>>>(p);
   return launched("expert_gemv down launch");
