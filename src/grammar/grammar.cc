@@ -104,8 +104,17 @@ Status guarded(const char* what, F&& f) {
     std::string m = e.what();
     // XGrammar prefixes "[time] file:line: " and may append a backtrace: keep the message.
     const size_t check = m.find("Check failed");
-    if (check != std::string::npos)
+    if (check != std::string::npos) {
       m = m.substr(check);
+    } else if (!m.empty() && m[0] == '[') {
+      const size_t stamp = m.find("] ");
+      const size_t colon = stamp == std::string::npos ? stamp : m.find(": ", stamp);
+      if (colon != std::string::npos) {
+        const std::string where = m.substr(stamp + 2, colon - stamp - 2);
+        if (where.find(".cc:") != std::string::npos || where.find(".h:") != std::string::npos)
+          m = m.substr(colon + 2);
+      }
+    }
     if (const size_t nl = m.find("\nStack trace"); nl != std::string::npos)
       m.resize(nl);
     while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();

@@ -77,6 +77,8 @@ TEST_F(GrammarTest, BadSpecsAreErrorsNotExceptions) {
                                          {Kind::kJsonSchema, R"({"type": "no-such-type"})"},
                                          {Kind::kRegex, "(unclosed"},
                                          {Kind::kRegex, "a{3,1}"},
+                                         {Kind::kRegex, "(a)\\1"},
+                                         {Kind::kRegex, "(?=a)a"},
                                          {Kind::kEbnf, "root ::= undefined_rule"},
                                          {Kind::kEbnf, "this is not ebnf"}}) {
     auto g = compiler_->compile(s);
@@ -85,6 +87,9 @@ TEST_F(GrammarTest, BadSpecsAreErrorsNotExceptions) {
       EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
       EXPECT_NE(g.status().message().find(kind_name(s.kind)), std::string::npos)
           << g.status().message();
+      // XGrammar's message, without its timestamp and source location.
+      EXPECT_EQ(g.status().message().find(".cc:"), std::string::npos) << g.status().message();
+      EXPECT_EQ(g.status().message().find("] "), std::string::npos) << g.status().message();
     }
   }
   // The compiler still works after the failures.
