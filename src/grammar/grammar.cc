@@ -1,13 +1,13 @@
 #include "grammar/grammar.h"
 
+#include <algorithm>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "tokenizer/tokenizer.h"
-
-#include <nlohmann/json.hpp>
 
 #if DSINFER_HAVE_XGRAMMAR
 #include <dlpack/dlpack.h>
@@ -61,7 +61,31 @@ void bound_emails(nlohmann::ordered_json& node, int depth) {
 }
 }  // namespace
 
+size_t json_nesting(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 std::string bounded_schema(const std::string& schema) {
+  if (json_nesting(schema) > kMaxSchemaDepth)
+    return schema;
   auto j = nlohmann::ordered_json::parse(schema, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded())
     return schema;

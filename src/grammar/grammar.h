@@ -66,8 +66,12 @@ inline bool mask_allows(std::span<const uint32_t> bits, int32_t token) {
 // the addresses within RFC 5321/1035's limits (dot-atom local part of at most 64 bytes, at most
 // four domain labels of at most 63 bytes). The format alone leaves the length open, and a model
 // that keeps writing a domain label never finishes; every address the pattern allows is still
-// an email address. `schema` itself when it is not JSON.
+// an email address. `schema` itself when it is not JSON or nests deeper than kMaxSchemaDepth.
 std::string bounded_schema(const std::string& schema);
+
+// The deepest nesting of `{`/`[` in JSON text (outside strings; a linear scan, no parse).
+size_t json_nesting(std::string_view text);
+inline constexpr size_t kMaxSchemaDepth = 128;
 
 class Compiled;  // a grammar compiled for one vocabulary (immutable, shared)
 

@@ -27,6 +27,10 @@ Result<Spec> dsml_tool_calls_spec(const DsmlToolCalls& calls) {
     }
     Json schema = Json{{"type", "object"}};
     if (t.schema) {
+      if (json_nesting(*t.schema) > kMaxSchemaDepth) {
+        return invalid_argument("tool '" + t.name + "': parameters nest deeper than " +
+                                std::to_string(kMaxSchemaDepth) + " levels");
+      }
       schema = Json::parse(bounded_schema(*t.schema), nullptr, /*allow_exceptions=*/false);
       if (schema.is_discarded() || !(schema.is_object() || schema.is_boolean()))
         return invalid_argument("tool '" + t.name + "': parameters must be a JSON schema object");
@@ -56,7 +60,13 @@ Result<Spec> dsml_tool_calls_spec(const DsmlToolCalls& calls) {
   elements.push_back(const_string("</" + d + block + ">"));
   Json tag = {{"type", "structural_tag"},
               {"format", Json{{"type", "sequence"}, {"elements", std::move(elements)}}}};
-  return Spec{Kind::kStructuralTag, tag.dump()};
+  std::string text;
+  try {
+    text = tag.dump();
+  } catch (const Json::exception&) {
+    return invalid_argument("tool-call grammar: a tool name is not valid UTF-8");
+  }
+  return Spec{Kind::kStructuralTag, std::move(text)};
 }
 
 }  // namespace dsinfer::grammar

@@ -178,6 +178,42 @@ TEST_F(GrammarTest, EbnfGrammar) {
   EXPECT_TRUE(m->completed());
 }
 
+// `format: email` compiles to RFC-bounded addresses; literal values and non-JSON are untouched.
+TEST_F(GrammarTest, EmailFormatIsBounded) {
+  const std::string schema =
+      R"({"type": "object", "properties": {"e": {"type": "string", "format": "email"},
+          "c": {"const": {"format": "email"}}}, "required": ["e"]})";
+  auto j = nlohmann::json::parse(bounded_schema(schema));
+  EXPECT_FALSE(j["properties"]["e"].contains("format"));
+  EXPECT_TRUE(j["properties"]["e"].contains("pattern"));
+  EXPECT_EQ(j["properties"]["c"]["const"]["format"], "email");
+  EXPECT_EQ(bounded_schema("{not json"), "{not json");
+  const std::string deep = std::string(200, '[') + std::string(200, ']');
+  EXPECT_EQ(bounded_schema(deep), deep);
+  EXPECT_EQ(json_nesting(R"({"a": "[[[{", "b": [[1]]})"), 3u);
+
+  const std::string email = R"({"type": "string", "format": "email"})";
+  auto ok = matcher(Kind::kJsonSchema, email);
+  ASSERT_TRUE(ok);
+  const std::string addr = R"("john.doe@mail.example.com")";
+  EXPECT_EQ(feed(*ok, addr), tok_->encode(addr)->size());
+  EXPECT_TRUE(ok->completed());
+  // A 64-byte label is over the limit; so is a fifth label.
+  for (const std::string& bad : {"\"a@" + std::string(64, 'x'), std::string("\"a@b.c.d.e.f")}) {
+    auto m = matcher(Kind::kJsonSchema, email);
+    ASSERT_TRUE(m);
+    const size_t n = feed(*m, bad);
+    const bool refused = n < tok_->encode(bad)->size();
+    bool closes = false;
+    if (!refused) {  // everything accepted so far: the string may not close here either
+      std::vector<uint32_t> bits(mask_words(kVocab));
+      m->fill_mask(bits);
+      closes = mask_allows(bits, tok_->encode("\"")->front());
+    }
+    EXPECT_TRUE(refused || !closes) << bad;
+  }
+}
+
 // Random walks through the mask (a stand-in for a sampler) always produce valid output.
 TEST_F(GrammarTest, RandomWalksUnderTheMaskAreValid) {
   const std::string schema =

@@ -205,6 +205,12 @@ TEST_F(ToolCallsTest, BadToolsAreErrors) {
   DsmlToolCalls bad_schema;
   bad_schema.tools.push_back({"f", std::string("[1, 2]")});
   EXPECT_FALSE(dsml_tool_calls_spec(bad_schema).ok());
+  DsmlToolCalls not_utf8;
+  not_utf8.tools.push_back({"f\xff", std::nullopt});
+  EXPECT_FALSE(dsml_tool_calls_spec(not_utf8).ok());
+  DsmlToolCalls deep;
+  deep.tools.push_back({"f", std::string(200, '[') + std::string(200, ']')});
+  EXPECT_FALSE(dsml_tool_calls_spec(deep).ok());
   DsmlToolCalls wont_compile;
   wont_compile.tools.push_back({"f", std::string(R"({"type": "no-such-type"})")});
   auto spec = dsml_tool_calls_spec(wont_compile);
