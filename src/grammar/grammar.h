@@ -43,8 +43,8 @@ enum class Kind {
   // recipe's DSML tool-call block (grammar/tool_calls.h builds it).
   kStructuralTag,
 };
-const char* kind_name(
-    Kind k);  // "json_object", "json_schema", "regex", "grammar", "structural_tag"
+// "json_object", "json_schema", "regex", "grammar", "structural_tag"
+const char* kind_name(Kind k);
 
 struct Spec {
   Kind kind = Kind::kJsonObject;

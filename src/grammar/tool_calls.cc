@@ -22,8 +22,9 @@ Result<Spec> dsml_tool_calls_spec(const DsmlToolCalls& calls) {
   for (const DsmlTool& t : calls.tools) {
     if (t.name.empty() || t.name.find_first_of("\"<>\n") != std::string::npos ||
         t.name.find(d.substr(0, 3)) != std::string::npos) {
-      return invalid_argument("tool-call grammar: tool name '" + t.name.substr(0, 128) +
-                              "' cannot be written in a DSML invoke");
+      return invalid_argument(
+          "tool-call grammar: a tool name cannot be written in a DSML invoke (empty, or with `\"`, "
+          "`<`, `>`, a newline or `｜`)");
     }
     Json schema = Json{{"type", "object"}};
     if (t.schema) {
