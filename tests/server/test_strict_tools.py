@@ -148,8 +148,8 @@ class StrictTools(harness.unittest.TestCase):
     def test_thinking_stays_free(self):
         # Thinking on, tool_choice auto: the reasoning is free; a call, if made, validates.
         r = self.oa.chat.completions.create(
-            model=MODEL_NAME, messages=[{"role": "user", "content": "Weather in Oslo? Use the tool."}],
-            tools=[chat_tool("get_weather")], max_tokens=600, seed=3)
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "Weather in Oslo? Use the tool."}], tools=[chat_tool("get_weather")], max_tokens=600, seed=3)
         c = r.choices[0]
         for call in c.message.tool_calls or []:
             validate("get_weather", call.function.arguments)
