@@ -300,6 +300,19 @@ TEST_F(ToolCallsTest, RandomWalksParseIntoValidArguments) {
   EXPECT_GT(finished, 0);
 }
 
+#else
+
+// Without a grammar engine the block's spec is still built (it is only JSON); compiling it is
+// kUnimplemented, which the server answers with a 400.
+TEST(ToolCallsTest, SpecWithoutXGrammar) {
+  DsmlToolCalls calls;
+  calls.tools.push_back({"f", std::string(R"({"type": "object"})")});
+  auto spec = dsml_tool_calls_spec(calls);
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->kind, Kind::kStructuralTag);
+  EXPECT_FALSE(available());
+}
+
 #endif
 
 }  // namespace
