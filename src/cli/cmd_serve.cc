@@ -14,6 +14,7 @@
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "grammar/grammar.h"
+#include "grammar/tool_calls.h"
 #include "sampling/sampler.h"
 #include "server/engine_loop.h"
 #include "server/generation.h"
@@ -163,8 +164,17 @@ int run_serve(const ServeArgs& a) {
   // answer). Without XGrammar in the build, requests asking for them get a 400.
   std::unique_ptr<grammar::Compiler> grammars;
   if (grammar::available()) {
-    auto g = grammar::Compiler::create(
-        **tok, static_cast<int32_t>(mc.vocab_size), {static_cast<int32_t>(mc.eos_token_id)});
+    // The DSML token is a marker token: strict tools' grammars write it (grammar/tool_calls.h).
+    std::vector<int32_t> markers;
+    if (auto dsml = (*tok)->added_token_id(grammar::kDsmlMarker);
+        dsml && *dsml < static_cast<int32_t>(mc.vocab_size)) {
+      markers.push_back(*dsml);
+    }
+    auto g = grammar::Compiler::create(**tok,
+                                       static_cast<int32_t>(mc.vocab_size),
+                                       {static_cast<int32_t>(mc.eos_token_id)},
+                                       2,
+                                       std::move(markers));
     if (!g.ok())
       return fail(g.status().with_context("structured outputs"));
     grammars = std::move(g).value();

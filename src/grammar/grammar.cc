@@ -1,8 +1,10 @@
 #include "grammar/grammar.h"
 
+#include <algorithm>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "tokenizer/tokenizer.h"
@@ -24,8 +26,71 @@ const char* kind_name(Kind k) {
       return "regex";
     case Kind::kEbnf:
       return "grammar";
+    case Kind::kStructuralTag:
+      return "structural_tag";
   }
   return "?";
+}
+
+namespace {
+constexpr const char* kEmailPattern =
+    "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]{1,32}(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]{1,31})?"
+    "@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+    "{0,3}$";
+
+void bound_emails(nlohmann::ordered_json& node, int depth) {
+  if (depth > 256)
+    return;
+  if (node.is_array()) {
+    for (auto& e : node) bound_emails(e, depth + 1);
+    return;
+  }
+  if (!node.is_object())
+    return;
+  auto f = node.find("format");
+  if (f != node.end() && f->is_string() && *f == "email" && !node.contains("pattern")) {
+    node.erase(f);
+    node["pattern"] = kEmailPattern;
+  }
+  for (auto& [k, v] : node.items()) {
+    // Literal values, not schemas.
+    if (k == "enum" || k == "const" || k == "default" || k == "examples")
+      continue;
+    bound_emails(v, depth + 1);
+  }
+}
+}  // namespace
+
+size_t json_nesting(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+std::string bounded_schema(const std::string& schema) {
+  if (json_nesting(schema) > kMaxSchemaDepth)
+    return schema;
+  auto j = nlohmann::ordered_json::parse(schema, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return schema;
+  bound_emails(j, 0);
+  return j.dump();
 }
 
 #if DSINFER_HAVE_XGRAMMAR
@@ -63,8 +128,17 @@ Status guarded(const char* what, F&& f) {
     std::string m = e.what();
     // XGrammar prefixes "[time] file:line: " and may append a backtrace: keep the message.
     const size_t check = m.find("Check failed");
-    if (check != std::string::npos)
+    if (check != std::string::npos) {
       m = m.substr(check);
+    } else if (!m.empty() && m[0] == '[') {
+      const size_t stamp = m.find("] ");
+      const size_t colon = stamp == std::string::npos ? stamp : m.find(": ", stamp);
+      if (colon != std::string::npos) {
+        const std::string where = m.substr(stamp + 2, colon - stamp - 2);
+        if (where.find(".cc:") != std::string::npos || where.find(".h:") != std::string::npos)
+          m = m.substr(colon + 2);
+      }
+    }
     if (const size_t nl = m.find("\nStack trace"); nl != std::string::npos)
       m.resize(nl);
     while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
@@ -83,6 +157,9 @@ struct Compiler::Impl {
   };
   int32_t vocab = 0;
   std::unique_ptr<xgrammar::GrammarCompiler> compiler;
+  // kStructuralTag grammars: the vocabulary with marker tokens spelled (the same as `compiler`'s
+  // when there are no marker tokens).
+  std::unique_ptr<xgrammar::GrammarCompiler> marker_compiler;
   mutable std::mutex mu;
   std::map<std::pair<Kind, std::string>, std::shared_ptr<Slot>> cache;
 };
@@ -93,12 +170,20 @@ Compiler::~Compiler() = default;
 Result<std::unique_ptr<Compiler>> Compiler::create(const tokenizer::Tokenizer& tok,
                                                    int32_t vocab_size,
                                                    std::vector<int32_t> stop_token_ids,
-                                                   int max_threads) {
+                                                   int max_threads,
+                                                   std::vector<int32_t> marker_token_ids) {
   if (vocab_size <= 0)
     return invalid_argument("grammar: vocab_size must be positive");
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size)
       return invalid_argument("grammar: stop token id " + std::to_string(id) + " out of range");
+  }
+  for (int32_t id : marker_token_ids) {
+    if (id < 0 || id >= vocab_size || !tok.has_token(id) || !tok.is_added(id) ||
+        tok.token_bytes(id).empty()) {
+      return invalid_argument("grammar: marker token id " + std::to_string(id) +
+                              " is not an added token with text");
+    }
   }
   // The decoded bytes of every ordinary token; "" marks a token the grammar never allows
   // (added/control tokens, ids the tokenizer lacks): XGrammar treats empty ones as special.
@@ -111,12 +196,48 @@ Result<std::unique_ptr<Compiler>> Compiler::create(const tokenizer::Tokenizer& t
   impl->vocab = vocab_size;
   Status s = guarded("grammar: vocabulary", [&] {
     xgrammar::TokenizerInfo info(
-        vocab, xgrammar::VocabType::RAW, vocab_size, std::move(stop_token_ids), false);
+        vocab, xgrammar::VocabType::RAW, vocab_size, stop_token_ids, false);
     impl->compiler = std::make_unique<xgrammar::GrammarCompiler>(
         info, max_threads, /*cache_enabled=*/false, /*max_memory_bytes=*/-1);
   });
   if (!s.ok())
     return s;
+  if (!marker_token_ids.empty()) {
+    // The marker vocabulary: each marker token has its text; an ordinary token that could put a
+    // marker's first UTF-8 character into the output (whole, or its first bytes, which a later
+    // token would complete) is never allowed, so marker text can only come from marker tokens.
+    // (Removing tokens by how they end never leaves a grammar stuck inside a character: the
+    // tokens that continue one are all kept.)
+    std::vector<std::string> leads;  // each marker's first character (its UTF-8 bytes)
+    for (int32_t id : marker_token_ids) {
+      const std::string_view text = tok.token_bytes(id);
+      size_t n = 1;
+      while (n < text.size() && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) ++n;
+      leads.emplace_back(text.substr(0, n));
+    }
+    for (std::string& t : vocab) {
+      for (const std::string& lead : leads) {
+        // Spelling it across tokens needs a token that ends with a proper prefix of it.
+        bool spells = t.find(lead) != std::string::npos;
+        for (size_t n = 1; n < lead.size() && !spells; ++n)
+          spells = t.size() >= n && t.compare(t.size() - n, n, lead, 0, n) == 0;
+        if (spells) {
+          t.clear();
+          break;
+        }
+      }
+    }
+    for (int32_t id : marker_token_ids)
+      vocab[static_cast<size_t>(id)] = std::string(tok.token_bytes(id));
+    s = guarded("grammar: marker vocabulary", [&] {
+      xgrammar::TokenizerInfo info(
+          vocab, xgrammar::VocabType::RAW, vocab_size, std::move(stop_token_ids), false);
+      impl->marker_compiler = std::make_unique<xgrammar::GrammarCompiler>(
+          info, max_threads, /*cache_enabled=*/false, /*max_memory_bytes=*/-1);
+    });
+    if (!s.ok())
+      return s;
+  }
   return std::unique_ptr<Compiler>(new Compiler(std::move(impl)));
 }
 
@@ -160,7 +281,7 @@ Result<std::shared_ptr<const Compiled>> Compiler::compile(const Spec& spec) {
           g = c.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false);
           break;
         case Kind::kJsonSchema:
-          g = c.CompileJSONSchema(spec.text, /*any_whitespace=*/false);
+          g = c.CompileJSONSchema(bounded_schema(spec.text), /*any_whitespace=*/false);
           break;
         case Kind::kRegex:
           g = c.CompileRegex(spec.text);
@@ -168,6 +289,12 @@ Result<std::shared_ptr<const Compiled>> Compiler::compile(const Spec& spec) {
         case Kind::kEbnf:
           g = c.CompileGrammar(spec.text, "root");
           break;
+        case Kind::kStructuralTag: {
+          xgrammar::GrammarCompiler& mc =
+              impl_->marker_compiler ? *impl_->marker_compiler : *impl_->compiler;
+          g = mc.CompileStructuralTag(spec.text);
+          break;
+        }
       }
     });
     if (slot->status.ok())
@@ -259,7 +386,8 @@ Compiler::~Compiler() = default;
 Result<std::unique_ptr<Compiler>> Compiler::create(const tokenizer::Tokenizer&,
                                                    int32_t vocab_size,
                                                    std::vector<int32_t>,
-                                                   int) {
+                                                   int,
+                                                   std::vector<int32_t>) {
   auto impl = std::make_unique<Impl>();
   impl->vocab = vocab_size;
   return std::unique_ptr<Compiler>(new Compiler(std::move(impl)));

@@ -39,8 +39,12 @@ enum class Kind {
   kJsonSchema,  // text: a JSON schema
   kRegex,       // text: a regular expression the whole output must match
   kEbnf,        // text: an EBNF grammar (XGrammar's GBNF dialect, root rule `root`)
+  // text: an XGrammar structural tag (JSON). Compiled over the marker vocabulary (below): the
+  // recipe's DSML tool-call block (grammar/tool_calls.h builds it).
+  kStructuralTag,
 };
-const char* kind_name(Kind k);  // "json_object", "json_schema", "regex", "grammar"
+// "json_object", "json_schema", "regex", "grammar", "structural_tag"
+const char* kind_name(Kind k);
 
 struct Spec {
   Kind kind = Kind::kJsonObject;
@@ -58,6 +62,17 @@ inline bool mask_allows(std::span<const uint32_t> bits, int32_t token) {
   return (bits[static_cast<size_t>(token) / 32] >> (static_cast<uint32_t>(token) % 32)) & 1u;
 }
 
+// A JSON schema as compiled: strings with `format: email` (and no `pattern`) get a pattern for
+// the addresses within RFC 5321/1035's limits (dot-atom local part of at most 64 bytes, at most
+// four domain labels of at most 63 bytes). The format alone leaves the length open, and a model
+// that keeps writing a domain label never finishes; every address the pattern allows is still
+// an email address. `schema` itself when it is not JSON or nests deeper than kMaxSchemaDepth.
+std::string bounded_schema(const std::string& schema);
+
+// The deepest nesting of `{`/`[` in JSON text (outside strings; a linear scan, no parse).
+size_t json_nesting(std::string_view text);
+inline constexpr size_t kMaxSchemaDepth = 128;
+
 class Compiled;  // a grammar compiled for one vocabulary (immutable, shared)
 
 class Compiler {
@@ -65,10 +80,16 @@ class Compiler {
   // `vocab_size`: the model's (its logits' length; ids the tokenizer lacks are never allowed).
   // `stop_token_ids`: what may end the output once the grammar is complete (EOS). Added (control)
   // tokens are never allowed inside the grammar.
+  // `marker_token_ids`: added tokens that kStructuralTag grammars may spell by their text (the
+  // DSML token in `<｜DSML｜invoke`). Those grammars compile over a second vocabulary where each
+  // marker token has its text, and where no ordinary token can spell a marker's first character
+  // (tokens containing it, or ending with the start of its UTF-8 bytes, are never allowed): the
+  // text of a marker then comes only from the marker token, as the output parser requires.
   static Result<std::unique_ptr<Compiler>> create(const tokenizer::Tokenizer& tok,
                                                   int32_t vocab_size,
                                                   std::vector<int32_t> stop_token_ids,
-                                                  int max_threads = 2);
+                                                  int max_threads = 2,
+                                                  std::vector<int32_t> marker_token_ids = {});
   ~Compiler();
   Compiler(const Compiler&) = delete;
   Compiler& operator=(const Compiler&) = delete;

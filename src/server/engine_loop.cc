@@ -263,6 +263,19 @@ void EngineLoop::handle(Command& c) {
         }
         spec.token_mask = std::make_unique<GrammarTokenMask>(std::move(m).value(), &raw->pipeline);
       }
+      if (c.job.tool_grammar) {
+        auto m = grammar::Matcher::create(c.job.tool_grammar);
+        if (!m.ok()) {
+          --in_flight_;
+          a->sink->on_rejected(m.status());
+          return;
+        }
+        spec.token_mask = std::make_unique<ToolCallTokenMask>(
+            std::move(m).value(),
+            c.job.dsml_token,
+            c.job.parser.start == recipe::ParseStart::kToolCalls,
+            std::move(spec.token_mask));
+      }
       auto id = engine_->submit(std::move(spec),
                                 [this, raw](const engine::TokenEvent& ev) { on_token(*raw, ev); });
       if (!id.ok()) {

@@ -48,6 +48,11 @@ struct Job {
   // Structured outputs: the grammar the answer content follows (the loop gives the request a
   // matcher over it); nullptr: unconstrained.
   std::shared_ptr<const grammar::Compiled> grammar;
+  // Strict tool calls: the DSML tool-call block's grammar (grammar/tool_calls.h), switched on by
+  // the DSML token that opens the block (`dsml_token`), or from the start when the prompt opened
+  // it (parser.start kToolCalls); nullptr: tool calls are unconstrained.
+  std::shared_ptr<const grammar::Compiled> tool_grammar;
+  int32_t dsml_token = -1;
   // n > 1: the ticket of a job with the same prompt submitted earlier (choice 0) whose prompt
   // state this one shares while that one is still active (engine::RequestSpec::share_prompt_of).
   uint64_t share_prompt_ticket = 0;

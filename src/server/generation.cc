@@ -102,6 +102,26 @@ void GrammarTokenMask::accept(int32_t token) {
   masked_ = false;
 }
 
+bool ToolCallTokenMask::fill(std::span<uint32_t> bits) {
+  if (in_block_)
+    return matcher_->fill_mask(bits);
+  return answer_ != nullptr && answer_->fill(bits);
+}
+
+void ToolCallTokenMask::accept(int32_t token) {
+  if (in_block_) {
+    // Chosen under the mask, so the grammar allows it (a refused one leaves the state as it was).
+    (void)matcher_->accept(token);
+    return;
+  }
+  if (answer_ != nullptr)
+    answer_->accept(token);
+  // The DSML token always opens the tool block (in reasoning or content); the grammar starts
+  // with it.
+  if (token == dsml_ && matcher_->accept(token).ok())
+    in_block_ = true;
+}
+
 void OutputPipeline::logprobs(float logprob, const std::vector<sampling::TokenLogprob>& top) {
   const LastToken kind = last_kind_;
   last_kind_ = LastToken::kNone;

@@ -123,6 +123,35 @@ class GrammarTokenMask : public engine::TokenMask {
   bool masked_ = false;  // the mask applied to the token being chosen
 };
 
+// Strict tool calls: an engine::TokenMask over the DSML tool-call block's grammar
+// (grammar/tool_calls.h). Everything before the block is free (or follows `answer`, the
+// structured-output mask, when the request has one): reasoning, content, and the choice to call a
+// tool at all. The DSML token that opens the block switches the grammar on; from then on every
+// token follows it (the invokes' names, their parameters by the tools' schemas, the block's
+// closing tag), and once the block is complete only EOS is allowed. With `in_block` the prompt
+// opened the block (tool_choice required / named) and the grammar is on from the first token.
+class ToolCallTokenMask : public engine::TokenMask {
+ public:
+  ToolCallTokenMask(std::unique_ptr<grammar::Matcher> matcher,
+                    int32_t dsml_token,
+                    bool in_block,
+                    std::unique_ptr<engine::TokenMask> answer)
+      : matcher_(std::move(matcher)),
+        dsml_(dsml_token),
+        in_block_(in_block),
+        answer_(std::move(answer)) {}
+  bool fill(std::span<uint32_t> bits) override;
+  void accept(int32_t token) override;
+  bool in_block() const { return in_block_; }
+  const grammar::Matcher& matcher() const { return *matcher_; }
+
+ private:
+  std::unique_ptr<grammar::Matcher> matcher_;
+  int32_t dsml_;
+  bool in_block_;
+  std::unique_ptr<engine::TokenMask> answer_;
+};
+
 // Test-only scripted model output. File format (JSON):
 //   {"rules": [{"match": "weather", "output": "Let me check.</think>..."}, ...]}
 // The first rule whose `match` occurs in the request's last user or tool message

@@ -1,10 +1,12 @@
 #include "server/protocol.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "base/strings.h"
 #include "frontend/prepare.h"
+#include "grammar/tool_calls.h"
 #include "sampling/sampler.h"
 
 namespace dsinfer::server {
@@ -74,6 +76,52 @@ api::ApiResult<std::shared_ptr<const grammar::Compiled>> compile_constraint(
   auto g = ctx.grammar->compile(spec);
   if (!g.ok())
     return api::invalid_request(c.param, g.status().message());
+  return std::move(g).value();
+}
+
+// Strict tools: when an offered tool is declared `strict`, the tool-call block's grammar (every
+// offered tool's name; strict ones' arguments follow their schemas, the others' are free).
+// nullptr when no offered tool is strict. A schema that does not compile is a 400 on `tools`.
+api::ApiResult<std::shared_ptr<const grammar::Compiled>> compile_strict_tools(
+    const recipe::GenerationRequest& req,
+    const recipe::OutputParserOptions& parser,
+    const ServingContext& ctx) {
+  const recipe::Conversation& conv = req.conversation;
+  if (!parser.parse_tool_calls || conv.tool_choice == recipe::ToolChoice::kNone)
+    return std::shared_ptr<const grammar::Compiled>();
+  grammar::DsmlToolCalls calls;
+  calls.v41 = ctx.version == recipe::ModelVersion::kV41;
+  calls.opened_by_prompt = parser.start == recipe::ParseStart::kToolCalls;
+  bool strict = false;
+  for (const recipe::ToolSpec& t : conv.tools) {
+    if (conv.tool_choice == recipe::ToolChoice::kNamed && t.name != conv.tool_choice_name)
+      continue;
+    grammar::DsmlTool d;
+    d.name = t.name;
+    if (t.strict) {
+      strict = true;
+      auto fn = nlohmann::json::parse(t.function_json, nullptr, /*allow_exceptions=*/false);
+      auto params = fn.is_object() ? fn.find("parameters") : fn.end();
+      if (params != fn.end() && !params->is_null())
+        d.schema = params->dump();
+    }
+    calls.tools.push_back(std::move(d));
+  }
+  if (!strict)
+    return std::shared_ptr<const grammar::Compiled>();
+  if (ctx.grammar == nullptr || !ctx.tokenizer->added_token_id(grammar::kDsmlMarker)) {
+    return api::invalid_request("tools",
+                                "strict tools are not available on this server (built without "
+                                "XGrammar, or a tokenizer without the DSML token).");
+  }
+  auto spec = grammar::dsml_tool_calls_spec(calls);
+  if (!spec.ok())
+    return api::invalid_request("tools", spec.status().message());
+  auto g = ctx.grammar->compile(*spec);
+  if (!g.ok()) {
+    return api::invalid_request(
+        "tools", "a strict tool's parameters schema does not compile: " + g.status().message());
+  }
   return std::move(g).value();
 }
 }  // namespace
@@ -158,6 +206,17 @@ api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
       return g.error();
     p.job.grammar = std::move(g).value();
   }
+  {
+    auto g = compile_strict_tools(req, p.job.parser, ctx);
+    if (!g.ok())
+      return g.error();
+    p.job.tool_grammar = std::move(g).value();
+    if (p.job.tool_grammar) {
+      p.job.dsml_token = ctx.tokenizer->added_token_id(grammar::kDsmlMarker).value_or(-1);
+      // Only the DSML token opens a constrained block: an ASCII `|DSML|` spelling stays text.
+      p.job.parser.accept_ascii_dsml = false;
+    }
+  }
   if (ctx.scripted != nullptr) {
     if (auto script = ctx.scripted->select(req))
       p.job.script = std::move(*script);
@@ -173,6 +232,8 @@ api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
     j.spec.ignore_eos = spec.ignore_eos;
     j.parser = p.job.parser;
     j.grammar = p.job.grammar;
+    j.tool_grammar = p.job.tool_grammar;
+    j.dsml_token = p.job.dsml_token;
     j.script = p.job.script;
     j.timeout_s = p.job.timeout_s;
     p.more_choices.push_back(std::move(j));

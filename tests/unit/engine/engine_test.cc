@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -229,50 +230,89 @@ RequestSpec seeded(const Case& c, uint64_t seed) {
   return s;
 }
 
-TEST(Engine, SeededRequestIsTheSameAloneInABatchOf64AndUnderPreemption) {
-  Case target;
-  for (int i = 0; i < 30; ++i) target.prompt.push_back(3 + 7 * i);
-  target.max_tokens = 12;
-  const uint64_t kSeed = 0xC0FFEE;
-  auto alone_engine = make_engine(int64_t{64} << 20);
-  const RequestId alone_id = *alone_engine->submit(seeded(target, kSeed));
-  alone_engine->run_until_done();
-  const std::vector<int32_t> alone = alone_engine->request(alone_id)->output;
-  ASSERT_EQ(alone.size(), 12u);
-
-  // 64 random others (their own seeds and sampling), the target submitted in the middle.
-  auto run_mixed = [&](Engine& e) {
-    std::mt19937 g(99);
-    const auto others = mixed_cases(64, 23);
-    RequestId id = 0;
-    for (size_t i = 0; i < others.size(); ++i) {
-      if (i == 32)
-        id = *e.submit(seeded(target, kSeed));
-      RequestSpec s = seeded(others[i], g());
-      s.sampling.temperature = 0.2f + static_cast<float>(g() % 100) / 50.0f;
-      s.sampling.top_k = static_cast<int32_t>(g() % 60);
-      EXPECT_TRUE(e.submit(std::move(s)).ok());
+// A token mask whose allowed set depends on how many tokens it has accepted (the n-th token must
+// be n mod 3, mod 3), as a grammar's does: a mask asked twice for one token, or not told about one,
+// shows in the output.
+class PositionalMask : public TokenMask {
+ public:
+  bool fill(std::span<uint32_t> bits) override {
+    for (size_t t = 0; t < bits.size() * 32; ++t) {
+      if (static_cast<int64_t>(t % 3) == accepted_ % 3)
+        bits[t / 32] |= 1u << (t % 32);
     }
-    while (e.step()) {
-    }
-    return e.request(id)->output;
-  };
-  SchedulerConfig sc;
-  sc.max_tokens_per_step = 48;
-  sc.prefill_chunk = 16;
-  auto batch_engine = make_engine(int64_t{256} << 20, sc);
-  EXPECT_EQ(run_mixed(*batch_engine), alone);
+    return true;
+  }
+  void accept(int32_t) override { ++accepted_; }
 
-  // A budget that forces preemption (recomputation of the target's state).
-  const auto& mc = fixture()->config();
-  const int64_t page = state::min_page_bytes(mc);
-  const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 0);
-  SchedulerConfig tight_sc;
-  tight_sc.max_tokens_per_step = 64;
-  tight_sc.prefill_chunk = 4;
-  auto tight = make_engine((2 * fixed + 8) * page, tight_sc);
-  EXPECT_EQ(run_mixed(*tight), alone);
-  EXPECT_GT(tight->stats().preemptions, 0);
+ private:
+  int64_t accepted_ = 0;
+};
+
+// The same seeded request (optionally under a token mask) alone, in a batch of 64 random others
+// (their own seeds and sampling, some masked), and in that batch under a state budget that forces
+// preemption: the same tokens each time. Both CPU kernels (the fast path is --device cpu's
+// default; the masked run on the fast path only).
+TEST_P(EngineKernels, SeededRequestIsTheSameAloneInABatchOf64AndUnderPreemption) {
+  for (const bool masked : {false, true}) {
+    // The mask path does not depend on the kernels: once, on the fast path (keeps this short).
+    if (masked && GetParam() == CpuKernels::kReference)
+      continue;
+    SCOPED_TRACE(masked ? "masked" : "unmasked");
+    Case target;
+    for (int i = 0; i < 30; ++i) target.prompt.push_back(3 + 7 * i);
+    target.max_tokens = 12;
+    const uint64_t kSeed = 0xC0FFEE;
+    auto target_spec = [&] {
+      RequestSpec s = seeded(target, kSeed);
+      if (masked)
+        s.token_mask = std::make_unique<PositionalMask>();
+      return s;
+    };
+    auto alone_engine = make_engine(int64_t{64} << 20);
+    const RequestId alone_id = *alone_engine->submit(target_spec());
+    alone_engine->run_until_done();
+    const std::vector<int32_t> alone = alone_engine->request(alone_id)->output;
+    ASSERT_EQ(alone.size(), 12u);
+    if (masked) {
+      for (size_t i = 0; i < alone.size(); ++i) EXPECT_EQ(alone[i] % 3, static_cast<int>(i % 3));
+    }
+
+    // 64 random others, the target submitted in the middle.
+    auto run_mixed = [&](Engine& e) {
+      std::mt19937 g(99);
+      const auto others = mixed_cases(64, 23);
+      RequestId id = 0;
+      for (size_t i = 0; i < others.size(); ++i) {
+        if (i == 32)
+          id = *e.submit(target_spec());
+        RequestSpec s = seeded(others[i], g());
+        s.sampling.temperature = 0.2f + static_cast<float>(g() % 100) / 50.0f;
+        s.sampling.top_k = static_cast<int32_t>(g() % 60);
+        if (g() % 4 == 0)
+          s.token_mask = std::make_unique<PositionalMask>();
+        EXPECT_TRUE(e.submit(std::move(s)).ok());
+      }
+      while (e.step()) {
+      }
+      return e.request(id)->output;
+    };
+    SchedulerConfig sc;
+    sc.max_tokens_per_step = 48;
+    sc.prefill_chunk = 16;
+    auto batch_engine = make_engine(int64_t{256} << 20, sc);
+    EXPECT_EQ(run_mixed(*batch_engine), alone);
+
+    // A budget that forces preemption (recomputation of the target's state).
+    const auto& mc = fixture()->config();
+    const int64_t page = state::min_page_bytes(mc);
+    const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 0);
+    SchedulerConfig tight_sc;
+    tight_sc.max_tokens_per_step = 64;
+    tight_sc.prefill_chunk = 4;
+    auto tight = make_engine((2 * fixed + 8) * page, tight_sc);
+    EXPECT_EQ(run_mixed(*tight), alone);
+    EXPECT_GT(tight->stats().preemptions, 0);
+  }
 }
 
 TEST(Engine, SeededDrawIsKeyedByAbsolutePosition) {

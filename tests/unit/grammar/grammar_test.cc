@@ -77,6 +77,8 @@ TEST_F(GrammarTest, BadSpecsAreErrorsNotExceptions) {
                                          {Kind::kJsonSchema, R"({"type": "no-such-type"})"},
                                          {Kind::kRegex, "(unclosed"},
                                          {Kind::kRegex, "a{3,1}"},
+                                         {Kind::kRegex, "(a)\\1"},
+                                         {Kind::kRegex, "(?=a)a"},
                                          {Kind::kEbnf, "root ::= undefined_rule"},
                                          {Kind::kEbnf, "this is not ebnf"}}) {
     auto g = compiler_->compile(s);
@@ -85,6 +87,9 @@ TEST_F(GrammarTest, BadSpecsAreErrorsNotExceptions) {
       EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
       EXPECT_NE(g.status().message().find(kind_name(s.kind)), std::string::npos)
           << g.status().message();
+      // XGrammar's message, without its timestamp and source location.
+      EXPECT_EQ(g.status().message().find(".cc:"), std::string::npos) << g.status().message();
+      EXPECT_EQ(g.status().message().find("] "), std::string::npos) << g.status().message();
     }
   }
   // The compiler still works after the failures.
@@ -171,6 +176,42 @@ TEST_F(GrammarTest, EbnfGrammar) {
   ASSERT_TRUE(m);
   EXPECT_EQ(feed(*m, "no"), tok_->encode("no")->size());
   EXPECT_TRUE(m->completed());
+}
+
+// `format: email` compiles to RFC-bounded addresses; literal values and non-JSON are untouched.
+TEST_F(GrammarTest, EmailFormatIsBounded) {
+  const std::string schema =
+      R"({"type": "object", "properties": {"e": {"type": "string", "format": "email"},
+          "c": {"const": {"format": "email"}}}, "required": ["e"]})";
+  auto j = nlohmann::json::parse(bounded_schema(schema));
+  EXPECT_FALSE(j["properties"]["e"].contains("format"));
+  EXPECT_TRUE(j["properties"]["e"].contains("pattern"));
+  EXPECT_EQ(j["properties"]["c"]["const"]["format"], "email");
+  EXPECT_EQ(bounded_schema("{not json"), "{not json");
+  const std::string deep = std::string(200, '[') + std::string(200, ']');
+  EXPECT_EQ(bounded_schema(deep), deep);
+  EXPECT_EQ(json_nesting(R"({"a": "[[[{", "b": [[1]]})"), 3u);
+
+  const std::string email = R"({"type": "string", "format": "email"})";
+  auto ok = matcher(Kind::kJsonSchema, email);
+  ASSERT_TRUE(ok);
+  const std::string addr = R"("john.doe@mail.example.com")";
+  EXPECT_EQ(feed(*ok, addr), tok_->encode(addr)->size());
+  EXPECT_TRUE(ok->completed());
+  // A 64-byte label is over the limit; so is a fifth label.
+  for (const std::string& bad : {"\"a@" + std::string(64, 'x'), std::string("\"a@b.c.d.e.f")}) {
+    auto m = matcher(Kind::kJsonSchema, email);
+    ASSERT_TRUE(m);
+    const size_t n = feed(*m, bad);
+    const bool refused = n < tok_->encode(bad)->size();
+    bool closes = false;
+    if (!refused) {  // everything accepted so far: the string may not close here either
+      std::vector<uint32_t> bits(mask_words(kVocab));
+      m->fill_mask(bits);
+      closes = mask_allows(bits, tok_->encode("\"")->front());
+    }
+    EXPECT_TRUE(refused || !closes) << bad;
+  }
 }
 
 // Random walks through the mask (a stand-in for a sampler) always produce valid output.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "grammar/grammar.h"
+#include "grammar/tool_calls.h"
 #include "recipe/encoder.h"
 #include "recipe/output_parser.h"
 #include "recipe/tokens.h"
@@ -360,6 +361,86 @@ TEST(GrammarTokenMaskTest, ConstrainsOnlyTheAnswer) {
   bits.assign(bits.size(), 0u);
   ASSERT_TRUE(mask.fill(bits));
   EXPECT_TRUE(grammar::mask_allows(bits, eos_id()));
+}
+
+// Strict tools: reasoning and content are free; the DSML token the model writes to open the tool
+// block switches the grammar on, and the recipe's block for a valid call passes the mask token by
+// token (the pipeline reads the call from it); when the prompt opened the block, the grammar is on
+// from the first token and refuses arguments outside the schema.
+TEST(ToolCallTokenMaskTest, SwitchesOnAtTheDsmlToken) {
+  if (!grammar::available())
+    GTEST_SKIP() << "built without XGrammar";
+  const int32_t vocab = tok().vocab_size();
+  const int32_t dsml = control_id(grammar::kDsmlMarker);
+  auto compiler = grammar::Compiler::create(tok(), vocab, {eos_id()}, 2, {dsml});
+  ASSERT_TRUE(compiler.ok()) << compiler.status().to_string();
+  auto compile = [&](bool opened) {
+    grammar::DsmlToolCalls calls;
+    calls.opened_by_prompt = opened;
+    calls.tools.push_back(
+        {"get_weather", std::string(R"({"type": "object", "properties": {"city": {"type": "string"},
+             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+             "required": ["city", "days"], "additionalProperties": false})")});
+    auto spec = grammar::dsml_tool_calls_spec(calls);
+    EXPECT_TRUE(spec.ok());
+    auto g = (*compiler)->compile(*spec);
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    return std::move(g).value();
+  };
+  std::vector<uint32_t> bits(grammar::mask_words(vocab));
+  {
+    OutputPipeline p(tok(), thinking_parser());
+    ToolCallTokenMask mask(grammar::Matcher::create(compile(false)).value(), dsml, false, nullptr);
+    std::vector<int32_t> out;
+    auto step = [&](int32_t token) {
+      bits.assign(bits.size(), 0u);
+      const bool masked = mask.fill(bits);
+      EXPECT_TRUE(!masked || grammar::mask_allows(bits, token)) << token;
+      mask.accept(token);
+      p.feed(token);
+      out.push_back(token);
+      return masked;
+    };
+    for (int32_t t : text_ids("I should call it.")) EXPECT_FALSE(step(t));
+    EXPECT_FALSE(step(control_id("</think>")));
+    const std::vector<int32_t> block = ids(tool_call_text());
+    bool on = false;
+    for (int32_t t : block) {
+      const bool masked = step(t);
+      EXPECT_EQ(masked, on) << t;  // free up to and including the DSML token itself
+      on = on || t == dsml;
+    }
+    EXPECT_TRUE(mask.in_block());
+    EXPECT_TRUE(mask.matcher().completed());
+    bits.assign(bits.size(), 0u);
+    ASSERT_TRUE(mask.fill(bits));
+    EXPECT_TRUE(grammar::mask_allows(bits, eos_id()));
+    EXPECT_TRUE(p.done());
+    p.finish(FinishReason::kStop);
+    const recipe::ParsedMessage msg = recipe::aggregate_events(p.take_events());
+    ASSERT_EQ(msg.tool_calls.size(), 1u);
+    EXPECT_EQ(msg.tool_calls[0].arguments, R"({"city": "Paris", "days": 3})");
+  }
+  {
+    // Opened by the prompt: masked from the first token; an out-of-range `days` is refused.
+    ToolCallTokenMask mask(grammar::Matcher::create(compile(true)).value(), dsml, true, nullptr);
+    const std::string head =
+        "<｜DSML｜invoke name=\"get_weather\">\n"
+        "<｜DSML｜parameter name=\"city\" string=\"true\">Rome"
+        "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" "
+        "string=\"false\">";
+    for (int32_t t : ids(head)) {
+      bits.assign(bits.size(), 0u);
+      ASSERT_TRUE(mask.fill(bits));
+      ASSERT_TRUE(grammar::mask_allows(bits, t)) << t;
+      mask.accept(t);
+    }
+    bits.assign(bits.size(), 0u);
+    ASSERT_TRUE(mask.fill(bits));
+    EXPECT_TRUE(grammar::mask_allows(bits, text_ids("3")[0]));
+    EXPECT_FALSE(grammar::mask_allows(bits, text_ids("9")[0]));
+    EXPECT_FALSE(grammar::mask_allows(bits, text_ids("x")[0]));
+  }
 }
 
 }  // namespace

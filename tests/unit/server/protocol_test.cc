@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "frontend/prepare.h"
+#include "grammar/tool_calls.h"
 #include "recipe/encoder.h"
 #include "recipe/output_parser.h"
 #include "recipe/tokens.h"
@@ -91,6 +92,56 @@ TEST(PrepareRequest, ChatBuildsTheEngineJob) {
   EXPECT_EQ(t->job.parser.start, recipe::ParseStart::kReasoningStart);
   EXPECT_EQ(t->job.spec.sampling.seed, 99u);
   EXPECT_EQ(t->job.spec.max_tokens, 4096 - static_cast<int64_t>(t->job.spec.prompt.size()));
+}
+
+// Strict tools: the job carries the tool-call block's grammar only when an offered tool is
+// strict (not for tool_choice none); a schema that does not compile is a 400 on `tools`; the
+// ASCII `|DSML|` spelling no longer opens a block; n > 1 choices share the grammar.
+TEST(PrepareRequest, StrictToolsGetTheToolCallGrammar) {
+  if (!grammar::available())
+    GTEST_SKIP() << "built without XGrammar";
+  auto compiler = grammar::Compiler::create(tok(),
+                                            tok().vocab_size(),
+                                            {*tok().added_token_id(recipe::tok::kEos)},
+                                            2,
+                                            {*tok().added_token_id(grammar::kDsmlMarker)});
+  ASSERT_TRUE(compiler.ok()) << compiler.status().to_string();
+  ServingContext ctx = context();
+  ctx.max_prompt_tokens = 2048;  // the tools block is long
+  ctx.grammar = compiler->get();
+  auto body = [](const std::string& strict,
+                 const std::string& choice,
+                 const std::string& type = "integer") {
+    return R"({"model":"tiny","messages":[{"role":"user","content":"Hi"}],"n":2,
+               "thinking":{"type":"disabled"},"tool_choice":)" +
+           choice + R"(,"tools":[{"type":"function","function":{"name":"f","strict":)" + strict +
+           R"(,"parameters":{"type":"object","properties":{"a":{"type":")" + type +
+           R"("}},"required":["a"],"additionalProperties":false}}}]})";
+  };
+  auto r = prepare_request(Endpoint::kChat, body("true", R"("required")"), ctx, 1);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->job.tool_grammar);
+  EXPECT_EQ(r->job.dsml_token, *tok().added_token_id(grammar::kDsmlMarker));
+  EXPECT_EQ(r->job.parser.start, recipe::ParseStart::kToolCalls);
+  EXPECT_FALSE(r->job.parser.accept_ascii_dsml);
+  ASSERT_EQ(r->more_choices.size(), 1u);
+  EXPECT_EQ(r->more_choices[0].tool_grammar, r->job.tool_grammar);
+  auto loose = prepare_request(Endpoint::kChat, body("false", R"("auto")"), ctx, 1);
+  ASSERT_TRUE(loose.ok()) << loose.error().message;
+  EXPECT_FALSE(loose->job.tool_grammar);
+  EXPECT_TRUE(loose->job.parser.accept_ascii_dsml);
+  auto none = prepare_request(Endpoint::kChat, body("true", R"("none")"), ctx, 1);
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_FALSE(none->job.tool_grammar);
+  auto bad = prepare_request(Endpoint::kChat, body("true", R"("auto")", "no-such-type"), ctx, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().http_status, 400);
+  EXPECT_EQ(bad.error().param, "tools");
+  // Without a grammar engine in the context: a 400, not an unconstrained call.
+  ctx.grammar = nullptr;
+  auto off = prepare_request(Endpoint::kChat, body("true", R"("auto")"), ctx, 1);
+  ASSERT_FALSE(off.ok());
+  EXPECT_EQ(off.error().param, "tools");
 }
 
 // Special-token injection: a spelling of a control token in request text is tokenized as text.
