@@ -193,42 +193,48 @@ void engram_row_ids(const V41Config& c,
   }
 }
 
-V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking) {
-  V41SequenceState st;
-  st.max_backtracking = max_backtracking;
-  const size_t L = static_cast<size_t>(c.num_hidden_layers);
-  st.ring_slots = c.sliding_window + max_backtracking;
-  st.window.assign(L, std::vector<float>(static_cast<size_t>(st.ring_slots * c.head_dim), 0.0f));
-  st.compressed.assign(L, {});
-  st.index_keys.assign(L, {});
-  st.comp_ring.assign(L, {});
-  st.compressor_slots = 2 + max_backtracking - 1;
+state::StateShape v41_state_shape(const V41Config& c, int64_t max_backtracking) {
+  state::StateShape s;
+  s.head_dim = c.head_dim;
+  s.sliding_window = c.sliding_window;
+  s.ring_capacity = c.sliding_window + max_backtracking;
+  s.max_rollback = max_backtracking;
+  // The Engram n-grams read the max_ngram - 1 tokens before a chunk, also after a rollback.
+  s.token_history = max_backtracking + std::max<int64_t>(1, c.engram_max_ngram_size) + 8;
+  s.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int l : c.kv_source_layer_ids) {
-    if (c.compress_ratios[static_cast<size_t>(l)] > 1) {
-      st.compressor_slots = c.compress_ratios[static_cast<size_t>(l)] + max_backtracking - 1;
-      st.comp_ring[static_cast<size_t>(l)].assign(
-          static_cast<size_t>(st.compressor_slots * 2 * c.head_dim), 0.0f);
+    state::LayerShape& ls = s.layers[static_cast<size_t>(l)];
+    ls.ratio = c.compress_ratios[static_cast<size_t>(l)];
+    if (std::find(c.index_k_source_layer_ids.begin(), c.index_k_source_layer_ids.end(), l) !=
+        c.index_k_source_layer_ids.end()) {
+      ls.index_head_dim = c.index_head_dim;
+    }
+    if (ls.ratio > 1) {
+      ls.partial_width = c.head_dim;  // (c | z) rows
+      ls.partial_capacity = ls.ratio + max_backtracking - 1;
     }
   }
+  s.extra_rings = c.num_nextn_predict_layers;
+  return s;
+}
+
+V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking) {
+  V41SequenceState st;
+  const state::StateShape shape = v41_state_shape(c, max_backtracking);
+  st.arena = state::PageArena::growable(state::default_page_bytes(shape));
+  st.seq = std::make_unique<state::SequenceState>(shape, st.arena.get(), 0);
+  DSI_CHECK(st.seq->ok(), "a growable arena ran out of pages");
   return st;
 }
 
 Status rollback_v41_state(const V41Config& c, V41SequenceState& st, int64_t new_length) {
+  (void)c;
   const int64_t len = st.length();
-  if (new_length < 0 || new_length > len || len - new_length > st.max_backtracking) {
+  if (new_length < 0 || new_length > len) {
     return invalid_argument("rollback from " + std::to_string(len) + " to " +
-                            std::to_string(new_length) + " tokens: at most " +
-                            std::to_string(st.max_backtracking) + " tokens can be rolled back");
+                            std::to_string(new_length) + " tokens");
   }
-  st.tokens.resize(static_cast<size_t>(new_length));
-  for (int l : c.kv_source_layer_ids) {
-    const int64_t entries = new_length / c.compress_ratios[static_cast<size_t>(l)];
-    auto& comp = st.compressed[static_cast<size_t>(l)];
-    comp.resize(std::min(comp.size(), static_cast<size_t>(entries * c.head_dim)));
-    auto& keys = st.index_keys[static_cast<size_t>(l)];
-    keys.resize(std::min(keys.size(), static_cast<size_t>(entries * c.index_head_dim)));
-  }
-  return Status::ok_status();
+  return st.seq->rollback(len - new_length);
 }
 
 struct V41CpuModel::Shared {
@@ -338,7 +344,7 @@ void V41CpuModel::engram(int l,
 }
 
 void V41CpuModel::compress(
-    int l, V41SequenceState& st, int64_t first, int64_t n, const float* x) const {
+    int l, state::SequenceState& st, int64_t first, int64_t n, const float* x) const {
   const model_v41::AttentionWeights& a = w_.layers[static_cast<size_t>(l)].attn;
   const int64_t hd = c_.head_dim, ratio = c_.compress_ratios[static_cast<size_t>(l)];
   const float eps = static_cast<float>(c_.rms_norm_eps);
@@ -352,15 +358,14 @@ void V41CpuModel::compress(
   } else {
     std::vector<float> zv(static_cast<size_t>(n * hd));
     linear(a.compressor.wgate, x, n, zv.data());
-    auto& ring = st.comp_ring[static_cast<size_t>(l)];
+    state::CompressorRows& ring = st.layers()[static_cast<size_t>(l)].comp_rows;
     auto zc = [&](int64_t pos, const float** z, const float** c) {
       if (pos >= first) {
         *z = zv.data() + (pos - first) * hd;
         *c = cv.data() + (pos - first) * hd;
       } else {
-        const float* slot = ring.data() + (pos % st.compressor_slots) * 2 * hd;
-        *z = slot;
-        *c = slot + hd;
+        *z = ring.score_row(pos);
+        *c = ring.kv_row(pos);
       }
     };
     for (int64_t pos = first; pos < first + n; ++pos) {
@@ -393,15 +398,14 @@ void V41CpuModel::compress(
       gpos.push_back(g0);
     }
     for (int64_t pos = first; pos < first + n; ++pos) {
-      float* slot = ring.data() + (pos % st.compressor_slots) * 2 * hd;
-      std::copy_n(zv.data() + (pos - first) * hd, hd, slot);
-      std::copy_n(cv.data() + (pos - first) * hd, hd, slot + hd);
+      ring.append(cv.data() + (pos - first) * hd, zv.data() + (pos - first) * hd);
     }
   }
   const int64_t G = static_cast<int64_t>(gpos.size());
   if (G == 0) {
     return;
   }
+  state::LayerState& owner = st.layers()[static_cast<size_t>(l)];
   rms(lat.data(), G, hd, &a.compressor.norm, eps, lat.data());
   if (!a.indexer.wk.empty()) {
     const int64_t id = c_.index_head_dim;
@@ -412,8 +416,7 @@ void V41CpuModel::compress(
       cpu::rope_apply(k.data() + g * id, id, inv_compress_, gpos[static_cast<size_t>(g)], false);
       fp4_index_quant(k.data() + g * id, id);
     }
-    auto& keys = st.index_keys[static_cast<size_t>(l)];
-    keys.insert(keys.end(), k.begin(), k.end());
+    for (int64_t g = 0; g < G; ++g) owner.put_index_key(owner.num_entries + g, k.data() + g * id);
   }
   for (int64_t g = 0; g < G; ++g) {
     cpu::rope_apply(lat.data() + g * hd, hd, inv_compress_, gpos[static_cast<size_t>(g)], false);
@@ -425,12 +428,11 @@ void V41CpuModel::compress(
       fp8_window_quant(lat.data() + g * hd, hd);
     }
   }
-  auto& comp = st.compressed[static_cast<size_t>(l)];
-  comp.insert(comp.end(), lat.begin(), lat.end());
+  for (int64_t g = 0; g < G; ++g) owner.put_entry(owner.num_entries, lat.data() + g * hd);
 }
 
 void V41CpuModel::indexer(int l,
-                          V41SequenceState& st,
+                          state::SequenceState& st,
                           int64_t first,
                           int64_t n,
                           const float* x,
@@ -439,8 +441,8 @@ void V41CpuModel::indexer(int l,
   const V41LayerPlan& plan = c_.layers[static_cast<size_t>(l)];
   const model_v41::IndexerWeights& w = w_.layers[static_cast<size_t>(l)].attn.indexer;
   const int64_t IH = c_.index_n_heads, ID = c_.index_head_dim, ratio = plan.compress_ratio;
-  const auto& keys = st.index_keys[static_cast<size_t>(plan.index_key_owner)];
-  const int64_t G = static_cast<int64_t>(keys.size()) / ID;
+  const state::LayerState& keys = st.layers()[static_cast<size_t>(plan.index_key_owner)];
+  const int64_t G = keys.num_entries;
   sh.topk.assign(static_cast<size_t>(n), {});
   if (G == 0) {
     return;
@@ -471,7 +473,7 @@ void V41CpuModel::indexer(int l,
       }
       float s = 0.0f;
       for (int64_t h = 0; h < IH; ++h) {
-        float v = std::max(dot(qt + h * ID, keys.data() + g * ID, ID), 0.0f);
+        float v = std::max(dot(qt + h * ID, keys.index_key(g), ID), 0.0f);
         float wh = hw[static_cast<size_t>(t * IH + h)];
         if (scale) {
           v *= s_scale;
@@ -522,7 +524,7 @@ void V41CpuModel::indexer(int l,
 }
 
 void V41CpuModel::attention(int l,
-                            V41SequenceState& st,
+                            state::SequenceState& st,
                             int64_t first,
                             int64_t n,
                             const float* x,
@@ -556,9 +558,9 @@ void V41CpuModel::attention(int l,
       indexer(l, st, first, n, x, q_res.data(), sh);
     }
   }
-  auto& ring = st.window[static_cast<size_t>(l)];
-  const auto& comp = plan.compress_ratio > 0 ? st.compressed[static_cast<size_t>(plan.kv_owner)]
-                                             : st.window[static_cast<size_t>(l)];
+  state::LayerState& ring = st.layers()[static_cast<size_t>(l)];
+  const state::LayerState& comp =
+      st.layers()[static_cast<size_t>(plan.compress_ratio > 0 ? plan.kv_owner : l)];
   std::vector<float> o(static_cast<size_t>(n * H * hd));
   std::vector<const float*> keys;
   // Early exit narrows the consumers' window to the kept tail (a placeholder row sees none).
@@ -568,11 +570,10 @@ void V41CpuModel::attention(int l,
     const int64_t p = first + t;
     keys.clear();
     for (int64_t k = std::max<int64_t>({0, p - W + 1, floor}); k <= p; ++k) {
-      keys.push_back(k >= first ? kv.data() + (k - first) * hd
-                                : ring.data() + (k % st.ring_slots) * hd);
+      keys.push_back(k >= first ? kv.data() + (k - first) * hd : ring.ring_slot(k));
     }
     if (plan.compress_ratio > 0 && !sh.topk.empty()) {
-      for (int32_t g : sh.topk[static_cast<size_t>(t)]) keys.push_back(comp.data() + g * hd);
+      for (int32_t g : sh.topk[static_cast<size_t>(t)]) keys.push_back(comp.entry(g));
     }
     cpu::attention_with_sink(q.data() + t * H * hd,
                              H,
@@ -585,9 +586,10 @@ void V41CpuModel::attention(int l,
   }
   // The chunk's window KV into the ring (the last ring_slots rows are the only ones kept; an
   // early-exit placeholder row writes nothing).
-  for (int64_t t = std::max<int64_t>(0, n - st.ring_slots); t < n && !(narrowed && ex.placeholder);
+  for (int64_t t = std::max<int64_t>(0, n - ring.ring_capacity);
+       t < n && !(narrowed && ex.placeholder);
        ++t) {
-    std::copy_n(kv.data() + t * hd, hd, ring.data() + ((first + t) % st.ring_slots) * hd);
+    std::copy_n(kv.data() + t * hd, hd, ring.ring_slot(first + t));
   }
   // Grouped low-rank output: wo_a per group of H / o_groups heads, then wo_b.
   const int64_t G = c_.o_groups, in_g = H / G * hd, r = c_.o_lora_rank;
@@ -661,7 +663,7 @@ void V41CpuModel::moe(const model_v41::MoeWeights& w, const float* x, int64_t n,
 }
 
 void V41CpuModel::layer(int l,
-                        V41SequenceState& st,
+                        state::SequenceState& st,
                         int64_t& first,
                         int64_t& n,
                         const std::vector<std::vector<std::vector<int64_t>>>& rows,
@@ -735,11 +737,35 @@ void V41CpuModel::layer(int l,
   }
 }
 
+Status check_v41_tokens(const V41Config& c, std::span<const int32_t> tokens) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t id = tokens[i];
+    if (id == c.image_token_id) {
+      return invalid_argument("token " + std::to_string(i) + " (id " + std::to_string(id) +
+                              ") is the image placeholder; image inputs (the V4.1 vision tower) "
+                              "are not supported yet");
+    }
+    if (id >= c.vocab_size && id < c.vocab_size + kV41MultimodalPlaceholders) {
+      return invalid_argument("token " + std::to_string(i) + " (id " + std::to_string(id) +
+                              ") is one of V4.1's multimodal placeholder ids [" +
+                              std::to_string(c.vocab_size) + ", " +
+                              std::to_string(c.vocab_size + kV41MultimodalPlaceholders) +
+                              "); image inputs (the V4.1 vision tower) are not supported yet");
+    }
+    if (id < 0 || id >= c.vocab_size) {
+      return invalid_argument("token " + std::to_string(i) + " (id " + std::to_string(id) +
+                              ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                              ")");
+    }
+  }
+  return Status::ok_status();
+}
+
 Status V41CpuModel::forward(V41SequenceState& st,
                             std::span<const int32_t> tokens,
                             std::vector<float>* logits) const {
   ForwardResult r;
-  DSI_RETURN_IF_ERROR(forward(st, tokens, nullptr, &r));
+  DSI_RETURN_IF_ERROR(forward(*st.seq, tokens, nullptr, &r));
   *logits = std::move(r.logits);
   return Status::ok_status();
 }
@@ -748,27 +774,29 @@ Status V41CpuModel::forward(V41SequenceState& st,
                             std::span<const int32_t> tokens,
                             const PrefillExit* exit,
                             ForwardResult* result) const {
+  return forward(*st.seq, tokens, exit, result);
+}
+
+Status V41CpuModel::forward(state::SequenceState& st,
+                            std::span<const int32_t> tokens,
+                            const PrefillExit* exit,
+                            ForwardResult* result,
+                            bool last_logits_only) const {
   int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) {
     return invalid_argument("forward: no tokens");
   }
-  for (int32_t id : tokens) {
-    if (id == c_.image_token_id) {
-      return invalid_argument("forward: token id " + std::to_string(id) +
-                              " is the image placeholder; image inputs (the V4.1 vision tower) "
-                              "are not supported yet");
-    }
-    if (id < 0 || id >= c_.vocab_size) {
-      return invalid_argument("forward: token id " + std::to_string(id) + " is outside [0, " +
-                              std::to_string(c_.vocab_size) + ")");
-    }
+  DSI_RETURN_IF_ERROR(check_v41_tokens(c_, tokens).with_context("forward"));
+  if (st.layers().size() != static_cast<size_t>(c_.num_hidden_layers) ||
+      st.max_rollback() + c_.sliding_window != st.layers()[0].ring_capacity) {
+    return invalid_argument("forward: the sequence state was not made for this V4.1 model");
   }
   DSI_RETURN_IF_ERROR(hash_.validate(c_));
-  const int64_t chunk_first = st.length();
+  const int64_t chunk_first = st.num_tokens();
   int64_t first = chunk_first;
   Exit ex;
   if (exit != nullptr && c_.yoco_boundary < c_.num_hidden_layers) {
-    const int64_t min_keep = st.ring_slots;  // window + max backtracking
+    const int64_t min_keep = st.layers()[0].ring_capacity;  // window + max backtracking
     if (exit->keep_rows < min_keep) {
       return invalid_argument("prefill early exit: keep_rows " + std::to_string(exit->keep_rows) +
                               " is below window + max backtracking = " + std::to_string(min_keep));
@@ -781,7 +809,10 @@ Status V41CpuModel::forward(V41SequenceState& st,
     ex.window_floor = std::max<int64_t>(0, exit->prompt_length - exit->keep_rows);
     ex.placeholder = first + n <= ex.window_floor;
   }
-  st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
+  if (!st.reserve(n)) {
+    return Status(StatusCode::kResourceExhausted,
+                  "forward: no state memory for " + std::to_string(n) + " more tokens");
+  }
   const int64_t hc = c_.hc_mult, D = c_.hidden_size;
   std::vector<float> X(static_cast<size_t>(n * hc * D)), e(static_cast<size_t>(D));
   for (int64_t t = 0; t < n; ++t) {
@@ -793,15 +824,23 @@ Status V41CpuModel::forward(V41SequenceState& st,
   // Engram rows for both layers, before layer 0 (spec §4.5).
   std::vector<std::vector<std::vector<int64_t>>> rows(static_cast<size_t>(n));
   if (!c_.engram_layer_ids.empty()) {
+    // The n-grams read up to max_ngram - 1 tokens before the chunk (from the state's history).
+    const int64_t back = std::min<int64_t>(first, c_.engram_max_ngram_size - 1);
+    std::vector<int32_t> ctx;
+    for (int64_t p = first - back; p < first; ++p) ctx.push_back(st.token(p));
+    ctx.insert(ctx.end(), tokens.begin(), tokens.end());
     for (int64_t t = 0; t < n; ++t)
-      engram_row_ids(c_, hash_, st.tokens, first + t, &rows[static_cast<size_t>(t)]);
+      engram_row_ids(c_, hash_, ctx, back + t, &rows[static_cast<size_t>(t)]);
   }
   Shared sh;
   for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, st, first, n, rows, X, pi, sh, ex);
   result->first_row = first - chunk_first;
   result->placeholder = ex.active && ex.placeholder;
+  st.advance(static_cast<int64_t>(tokens.size()), tokens);
+  // The head on every row, or on the chunk's last row only.
+  const int64_t t0 = last_logits_only ? n - 1 : 0;
   std::vector<float> h(static_cast<size_t>(n * D), 0.0f);
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = t0; t < n; ++t) {
     for (int64_t i = 0; i < D; ++i) {
       float acc = 0.0f;
       for (int64_t j = 0; j < hc; ++j)
@@ -809,9 +848,11 @@ Status V41CpuModel::forward(V41SequenceState& st,
       h[static_cast<size_t>(t * D + i)] = acc;
     }
   }
-  rms(h.data(), n, D, &w_.norm, static_cast<float>(c_.rms_norm_eps), h.data());
-  result->logits.resize(static_cast<size_t>(n * c_.vocab_size));
-  linear(w_.head, h.data(), n, result->logits.data());
+  result->first_row += t0;
+  const float* hr = h.data() + t0 * D;
+  rms(hr, n - t0, D, &w_.norm, static_cast<float>(c_.rms_norm_eps), h.data());
+  result->logits.resize(static_cast<size_t>((n - t0) * c_.vocab_size));
+  linear(w_.head, h.data(), n - t0, result->logits.data());
   return Status::ok_status();
 }
 

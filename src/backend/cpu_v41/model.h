@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@
 #include "model/numerics.h"
 #include "model_v41/config.h"
 #include "model_v41/weights.h"
+#include "state/page_arena.h"
+#include "state/sequence_state.h"
 
 namespace dsinfer::cpu_v41 {
 
@@ -44,19 +47,18 @@ void engram_row_ids(const V41Config& c,
                     int64_t p,
                     std::vector<std::vector<int64_t>>* out);
 
-// Per-sequence state: window-KV rings of window + backtracking slots per layer (dequantised
-// values), the compressed entries and index keys of each KV owner, the ratio-2 compressors'
-// (z, c) rings of ratio + backtracking - 1 slots, the token ids.
+// Per-sequence state lives in a state::SequenceState (the engine's state manager, pages of a
+// PageArena) laid out by v41_state_shape: a window ring of window + backtracking slots per layer
+// and per DSpark block (dequantised values), the compressed entries and index keys of each KV
+// owner (consumers read their owner's), the ratio-2 compressors' (c, z) rings of ratio +
+// backtracking - 1 rows, and the latest token ids (the Engram n-grams read them).
+state::StateShape v41_state_shape(const V41Config& c, int64_t max_backtracking = 6);
+
+// A standalone sequence (tools, tests): its own growable arena.
 struct V41SequenceState {
-  std::vector<int32_t> tokens;
-  int64_t max_backtracking = 0;
-  int64_t ring_slots = 0;
-  int64_t compressor_slots = 0;
-  std::vector<std::vector<float>> window;      // [layer] -> [ring_slots, head_dim]
-  std::vector<std::vector<float>> compressed;  // [layer] (owners) -> [G, head_dim]
-  std::vector<std::vector<float>> index_keys;  // [layer] (owners) -> [G, index_head_dim]
-  std::vector<std::vector<float>> comp_ring;   // [layer] (ratio-2 owners) -> [slots, 2*head_dim]
-  int64_t length() const { return static_cast<int64_t>(tokens.size()); }
+  std::unique_ptr<state::PageArena> arena;
+  std::unique_ptr<state::SequenceState> seq;
+  int64_t length() const { return seq->num_tokens(); }
 };
 
 V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking = 6);
@@ -66,6 +68,13 @@ V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking = 6
 // so no slot a live window or unfinished group still needs was overwritten); the compressed
 // entries and index keys shrink to floor(new_length / ratio) per owner.
 Status rollback_v41_state(const V41Config& c, V41SequenceState& st, int64_t new_length);
+
+// The multimodal placeholder ids the release tokenizer policy registers right after the text
+// vocabulary (spec §9: 21 ids, 129280-129300 at the real config).
+inline constexpr int64_t kV41MultimodalPlaceholders = 21;
+// Prompt token ids a text-only V4.1 forward accepts: inside the vocabulary, not the image
+// placeholder, not a multimodal placeholder id (each a clear invalid-argument Status).
+Status check_v41_tokens(const V41Config& c, std::span<const int32_t> tokens);
 
 // Prefill early exit ("SWA bounded replay", spec §5.2): producers and the boundary layer's global
 // KV projection (compressor + index keys) run on every prompt row; the rest of the consumer half
@@ -102,6 +111,16 @@ class V41CpuModel {
                  std::span<const int32_t> tokens,
                  const PrefillExit* exit,
                  ForwardResult* out) const;
+  // Over a state of v41_state_shape(config) (reserves its pages; kResourceExhausted when the
+  // arena is full). last_logits_only: the head runs on the last row only.
+  Status forward(state::SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const PrefillExit* exit,
+                 ForwardResult* out,
+                 bool last_logits_only = false) const;
+  const V41Config& config() const { return c_; }
+  const V41Weights& weights() const { return w_; }
+  model::Numerics numerics() const { return numerics_; }
 
  private:
   struct Shared;  // values passed between layers within one forward
@@ -111,7 +130,7 @@ class V41CpuModel {
     bool placeholder = false;
   };
   void layer(int l,
-             V41SequenceState& st,
+             state::SequenceState& st,
              int64_t& first,
              int64_t& n,
              const std::vector<std::vector<std::vector<int64_t>>>& rows,
@@ -120,7 +139,7 @@ class V41CpuModel {
              Shared& sh,
              const Exit& ex) const;
   void attention(int l,
-                 V41SequenceState& st,
+                 state::SequenceState& st,
                  int64_t first,
                  int64_t n,
                  const float* x,
@@ -128,9 +147,9 @@ class V41CpuModel {
                  Shared& sh,
                  bool compressed_already,
                  const Exit& ex) const;
-  void compress(int l, V41SequenceState& st, int64_t first, int64_t n, const float* x) const;
+  void compress(int l, state::SequenceState& st, int64_t first, int64_t n, const float* x) const;
   void indexer(int l,
-               V41SequenceState& st,
+               state::SequenceState& st,
                int64_t first,
                int64_t n,
                const float* x,
