@@ -31,6 +31,9 @@ struct ForwardOptions {
   bool want_logits = true;
   bool last_logits_only = false;  // logits of the chunk's last token only ([1, vocab])
   bool run_mtp = false;           // requires MTP weights
+  // The sequence's known tokens when the chunk was planned (0 = not given): a chunk that ends at
+  // or before it is part of a prefill (a backend with prefill early exit uses it).
+  int64_t prefill_end = 0;
 };
 
 // One sequence's chunk in a batched forward. `status` reports a per-item failure (bad token id,
@@ -57,6 +60,15 @@ class Model {
   // backend is unusable. The default runs the items one after another.
   virtual Status forward_batch(std::span<ForwardItem> items) {
     for (ForwardItem& it : items) it.status = forward(*it.state, it.tokens, it.options, it.out);
+    return Status();
+  }
+  // The per-sequence state layout of a model that is not V4 (whose layout SequenceState derives
+  // from config()); null for V4. The engine allocates its sequence states from it.
+  virtual const state::StateShape* state_shape() const { return nullptr; }
+  // Model-specific prompt checks at submit (e.g. ids the model reserves for inputs it cannot
+  // take); an invalid-argument Status says why.
+  virtual Status check_prompt(std::span<const int32_t> tokens) const {
+    (void)tokens;
     return Status();
   }
   // Where the arena's page contents must live for this backend.
