@@ -51,6 +51,15 @@ check "v41 generate keep-rows too small" contains "$TMP/err.txt" "window + max b
 rc=$?
 check "v41 placeholder id exits 2" test "$rc" -eq 2
 check "v41 placeholder id is named" contains "$TMP/err.txt" "multimodal placeholder"
+# bench --device cpu on V4.1: the spec's state figures (here and at the real config) and the
+# prefill early exit's saving in the same run.
+"$DSI" bench --device cpu --model "$V41/official" --prefill 40 --decode-batch 2 --context 30 \
+  --decode-steps 1 --repeats 1 --prefill-keep-rows 22 --output "$TMP/v41bench.json" \
+  >"$TMP/v41bench.txt" 2>&1
+check "v41 bench real-config state" contains "$TMP/v41bench.txt" \
+  "at the real V4.1-Flash config: KV 891 B/token, state 3128928 B/sequence"
+check "v41 bench early exit" contains "$TMP/v41bench.json" '"layer_rows_ratio"'
+
 # score runs V4.1 on the CPU (whole, chunked, early exit); the numbers are checked against the
 # golden fixture in backend_v41_golden_test.
 "$DSI" score --model "$V41/official" --input-ids 0,5,6,7,8,9,10 --chunk 3 \
