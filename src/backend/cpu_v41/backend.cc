@@ -87,8 +87,10 @@ Result<std::unique_ptr<V41Backend>> V41Backend::open(const std::string& dir,
   auto hash = EngramHashParams::from_config(cfg, std::move(phi));
   if (!hash.ok())
     return hash.status();
+  if (options.engram.host_budget_bytes < 0)
+    return invalid_argument("Engram host memory budget must be >= 0");
   b->model_ = std::make_unique<V41CpuModel>(
-      cfg, b->ckpt_->weights(), std::move(hash).value(), options.numerics);
+      cfg, b->ckpt_->weights(), std::move(hash).value(), options.numerics, options.engram);
   b->view_ = v41_engine_view(cfg);
   return b;
 }

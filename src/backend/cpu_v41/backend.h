@@ -21,6 +21,9 @@ struct V41BackendOptions {
   int64_t prefill_keep_rows = 0;
   // The Engram compressed token map; empty = <model dir>/engram_token_map.json.
   std::string engram_token_map;
+  // Where the Engram tables live: copied to host memory when they fit, else read in place from
+  // the checkpoint's memory map (EngramStore).
+  EngramStoreOptions engram;
 };
 
 // True when dir/config.json is a DeepSeek V4.1 config (model_type deepseek_v41 / _text).

@@ -248,8 +248,12 @@ struct V41CpuModel::Shared {
 V41CpuModel::V41CpuModel(const V41Config& c,
                          const V41Weights& w,
                          EngramHashParams hash,
-                         model::Numerics numerics)
+                         model::Numerics numerics,
+                         const EngramStoreOptions& engram)
     : c_(c), w_(w), hash_(std::move(hash)), numerics_(numerics) {
+  auto store = EngramStore::create(c, w, engram);
+  DSI_CHECK(store.ok(), "Engram store: %s", store.status().message().c_str());
+  engram_ = std::move(store).value();
   inv_main_ = model::rope_inv_freq(c.rope_main, c.qk_rope_head_dim);
   inv_compress_ = model::rope_inv_freq(c.rope_compress, c.qk_rope_head_dim);
 }
@@ -304,18 +308,23 @@ void V41CpuModel::mixes(
 
 void V41CpuModel::engram(int l,
                          int64_t n,
-                         const std::vector<std::vector<std::vector<int64_t>>>& rows,
+                         EngramStore::Pending& rows,
                          std::vector<float>& X) const {
   const model_v41::EngramWeights& w = w_.layers[static_cast<size_t>(l)].engram;
   const int li = c_.layers[static_cast<size_t>(l)].engram_index;
   const int64_t hc = c_.hc_mult, D = c_.hidden_size, dim = c_.engram_head_dim;
   const int64_t cols = c_.engram_hash_cols();
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  std::vector<float> e(static_cast<size_t>(cols * dim)), kv(static_cast<size_t>((hc + 1) * D));
+  std::vector<float> kv(static_cast<size_t>((hc + 1) * D));
+  // This table's rows of every chunk token (gathered since before layer 0).
+  const std::vector<float>& gathered = rows.wait(li);
+  DSI_CHECK(static_cast<int64_t>(gathered.size()) == n * cols * dim,
+            "Engram layer %d: %zu gathered values for %lld tokens",
+            l,
+            gathered.size(),
+            static_cast<long long>(n));
   for (int64_t t = 0; t < n; ++t) {
-    const auto& ids = rows[static_cast<size_t>(t)][static_cast<size_t>(li)];
-    for (int64_t j = 0; j < cols; ++j) w.table.row(ids[static_cast<size_t>(j)], e.data() + j * dim);
-    linear(w.wkv, e.data(), 1, kv.data());
+    linear(w.wkv, gathered.data() + t * cols * dim, 1, kv.data());
     const float* value = kv.data() + hc * D;
     for (int64_t k = 0; k < hc; ++k) {
       float* xs = X.data() + (t * hc + k) * D;
@@ -666,7 +675,7 @@ void V41CpuModel::layer(int l,
                         state::SequenceState& st,
                         int64_t& first,
                         int64_t& n,
-                        const std::vector<std::vector<std::vector<int64_t>>>& rows,
+                        EngramStore::Pending& rows,
                         std::vector<float>& X,
                         std::vector<float>& pi,
                         Shared& sh,
@@ -805,6 +814,14 @@ Status V41CpuModel::forward(state::SequenceState& st,
       return invalid_argument("prefill early exit: the chunk ends at " + std::to_string(first + n) +
                               ", past the prompt length " + std::to_string(exit->prompt_length));
     }
+    for (int l : c_.engram_layer_ids) {
+      if (l >= c_.yoco_boundary) {
+        return invalid_argument("prefill early exit: Engram layer " + std::to_string(l) +
+                                " is a consumer (the YOCO boundary is " +
+                                std::to_string(c_.yoco_boundary) +
+                                "); bounded replay needs every Engram layer among the producers");
+      }
+    }
     ex.active = true;
     ex.window_floor = std::max<int64_t>(0, exit->prompt_length - exit->keep_rows);
     ex.placeholder = first + n <= ex.window_floor;
@@ -821,7 +838,8 @@ Status V41CpuModel::forward(state::SequenceState& st,
   }
   std::vector<float> pi(static_cast<size_t>(n * hc), 0.0f);
   for (int64_t t = 0; t < n; ++t) pi[static_cast<size_t>(t * hc)] = 1.0f;
-  // Engram rows for both layers, before layer 0 (spec §4.5).
+  // Engram row addresses of every table, hashed before layer 0 (spec §4.5), then gathered on a
+  // helper thread while the first layers run.
   std::vector<std::vector<std::vector<int64_t>>> rows(static_cast<size_t>(n));
   if (!c_.engram_layer_ids.empty()) {
     // The n-grams read up to max_ngram - 1 tokens before the chunk (from the state's history).
@@ -832,8 +850,16 @@ Status V41CpuModel::forward(state::SequenceState& st,
     for (int64_t t = 0; t < n; ++t)
       engram_row_ids(c_, hash_, ctx, back + t, &rows[static_cast<size_t>(t)]);
   }
+  std::vector<std::vector<int64_t>> by_table(c_.engram_layer_ids.size());
+  for (size_t li = 0; li < by_table.size(); ++li) {
+    for (int64_t t = 0; t < n; ++t) {
+      const auto& r = rows[static_cast<size_t>(t)][li];
+      by_table[li].insert(by_table[li].end(), r.begin(), r.end());
+    }
+  }
+  EngramStore::Pending gathered = engram_->gather_async(std::move(by_table));
   Shared sh;
-  for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, st, first, n, rows, X, pi, sh, ex);
+  for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, st, first, n, gathered, X, pi, sh, ex);
   result->first_row = first - chunk_first;
   result->placeholder = ex.active && ex.placeholder;
   st.advance(static_cast<int64_t>(tokens.size()), tokens);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_v41/engram_store.h"
 #include "base/status.h"
 #include "model/numerics.h"
 #include "model_v41/config.h"
@@ -99,7 +100,8 @@ class V41CpuModel {
   V41CpuModel(const V41Config& c,
               const V41Weights& w,
               EngramHashParams hash,
-              model::Numerics numerics);
+              model::Numerics numerics,
+              const EngramStoreOptions& engram = {EngramPlacement::kMapped, 0});
 
   // Appends `tokens` to `st` and writes their logits [tokens, vocab] to `logits`.
   Status forward(V41SequenceState& st,
@@ -121,6 +123,7 @@ class V41CpuModel {
   const V41Config& config() const { return c_; }
   const V41Weights& weights() const { return w_; }
   model::Numerics numerics() const { return numerics_; }
+  const EngramStore& engram_store() const { return *engram_; }
 
  private:
   struct Shared;  // values passed between layers within one forward
@@ -133,7 +136,7 @@ class V41CpuModel {
              state::SequenceState& st,
              int64_t& first,
              int64_t& n,
-             const std::vector<std::vector<std::vector<int64_t>>>& rows,
+             EngramStore::Pending& rows,
              std::vector<float>& X,
              std::vector<float>& pi,
              Shared& sh,
@@ -161,10 +164,7 @@ class V41CpuModel {
               float gate,
               bool weighted,
               float* out) const;
-  void engram(int l,
-              int64_t n,
-              const std::vector<std::vector<std::vector<int64_t>>>& rows,
-              std::vector<float>& X) const;
+  void engram(int l, int64_t n, EngramStore::Pending& rows, std::vector<float>& X) const;
   void mixes(
       const model_v41::HcSite& s, const float* X, float* pre, float* post, float* comb) const;
   bool deepseek() const { return numerics_ == model::Numerics::kDeepSeek; }
@@ -173,6 +173,7 @@ class V41CpuModel {
   const V41Weights& w_;
   EngramHashParams hash_;
   model::Numerics numerics_;
+  std::unique_ptr<EngramStore> engram_;
   std::vector<float> inv_main_;
   std::vector<float> inv_compress_;
 };
