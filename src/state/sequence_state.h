@@ -154,6 +154,7 @@ class SequenceState {
   // MTP block: its own layer state, the number of MTP positions processed, and the main model's
   // final residual streams ([hc*hidden]) of the latest max_rollback+1 positions.
   std::vector<LayerState>& mtp_layers() { return mtp_layers_; }
+  const std::vector<LayerState>& mtp_layers() const { return mtp_layers_; }
   int64_t mtp_num_tokens() const { return mtp_num_tokens_; }
   void set_mtp_num_tokens(int64_t n) { mtp_num_tokens_ = n; }
   void store_final_streams(int64_t pos, const float* streams);

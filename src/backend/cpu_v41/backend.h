@@ -53,6 +53,17 @@ class V41Backend final : public backend::Model {
   const model::ModelConfig& config() const override { return view_; }
   model::Numerics numerics() const override { return options_.numerics; }
 
+  // The DSpark drafter (spec §7): drafts options.block tokens after a sequence of this engine
+  // (its state as the engine holds it), the block's first token `anchor` being the one the
+  // target just sampled. The state is not changed; speculative decoding verifies the drafts with
+  // a forward over [anchor, drafts] and rolls back what it rejects (SequenceState::rollback, at
+  // most max_backtracking tokens). FailedPrecondition without usable DSpark blocks.
+  Status draft(const state::SequenceState& st,
+               int32_t anchor,
+               const DraftOptions& options,
+               DraftResult* out) const {
+    return model_->draft(st, anchor, options, out);
+  }
   const model_v41::V41Checkpoint& checkpoint() const { return *ckpt_; }
   const V41CpuModel& v41() const { return *model_; }
 

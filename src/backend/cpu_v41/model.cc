@@ -243,6 +243,10 @@ struct V41CpuModel::Shared {
   // Candidate pool per chunk row (entry mask) from the candidate source.
   std::vector<std::vector<uint8_t>> candidates;
   bool have_candidates = false;
+  // DSpark target features (spec §7.2): per target layer, the mean of the streams entering its
+  // attention site for rows [feature_first, feature_first + rows).
+  std::vector<std::vector<float>> features;
+  std::vector<int64_t> feature_first;
 };
 
 V41CpuModel::V41CpuModel(const V41Config& c,
@@ -254,6 +258,21 @@ V41CpuModel::V41CpuModel(const V41Config& c,
   auto store = EngramStore::create(c, w, engram);
   DSI_CHECK(store.ok(), "Engram store: %s", store.status().message().c_str());
   engram_ = std::move(store).value();
+  dspark_target_index_.assign(static_cast<size_t>(c.num_hidden_layers), -1);
+  for (size_t i = 0; i < c.dspark_target_layer_ids.size(); ++i)
+    dspark_target_index_[static_cast<size_t>(c.dspark_target_layer_ids[i])] = static_cast<int>(i);
+  if (w.has_dspark) {
+    const int64_t want = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * c.hidden_size;
+    if (w.dspark.main_proj.cols != want) {
+      dspark_error_ = "DSpark main_proj takes " + std::to_string(w.dspark.main_proj.cols) +
+                      " inputs, but the features of the " +
+                      std::to_string(c.dspark_target_layer_ids.size()) +
+                      " dspark_target_layer_ids are " + std::to_string(want) + " wide";
+    } else if (static_cast<int64_t>(w.dspark.blocks.size()) != c.num_nextn_predict_layers) {
+      dspark_error_ = "DSpark: " + std::to_string(w.dspark.blocks.size()) + " blocks bound, " +
+                      std::to_string(c.num_nextn_predict_layers) + " configured";
+    }
+  }
   inv_main_ = model::rope_inv_freq(c.rope_main, c.qk_rope_head_dim);
   inv_compress_ = model::rope_inv_freq(c.rope_compress, c.qk_rope_head_dim);
 }
@@ -600,13 +619,21 @@ void V41CpuModel::attention(int l,
        ++t) {
     std::copy_n(kv.data() + t * hd, hd, ring.ring_slot(first + t));
   }
+  output_projection(a, o.data(), n, out);
+}
+
+void V41CpuModel::output_projection(const model_v41::AttentionWeights& a,
+                                    const float* o,
+                                    int64_t n,
+                                    float* out) const {
   // Grouped low-rank output: wo_a per group of H / o_groups heads, then wo_b.
+  const int64_t H = c_.num_attention_heads, hd = c_.head_dim;
   const int64_t G = c_.o_groups, in_g = H / G * hd, r = c_.o_lora_rank;
   std::vector<float> xg(static_cast<size_t>(n * in_g)), yg(static_cast<size_t>(n * r));
   std::vector<float> y(static_cast<size_t>(n * G * r));
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = 0; t < n; ++t)
-      std::copy_n(o.data() + t * H * hd + g * in_g, in_g, xg.data() + t * in_g);
+      std::copy_n(o + t * H * hd + g * in_g, in_g, xg.data() + t * in_g);
     cpu::linear_rows(a.wo_a, g * r, r, xg.data(), n, yg.data(), false);
     for (int64_t t = 0; t < n; ++t) std::copy_n(yg.data() + t * r, r, y.data() + t * G * r + g * r);
   }
@@ -640,8 +667,9 @@ void V41CpuModel::expert(const model_v41::ExpertWeights& w,
   for (int64_t i = 0; i < D; ++i) out[i] += y[static_cast<size_t>(i)];
 }
 
-void V41CpuModel::moe(const model_v41::MoeWeights& w, const float* x, int64_t n, float* out) const {
-  const int64_t D = c_.hidden_size, E = w.gate.rows, k = c_.num_experts_per_tok;
+void V41CpuModel::moe(
+    const model_v41::MoeWeights& w, const float* x, int64_t n, int64_t k, float* out) const {
+  const int64_t D = c_.hidden_size, E = w.gate.rows;
   std::vector<float> logits(static_cast<size_t>(n * E));
   linear(w.gate, x, n, logits.data());
   std::vector<float> s(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
@@ -686,6 +714,19 @@ void V41CpuModel::layer(int l,
   if (c_.layers[static_cast<size_t>(l)].engram) {
     engram(l, n, rows, X);
   }
+  if (const int ti = dspark_target_index_[static_cast<size_t>(l)]; ti >= 0 && has_dspark()) {
+    // DSpark target feature: the mean of the streams entering the attention site.
+    std::vector<float>& f = sh.features[static_cast<size_t>(ti)];
+    f.assign(static_cast<size_t>(n * D), 0.0f);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < D; ++i) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < hc; ++j) acc += X[static_cast<size_t>((t * hc + j) * D + i)];
+        f[static_cast<size_t>(t * D + i)] = acc / static_cast<float>(hc);
+      }
+    }
+    sh.feature_first[static_cast<size_t>(ti)] = first;
+  }
   std::vector<float> pre(static_cast<size_t>(n * hc)), post(static_cast<size_t>(n * hc));
   std::vector<float> comb(static_cast<size_t>(n * hc * hc)), u(static_cast<size_t>(n * D));
   std::vector<float> F(static_cast<size_t>(n * D));
@@ -726,7 +767,7 @@ void V41CpuModel::layer(int l,
     if (site == 0) {
       attention(l, st, first, n, u.data(), F.data(), sh, compressed_already, ex);
     } else {
-      moe(w.ffn, u.data(), n, F.data());
+      moe(w.ffn, u.data(), n, c_.num_experts_per_tok, F.data());
     }
     pi = pre;
     for (int64_t t = 0; t < n; ++t) {
@@ -744,6 +785,207 @@ void V41CpuModel::layer(int l,
       std::copy(mixed.begin(), mixed.end(), Xt);
     }
   }
+}
+
+void V41CpuModel::write_dspark_context(
+    state::SequenceState& st, int64_t first, int64_t n, const Shared& sh, bool write) const {
+  const int64_t D = c_.hidden_size, hd = c_.head_dim;
+  const int64_t nt = static_cast<int64_t>(c_.dspark_target_layer_ids.size());
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  const int64_t ring = st.mtp_layers().empty() ? 0 : st.mtp_layers()[0].ring_capacity;
+  // Only the rows a ring keeps (the chunk's last ring-capacity rows).
+  const int64_t t0 = std::max<int64_t>(0, n - ring);
+  if (!write || n - t0 <= 0) {
+    return;
+  }
+  const int64_t m = n - t0;
+  std::vector<float> f(static_cast<size_t>(m * nt * D));
+  for (int64_t i = 0; i < nt; ++i) {
+    const std::vector<float>& src = sh.features[static_cast<size_t>(i)];
+    const int64_t off = first + t0 - sh.feature_first[static_cast<size_t>(i)];
+    DSI_CHECK(off >= 0 && (off + m) * D <= static_cast<int64_t>(src.size()),
+              "DSpark features of target %lld do not cover rows [%lld, %lld)",
+              static_cast<long long>(i),
+              static_cast<long long>(first + t0),
+              static_cast<long long>(first + n));
+    for (int64_t t = 0; t < m; ++t)
+      std::copy_n(src.data() + (off + t) * D, D, f.data() + (t * nt + i) * D);
+  }
+  std::vector<float> main_x(static_cast<size_t>(m * D)), kv(static_cast<size_t>(m * hd));
+  linear(w_.dspark.main_proj, f.data(), m, main_x.data());
+  rms(main_x.data(), m, D, &w_.dspark.main_norm, eps, main_x.data());
+  for (size_t b = 0; b < w_.dspark.blocks.size(); ++b) {
+    const model_v41::AttentionWeights& a = w_.dspark.blocks[b].layer.attn;
+    linear(a.wkv, main_x.data(), m, kv.data());
+    rms(kv.data(), m, hd, &a.kv_norm, eps, kv.data());
+    state::LayerState& ls = st.mtp_layers()[b];
+    for (int64_t t = 0; t < m; ++t) {
+      cpu::rope_apply(kv.data() + t * hd, hd, inv_main_, first + t0 + t, false);
+      fp8_window_quant(kv.data() + t * hd, hd);
+      std::copy_n(kv.data() + t * hd, hd, ls.ring_slot(first + t0 + t));
+    }
+  }
+}
+
+Status V41CpuModel::draft(const state::SequenceState& st,
+                          int32_t anchor,
+                          const DraftOptions& o,
+                          DraftResult* out) const {
+  if (!w_.has_dspark) {
+    return Status(StatusCode::kFailedPrecondition, "draft: the checkpoint has no DSpark blocks");
+  }
+  if (!dspark_error_.empty()) {
+    return Status(StatusCode::kFailedPrecondition, "draft: " + dspark_error_);
+  }
+  if (st.mtp_layers().size() != static_cast<size_t>(c_.num_nextn_predict_layers) ||
+      st.layers().size() != static_cast<size_t>(c_.num_hidden_layers)) {
+    return invalid_argument("draft: the sequence state was not made for this V4.1 model");
+  }
+  if (st.num_tokens() < 1) {
+    return invalid_argument("draft: the sequence has no computed token (prefill it first)");
+  }
+  const int64_t B = o.block;
+  if (B < 1 || B + 1 > st.max_rollback()) {
+    return invalid_argument(
+        "draft: block " + std::to_string(B) + " must be in [1, " +
+        std::to_string(st.max_rollback() - 1) +
+        "] (max backtracking - 1: the verify step rolls back up to B + 1 rows)");
+  }
+  if (!(o.confidence_temperature > 0.0f)) {
+    return invalid_argument("draft: the confidence temperature must be > 0");
+  }
+  const int32_t tok[1] = {anchor};
+  DSI_RETURN_IF_ERROR(check_v41_tokens(c_, tok).with_context("draft anchor"));
+  const int64_t hc = c_.hc_mult, D = c_.hidden_size, H = c_.num_attention_heads;
+  const int64_t hd = c_.head_dim, W = c_.sliding_window, V = c_.vocab_size;
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  const int64_t a_pos = st.num_tokens() - 1;
+  // Block rows: [anchor, noise x (B - 1)] at positions a+1 .. a+B; one-hot pi seed.
+  std::vector<float> X(static_cast<size_t>(B * hc * D)), e(static_cast<size_t>(D));
+  for (int64_t t = 0; t < B; ++t) {
+    w_.embed.dequant_row(t == 0 ? anchor : static_cast<int64_t>(c_.dspark_noise_token_id),
+                         e.data());
+    for (int64_t j = 0; j < hc; ++j) std::copy(e.begin(), e.end(), X.begin() + (t * hc + j) * D);
+  }
+  std::vector<float> pi(static_cast<size_t>(B * hc), 0.0f);
+  for (int64_t t = 0; t < B; ++t) pi[static_cast<size_t>(t * hc)] = 1.0f;
+  std::vector<float> pre(static_cast<size_t>(B * hc)), post(static_cast<size_t>(B * hc));
+  std::vector<float> comb(static_cast<size_t>(B * hc * hc)), u(static_cast<size_t>(B * D));
+  std::vector<float> F(static_cast<size_t>(B * D));
+  for (size_t b = 0; b < w_.dspark.blocks.size(); ++b) {
+    const model_v41::LayerWeights& w = w_.dspark.blocks[b].layer;
+    const state::LayerState& ring = st.mtp_layers()[b];
+    for (int site = 0; site < 2; ++site) {
+      const model_v41::HcSite& hs = site == 0 ? w.hc_attn : w.hc_ffn;
+      for (int64_t t = 0; t < B; ++t) {
+        const float* Xt = X.data() + t * hc * D;
+        mixes(hs, Xt, pre.data() + t * hc, post.data() + t * hc, comb.data() + t * hc * hc);
+        float* ut = u.data() + t * D;
+        for (int64_t i = 0; i < D; ++i) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < hc; ++j)
+            acc += pi[static_cast<size_t>(t * hc + j)] * Xt[j * D + i];
+          ut[i] = acc;
+        }
+      }
+      rms(u.data(), B, D, site == 0 ? &w.attn_norm : &w.ffn_norm, eps, u.data());
+      if (site == 0) {
+        // Window-only attention (main RoPE): the context KV of positions a-W+1 .. a from this
+        // block's ring plus every block row, non-causal inside the block.
+        const model_v41::AttentionWeights& at = w.attn;
+        std::vector<float> q_res(static_cast<size_t>(B * c_.q_lora_rank));
+        linear(at.wq_a, u.data(), B, q_res.data());
+        rms(q_res.data(), B, c_.q_lora_rank, &at.q_norm, eps, q_res.data());
+        std::vector<float> q(static_cast<size_t>(B * H * hd)), kv(static_cast<size_t>(B * hd));
+        linear(at.wq_b, q_res.data(), B, q.data());
+        linear(at.wkv, u.data(), B, kv.data());
+        rms(kv.data(), B, hd, &at.kv_norm, eps, kv.data());
+        for (int64_t t = 0; t < B; ++t) {
+          const int64_t p = a_pos + 1 + t;
+          for (int64_t h = 0; h < H; ++h)
+            cpu::rope_apply(q.data() + (t * H + h) * hd, hd, inv_main_, p, false);
+          cpu::rope_apply(kv.data() + t * hd, hd, inv_main_, p, false);
+          fp8_window_quant(kv.data() + t * hd, hd);
+        }
+        std::vector<const float*> keys;
+        for (int64_t k = std::max<int64_t>(0, a_pos - W + 1); k <= a_pos; ++k)
+          keys.push_back(ring.ring_slot(k));
+        for (int64_t t = 0; t < B; ++t) keys.push_back(kv.data() + t * hd);
+        std::vector<float> attn(static_cast<size_t>(B * H * hd));
+        for (int64_t t = 0; t < B; ++t) {
+          cpu::attention_with_sink(q.data() + t * H * hd,
+                                   H,
+                                   hd,
+                                   keys,
+                                   at.attn_sink.data(),
+                                   1.0f / std::sqrt(static_cast<float>(hd)),
+                                   attn.data() + t * H * hd);
+          for (int64_t h = 0; h < H; ++h)
+            cpu::rope_apply(attn.data() + (t * H + h) * hd, hd, inv_main_, a_pos + 1 + t, true);
+        }
+        output_projection(at, attn.data(), B, F.data());
+      } else {
+        moe(w.ffn, u.data(), B, c_.dspark_num_experts_per_tok, F.data());
+      }
+      pi = pre;
+      for (int64_t t = 0; t < B; ++t) {
+        float* Xt = X.data() + t * hc * D;
+        const float* cb = comb.data() + t * hc * hc;
+        std::vector<float> mixed(static_cast<size_t>(hc * D), 0.0f);
+        for (int64_t k = 0; k < hc; ++k) {
+          for (int64_t i = 0; i < D; ++i) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < hc; ++j) acc += cb[j * hc + k] * Xt[j * D + i];
+            mixed[static_cast<size_t>(k * D + i)] =
+                post[static_cast<size_t>(t * hc + k)] * F[static_cast<size_t>(t * D + i)] + acc;
+          }
+        }
+        std::copy(mixed.begin(), mixed.end(), Xt);
+      }
+    }
+  }
+  // h_k: the final collapse with the last block's FFN-site pre (the pre-norm hidden).
+  out->hidden.assign(static_cast<size_t>(B * D), 0.0f);
+  for (int64_t t = 0; t < B; ++t) {
+    for (int64_t i = 0; i < D; ++i) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < hc; ++j)
+        acc += pi[static_cast<size_t>(t * hc + j)] * X[static_cast<size_t>((t * hc + j) * D + i)];
+      out->hidden[static_cast<size_t>(t * D + i)] = acc;
+    }
+  }
+  std::vector<float> hn(static_cast<size_t>(B * D));
+  rms(out->hidden.data(), B, D, &w_.dspark.norm, eps, hn.data());
+  out->logits.resize(static_cast<size_t>(B * V));
+  linear(w_.head, hn.data(), B, out->logits.data());
+  // Row by row: Markov bigram term and confidence from E_markov[prev_k], then d_k.
+  const int64_t R = c_.dspark_markov_rank;
+  std::vector<float> em(static_cast<size_t>(R)), mk(static_cast<size_t>(V));
+  std::vector<float> conf_in(static_cast<size_t>(D + R));
+  out->tokens.clear();
+  out->confidence.clear();
+  int32_t prev = anchor;
+  for (int64_t k = 0; k < B; ++k) {
+    w_.dspark.markov_embed.dequant_row(prev, em.data());
+    linear(w_.dspark.markov_head, em.data(), 1, mk.data());
+    float* lk = out->logits.data() + k * V;
+    for (int64_t v = 0; v < V; ++v) lk[v] += mk[static_cast<size_t>(v)];
+    std::copy_n(out->hidden.data() + k * D, D, conf_in.data());
+    std::copy(em.begin(), em.end(), conf_in.begin() + D);
+    const float z = dot(w_.dspark.confidence.data(), conf_in.data(), D + R);
+    const float zt = std::clamp(z / o.confidence_temperature, -60.0f, 60.0f);
+    out->confidence.push_back(sigmoid(zt));
+    const std::span<const float> row(lk, static_cast<size_t>(V));
+    const int32_t d =
+        o.sample ? o.sample(k, row) : static_cast<int32_t>(std::max_element(lk, lk + V) - lk);
+    if (d < 0 || d >= V) {
+      return invalid_argument("draft: the sampler picked token " + std::to_string(d) +
+                              ", outside the vocabulary");
+    }
+    out->tokens.push_back(d);
+    prev = d;
+  }
+  return Status::ok_status();
 }
 
 Status check_v41_tokens(const V41Config& c, std::span<const int32_t> tokens) {
@@ -859,7 +1101,16 @@ Status V41CpuModel::forward(state::SequenceState& st,
   }
   EngramStore::Pending gathered = engram_->gather_async(std::move(by_table));
   Shared sh;
+  const bool dspark =
+      has_dspark() && st.mtp_layers().size() == static_cast<size_t>(c_.num_nextn_predict_layers);
+  if (dspark) {
+    sh.features.resize(c_.dspark_target_layer_ids.size());
+    sh.feature_first.assign(c_.dspark_target_layer_ids.size(), 0);
+  }
   for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, st, first, n, gathered, X, pi, sh, ex);
+  if (dspark) {
+    write_dspark_context(st, first, n, sh, !(ex.active && ex.placeholder));
+  }
   result->first_row = first - chunk_first;
   result->placeholder = ex.active && ex.placeholder;
   st.advance(static_cast<int64_t>(tokens.size()), tokens);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -95,6 +96,24 @@ struct ForwardResult {
   bool placeholder = false;   // the only row is an early-exit placeholder (not a prediction)
 };
 
+// DSpark drafting (spec §7.3-§7.4): one pass of the draft blocks over [anchor, noise x (B-1)]
+// at positions a+1 .. a+B (a = the sequence's last computed position), then the Markov and
+// confidence heads row by row with prev_0 = anchor, prev_{k+1} = d_k.
+struct DraftOptions {
+  int64_t block = 5;                    // B: 1 .. max_backtracking - 1 (DeepInfer: default 5)
+  float confidence_temperature = 1.0f;  // T of the confidence head
+  // Picks d_k from the draft logits l_k (the caller's sampler, e.g. temperature / top-p with
+  // its own random stream); empty = argmax (greedy).
+  std::function<int32_t(int64_t k, std::span<const float> logits)> sample;
+};
+
+struct DraftResult {
+  std::vector<int32_t> tokens;    // d_0 .. d_{B-1}
+  std::vector<float> logits;      // [B, vocab]: l_k = head(norm(h_k)) + Markov(prev_k), fp32
+  std::vector<float> confidence;  // c_k, the estimate of P(d_k accepted | d_<k accepted)
+  std::vector<float> hidden;      // [B, hidden]: h_k, the pre-norm hidden of the block rows
+};
+
 class V41CpuModel {
  public:
   V41CpuModel(const V41Config& c,
@@ -124,6 +143,19 @@ class V41CpuModel {
   const V41Weights& weights() const { return w_; }
   model::Numerics numerics() const { return numerics_; }
   const EngramStore& engram_store() const { return *engram_; }
+
+  // True when the checkpoint has DSpark blocks whose context KV the forward writes (into the
+  // state's extra rings, one per block) for every row it runs.
+  bool has_dspark() const { return dspark_error_.empty() && w_.has_dspark; }
+  // Why the DSpark blocks cannot run (empty when they can or when there are none).
+  const std::string& dspark_error() const { return dspark_error_; }
+  // Drafts options.block tokens after the sequence in `st` (at least one token computed), the
+  // block's first row being `anchor` (the token the target just sampled). `st` is not changed:
+  // the block rows' own keys live for this call only.
+  Status draft(const state::SequenceState& st,
+               int32_t anchor,
+               const DraftOptions& options,
+               DraftResult* out) const;
 
  private:
   struct Shared;  // values passed between layers within one forward
@@ -158,7 +190,14 @@ class V41CpuModel {
                const float* x,
                const float* q_res,
                Shared& sh) const;
-  void moe(const model_v41::MoeWeights& w, const float* x, int64_t n, float* out) const;
+  void moe(const model_v41::MoeWeights& w, const float* x, int64_t n, int64_t k, float* out) const;
+  void output_projection(const model_v41::AttentionWeights& a,
+                         const float* o,
+                         int64_t n,
+                         float* out) const;
+  // The DSpark context KV of rows [first, first + n) from the captured target features.
+  void write_dspark_context(
+      state::SequenceState& st, int64_t first, int64_t n, const Shared& sh, bool write) const;
   void expert(const model_v41::ExpertWeights& w,
               const float* x,
               float gate,
@@ -174,6 +213,8 @@ class V41CpuModel {
   EngramHashParams hash_;
   model::Numerics numerics_;
   std::unique_ptr<EngramStore> engram_;
+  std::vector<int> dspark_target_index_;  // per layer: position in dspark_target_layer_ids or -1
+  std::string dspark_error_;
   std::vector<float> inv_main_;
   std::vector<float> inv_compress_;
 };
