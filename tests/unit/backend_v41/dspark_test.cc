@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "kernels/cpu/ops.h"
 #include "model_v41/checkpoint.h"
 #include "model_v41/synthetic.h"
+#include "tensor/safetensors.h"
 
 namespace dsinfer::cpu_v41 {
 namespace {
@@ -222,14 +224,75 @@ TEST(V41Dspark, ThroughTheEngineBackendAndClearErrors) {
   cold.confidence_temperature = 0.0f;
   EXPECT_EQ(b->draft(st, 5, cold, &d).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(b->draft(st, 96, {}, &d).code(), StatusCode::kInvalidArgument);
-  // v41-tiny's single target layer does not match its 3-wide main_proj: named, not run.
-  auto fx = V41Backend::open(std::string(DSI_SOURCE_DIR) + "/tests/fixtures/v41-tiny/official", {});
-  ASSERT_TRUE(fx.ok());
-  EXPECT_FALSE((*fx)->v41().has_dspark());
-  EXPECT_NE((*fx)->v41().dspark_error().find("main_proj"), std::string::npos);
-  V41SequenceState s2 = make_v41_state((*fx)->checkpoint().config());
-  prefill((*fx)->v41(), s2, ids, 20);
-  EXPECT_EQ((*fx)->draft(*s2.seq, 5, {}, &d).code(), StatusCode::kFailedPrecondition);
+  // A checkpoint without DSpark blocks: FailedPrecondition.
+  auto nb =
+      V41Backend::open(std::string(DSI_SOURCE_DIR) + "/tests/fixtures/v41-tiny-b/official", {});
+  ASSERT_TRUE(nb.ok()) << nb.status().to_string();
+  EXPECT_FALSE((*nb)->v41().has_dspark());
+  V41SequenceState s2 = make_v41_state((*nb)->checkpoint().config());
+  prefill((*nb)->v41(), s2, ids, 20);
+  EXPECT_EQ((*nb)->draft(*s2.seq, 5, {}, &d).code(), StatusCode::kFailedPrecondition);
+}
+
+// The golden fixture (tools/reference/v41: model.py's draft, written from the spec
+// independently of this code): after the 100-token prompt, a block of 5 anchored at the
+// target's greedy token with confidence temperature 0.75, in both numerics, the prompt prefilled
+// whole and in chunks of 7.
+TEST(V41Dspark, MatchesTheReferenceFixture) {
+  const std::string fx = std::string(DSI_SOURCE_DIR) + "/tests/fixtures/v41-tiny";
+  V41BackendOptions ro;
+  auto bref = V41Backend::open(fx + "/official", ro);
+  ro.numerics = model::Numerics::kDeepSeek;
+  auto bds = V41Backend::open(fx + "/official", ro);
+  ASSERT_TRUE(bref.ok() && bds.ok()) << bref.status().to_string();
+  auto f = SafetensorsFile::open(fx + "/reference.safetensors");
+  ASSERT_TRUE(f.ok());
+  auto floats = [&](const std::string& name) {
+    const TensorInfo* t = (*f)->find(name);
+    EXPECT_NE(t, nullptr) << name;
+    const auto* p = static_cast<const float*>(t->data);
+    return std::vector<float>(p, p + t->numel());
+  };
+  auto ints = [&](const std::string& name) {
+    const TensorInfo* t = (*f)->find(name);
+    EXPECT_NE(t, nullptr) << name;
+    std::vector<int32_t> v;
+    for (int64_t i = 0; i < t->numel(); ++i)
+      v.push_back(static_cast<int32_t>(static_cast<const int64_t*>(t->data)[i]));
+    return v;
+  };
+  const std::vector<int32_t> ids = ints("input_ids");
+  for (const char* numerics : {"reference", "deepseek"}) {
+    const V41Backend& b = std::string(numerics) == "reference" ? **bref : **bds;
+    ASSERT_TRUE(b.v41().has_dspark()) << b.v41().dspark_error();
+    const std::string k = std::string("dspark_") + numerics + "_";
+    const int32_t anchor = ints(k + "anchor")[0];
+    for (int chunk : {100, 7}) {
+      V41SequenceState st = make_v41_state(b.checkpoint().config());
+      prefill(b.v41(), st, ids, chunk);
+      DraftOptions o;
+      o.block = 5;
+      o.confidence_temperature = 0.75f;
+      DraftResult d;
+      ASSERT_TRUE(b.draft(*st.seq, anchor, o, &d).ok());
+      EXPECT_EQ(d.tokens, ints(k + "tokens")) << numerics << " chunk " << chunk;
+      for (auto [got, name, tol] : {std::tuple{&d.logits, "logits", 2e-3},
+                                    std::tuple{&d.confidence, "confidence", 1e-4},
+                                    std::tuple{&d.hidden, "hidden", 2e-3}}) {
+        const std::vector<float> want = floats(k + name);
+        ASSERT_EQ(got->size(), want.size()) << name;
+        double worst = 0, mean = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          const double e = std::fabs(static_cast<double>((*got)[i]) - want[i]);
+          worst = std::max(worst, e);
+          mean += e / static_cast<double>(want.size());
+        }
+        EXPECT_LE(worst, tol) << numerics << " " << name << " chunk " << chunk;
+        std::printf("%s %s chunk %d: max |d| %.2e\n", numerics, name, chunk, worst);
+        EXPECT_LE(mean, tol / 10) << numerics << " " << name << " chunk " << chunk;
+      }
+    }
+  }
 }
 
 // Removes the synthetic checkpoint after every test ran.

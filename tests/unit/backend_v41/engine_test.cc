@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu_v41/backend.h"
+#include "model_v41/checkpoint.h"
 
 namespace dsinfer::cpu_v41 {
 namespace {
@@ -142,6 +143,35 @@ TEST(V41Engine, PreemptionUnderATightBudgetKeepsOutputs) {
   EXPECT_EQ(got, expected);
 }
 
+// The admission arithmetic (pages_for) equals what a shape-built sequence really takes, fixed
+// parts and growth; the history keeps the latest tokens across advance and rollback.
+TEST(V41State, PagesForMatchesTheAllocation) {
+  auto ck = model_v41::V41Checkpoint::open(kTiny);
+  ASSERT_TRUE(ck.ok());
+  const state::StateShape shape = v41_state_shape((*ck)->config());
+  const int64_t page = state::min_page_bytes(shape);
+  for (int64_t n : {0, 1, 37, 500}) {
+    auto arena = state::PageArena::growable(page);
+    state::SequenceState st(shape, arena.get(), 1);
+    ASSERT_TRUE(st.ok());
+    ASSERT_TRUE(st.reserve(n));
+    EXPECT_EQ(arena->used_bytes() / page, state::SequenceState::pages_for(shape, page, n)) << n;
+  }
+  auto arena = state::PageArena::growable(page);
+  state::SequenceState st(shape, arena.get(), 1);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 30; ++i) ids.push_back(i + 3);
+  ASSERT_TRUE(st.reserve(30));
+  st.advance(30, ids);
+  EXPECT_EQ(st.token(29), 32);
+  EXPECT_EQ(st.history_begin(), 30 - shape.token_history);
+  ASSERT_TRUE(st.rollback(6).ok());
+  EXPECT_EQ(st.num_tokens(), 24);
+  EXPECT_EQ(st.token(23), 26);
+  EXPECT_EQ(st.token(st.history_begin()), static_cast<int32_t>(st.history_begin() + 3));
+  EXPECT_FALSE(st.rollback(7).ok());
+}
+
 TEST(V41Engine, PrefillEarlyExitEqualsTheForwardAloneWithTheExit) {
   SchedulerConfig sc;
   sc.max_tokens_per_step = 32;
@@ -167,6 +197,29 @@ TEST(V41Engine, PrefillEarlyExitEqualsTheForwardAloneWithTheExit) {
               static_cast<long long>(K),
               differ_from_exact,
               cs.size());
+}
+
+// n > 1: a request sharing another's prompt forks its V4.1 state (rings, compressed entries,
+// index keys, compressor rows, token history) and continues exactly as the forward alone.
+TEST(V41Engine, SharedPromptForksTheV41State) {
+  auto e = make_engine(int64_t{64} << 20, {});
+  ASSERT_NE(e, nullptr);
+  const auto* b = dynamic_cast<const V41Backend*>(&e->model());
+  ASSERT_NE(b, nullptr);
+  Case c;
+  for (int i = 0; i < 37; ++i) c.prompt.push_back(static_cast<int32_t>(4 + (i * 11) % 80));
+  c.max_tokens = 6;
+  auto first = e->submit(greedy(c));
+  ASSERT_TRUE(first.ok());
+  RequestSpec s = greedy(c);
+  s.share_prompt_of = *first;
+  auto second = e->submit(std::move(s));
+  ASSERT_TRUE(second.ok());
+  while (e->step()) e->check_integrity();
+  const std::vector<int32_t> want = alone(b->v41(), c);
+  EXPECT_EQ(e->request(*first)->output, want);
+  EXPECT_EQ(e->request(*second)->output, want);
+  EXPECT_EQ(e->stats().prompt_tokens, 37);  // the prompt was computed once
 }
 
 TEST(V41Engine, OptionsAndPromptIdsAreCheckedWithClearErrors) {
