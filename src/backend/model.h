@@ -71,6 +71,9 @@ class Model {
     (void)tokens;
     return Status();
   }
+  // The model's tokenizer policy for plain-text prompts: the id put first (BOS), or -1 when text
+  // is encoded as is (V4: its chat template carries BOS).
+  virtual int32_t text_prompt_bos() const { return -1; }
   // Where the arena's page contents must live for this backend.
   virtual state::PageArena::Storage state_storage() const {
     return state::PageArena::Storage::kHost;

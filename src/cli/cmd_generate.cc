@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu_v41/backend.h"
 #include "base/strings.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -315,13 +314,8 @@ int run_generate(const GenerateArgs& a) {
   // requests with index % n == r (data-parallel attention: whole sequences per rank).
   const RankInfo rank = rank_info();
   frontend::OfflineDefaults defaults = offline_defaults(a, flag_stop_ids);
-  // DeepSeek V4.1's tokenizer policy (spec deepseek-v41.md §9): "release" (the default) adds
-  // BOS when plain text is encoded; "native" does not.
-  if (const auto* v41 = dynamic_cast<const cpu_v41::V41Backend*>(&e.model())) {
-    const model_v41::V41Config& c = v41->checkpoint().config();
-    if (c.tokenizer_compatibility == "release")
-      defaults.text_prompt_bos = static_cast<int32_t>(c.bos_token_id);
-  }
+  // The model's tokenizer policy for text prompts (DeepSeek V4.1's release policy adds BOS).
+  defaults.text_prompt_bos = e.model().text_prompt_bos();
   std::vector<Job> jobs(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
     Job& j = jobs[i];

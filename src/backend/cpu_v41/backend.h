@@ -49,6 +49,12 @@ class V41Backend final : public backend::Model {
   Status check_prompt(std::span<const int32_t> tokens) const override {
     return check_v41_tokens(ckpt_->config(), tokens);
   }
+  // DeepSeek V4.1's "release" tokenizer policy (spec §9, the default) adds BOS when plain text
+  // is encoded; "native" does not.
+  int32_t text_prompt_bos() const override {
+    const model_v41::V41Config& c = ckpt_->config();
+    return c.tokenizer_compatibility == "release" ? static_cast<int32_t>(c.bos_token_id) : -1;
+  }
   const char* name() const override { return "cpu-v41"; }
   const model::ModelConfig& config() const override { return view_; }
   model::Numerics numerics() const override { return options_.numerics; }

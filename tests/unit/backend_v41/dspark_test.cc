@@ -4,6 +4,7 @@
 // confidence from the pre-norm hidden) and its sampler hook; clear errors. No public oracle runs
 // DSpark (the transformers port ignores mtp.*), so these check the spec's wiring and invariants.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>

@@ -157,8 +157,11 @@ TEST(V41State, PagesForMatchesTheAllocation) {
     ASSERT_TRUE(st.reserve(n));
     EXPECT_EQ(arena->used_bytes() / page, state::SequenceState::pages_for(shape, page, n)) << n;
   }
+  // The history alone (no forward writes entries or compressor rows here: ring-only layers).
+  state::StateShape rings = shape;
+  for (state::LayerShape& l : rings.layers) l = state::LayerShape();
   auto arena = state::PageArena::growable(page);
-  state::SequenceState st(shape, arena.get(), 1);
+  state::SequenceState st(rings, arena.get(), 1);
   std::vector<int32_t> ids;
   for (int i = 0; i < 30; ++i) ids.push_back(i + 3);
   ASSERT_TRUE(st.reserve(30));
@@ -240,6 +243,7 @@ TEST(V41Engine, OptionsAndPromptIdsAreCheckedWithClearErrors) {
   auto e = make_engine(int64_t{64} << 20, {});
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->model_config().vocab_size, 96);
+  EXPECT_EQ(e->model().text_prompt_bos(), 0);  // the release tokenizer policy
   for (int32_t id : {96, 106, 116}) {
     RequestSpec s;
     s.prompt = {0, 5, id};
