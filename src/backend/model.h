@@ -31,6 +31,9 @@ struct ForwardOptions {
   bool want_logits = true;
   bool last_logits_only = false;  // logits of the chunk's last token only ([1, vocab])
   bool run_mtp = false;           // requires MTP weights
+  // The sequence's known tokens when the chunk was planned (0 = not given): a chunk that ends at
+  // or before it is part of a prefill (a backend with prefill early exit uses it).
+  int64_t prefill_end = 0;
 };
 
 // One sequence's chunk in a batched forward. `status` reports a per-item failure (bad token id,
@@ -59,6 +62,18 @@ class Model {
     for (ForwardItem& it : items) it.status = forward(*it.state, it.tokens, it.options, it.out);
     return Status();
   }
+  // The per-sequence state layout of a model that is not V4 (whose layout SequenceState derives
+  // from config()); null for V4. The engine allocates its sequence states from it.
+  virtual const state::StateShape* state_shape() const { return nullptr; }
+  // Model-specific prompt checks at submit (e.g. ids the model reserves for inputs it cannot
+  // take); an invalid-argument Status says why.
+  virtual Status check_prompt(std::span<const int32_t> tokens) const {
+    (void)tokens;
+    return Status();
+  }
+  // The model's tokenizer policy for plain-text prompts: the id put first (BOS), or -1 when text
+  // is encoded as is (V4: its chat template carries BOS).
+  virtual int32_t text_prompt_bos() const { return -1; }
   // Where the arena's page contents must live for this backend.
   virtual state::PageArena::Storage state_storage() const {
     return state::PageArena::Storage::kHost;

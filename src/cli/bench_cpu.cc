@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "backend/cpu_v41/backend.h"
 #include "base/strings.h"
 #include "cli/common.h"
 #include "engine/engine.h"
@@ -179,6 +180,10 @@ int run_cpu_bench(const CpuBenchArgs& a) {
   }
   const std::string model_dir = resolve_model_dir(a.model_dir);
   std::fprintf(stderr, "[bench cpu] loading %s...\n", model_dir.c_str());
+  if (cpu_v41::is_v41_model_dir(model_dir))
+    return run_cpu_bench_v41(a, model_dir);
+  if (a.prefill_keep_rows != 0)
+    return fail(invalid_argument("--prefill-keep-rows applies to DeepSeek V4.1 checkpoints only"));
   auto ckpt = model::Checkpoint::open(model_dir);
   if (!ckpt.ok())
     return fail(ckpt.status());
@@ -279,6 +284,9 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--context", a->context, "Context length of the decode runs (default 128)");
   cmd->add_option("--decode-steps", a->decode_steps, "Timed decode steps (default 8)");
   cmd->add_option("--repeats", a->repeats, "Timed prefill runs after a warm-up (default 2)");
+  cmd->add_option("--prefill-keep-rows",
+                  a->prefill_keep_rows,
+                  "DeepSeek V4.1: also time the prefill early exit with the last K rows");
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
   cmd->callback([a, device, cuda_only, &exit_code] {
     if (*device != "cpu") {

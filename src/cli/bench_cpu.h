@@ -19,10 +19,13 @@ struct CpuBenchArgs {
   int64_t decode_steps = 8;
   int64_t repeats = 2;
   int threads = 0;
+  int64_t prefill_keep_rows = 0;  // DeepSeek V4.1: also time the prefill early exit
   std::string output;
 };
 
 int run_cpu_bench(const CpuBenchArgs& a);
+// The same on a DeepSeek V4.1 checkpoint (bench_cpu_v41.cc); run_cpu_bench calls it.
+int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir);
 
 // The `bench` subcommand of a build without CUDA (CPU only).
 void add_cpu_bench_command(CLI::App& app, int& exit_code);

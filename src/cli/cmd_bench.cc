@@ -402,6 +402,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "--device cpu: kernels to compare (default fast,reference)")
       ->delimiter(',');
   cmd->add_option("--cpu-threads", a->cpu.threads, "--device cpu: fast-path threads (default all)");
+  cmd->add_option(
+      "--prefill-keep-rows",
+      a->cpu.prefill_keep_rows,
+      "--device cpu, DeepSeek V4.1: also time the prefill early exit with the last K rows");
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
   cmd->add_flag("--no-ceilings", a->no_ceilings, "Skip the copy/GEMM ceiling measurements");
   cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs, "Decode eagerly");

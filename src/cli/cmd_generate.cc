@@ -313,7 +313,9 @@ int run_generate(const GenerateArgs& a) {
   // Expert parallelism over several processes: this process is rank r of n and serves the
   // requests with index % n == r (data-parallel attention: whole sequences per rank).
   const RankInfo rank = rank_info();
-  const frontend::OfflineDefaults defaults = offline_defaults(a, flag_stop_ids);
+  frontend::OfflineDefaults defaults = offline_defaults(a, flag_stop_ids);
+  // The model's tokenizer policy for text prompts (DeepSeek V4.1's release policy adds BOS).
+  defaults.text_prompt_bos = e.model().text_prompt_bos();
   std::vector<Job> jobs(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
     Job& j = jobs[i];

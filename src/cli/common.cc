@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "backend/cpu_v41/backend.h"
 #include "base/strings.h"
 
 namespace dsinfer::cli {
@@ -114,7 +115,14 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--max-model-len",
                   f->max_model_len,
                   "Context limit, prompt + output tokens (default: the model's)");
-  cmd->add_option("--model-version", f->model_version, "Prompt format: v4 | v4-0731 | v4.1");
+  cmd->add_option("--model-version",
+                  f->model_version,
+                  "Prompt format: auto (default: v4.1 for a V4.1 checkpoint, else v4) | v4 | "
+                  "v4-0731 | v4.1");
+  cmd->add_option("--prefill-keep-rows",
+                  f->prefill_keep_rows,
+                  "DeepSeek V4.1: prefill early exit, the consumer half on the last K prompt rows "
+                  "(>= window + 6, e.g. 140; default 0 = exact prefill)");
   cmd->add_option("--device", f->device, "cpu | cuda | cuda:N (the CUDA backend needs a GPU)");
   cmd->add_option("--cpu-kernels",
                   f->cpu_kernels,
@@ -181,7 +189,6 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   EngineSetup s;
   DSI_ASSIGN_OR_RETURN(s.config.numerics, parse_numerics(f.numerics));
   DSI_ASSIGN_OR_RETURN(s.config.state_budget_bytes, parse_bytes("--state-memory", f.state_memory));
-  DSI_ASSIGN_OR_RETURN(s.version, parse_model_version(f.model_version));
   DSI_RETURN_IF_ERROR(parse_device(f.device, &s.config));
   DSI_ASSIGN_OR_RETURN(s.config.cpu_kernels, parse_cpu_kernels(f.cpu_kernels));
   if (f.cpu_threads < 0)
@@ -197,6 +204,15 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   if (f.max_model_len < 0)
     return invalid_argument("--max-model-len must be >= 0");
   s.config.model_dir = resolve_model_dir(f.model_dir);
+  if (f.model_version == "auto") {
+    s.version = cpu_v41::is_v41_model_dir(s.config.model_dir) ? recipe::ModelVersion::kV41
+                                                              : recipe::ModelVersion::kV4;
+  } else {
+    DSI_ASSIGN_OR_RETURN(s.version, parse_model_version(f.model_version));
+  }
+  if (f.prefill_keep_rows < 0)
+    return invalid_argument("--prefill-keep-rows must be >= 0 (0 = exact prefill)");
+  s.config.prefill_keep_rows = f.prefill_keep_rows;
   s.config.max_model_len = f.max_model_len;
   s.config.scheduler.max_running = f.max_num_seqs;
   s.config.scheduler.max_tokens_per_step = f.max_tokens_per_step;

@@ -40,8 +40,9 @@ struct EngineFlags {
   std::string state_memory = "1GiB";
   int64_t max_num_seqs = 64;
   int64_t max_tokens_per_step = 256;
-  int64_t max_model_len = 0;  // 0 = the model's
-  std::string model_version = "v4";
+  int64_t max_model_len = 0;           // 0 = the model's
+  std::string model_version = "auto";  // auto: v4.1 for a V4.1 checkpoint, else v4
+  int64_t prefill_keep_rows = 0;       // V4.1 prefill early exit (0 = exact)
   std::string device = "cpu";
   std::string cpu_kernels = "fast";
   int cpu_threads = 0;

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "backend/cpu/fast/fast_model.h"
+#include "backend/cpu_v41/backend.h"
 #include "base/check.h"
 #include "base/strings.h"
 #if DSINFER_HAVE_CUDA_BACKEND
@@ -18,12 +19,14 @@ namespace dsinfer::engine {
 // The scheduler's memory hooks: one SequenceState per admitted request, in the shared arena.
 class Engine::Memory : public MemoryHooks {
  public:
-  Memory(const model::ModelConfig& config, state::PageArena* arena)
-      : config_(config), arena_(arena) {}
+  // shape: the backend's state layout (null: V4's, from the config).
+  Memory(const model::ModelConfig& config, const state::StateShape* shape, state::PageArena* arena)
+      : config_(config), shape_(shape), arena_(arena) {}
   bool admit(Request& r) override {
     if (states_.count(r.id))
       return true;
-    auto st = std::make_unique<state::SequenceState>(config_, arena_, r.id, 0);
+    auto st = shape_ ? std::make_unique<state::SequenceState>(*shape_, arena_, r.id)
+                     : std::make_unique<state::SequenceState>(config_, arena_, r.id, 0);
     if (!st->ok())
       return false;  // its pages go back to the arena with it
     states_.emplace(r.id, std::move(st));
@@ -48,9 +51,19 @@ class Engine::Memory : public MemoryHooks {
 
  private:
   const model::ModelConfig& config_;
+  const state::StateShape* shape_;
   state::PageArena* arena_;
   std::map<RequestId, std::unique_ptr<state::SequenceState>> states_;
 };
+
+namespace {
+// Pages of a sequence of n tokens, from the backend's state shape or V4's config.
+int64_t sequence_pages(const backend::Model& m, int64_t page_bytes, int64_t n) {
+  if (const state::StateShape* s = m.state_shape())
+    return state::SequenceState::pages_for(*s, page_bytes, n);
+  return state::SequenceState::pages_for(m.config(), page_bytes, n, 0);
+}
+}  // namespace
 
 const char* cpu_kernels_name(CpuKernels k) {
   return k == CpuKernels::kFast ? "fast" : "reference";
@@ -146,6 +159,22 @@ Engine::Engine() = default;
 Engine::~Engine() = default;
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
+  // DeepSeek V4.1 checkpoints: the V4.1 backend opens its own checkpoint (CPU only so far).
+  if (cpu_v41::is_v41_model_dir(config.model_dir)) {
+    if (config.device != Device::kCpu) {
+      return Status(StatusCode::kUnimplemented,
+                    "DeepSeek V4.1 runs on the CPU only so far (--device cpu)");
+    }
+    cpu_v41::V41BackendOptions o;
+    o.numerics = config.numerics;
+    o.prefill_keep_rows = config.prefill_keep_rows;
+    auto m = cpu_v41::V41Backend::open(config.model_dir, o);
+    if (!m.ok())
+      return m.status();
+    return create(config, nullptr, std::unique_ptr<backend::Model>(std::move(m).value()));
+  }
+  if (config.prefill_keep_rows != 0)
+    return invalid_argument("--prefill-keep-rows applies to DeepSeek V4.1 checkpoints only");
   auto ckpt = model::Checkpoint::open(config.model_dir);
   if (!ckpt.ok())
     return ckpt.status();
@@ -163,13 +192,17 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
                                                std::shared_ptr<const model::Checkpoint> ckpt,
                                                std::unique_ptr<backend::Model> model) {
-  const auto& mc = ckpt->config();
-  const int64_t page_bytes = config.page_bytes ? config.page_bytes : state::default_page_bytes(mc);
-  if (page_bytes < state::min_page_bytes(mc) || page_bytes % 4 != 0) {
+  const auto& mc = model->config();
+  const state::StateShape* shape = model->state_shape();
+  const int64_t min_page = shape ? state::min_page_bytes(*shape) : state::min_page_bytes(mc);
+  const int64_t page_bytes = config.page_bytes ? config.page_bytes
+                             : shape           ? state::default_page_bytes(*shape)
+                                               : state::default_page_bytes(mc);
+  if (page_bytes < min_page || page_bytes % 4 != 0) {
     return invalid_argument(
         str_format("page size %lld bytes is too small for this model (min %lld)",
                    static_cast<long long>(page_bytes),
-                   static_cast<long long>(state::min_page_bytes(mc))));
+                   static_cast<long long>(min_page)));
   }
   const SchedulerConfig& sc = config.scheduler;
   if (sc.max_tokens_per_step < 1 || sc.max_running < 1 || sc.prefill_chunk < 1) {
@@ -183,15 +216,14 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   e->model_ = std::move(model);
   e->arena_ = state::PageArena::with_budget(
       config.state_budget_bytes, page_bytes, e->model_->state_storage());
-  if (e->arena_->num_pages() < state::SequenceState::pages_for(mc, page_bytes, 1, 0)) {
-    return invalid_argument(str_format(
-        "state memory budget %s is smaller than one sequence's fixed state (%s)",
-        human_bytes(static_cast<uint64_t>(config.state_budget_bytes)).c_str(),
-        human_bytes(static_cast<uint64_t>(state::SequenceState::pages_for(mc, page_bytes, 1, 0) *
-                                          page_bytes))
-            .c_str()));
+  const int64_t one = sequence_pages(*e->model_, page_bytes, 1);
+  if (e->arena_->num_pages() < one) {
+    return invalid_argument(
+        str_format("state memory budget %s is smaller than one sequence's fixed state (%s)",
+                   human_bytes(static_cast<uint64_t>(config.state_budget_bytes)).c_str(),
+                   human_bytes(static_cast<uint64_t>(one * page_bytes)).c_str()));
   }
-  e->memory_ = std::make_unique<Memory>(mc, e->arena_.get());
+  e->memory_ = std::make_unique<Memory>(mc, shape, e->arena_.get());
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->memory_.get());
   e->max_model_len_ = config.max_model_len > 0
                           ? std::min(config.max_model_len, mc.max_position_embeddings)
@@ -207,9 +239,10 @@ double Engine::now_s() const {
 }
 
 Result<RequestId> Engine::submit(RequestSpec spec, TokenCallback on_token) {
-  const auto& mc = ckpt_->config();
+  const auto& mc = model_->config();
   if (spec.prompt.empty())
     return invalid_argument("prompt is empty");
+  DSI_RETURN_IF_ERROR(model_->check_prompt(spec.prompt).with_context("prompt"));
   for (size_t i = 0; i < spec.prompt.size(); ++i) {
     if (spec.prompt[i] < 0 || spec.prompt[i] >= mc.vocab_size) {
       return invalid_argument(
@@ -238,7 +271,7 @@ Result<RequestId> Engine::submit(RequestSpec spec, TokenCallback on_token) {
         static_cast<long long>(spec.max_tokens),
         static_cast<long long>(max_model_len_)));
   }
-  const int64_t pages = state::SequenceState::pages_for(mc, arena_->page_bytes(), total, 0);
+  const int64_t pages = sequence_pages(*model_, arena_->page_bytes(), total);
   if (pages > arena_->num_pages()) {
     return invalid_argument(str_format(
         "prompt (%zu tokens) + max_tokens (%lld) needs %s of sequence state; the state memory "
@@ -371,6 +404,7 @@ void Engine::run_chunks() {
     item.tokens = tokens;
     item.options.want_logits = c.samples;
     item.options.last_logits_only = true;
+    item.options.prefill_end = r.num_tokens();
     item.out = &outs_[i];
     items_.push_back(item);
     item_chunk_.push_back(i);
@@ -414,7 +448,7 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
   // Sample the next token from the last position's logits. The draw is keyed by (seed, the
   // token's absolute position in the sequence): the same whatever else is in the batch, after a
   // preemption's recomputation, and for a continuation that resubmits earlier output as prompt.
-  const auto& mc = ckpt_->config();
+  const auto& mc = model_->config();
   const std::span<float> logits(out.logits.data(), static_cast<size_t>(mc.vocab_size));
   if (r.output.empty())
     start_forks(r, logits);  // before sample() uses the logits as scratch
@@ -441,7 +475,7 @@ sampling::SampleResult Engine::sample_for(Request& r, std::span<float> logits) {
 }
 
 void Engine::accept_token(Request& r, const sampling::SampleResult& sr) {
-  const auto& mc = ckpt_->config();
+  const auto& mc = model_->config();
   r.output.push_back(sr.token);
   r.output_logprobs.push_back(sr.logprob);
   r.penalties.add_output(sr.token);

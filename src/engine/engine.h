@@ -45,6 +45,8 @@ struct EngineConfig {
   int64_t state_budget_bytes = int64_t{1} << 30;  // the one memory budget for sequence state
   int64_t page_bytes = 0;                         // 0 = state::default_page_bytes(model)
   int64_t max_model_len = 0;                      // 0 = model's max_position_embeddings
+  // DeepSeek V4.1: prefill early exit, the consumer half on the last K prompt rows (0 = exact).
+  int64_t prefill_keep_rows = 0;
   int32_t max_top_logprobs = sampling::kDefaultMaxTopLogprobs;  // top_logprobs' upper bound
   SchedulerConfig scheduler;
 };
@@ -74,7 +76,8 @@ class Engine {
   // Same over an already opened checkpoint (tests share one across engines).
   static Result<std::unique_ptr<Engine>> create(const EngineConfig& config,
                                                 std::shared_ptr<const model::Checkpoint> ckpt);
-  // Same with a backend the caller made (over ckpt's weights); config.device is not used.
+  // Same with a backend the caller made (over ckpt's weights, or owning its own checkpoint when
+  // ckpt is null: DeepSeek V4.1); config.device is not used.
   static Result<std::unique_ptr<Engine>> create(const EngineConfig& config,
                                                 std::shared_ptr<const model::Checkpoint> ckpt,
                                                 std::unique_ptr<backend::Model> model);
@@ -103,7 +106,7 @@ class Engine {
   void release(RequestId id);
 
   EngineStats stats() const;
-  const model::ModelConfig& model_config() const { return ckpt_->config(); }
+  const model::ModelConfig& model_config() const { return model_->config(); }
   const state::PageArena& arena() const { return *arena_; }
   // OK while the backend is healthy; after a device failure, that failure (every in-flight
   // request has been failed with it and step() returns false).

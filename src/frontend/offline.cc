@@ -137,6 +137,8 @@ bool read_prompt(const json& line,
       return false;
     }
     job->prompt = std::move(ids).value();
+    if (d.text_prompt_bos >= 0)
+      job->prompt.insert(job->prompt.begin(), d.text_prompt_bos);
     return true;
   }
   // Chat messages: through the Chat Completions decoder and the DeepSeek prompt format.

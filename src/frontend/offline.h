@@ -26,6 +26,9 @@ struct OfflineDefaults {
   std::vector<int32_t> stop_token_ids;  // appended to every request's own
   bool ignore_eos = false;
   bool thinking = false;  // chat messages: thinking mode
+  // >= 0: prepended to every text prompt (`prompt`; not token ids or rendered chat messages,
+  // which carry their own): DeepSeek V4.1's "release" tokenizer policy adds BOS to plain text.
+  int32_t text_prompt_bos = -1;
 };
 
 // One request line, resolved to engine input.

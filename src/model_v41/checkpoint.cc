@@ -554,7 +554,9 @@ Status V41Binder::dspark() {
     DSI_RETURN_IF_ERROR(
         layer("mtp." + std::to_string(b) + ".", -1, true, &d.blocks[static_cast<size_t>(b)].layer));
   }
-  DSI_RETURN_IF_ERROR(mat("mtp.0.main_proj.weight", h, 3 * h, Kind::kFp8, &d.main_proj));
+  // The features of every target layer, concatenated (3 x hidden at the real config).
+  const int64_t feats = static_cast<int64_t>(c_.dspark_target_layer_ids.size()) * h;
+  DSI_RETURN_IF_ERROR(mat("mtp.0.main_proj.weight", h, feats, Kind::kFp8, &d.main_proj));
   DSI_RETURN_IF_ERROR(vec("mtp.0.main_norm.weight", {h}, Kind::kBf16, &d.main_norm));
   const std::string last = "mtp." + std::to_string(nb - 1) + ".";
   DSI_RETURN_IF_ERROR(vec(last + "norm.weight", {h}, Kind::kBf16, &d.norm));

@@ -255,7 +255,7 @@ std::vector<V41TensorSpec> v41_official_tensors(const V41Config& c, bool with_ds
     for (int64_t b = 0; b < c.num_nextn_predict_layers; ++b) {
       block("mtp." + std::to_string(b) + ".", -1, true);
     }
-    fp8("mtp.0.main_proj", h, 3 * h);
+    fp8("mtp.0.main_proj", h, static_cast<int64_t>(c.dspark_target_layer_ids.size()) * h);
     add("mtp.0.main_norm.weight", DType::kBF16, {h});
     const std::string last = "mtp." + std::to_string(c.num_nextn_predict_layers - 1) + ".";
     add(last + "norm.weight", DType::kBF16, {h});

@@ -137,6 +137,106 @@ int64_t default_page_bytes(const model::ModelConfig& c) {
   return std::max<int64_t>(64 * 1024, min_page_bytes(c));
 }
 
+int64_t min_page_bytes(const StateShape& s) {
+  int64_t floats = s.head_dim;
+  for (const LayerShape& l : s.layers) {
+    floats = std::max({floats, l.index_head_dim, 2 * l.partial_width});
+  }
+  return floats * 4;
+}
+
+int64_t default_page_bytes(const StateShape& s) {
+  return std::max<int64_t>(64 * 1024, min_page_bytes(s));
+}
+
+SequenceState::SequenceState(const StateShape& shape, PageArena* arena, int64_t sequence_id)
+    : arena_(arena),
+      id_(sequence_id),
+      max_rollback_(shape.max_rollback),
+      sliding_window_(shape.sliding_window),
+      hc_width_(0) {
+  DSI_CHECK(shape.max_rollback >= 0 && shape.ring_capacity >= shape.sliding_window &&
+                shape.token_history >= (shape.token_history > 0 ? shape.max_rollback + 1 : 0),
+            "bad state shape (rollback %lld, ring %lld, window %lld, history %lld)",
+            static_cast<long long>(shape.max_rollback),
+            static_cast<long long>(shape.ring_capacity),
+            static_cast<long long>(shape.sliding_window),
+            static_cast<long long>(shape.token_history));
+  for (size_t l = 0; l < shape.layers.size(); ++l) {
+    const LayerShape& sh = shape.layers[l];
+    const int32_t layer = static_cast<int32_t>(l);
+    LayerState ls;
+    // Compressed layers of a shape pool without overlap (kHca's retention rule).
+    ls.attention = sh.ratio > 0 ? AttentionType::kHca : AttentionType::kSliding;
+    ls.ratio = sh.ratio;
+    ls.head_dim = shape.head_dim;
+    ls.ring_capacity = shape.ring_capacity;
+    ls.ring = PagedRows(arena, shape.head_dim, PageOwner{sequence_id, layer, StateKind::kWindow});
+    if (sh.ratio > 0) {
+      ls.entries =
+          PagedRows(arena, shape.head_dim, PageOwner{sequence_id, layer, StateKind::kCompressed});
+      if (sh.index_head_dim > 0) {
+        ls.index_head_dim = sh.index_head_dim;
+        ls.index_keys = PagedRows(
+            arena, sh.index_head_dim, PageOwner{sequence_id, layer, StateKind::kIndexKeys});
+      }
+      if (sh.partial_width > 0) {
+        ls.comp_rows = CompressorRows(arena,
+                                      sh.partial_width,
+                                      sh.partial_capacity,
+                                      PageOwner{sequence_id, layer, StateKind::kPartial});
+      }
+    }
+    layers_.push_back(std::move(ls));
+    ok_ = ok_ && reserve_fixed(layers_.back());
+  }
+  for (int64_t b = 0; b < shape.extra_rings; ++b) {
+    LayerState ls;
+    ls.head_dim = shape.head_dim;
+    ls.ring_capacity = shape.ring_capacity;
+    ls.ring = PagedRows(
+        arena,
+        shape.head_dim,
+        PageOwner{sequence_id, static_cast<int32_t>(shape.layers.size() + b), StateKind::kMtp});
+    mtp_layers_.push_back(std::move(ls));
+    ok_ = ok_ && reserve_fixed(mtp_layers_.back());
+  }
+  history_.assign(static_cast<size_t>(shape.token_history), -1);
+}
+
+int64_t SequenceState::pages_for(const StateShape& s, int64_t page_bytes, int64_t num_tokens) {
+  const int64_t page_floats = page_bytes / 4;
+  auto pages = [page_floats](int64_t width, int64_t rows) {
+    const int64_t per_page = page_floats / width;
+    return (rows + per_page - 1) / per_page;
+  };
+  int64_t total = s.extra_rings * pages(s.head_dim, s.ring_capacity);
+  for (const LayerShape& l : s.layers) {
+    total += pages(s.head_dim, s.ring_capacity);
+    if (l.ratio == 0)
+      continue;
+    total += pages(s.head_dim, num_tokens / l.ratio);
+    if (l.index_head_dim > 0)
+      total += pages(l.index_head_dim, num_tokens / l.ratio);
+    if (l.partial_width > 0)
+      total += pages(2 * l.partial_width, l.partial_capacity);
+  }
+  return total;
+}
+
+int64_t SequenceState::history_begin() const {
+  return std::max<int64_t>(0, history_first_);
+}
+
+int32_t SequenceState::token(int64_t pos) const {
+  DSI_CHECK(!history_.empty() && pos >= history_begin() && pos < num_tokens_,
+            "token %lld is not in the token history [%lld, %lld)",
+            static_cast<long long>(pos),
+            static_cast<long long>(history_begin()),
+            static_cast<long long>(num_tokens_));
+  return history_[static_cast<size_t>(pos % static_cast<int64_t>(history_.size()))];
+}
+
 SequenceState::SequenceState(const model::ModelConfig& config,
                              PageArena* arena,
                              int64_t sequence_id,
@@ -281,8 +381,18 @@ void SequenceState::trim(LayerState& ls) const {
   ls.index_rows.drop_before(keep_from);
 }
 
-void SequenceState::advance(int64_t n) {
+void SequenceState::advance(int64_t n, std::span<const int32_t> tokens) {
   DSI_CHECK(n >= 0, "advance by %lld", static_cast<long long>(n));
+  if (!history_.empty()) {
+    DSI_CHECK(static_cast<int64_t>(tokens.size()) == n,
+              "advance by %lld with %zu token ids (this state keeps a token history)",
+              static_cast<long long>(n),
+              tokens.size());
+    const int64_t cap = static_cast<int64_t>(history_.size());
+    for (int64_t i = 0; i < n; ++i)
+      history_[static_cast<size_t>((num_tokens_ + i) % cap)] = tokens[static_cast<size_t>(i)];
+    history_first_ = std::max(history_first_, num_tokens_ + n - cap);
+  }
   num_tokens_ += n;
   for (auto& ls : layers_) trim(ls);
 }
@@ -381,6 +491,8 @@ Status SequenceState::fork_from(const SequenceState& src,
   }
   num_tokens_ = src.num_tokens_;
   mtp_num_tokens_ = src.mtp_num_tokens_;
+  history_ = src.history_;
+  history_first_ = src.history_first_;
   if (arena_->has_host_storage()) {
     const size_t bytes = static_cast<size_t>(arena_->page_bytes());
     for (const auto& [from, to] : local) std::memcpy(arena_->page(to), arena_->page(from), bytes);

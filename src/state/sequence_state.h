@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -97,6 +98,28 @@ struct StateBytes {
 int64_t min_page_bytes(const model::ModelConfig& c);
 int64_t default_page_bytes(const model::ModelConfig& c);
 
+// The state of a model other than V4 (whose layout SequenceState derives from its ModelConfig),
+// described layer by layer by that model's backend (DeepSeek V4.1: cpu_v41::v41_state_shape).
+struct LayerShape {
+  int64_t ratio = 0;             // one compressed entry per `ratio` tokens (0: a ring only)
+  int64_t index_head_dim = 0;    // one index key per entry (0: none)
+  int64_t partial_width = 0;     // compressor ring rows of 2 x partial_width floats (0: none)
+  int64_t partial_capacity = 0;  // rows of that ring
+};
+struct StateShape {
+  int64_t head_dim = 0;        // window-ring and compressed-entry row width (floats)
+  int64_t sliding_window = 0;  // window including the current token
+  int64_t ring_capacity = 0;   // slots of every window ring (>= sliding_window)
+  int64_t max_rollback = 0;    // tokens rollback() may remove
+  // Token ids kept (the latest ones), for a forward that reads earlier tokens (V4.1's Engram
+  // n-grams); must cover max_rollback plus what the forward reads.
+  int64_t token_history = 0;
+  std::vector<LayerShape> layers;  // one per decoder layer
+  int64_t extra_rings = 0;         // ring-only blocks beside the layers (draft blocks), kMtp pages
+};
+int64_t min_page_bytes(const StateShape& s);
+int64_t default_page_bytes(const StateShape& s);
+
 class SequenceState {
  public:
   // Allocates the fixed-size parts (rings, compressor rows) from `arena`; ok() is false when the
@@ -107,12 +130,15 @@ class SequenceState {
                 int64_t max_rollback);
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
+  // The same from a StateShape (max_rollback from the shape).
+  SequenceState(const StateShape& shape, PageArena* arena, int64_t sequence_id);
   bool ok() const { return ok_; }
   // Pages a sequence of num_tokens tokens holds (fixed parts included), without allocating.
   static int64_t pages_for(const model::ModelConfig& config,
                            int64_t page_bytes,
                            int64_t num_tokens,
                            int64_t max_rollback);
+  static int64_t pages_for(const StateShape& shape, int64_t page_bytes, int64_t num_tokens);
 
   int64_t id() const { return id_; }
   int64_t num_tokens() const { return num_tokens_; }
@@ -128,6 +154,7 @@ class SequenceState {
   // MTP block: its own layer state, the number of MTP positions processed, and the main model's
   // final residual streams ([hc*hidden]) of the latest max_rollback+1 positions.
   std::vector<LayerState>& mtp_layers() { return mtp_layers_; }
+  const std::vector<LayerState>& mtp_layers() const { return mtp_layers_; }
   int64_t mtp_num_tokens() const { return mtp_num_tokens_; }
   void set_mtp_num_tokens(int64_t n) { mtp_num_tokens_ = n; }
   void store_final_streams(int64_t pos, const float* streams);
@@ -148,7 +175,11 @@ class SequenceState {
   Status fork_from(const SequenceState& src, std::vector<std::pair<int32_t, int32_t>>* pairs);
 
   // Called by the forward after it appended n tokens; trims what rollback no longer needs.
-  void advance(int64_t n);
+  // `tokens` (the n ids) are kept when the state has a token history.
+  void advance(int64_t n, std::span<const int32_t> tokens = {});
+  // Token id at position pos from the token history (pos in [history_begin(), num_tokens())).
+  int32_t token(int64_t pos) const;
+  int64_t history_begin() const;
   // Removes the last k tokens (k <= max_rollback()); afterwards the state equals the state
   // after a forward over the first num_tokens()-k tokens, and unused pages are freed.
   Status rollback(int64_t k);
@@ -172,6 +203,8 @@ class SequenceState {
   int64_t mtp_num_tokens_ = 0;
   PagedRows final_streams_;               // [max_rollback+1, hc_width] ring by position
   std::vector<int64_t> final_positions_;  // position held in each slot (-1 empty)
+  std::vector<int32_t> history_;          // token ids, ring by position (StateShape only)
+  int64_t history_first_ = 0;             // oldest position the history still holds
 };
 
 }  // namespace dsinfer::state

@@ -36,8 +36,30 @@ for layout in official hf; do
   check "v41 $layout inspect shows the state" contains "$TMP/v41.txt" "state per sequence"
 done
 check "v41 inspect names the model" contains "$TMP/v41.txt" "model: DeepSeek V4.1"
-"$DSI" generate --model "$V41/official" --prompt-token-ids 0,5 --max-tokens 2 >"$TMP/err.txt" 2>&1
-check "v41 generate is a clear error" contains "$TMP/err.txt" "DeepSeek V4.1 checkpoint"
+# generate runs V4.1 through the engine on the CPU (exact and with prefill early exit; the tokens
+# are checked against the forward alone in backend_v41_engine_test); placeholder ids are refused.
+"$DSI" generate --model "$V41/official" --prompt-token-ids 0,5,6,7 --max-tokens 3 --temperature 0 \
+  >"$TMP/v41gen.txt" 2>"$TMP/err.txt"
+check "v41 generate" grep -qE '^\[[0-9]+,[0-9]+,[0-9]+\]$' "$TMP/v41gen.txt"
+"$DSI" generate --model "$V41/hf" --prompt-token-ids 0,5,6,7 --max-tokens 3 --temperature 0 \
+  --prefill-keep-rows 22 >"$TMP/v41gen2.txt" 2>"$TMP/err.txt"
+check "v41 generate early exit" cmp -s "$TMP/v41gen.txt" "$TMP/v41gen2.txt"
+"$DSI" generate --model "$V41/official" --prompt-token-ids 0,5,6 --prefill-keep-rows 8 \
+  >"$TMP/err.txt" 2>&1
+check "v41 generate keep-rows too small" contains "$TMP/err.txt" "window + max backtracking"
+"$DSI" generate --model "$V41/official" --prompt-token-ids 0,100 >"$TMP/err.txt" 2>&1
+rc=$?
+check "v41 placeholder id exits 2" test "$rc" -eq 2
+check "v41 placeholder id is named" contains "$TMP/err.txt" "multimodal placeholder"
+# bench --device cpu on V4.1: the spec's state figures (here and at the real config) and the
+# prefill early exit's saving in the same run.
+"$DSI" bench --device cpu --model "$V41/official" --prefill 40 --decode-batch 2 --context 30 \
+  --decode-steps 1 --repeats 1 --prefill-keep-rows 22 --output "$TMP/v41bench.json" \
+  >"$TMP/v41bench.txt" 2>&1
+check "v41 bench real-config state" contains "$TMP/v41bench.txt" \
+  "at the real V4.1-Flash config: KV 891 B/token, state 3128928 B/sequence"
+check "v41 bench early exit" contains "$TMP/v41bench.json" '"layer_rows_ratio"'
+
 # score runs V4.1 on the CPU (whole, chunked, early exit); the numbers are checked against the
 # golden fixture in backend_v41_golden_test.
 "$DSI" score --model "$V41/official" --input-ids 0,5,6,7,8,9,10 --chunk 3 \

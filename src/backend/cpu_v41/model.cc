@@ -193,42 +193,48 @@ void engram_row_ids(const V41Config& c,
   }
 }
 
-V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking) {
-  V41SequenceState st;
-  st.max_backtracking = max_backtracking;
-  const size_t L = static_cast<size_t>(c.num_hidden_layers);
-  st.ring_slots = c.sliding_window + max_backtracking;
-  st.window.assign(L, std::vector<float>(static_cast<size_t>(st.ring_slots * c.head_dim), 0.0f));
-  st.compressed.assign(L, {});
-  st.index_keys.assign(L, {});
-  st.comp_ring.assign(L, {});
-  st.compressor_slots = 2 + max_backtracking - 1;
+state::StateShape v41_state_shape(const V41Config& c, int64_t max_backtracking) {
+  state::StateShape s;
+  s.head_dim = c.head_dim;
+  s.sliding_window = c.sliding_window;
+  s.ring_capacity = c.sliding_window + max_backtracking;
+  s.max_rollback = max_backtracking;
+  // The Engram n-grams read the max_ngram - 1 tokens before a chunk, also after a rollback.
+  s.token_history = max_backtracking + std::max<int64_t>(1, c.engram_max_ngram_size) + 8;
+  s.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int l : c.kv_source_layer_ids) {
-    if (c.compress_ratios[static_cast<size_t>(l)] > 1) {
-      st.compressor_slots = c.compress_ratios[static_cast<size_t>(l)] + max_backtracking - 1;
-      st.comp_ring[static_cast<size_t>(l)].assign(
-          static_cast<size_t>(st.compressor_slots * 2 * c.head_dim), 0.0f);
+    state::LayerShape& ls = s.layers[static_cast<size_t>(l)];
+    ls.ratio = c.compress_ratios[static_cast<size_t>(l)];
+    if (std::find(c.index_k_source_layer_ids.begin(), c.index_k_source_layer_ids.end(), l) !=
+        c.index_k_source_layer_ids.end()) {
+      ls.index_head_dim = c.index_head_dim;
+    }
+    if (ls.ratio > 1) {
+      ls.partial_width = c.head_dim;  // (c | z) rows
+      ls.partial_capacity = ls.ratio + max_backtracking - 1;
     }
   }
+  s.extra_rings = c.num_nextn_predict_layers;
+  return s;
+}
+
+V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking) {
+  V41SequenceState st;
+  const state::StateShape shape = v41_state_shape(c, max_backtracking);
+  st.arena = state::PageArena::growable(state::default_page_bytes(shape));
+  st.seq = std::make_unique<state::SequenceState>(shape, st.arena.get(), 0);
+  DSI_CHECK(st.seq->ok(), "a growable arena ran out of pages");
   return st;
 }
 
 Status rollback_v41_state(const V41Config& c, V41SequenceState& st, int64_t new_length) {
+  (void)c;
   const int64_t len = st.length();
-  if (new_length < 0 || new_length > len || len - new_length > st.max_backtracking) {
+  if (new_length < 0 || new_length > len) {
     return invalid_argument("rollback from " + std::to_string(len) + " to " +
-                            std::to_string(new_length) + " tokens: at most " +
-                            std::to_string(st.max_backtracking) + " tokens can be rolled back");
+                            std::to_string(new_length) + " tokens");
   }
-  st.tokens.resize(static_cast<size_t>(new_length));
-  for (int l : c.kv_source_layer_ids) {
-    const int64_t entries = new_length / c.compress_ratios[static_cast<size_t>(l)];
-    auto& comp = st.compressed[static_cast<size_t>(l)];
-    comp.resize(std::min(comp.size(), static_cast<size_t>(entries * c.head_dim)));
-    auto& keys = st.index_keys[static_cast<size_t>(l)];
-    keys.resize(std::min(keys.size(), static_cast<size_t>(entries * c.index_head_dim)));
-  }
-  return Status::ok_status();
+  return st.seq->rollback(len - new_length);
 }
 
 struct V41CpuModel::Shared {
@@ -237,13 +243,36 @@ struct V41CpuModel::Shared {
   // Candidate pool per chunk row (entry mask) from the candidate source.
   std::vector<std::vector<uint8_t>> candidates;
   bool have_candidates = false;
+  // DSpark target features (spec §7.2): per target layer, the mean of the streams entering its
+  // attention site for rows [feature_first, feature_first + rows).
+  std::vector<std::vector<float>> features;
+  std::vector<int64_t> feature_first;
 };
 
 V41CpuModel::V41CpuModel(const V41Config& c,
                          const V41Weights& w,
                          EngramHashParams hash,
-                         model::Numerics numerics)
+                         model::Numerics numerics,
+                         const EngramStoreOptions& engram)
     : c_(c), w_(w), hash_(std::move(hash)), numerics_(numerics) {
+  auto store = EngramStore::create(c, w, engram);
+  DSI_CHECK(store.ok(), "Engram store: %s", store.status().message().c_str());
+  engram_ = std::move(store).value();
+  dspark_target_index_.assign(static_cast<size_t>(c.num_hidden_layers), -1);
+  for (size_t i = 0; i < c.dspark_target_layer_ids.size(); ++i)
+    dspark_target_index_[static_cast<size_t>(c.dspark_target_layer_ids[i])] = static_cast<int>(i);
+  if (w.has_dspark) {
+    const int64_t want = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * c.hidden_size;
+    if (w.dspark.main_proj.cols != want) {
+      dspark_error_ = "DSpark main_proj takes " + std::to_string(w.dspark.main_proj.cols) +
+                      " inputs, but the features of the " +
+                      std::to_string(c.dspark_target_layer_ids.size()) +
+                      " dspark_target_layer_ids are " + std::to_string(want) + " wide";
+    } else if (static_cast<int64_t>(w.dspark.blocks.size()) != c.num_nextn_predict_layers) {
+      dspark_error_ = "DSpark: " + std::to_string(w.dspark.blocks.size()) + " blocks bound, " +
+                      std::to_string(c.num_nextn_predict_layers) + " configured";
+    }
+  }
   inv_main_ = model::rope_inv_freq(c.rope_main, c.qk_rope_head_dim);
   inv_compress_ = model::rope_inv_freq(c.rope_compress, c.qk_rope_head_dim);
 }
@@ -298,18 +327,23 @@ void V41CpuModel::mixes(
 
 void V41CpuModel::engram(int l,
                          int64_t n,
-                         const std::vector<std::vector<std::vector<int64_t>>>& rows,
+                         EngramStore::Pending& rows,
                          std::vector<float>& X) const {
   const model_v41::EngramWeights& w = w_.layers[static_cast<size_t>(l)].engram;
   const int li = c_.layers[static_cast<size_t>(l)].engram_index;
   const int64_t hc = c_.hc_mult, D = c_.hidden_size, dim = c_.engram_head_dim;
   const int64_t cols = c_.engram_hash_cols();
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  std::vector<float> e(static_cast<size_t>(cols * dim)), kv(static_cast<size_t>((hc + 1) * D));
+  std::vector<float> kv(static_cast<size_t>((hc + 1) * D));
+  // This table's rows of every chunk token (gathered since before layer 0).
+  const std::vector<float>& gathered = rows.wait(li);
+  DSI_CHECK(static_cast<int64_t>(gathered.size()) == n * cols * dim,
+            "Engram layer %d: %zu gathered values for %lld tokens",
+            l,
+            gathered.size(),
+            static_cast<long long>(n));
   for (int64_t t = 0; t < n; ++t) {
-    const auto& ids = rows[static_cast<size_t>(t)][static_cast<size_t>(li)];
-    for (int64_t j = 0; j < cols; ++j) w.table.row(ids[static_cast<size_t>(j)], e.data() + j * dim);
-    linear(w.wkv, e.data(), 1, kv.data());
+    linear(w.wkv, gathered.data() + t * cols * dim, 1, kv.data());
     const float* value = kv.data() + hc * D;
     for (int64_t k = 0; k < hc; ++k) {
       float* xs = X.data() + (t * hc + k) * D;
@@ -338,7 +372,7 @@ void V41CpuModel::engram(int l,
 }
 
 void V41CpuModel::compress(
-    int l, V41SequenceState& st, int64_t first, int64_t n, const float* x) const {
+    int l, state::SequenceState& st, int64_t first, int64_t n, const float* x) const {
   const model_v41::AttentionWeights& a = w_.layers[static_cast<size_t>(l)].attn;
   const int64_t hd = c_.head_dim, ratio = c_.compress_ratios[static_cast<size_t>(l)];
   const float eps = static_cast<float>(c_.rms_norm_eps);
@@ -352,15 +386,14 @@ void V41CpuModel::compress(
   } else {
     std::vector<float> zv(static_cast<size_t>(n * hd));
     linear(a.compressor.wgate, x, n, zv.data());
-    auto& ring = st.comp_ring[static_cast<size_t>(l)];
+    state::CompressorRows& ring = st.layers()[static_cast<size_t>(l)].comp_rows;
     auto zc = [&](int64_t pos, const float** z, const float** c) {
       if (pos >= first) {
         *z = zv.data() + (pos - first) * hd;
         *c = cv.data() + (pos - first) * hd;
       } else {
-        const float* slot = ring.data() + (pos % st.compressor_slots) * 2 * hd;
-        *z = slot;
-        *c = slot + hd;
+        *z = ring.score_row(pos);
+        *c = ring.kv_row(pos);
       }
     };
     for (int64_t pos = first; pos < first + n; ++pos) {
@@ -393,15 +426,14 @@ void V41CpuModel::compress(
       gpos.push_back(g0);
     }
     for (int64_t pos = first; pos < first + n; ++pos) {
-      float* slot = ring.data() + (pos % st.compressor_slots) * 2 * hd;
-      std::copy_n(zv.data() + (pos - first) * hd, hd, slot);
-      std::copy_n(cv.data() + (pos - first) * hd, hd, slot + hd);
+      ring.append(cv.data() + (pos - first) * hd, zv.data() + (pos - first) * hd);
     }
   }
   const int64_t G = static_cast<int64_t>(gpos.size());
   if (G == 0) {
     return;
   }
+  state::LayerState& owner = st.layers()[static_cast<size_t>(l)];
   rms(lat.data(), G, hd, &a.compressor.norm, eps, lat.data());
   if (!a.indexer.wk.empty()) {
     const int64_t id = c_.index_head_dim;
@@ -412,8 +444,7 @@ void V41CpuModel::compress(
       cpu::rope_apply(k.data() + g * id, id, inv_compress_, gpos[static_cast<size_t>(g)], false);
       fp4_index_quant(k.data() + g * id, id);
     }
-    auto& keys = st.index_keys[static_cast<size_t>(l)];
-    keys.insert(keys.end(), k.begin(), k.end());
+    for (int64_t g = 0; g < G; ++g) owner.put_index_key(owner.num_entries + g, k.data() + g * id);
   }
   for (int64_t g = 0; g < G; ++g) {
     cpu::rope_apply(lat.data() + g * hd, hd, inv_compress_, gpos[static_cast<size_t>(g)], false);
@@ -425,12 +456,11 @@ void V41CpuModel::compress(
       fp8_window_quant(lat.data() + g * hd, hd);
     }
   }
-  auto& comp = st.compressed[static_cast<size_t>(l)];
-  comp.insert(comp.end(), lat.begin(), lat.end());
+  for (int64_t g = 0; g < G; ++g) owner.put_entry(owner.num_entries, lat.data() + g * hd);
 }
 
 void V41CpuModel::indexer(int l,
-                          V41SequenceState& st,
+                          state::SequenceState& st,
                           int64_t first,
                           int64_t n,
                           const float* x,
@@ -439,8 +469,8 @@ void V41CpuModel::indexer(int l,
   const V41LayerPlan& plan = c_.layers[static_cast<size_t>(l)];
   const model_v41::IndexerWeights& w = w_.layers[static_cast<size_t>(l)].attn.indexer;
   const int64_t IH = c_.index_n_heads, ID = c_.index_head_dim, ratio = plan.compress_ratio;
-  const auto& keys = st.index_keys[static_cast<size_t>(plan.index_key_owner)];
-  const int64_t G = static_cast<int64_t>(keys.size()) / ID;
+  const state::LayerState& keys = st.layers()[static_cast<size_t>(plan.index_key_owner)];
+  const int64_t G = keys.num_entries;
   sh.topk.assign(static_cast<size_t>(n), {});
   if (G == 0) {
     return;
@@ -471,7 +501,7 @@ void V41CpuModel::indexer(int l,
       }
       float s = 0.0f;
       for (int64_t h = 0; h < IH; ++h) {
-        float v = std::max(dot(qt + h * ID, keys.data() + g * ID, ID), 0.0f);
+        float v = std::max(dot(qt + h * ID, keys.index_key(g), ID), 0.0f);
         float wh = hw[static_cast<size_t>(t * IH + h)];
         if (scale) {
           v *= s_scale;
@@ -522,7 +552,7 @@ void V41CpuModel::indexer(int l,
 }
 
 void V41CpuModel::attention(int l,
-                            V41SequenceState& st,
+                            state::SequenceState& st,
                             int64_t first,
                             int64_t n,
                             const float* x,
@@ -556,9 +586,9 @@ void V41CpuModel::attention(int l,
       indexer(l, st, first, n, x, q_res.data(), sh);
     }
   }
-  auto& ring = st.window[static_cast<size_t>(l)];
-  const auto& comp = plan.compress_ratio > 0 ? st.compressed[static_cast<size_t>(plan.kv_owner)]
-                                             : st.window[static_cast<size_t>(l)];
+  state::LayerState& ring = st.layers()[static_cast<size_t>(l)];
+  const state::LayerState& comp =
+      st.layers()[static_cast<size_t>(plan.compress_ratio > 0 ? plan.kv_owner : l)];
   std::vector<float> o(static_cast<size_t>(n * H * hd));
   std::vector<const float*> keys;
   // Early exit narrows the consumers' window to the kept tail (a placeholder row sees none).
@@ -568,11 +598,10 @@ void V41CpuModel::attention(int l,
     const int64_t p = first + t;
     keys.clear();
     for (int64_t k = std::max<int64_t>({0, p - W + 1, floor}); k <= p; ++k) {
-      keys.push_back(k >= first ? kv.data() + (k - first) * hd
-                                : ring.data() + (k % st.ring_slots) * hd);
+      keys.push_back(k >= first ? kv.data() + (k - first) * hd : ring.ring_slot(k));
     }
     if (plan.compress_ratio > 0 && !sh.topk.empty()) {
-      for (int32_t g : sh.topk[static_cast<size_t>(t)]) keys.push_back(comp.data() + g * hd);
+      for (int32_t g : sh.topk[static_cast<size_t>(t)]) keys.push_back(comp.entry(g));
     }
     cpu::attention_with_sink(q.data() + t * H * hd,
                              H,
@@ -585,17 +614,26 @@ void V41CpuModel::attention(int l,
   }
   // The chunk's window KV into the ring (the last ring_slots rows are the only ones kept; an
   // early-exit placeholder row writes nothing).
-  for (int64_t t = std::max<int64_t>(0, n - st.ring_slots); t < n && !(narrowed && ex.placeholder);
+  for (int64_t t = std::max<int64_t>(0, n - ring.ring_capacity);
+       t < n && !(narrowed && ex.placeholder);
        ++t) {
-    std::copy_n(kv.data() + t * hd, hd, ring.data() + ((first + t) % st.ring_slots) * hd);
+    std::copy_n(kv.data() + t * hd, hd, ring.ring_slot(first + t));
   }
+  output_projection(a, o.data(), n, out);
+}
+
+void V41CpuModel::output_projection(const model_v41::AttentionWeights& a,
+                                    const float* o,
+                                    int64_t n,
+                                    float* out) const {
   // Grouped low-rank output: wo_a per group of H / o_groups heads, then wo_b.
+  const int64_t H = c_.num_attention_heads, hd = c_.head_dim;
   const int64_t G = c_.o_groups, in_g = H / G * hd, r = c_.o_lora_rank;
   std::vector<float> xg(static_cast<size_t>(n * in_g)), yg(static_cast<size_t>(n * r));
   std::vector<float> y(static_cast<size_t>(n * G * r));
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = 0; t < n; ++t)
-      std::copy_n(o.data() + t * H * hd + g * in_g, in_g, xg.data() + t * in_g);
+      std::copy_n(o + t * H * hd + g * in_g, in_g, xg.data() + t * in_g);
     cpu::linear_rows(a.wo_a, g * r, r, xg.data(), n, yg.data(), false);
     for (int64_t t = 0; t < n; ++t) std::copy_n(yg.data() + t * r, r, y.data() + t * G * r + g * r);
   }
@@ -629,8 +667,9 @@ void V41CpuModel::expert(const model_v41::ExpertWeights& w,
   for (int64_t i = 0; i < D; ++i) out[i] += y[static_cast<size_t>(i)];
 }
 
-void V41CpuModel::moe(const model_v41::MoeWeights& w, const float* x, int64_t n, float* out) const {
-  const int64_t D = c_.hidden_size, E = w.gate.rows, k = c_.num_experts_per_tok;
+void V41CpuModel::moe(
+    const model_v41::MoeWeights& w, const float* x, int64_t n, int64_t k, float* out) const {
+  const int64_t D = c_.hidden_size, E = w.gate.rows;
   std::vector<float> logits(static_cast<size_t>(n * E));
   linear(w.gate, x, n, logits.data());
   std::vector<float> s(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
@@ -661,10 +700,10 @@ void V41CpuModel::moe(const model_v41::MoeWeights& w, const float* x, int64_t n,
 }
 
 void V41CpuModel::layer(int l,
-                        V41SequenceState& st,
+                        state::SequenceState& st,
                         int64_t& first,
                         int64_t& n,
-                        const std::vector<std::vector<std::vector<int64_t>>>& rows,
+                        EngramStore::Pending& rows,
                         std::vector<float>& X,
                         std::vector<float>& pi,
                         Shared& sh,
@@ -674,6 +713,19 @@ void V41CpuModel::layer(int l,
   const float eps = static_cast<float>(c_.rms_norm_eps);
   if (c_.layers[static_cast<size_t>(l)].engram) {
     engram(l, n, rows, X);
+  }
+  if (const int ti = dspark_target_index_[static_cast<size_t>(l)]; ti >= 0 && has_dspark()) {
+    // DSpark target feature: the mean of the streams entering the attention site.
+    std::vector<float>& f = sh.features[static_cast<size_t>(ti)];
+    f.assign(static_cast<size_t>(n * D), 0.0f);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < D; ++i) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < hc; ++j) acc += X[static_cast<size_t>((t * hc + j) * D + i)];
+        f[static_cast<size_t>(t * D + i)] = acc / static_cast<float>(hc);
+      }
+    }
+    sh.feature_first[static_cast<size_t>(ti)] = first;
   }
   std::vector<float> pre(static_cast<size_t>(n * hc)), post(static_cast<size_t>(n * hc));
   std::vector<float> comb(static_cast<size_t>(n * hc * hc)), u(static_cast<size_t>(n * D));
@@ -715,7 +767,7 @@ void V41CpuModel::layer(int l,
     if (site == 0) {
       attention(l, st, first, n, u.data(), F.data(), sh, compressed_already, ex);
     } else {
-      moe(w.ffn, u.data(), n, F.data());
+      moe(w.ffn, u.data(), n, c_.num_experts_per_tok, F.data());
     }
     pi = pre;
     for (int64_t t = 0; t < n; ++t) {
@@ -735,11 +787,236 @@ void V41CpuModel::layer(int l,
   }
 }
 
+void V41CpuModel::write_dspark_context(
+    state::SequenceState& st, int64_t first, int64_t n, const Shared& sh, bool write) const {
+  const int64_t D = c_.hidden_size, hd = c_.head_dim;
+  const int64_t nt = static_cast<int64_t>(c_.dspark_target_layer_ids.size());
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  const int64_t ring = st.mtp_layers().empty() ? 0 : st.mtp_layers()[0].ring_capacity;
+  // Only the rows a ring keeps (the chunk's last ring-capacity rows).
+  const int64_t t0 = std::max<int64_t>(0, n - ring);
+  if (!write || n - t0 <= 0) {
+    return;
+  }
+  const int64_t m = n - t0;
+  std::vector<float> f(static_cast<size_t>(m * nt * D));
+  for (int64_t i = 0; i < nt; ++i) {
+    const std::vector<float>& src = sh.features[static_cast<size_t>(i)];
+    const int64_t off = first + t0 - sh.feature_first[static_cast<size_t>(i)];
+    DSI_CHECK(off >= 0 && (off + m) * D <= static_cast<int64_t>(src.size()),
+              "DSpark features of target %lld do not cover rows [%lld, %lld)",
+              static_cast<long long>(i),
+              static_cast<long long>(first + t0),
+              static_cast<long long>(first + n));
+    for (int64_t t = 0; t < m; ++t)
+      std::copy_n(src.data() + (off + t) * D, D, f.data() + (t * nt + i) * D);
+  }
+  std::vector<float> main_x(static_cast<size_t>(m * D)), kv(static_cast<size_t>(m * hd));
+  linear(w_.dspark.main_proj, f.data(), m, main_x.data());
+  rms(main_x.data(), m, D, &w_.dspark.main_norm, eps, main_x.data());
+  for (size_t b = 0; b < w_.dspark.blocks.size(); ++b) {
+    const model_v41::AttentionWeights& a = w_.dspark.blocks[b].layer.attn;
+    linear(a.wkv, main_x.data(), m, kv.data());
+    rms(kv.data(), m, hd, &a.kv_norm, eps, kv.data());
+    state::LayerState& ls = st.mtp_layers()[b];
+    for (int64_t t = 0; t < m; ++t) {
+      cpu::rope_apply(kv.data() + t * hd, hd, inv_main_, first + t0 + t, false);
+      fp8_window_quant(kv.data() + t * hd, hd);
+      std::copy_n(kv.data() + t * hd, hd, ls.ring_slot(first + t0 + t));
+    }
+  }
+}
+
+Status V41CpuModel::draft(const state::SequenceState& st,
+                          int32_t anchor,
+                          const DraftOptions& o,
+                          DraftResult* out) const {
+  if (!w_.has_dspark) {
+    return Status(StatusCode::kFailedPrecondition, "draft: the checkpoint has no DSpark blocks");
+  }
+  if (!dspark_error_.empty()) {
+    return Status(StatusCode::kFailedPrecondition, "draft: " + dspark_error_);
+  }
+  if (st.mtp_layers().size() != static_cast<size_t>(c_.num_nextn_predict_layers) ||
+      st.layers().size() != static_cast<size_t>(c_.num_hidden_layers)) {
+    return invalid_argument("draft: the sequence state was not made for this V4.1 model");
+  }
+  if (st.num_tokens() < 1) {
+    return invalid_argument("draft: the sequence has no computed token (prefill it first)");
+  }
+  const int64_t B = o.block;
+  if (B < 1 || B + 1 > st.max_rollback()) {
+    return invalid_argument(
+        "draft: block " + std::to_string(B) + " must be in [1, " +
+        std::to_string(st.max_rollback() - 1) +
+        "] (max backtracking - 1: the verify step rolls back up to B + 1 rows)");
+  }
+  if (!(o.confidence_temperature > 0.0f)) {
+    return invalid_argument("draft: the confidence temperature must be > 0");
+  }
+  const int32_t tok[1] = {anchor};
+  DSI_RETURN_IF_ERROR(check_v41_tokens(c_, tok).with_context("draft anchor"));
+  const int64_t hc = c_.hc_mult, D = c_.hidden_size, H = c_.num_attention_heads;
+  const int64_t hd = c_.head_dim, W = c_.sliding_window, V = c_.vocab_size;
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  const int64_t a_pos = st.num_tokens() - 1;
+  // Block rows: [anchor, noise x (B - 1)] at positions a+1 .. a+B; one-hot pi seed.
+  std::vector<float> X(static_cast<size_t>(B * hc * D)), e(static_cast<size_t>(D));
+  for (int64_t t = 0; t < B; ++t) {
+    w_.embed.dequant_row(t == 0 ? anchor : static_cast<int64_t>(c_.dspark_noise_token_id),
+                         e.data());
+    for (int64_t j = 0; j < hc; ++j) std::copy(e.begin(), e.end(), X.begin() + (t * hc + j) * D);
+  }
+  std::vector<float> pi(static_cast<size_t>(B * hc), 0.0f);
+  for (int64_t t = 0; t < B; ++t) pi[static_cast<size_t>(t * hc)] = 1.0f;
+  std::vector<float> pre(static_cast<size_t>(B * hc)), post(static_cast<size_t>(B * hc));
+  std::vector<float> comb(static_cast<size_t>(B * hc * hc)), u(static_cast<size_t>(B * D));
+  std::vector<float> F(static_cast<size_t>(B * D));
+  for (size_t b = 0; b < w_.dspark.blocks.size(); ++b) {
+    const model_v41::LayerWeights& w = w_.dspark.blocks[b].layer;
+    const state::LayerState& ring = st.mtp_layers()[b];
+    for (int site = 0; site < 2; ++site) {
+      const model_v41::HcSite& hs = site == 0 ? w.hc_attn : w.hc_ffn;
+      for (int64_t t = 0; t < B; ++t) {
+        const float* Xt = X.data() + t * hc * D;
+        mixes(hs, Xt, pre.data() + t * hc, post.data() + t * hc, comb.data() + t * hc * hc);
+        float* ut = u.data() + t * D;
+        for (int64_t i = 0; i < D; ++i) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < hc; ++j)
+            acc += pi[static_cast<size_t>(t * hc + j)] * Xt[j * D + i];
+          ut[i] = acc;
+        }
+      }
+      rms(u.data(), B, D, site == 0 ? &w.attn_norm : &w.ffn_norm, eps, u.data());
+      if (site == 0) {
+        // Window-only attention (main RoPE): the context KV of positions a-W+1 .. a from this
+        // block's ring plus every block row, non-causal inside the block.
+        const model_v41::AttentionWeights& at = w.attn;
+        std::vector<float> q_res(static_cast<size_t>(B * c_.q_lora_rank));
+        linear(at.wq_a, u.data(), B, q_res.data());
+        rms(q_res.data(), B, c_.q_lora_rank, &at.q_norm, eps, q_res.data());
+        std::vector<float> q(static_cast<size_t>(B * H * hd)), kv(static_cast<size_t>(B * hd));
+        linear(at.wq_b, q_res.data(), B, q.data());
+        linear(at.wkv, u.data(), B, kv.data());
+        rms(kv.data(), B, hd, &at.kv_norm, eps, kv.data());
+        for (int64_t t = 0; t < B; ++t) {
+          const int64_t p = a_pos + 1 + t;
+          for (int64_t h = 0; h < H; ++h)
+            cpu::rope_apply(q.data() + (t * H + h) * hd, hd, inv_main_, p, false);
+          cpu::rope_apply(kv.data() + t * hd, hd, inv_main_, p, false);
+          fp8_window_quant(kv.data() + t * hd, hd);
+        }
+        std::vector<const float*> keys;
+        for (int64_t k = std::max<int64_t>(0, a_pos - W + 1); k <= a_pos; ++k)
+          keys.push_back(ring.ring_slot(k));
+        for (int64_t t = 0; t < B; ++t) keys.push_back(kv.data() + t * hd);
+        std::vector<float> attn(static_cast<size_t>(B * H * hd));
+        for (int64_t t = 0; t < B; ++t) {
+          cpu::attention_with_sink(q.data() + t * H * hd,
+                                   H,
+                                   hd,
+                                   keys,
+                                   at.attn_sink.data(),
+                                   1.0f / std::sqrt(static_cast<float>(hd)),
+                                   attn.data() + t * H * hd);
+          for (int64_t h = 0; h < H; ++h)
+            cpu::rope_apply(attn.data() + (t * H + h) * hd, hd, inv_main_, a_pos + 1 + t, true);
+        }
+        output_projection(at, attn.data(), B, F.data());
+      } else {
+        moe(w.ffn, u.data(), B, c_.dspark_num_experts_per_tok, F.data());
+      }
+      pi = pre;
+      for (int64_t t = 0; t < B; ++t) {
+        float* Xt = X.data() + t * hc * D;
+        const float* cb = comb.data() + t * hc * hc;
+        std::vector<float> mixed(static_cast<size_t>(hc * D), 0.0f);
+        for (int64_t k = 0; k < hc; ++k) {
+          for (int64_t i = 0; i < D; ++i) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < hc; ++j) acc += cb[j * hc + k] * Xt[j * D + i];
+            mixed[static_cast<size_t>(k * D + i)] =
+                post[static_cast<size_t>(t * hc + k)] * F[static_cast<size_t>(t * D + i)] + acc;
+          }
+        }
+        std::copy(mixed.begin(), mixed.end(), Xt);
+      }
+    }
+  }
+  // h_k: the final collapse with the last block's FFN-site pre (the pre-norm hidden).
+  out->hidden.assign(static_cast<size_t>(B * D), 0.0f);
+  for (int64_t t = 0; t < B; ++t) {
+    for (int64_t i = 0; i < D; ++i) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < hc; ++j)
+        acc += pi[static_cast<size_t>(t * hc + j)] * X[static_cast<size_t>((t * hc + j) * D + i)];
+      out->hidden[static_cast<size_t>(t * D + i)] = acc;
+    }
+  }
+  std::vector<float> hn(static_cast<size_t>(B * D));
+  rms(out->hidden.data(), B, D, &w_.dspark.norm, eps, hn.data());
+  out->logits.resize(static_cast<size_t>(B * V));
+  linear(w_.head, hn.data(), B, out->logits.data());
+  // Row by row: Markov bigram term and confidence from E_markov[prev_k], then d_k.
+  const int64_t R = c_.dspark_markov_rank;
+  std::vector<float> em(static_cast<size_t>(R)), mk(static_cast<size_t>(V));
+  std::vector<float> conf_in(static_cast<size_t>(D + R));
+  out->tokens.clear();
+  out->confidence.clear();
+  int32_t prev = anchor;
+  for (int64_t k = 0; k < B; ++k) {
+    w_.dspark.markov_embed.dequant_row(prev, em.data());
+    linear(w_.dspark.markov_head, em.data(), 1, mk.data());
+    float* lk = out->logits.data() + k * V;
+    for (int64_t v = 0; v < V; ++v) lk[v] += mk[static_cast<size_t>(v)];
+    std::copy_n(out->hidden.data() + k * D, D, conf_in.data());
+    std::copy(em.begin(), em.end(), conf_in.begin() + D);
+    const float z = dot(w_.dspark.confidence.data(), conf_in.data(), D + R);
+    const float zt = std::clamp(z / o.confidence_temperature, -60.0f, 60.0f);
+    out->confidence.push_back(sigmoid(zt));
+    const std::span<const float> row(lk, static_cast<size_t>(V));
+    const int32_t d =
+        o.sample ? o.sample(k, row) : static_cast<int32_t>(std::max_element(lk, lk + V) - lk);
+    if (d < 0 || d >= V) {
+      return invalid_argument("draft: the sampler picked token " + std::to_string(d) +
+                              ", outside the vocabulary");
+    }
+    out->tokens.push_back(d);
+    prev = d;
+  }
+  return Status::ok_status();
+}
+
+Status check_v41_tokens(const V41Config& c, std::span<const int32_t> tokens) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t id = tokens[i];
+    if (id == c.image_token_id) {
+      return invalid_argument("token " + std::to_string(i) + " (id " + std::to_string(id) +
+                              ") is the image placeholder; image inputs (the V4.1 vision tower) "
+                              "are not supported yet");
+    }
+    if (id >= c.vocab_size && id < c.vocab_size + kV41MultimodalPlaceholders) {
+      return invalid_argument("token " + std::to_string(i) + " (id " + std::to_string(id) +
+                              ") is one of V4.1's multimodal placeholder ids [" +
+                              std::to_string(c.vocab_size) + ", " +
+                              std::to_string(c.vocab_size + kV41MultimodalPlaceholders) +
+                              "); image inputs (the V4.1 vision tower) are not supported yet");
+    }
+    if (id < 0 || id >= c.vocab_size) {
+      return invalid_argument("token " + std::to_string(i) + " (id " + std::to_string(id) +
+                              ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                              ")");
+    }
+  }
+  return Status::ok_status();
+}
+
 Status V41CpuModel::forward(V41SequenceState& st,
                             std::span<const int32_t> tokens,
                             std::vector<float>* logits) const {
   ForwardResult r;
-  DSI_RETURN_IF_ERROR(forward(st, tokens, nullptr, &r));
+  DSI_RETURN_IF_ERROR(forward(*st.seq, tokens, nullptr, &r));
   *logits = std::move(r.logits);
   return Status::ok_status();
 }
@@ -748,27 +1025,29 @@ Status V41CpuModel::forward(V41SequenceState& st,
                             std::span<const int32_t> tokens,
                             const PrefillExit* exit,
                             ForwardResult* result) const {
+  return forward(*st.seq, tokens, exit, result);
+}
+
+Status V41CpuModel::forward(state::SequenceState& st,
+                            std::span<const int32_t> tokens,
+                            const PrefillExit* exit,
+                            ForwardResult* result,
+                            bool last_logits_only) const {
   int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) {
     return invalid_argument("forward: no tokens");
   }
-  for (int32_t id : tokens) {
-    if (id == c_.image_token_id) {
-      return invalid_argument("forward: token id " + std::to_string(id) +
-                              " is the image placeholder; image inputs (the V4.1 vision tower) "
-                              "are not supported yet");
-    }
-    if (id < 0 || id >= c_.vocab_size) {
-      return invalid_argument("forward: token id " + std::to_string(id) + " is outside [0, " +
-                              std::to_string(c_.vocab_size) + ")");
-    }
+  DSI_RETURN_IF_ERROR(check_v41_tokens(c_, tokens).with_context("forward"));
+  if (st.layers().size() != static_cast<size_t>(c_.num_hidden_layers) ||
+      st.max_rollback() + c_.sliding_window != st.layers()[0].ring_capacity) {
+    return invalid_argument("forward: the sequence state was not made for this V4.1 model");
   }
   DSI_RETURN_IF_ERROR(hash_.validate(c_));
-  const int64_t chunk_first = st.length();
+  const int64_t chunk_first = st.num_tokens();
   int64_t first = chunk_first;
   Exit ex;
   if (exit != nullptr && c_.yoco_boundary < c_.num_hidden_layers) {
-    const int64_t min_keep = st.ring_slots;  // window + max backtracking
+    const int64_t min_keep = st.layers()[0].ring_capacity;  // window + max backtracking
     if (exit->keep_rows < min_keep) {
       return invalid_argument("prefill early exit: keep_rows " + std::to_string(exit->keep_rows) +
                               " is below window + max backtracking = " + std::to_string(min_keep));
@@ -777,11 +1056,22 @@ Status V41CpuModel::forward(V41SequenceState& st,
       return invalid_argument("prefill early exit: the chunk ends at " + std::to_string(first + n) +
                               ", past the prompt length " + std::to_string(exit->prompt_length));
     }
+    for (int l : c_.engram_layer_ids) {
+      if (l >= c_.yoco_boundary) {
+        return invalid_argument("prefill early exit: Engram layer " + std::to_string(l) +
+                                " is a consumer (the YOCO boundary is " +
+                                std::to_string(c_.yoco_boundary) +
+                                "); bounded replay needs every Engram layer among the producers");
+      }
+    }
     ex.active = true;
     ex.window_floor = std::max<int64_t>(0, exit->prompt_length - exit->keep_rows);
     ex.placeholder = first + n <= ex.window_floor;
   }
-  st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
+  if (!st.reserve(n)) {
+    return Status(StatusCode::kResourceExhausted,
+                  "forward: no state memory for " + std::to_string(n) + " more tokens");
+  }
   const int64_t hc = c_.hc_mult, D = c_.hidden_size;
   std::vector<float> X(static_cast<size_t>(n * hc * D)), e(static_cast<size_t>(D));
   for (int64_t t = 0; t < n; ++t) {
@@ -790,18 +1080,44 @@ Status V41CpuModel::forward(V41SequenceState& st,
   }
   std::vector<float> pi(static_cast<size_t>(n * hc), 0.0f);
   for (int64_t t = 0; t < n; ++t) pi[static_cast<size_t>(t * hc)] = 1.0f;
-  // Engram rows for both layers, before layer 0 (spec §4.5).
+  // Engram row addresses of every table, hashed before layer 0 (spec §4.5), then gathered on a
+  // helper thread while the first layers run.
   std::vector<std::vector<std::vector<int64_t>>> rows(static_cast<size_t>(n));
   if (!c_.engram_layer_ids.empty()) {
+    // The n-grams read up to max_ngram - 1 tokens before the chunk (from the state's history).
+    const int64_t back = std::min<int64_t>(first, c_.engram_max_ngram_size - 1);
+    std::vector<int32_t> ctx;
+    for (int64_t p = first - back; p < first; ++p) ctx.push_back(st.token(p));
+    ctx.insert(ctx.end(), tokens.begin(), tokens.end());
     for (int64_t t = 0; t < n; ++t)
-      engram_row_ids(c_, hash_, st.tokens, first + t, &rows[static_cast<size_t>(t)]);
+      engram_row_ids(c_, hash_, ctx, back + t, &rows[static_cast<size_t>(t)]);
   }
+  std::vector<std::vector<int64_t>> by_table(c_.engram_layer_ids.size());
+  for (size_t li = 0; li < by_table.size(); ++li) {
+    for (int64_t t = 0; t < n; ++t) {
+      const auto& r = rows[static_cast<size_t>(t)][li];
+      by_table[li].insert(by_table[li].end(), r.begin(), r.end());
+    }
+  }
+  EngramStore::Pending gathered = engram_->gather_async(std::move(by_table));
   Shared sh;
-  for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, st, first, n, rows, X, pi, sh, ex);
+  const bool dspark =
+      has_dspark() && st.mtp_layers().size() == static_cast<size_t>(c_.num_nextn_predict_layers);
+  if (dspark) {
+    sh.features.resize(c_.dspark_target_layer_ids.size());
+    sh.feature_first.assign(c_.dspark_target_layer_ids.size(), 0);
+  }
+  for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, st, first, n, gathered, X, pi, sh, ex);
+  if (dspark) {
+    write_dspark_context(st, first, n, sh, !(ex.active && ex.placeholder));
+  }
   result->first_row = first - chunk_first;
   result->placeholder = ex.active && ex.placeholder;
+  st.advance(static_cast<int64_t>(tokens.size()), tokens);
+  // The head on every row, or on the chunk's last row only.
+  const int64_t t0 = last_logits_only ? n - 1 : 0;
   std::vector<float> h(static_cast<size_t>(n * D), 0.0f);
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = t0; t < n; ++t) {
     for (int64_t i = 0; i < D; ++i) {
       float acc = 0.0f;
       for (int64_t j = 0; j < hc; ++j)
@@ -809,9 +1125,11 @@ Status V41CpuModel::forward(V41SequenceState& st,
       h[static_cast<size_t>(t * D + i)] = acc;
     }
   }
-  rms(h.data(), n, D, &w_.norm, static_cast<float>(c_.rms_norm_eps), h.data());
-  result->logits.resize(static_cast<size_t>(n * c_.vocab_size));
-  linear(w_.head, h.data(), n, result->logits.data());
+  result->first_row += t0;
+  const float* hr = h.data() + t0 * D;
+  rms(hr, n - t0, D, &w_.norm, static_cast<float>(c_.rms_norm_eps), h.data());
+  result->logits.resize(static_cast<size_t>((n - t0) * c_.vocab_size));
+  linear(w_.head, h.data(), n - t0, result->logits.data());
   return Status::ok_status();
 }
 

@@ -12,14 +12,19 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "backend/cpu_v41/engram_store.h"
 #include "base/status.h"
 #include "model/numerics.h"
 #include "model_v41/config.h"
 #include "model_v41/weights.h"
+#include "state/page_arena.h"
+#include "state/sequence_state.h"
 
 namespace dsinfer::cpu_v41 {
 
@@ -44,19 +49,18 @@ void engram_row_ids(const V41Config& c,
                     int64_t p,
                     std::vector<std::vector<int64_t>>* out);
 
-// Per-sequence state: window-KV rings of window + backtracking slots per layer (dequantised
-// values), the compressed entries and index keys of each KV owner, the ratio-2 compressors'
-// (z, c) rings of ratio + backtracking - 1 slots, the token ids.
+// Per-sequence state lives in a state::SequenceState (the engine's state manager, pages of a
+// PageArena) laid out by v41_state_shape: a window ring of window + backtracking slots per layer
+// and per DSpark block (dequantised values), the compressed entries and index keys of each KV
+// owner (consumers read their owner's), the ratio-2 compressors' (c, z) rings of ratio +
+// backtracking - 1 rows, and the latest token ids (the Engram n-grams read them).
+state::StateShape v41_state_shape(const V41Config& c, int64_t max_backtracking = 6);
+
+// A standalone sequence (tools, tests): its own growable arena.
 struct V41SequenceState {
-  std::vector<int32_t> tokens;
-  int64_t max_backtracking = 0;
-  int64_t ring_slots = 0;
-  int64_t compressor_slots = 0;
-  std::vector<std::vector<float>> window;      // [layer] -> [ring_slots, head_dim]
-  std::vector<std::vector<float>> compressed;  // [layer] (owners) -> [G, head_dim]
-  std::vector<std::vector<float>> index_keys;  // [layer] (owners) -> [G, index_head_dim]
-  std::vector<std::vector<float>> comp_ring;   // [layer] (ratio-2 owners) -> [slots, 2*head_dim]
-  int64_t length() const { return static_cast<int64_t>(tokens.size()); }
+  std::unique_ptr<state::PageArena> arena;
+  std::unique_ptr<state::SequenceState> seq;
+  int64_t length() const { return seq->num_tokens(); }
 };
 
 V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking = 6);
@@ -66,6 +70,13 @@ V41SequenceState make_v41_state(const V41Config& c, int64_t max_backtracking = 6
 // so no slot a live window or unfinished group still needs was overwritten); the compressed
 // entries and index keys shrink to floor(new_length / ratio) per owner.
 Status rollback_v41_state(const V41Config& c, V41SequenceState& st, int64_t new_length);
+
+// The multimodal placeholder ids the release tokenizer policy registers right after the text
+// vocabulary (spec §9: 21 ids, 129280-129300 at the real config).
+inline constexpr int64_t kV41MultimodalPlaceholders = 21;
+// Prompt token ids a text-only V4.1 forward accepts: inside the vocabulary, not the image
+// placeholder, not a multimodal placeholder id (each a clear invalid-argument Status).
+Status check_v41_tokens(const V41Config& c, std::span<const int32_t> tokens);
 
 // Prefill early exit ("SWA bounded replay", spec §5.2): producers and the boundary layer's global
 // KV projection (compressor + index keys) run on every prompt row; the rest of the consumer half
@@ -85,12 +96,31 @@ struct ForwardResult {
   bool placeholder = false;   // the only row is an early-exit placeholder (not a prediction)
 };
 
+// DSpark drafting (spec §7.3-§7.4): one pass of the draft blocks over [anchor, noise x (B-1)]
+// at positions a+1 .. a+B (a = the sequence's last computed position), then the Markov and
+// confidence heads row by row with prev_0 = anchor, prev_{k+1} = d_k.
+struct DraftOptions {
+  int64_t block = 5;                    // B: 1 .. max_backtracking - 1 (DeepInfer: default 5)
+  float confidence_temperature = 1.0f;  // T of the confidence head
+  // Picks d_k from the draft logits l_k (the caller's sampler, e.g. temperature / top-p with
+  // its own random stream); empty = argmax (greedy).
+  std::function<int32_t(int64_t k, std::span<const float> logits)> sample;
+};
+
+struct DraftResult {
+  std::vector<int32_t> tokens;    // d_0 .. d_{B-1}
+  std::vector<float> logits;      // [B, vocab]: l_k = head(norm(h_k)) + Markov(prev_k), fp32
+  std::vector<float> confidence;  // c_k, the estimate of P(d_k accepted | d_<k accepted)
+  std::vector<float> hidden;      // [B, hidden]: h_k, the pre-norm hidden of the block rows
+};
+
 class V41CpuModel {
  public:
   V41CpuModel(const V41Config& c,
               const V41Weights& w,
               EngramHashParams hash,
-              model::Numerics numerics);
+              model::Numerics numerics,
+              const EngramStoreOptions& engram = {EngramPlacement::kMapped, 0});
 
   // Appends `tokens` to `st` and writes their logits [tokens, vocab] to `logits`.
   Status forward(V41SequenceState& st,
@@ -102,6 +132,30 @@ class V41CpuModel {
                  std::span<const int32_t> tokens,
                  const PrefillExit* exit,
                  ForwardResult* out) const;
+  // Over a state of v41_state_shape(config) (reserves its pages; kResourceExhausted when the
+  // arena is full). last_logits_only: the head runs on the last row only.
+  Status forward(state::SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const PrefillExit* exit,
+                 ForwardResult* out,
+                 bool last_logits_only = false) const;
+  const V41Config& config() const { return c_; }
+  const V41Weights& weights() const { return w_; }
+  model::Numerics numerics() const { return numerics_; }
+  const EngramStore& engram_store() const { return *engram_; }
+
+  // True when the checkpoint has DSpark blocks whose context KV the forward writes (into the
+  // state's extra rings, one per block) for every row it runs.
+  bool has_dspark() const { return dspark_error_.empty() && w_.has_dspark; }
+  // Why the DSpark blocks cannot run (empty when they can or when there are none).
+  const std::string& dspark_error() const { return dspark_error_; }
+  // Drafts options.block tokens after the sequence in `st` (at least one token computed), the
+  // block's first row being `anchor` (the token the target just sampled). `st` is not changed:
+  // the block rows' own keys live for this call only.
+  Status draft(const state::SequenceState& st,
+               int32_t anchor,
+               const DraftOptions& options,
+               DraftResult* out) const;
 
  private:
   struct Shared;  // values passed between layers within one forward
@@ -111,16 +165,16 @@ class V41CpuModel {
     bool placeholder = false;
   };
   void layer(int l,
-             V41SequenceState& st,
+             state::SequenceState& st,
              int64_t& first,
              int64_t& n,
-             const std::vector<std::vector<std::vector<int64_t>>>& rows,
+             EngramStore::Pending& rows,
              std::vector<float>& X,
              std::vector<float>& pi,
              Shared& sh,
              const Exit& ex) const;
   void attention(int l,
-                 V41SequenceState& st,
+                 state::SequenceState& st,
                  int64_t first,
                  int64_t n,
                  const float* x,
@@ -128,24 +182,28 @@ class V41CpuModel {
                  Shared& sh,
                  bool compressed_already,
                  const Exit& ex) const;
-  void compress(int l, V41SequenceState& st, int64_t first, int64_t n, const float* x) const;
+  void compress(int l, state::SequenceState& st, int64_t first, int64_t n, const float* x) const;
   void indexer(int l,
-               V41SequenceState& st,
+               state::SequenceState& st,
                int64_t first,
                int64_t n,
                const float* x,
                const float* q_res,
                Shared& sh) const;
-  void moe(const model_v41::MoeWeights& w, const float* x, int64_t n, float* out) const;
+  void moe(const model_v41::MoeWeights& w, const float* x, int64_t n, int64_t k, float* out) const;
+  void output_projection(const model_v41::AttentionWeights& a,
+                         const float* o,
+                         int64_t n,
+                         float* out) const;
+  // The DSpark context KV of rows [first, first + n) from the captured target features.
+  void write_dspark_context(
+      state::SequenceState& st, int64_t first, int64_t n, const Shared& sh, bool write) const;
   void expert(const model_v41::ExpertWeights& w,
               const float* x,
               float gate,
               bool weighted,
               float* out) const;
-  void engram(int l,
-              int64_t n,
-              const std::vector<std::vector<std::vector<int64_t>>>& rows,
-              std::vector<float>& X) const;
+  void engram(int l, int64_t n, EngramStore::Pending& rows, std::vector<float>& X) const;
   void mixes(
       const model_v41::HcSite& s, const float* X, float* pre, float* post, float* comb) const;
   bool deepseek() const { return numerics_ == model::Numerics::kDeepSeek; }
@@ -154,6 +212,9 @@ class V41CpuModel {
   const V41Weights& w_;
   EngramHashParams hash_;
   model::Numerics numerics_;
+  std::unique_ptr<EngramStore> engram_;
+  std::vector<int> dspark_target_index_;  // per layer: position in dspark_target_layer_ids or -1
+  std::string dspark_error_;
   std::vector<float> inv_main_;
   std::vector<float> inv_compress_;
 };

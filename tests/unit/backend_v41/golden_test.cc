@@ -369,13 +369,18 @@ TEST(V41State, SlotsMatchTheLayout) {
     ASSERT_TRUE(c.ok());
     const model_v41::StateLayout s = model_v41::compute_state_layout(*c);
     const V41SequenceState st = make_v41_state(*c);
-    EXPECT_EQ(st.ring_slots, s.ring_slots);
-    EXPECT_EQ(st.compressor_slots, s.compressor_ring_slots);
-    EXPECT_EQ(st.max_backtracking, 6);
+    const auto& layers = st.seq->layers();
+    EXPECT_EQ(layers[0].ring_capacity, s.ring_slots);
+    EXPECT_EQ(st.seq->max_rollback(), 6);
     int rings = 0;
-    for (const auto& r : st.comp_ring) rings += r.empty() ? 0 : 1;
+    for (const auto& l : layers) {
+      if (l.comp_rows.enabled()) {
+        ++rings;
+        EXPECT_EQ(l.comp_rows.capacity(), s.compressor_ring_slots);
+      }
+    }
     EXPECT_EQ(rings, s.n_compressor_rings);
-    EXPECT_EQ(static_cast<int64_t>(st.window.size()) + c->num_nextn_predict_layers, s.n_rings);
+    EXPECT_EQ(static_cast<int64_t>(layers.size() + st.seq->mtp_layers().size()), s.n_rings);
   }
 }
 
@@ -439,8 +444,11 @@ TEST(V41State, Fp8SparseKvOption) {
   V41SequenceState st = make_v41_state(fp8);
   std::vector<float> logits;
   ASSERT_TRUE(m8.forward(st, g.ids, &logits).ok());
-  const std::vector<float>& entries = st.compressed[5];
-  ASSERT_FALSE(entries.empty());
+  const state::LayerState& owner = st.seq->layers()[5];
+  ASSERT_GT(owner.num_entries, 0);
+  std::vector<float> entries;
+  for (int64_t g = 0; g < owner.num_entries; ++g)
+    entries.insert(entries.end(), owner.entry(g), owner.entry(g) + owner.head_dim);
   std::vector<float> again = entries;
   fp8_window_quant(again.data(), static_cast<int64_t>(again.size()));
   EXPECT_EQ(again, entries);

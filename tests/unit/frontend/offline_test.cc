@@ -73,6 +73,28 @@ TEST(OfflineJob, TextNeedsATokenizer) {
             "stop strings need the model's tokenizer.json");
 }
 
+// DeepSeek V4.1's release tokenizer policy: BOS first on text prompts only (token ids and
+// rendered chat prompts are taken as they are).
+TEST(OfflineJob, TextPromptBosPolicy) {
+  auto tok = tokenizer::Tokenizer::load(std::string(DSI_SOURCE_DIR) +
+                                        "/tests/fixtures/tokenizer/tiny/tokenizer.json");
+  ASSERT_TRUE(tok.ok());
+  OfflineDefaults d;
+  d.text_prompt_bos = 0;
+  const json text = json::parse(R"({"prompt": "def f():"})");
+  OfflineJob with = make_offline_job(text, d, tok->get(), recipe::ModelVersion::kV41);
+  ASSERT_EQ(with.error, "");
+  const std::vector<int32_t> plain = (*tok)->encode("def f():", false).value();
+  ASSERT_EQ(with.prompt.size(), plain.size() + 1);
+  EXPECT_EQ(with.prompt[0], 0);
+  EXPECT_EQ(std::vector<int32_t>(with.prompt.begin() + 1, with.prompt.end()), plain);
+  OfflineJob ids = make_offline_job(
+      json::parse(R"({"prompt_token_ids": [5, 6]})"), d, tok->get(), recipe::ModelVersion::kV41);
+  EXPECT_EQ(ids.prompt, (std::vector<int32_t>{5, 6}));
+  d.text_prompt_bos = -1;  // V4 / native policy
+  EXPECT_EQ(make_offline_job(text, d, tok->get(), recipe::ModelVersion::kV4).prompt, plain);
+}
+
 TEST(OfflineResult, FieldsAndLogprobs) {
   OfflineJob j = job_of(R"({"prompt_token_ids": [0, 1, 2], "logprobs": 1})");
   ASSERT_EQ(j.error, "");

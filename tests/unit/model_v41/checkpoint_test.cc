@@ -87,6 +87,7 @@ TEST(V41Checkpoint, OfficialLayoutLoads) {
   EXPECT_EQ(w.layers[1].ffn.bias_vl.size(), 8u);
   EXPECT_EQ(w.dspark.blocks.size(), 1u);
   EXPECT_EQ(w.dspark.blocks[0].layer.ffn.experts.size(), 4u);
+  EXPECT_EQ(w.dspark.main_proj.cols, 64);  // one target layer's features (3 x hidden at 3)
   // The 32x32 tile dequantisation reads the right scale.
   const MatrixRef& m = w.layers[0].attn.wq_a;
   std::vector<float> row(static_cast<size_t>(m.cols));

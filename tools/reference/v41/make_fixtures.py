@@ -27,6 +27,8 @@ from safetensors.torch import save_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as ref  # noqa: E402
 
+DRAFT_B = 5
+DRAFT_TEMP = 0.75  # confidence-head temperature of the stored draft
 MARGIN_ABS = 2e-5
 MARGIN_REL = 2e-5
 CHUNK_TOL = 1e-4
@@ -54,7 +56,7 @@ FIXTURES = {
             },
             "max_position_embeddings": 4096,
             "sliding_window": 16,
-            "compress_ratios": [0, 0, 2, 2, 2, 1, 1, 1, 0],
+            "compress_ratios": [0, 0, 2, 2, 2, 1, 1, 1, 0, 0],
             "kv_source_layer_ids": [2, 5],
             "index_source_layer_ids": [2, 5, 7],
             "candidate_source_layer_id": 5,
@@ -81,8 +83,8 @@ FIXTURES = {
             "engram_head_dim": 32,
             "engram_pad_token_id": 2,
             "engram_compressed_vocab_size": 80,
-            "num_nextn_predict_layers": 1,
-            "dspark_target_layer_ids": [7],
+            "num_nextn_predict_layers": 2,
+            "dspark_target_layer_ids": [5, 6, 7],
             "dspark_markov_rank": 32,
             "dspark_n_routed_experts": 4,
             "dspark_num_experts_per_tok": 2,
@@ -262,7 +264,8 @@ def inventory(cfg: ref.Config, tc: dict):
     for b in range(nb):
         block(f"mtp.{b}.", -1, True)
     if nb:
-        out.append(("mtp.0.main_proj.weight", "fp8", [h, 3 * h]))
+        # The features of every target layer, concatenated (3 x hidden at the real config).
+        out.append(("mtp.0.main_proj.weight", "fp8", [h, len(cfg.dspark_target_layer_ids) * h]))
         out.append(("mtp.0.main_norm.weight", "norm", [h]))
         last = f"mtp.{nb - 1}."
         r = tc["dspark_markov_rank"]
@@ -376,11 +379,19 @@ def main():
             ids = [0] + rng.integers(3, cfg.vocab_size, T - 1).tolist()
             official, hf, deq = build(cfg, tc, seed)
             out = {}
+            drafts = {}
             ok = True
             for numerics in ("reference", "deepseek"):
                 m = ref.Model(cfg, deq, phi, numerics)
                 with torch.no_grad():
-                    out[numerics] = m.forward(ids, ref.State())
+                    st = ref.State()
+                    out[numerics] = m.forward(ids, st)
+                    if m.has_dspark():
+                        # A DSpark block after the prompt, anchored at the target's greedy token.
+                        anchor = int(torch.argmax(out[numerics][-1]))
+                        drafts[numerics] = (anchor,) + m.draft(st, anchor, DRAFT_B, DRAFT_TEMP)
+                        for k, row in enumerate(drafts[numerics][2]):
+                            m.selections.append(("draft", -1, k, torch.sort(row, descending=True).values, 1))
                 good, info = margins_ok(m.selections)
                 if not good:
                     print(f"{fname} seed {seed}: {numerics} margin too small at {info}", flush=True)
@@ -492,6 +503,17 @@ def main():
                 "logits_reference": out["reference"].contiguous(),
                 "logits_deepseek": out["deepseek"].contiguous(),
                 **early,
+                **{
+                    f"dspark_{numerics}_{what}": v
+                    for numerics, (anchor, toks, lg, conf, hid) in drafts.items()
+                    for what, v in (
+                        ("anchor", torch.tensor([anchor], dtype=torch.int64)),
+                        ("tokens", torch.tensor(toks, dtype=torch.int64)),
+                        ("logits", lg.contiguous()),
+                        ("confidence", conf.contiguous()),
+                        ("hidden", hid.contiguous()),
+                    )
+                },
             },
             os.path.join(d, "reference.safetensors"),
         )
@@ -508,6 +530,9 @@ def main():
                 "bf16 max, compressed-KV E4M3 scale clamped at 448",
             },
             "margins": {"abs": MARGIN_ABS, "rel": MARGIN_REL, "worst_ratio": info},
+            "dspark_draft": {"block": DRAFT_B, "confidence_temperature": DRAFT_TEMP}
+            if drafts
+            else None,
             "chunked_prefill_max_abs_diff": worst_chunk,
             "single_row_pytorch_max_abs_diff": single_row,
             "versions": {"torch": torch.__version__, "numpy": np.__version__},

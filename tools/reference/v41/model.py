@@ -12,7 +12,9 @@ already dequantised. Two numerics:
   candidate block scores capped at the largest finite bf16, the compressed-KV E4M3 scale clamped
   at 448.
 
-The DSpark drafter and the vision path are not part of this file.
+DSpark (spec §7): the forward writes each draft block's context KV from the target layers'
+features (State.dspark); Model.draft runs the blocks over [anchor, noise x (B - 1)] and the
+Markov / confidence heads. The vision path is not part of this file.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class Config:
     engram_pad_token_id: int
     engram_compressed_vocab_size: int
     use_fp4_sparse_kv: bool = True
+    num_nextn_predict_layers: int = 0
+    dspark_target_layer_ids: list = dataclasses.field(default_factory=list)
+    dspark_num_experts_per_tok: int = 0
+    dspark_noise_token_id: int = 0
 
     @staticmethod
     def from_text_config(t: dict) -> "Config":
@@ -126,6 +132,10 @@ class Config:
             engram_pad_token_id=t.get("engram_pad_token_id", t.get("engram_pad_id", 2)),
             engram_compressed_vocab_size=t.get("engram_compressed_vocab_size", 0),
             use_fp4_sparse_kv=t.get("use_fp4_sparse_kv", True),
+            num_nextn_predict_layers=t.get("num_nextn_predict_layers", 0),
+            dspark_target_layer_ids=list(t.get("dspark_target_layer_ids", [])),
+            dspark_num_experts_per_tok=t.get("dspark_num_experts_per_tok", 0),
+            dspark_noise_token_id=t.get("dspark_noise_token_id", 0),
         )
 
     @staticmethod
@@ -333,6 +343,7 @@ class State:
         self.compressed: dict = {}  # owner -> [G, hd]
         self.index_keys: dict = {}  # owner -> [G, idh]
         self.pending: dict = {}  # owner -> (z [n, hd], c [n, hd])
+        self.dspark: dict = {}  # draft block -> [T, hd] context KV by position (zeros: unwritten)
 
 
 class Model:
@@ -533,15 +544,15 @@ class Model:
         return keep.repeat_interleave(bs, dim=1)[:, :G]
 
     # -- MoE -------------------------------------------------------------------------------
-    def moe(self, L, x):
+    def moe(self, L, x, prefix=None, k=None):
         cfg, w = self.cfg, self.w
-        p = f"layers.{L}.ffn."
+        p = prefix if prefix is not None else f"layers.{L}.ffn."
         logits = self.lin(p + "gate.weight", x)
         if self.numerics == "reference":
             logits = logits / cfg.gate_temp
         s = torch.sqrt(torch.nn.functional.softplus(logits))
         biased = s + w[p + "gate.bias"]
-        k = cfg.num_experts_per_tok
+        k = k if k is not None else cfg.num_experts_per_tok
         order = torch.sort(biased, dim=-1, descending=True, stable=True)
         idx = order.indices[:, :k]
         for t in range(x.shape[0]):
@@ -614,10 +625,14 @@ class Model:
         if exit is not None:
             floor = max(0, exit[0] - exit[1])
             early = {"floor": floor, "placeholder": start + T <= floor}
+        dspark = self.has_dspark()
+        feats = {}
         for L in range(cfg.num_hidden_layers):
             p = f"layers.{L}."
             if L in cfg.engram_layer_ids:
                 X = self.engram(L, X, rows[:, cfg.engram_layer_ids.index(L)])
+            if dspark and L in cfg.dspark_target_layer_ids:
+                feats[L] = (X.mean(1), pos)  # the streams entering the attention site
             pre, post, comb = self.mixes(X, p + "hc_attn")
             u = self.rms((pi[:, :, None] * X).sum(1), w[p + "attn_norm.weight"])
             done = False
@@ -644,5 +659,87 @@ class Model:
             f = self.moe(L, self.rms(u, w[p + "ffn_norm.weight"]))
             pi = pre
             X = self.expand(f, X, post, comb)
+        if dspark and not (early is not None and early["placeholder"]):
+            self.dspark_context(feats, pos, st)
         h = (pi[:, :, None] * X).sum(1)
         return self.rms(h, w["norm.weight"]) @ w["head.weight"].T, first_row
+
+    # -- DSpark (spec §7) ----------------------------------------------------------------------
+    def has_dspark(self):
+        return self.cfg.num_nextn_predict_layers > 0 and "mtp.0.main_proj.weight" in self.w
+
+    def dspark_context(self, feats, pos, st: State):
+        """Context KV of the rows at `pos` (the rows that ran the consumer half) for every block."""
+        cfg, w = self.cfg, self.w
+        parts = []
+        for L in cfg.dspark_target_layer_ids:
+            f, fpos = feats[L]
+            parts.append(f[int(pos[0] - fpos[0]) :])  # rows cut after the capture drop out
+        main_x = self.rms(self.lin("mtp.0.main_proj.weight", torch.cat(parts, -1)), w["mtp.0.main_norm.weight"])
+        end = int(pos[-1]) + 1
+        for b in range(cfg.num_nextn_predict_layers):
+            p = f"mtp.{b}.attn."
+            kv = self.rms(self.lin(p + "wkv.weight", main_x), w[p + "kv_norm.weight"])
+            kv = fp8_window_quant(rope(kv, pos, self.inv["main"]))
+            ring = st.dspark.get(b, torch.zeros(0, cfg.head_dim))
+            if ring.shape[0] < end:
+                ring = torch.cat([ring, torch.zeros(end - ring.shape[0], cfg.head_dim)])
+            ring = ring.clone()
+            ring[pos] = kv
+            st.dspark[b] = ring
+
+    def draft(self, st: State, anchor: int, B: int, temperature: float = 1.0, sample=None):
+        """One draft block after the sequence in `st` (positions a+1 .. a+B, a = last computed
+        position): returns (tokens, logits [B, vocab], confidences [B], hidden [B, D])."""
+        cfg, w = self.cfg, self.w
+        a = len(st.tokens) - 1
+        H, hd, D, W = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size, cfg.sliding_window
+        ids = [anchor] + [cfg.dspark_noise_token_id] * (B - 1)
+        pos = torch.arange(a + 1, a + 1 + B)
+        e = w["embed.weight"][torch.tensor(ids)]
+        X = e[:, None, :].repeat(1, cfg.hc_mult, 1)
+        pi = torch.zeros(B, cfg.hc_mult)
+        pi[:, 0] = 1.0
+        inv = self.inv["main"]
+        for b in range(cfg.num_nextn_predict_layers):
+            p = f"mtp.{b}."
+            pre, post, comb = self.mixes(X, p + "hc_attn")
+            u = self.rms((pi[:, :, None] * X).sum(1), w[p + "attn_norm.weight"])
+            ap = p + "attn."
+            q_res = self.rms(self.lin(ap + "wq_a.weight", u), w[ap + "q_norm.weight"])
+            q = rope(self.lin(ap + "wq_b.weight", q_res).view(B, H, hd), pos, inv)
+            kv = fp8_window_quant(rope(self.rms(self.lin(ap + "wkv.weight", u), w[ap + "kv_norm.weight"]), pos, inv))
+            ctx = st.dspark[b][max(0, a - W + 1) : a + 1]
+            K = torch.cat([ctx, kv])  # every block row sees the context window and all block rows
+            scores = torch.einsum("thd,kd->thk", q, K) * hd**-0.5
+            sink = w[ap + "attn_sink"][None, :, None].expand(B, H, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+            o = rope(torch.einsum("thk,kd->thd", probs, K), pos, inv, inverse=True)
+            G = cfg.o_groups
+            wa = w[ap + "wo_a.weight"].view(G, cfg.o_lora_rank, -1)
+            y = torch.einsum("tgi,goi->tgo", o.reshape(B, G, H // G * hd), wa).reshape(B, -1)
+            pi = pre
+            X = self.expand(self.lin(ap + "wo_b.weight", y), X, post, comb)
+            pre, post, comb = self.mixes(X, p + "hc_ffn")
+            u = (pi[:, :, None] * X).sum(1)
+            f = self.moe(-1, self.rms(u, w[p + "ffn_norm.weight"]), p + "ffn.", cfg.dspark_num_experts_per_tok)
+            pi = pre
+            X = self.expand(f, X, post, comb)
+        h = (pi[:, :, None] * X).sum(1)
+        last = f"mtp.{cfg.num_nextn_predict_layers - 1}."
+        base = self.rms(h, w[last + "norm.weight"]) @ w["head.weight"].T
+        E = w[last + "markov_head.embed.weight"]
+        Mh = w[last + "markov_head.head.weight"]
+        cw = w[last + "confidence_head.proj.weight"][0]
+        tokens, logits, conf = [], [], []
+        prev = anchor
+        for k in range(B):
+            em = E[prev]
+            lk = base[k] + Mh @ em
+            z = torch.dot(cw, torch.cat([h[k], em]))
+            conf.append(torch.sigmoid((z / temperature).clamp(-60, 60)))
+            d = int(torch.argmax(lk)) if sample is None else int(sample(k, lk))
+            tokens.append(d)
+            logits.append(lk)
+            prev = d
+        return tokens, torch.stack(logits), torch.stack(conf), h

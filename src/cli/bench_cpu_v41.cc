@@ -1,0 +1,245 @@
+// `dsinfer bench --device cpu` on a DeepSeek V4.1 checkpoint: the state sizes (the spec's record
+// layout at this checkpoint's config and at the real V4.1-Flash config, and what the CPU engine's
+// pages hold), prefill and decode speed of the V4.1 CPU backend through the engine's backend seam,
+// and with --prefill-keep-rows the prefill early exit's time and layer-row saving in the same run.
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "backend/cpu_v41/backend.h"
+#include "base/strings.h"
+#include "cli/bench_cpu.h"
+#include "cli/common.h"
+#include "model_v41/state_layout.h"
+#include "model_v41/synthetic.h"
+
+namespace dsinfer::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int32_t> tokens_for(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  // Ids 3.. (BOS, EOS and pad are legal too, but keep the stream ordinary text).
+  for (auto& x : t) x = static_cast<int32_t>(3 + g() % static_cast<uint32_t>(vocab - 3));
+  return t;
+}
+
+json layout_json(const model_v41::StateLayout& s) {
+  return {{"kv_bytes_per_token_raw", s.bytes_per_token_raw},
+          {"kv_bytes_per_token", s.bytes_per_token},
+          {"kv_block_stride_bytes", s.block_stride},
+          {"state_bytes_per_sequence", s.state_bytes},
+          {"window_rings", s.n_rings},
+          {"ring_slots", s.ring_slots},
+          {"compressor_rings", s.n_compressor_rings},
+          {"compressor_ring_slots", s.compressor_ring_slots}};
+}
+
+// Seconds of one prefill of `toks` (best of the timed runs after a warm-up).
+Result<double> time_prefill(cpu_v41::V41Backend& m,
+                            state::PageArena* arena,
+                            std::span<const int32_t> toks,
+                            int64_t repeats) {
+  backend::ForwardOptions last;
+  last.last_logits_only = true;
+  last.prefill_end = static_cast<int64_t>(toks.size());
+  backend::ForwardOutputs fo;
+  double best = 1e30;
+  for (int64_t r = 0; r <= repeats; ++r) {
+    state::SequenceState st(*m.state_shape(), arena, 1000 + r);
+    const double t0 = now_s();
+    DSI_RETURN_IF_ERROR(m.forward(st, toks, last, &fo));
+    if (r > 0)
+      best = std::min(best, now_s() - t0);
+  }
+  return best;
+}
+
+}  // namespace
+
+int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
+  auto numerics = parse_numerics(a.numerics);
+  if (!numerics.ok())
+    return fail(numerics.status());
+  cpu_v41::V41BackendOptions o;
+  o.numerics = *numerics;
+  auto opened = cpu_v41::V41Backend::open(model_dir, o);
+  if (!opened.ok())
+    return fail(opened.status());
+  cpu_v41::V41Backend& m = **opened;
+  std::unique_ptr<cpu_v41::V41Backend> exit_model;
+  if (a.prefill_keep_rows > 0) {
+    o.prefill_keep_rows = a.prefill_keep_rows;
+    auto e = cpu_v41::V41Backend::open(model_dir, o);
+    if (!e.ok())
+      return fail(e.status());
+    exit_model = std::move(e).value();
+  }
+  const model_v41::V41Config& c = m.checkpoint().config();
+  const int64_t longest = std::max(*std::max_element(a.prefill.begin(), a.prefill.end()),
+                                   a.context + a.decode_steps + 1);
+  if (c.max_position_embeddings < longest) {
+    return fail(invalid_argument(str_format("the model's context (%lld) is below %lld tokens",
+                                            static_cast<long long>(c.max_position_embeddings),
+                                            static_cast<long long>(longest))));
+  }
+  const state::StateShape& shape = *m.state_shape();
+  const int64_t page = state::default_page_bytes(shape);
+  auto arena = state::PageArena::growable(page);
+
+  json out;
+  out["device"] = "cpu";
+  out["hardware_threads"] = std::thread::hardware_concurrency();
+  out["model"] = {{"dir", model_dir},
+                  {"model", "DeepSeek V4.1"},
+                  {"layers", c.num_hidden_layers},
+                  {"yoco_boundary", c.yoco_boundary},
+                  {"hidden", c.hidden_size},
+                  {"vocab", c.vocab_size},
+                  {"numerics", model::numerics_name(*numerics)}};
+  // State: the spec's records (FP8 rings, FP4 paged KV) here and at the real config; the CPU
+  // engine keeps dequantised fp32 rows in pages, so its own figures are larger.
+  json st;
+  st["spec_layout"] = layout_json(model_v41::compute_state_layout(c));
+  auto real = model_v41::parse_v41_config(model_v41::v41_flash_config_json().dump(), "V4.1-Flash");
+  if (!real.ok())
+    return fail(real.status());
+  st["spec_layout_v41_flash"] = layout_json(model_v41::compute_state_layout(*real));
+  const int64_t n_big = 1 << 20;
+  const int64_t fixed = state::SequenceState::pages_for(shape, page, 0) * page;
+  const int64_t grown = state::SequenceState::pages_for(shape, page, n_big) * page;
+  st["cpu_engine"] = {
+      {"page_bytes", page},
+      {"fixed_bytes_per_sequence", fixed},
+      {"bytes_per_token", static_cast<double>(grown - fixed) / static_cast<double>(n_big)},
+      {"note",
+       "fp32 dequantised rows in the engine's pages (the CPU reference keeps no FP8/FP4 "
+       "records)"}};
+  out["state"] = st;
+  std::fprintf(stderr,
+               "[bench cpu v4.1] KV %.0f B/token (%.0f raw), state %lld B/sequence; at the real "
+               "V4.1-Flash config: KV %.0f B/token, state %lld B/sequence\n",
+               st["spec_layout"]["kv_bytes_per_token"].get<double>(),
+               st["spec_layout"]["kv_bytes_per_token_raw"].get<double>(),
+               static_cast<long long>(st["spec_layout"]["state_bytes_per_sequence"].get<int64_t>()),
+               st["spec_layout_v41_flash"]["kv_bytes_per_token"].get<double>(),
+               static_cast<long long>(
+                   st["spec_layout_v41_flash"]["state_bytes_per_sequence"].get<int64_t>()));
+
+  json run;
+  run["kernels"] = "reference";
+  run["backend"] = m.name();
+  json prefill = json::array();
+  for (int64_t len : a.prefill) {
+    const auto toks = tokens_for(len, c.vocab_size, static_cast<uint32_t>(len));
+    auto t = time_prefill(m, arena.get(), toks, a.repeats);
+    if (!t.ok())
+      return fail(t.status());
+    json row = {{"tokens", len}, {"seconds", *t}, {"tokens_per_s", static_cast<double>(len) / *t}};
+    std::fprintf(stderr,
+                 "[bench cpu v4.1] prefill %lld tokens: %.3f s, %.1f tok/s\n",
+                 static_cast<long long>(len),
+                 *t,
+                 static_cast<double>(len) / *t);
+    if (exit_model) {
+      auto te = time_prefill(*exit_model, arena.get(), toks, a.repeats);
+      if (!te.ok())
+        return fail(te.status());
+      // Layer-rows: producers on every row, consumers on the kept rows (the boundary's global
+      // KV projection on every row is not counted).
+      const int64_t L = c.num_hidden_layers, P = c.yoco_boundary;
+      const int64_t kept = std::min(len, a.prefill_keep_rows);
+      const double rows_exact = static_cast<double>(L * len);
+      const double rows_exit = static_cast<double>(P * len + (L - P) * kept);
+      row["early_exit"] = {{"keep_rows", a.prefill_keep_rows},
+                           {"seconds", *te},
+                           {"time_ratio", *te / *t},
+                           {"layer_rows_ratio", rows_exit / rows_exact}};
+      std::fprintf(stderr,
+                   "[bench cpu v4.1] prefill %lld tokens with early exit K=%lld: %.3f s (time "
+                   "ratio %.3f, layer-rows ratio %.3f)\n",
+                   static_cast<long long>(len),
+                   static_cast<long long>(a.prefill_keep_rows),
+                   *te,
+                   *te / *t,
+                   rows_exit / rows_exact);
+    }
+    prefill.push_back(row);
+  }
+  run["prefill"] = prefill;
+
+  json decode = json::array();
+  backend::ForwardOptions last;
+  last.last_logits_only = true;
+  backend::ForwardOutputs fo;
+  const auto ctx = tokens_for(a.context, c.vocab_size, 17);
+  for (int64_t batch : a.decode_batch) {
+    std::vector<std::unique_ptr<state::SequenceState>> seqs;
+    seqs.push_back(std::make_unique<state::SequenceState>(shape, arena.get(), 0));
+    if (Status s = m.forward(*seqs[0], ctx, last, &fo); !s.ok())
+      return fail(s);
+    for (int64_t i = 1; i < batch; ++i) {
+      seqs.push_back(std::make_unique<state::SequenceState>(shape, arena.get(), i));
+      if (Status s = seqs.back()->fork_from(*seqs[0], nullptr); !s.ok())
+        return fail(s);
+    }
+    auto step = [&](int64_t k) -> Status {
+      for (int64_t i = 0; i < batch; ++i) {
+        const int32_t tok = static_cast<int32_t>(3 + (k * 7919 + i * 104729) % (c.vocab_size - 3));
+        DSI_RETURN_IF_ERROR(m.forward(*seqs[static_cast<size_t>(i)], {&tok, 1}, last, &fo));
+      }
+      return Status();
+    };
+    if (Status s = step(0); !s.ok())
+      return fail(s);
+    const double t0 = now_s();
+    for (int64_t k = 0; k < a.decode_steps; ++k) {
+      if (Status s = step(1 + k); !s.ok())
+        return fail(s);
+    }
+    const double step_s = (now_s() - t0) / static_cast<double>(a.decode_steps);
+    std::fprintf(stderr,
+                 "[bench cpu v4.1] decode batch %lld at %lld context: %.2f ms/step, %.1f tok/s\n",
+                 static_cast<long long>(batch),
+                 static_cast<long long>(a.context),
+                 step_s * 1e3,
+                 static_cast<double>(batch) / step_s);
+    decode.push_back({{"batch", batch},
+                      {"context", a.context},
+                      {"steps", a.decode_steps},
+                      {"step_ms", step_s * 1e3},
+                      {"tokens_per_s", static_cast<double>(batch) / step_s}});
+  }
+  run["decode"] = decode;
+  out["runs"] = json::array({run});
+  out["notes"] =
+      "V4.1 runs on the reference CPU kernels only (--cpu-kernels is ignored); decode sequences "
+      "share one prefilled prefix (forked state).";
+  const std::string text = out.dump(2);
+  if (a.output.empty()) {
+    std::printf("%s\n", text.c_str());
+    return 0;
+  }
+  std::ofstream f(a.output);
+  if (!f)
+    return fail(io_error("--output: cannot write " + a.output));
+  f << text << "\n";
+  std::fprintf(stderr, "[bench cpu v4.1] wrote %s\n", a.output.c_str());
+  return 0;
+}
+
+}  // namespace dsinfer::cli
