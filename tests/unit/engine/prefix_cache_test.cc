@@ -166,7 +166,8 @@ std::string temp_dir(const std::string& name) {
 
 std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::Checkpoint> ckpt,
                                     std::shared_ptr<kvstore::KvStore> store,
-                                    int64_t block = 16) {
+                                    int64_t block = 16,
+                                    const std::string& salt = "test-model-v1") {
   EngineConfig cfg;
   cfg.state_budget_bytes = int64_t{64} << 20;
   cfg.page_bytes = state::min_page_bytes(ckpt->config());
@@ -175,7 +176,7 @@ std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::Checkpoint> ckp
   cfg.prefix_cache.block = block;
   cfg.prefix_cache.min_tokens = 4;
   cfg.prefix_cache.promote_wait_ms = 5000;
-  cfg.prefix_cache.salt = "test-model-v1";
+  cfg.prefix_cache.salt = salt;
   auto e = Engine::create(cfg, std::move(ckpt));
   EXPECT_TRUE(e.ok()) << e.status().to_string();
   return std::move(e).value();
@@ -289,6 +290,12 @@ TEST(PrefixCache, RestartHitsTheSsdTierAndCorruptionIsAMiss) {
     EXPECT_EQ(got.logprobs, expected[1].logprobs);
     EXPECT_EQ(got.cached, static_cast<int64_t>(prompts[0].size() + 5));
     EXPECT_GE(store->stats().hits[1], 1);
+  }
+  // Another model version (salt) never hits them.
+  {
+    auto store = open_store(dir);
+    auto e = make_engine(ckpt, store, 16, "test-model-v2");
+    EXPECT_EQ(run(*e, prompts[1], 6).cached, 0);
   }
   // Corrupt every stored file's last byte: the request is a miss with the same output.
   for (const auto& f : fs::directory_iterator(dir)) {
