@@ -3,7 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
+#include <functional>
 
 #include "backend/cpu/fast/fast_model.h"
 #include "base/check.h"
@@ -205,7 +205,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   if (config.prefix_cache.store) {
     const PrefixCacheConfig& pc = config.prefix_cache;
     if (pc.block < 1 || pc.min_tokens < 1 || pc.promote_wait_ms < 0)
-      return invalid_argument("prefix cache: block and min_tokens must be >= 1");
+      return invalid_argument(
+          "prefix cache: block and min_tokens must be >= 1, promote_wait_ms >= 0");
     if (!e->model_->lockstep()) {
       e->store_ = pc.store;
       // Everything that changes the stored state's numbers or layout is in the salt.

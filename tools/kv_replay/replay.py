@@ -117,7 +117,7 @@ def run(args, conversations, cached):
     store = tempfile.mkdtemp(prefix="dsinfer-replay-") if cached else None
     extra = ["--kv-store", store, "--kv-store-bytes", args.kv_store_bytes] if cached else []
     stats = {"prompt": 0, "cached": 0, "ttft": [], "requests": 0, "hits_host": 0, "hits_ssd": 0,
-             "lookups": 0}
+             "lookups": 0, "restore_failures": 0, "corrupt": 0, "evictions_ssd": 0}
     histories = [[{"role": "system", "content": s}] for s, _ in conversations]
     lock = threading.Lock()
     server = Server(args, extra)
@@ -130,6 +130,9 @@ def run(args, conversations, cached):
         stats["hits_host"] += m.get('dsinfer_prefix_cache_hits_total{tier="host"}', 0)
         stats["hits_ssd"] += m.get('dsinfer_prefix_cache_hits_total{tier="ssd"}', 0)
         stats["lookups"] += m.get("dsinfer_prefix_cache_lookups_total", 0)
+        stats["restore_failures"] += m.get("dsinfer_prefix_cache_restore_failures_total", 0)
+        stats["corrupt"] += m.get("dsinfer_kv_store_corrupt_total", 0)
+        stats["evictions_ssd"] += m.get('dsinfer_kv_store_evictions_total{tier="ssd"}', 0)
 
     def one_turn(ci, t):
         msgs = histories[ci] + [{"role": "user", "content": conversations[ci][1][t]}]
@@ -212,8 +215,10 @@ def main():
         print(f"| {name} | {s['requests']} | {s['prompt']} | {s['prompt'] - s['cached']} | "
               f"{s['cached']} ({s['cached'] / max(1, s['prompt']):.1%}) | {hits[0]} | {hits[1]} | "
               f"{pct(s['ttft'], 50):.3f} | {pct(s['ttft'], 99):.3f} | {s['wall_s']:.0f} |")
-    if "store_bytes" in results["kv-store"]:
-        print(f"SSD tier after the run: {results['kv-store']['store_bytes'] / 2**20:.1f} MiB")
+    k = results["kv-store"]
+    print(f"SSD tier after the run: {k.get('store_bytes', 0) / 2**20:.1f} MiB; SSD evictions "
+          f"{k['evictions_ssd']:.0f}, units found but not restored {k['restore_failures']:.0f}, "
+          f"corrupt {k['corrupt']:.0f}")
 
 
 if __name__ == "__main__":

@@ -316,5 +316,45 @@ TEST(PrefixCache, RestartHitsTheSsdTierAndCorruptionIsAMiss) {
   fs::remove_all(dir);
 }
 
+// A disk that is full: every write fails after creating a partial file.
+class FullDisk : public kvstore::FileOps {
+ public:
+  Status write_file(const std::string& path, std::string_view head, std::string_view) override {
+    (void)kvstore::FileOps::write_file(path, head.substr(0, 10), "");
+    return io_error("write " + path + ": No space left on device");
+  }
+};
+
+TEST(PrefixCache, FullDiskAndDeletedDirectoryLoseNoRequest) {
+  auto ckpt = fixture();
+  auto plain = make_engine(ckpt, nullptr);
+  std::vector<Turn> expected;
+  const auto prompts = conversation_prompts(*plain, 3, 21, &expected);
+  const std::string dir = temp_dir("faults");
+  FullDisk full;
+  kvstore::KvStoreOptions o;
+  o.dir = dir;
+  o.ssd_bytes = int64_t{64} << 20;
+  o.file_ops = &full;
+  auto opened = kvstore::KvStore::open(o);
+  ASSERT_TRUE(opened.ok());
+  std::shared_ptr<kvstore::KvStore> store(std::move(opened).value());
+  auto e = make_engine(ckpt, store);
+  for (size_t t = 0; t < prompts.size(); ++t) {
+    if (t == 1)
+      fs::remove_all(dir);  // and the directory disappears mid-run
+    const Turn got = run(*e, prompts[t], 6);
+    EXPECT_EQ(got.output, expected[t].output);
+    EXPECT_EQ(got.logprobs, expected[t].logprobs);
+    if (t > 0) {
+      EXPECT_GT(got.cached, 0);  // the host tier still serves
+    }
+  }
+  store->wait_idle();
+  EXPECT_GT(store->stats().write_errors, 0);
+  EXPECT_EQ(store->stats().bytes[1], 0);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace dsinfer::engine
