@@ -347,7 +347,8 @@ void KvStore::put(EntryMeta meta, std::string payload) {
   }
   meta.created_s = now;
   meta.expires_s = now + opts_.retention_s[ci(meta.retention)];
-  seal(meta, payload);
+  meta.payload_bytes = static_cast<uint64_t>(size);  // block checksums: at the SSD write
+  meta.block_sums.clear();
   evict_host(size);
   Entry e;
   e.meta = std::move(meta);
@@ -380,6 +381,10 @@ void KvStore::do_write(const Key128& key) {
       forget_if_unbacked(key);
       return;
     }
+    // Header size: fixed part + tail + one checksum per block (sealed below, off the lock).
+    seal(meta, std::string_view());
+    meta.block_sums.resize((payload->size() + kPayloadBlock - 1) / kPayloadBlock);
+    meta.payload_bytes = payload->size();
     size = static_cast<int64_t>(encode_header(meta).size() + payload->size());
     if (!evict_ssd(size)) {
       ++stats_.rejected;
@@ -389,6 +394,7 @@ void KvStore::do_write(const Key128& key) {
     ssd_reserved_ += size;
     e.write_started = true;
   }
+  seal(meta, *payload);  // off the caller's thread
   const std::string header = encode_header(meta);
   const std::string final_path = path_of(key);
   const std::string tmp =
