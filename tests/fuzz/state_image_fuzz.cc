@@ -32,7 +32,7 @@ const model::ModelConfig& config() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto& mc = config();
-  auto arena = state::PageArena::with_budget(int64_t{8} << 20, state::min_page_bytes(mc));
+  auto arena = state::PageArena::growable(state::min_page_bytes(mc));
   state::SequenceState st(mc, arena.get(), 1, 0);
   if (!st.ok())
     __builtin_trap();
