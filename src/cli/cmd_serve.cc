@@ -56,6 +56,7 @@ struct ServeArgs {
   std::string kv_store_bytes = "64GiB";
   std::string kv_retention = "chat";
   int64_t kv_block = 64;
+  int64_t kv_interval = 512;
 };
 
 // The model's identity for the prefix cache's salt: its config, tokenizer and the names, sizes
@@ -143,14 +144,15 @@ int run_serve(const ServeArgs& a) {
     auto cls = kvstore::parse_retention_class(a.kv_retention);
     if (!cls.ok())
       return fail(cls.status().with_context("--kv-retention"));
-    if (a.kv_block < 1)
-      return fail(invalid_argument("--kv-block must be >= 1"));
+    if (a.kv_block < 1 || a.kv_interval < 0)
+      return fail(invalid_argument("--kv-block must be >= 1 and --kv-interval >= 0"));
     auto store = kvstore::KvStore::open(ko);
     if (!store.ok())
       return fail(store.status());
     engine::PrefixCacheConfig& pc = setup->config.prefix_cache;
     pc.store = std::shared_ptr<kvstore::KvStore>(std::move(store).value());
     pc.block = a.kv_block;
+    pc.interval = a.kv_interval;
     pc.default_retention = *cls;
     pc.salt = model_cache_salt(model_dir);
     const kvstore::StoreStats st = pc.store->stats();
@@ -338,6 +340,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   "Default retention class of stored prefixes: chat (7 days) or agent (3 days); "
                   "a request may name its own with the X-DSInfer-Retention header");
   cmd->add_option("--kv-block", a->kv_block, "Tokens per prefix-cache hash block (default 64)");
+  cmd->add_option("--kv-interval",
+                  a->kv_interval,
+                  "Also store a prefix every N prompt tokens (default 512; 0 = only at the end "
+                  "of prompts and replies)");
   cmd->add_option("--log-level", a->log_level, "debug | info | warn | error | off");
   cmd->add_option("--debug-scripted-output",
                   a->debug_scripted_output,

@@ -204,9 +204,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
                           : mc.max_position_embeddings;
   if (config.prefix_cache.store) {
     const PrefixCacheConfig& pc = config.prefix_cache;
-    if (pc.block < 1 || pc.min_tokens < 1 || pc.promote_wait_ms < 0)
+    if (pc.block < 1 || pc.min_tokens < 1 || pc.promote_wait_ms < 0 || pc.interval < 0)
       return invalid_argument(
-          "prefix cache: block and min_tokens must be >= 1, promote_wait_ms >= 0");
+          "prefix cache: block and min_tokens must be >= 1, promote_wait_ms and interval >= 0");
     if (!e->model_->lockstep()) {
       e->store_ = pc.store;
       // Everything that changes the stored state's numbers or layout is in the salt.
@@ -448,8 +448,10 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
     return;
   }
   r.num_computed += c.num_tokens;
-  if (store_ && r.num_computed == r.snapshot_at)
+  if (store_ && r.num_computed == r.snapshot_at) {
     cache_store(r, memory_->state(r.id));
+    r.snapshot_at = next_snapshot(r);
+  }
   const int64_t plen = static_cast<int64_t>(r.spec.prompt.size());
   stats_.prompt_tokens += std::min(c.first_pos + c.num_tokens, plen) - std::min(c.first_pos, plen);
   if (!c.samples) {
@@ -597,9 +599,24 @@ void Engine::cache_lookup(Request& r) {
         store_->prefetch(m->key);  // SSD -> RAM while the request waits for admission
     }
   }
-  // Store the prompt's first P-1 tokens unless that unit is what was found.
-  if (max_len >= config_.prefix_cache.min_tokens && max_len > r.cache_len)
-    r.snapshot_at = max_len;
+  r.snapshot_at = next_snapshot(r);
+}
+
+int64_t Engine::next_snapshot(const Request& r) const {
+  // Units every `interval` tokens inside the prompt (a shared system prompt or document then
+  // hits whatever follows it), and at its first P-1 tokens; none at or below what was restored.
+  const int64_t last = static_cast<int64_t>(r.spec.prompt.size()) - 1;
+  const int64_t from = std::max(r.num_computed, r.cache_len);
+  const int64_t interval = config_.prefix_cache.interval;
+  int64_t next = last;
+  if (interval > 0) {
+    const int64_t k = (from / interval + 1) * interval;
+    if (k < last)
+      next = k;
+  }
+  if (next <= from || next < config_.prefix_cache.min_tokens)
+    return -1;
+  return next;
 }
 
 void Engine::cache_restore(Request& r, state::SequenceState& st) {

@@ -146,6 +146,8 @@ class Engine {
   void cache_lookup(Request& r);
   void cache_restore(Request& r, state::SequenceState& st);
   void cache_store(Request& r, const state::SequenceState& st);
+  // Where r's prefill pauses next to store a unit (-1: nowhere).
+  int64_t next_snapshot(const Request& r) const;
 
   EngineConfig config_;
   std::shared_ptr<const model::Checkpoint> ckpt_;

@@ -7,8 +7,9 @@
 // its anchor floor(n/block) plus the tail tokens past it, so a lookup walks the prompt's chain
 // and compares at most one block of tail tokens per anchor.
 //
-// Units are stored where the engine holds a state at a useful length: after the prompt's first
-// P-1 tokens (a repeated prompt then computes one token) and when a request finishes (the
+// Units are stored where the engine holds a state at a useful length: every `interval` prompt
+// tokens (a shared system prompt or document then hits whatever follows it), after the prompt's
+// first P-1 tokens (a repeated prompt then computes one token) and when a request finishes (the
 // conversation so far; the next turn resends it as its prompt).
 #pragma once
 
@@ -29,7 +30,9 @@ struct PrefixCacheConfig {
   // Model/weights version and tokenizer version (the caller's words); the engine adds the
   // numerics, the CPU kernels, the device and the state layout before hashing.
   std::string salt;
-  int64_t min_tokens = 16;        // shortest unit worth storing
+  int64_t min_tokens = 16;  // shortest unit worth storing
+  // Units also every `interval` prompt tokens (0 = only at P-1 and at the end of a request).
+  int64_t interval = 512;
   int64_t promote_wait_ms = 100;  // bound on waiting for an SSD entry at admission
   kvstore::RetentionClass default_retention = kvstore::RetentionClass::kChat;
 };

@@ -167,7 +167,8 @@ std::string temp_dir(const std::string& name) {
 std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::Checkpoint> ckpt,
                                     std::shared_ptr<kvstore::KvStore> store,
                                     int64_t block = 16,
-                                    const std::string& salt = "test-model-v1") {
+                                    const std::string& salt = "test-model-v1",
+                                    int64_t interval = 0) {
   EngineConfig cfg;
   cfg.state_budget_bytes = int64_t{64} << 20;
   cfg.page_bytes = state::min_page_bytes(ckpt->config());
@@ -175,6 +176,7 @@ std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::Checkpoint> ckp
   cfg.prefix_cache.store = std::move(store);
   cfg.prefix_cache.block = block;
   cfg.prefix_cache.min_tokens = 4;
+  cfg.prefix_cache.interval = interval;
   cfg.prefix_cache.promote_wait_ms = 5000;
   cfg.prefix_cache.salt = salt;
   auto e = Engine::create(cfg, std::move(ckpt));
@@ -313,6 +315,48 @@ TEST(PrefixCache, RestartHitsTheSsdTierAndCorruptionIsAMiss) {
     EXPECT_GE(store->stats().corrupt, 1);
     EXPECT_GE(e->stats().cache_restore_failures, 1);
   }
+  fs::remove_all(dir);
+}
+
+// Shared prefixes under tiny RAM and disk budgets: every output equals the uncached engine's and
+// neither tier ever holds more than its budget.
+TEST(PrefixCache, RandomTraceStaysWithinBudgetsAndMatchesUncached) {
+  auto ckpt = fixture();
+  auto plain = make_engine(ckpt, nullptr);
+  const std::string dir = temp_dir("budget");
+  kvstore::KvStoreOptions o;
+  o.host_bytes = 400 << 10;
+  o.dir = dir;
+  o.ssd_bytes = 900 << 10;
+  auto opened = kvstore::KvStore::open(o);
+  ASSERT_TRUE(opened.ok());
+  std::shared_ptr<kvstore::KvStore> store(std::move(opened).value());
+  auto cached = make_engine(ckpt, store, 8, "test-model-v1", /*interval=*/8);
+  const int64_t vocab = ckpt->config().vocab_size;
+  std::vector<std::vector<int32_t>> bases;
+  for (uint32_t b = 0; b < 3; ++b) bases.push_back(random_tokens(20 + 9 * b, vocab, 40 + b));
+  std::mt19937 g(3);
+  int64_t hits = 0;
+  for (int i = 0; i < 30; ++i) {
+    std::vector<int32_t> prompt = bases[g() % bases.size()];
+    prompt.resize(prompt.size() - g() % 6);
+    const auto tail = random_tokens(1 + g() % 12, vocab, 1000 + static_cast<uint32_t>(i));
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    const Turn want = run(*plain, prompt, 3);
+    const Turn got = run(*cached, prompt, 3);
+    EXPECT_EQ(got.output, want.output) << "request " << i;
+    EXPECT_EQ(got.logprobs, want.logprobs) << "request " << i;
+    hits += got.cached > 0;
+    const kvstore::StoreStats st = store->stats();
+    ASSERT_LE(st.bytes[0], o.host_bytes);
+    ASSERT_LE(st.bytes[1], o.ssd_bytes);
+  }
+  store->wait_idle();
+  int64_t on_disk = 0;
+  for (const auto& f : fs::directory_iterator(dir)) on_disk += fs::file_size(f.path());
+  EXPECT_LE(on_disk, o.ssd_bytes);
+  EXPECT_GT(hits, 5);
+  EXPECT_GT(store->stats().evictions[0] + store->stats().evictions[1], 0);
   fs::remove_all(dir);
 }
 
