@@ -4,6 +4,7 @@
 // for the CPU backend, in a device mirror for CUDA).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -86,6 +87,30 @@ class Model {
     if (pairs.empty())
       return Status();
     return Status(StatusCode::kUnimplemented, "this backend cannot copy state pages");
+  }
+  // Prefix cache (state::capture_state / restore_state): copies the contents of arena pages to
+  // host memory (`dst`: pages.size() * page_floats floats, in the order of `pages`) and back.
+  // Host-storage arenas are copied here; a backend whose pages live on the device overrides
+  // both (the CUDA backend: a device<->host copy out of its page pool).
+  virtual Status read_state_pages(const state::PageArena& arena,
+                                  std::span<const int32_t> pages,
+                                  float* dst) {
+    if (!arena.has_host_storage())
+      return Status(StatusCode::kUnimplemented, "this backend cannot read state pages");
+    const size_t n = static_cast<size_t>(arena.page_floats());
+    for (size_t i = 0; i < pages.size(); ++i)
+      std::copy(arena.page(pages[i]), arena.page(pages[i]) + n, dst + i * n);
+    return Status();
+  }
+  virtual Status write_state_pages(state::PageArena& arena,
+                                   std::span<const int32_t> pages,
+                                   const float* src) {
+    if (!arena.has_host_storage())
+      return Status(StatusCode::kUnimplemented, "this backend cannot write state pages");
+    const size_t n = static_cast<size_t>(arena.page_floats());
+    for (size_t i = 0; i < pages.size(); ++i)
+      std::copy(src + i * n, src + (i + 1) * n, arena.page(pages[i]));
+    return Status();
   }
   // A latched unrecoverable device error (OK for the CPU).
   virtual Status health() const { return Status(); }

@@ -5,16 +5,19 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "base/file.h"
 #include "base/strings.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "grammar/grammar.h"
 #include "grammar/tool_calls.h"
+#include "kvstore/store.h"
 #include "sampling/sampler.h"
 #include "server/engine_loop.h"
 #include "server/generation.h"
@@ -47,7 +50,39 @@ struct ServeArgs {
   std::string log_level = "info";
   std::string debug_scripted_output;
   double debug_step_delay_ms = 0;
+  // Prefix cache and KV store (docs/kv-store.md).
+  bool prefix_cache = false;
+  std::string kv_host_bytes = "2GiB";
+  std::string kv_store;
+  std::string kv_store_bytes = "64GiB";
+  std::string kv_retention = "chat";
+  int64_t kv_block = 64;
+  int64_t kv_interval = 512;
 };
+
+// The model's identity for the prefix cache's salt: its config, tokenizer and the names, sizes
+// and modification times of its weight files (a changed checkpoint never hits old entries).
+std::string model_cache_salt(const std::string& model_dir) {
+  kvstore::Hasher h;
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"}) {
+    auto text = read_text_file(model_dir + "/" + f, uint64_t{1} << 30);
+    h.str(f).str(text.ok() ? *text : std::string());
+  }
+  std::vector<std::string> weights;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(model_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0)
+      weights.push_back(name);
+  }
+  std::sort(weights.begin(), weights.end());
+  for (const std::string& w : weights) {
+    const std::filesystem::path p = std::filesystem::path(model_dir) / w;
+    h.str(w).u64(static_cast<uint64_t>(std::filesystem::file_size(p, ec)));
+    h.i64(static_cast<int64_t>(std::filesystem::last_write_time(p, ec).time_since_epoch().count()));
+  }
+  return h.finish().hex();
+}
 
 std::string basename_of(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -96,6 +131,38 @@ int run_serve(const ServeArgs& a) {
   if (!max_body.ok())
     return fail(max_body.status());
   const std::string model_dir = setup->config.model_dir;
+  if (a.prefix_cache || !a.kv_store.empty()) {
+    kvstore::KvStoreOptions ko;
+    auto host = parse_bytes("--kv-host-bytes", a.kv_host_bytes);
+    if (!host.ok())
+      return fail(host.status());
+    ko.host_bytes = *host;
+    ko.dir = a.kv_store;
+    auto ssd = parse_bytes("--kv-store-bytes", a.kv_store_bytes);
+    if (!ssd.ok())
+      return fail(ssd.status());
+    ko.ssd_bytes = *ssd;
+    auto cls = kvstore::parse_retention_class(a.kv_retention);
+    if (!cls.ok())
+      return fail(cls.status().with_context("--kv-retention"));
+    if (a.kv_block < 1 || a.kv_interval < 0)
+      return fail(invalid_argument("--kv-block must be >= 1 and --kv-interval >= 0"));
+    auto store = kvstore::KvStore::open(ko);
+    if (!store.ok())
+      return fail(store.status());
+    engine::PrefixCacheConfig& pc = setup->config.prefix_cache;
+    pc.store = std::shared_ptr<kvstore::KvStore>(std::move(store).value());
+    pc.block = a.kv_block;
+    pc.interval = a.kv_interval;
+    pc.default_retention = *cls;
+    pc.salt = model_cache_salt(model_dir);
+    const kvstore::StoreStats st = pc.store->stats();
+    DSI_LOG_INFO("prefix cache on: host RAM %s, SSD %s (%lld entries found), default retention %s",
+                 a.kv_host_bytes.c_str(),
+                 a.kv_store.empty() ? "off" : (a.kv_store + " " + a.kv_store_bytes).c_str(),
+                 static_cast<long long>(st.entries),
+                 a.kv_retention.c_str());
+  }
 
   auto tok = tokenizer::Tokenizer::load(model_dir + "/tokenizer.json");
   if (!tok.ok()) {
@@ -267,6 +334,26 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-n",
                   a->max_n,
                   "Largest Chat Completions `n` (choices per request; default 16, at most 128)");
+  cmd->add_flag("--prefix-cache",
+                a->prefix_cache,
+                "Reuse stored prompt state across requests (host RAM tier; see --kv-store)");
+  cmd->add_option(
+      "--kv-host-bytes", a->kv_host_bytes, "Host RAM budget of the prefix cache (default 2GiB)");
+  cmd->add_option("--kv-store",
+                  a->kv_store,
+                  "Directory of the SSD tier of the prefix cache (implies --prefix-cache); "
+                  "entries survive restarts");
+  cmd->add_option(
+      "--kv-store-bytes", a->kv_store_bytes, "Disk budget of --kv-store (default 64GiB)");
+  cmd->add_option("--kv-retention",
+                  a->kv_retention,
+                  "Default retention class of stored prefixes: chat (7 days) or agent (3 days); "
+                  "a request may name its own with the X-DSInfer-Retention header");
+  cmd->add_option("--kv-block", a->kv_block, "Tokens per prefix-cache hash block (default 64)");
+  cmd->add_option("--kv-interval",
+                  a->kv_interval,
+                  "Also store a prefix every N prompt tokens (default 512; 0 = only at the end "
+                  "of prompts and replies)");
   cmd->add_option("--log-level", a->log_level, "debug | info | warn | error | off");
   cmd->add_option("--debug-scripted-output",
                   a->debug_scripted_output,

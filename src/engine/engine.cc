@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "backend/cpu/fast/fast_model.h"
 #include "backend/cpu_v41/backend.h"
@@ -29,9 +30,14 @@ class Engine::Memory : public MemoryHooks {
                      : std::make_unique<state::SequenceState>(config_, arena_, r.id, 0);
     if (!st->ok())
       return false;  // its pages go back to the arena with it
+    state::SequenceState& ref = *st;
     states_.emplace(r.id, std::move(st));
+    if (on_admit)
+      on_admit(r, ref);
     return true;
   }
+  // Called with each newly allocated state (the prefix cache restores into it).
+  std::function<void(Request&, state::SequenceState&)> on_admit;
   bool reserve(Request& r, int64_t n) override {
     auto it = states_.find(r.id);
     DSI_CHECK(it != states_.end(),
@@ -228,6 +234,37 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   e->max_model_len_ = config.max_model_len > 0
                           ? std::min(config.max_model_len, mc.max_position_embeddings)
                           : mc.max_position_embeddings;
+  if (config.prefix_cache.store) {
+    const PrefixCacheConfig& pc = config.prefix_cache;
+    if (pc.block < 1 || pc.min_tokens < 1 || pc.promote_wait_ms < 0 || pc.interval < 0)
+      return invalid_argument(
+          "prefix cache: block and min_tokens must be >= 1, promote_wait_ms and interval >= 0");
+    // State images describe V4's layout; a backend with its own (V4.1: shared KV, draft rings,
+    // token history) would restore an incomplete state.
+    if (shape != nullptr)
+      return invalid_argument(
+          "prefix cache: this checkpoint's state layout (DeepSeek V4.1) is not supported by the "
+          "prefix cache yet; run without --prefix-cache / --kv-store");
+    if (!e->model_->lockstep()) {
+      e->store_ = pc.store;
+      // Everything that changes the stored state's numbers or layout is in the salt.
+      const std::string salt =
+          str_format("%s|model=%lld/%lld/%lld/%lld|numerics=%d|device=%d|cpu=%s|image=1|rollback=0",
+                     pc.salt.c_str(),
+                     static_cast<long long>(mc.num_hidden_layers),
+                     static_cast<long long>(mc.hidden_size),
+                     static_cast<long long>(mc.vocab_size),
+                     static_cast<long long>(mc.sliding_window),
+                     static_cast<int>(config.numerics),
+                     static_cast<int>(config.device),
+                     cpu_kernels_name(config.cpu_kernels));
+      e->prefix_keys_ = std::make_unique<PrefixKeys>(salt, pc.block);
+      Engine* self = e.get();
+      e->memory_->on_admit = [self](Request& r, state::SequenceState& st) {
+        self->cache_restore(r, st);
+      };
+    }
+  }
   e->t0_ = 0;
   e->t0_ = e->now_s();
   return e;
@@ -304,6 +341,7 @@ Result<RequestId> Engine::submit(RequestSpec spec, TokenCallback on_token) {
   if (on_token)
     callbacks_.emplace(raw->id, std::move(on_token));
   raw->state = RequestState::kWaiting;
+  cache_lookup(*raw);
   if (parent != nullptr && !model_->lockstep()) {
     pending_forks_[parent->id].push_back(raw);
   } else {
@@ -321,6 +359,12 @@ void Engine::abort(RequestId id, const std::string& why) {
 }
 
 void Engine::finish(Request& r, FinishReason why) {
+  // The conversation so far is a prefix of the next turn's prompt: store it.
+  if (store_ && (why == FinishReason::kStop || why == FinishReason::kLength) &&
+      (r.state == RequestState::kDecoding || r.state == RequestState::kPrefilling) &&
+      memory_->states().count(r.id)) {
+    cache_store(r, memory_->state(r.id));
+  }
   r.finish_reason = why;
   r.state = (why == FinishReason::kAbort || why == FinishReason::kError) ? RequestState::kAborted
                                                                          : RequestState::kFinished;
@@ -357,7 +401,12 @@ void Engine::start_forks(Request& parent, std::span<const float> logits) {
   const state::SequenceState& src = memory_->state(parent.id);
   for (Request* c : children) {
     bool forked = false;
-    if (memory_->admit(*c)) {
+    // A fork starts from the parent's state, not from the prefix cache.
+    const int64_t cache_len = c->cache_len;
+    c->cache_len = 0;
+    const bool admitted = memory_->admit(*c);
+    c->cache_len = cache_len;
+    if (admitted) {
       fork_pairs_.clear();
       state::SequenceState& dst = memory_->state(c->id);
       forked = dst.fork_from(src, &fork_pairs_).ok() &&
@@ -439,6 +488,10 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
     return;
   }
   r.num_computed += c.num_tokens;
+  if (store_ && r.num_computed == r.snapshot_at) {
+    cache_store(r, memory_->state(r.id));
+    r.snapshot_at = next_snapshot(r);
+  }
   const int64_t plen = static_cast<int64_t>(r.spec.prompt.size());
   stats_.prompt_tokens += std::min(c.first_pos + c.num_tokens, plen) - std::min(c.first_pos, plen);
   if (!c.samples) {
@@ -568,6 +621,92 @@ Result<bool> Engine::step_all_ranks() {
     return false;
   step();
   return failure_.ok();
+}
+
+void Engine::cache_lookup(Request& r) {
+  if (!store_ || !r.spec.use_cache)
+    return;
+  const int64_t plen = static_cast<int64_t>(r.spec.prompt.size());
+  const int64_t max_len = plen - 1;  // at least one prompt token is computed (its logits)
+  if (max_len >= 1) {
+    const auto anchors = prefix_keys_->anchors(r.spec.cache_tenant, r.spec.prompt, max_len);
+    ++stats_.cache_lookups;
+    auto m = store_->match(anchors, r.spec.prompt, prefix_keys_->block(), max_len);
+    if (m) {
+      r.cache_key = m->key;
+      r.cache_len = m->num_tokens;
+      if (m->tier != kvstore::Tier::kHost)
+        store_->prefetch(m->key);  // SSD -> RAM while the request waits for admission
+    }
+  }
+  r.snapshot_at = next_snapshot(r);
+}
+
+int64_t Engine::next_snapshot(const Request& r) const {
+  // Units every `interval` tokens inside the prompt (a shared system prompt or document then
+  // hits whatever follows it), and at its first P-1 tokens; none at or below what was restored.
+  const int64_t last = static_cast<int64_t>(r.spec.prompt.size()) - 1;
+  const int64_t from = std::max(r.num_computed, r.cache_len);
+  const int64_t interval = config_.prefix_cache.interval;
+  int64_t next = last;
+  if (interval > 0) {
+    const int64_t k = (from / interval + 1) * interval;
+    if (k < last)
+      next = k;
+  }
+  if (next <= from || next < config_.prefix_cache.min_tokens)
+    return -1;
+  return next;
+}
+
+void Engine::cache_restore(Request& r, state::SequenceState& st) {
+  r.cached_tokens = 0;
+  if (r.cache_len == 0 || !store_)
+    return;
+  auto payload = store_->get(r.cache_key, config_.prefix_cache.promote_wait_ms);
+  Status s = payload ? Status() : not_found("the cached unit is gone");
+  if (s.ok()) {
+    auto n = state::state_image_tokens(*payload);
+    if (!n.ok() || *n != r.cache_len)
+      s = data_loss("the cached unit has another length");
+  }
+  if (s.ok()) {
+    s = state::restore_state(
+        *payload, st, [this](std::span<const int32_t> pages, const float* src) {
+          return model_->write_state_pages(*arena_, pages, src);
+        });
+  }
+  if (!s.ok()) {
+    ++stats_.cache_restore_failures;  // a miss: the prompt is computed from the start
+    return;
+  }
+  r.num_computed = r.cache_len;
+  r.cached_tokens = r.cache_len;
+  ++stats_.cache_hits;
+  stats_.cached_prompt_tokens += r.cache_len;
+}
+
+void Engine::cache_store(Request& r, const state::SequenceState& st) {
+  const int64_t n = st.num_tokens();
+  if (!r.spec.use_cache || n < config_.prefix_cache.min_tokens || n == r.cached_tokens)
+    return;
+  auto image = state::capture_state(st, [this](std::span<const int32_t> pages, float* dst) {
+    return model_->read_state_pages(*arena_, pages, dst);
+  });
+  if (!image.ok()) {
+    ++stats_.cache_store_failures;
+    return;
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = r.token_at(i);
+  kvstore::EntryMeta meta;
+  prefix_keys_->unit(r.spec.cache_tenant, tokens, n, &meta.key, &meta.anchor);
+  const int64_t base = n / prefix_keys_->block() * prefix_keys_->block();
+  meta.tail.assign(tokens.begin() + base, tokens.end());
+  meta.num_tokens = n;
+  meta.retention = r.spec.cache_retention.value_or(config_.prefix_cache.default_retention);
+  store_->put(std::move(meta), std::move(image).value());
+  ++stats_.cache_units_stored;
 }
 
 const Request* Engine::request(RequestId id) const {

@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_model.h"
 #include "base/status.h"
+#include "engine/prefix_cache.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "model/checkpoint.h"
@@ -49,6 +50,8 @@ struct EngineConfig {
   int64_t prefill_keep_rows = 0;
   int32_t max_top_logprobs = sampling::kDefaultMaxTopLogprobs;  // top_logprobs' upper bound
   SchedulerConfig scheduler;
+  // Prefix cache over a KV store (off without a store; off under expert parallelism).
+  PrefixCacheConfig prefix_cache;
 };
 
 // The backend for config.device (CPU reference or CUDA); errors say why a device is unusable.
@@ -67,6 +70,13 @@ struct EngineStats {
   int64_t waiting = 0;
   int64_t state_bytes_used = 0;
   int64_t state_bytes_total = 0;
+  // Prefix cache.
+  int64_t cached_prompt_tokens = 0;  // prompt tokens restored instead of computed
+  int64_t cache_lookups = 0;
+  int64_t cache_hits = 0;              // admissions that started from a stored unit
+  int64_t cache_restore_failures = 0;  // a unit found at submit() but not usable at admission
+  int64_t cache_units_stored = 0;
+  int64_t cache_store_failures = 0;
 };
 
 class Engine {
@@ -112,6 +122,8 @@ class Engine {
   // request has been failed with it and step() returns false).
   Status health() const { return failure_; }
   const backend::Model& model() const { return *model_; }
+  // The prefix cache's store (null when off).
+  kvstore::KvStore* kv_store() const { return store_.get(); }
   // Runs every integrity checker (scheduler, arena, sequence states); aborts on violation.
   void check_integrity() const;
   double now_s() const;
@@ -132,6 +144,13 @@ class Engine {
   void start_forks(Request& parent, std::span<const float> logits);
   // Hands the requests waiting to share `parent`'s prompt to the scheduler (parent ended).
   void release_forks(RequestId parent);
+  // Prefix cache: the lookup at submit(), the restore at admission, a unit stored from r's
+  // state at its current length.
+  void cache_lookup(Request& r);
+  void cache_restore(Request& r, state::SequenceState& st);
+  void cache_store(Request& r, const state::SequenceState& st);
+  // Where r's prefill pauses next to store a unit (-1: nowhere).
+  int64_t next_snapshot(const Request& r) const;
 
   EngineConfig config_;
   std::shared_ptr<const model::Checkpoint> ckpt_;
@@ -156,6 +175,8 @@ class Engine {
   std::vector<float> fork_logits_;
   std::vector<std::pair<int32_t, int32_t>> fork_pairs_;
   EngineStats stats_;
+  std::shared_ptr<kvstore::KvStore> store_;  // null: no prefix cache
+  std::unique_ptr<PrefixKeys> prefix_keys_;
   double t0_ = 0;
 };
 

@@ -8,10 +8,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "kvstore/entry_file.h"
+#include "kvstore/hash.h"
 #include "sampling/sampler.h"
 
 namespace dsinfer::engine {
@@ -60,6 +63,12 @@ struct RequestSpec {
   // a backend that cannot copy state pages) it computes its prompt itself: the output is the
   // same either way. 0 = none.
   int64_t share_prompt_of = 0;
+  // Prefix cache (EngineConfig::prefix_cache): the tenant that scopes the cache (requests of
+  // different tenants never share entries), the retention class of the units this request
+  // stores (nullopt: the engine's default), and an opt-out.
+  std::string cache_tenant;
+  std::optional<kvstore::RetentionClass> cache_retention;
+  bool use_cache = true;
 };
 
 // One generated token, as delivered to streaming callbacks.
@@ -90,6 +99,13 @@ struct Request {
   int64_t num_preemptions = 0;
   sampling::PenaltyState penalties;
   RequestTimings timings;
+  // Prefix cache: prompt tokens restored from the cache at the latest admission, the unit the
+  // lookup at submit() found (cache_len tokens; 0 = none), and where the prefill pauses to store
+  // a unit (-1 = nowhere).
+  int64_t cached_tokens = 0;
+  kvstore::Key128 cache_key;
+  int64_t cache_len = 0;
+  int64_t snapshot_at = -1;
 
   // Tokens the model must see: prompt followed by generated output.
   int64_t num_tokens() const { return static_cast<int64_t>(spec.prompt.size() + output.size()); }

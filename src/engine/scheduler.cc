@@ -139,7 +139,7 @@ void Scheduler::plan(StepPlan& plan) {
       break;
     if (r->state != RequestState::kPrefilling || scheduled(r))
       continue;
-    const int64_t n = std::min({r->num_tokens() - r->num_computed, config_.prefill_chunk, budget});
+    const int64_t n = prefill_len(*r, budget);
     if (reserve(r, n))
       schedule(r, n);
   }
@@ -150,19 +150,29 @@ void Scheduler::plan(StepPlan& plan) {
     Request* r = waiting_.front();
     if (std::find(plan.preempted.begin(), plan.preempted.end(), r) != plan.preempted.end())
       break;
-    const int64_t n = std::min({r->num_tokens(), config_.prefill_chunk, budget});
+    // admit() may start the request from a cached prefix (num_computed > 0).
+    r->num_computed = 0;
     if (!memory_->admit(*r))
       break;
+    const int64_t n = prefill_len(*r, budget);
     if (!memory_->reserve(*r, n)) {
       memory_->release(*r);
+      r->num_computed = 0;
       break;
     }
     waiting_.pop_front();
     running_.push_back(r);
     r->state = RequestState::kPrefilling;
-    r->num_computed = 0;
     schedule(r, n);
   }
+}
+
+int64_t Scheduler::prefill_len(const Request& r, int64_t budget) const {
+  int64_t n = std::min({r.num_tokens() - r.num_computed, config_.prefill_chunk, budget});
+  // A prefill pauses where the engine stores a prefix-cache unit.
+  if (r.snapshot_at > r.num_computed)
+    n = std::min(n, r.snapshot_at - r.num_computed);
+  return n;
 }
 
 void Scheduler::check_integrity() const {

@@ -42,7 +42,8 @@ struct StepPlan {
 class MemoryHooks {
  public:
   virtual ~MemoryHooks() = default;
-  // Allocates the request's state if it has none; false when there is no room.
+  // Allocates the request's state if it has none; false when there is no room. May start the
+  // request from a cached prefix: it then sets r.num_computed (> 0) to the restored length.
   virtual bool admit(Request& r) = 0;
   // Reserves room for n more tokens of an admitted request; false when there is no room.
   virtual bool reserve(Request& r, int64_t n) = 0;
@@ -69,6 +70,7 @@ class Scheduler {
 
  private:
   void preempt(Request* r, StepPlan& plan);
+  int64_t prefill_len(const Request& r, int64_t budget) const;
   SchedulerConfig config_;
   MemoryHooks* memory_;
   std::deque<Request*> waiting_;    // arrival order; preempted requests go back to the front

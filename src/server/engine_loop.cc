@@ -349,6 +349,7 @@ void EngineLoop::finalize(uint64_t ticket) {
   if (r != nullptr) {
     backend = backend_reason(r->finish_reason);
     c.usage.completion_tokens = static_cast<int64_t>(r->output.size());
+    c.usage.cached_prompt_tokens = std::min(r->cached_tokens, a.prompt_tokens);
     if (r->finish_reason == engine::FinishReason::kError) {
       c.error = r->error;
       if (a.cause == EndCause::kNone)
@@ -385,6 +386,15 @@ void EngineLoop::publish() {
   g.state_total_bytes = st.state_bytes_total;
   g.steps = st.steps;
   g.preemptions = st.preemptions;
+  if (const kvstore::KvStore* kv = engine_->kv_store()) {
+    g.prefix_cache = true;
+    g.cache_lookups = st.cache_lookups;
+    g.cached_prompt_tokens = st.cached_prompt_tokens;
+    g.computed_prompt_tokens = st.prompt_tokens;
+    g.cache_restore_failures = st.cache_restore_failures;
+    g.cache_units_stored = st.cache_units_stored;
+    g.kv = kv->stats();
+  }
   metrics_->set_gauges(g);
 }
 

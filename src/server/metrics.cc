@@ -186,6 +186,78 @@ EngineGauges Metrics::gauges() const {
   return gauges_;
 }
 
+namespace {
+void render_prefix_cache(const EngineGauges& g, std::string* out) {
+  const kvstore::StoreStats& kv = g.kv;
+  const char* tiers[2] = {"host", "ssd"};
+  header(out, "dsinfer_prefix_cache_lookups_total", "counter", "Prefix-cache lookups (requests).");
+  sample(out, "dsinfer_prefix_cache_lookups_total", g.cache_lookups);
+  header(out,
+         "dsinfer_prefix_cache_hits_total",
+         "counter",
+         "Requests started from a stored unit, by the tier it was served from.");
+  for (int t = 0; t < 2; ++t) {
+    *out += std::string("dsinfer_prefix_cache_hits_total{tier=\"") + tiers[t] + "\"} " +
+            std::to_string(kv.hits[t]) + "\n";
+  }
+  header(out, "dsinfer_prefix_cache_hit_rate", "gauge", "Hits per lookup, by tier.");
+  for (int t = 0; t < 2; ++t) {
+    const double rate =
+        g.cache_lookups > 0 ? static_cast<double>(kv.hits[t]) / g.cache_lookups : 0.0;
+    *out += std::string("dsinfer_prefix_cache_hit_rate{tier=\"") + tiers[t] + "\"} " +
+            std::to_string(rate) + "\n";
+  }
+  header(out,
+         "dsinfer_prefix_cache_prompt_tokens_total",
+         "counter",
+         "Prompt tokens restored from the cache (cached) and prefilled (computed).");
+  *out += "dsinfer_prefix_cache_prompt_tokens_total{kind=\"cached\"} " +
+          std::to_string(g.cached_prompt_tokens) + "\n";
+  *out += "dsinfer_prefix_cache_prompt_tokens_total{kind=\"computed\"} " +
+          std::to_string(g.computed_prompt_tokens) + "\n";
+  header(out,
+         "dsinfer_prefix_cache_restore_failures_total",
+         "counter",
+         "Units found at submission but unusable at admission (gone, corrupt): computed instead.");
+  sample(out, "dsinfer_prefix_cache_restore_failures_total", g.cache_restore_failures);
+  header(out, "dsinfer_prefix_cache_units_stored_total", "counter", "Units stored.");
+  sample(out, "dsinfer_prefix_cache_units_stored_total", g.cache_units_stored);
+  header(out, "dsinfer_kv_store_entries", "gauge", "Entries in the KV store.");
+  sample(out, "dsinfer_kv_store_entries", kv.entries);
+  header(out, "dsinfer_kv_store_bytes", "gauge", "KV store bytes by tier and retention class.");
+  for (int t = 0; t < 2; ++t) {
+    for (int c = 0; c < static_cast<int>(kvstore::RetentionClass::kCount); ++c) {
+      *out += std::string("dsinfer_kv_store_bytes{tier=\"") + tiers[t] + "\",class=\"" +
+              kvstore::retention_class_name(static_cast<kvstore::RetentionClass>(c)) + "\"} " +
+              std::to_string(kv.class_bytes[t][c]) + "\n";
+    }
+  }
+  header(out, "dsinfer_kv_store_evictions_total", "counter", "Entries evicted, by tier.");
+  for (int t = 0; t < 2; ++t) {
+    *out += std::string("dsinfer_kv_store_evictions_total{tier=\"") + tiers[t] + "\"} " +
+            std::to_string(kv.evictions[t]) + "\n";
+  }
+  header(out, "dsinfer_kv_store_expirations_total", "counter", "Entries removed by retention.");
+  sample(out, "dsinfer_kv_store_expirations_total", kv.expirations);
+  header(out, "dsinfer_kv_store_expired_bytes_total", "counter", "Bytes removed by retention.");
+  sample(out, "dsinfer_kv_store_expired_bytes_total", kv.expired_bytes);
+  header(out, "dsinfer_kv_store_demotions_total", "counter", "Entries written to SSD.");
+  sample(out, "dsinfer_kv_store_demotions_total", kv.demotions);
+  header(out, "dsinfer_kv_store_promotions_total", "counter", "Entries read back from SSD.");
+  sample(out, "dsinfer_kv_store_promotions_total", kv.promotions);
+  header(out,
+         "dsinfer_kv_store_write_errors_total",
+         "counter",
+         "Failed SSD writes (entry kept in RAM only).");
+  sample(out, "dsinfer_kv_store_write_errors_total", kv.write_errors);
+  header(out,
+         "dsinfer_kv_store_corrupt_total",
+         "counter",
+         "Entries found corrupt, truncated or missing (each a miss).");
+  sample(out, "dsinfer_kv_store_corrupt_total", kv.corrupt);
+}
+}  // namespace
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> l(mu_);
   std::string out;
@@ -254,6 +326,8 @@ std::string Metrics::render() const {
   sample(&out, "dsinfer_engine_steps_total", gauges_.steps);
   header(&out, "dsinfer_engine_preemptions_total", "counter", "Sequences preempted for memory.");
   sample(&out, "dsinfer_engine_preemptions_total", gauges_.preemptions);
+  if (gauges_.prefix_cache)
+    render_prefix_cache(gauges_, &out);
   return out;
 }
 

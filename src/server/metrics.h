@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "kvstore/store.h"
+
 namespace dsinfer::server {
 
 class Histogram {
@@ -37,6 +39,14 @@ struct EngineGauges {
   int64_t state_total_bytes = 0;
   int64_t steps = 0;
   int64_t preemptions = 0;
+  // Prefix cache (when the engine has one).
+  bool prefix_cache = false;
+  int64_t cache_lookups = 0;
+  int64_t cached_prompt_tokens = 0;    // restored from the cache
+  int64_t computed_prompt_tokens = 0;  // prefilled (recomputation included)
+  int64_t cache_restore_failures = 0;
+  int64_t cache_units_stored = 0;
+  kvstore::StoreStats kv;
 };
 
 class Metrics {

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "base/strings.h"
+#include "kvstore/entry_file.h"
 #include "server/http_framing.h"
 #include "server/log.h"
 
@@ -1120,6 +1121,33 @@ net::awaitable<bool> Server::Impl::generate(Conn& c,
     co_return keep_alive;
   }
   PreparedRequest& p = prepared.value();
+  // Prefix cache: the retention class of what this request stores and the tenant that scopes
+  // its entries (docs/kv-store.md).
+  std::string cache_error;
+  {
+    const std::string_view cls = trim_ows(sv(req["x-dsinfer-retention"]));
+    std::optional<kvstore::RetentionClass> retention;
+    if (!cls.empty()) {
+      auto parsed = kvstore::parse_retention_class(cls);
+      if (parsed.ok())
+        retention = *parsed;
+      else
+        cache_error = "X-DSInfer-Retention: " + parsed.status().message();
+    }
+    const std::string tenant(trim_ows(sv(req["x-dsinfer-cache-tenant"])));
+    p.job.spec.cache_retention = retention;
+    p.job.spec.cache_tenant = tenant;
+    for (Job& j : p.more_choices) {
+      j.spec.cache_retention = retention;
+      j.spec.cache_tenant = tenant;
+    }
+  }
+  if (!cache_error.empty()) {
+    api::ApiError e = make_error(400, "invalid_request_error", cache_error);
+    co_await send_error(c, version, keep_alive, anthropic, e);
+    metrics->count_request(route.label, 400);
+    co_return keep_alive;
+  }
   // One admission slot per choice (n > 1 runs n engine requests).
   const size_t choices = 1 + p.more_choices.size();
   size_t admitted = 0;

@@ -9,7 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -47,6 +50,11 @@ class CompressorRows {
   void copy_positions_from(const CompressorRows& src) {
     first_pos_ = src.first_pos_;
     end_pos_ = src.end_pos_;
+  }
+  // Sets the held positions (a restored image; the rows' contents are written by the caller).
+  void set_positions(int64_t first, int64_t end) {
+    first_pos_ = first;
+    end_pos_ = end;
   }
   void truncate(int64_t pos);  // forget rows at and after pos
   int64_t num_pages() const { return rows_.num_pages(); }
@@ -120,6 +128,27 @@ struct StateShape {
 int64_t min_page_bytes(const StateShape& s);
 int64_t default_page_bytes(const StateShape& s);
 
+class SequenceState;
+
+// Moves arena page contents to and from host memory: `pages.size() * page_floats` floats, in the
+// order of `pages`. A host-storage arena copies directly; a device-mirrored one goes through the
+// backend (backend::Model::read_state_pages / write_state_pages).
+using PageReader = std::function<Status(std::span<const int32_t> pages, float* dst)>;
+using PageWriter = std::function<Status(std::span<const int32_t> pages, const float* src)>;
+
+// State images (state/state_image.cc): a self-contained, page-size-independent copy of a
+// sequence's whole decode state (window rings, compressed entries, index keys, compressor rows,
+// MTP state) at its current length: what the prefix cache stores. Restoring it into a fresh
+// sequence of the same model and rollback limit gives exactly the state a forward over the same
+// tokens leaves.
+Result<std::string> capture_state(const SequenceState& st, const PageReader& read);
+// Fills the fresh sequence `st` from `image`. invalid_argument / data_loss when the image does
+// not parse or does not fit st's model; kResourceExhausted when the arena is out of pages (st is
+// left fresh in every failure).
+Status restore_state(std::string_view image, SequenceState& st, const PageWriter& write);
+// Token count recorded in an image (data_loss when it is not one).
+Result<int64_t> state_image_tokens(std::string_view image);
+
 class SequenceState {
  public:
   // Allocates the fixed-size parts (rings, compressor rows) from `arena`; ok() is false when the
@@ -190,6 +219,8 @@ class SequenceState {
   void check_integrity() const;
 
  private:
+  friend Result<std::string> capture_state(const SequenceState&, const PageReader&);
+  friend Status restore_state(std::string_view, SequenceState&, const PageWriter&);
   void trim(LayerState& ls) const;
   PageArena* arena_;
   int64_t id_;

@@ -24,6 +24,7 @@
 #include "engine/engine.h"
 #include "kernels/cuda/device.h"
 #include "model/checkpoint.h"
+#include "state/sequence_state.h"
 
 namespace dsinfer {
 namespace {
@@ -250,6 +251,45 @@ TEST_P(CudaModelTest, RollbackThenDecodeEqualsStraightRun) {
   }
   ASSERT_EQ(got.size(), straight.logits.size());
   EXPECT_EQ(got, straight.logits) << "rollback is not exact";
+}
+
+// The prefix cache on the GPU (issue 19): a state image captured from the device pool after half
+// the prompt and restored into a fresh sequence continues bit for bit like the sequence it came
+// from (CudaModel::read_state_pages / write_state_pages under state::capture_state /
+// restore_state), in both numerics.
+TEST_P(CudaModelTest, StateImageRestoredFromTheDevicePoolContinuesBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const ModelCase mc = GetParam();
+  if (!fs::exists(source_path(mc.path)))
+    GTEST_SKIP() << mc.path << " missing";
+  auto ckpt = open_model(mc.path);
+  ASSERT_TRUE(ckpt);
+  const auto& cfg = ckpt->config();
+  for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
+    auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), nm);
+    ASSERT_TRUE(gm.ok()) << gm.status().to_string();
+    gpu::CudaModel& m = **gm;
+    const auto ids = random_ids(mc.tokens, cfg.vocab_size, 23);
+    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
+    state::SequenceState a(cfg, arena.get(), 0, 0);
+    backend::ForwardOutputs out;
+    const int64_t half = mc.tokens / 2;
+    ASSERT_TRUE(m.forward(a, {ids.data(), static_cast<size_t>(half)}, {}, &out).ok());
+    auto image = state::capture_state(a, [&](std::span<const int32_t> pages, float* dst) {
+      return m.read_state_pages(*arena, pages, dst);
+    });
+    ASSERT_TRUE(image.ok()) << image.status().to_string();
+    state::SequenceState b(cfg, arena.get(), 1, 0);
+    ASSERT_TRUE(
+        state::restore_state(*image, b, [&](std::span<const int32_t> pages, const float* src) {
+          return m.write_state_pages(*arena, pages, src);
+        }).ok());
+    const std::span<const int32_t> rest(ids.data() + half, static_cast<size_t>(mc.tokens - half));
+    ASSERT_TRUE(m.forward(a, rest, {}, &out).ok());
+    const std::vector<float> want = out.logits;
+    ASSERT_TRUE(m.forward(b, rest, {}, &out).ok());
+    EXPECT_EQ(out.logits, want) << mc.path << (nm == model::Numerics::kDeepSeek ? " deepseek" : "");
+  }
 }
 
 TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {

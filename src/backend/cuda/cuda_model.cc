@@ -203,6 +203,40 @@ Status CudaModel::copy_pages(const state::PageArena& arena,
   return device::sync_stream(stream_.get(), "copying state pages");
 }
 
+Status CudaModel::read_state_pages(const state::PageArena& arena,
+                                   std::span<const int32_t> pages,
+                                   float* dst) {
+  DSI_RETURN_IF_ERROR(ensure_pool(arena));
+  const int64_t floats = arena.page_floats();
+  for (size_t i = 0; i < pages.size(); ++i) {
+    DSI_CHECK(pages[i] >= 0, "read_state_pages: page %d", pages[i]);
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(dst + static_cast<int64_t>(i) * floats,
+                                                           pool_ + pages[i] * floats,
+                                                           static_cast<size_t>(floats * 4),
+                                                           cudaMemcpyDeviceToHost,
+                                                           stream_.get()),
+                                           "reading state pages"));
+  }
+  return device::sync_stream(stream_.get(), "reading state pages");
+}
+
+Status CudaModel::write_state_pages(state::PageArena& arena,
+                                    std::span<const int32_t> pages,
+                                    const float* src) {
+  DSI_RETURN_IF_ERROR(ensure_pool(arena));
+  const int64_t floats = arena.page_floats();
+  for (size_t i = 0; i < pages.size(); ++i) {
+    DSI_CHECK(pages[i] >= 0, "write_state_pages: page %d", pages[i]);
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pool_ + pages[i] * floats,
+                                                           src + static_cast<int64_t>(i) * floats,
+                                                           static_cast<size_t>(floats * 4),
+                                                           cudaMemcpyHostToDevice,
+                                                           stream_.get()),
+                                           "writing state pages"));
+  }
+  return device::sync_stream(stream_.get(), "writing state pages");
+}
+
 Status CudaModel::mark(size_t i) {
   if (!profiling_now_)
     return Status();

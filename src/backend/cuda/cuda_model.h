@@ -99,6 +99,14 @@ class CudaModel final : public backend::Model {
                           const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
     return copy_pages(arena, pairs);
   }
+  // The prefix cache's page transfers (backend::Model): device pool pages to and from host
+  // memory, in the order of `pages`, on the forward stream (synchronous on return).
+  Status read_state_pages(const state::PageArena& arena,
+                          std::span<const int32_t> pages,
+                          float* dst) override;
+  Status write_state_pages(state::PageArena& arena,
+                           std::span<const int32_t> pages,
+                           const float* src) override;
   // Per-layer timing of eager forwards (CUDA events between the embedding, every decoder layer,
   // the MTP block and the head). Off by default; graph replays are not profiled.
   void set_profile(bool on) { profile_ = on; }

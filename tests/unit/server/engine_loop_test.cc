@@ -80,6 +80,40 @@ TEST(EngineLoop, ConcurrentRequestsEachGetTheirOwnOutput) {
   EXPECT_EQ(f.metrics.gauges().running, 0);
 }
 
+TEST(EngineLoop, PrefixCacheReportsCachedTokensAndMetrics) {
+  kvstore::KvStoreOptions o;
+  o.host_bytes = int64_t{64} << 20;
+  auto store = kvstore::KvStore::open(o);
+  ASSERT_TRUE(store.ok());
+  Metrics metrics;
+  EngineLoop loop(testing::make_engine(64, std::move(store).value()), tok(), &metrics, 100);
+  loop.start();
+  auto run = [&] {
+    Job j = content_job("You are a helpful assistant. " + long_text().substr(0, 300), 4);
+    j.spec.ignore_eos = true;
+    auto sink = std::make_shared<RecordingSink>();
+    EXPECT_TRUE(loop.try_admit());
+    loop.submit(std::move(j), sink);
+    EXPECT_TRUE(sink->wait_finished());
+    return sink;
+  };
+  auto first = run();
+  EXPECT_EQ(first->completion.usage.cached_prompt_tokens, 0);
+  auto second = run();
+  EXPECT_EQ(second->completion.usage.cached_prompt_tokens,
+            second->completion.usage.prompt_tokens - 1);
+  EXPECT_EQ(second->message().content, first->message().content);
+  EXPECT_TRUE(testing::eventually([&] {
+    return metrics.render().find("dsinfer_prefix_cache_hits_total{tier=\"host\"} 1\n") !=
+           std::string::npos;
+  })) << metrics.render();
+  const std::string m = metrics.render();
+  EXPECT_NE(m.find("dsinfer_prefix_cache_hit_rate{tier=\"host\"} 0.5"), std::string::npos) << m;
+  EXPECT_NE(m.find("dsinfer_kv_store_bytes{tier=\"host\",class=\"chat\"} "), std::string::npos);
+  EXPECT_NE(m.find("dsinfer_kv_store_expirations_total 0\n"), std::string::npos);
+  loop.stop();
+}
+
 TEST(EngineLoop, ModelOutputRunsToLength) {
   LoopFixture f;
   Job j = content_job("Hello there", 12);

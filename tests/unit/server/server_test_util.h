@@ -70,11 +70,13 @@ inline int32_t eos_id() {
   return *tok().token_to_id("<｜end▁of▁sentence｜>");
 }
 
-inline std::unique_ptr<engine::Engine> make_engine(int64_t max_running = 64) {
+inline std::unique_ptr<engine::Engine> make_engine(
+    int64_t max_running = 64, std::shared_ptr<kvstore::KvStore> kv_store = nullptr) {
   engine::EngineConfig ec;
   ec.model_dir = model_dir();
   ec.state_budget_bytes = int64_t{256} << 20;
   ec.scheduler.max_running = max_running;
+  ec.prefix_cache.store = std::move(kv_store);
   auto e = engine::Engine::create(ec);
   if (!e.ok()) {
     std::fprintf(stderr, "engine: %s\n", e.status().to_string().c_str());

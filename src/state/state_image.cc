@@ -1,0 +1,366 @@
+// State images: capture a sequence's decode state into packed rows, and restore it.
+//
+// Layout (little-endian): magic "DSISTIMG", u32 version, i64 num_tokens, i64 mtp_num_tokens,
+// u32 layer count, u32 MTP layer count, i64 final-stream slots, then per layer a shape record
+// (ratio, head_dim, index_head_dim, ring_capacity, num_entries, and per compressor ring its
+// width, capacity, first and end positions), the final-stream positions, then the float rows in
+// the same order: per layer ring [ring_capacity x head_dim], entries [num_entries x head_dim],
+// index keys [num_entries x index_head_dim], main then index compressor rows for positions
+// [first, end) in position order; then the final streams.
+#include <algorithm>
+#include <cstring>
+
+#include "base/check.h"
+#include "base/strings.h"
+#include "state/sequence_state.h"
+
+namespace dsinfer::state {
+namespace {
+constexpr char kMagic[8] = {'D', 'S', 'I', 'S', 'T', 'I', 'M', 'G'};
+constexpr uint32_t kVersion = 1;
+
+struct RowsShape {
+  int64_t width = 0, capacity = 0, first = 0, end = 0;
+};
+struct ImageLayerShape {
+  int64_t ratio = 0, head_dim = 0, index_head_dim = 0, ring_capacity = 0, num_entries = 0;
+  RowsShape comp, index;
+};
+
+template <typename T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view s) : s_(s) {}
+  template <typename T>
+  bool get(T* v) {
+    if (s_.size() - pos_ < sizeof(T))
+      return false;
+    std::memcpy(v, s_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  // n floats; false when the image is shorter.
+  bool floats(float* dst, int64_t n) {
+    const uint64_t bytes = static_cast<uint64_t>(n) * 4;
+    if (n < 0 || s_.size() - pos_ < bytes)
+      return false;
+    std::memcpy(dst, s_.data() + pos_, bytes);
+    pos_ += bytes;
+    return true;
+  }
+  size_t left() const { return s_.size() - pos_; }
+
+ private:
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+ImageLayerShape shape_of(const LayerState& ls) {
+  ImageLayerShape s;
+  s.ratio = ls.ratio;
+  s.head_dim = ls.head_dim;
+  s.index_head_dim = ls.index_head_dim;
+  s.ring_capacity = ls.ring_capacity;
+  s.num_entries = ls.num_entries;
+  auto rows = [](const CompressorRows& r) {
+    return RowsShape{r.enabled() ? 2 * r.width() : 0, r.capacity(), r.first_pos(), r.end_pos()};
+  };
+  s.comp = rows(ls.comp_rows);
+  s.index = rows(ls.index_rows);
+  return s;
+}
+
+void put_shape(std::string& s, const ImageLayerShape& l) {
+  for (int64_t v : {l.ratio,
+                    l.head_dim,
+                    l.index_head_dim,
+                    l.ring_capacity,
+                    l.num_entries,
+                    l.comp.width,
+                    l.comp.capacity,
+                    l.comp.first,
+                    l.comp.end,
+                    l.index.width,
+                    l.index.capacity,
+                    l.index.first,
+                    l.index.end})
+    put(s, v);
+}
+
+bool get_shape(Reader& r, ImageLayerShape* l) {
+  int64_t* f[] = {&l->ratio,
+                  &l->head_dim,
+                  &l->index_head_dim,
+                  &l->ring_capacity,
+                  &l->num_entries,
+                  &l->comp.width,
+                  &l->comp.capacity,
+                  &l->comp.first,
+                  &l->comp.end,
+                  &l->index.width,
+                  &l->index.capacity,
+                  &l->index.first,
+                  &l->index.end};
+  for (int64_t* v : f) {
+    if (!r.get(v))
+      return false;
+  }
+  return true;
+}
+
+class Capturer {
+ public:
+  Capturer(const PageArena& arena, const PageReader& read, std::string* out)
+      : page_floats_(arena.page_bytes() / 4), read_(read), out_(out) {}
+  // Appends rows `row_of(i)` for i in [0, n) of `rows`.
+  template <typename RowOf>
+  Status rows(const PagedRows& rows, int64_t n, RowOf row_of) {
+    if (n <= 0)
+      return Status();
+    buf_.resize(static_cast<size_t>(rows.num_pages() * page_floats_));
+    DSI_RETURN_IF_ERROR(read_(rows.pages(), buf_.data()));
+    const int64_t rpp = rows.rows_per_page();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = row_of(i);
+      const float* src = buf_.data() + (row / rpp) * page_floats_ + (row % rpp) * rows.width();
+      out_->append(reinterpret_cast<const char*>(src), static_cast<size_t>(rows.width()) * 4);
+    }
+    return Status();
+  }
+
+ private:
+  int64_t page_floats_;
+  const PageReader& read_;
+  std::string* out_;
+  std::vector<float> buf_;
+};
+
+class Restorer {
+ public:
+  Restorer(const PageArena& arena, const PageWriter& write, Reader* in)
+      : page_floats_(arena.page_bytes() / 4), write_(write), in_(in) {}
+  // Reads n rows from the image into rows `row_of(i)` of `rows` (pages already held) and writes
+  // the pages.
+  template <typename RowOf>
+  Status rows(const PagedRows& rows, int64_t n, RowOf row_of) {
+    if (n <= 0)
+      return Status();
+    buf_.assign(static_cast<size_t>(rows.num_pages() * page_floats_), 0.0f);
+    const int64_t rpp = rows.rows_per_page();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = row_of(i);
+      DSI_CHECK(row / rpp < rows.num_pages(),
+                "restored row %lld beyond the held pages",
+                static_cast<long long>(row));
+      if (!in_->floats(buf_.data() + (row / rpp) * page_floats_ + (row % rpp) * rows.width(),
+                       rows.width()))
+        return data_loss("state image truncated");
+    }
+    return write_(rows.pages(), buf_.data());
+  }
+
+ private:
+  int64_t page_floats_;
+  const PageWriter& write_;
+  Reader* in_;
+  std::vector<float> buf_;
+};
+
+Status capture_layer(const LayerState& ls, Capturer& c) {
+  DSI_RETURN_IF_ERROR(c.rows(ls.ring, ls.ring_capacity, [](int64_t i) { return i; }));
+  if (ls.ratio == 0)
+    return Status();
+  DSI_RETURN_IF_ERROR(c.rows(ls.entries, ls.num_entries, [](int64_t i) { return i; }));
+  if (ls.index_head_dim)
+    DSI_RETURN_IF_ERROR(c.rows(ls.index_keys, ls.num_entries, [](int64_t i) { return i; }));
+  for (const CompressorRows* r : {&ls.comp_rows, &ls.index_rows}) {
+    if (!r->enabled())
+      continue;
+    DSI_RETURN_IF_ERROR(c.rows(r->rows(), r->end_pos() - r->first_pos(), [r](int64_t i) {
+      return r->ring_row(r->first_pos() + i);
+    }));
+  }
+  return Status();
+}
+
+bool same_fixed_shape(const ImageLayerShape& a, const ImageLayerShape& b) {
+  return a.ratio == b.ratio && a.head_dim == b.head_dim && a.index_head_dim == b.index_head_dim &&
+         a.ring_capacity == b.ring_capacity && a.comp.width == b.comp.width &&
+         a.comp.capacity == b.comp.capacity && a.index.width == b.index.width &&
+         a.index.capacity == b.index.capacity;
+}
+
+// The image's shape must be one a real sequence of this layer can be in after num_tokens.
+Status check_shape(const ImageLayerShape& img,
+                   const ImageLayerShape& fresh,
+                   int64_t num_tokens,
+                   size_t l) {
+  if (!same_fixed_shape(img, fresh))
+    return invalid_argument(str_format("state image layer %zu has another layout", l));
+  if (img.ratio == 0) {
+    if (img.num_entries != 0)
+      return data_loss(str_format("state image layer %zu: entries in a sliding layer", l));
+    return Status();
+  }
+  if (img.num_entries != num_tokens / img.ratio)
+    return data_loss(str_format("state image layer %zu: entry count inconsistent", l));
+  for (const RowsShape* r : {&img.comp, &img.index}) {
+    if (r->width == 0) {
+      if (r->first != 0 || r->end != 0)
+        return data_loss(str_format("state image layer %zu: rows in a disabled ring", l));
+      continue;
+    }
+    const int64_t overlap = img.index_head_dim > 0 ? 1 : 0;
+    const int64_t needed = std::max<int64_t>(0, (num_tokens / img.ratio - overlap) * img.ratio);
+    if (r->end != num_tokens || r->first < 0 || r->first > r->end || r->first > needed ||
+        r->end - r->first > r->capacity)
+      return data_loss(str_format("state image layer %zu: compressor rows inconsistent", l));
+  }
+  return Status();
+}
+}  // namespace
+
+Result<std::string> capture_state(const SequenceState& st, const PageReader& read) {
+  if (st.mtp_num_tokens_ != 0)
+    return unimplemented("state images of sequences whose MTP block ran are not supported");
+  if (st.num_tokens_ < 1)
+    return invalid_argument("no state to capture (empty sequence)");
+  std::string out(kMagic, sizeof(kMagic));
+  put(out, kVersion);
+  put(out, st.num_tokens_);
+  put(out, st.mtp_num_tokens_);
+  put(out, static_cast<uint32_t>(st.layers_.size()));
+  put(out, static_cast<uint32_t>(st.mtp_layers_.size()));
+  put(out, static_cast<int64_t>(st.final_positions_.size()));
+  for (const auto* v : {&st.layers_, &st.mtp_layers_}) {
+    for (const LayerState& ls : *v) put_shape(out, shape_of(ls));
+  }
+  for (int64_t p : st.final_positions_) put(out, p);
+  Capturer c(*st.arena_, read, &out);
+  for (const auto* v : {&st.layers_, &st.mtp_layers_}) {
+    for (const LayerState& ls : *v) DSI_RETURN_IF_ERROR(capture_layer(ls, c));
+  }
+  if (!st.final_positions_.empty()) {
+    DSI_RETURN_IF_ERROR(c.rows(st.final_streams_,
+                               static_cast<int64_t>(st.final_positions_.size()),
+                               [](int64_t i) { return i; }));
+  }
+  return out;
+}
+
+Result<int64_t> state_image_tokens(std::string_view image) {
+  Reader r(image);
+  char magic[8];
+  uint32_t version = 0;
+  int64_t n = 0;
+  if (!r.get(&magic) || std::memcmp(magic, kMagic, 8) != 0 || !r.get(&version) ||
+      version != kVersion || !r.get(&n) || n < 0)
+    return data_loss("not a state image");
+  return n;
+}
+
+Status restore_state(std::string_view image, SequenceState& st, const PageWriter& write) {
+  DSI_CHECK(st.num_tokens_ == 0, "restore_state needs a fresh sequence");
+  Reader r(image);
+  char magic[8];
+  uint32_t version = 0, n_layers = 0, n_mtp = 0;
+  int64_t num_tokens = 0, mtp_tokens = 0, n_final = 0;
+  if (!r.get(&magic) || std::memcmp(magic, kMagic, 8) != 0 || !r.get(&version))
+    return data_loss("not a state image");
+  if (version != kVersion)
+    return data_loss(str_format("state image version %u unsupported", version));
+  if (!r.get(&num_tokens) || !r.get(&mtp_tokens) || !r.get(&n_layers) || !r.get(&n_mtp) ||
+      !r.get(&n_final))
+    return data_loss("state image truncated");
+  if (n_layers != st.layers_.size() || n_mtp != st.mtp_layers_.size() ||
+      n_final != static_cast<int64_t>(st.final_positions_.size()))
+    return invalid_argument("state image is for another model or rollback limit");
+  if (num_tokens < 1 || mtp_tokens != 0)
+    return data_loss("state image token counts inconsistent");
+  std::vector<ImageLayerShape> shapes(n_layers + n_mtp);
+  for (size_t l = 0; l < shapes.size(); ++l) {
+    if (!get_shape(r, &shapes[l]))
+      return data_loss("state image truncated");
+    const LayerState& ls = l < n_layers ? st.layers_[l] : st.mtp_layers_[l - n_layers];
+    // MTP layers: only images taken before the MTP block ran (their state is empty).
+    DSI_RETURN_IF_ERROR(check_shape(shapes[l], shape_of(ls), l < n_layers ? num_tokens : 0, l));
+  }
+  std::vector<int64_t> finals(static_cast<size_t>(n_final));
+  for (auto& p : finals) {
+    if (!r.get(&p) || p < -1 || p >= num_tokens)
+      return data_loss("state image final-stream positions invalid");
+  }
+  // Reserve the growing parts; a failure leaves the sequence fresh.
+  auto undo = [&st] {
+    for (auto* v : {&st.layers_, &st.mtp_layers_}) {
+      for (LayerState& ls : *v) {
+        ls.num_entries = 0;
+        if (ls.ratio == 0)
+          continue;
+        ls.entries.shrink_to(0);
+        if (ls.index_head_dim)
+          ls.index_keys.shrink_to(0);
+        ls.comp_rows.set_positions(0, 0);
+        ls.index_rows.set_positions(0, 0);
+      }
+    }
+  };
+  for (size_t l = 0; l < n_layers; ++l) {
+    LayerState& ls = st.layers_[l];
+    if (ls.ratio == 0)
+      continue;
+    bool ok = ls.entries.reserve(shapes[l].num_entries);
+    if (ls.index_head_dim)
+      ok = ok && ls.index_keys.reserve(shapes[l].num_entries);
+    if (!ok) {
+      undo();
+      return Status(StatusCode::kResourceExhausted, "no state memory to restore a cached prefix");
+    }
+  }
+  Restorer in(*st.arena_, write, &r);
+  auto restore_layer = [&](LayerState& ls, const ImageLayerShape& s) -> Status {
+    DSI_RETURN_IF_ERROR(in.rows(ls.ring, ls.ring_capacity, [](int64_t i) { return i; }));
+    if (ls.ratio == 0)
+      return Status();
+    DSI_RETURN_IF_ERROR(in.rows(ls.entries, s.num_entries, [](int64_t i) { return i; }));
+    if (ls.index_head_dim)
+      DSI_RETURN_IF_ERROR(in.rows(ls.index_keys, s.num_entries, [](int64_t i) { return i; }));
+    ls.num_entries = s.num_entries;
+    CompressorRows* rows[2] = {&ls.comp_rows, &ls.index_rows};
+    const RowsShape* rs[2] = {&s.comp, &s.index};
+    for (int k = 0; k < 2; ++k) {
+      if (!rows[k]->enabled())
+        continue;
+      rows[k]->set_positions(rs[k]->first, rs[k]->end);
+      CompressorRows* c = rows[k];
+      DSI_RETURN_IF_ERROR(in.rows(c->rows(), rs[k]->end - rs[k]->first, [c](int64_t i) {
+        return c->ring_row(c->first_pos() + i);
+      }));
+    }
+    return Status();
+  };
+  Status s;
+  for (size_t l = 0; l < shapes.size() && s.ok(); ++l) {
+    LayerState& ls = l < n_layers ? st.layers_[l] : st.mtp_layers_[l - n_layers];
+    s = restore_layer(ls, shapes[l]);
+  }
+  if (s.ok() && n_final > 0)
+    s = in.rows(st.final_streams_, n_final, [](int64_t i) { return i; });
+  if (s.ok() && r.left() != 0)
+    s = data_loss("state image has trailing bytes");
+  if (!s.ok()) {
+    undo();
+    return s;
+  }
+  st.num_tokens_ = num_tokens;
+  st.mtp_num_tokens_ = mtp_tokens;
+  st.final_positions_ = std::move(finals);
+  st.check_integrity();
+  return Status();
+}
+
+}  // namespace dsinfer::state
