@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu_v41/backend.h"
+#include "kvstore/store.h"
 #include "model_v41/checkpoint.h"
 
 namespace dsinfer::cpu_v41 {
@@ -239,6 +240,18 @@ TEST(V41Engine, OptionsAndPromptIdsAreCheckedWithClearErrors) {
     auto c = Engine::create(cfg);
     ASSERT_FALSE(c.ok());
     EXPECT_NE(c.status().message().find("CPU only"), std::string::npos);
+    // The prefix cache's state images cover V4's layout only: a clear refusal, not a cache that
+    // would restore V4.1 sequences without their token history and draft rings.
+    cfg.device = engine::Device::kCpu;
+    kvstore::KvStoreOptions so;
+    so.host_bytes = 16 << 20;
+    auto store = kvstore::KvStore::open(so);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    cfg.prefix_cache.store = std::shared_ptr<kvstore::KvStore>(std::move(store).value());
+    auto p = Engine::create(cfg);
+    ASSERT_FALSE(p.ok());
+    EXPECT_NE(p.status().message().find("prefix cache"), std::string::npos)
+        << p.status().message();
   }
   auto e = make_engine(int64_t{64} << 20, {});
   ASSERT_NE(e, nullptr);
