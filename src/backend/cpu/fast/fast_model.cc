@@ -102,9 +102,10 @@ Status FastCpuModel::forward_batch(std::span<backend::ForwardItem> items) {
   rows_ = 0;
   for (backend::ForwardItem& it : items) {
     it.status = Status();
-    if (it.options.run_mtp) {  // MTP: the reference path for this item
-      it.status = reference_.forward(*it.state, it.tokens, it.options, it.out);
-      continue;
+    if (it.options.run_mtp) {  // checked before the state changes
+      it.status = reference_.check_mtp(*it.state);
+      if (!it.status.ok())
+        continue;
     }
     bool ok = true;
     for (size_t i = 0; i < it.tokens.size() && ok; ++i) {
@@ -196,14 +197,18 @@ Status FastCpuModel::forward_batch(std::span<backend::ForwardItem> items) {
     }
   }
 
-  // The final streams the MTP block needs later (as the reference keeps them), then advance.
+  // The MTP block over the items that ask for it (the reference's MTP code on this step's final
+  // streams), the final streams the MTP block needs later (as the reference keeps them), then
+  // advance.
   for (const Seg& s : segs_) {
     state::SequenceState& st = *s.item->state;
+    const float* xs = x_.data() + s.row0 * width;
     if (!weights_.mtp.empty()) {
-      const int64_t keep = std::min<int64_t>(s.n, st.max_rollback() + 1);
-      for (int64_t t = s.n - keep; t < s.n; ++t) {
-        st.store_final_streams(s.first_pos + t, x_.data() + (s.row0 + t) * width);
+      if (s.item->options.run_mtp) {
+        s.item->status = reference_.mtp_chunk(
+            st, xs, s.item->tokens, s.item->options.want_mtp_logits, s.item->out);
       }
+      reference_.store_final_streams(st, xs, s.n);
     }
     st.advance(s.n);
   }

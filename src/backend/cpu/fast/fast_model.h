@@ -18,7 +18,8 @@
 // and tests/unit/backend/cpu_fast_test.cc checks it. A token's results do not depend on the
 // other rows of its step (batch invariance, bit for bit).
 //
-// MTP (ForwardOptions::run_mtp, `score --mtp`) runs through the reference model for that item.
+// MTP (ForwardOptions::run_mtp, `score --mtp`, and drafting for speculative decoding) runs the
+// reference model's MTP code on the step's final streams.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,10 @@ class FastCpuModel final : public backend::Model {
                  const backend::ForwardOptions& options,
                  backend::ForwardOutputs* out) override;
   Status forward_batch(std::span<backend::ForwardItem> items) override;
+  bool can_draft() const override { return reference_.can_draft(); }
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
+    return reference_.mtp_draft_batch(items);
+  }
 
   const char* name() const override { return "cpu-fast"; }
   const model::ModelConfig& config() const override { return config_; }
@@ -120,7 +125,7 @@ class FastCpuModel final : public backend::Model {
   const model::ModelWeights& weights_;
   model::Numerics numerics_;
   ThreadPool* pool_;
-  CpuModel reference_;  // MTP items
+  CpuModel reference_;  // the MTP block
   PackedWeights packed_;
   std::vector<float> inv_freq_main_;
   std::vector<float> inv_freq_compress_;
