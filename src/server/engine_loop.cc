@@ -372,6 +372,13 @@ void EngineLoop::publish() {
   g.state_total_bytes = st.state_bytes_total;
   g.steps = st.steps;
   g.preemptions = st.preemptions;
+  if (st.speculative.mode != spec::Mode::kOff) {
+    g.spec_verified = st.spec.verified;
+    g.spec_accepted = st.spec.accepted;
+    g.spec_verify_len = st.spec.verify_len;
+    g.spec_steps = st.spec.spec_steps;
+    g.spec_tokens = st.spec.spec_tokens;
+  }
   metrics_->set_gauges(g);
 }
 
