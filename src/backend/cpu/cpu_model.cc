@@ -404,11 +404,17 @@ void CpuModel::store_final_streams(state::SequenceState& st, const float* x, int
 
 namespace dsinfer::cpu {
 
-Status CpuModel::mtp_draft(state::SequenceState& st,
-                           int32_t next_token,
-                           int32_t steps,
-                           int32_t* tokens,
-                           float* probs) const {
+int32_t top1(const float* logits, int64_t vocab, float* prob) {
+  const float* best = std::max_element(logits, logits + vocab);
+  double z = 0;
+  for (int64_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i]) - *best);
+  *prob = static_cast<float>(1.0 / z);
+  return static_cast<int32_t>(best - logits);
+}
+
+Status CpuModel::check_draft(const state::SequenceState& st,
+                             int32_t next_token,
+                             int32_t steps) const {
   const auto& c = config_;
   if (weights_.mtp.empty())
     return failed_precondition("MTP drafting needs MTP weights; the checkpoint has none");
@@ -418,11 +424,11 @@ Status CpuModel::mtp_draft(state::SequenceState& st,
                                        static_cast<long long>(c.vocab_size)));
   }
   const int64_t pos0 = st.num_tokens() - 1;  // the last position in the state
-  const model::LayerPlan& plan = c.mtp_layers[0];
   // Drafts past the first write the MTP block's window ring at positions the verification may
   // reject; a sliding ring of sliding_window + max_rollback slots keeps every position the next
   // accepted one still attends to. A compressing MTP layer would need its rows rolled back too.
-  if (steps < 1 || steps > st.max_rollback() || plan.attention != model::AttentionType::kSliding) {
+  if (steps < 1 || steps > st.max_rollback() ||
+      c.mtp_layers[0].attention != model::AttentionType::kSliding) {
     return invalid_argument(str_format(
         "draft: %d steps with a rollback limit of %lld (needs 1..limit and a sliding MTP layer)",
         steps,
@@ -435,6 +441,18 @@ Status CpuModel::mtp_draft(state::SequenceState& st,
                    static_cast<long long>(st.mtp_num_tokens()),
                    static_cast<long long>(st.num_tokens())));
   }
+  return Status();
+}
+
+Status CpuModel::mtp_draft(state::SequenceState& st,
+                           int32_t next_token,
+                           int32_t steps,
+                           int32_t* tokens,
+                           float* probs) const {
+  const auto& c = config_;
+  DSI_RETURN_IF_ERROR(check_draft(st, next_token, steps));
+  const int64_t pos0 = st.num_tokens() - 1;
+  const model::LayerPlan& plan = c.mtp_layers[0];
   const int64_t width = c.hc_mult * c.hidden_size;
   std::vector<float> streams(st.final_streams(pos0), st.final_streams(pos0) + width);
   std::vector<float> next_streams(static_cast<size_t>(width));
@@ -451,12 +469,8 @@ Status CpuModel::mtp_draft(state::SequenceState& st,
         pos0 + s,
         logits.data(),
         next_streams.data());
-    const auto best = std::max_element(logits.begin(), logits.end());
-    double z = 0;
-    for (float v : logits) z += std::exp(static_cast<double>(v) - *best);
-    tok = static_cast<int32_t>(best - logits.begin());
+    tok = top1(logits.data(), c.vocab_size, &probs[s]);
     tokens[s] = tok;
-    probs[s] = static_cast<float>(1.0 / z);
     streams.swap(next_streams);
   }
   st.set_mtp_num_tokens(pos0 + 1);

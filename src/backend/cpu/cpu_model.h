@@ -19,6 +19,9 @@ namespace dsinfer::cpu {
 using ForwardOutputs = backend::ForwardOutputs;
 using ForwardOptions = backend::ForwardOptions;
 
+// The argmax of logits[0, vocab) and its softmax probability (a draft and its confidence).
+int32_t top1(const float* logits, int64_t vocab, float* prob);
+
 class CpuModel final : public backend::Model {
  public:
   CpuModel(const model::ModelConfig& config,
@@ -45,6 +48,8 @@ class CpuModel final : public backend::Model {
                    int32_t* tokens,
                    float* probs) const;
   Status mtp_draft_batch(std::span<backend::DraftItem> items) override;
+  // mtp_draft's preconditions (OK: it may run).
+  Status check_draft(const state::SequenceState& st, int32_t next_token, int32_t steps) const;
   bool can_draft() const override { return !weights_.mtp.empty(); }
   // The MTP part of a forward (ForwardOptions::run_mtp) over a chunk whose main-model final
   // streams are `x` ([tokens.size(), hc * hidden]), called before the state advances; and the

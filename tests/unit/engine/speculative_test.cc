@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
@@ -167,7 +168,10 @@ TEST_P(Speculative, GreedyAndSeededOutputsEqualThoseWithoutSpeculation) {
   auto base = make_engine(off);
   const auto expected_greedy = run_all(*base, greedy_specs(cases));
   const auto expected_sampled = run_all(*base, sampled_specs(cases));
-  for (const char* mode : {"fixed:1", "fixed:3", "fixed:5", "auto"}) {
+  const auto modes = GetParam() == CpuKernels::kFast
+                         ? std::vector<const char*>{"fixed:1", "fixed:3", "fixed:5", "auto"}
+                         : std::vector<const char*>{"fixed:2", "auto"};
+  for (const char* mode : modes) {
     EngineSetup s = off;
     s.speculative = mode;
     auto e = make_engine(s);
@@ -322,7 +326,7 @@ TEST(Speculative, SampledDistributionOfTheFirstTokensIsTheModels) {
       }
     }
   }
-  constexpr int kRuns = 2000;
+  constexpr int kRuns = 1500;
   EngineSetup s;
   s.ckpt = ckpt;
   s.speculative = "fixed:2";
@@ -352,13 +356,17 @@ TEST(Speculative, SampledDistributionOfTheFirstTokensIsTheModels) {
   // 99.9% quantile of chi-square with dof degrees of freedom (Wilson-Hilferty approximation).
   const double z = 3.09, h = 2.0 / (9.0 * dof);
   const double limit = dof * std::pow(1 - h + z * std::sqrt(h), 3);
-  EXPECT_LT(stat, limit) << "dof " << dof;
-  // The test can fail: the same counts against the distribution at temperature 1 without top-k
-  // renormalisation of the third token (a plausible bug) are far off.
+  EXPECT_LT(stat, limit) << "dof " << dof << ", " << st.summary();
+  std::printf("chi-square %.1f, dof %d, limit %.1f\n", stat, dof, limit);
+  // The test can fail: the same counts against a slightly different distribution (the most
+  // likely third token 30% less likely, as a biased acceptance rule would make it) are far off.
+  const int32_t t3 =
+      std::max_element(expected.begin(), expected.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      })->first[2];
   std::map<std::vector<int32_t>, double> skewed = expected;
-  for (auto& [k, p] : skewed) p *= (k[2] == std::prev(skewed.end())->first[2]) ? 0.5 : 1.25;
   double zsum = 0;
-  for (auto& [k, p] : skewed) zsum += p;
+  for (auto& [k, p] : skewed) zsum += (p *= k[2] == t3 ? 0.7 : 1.0);
   for (auto& [k, p] : skewed) p /= zsum;
   int dof2 = 0;
   EXPECT_GT(chi_square(observed, skewed, kRuns, &dof2), limit);
