@@ -264,6 +264,15 @@ int run_generate(const GenerateArgs& a) {
   if (!eng.ok())
     return fail(eng.status());
   engine::Engine& e = **eng;
+  if (e.speculative().mode == spec::Mode::kAuto) {
+    std::fprintf(stderr,
+                 "[generate] speculative %s: step-time model (ms per step; verify of 1..%d "
+                 "tokens per sequence, drafting of 1..%d steps):\n%s",
+                 spec::to_string(e.speculative()).c_str(),
+                 e.speculative().k + 1,
+                 e.speculative().k,
+                 spec::describe(e.step_times()).c_str());
+  }
 
   std::unique_ptr<tokenizer::Tokenizer> tok;
   const std::string tok_path = model_dir + "/tokenizer.json";

@@ -539,7 +539,7 @@ bool Engine::plan_drafts() {
     for (size_t j = 0; j < draft_chunk_.size(); ++j) {
       const size_t i = draft_chunk_[j];
       for (int32_t d = 0; d < chunk_k_[i]; ++d)
-        accept_[j].push_back(predictor_->calibrated(drafts_[i].confidence[d]));
+        accept_[j].push_back(predictor_->calibrated(d, drafts_[i].confidence[d]));
     }
     const spec::Choice ch = spec::choose_verify_lengths(step_times_, accept_, false);
     for (size_t j = 0; j < draft_chunk_.size(); ++j) chunk_k_[draft_chunk_[j]] = ch.k[j];

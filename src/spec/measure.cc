@@ -69,8 +69,10 @@ Result<StepTimes> measure_step_times(backend::Model& model,
     return Status();
   };
   {
+    // The prompts, with logits so that every weight has been used once (a backend may convert
+    // weights on first use) before anything is timed.
     backend::ForwardOptions o = spec_opts;
-    o.want_logits = false;
+    o.last_logits_only = true;
     DSI_RETURN_IF_ERROR(run(seqs.size(), prompt, o));
   }
 

@@ -21,6 +21,6 @@ Result<StepTimes> measure_step_times(backend::Model& model,
                                      state::PageArena& arena,
                                      int64_t max_batch,
                                      int32_t max_k,
-                                     int reps = 2);
+                                     int reps = 3);
 
 }  // namespace dsinfer::spec

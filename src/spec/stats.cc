@@ -35,10 +35,12 @@ double Stats::mean_verify_len() const {
 std::string Stats::summary() const {
   std::string s = "acceptance by draft position";
   for (size_t i = 0; i < verified.size(); ++i) s += str_format(" %.3f", acceptance(i));
-  s += str_format(" | mean accepted length %.2f | mean verify length %.2f",
+  s += str_format(" | mean accepted length %.2f | mean verify length %.2f (steps by drafts:",
                   mean_accepted_length(),
                   mean_verify_len());
-  return s;
+  for (size_t k = 0; k < verify_len.size(); ++k)
+    s += str_format(" %zu:%lld", k, static_cast<long long>(verify_len[k]));
+  return s + ")";
 }
 
 }  // namespace dsinfer::spec

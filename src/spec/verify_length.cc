@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "base/check.h"
+#include "base/strings.h"
 
 namespace dsinfer::spec {
 
@@ -72,6 +73,19 @@ double StepTimes::draft(int64_t b, double mean_steps) const {
   });
 }
 
+std::string describe(const StepTimes& t) {
+  std::string s;
+  for (size_t i = 0; i < t.batch.size(); ++i) {
+    s += str_format(
+        "b=%lld: off %.2f | verify", static_cast<long long>(t.batch[i]), 1e3 * t.off_s[i]);
+    for (double v : t.verify_s[i]) s += str_format(" %.2f", 1e3 * v);
+    s += " | draft";
+    for (double v : t.draft_s[i]) s += str_format(" %.2f", 1e3 * v);
+    s += "\n";
+  }
+  return s;
+}
+
 Choice choose_verify_lengths(const StepTimes& times,
                              std::span<const std::vector<double>> accept,
                              bool draft_cost) {
@@ -135,11 +149,10 @@ double AcceptancePredictor::position_rate(int32_t i) const {
   return (pos_accepted_[p] + 3.2) / (pos_verified_[p] + 4.0);
 }
 
-double AcceptancePredictor::calibrated(float c) const {
+double AcceptancePredictor::calibrated(int32_t i, float c) const {
   const double conf = std::clamp(static_cast<double>(c), 0.0, 1.0);
   const int b = std::min(kBins - 1, static_cast<int>(conf * kBins));
-  // The confidence itself is the prior (2 pseudo-drafts).
-  return (bin_accepted_[b] + 2.0 * conf) / (bin_verified_[b] + 2.0);
+  return (bin_accepted_[b] + 4.0 * position_rate(i)) / (bin_verified_[b] + 4.0);
 }
 
 void AcceptancePredictor::record(int32_t i, float confidence, bool accepted) {

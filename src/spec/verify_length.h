@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace dsinfer::spec {
@@ -33,6 +34,9 @@ struct StepTimes {
   double verify(int64_t b, double mean_len) const;
   double draft(int64_t b, double mean_steps) const;
 };
+
+// One line per measured batch size, in ms: "b=1: off 4.1 | verify 4.3 4.6 ... | draft 0.9 1.8 ...".
+std::string describe(const StepTimes& t);
 
 struct Choice {
   std::vector<int32_t> k;      // per sequence
@@ -54,9 +58,10 @@ class AcceptancePredictor {
   // Probability that the draft at position i (0-based) is accepted given those before were, from
   // the acceptance observed so far at that position (optimistic prior while there is little).
   double position_rate(int32_t i) const;
-  // Same for a draft whose drafter confidence is c, calibrated against the observed acceptance of
-  // drafts with similar confidence.
-  double calibrated(float c) const;
+  // Same for a draft at position i whose drafter confidence is c: the observed acceptance of
+  // drafts with similar confidence, with position_rate(i) as the prior (so that confidences
+  // never seen verified do not cut verification short before there is evidence).
+  double calibrated(int32_t i, float c) const;
   void record(int32_t i, float confidence, bool accepted);
 
  private:

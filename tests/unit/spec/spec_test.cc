@@ -132,9 +132,10 @@ TEST(AcceptancePredictor, LearnsRatesAndCalibration) {
   EXPECT_NEAR(p.position_rate(0), 0.9, 0.02);
   EXPECT_NEAR(p.position_rate(1), 0.5, 0.02);
   EXPECT_NEAR(p.position_rate(2), 0.8, 1e-9);  // nothing seen there yet
-  EXPECT_NEAR(p.calibrated(0.97f), 0.9, 0.02);
-  EXPECT_NEAR(p.calibrated(0.12f), 0.5, 0.02);   // the drafter is underconfident there
-  EXPECT_NEAR(p.calibrated(0.55f), 0.55, 1e-6);  // no data: the confidence itself
+  EXPECT_NEAR(p.calibrated(0, 0.97f), 0.9, 0.02);
+  EXPECT_NEAR(p.calibrated(2, 0.12f), 0.5, 0.02);  // the drafter is underconfident there
+  EXPECT_NEAR(p.calibrated(0, 0.55f), p.position_rate(0), 1e-9);  // no data: the rate
+  EXPECT_NEAR(p.calibrated(2, 0.55f), 0.8, 1e-9);
 }
 
 TEST(SpecStats, Summaries) {
