@@ -14,13 +14,13 @@
 namespace dsinfer::spec {
 
 // Batch sizes 1, 2, 4, ... up to max_batch (and max_batch itself), each with L = 1..max_k + 1
-// tokens per sequence and s = 1..max_k draft steps; the minimum of `reps` timings each. Fewer
+// tokens per sequence and s = 1..max_k draft steps; the minimum of `reps` interleaved rounds. Fewer
 // batch sizes when the arena cannot hold max_batch throwaway sequences.
 Result<StepTimes> measure_step_times(backend::Model& model,
                                      Drafter& drafter,
                                      state::PageArena& arena,
                                      int64_t max_batch,
                                      int32_t max_k,
-                                     int reps = 3);
+                                     int reps = 4);
 
 }  // namespace dsinfer::spec
