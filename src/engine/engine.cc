@@ -194,7 +194,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
     if (e->spec_.k < 1 || e->spec_.k > spec::kMaxDrafts)
       return invalid_argument(
           str_format("--speculative: %d drafts (1..%d)", e->spec_.k, spec::kMaxDrafts));
-    if (mc.mtp_layers.empty())
+    if (mc.mtp_layers.empty() || !e->ckpt_->has_mtp())
       why = "the checkpoint has no MTP weights";
     else if (e->model_->lockstep())
       why = "expert parallelism over several processes does not speculate yet";

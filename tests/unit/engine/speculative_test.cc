@@ -229,6 +229,35 @@ TEST(Speculative, BundledModelAcceptsMostDraftsAndKeepsGreedyOutputs) {
   }
 }
 
+TEST(Speculative, SharedPromptForksKeepTheirOutputs) {
+  // n = 4 on the bundled model: three requests fork the first one's prompt state (MTP block
+  // included) and then speculate on their own; each output equals the same seeded request run
+  // without speculation.
+  const auto cases = mixed_cases(1, 9, 8192, 24);
+  auto run = [&](const char* mode) {
+    EngineSetup s;
+    s.ckpt = bundled();
+    s.speculative = mode;
+    auto e = make_engine(s);
+    std::vector<RequestId> ids;
+    for (uint64_t i = 0; i < 4; ++i) {
+      RequestSpec r = sampled(cases[0], 700 + i);
+      r.max_tokens = 24;
+      if (i > 0)
+        r.share_prompt_of = ids[0];
+      auto id = e->submit(std::move(r));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    while (e->step()) e->check_integrity();
+    EXPECT_EQ(e->stats().prompt_tokens, static_cast<int64_t>(cases[0].prompt.size()));
+    std::vector<std::vector<int32_t>> outs;
+    for (RequestId id : ids) outs.push_back(e->request(id)->output);
+    return outs;
+  };
+  EXPECT_EQ(run("fixed:3"), run("off"));
+}
+
 TEST(Speculative, NoDrafterIsAnErrorWhenAskedForAndOffByDefault) {
   auto tiny_b = open_model("tests/fixtures/tiny-b/official");  // no MTP weights
   EngineConfig cfg;
