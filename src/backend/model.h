@@ -35,6 +35,7 @@ struct ForwardOptions {
   // The sequence's known tokens when the chunk was planned (0 = not given): a chunk that ends at
   // or before it is part of a prefill (a backend with prefill early exit uses it).
   int64_t prefill_end = 0;
+  bool want_mtp_logits = true;  // with run_mtp: false = keep the MTP state only (no draft head)
 };
 
 // One sequence's chunk in a batched forward. `status` reports a per-item failure (bad token id,
@@ -44,6 +45,23 @@ struct ForwardItem {
   std::span<const int32_t> tokens;
   ForwardOptions options;
   ForwardOutputs* out = nullptr;  // may be null
+  Status status;
+};
+
+// One sequence's MTP drafting (speculative decoding, src/spec): the MTP block, one position
+// behind the sequence (every forward ran with run_mtp), runs at the sequence's last position with
+// `next_token` (sampled, not yet in the state), then num_steps - 1 more times on its own output
+// streams with its previous draft (spec 3.11 step 6). Each step's draft is the argmax of the
+// draft logits; tokens[i] / probs[i] get draft i and its probability under the draft softmax.
+// Afterwards the MTP block has consumed next_token (mtp_num_tokens == num_tokens); what the later
+// steps wrote lies beyond it and is overwritten by the verifying forward. 1 <= num_steps <=
+// state->max_rollback().
+struct DraftItem {
+  state::SequenceState* state = nullptr;
+  int32_t next_token = 0;
+  int32_t num_steps = 1;
+  int32_t* tokens = nullptr;  // [num_steps]
+  float* probs = nullptr;     // [num_steps]
   Status status;
 };
 
@@ -75,6 +93,14 @@ class Model {
   // The model's tokenizer policy for plain-text prompts: the id put first (BOS), or -1 when text
   // is encoded as is (V4: its chat template carries BOS).
   virtual int32_t text_prompt_bos() const { return -1; }
+  // MTP drafting for several sequences (per-item errors in item.status). Backends without it
+  // report can_draft() false and the engine does not speculate.
+  virtual bool can_draft() const { return false; }
+  virtual Status mtp_draft_batch(std::span<DraftItem> items) {
+    for (DraftItem& it : items)
+      it.status = Status(StatusCode::kUnimplemented, "this backend cannot draft with MTP");
+    return Status();
+  }
   // Where the arena's page contents must live for this backend.
   virtual state::PageArena::Storage state_storage() const {
     return state::PageArena::Storage::kHost;

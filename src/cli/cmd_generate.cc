@@ -124,7 +124,8 @@ int emit_results(const GenerateArgs& a,
                  std::vector<json> results,
                  bool have_tokenizer,
                  double wall,
-                 int64_t preemptions) {
+                 int64_t preemptions,
+                 const std::string& spec_line = "") {
   std::sort(results.begin(), results.end(), [](const json& x, const json& y) {
     return x["index"].get<int64_t>() < y["index"].get<int64_t>();
   });
@@ -179,6 +180,8 @@ int emit_results(const GenerateArgs& a,
                1e3 * percentile(tpot, 0.9),
                1e3 * percentile(tpot, 0.99),
                static_cast<long long>(preemptions));
+  if (!spec_line.empty())
+    std::fprintf(stderr, "[generate] %s\n", spec_line.c_str());
   return failed == static_cast<int64_t>(results.size()) ? 1 : 0;
 }
 
@@ -261,6 +264,15 @@ int run_generate(const GenerateArgs& a) {
   if (!eng.ok())
     return fail(eng.status());
   engine::Engine& e = **eng;
+  if (e.speculative().mode == spec::Mode::kAuto) {
+    std::fprintf(stderr,
+                 "[generate] speculative %s: step-time model (ms per step; verify of 1..%d "
+                 "tokens per sequence, drafting of 1..%d steps):\n%s",
+                 spec::to_string(e.speculative()).c_str(),
+                 e.speculative().k + 1,
+                 e.speculative().k,
+                 spec::describe(e.step_times()).c_str());
+  }
 
   std::unique_ptr<tokenizer::Tokenizer> tok;
   const std::string tok_path = model_dir + "/tokenizer.json";
@@ -395,7 +407,12 @@ int run_generate(const GenerateArgs& a) {
   }
   if (!rank.results_dir.empty())
     return write_rank_results(results, rank);
-  return emit_results(a, results, tok != nullptr, wall, e.stats().preemptions);
+  const engine::EngineStats st = e.stats();
+  std::string spec_line;
+  if (st.speculative.mode != spec::Mode::kOff) {
+    spec_line = "speculative " + spec::to_string(st.speculative) + ": " + st.spec.summary();
+  }
+  return emit_results(a, results, tok != nullptr, wall, st.preemptions, spec_line);
 }
 }  // namespace
 

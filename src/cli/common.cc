@@ -137,6 +137,11 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
                 f->batch_invariant,
                 "CUDA: a request's logits do not depend on the rest of the batch (every linear "
                 "on the fixed-order kernels; slower prefill)");
+  cmd->add_option("--speculative",
+                  f->speculative,
+                  "Speculative decoding with the checkpoint's MTP block: off | fixed:K (K drafts "
+                  "per step) | auto (default where the checkpoint has MTP weights; per step and "
+                  "request the drafts that maximise expected tokens per second) | auto:K");
   cmd->add_option("--ep",
                   f->ep,
                   "Expert parallelism: N processes, one per GPU (routed experts sharded, requests "
@@ -185,6 +190,16 @@ Status parse_device(const std::string& s, engine::EngineConfig* config) {
   return invalid_argument("--device: `" + s + "` is not one of cpu, cuda, cuda:N");
 }
 
+Status parse_speculative(const std::string& flag, engine::EngineConfig* config) {
+  if (flag.empty()) {
+    config->speculative = *spec::parse_config("auto");
+    config->speculative.defaulted = true;
+    return Status();
+  }
+  DSI_ASSIGN_OR_RETURN(config->speculative, spec::parse_config(flag));
+  return Status();
+}
+
 Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   EngineSetup s;
   DSI_ASSIGN_OR_RETURN(s.config.numerics, parse_numerics(f.numerics));
@@ -216,6 +231,7 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   s.config.max_model_len = f.max_model_len;
   s.config.scheduler.max_running = f.max_num_seqs;
   s.config.scheduler.max_tokens_per_step = f.max_tokens_per_step;
+  DSI_RETURN_IF_ERROR(parse_speculative(f.speculative, &s.config));
   return s;
 }
 

@@ -49,8 +49,11 @@ struct EngineFlags {
   bool no_cuda_graphs = false;
   bool batch_invariant = false;
   int ep = 0;
+  std::string speculative;  // empty: auto where the checkpoint has a drafter
 };
 void add_engine_flags(CLI::App* cmd, EngineFlags* f);
+// --speculative (empty: auto where the checkpoint has a drafter, off elsewhere).
+Status parse_speculative(const std::string& flag, engine::EngineConfig* config);
 // "reference" | "fast" (--cpu-kernels).
 Result<engine::CpuKernels> parse_cpu_kernels(const std::string& s);
 

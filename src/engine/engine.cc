@@ -9,6 +9,7 @@
 #include "backend/cpu_v41/backend.h"
 #include "base/check.h"
 #include "base/strings.h"
+#include "spec/measure.h"
 #if DSINFER_HAVE_CUDA_BACKEND
 #include "backend/cuda/cuda_model.h"
 #include "comm/bootstrap.h"
@@ -20,14 +21,17 @@ namespace dsinfer::engine {
 // The scheduler's memory hooks: one SequenceState per admitted request, in the shared arena.
 class Engine::Memory : public MemoryHooks {
  public:
-  // shape: the backend's state layout (null: V4's, from the config).
-  Memory(const model::ModelConfig& config, const state::StateShape* shape, state::PageArena* arena)
-      : config_(config), shape_(shape), arena_(arena) {}
+  // shape: the backend's state layout (null: V4's, from the config and max_rollback).
+  Memory(const model::ModelConfig& config,
+         const state::StateShape* shape,
+         state::PageArena* arena,
+         int64_t max_rollback)
+      : config_(config), shape_(shape), arena_(arena), max_rollback_(max_rollback) {}
   bool admit(Request& r) override {
     if (states_.count(r.id))
       return true;
     auto st = shape_ ? std::make_unique<state::SequenceState>(*shape_, arena_, r.id)
-                     : std::make_unique<state::SequenceState>(config_, arena_, r.id, 0);
+                     : std::make_unique<state::SequenceState>(config_, arena_, r.id, max_rollback_);
     if (!st->ok())
       return false;  // its pages go back to the arena with it
     state::SequenceState& ref = *st;
@@ -59,15 +63,20 @@ class Engine::Memory : public MemoryHooks {
   const model::ModelConfig& config_;
   const state::StateShape* shape_;
   state::PageArena* arena_;
+  int64_t max_rollback_;  // the most drafts a step verifies
   std::map<RequestId, std::unique_ptr<state::SequenceState>> states_;
 };
 
 namespace {
 // Pages of a sequence of n tokens, from the backend's state shape or V4's config.
-int64_t sequence_pages(const backend::Model& m, int64_t page_bytes, int64_t n) {
+// max_rollback: V4's rollback limit (the most drafts a step verifies); a shape carries its own.
+int64_t sequence_pages(const backend::Model& m,
+                       int64_t page_bytes,
+                       int64_t n,
+                       int64_t max_rollback) {
   if (const state::StateShape* s = m.state_shape())
     return state::SequenceState::pages_for(*s, page_bytes, n);
-  return state::SequenceState::pages_for(m.config(), page_bytes, n, 0);
+  return state::SequenceState::pages_for(m.config(), page_bytes, n, max_rollback);
 }
 }  // namespace
 
@@ -92,6 +101,10 @@ class OwnedPoolFastModel final : public backend::Model {
   }
   Status forward_batch(std::span<backend::ForwardItem> items) override {
     return model_.forward_batch(items);
+  }
+  bool can_draft() const override { return model_.can_draft(); }
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
+    return model_.mtp_draft_batch(items);
   }
   const char* name() const override { return model_.name(); }
   const model::ModelConfig& config() const override { return model_.config(); }
@@ -220,16 +233,59 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   e->config_ = config;
   e->ckpt_ = std::move(ckpt);
   e->model_ = std::move(model);
+  // Speculative decoding: the checkpoint's drafter, where this backend can run it.
+  e->spec_ = config.speculative;
+  if (e->spec_.mode != spec::Mode::kOff) {
+    const char* why = nullptr;
+    if (e->spec_.k < 1 || e->spec_.k > spec::kMaxDrafts)
+      return invalid_argument(
+          str_format("--speculative: %d drafts (1..%d)", e->spec_.k, spec::kMaxDrafts));
+    if (e->model_->state_shape() != nullptr)
+      why = "DeepSeek V4.1's DSpark drafter is not wired to the engine yet";
+    else if (mc.mtp_layers.empty() || !e->ckpt_ || !e->ckpt_->has_mtp())
+      why = "the checkpoint has no MTP weights";
+    else if (e->model_->lockstep())
+      why = "expert parallelism over several processes does not speculate yet";
+    else if (!e->model_->can_draft())
+      why = "this backend cannot draft yet";
+    if (why != nullptr) {
+      if (!e->spec_.defaulted) {
+        return invalid_argument(
+            str_format("--speculative %s: %s", spec::to_string(e->spec_).c_str(), why));
+      }
+      e->spec_ = spec::Config();
+    } else {
+      e->drafter_ = spec::make_drafter(e->model_.get(), e->spec_.k);
+      DSI_CHECK(e->drafter_ != nullptr, "no drafter");
+      e->predictor_ = std::make_unique<spec::AcceptancePredictor>(e->spec_.k);
+    }
+  }
+  const int64_t max_rollback = e->spec_.max_drafts();
+  e->stats_.speculative = e->spec_;
+  e->stats_.spec.resize(max_rollback);
   e->arena_ = state::PageArena::with_budget(
       config.state_budget_bytes, page_bytes, e->model_->state_storage());
-  const int64_t one = sequence_pages(*e->model_, page_bytes, 1);
+  const int64_t one = sequence_pages(*e->model_, page_bytes, 1, max_rollback);
   if (e->arena_->num_pages() < one) {
     return invalid_argument(
         str_format("state memory budget %s is smaller than one sequence's fixed state (%s)",
                    human_bytes(static_cast<uint64_t>(config.state_budget_bytes)).c_str(),
                    human_bytes(static_cast<uint64_t>(one * page_bytes)).c_str()));
   }
-  e->memory_ = std::make_unique<Memory>(mc, shape, e->arena_.get());
+  if (e->spec_.mode == spec::Mode::kAuto) {
+    if (config.step_times) {
+      if (!config.step_times->valid() || config.step_times->max_k() != e->spec_.k)
+        return invalid_argument("step-time model does not match --speculative auto's drafts");
+      e->step_times_ = *config.step_times;
+    } else {
+      auto t = spec::measure_step_times(
+          *e->model_, *e->drafter_, *e->arena_, std::min<int64_t>(sc.max_running, 256), e->spec_.k);
+      if (!t.ok())
+        return t.status();
+      e->step_times_ = std::move(t).value();
+    }
+  }
+  e->memory_ = std::make_unique<Memory>(mc, shape, e->arena_.get(), max_rollback);
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->memory_.get());
   e->max_model_len_ = config.max_model_len > 0
                           ? std::min(config.max_model_len, mc.max_position_embeddings)
@@ -248,16 +304,17 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
     if (!e->model_->lockstep()) {
       e->store_ = pc.store;
       // Everything that changes the stored state's numbers or layout is in the salt.
-      const std::string salt =
-          str_format("%s|model=%lld/%lld/%lld/%lld|numerics=%d|device=%d|cpu=%s|image=1|rollback=0",
-                     pc.salt.c_str(),
-                     static_cast<long long>(mc.num_hidden_layers),
-                     static_cast<long long>(mc.hidden_size),
-                     static_cast<long long>(mc.vocab_size),
-                     static_cast<long long>(mc.sliding_window),
-                     static_cast<int>(config.numerics),
-                     static_cast<int>(config.device),
-                     cpu_kernels_name(config.cpu_kernels));
+      const std::string salt = str_format(
+          "%s|model=%lld/%lld/%lld/%lld|numerics=%d|device=%d|cpu=%s|image=1|rollback=%lld",
+          pc.salt.c_str(),
+          static_cast<long long>(mc.num_hidden_layers),
+          static_cast<long long>(mc.hidden_size),
+          static_cast<long long>(mc.vocab_size),
+          static_cast<long long>(mc.sliding_window),
+          static_cast<int>(config.numerics),
+          static_cast<int>(config.device),
+          cpu_kernels_name(config.cpu_kernels),
+          static_cast<long long>(max_rollback));  // ring capacity = window + it
       e->prefix_keys_ = std::make_unique<PrefixKeys>(salt, pc.block);
       Engine* self = e.get();
       e->memory_->on_admit = [self](Request& r, state::SequenceState& st) {
@@ -308,7 +365,7 @@ Result<RequestId> Engine::submit(RequestSpec spec, TokenCallback on_token) {
         static_cast<long long>(spec.max_tokens),
         static_cast<long long>(max_model_len_)));
   }
-  const int64_t pages = sequence_pages(*model_, arena_->page_bytes(), total);
+  const int64_t pages = sequence_pages(*model_, arena_->page_bytes(), total, spec_.max_drafts());
   if (pages > arena_->num_pages()) {
     return invalid_argument(str_format(
         "prompt (%zu tokens) + max_tokens (%lld) needs %s of sequence state; the state memory "
@@ -432,6 +489,11 @@ void Engine::run_chunks() {
     chunk_tokens_.resize(n);
   if (outs_.size() < n)
     outs_.resize(n);
+  if (drafts_.size() < n)
+    drafts_.resize(n);
+  chunk_k_.assign(n, 0);
+  if (drafter_ && !plan_drafts())
+    return;
   items_.clear();
   item_chunk_.clear();
   for (size_t i = 0; i < n; ++i) {
@@ -445,15 +507,24 @@ void Engine::run_chunks() {
               static_cast<long long>(r.id),
               static_cast<long long>(st.num_tokens()),
               static_cast<long long>(c.first_pos));
+    if (c.first_pos == 0) {  // (re)computation from the start: speculation starts over
+      r.spec_disabled = false;
+      r.spec_idle_steps = 0;
+    }
+    const int32_t k = chunk_k_[i];
     std::vector<int32_t>& tokens = chunk_tokens_[i];
-    tokens.resize(static_cast<size_t>(c.num_tokens));
+    tokens.resize(static_cast<size_t>(c.num_tokens + k));
     for (int64_t t = 0; t < c.num_tokens; ++t) tokens[t] = r.token_at(c.first_pos + t);
+    // A verification: the pending token followed by its drafts, with every position's logits.
+    for (int32_t d = 0; d < k; ++d) tokens[c.num_tokens + d] = drafts_[i].tokens[d];
     backend::ForwardItem item;
     item.state = &st;
     item.tokens = tokens;
     item.options.want_logits = c.samples;
-    item.options.last_logits_only = true;
+    item.options.last_logits_only = k == 0;
     item.options.prefill_end = r.num_tokens();
+    if (drafter_ && !r.spec_disabled)
+      drafter_->prepare(item.options);
     item.out = &outs_[i];
     items_.push_back(item);
     item_chunk_.push_back(i);
@@ -466,7 +537,164 @@ void Engine::run_chunks() {
     return;
   }
   for (size_t k = 0; k < items_.size(); ++k) {
-    finish_chunk(plan_.chunks[item_chunk_[k]], items_[k].status, outs_[item_chunk_[k]]);
+    const size_t i = item_chunk_[k];
+    if (drafter_ && items_[k].status.ok() && plan_.chunks[i].samples &&
+        !plan_.chunks[i].request->output.empty()) {
+      finish_verify(i, outs_[i]);
+    } else {
+      finish_chunk(plan_.chunks[i], items_[k].status, outs_[i]);
+    }
+  }
+}
+
+bool Engine::plan_drafts() {
+  // Decode chunks of requests that speculate: the pending token is the last output token.
+  const size_t n = plan_.chunks.size();
+  draft_reqs_.clear();
+  draft_chunk_.clear();
+  accept_.clear();
+  std::vector<int32_t> caps;
+  for (size_t i = 0; i < n; ++i) {
+    const ScheduledChunk& c = plan_.chunks[i];
+    Request& r = *c.request;
+    if (r.done() || !c.samples || c.num_tokens != 1 || r.output.empty() || r.spec_disabled)
+      continue;
+    // Drafts beyond max_tokens or the context limit could never be emitted.
+    const int64_t left = std::min(r.spec.max_tokens - static_cast<int64_t>(r.output.size()),
+                                  max_model_len_ - r.num_tokens()) -
+                         1;
+    const int32_t cap = static_cast<int32_t>(std::min<int64_t>(spec_.k, left));
+    draft_chunk_.push_back(i);
+    caps.push_back(std::max(cap, 0));
+  }
+  if (draft_chunk_.empty())
+    return true;
+  const bool automatic = spec_.mode == spec::Mode::kAuto;
+  const int64_t b = static_cast<int64_t>(draft_chunk_.size());
+  // How many to draft: all allowed (fixed, or a block drafter that proposes them in one pass),
+  // or, for a sequential drafter under auto, what the acceptance observed so far makes worth it.
+  std::vector<int32_t> want(caps);
+  if (automatic && drafter_->sequential()) {
+    accept_.resize(draft_chunk_.size());
+    for (size_t j = 0; j < draft_chunk_.size(); ++j) {
+      accept_[j].resize(static_cast<size_t>(caps[j]));
+      for (int32_t d = 0; d < caps[j]; ++d) accept_[j][d] = predictor_->position_rate(d);
+    }
+    const spec::Choice ch = spec::choose_verify_lengths(step_times_, accept_, true);
+    // Never slower than no speculation: a request whose drafts do not pay even against a plain
+    // decode (which skips the drafter's own work) for a while stops drafting.
+    const bool pays = ch.rate() * step_times_.off(b) >= static_cast<double>(b);
+    for (size_t j = 0; j < draft_chunk_.size(); ++j) {
+      want[j] = ch.k[j];
+      Request& r = *plan_.chunks[draft_chunk_[j]].request;
+      if (want[j] > 0 && pays) {
+        r.spec_idle_steps = 0;
+      } else if (++r.spec_idle_steps >= 16) {
+        r.spec_disabled = true;
+      }
+    }
+  }
+  for (size_t j = 0; j < draft_chunk_.size(); ++j) {
+    const size_t i = draft_chunk_[j];
+    Request& r = *plan_.chunks[i].request;
+    if (want[j] < 1 || r.spec_disabled)
+      continue;
+    spec::DraftRequest q;
+    q.state = &memory_->state(r.id);
+    q.next_token = r.output.back();
+    q.max_drafts = want[j];
+    q.out = &drafts_[i];
+    draft_reqs_.push_back(q);
+  }
+  if (!draft_reqs_.empty()) {
+    const Status s = drafter_->draft(draft_reqs_);
+    if (!s.ok()) {
+      fail_all(model_->health().ok() ? s : model_->health());
+      return false;
+    }
+  }
+  // How many of the drafts to verify: all (fixed), or under auto what their confidences make
+  // worth it now that drafting is paid for.
+  size_t q = 0;
+  for (size_t j = 0; j < draft_chunk_.size(); ++j) {
+    const size_t i = draft_chunk_[j];
+    int32_t k = 0;
+    if (q < draft_reqs_.size() && draft_reqs_[q].out == &drafts_[i]) {
+      const spec::DraftRequest& dr = draft_reqs_[q++];
+      if (dr.status.ok())
+        k = static_cast<int32_t>(drafts_[i].tokens.size());
+      stats_.spec.drafted += k;
+    }
+    chunk_k_[i] = k;
+  }
+  if (automatic) {
+    accept_.assign(draft_chunk_.size(), {});
+    for (size_t j = 0; j < draft_chunk_.size(); ++j) {
+      const size_t i = draft_chunk_[j];
+      for (int32_t d = 0; d < chunk_k_[i]; ++d)
+        accept_[j].push_back(predictor_->calibrated(d, drafts_[i].confidence[d]));
+    }
+    const spec::Choice ch = spec::choose_verify_lengths(step_times_, accept_, false);
+    for (size_t j = 0; j < draft_chunk_.size(); ++j) chunk_k_[draft_chunk_[j]] = ch.k[j];
+  }
+  // Room in the state for the drafts (the scheduler reserved the pending token's); without it
+  // the request verifies fewer.
+  for (size_t j = 0; j < draft_chunk_.size(); ++j) {
+    const size_t i = draft_chunk_[j];
+    Request& r = *plan_.chunks[i].request;
+    state::SequenceState& st = memory_->state(r.id);
+    while (chunk_k_[i] > 0 && !st.reserve(1 + chunk_k_[i])) --chunk_k_[i];
+    ++stats_.spec.verify_len[static_cast<size_t>(chunk_k_[i])];
+  }
+  return true;
+}
+
+void Engine::finish_verify(size_t i, backend::ForwardOutputs& out) {
+  const ScheduledChunk& c = plan_.chunks[i];
+  Request& r = *c.request;
+  const int32_t k = chunk_k_[i];
+  const spec::Draft& d = drafts_[i];
+  const int64_t vocab = ckpt_->config().vocab_size;
+  DSI_CHECK(static_cast<int64_t>(out.logits.size()) == (k + 1) * vocab,
+            "verification of %d drafts got %zu logits",
+            k,
+            out.logits.size());
+  r.num_computed += 1 + k;
+  // Each position's token is sampled from the target's logits exactly as without speculation
+  // (same penalties, mask, seed and absolute-position counter); a draft is accepted when it is
+  // that token. This is the rejection rule for a draft that proposes one token with certainty
+  // (accept with probability p(d); on rejection sample from p with d removed), so every emitted
+  // token has the target's distribution, and the output is the same token for token as without
+  // speculation, whatever the number of drafts verified.
+  int32_t accepted = 0;
+  int32_t emitted = 0;
+  for (int32_t p = 0; p <= k; ++p) {
+    const std::span<float> logits(out.logits.data() + p * vocab, static_cast<size_t>(vocab));
+    const sampling::SampleResult sr = sample_for(r, logits);
+    const bool match = p < k && sr.token == d.tokens[p];
+    if (p < k) {
+      predictor_->record(p, d.confidence[p], match);
+      ++stats_.spec.verified[static_cast<size_t>(p)];
+      stats_.spec.accepted[static_cast<size_t>(p)] += match ? 1 : 0;
+    }
+    accept_token(r, sr);
+    ++emitted;
+    if (r.done() || !match)
+      break;
+    ++accepted;
+  }
+  if (k > 0) {
+    ++stats_.spec.spec_steps;
+    stats_.spec.spec_tokens += emitted;
+  }
+  if (r.done())
+    return;  // its state is gone with it
+  // The state holds the pending token and every draft; keep the accepted ones.
+  const int64_t reject = k - accepted;
+  if (reject > 0) {
+    const Status s = memory_->state(r.id).rollback(reject);
+    DSI_CHECK(s.ok(), "rollback: %s", s.message().c_str());
+    r.num_computed -= reject;
   }
 }
 

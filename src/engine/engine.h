@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,10 @@
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "model/checkpoint.h"
+#include "spec/config.h"
+#include "spec/drafter.h"
+#include "spec/stats.h"
+#include "spec/verify_length.h"
 #include "state/page_arena.h"
 #include "state/sequence_state.h"
 
@@ -52,6 +57,11 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   // Prefix cache over a KV store (off without a store; off under expert parallelism).
   PrefixCacheConfig prefix_cache;
+  // Speculative decoding with the checkpoint's drafter (V4: the MTP block). Off in a C++
+  // EngineConfig; the command line defaults to auto where the checkpoint has a drafter.
+  spec::Config speculative;
+  // auto: the step-time model; when unset, measured on the backend when the engine is created.
+  std::optional<spec::StepTimes> step_times;
 };
 
 // The backend for config.device (CPU reference or CUDA); errors say why a device is unusable.
@@ -77,6 +87,8 @@ struct EngineStats {
   int64_t cache_restore_failures = 0;  // a unit found at submit() but not usable at admission
   int64_t cache_units_stored = 0;
   int64_t cache_store_failures = 0;
+  spec::Config speculative;  // in effect (off when the checkpoint or backend has no drafter)
+  spec::Stats spec;
 };
 
 class Engine {
@@ -124,6 +136,9 @@ class Engine {
   const backend::Model& model() const { return *model_; }
   // The prefix cache's store (null when off).
   kvstore::KvStore* kv_store() const { return store_.get(); }
+  // Speculative decoding in effect, and auto's step-time model (empty unless auto).
+  const spec::Config& speculative() const { return spec_; }
+  const spec::StepTimes& step_times() const { return step_times_; }
   // Runs every integrity checker (scheduler, arena, sequence states); aborts on violation.
   void check_integrity() const;
   double now_s() const;
@@ -133,6 +148,12 @@ class Engine {
   Engine();
   void run_chunks();
   void finish_chunk(const ScheduledChunk& c, const Status& s, backend::ForwardOutputs& out);
+  // Speculative decoding: chooses each decode chunk's number of drafts and drafts them
+  // (chunk_k_, drafts_); false after a device failure.
+  bool plan_drafts();
+  // Verifies chunk i's drafts against the target's logits (out), emits the accepted tokens and
+  // the target's own next token, and rolls the state back past the first rejected draft.
+  void finish_verify(size_t i, backend::ForwardOutputs& out);
   void fail_all(const Status& why);
   void finish(Request& r, FinishReason why);
   // Stores a sampled token, applies the stop conditions and calls the token callback.
@@ -178,6 +199,16 @@ class Engine {
   std::shared_ptr<kvstore::KvStore> store_;  // null: no prefix cache
   std::unique_ptr<PrefixKeys> prefix_keys_;
   double t0_ = 0;
+  // Speculative decoding.
+  spec::Config spec_;
+  std::unique_ptr<spec::Drafter> drafter_;
+  spec::StepTimes step_times_;
+  std::unique_ptr<spec::AcceptancePredictor> predictor_;
+  std::vector<int32_t> chunk_k_;     // drafts verified by each chunk of the plan
+  std::vector<spec::Draft> drafts_;  // each chunk's drafts
+  std::vector<spec::DraftRequest> draft_reqs_;
+  std::vector<size_t> draft_chunk_;  // chunk of each draft request / accept_ row
+  std::vector<std::vector<double>> accept_;
 };
 
 }  // namespace dsinfer::engine

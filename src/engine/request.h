@@ -106,6 +106,11 @@ struct Request {
   kvstore::Key128 cache_key;
   int64_t cache_len = 0;
   int64_t snapshot_at = -1;
+  // Speculative decoding (auto): decode steps in a row for which drafting did not pay, and
+  // whether this request stopped drafting (its forwards then skip the drafter's work; a
+  // preemption's recomputation starts over).
+  int32_t spec_idle_steps = 0;
+  bool spec_disabled = false;
 
   // Tokens the model must see: prompt followed by generated output.
   int64_t num_tokens() const { return static_cast<int64_t>(spec.prompt.size() + output.size()); }

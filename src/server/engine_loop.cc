@@ -395,6 +395,13 @@ void EngineLoop::publish() {
     g.cache_units_stored = st.cache_units_stored;
     g.kv = kv->stats();
   }
+  if (st.speculative.mode != spec::Mode::kOff) {
+    g.spec_verified = st.spec.verified;
+    g.spec_accepted = st.spec.accepted;
+    g.spec_verify_len = st.spec.verify_len;
+    g.spec_steps = st.spec.spec_steps;
+    g.spec_tokens = st.spec.spec_tokens;
+  }
   metrics_->set_gauges(g);
 }
 

@@ -328,6 +328,53 @@ std::string Metrics::render() const {
   sample(&out, "dsinfer_engine_preemptions_total", gauges_.preemptions);
   if (gauges_.prefix_cache)
     render_prefix_cache(gauges_, &out);
+  if (!gauges_.spec_verified.empty()) {
+    auto labelled = [&out](const char* name, const char* label, size_t i, int64_t v) {
+      out += std::string(name) + "{" + label + "=\"" + std::to_string(i) + "\"} " +
+             std::to_string(v) + "\n";
+    };
+    header(&out,
+           "dsinfer_spec_drafts_verified_total",
+           "counter",
+           "Speculative decoding: drafts verified, by draft position (1 = first draft).");
+    for (size_t i = 0; i < gauges_.spec_verified.size(); ++i)
+      labelled("dsinfer_spec_drafts_verified_total", "position", i + 1, gauges_.spec_verified[i]);
+    header(&out,
+           "dsinfer_spec_drafts_accepted_total",
+           "counter",
+           "Speculative decoding: drafts accepted, by draft position (1 = first draft).");
+    for (size_t i = 0; i < gauges_.spec_accepted.size(); ++i)
+      labelled("dsinfer_spec_drafts_accepted_total", "position", i + 1, gauges_.spec_accepted[i]);
+    header(&out,
+           "dsinfer_spec_acceptance_rate",
+           "gauge",
+           "Speculative decoding: accepted / verified drafts, by draft position.");
+    for (size_t i = 0; i < gauges_.spec_verified.size(); ++i) {
+      const double r = gauges_.spec_verified[i] > 0
+                           ? static_cast<double>(gauges_.spec_accepted[i]) /
+                                 static_cast<double>(gauges_.spec_verified[i])
+                           : 0.0;
+      out += "dsinfer_spec_acceptance_rate{position=\"" + std::to_string(i + 1) + "\"} " +
+             fmt_double(r) + "\n";
+    }
+    header(&out,
+           "dsinfer_spec_verify_length_total",
+           "counter",
+           "Speculative decoding: decode steps of requests, by the number of drafts verified.");
+    for (size_t k = 0; k < gauges_.spec_verify_len.size(); ++k)
+      labelled("dsinfer_spec_verify_length_total", "drafts", k, gauges_.spec_verify_len[k]);
+    header(&out,
+           "dsinfer_spec_verify_steps_total",
+           "counter",
+           "Speculative decoding: decode steps of requests that verified at least one draft.");
+    sample(&out, "dsinfer_spec_verify_steps_total", gauges_.spec_steps);
+    header(&out,
+           "dsinfer_spec_emitted_tokens_total",
+           "counter",
+           "Speculative decoding: tokens those steps emitted (accepted drafts + the model's own "
+           "token); divided by dsinfer_spec_verify_steps_total, the mean accepted length.");
+    sample(&out, "dsinfer_spec_emitted_tokens_total", gauges_.spec_tokens);
+  }
   return out;
 }
 

@@ -47,6 +47,14 @@ struct EngineGauges {
   int64_t cache_restore_failures = 0;
   int64_t cache_units_stored = 0;
   kvstore::StoreStats kv;
+  // Speculative decoding (empty when off): drafts verified and accepted per draft position
+  // (index 0 = the first draft), decode request-steps by the number of drafts verified (index k),
+  // and the request-steps that verified drafts with the tokens they emitted.
+  std::vector<int64_t> spec_verified;
+  std::vector<int64_t> spec_accepted;
+  std::vector<int64_t> spec_verify_len;
+  int64_t spec_steps = 0;
+  int64_t spec_tokens = 0;
 };
 
 class Metrics {

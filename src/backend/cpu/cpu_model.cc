@@ -90,9 +90,8 @@ Status CpuModel::forward(state::SequenceState& st,
                      static_cast<long long>(c.vocab_size)));
     }
   }
-  if (options.run_mtp && weights_.mtp.empty()) {
-    return failed_precondition("MTP requested but the checkpoint has no MTP weights");
-  }
+  if (options.run_mtp)
+    DSI_RETURN_IF_ERROR(check_mtp(st));
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t first_pos = st.num_tokens();
   const int64_t hidden = c.hidden_size;
@@ -132,52 +131,11 @@ Status CpuModel::forward(state::SequenceState& st,
          out->logits.data());
   }
 
-  // MTP for positions whose next token is now known: first_pos-1 (streams kept from the last
-  // call) and first_pos .. first_pos+n-2 (this chunk).
+  // MTP for positions whose next token is now known, then the final streams MTP needs later.
   if (!weights_.mtp.empty()) {
-    const int64_t width = hc * hidden;
-    if (options.run_mtp) {
-      const int64_t mtp_first = st.mtp_num_tokens();
-      const int64_t mtp_end = first_pos + n - 1;  // exclusive
-      if (mtp_first < first_pos - 1 ||
-          (mtp_first == first_pos - 1 && !st.final_streams(mtp_first))) {
-        return failed_precondition(str_format(
-            "MTP state is behind (at %lld, sequence at %lld); run every forward with MTP on",
-            static_cast<long long>(mtp_first),
-            static_cast<long long>(first_pos)));
-      }
-      const int64_t m = mtp_end - mtp_first;
-      if (m > 0) {
-        std::vector<float> streams(static_cast<size_t>(m * width));
-        for (int64_t i = 0; i < m; ++i) {
-          const int64_t pos = mtp_first + i;
-          const float* src =
-              pos < first_pos ? st.final_streams(pos) : x.data() + (pos - first_pos) * width;
-          std::copy(src, src + width, streams.data() + i * width);
-        }
-        std::span<const int32_t> next =
-            tokens.subspan(static_cast<size_t>(mtp_first + 1 - first_pos));
-        if (out) {
-          out->mtp_logits.resize(static_cast<size_t>(m * c.vocab_size));
-          out->mtp_first_pos = mtp_first;
-          out->mtp_count = m;
-        }
-        std::vector<float> scratch;
-        float* dst =
-            out ? out->mtp_logits.data() : (scratch.resize(m * c.vocab_size), scratch.data());
-        mtp(weights_.mtp[0],
-            c.mtp_layers[0],
-            st.mtp_layers()[0],
-            streams.data(),
-            next,
-            mtp_first,
-            dst);
-        st.set_mtp_num_tokens(mtp_end);
-      }
-    }
-    const int64_t keep = std::min<int64_t>(n, st.max_rollback() + 1);
-    for (int64_t t = n - keep; t < n; ++t)
-      st.store_final_streams(first_pos + t, x.data() + t * width);
+    if (options.run_mtp)
+      DSI_RETURN_IF_ERROR(mtp_chunk(st, x.data(), tokens, options.want_mtp_logits, out));
+    store_final_streams(st, x.data(), n);
   }
   st.advance(n);
   return Status();
@@ -353,7 +311,8 @@ void CpuModel::mtp(const model::MtpWeights& w,
                    const float* streams,
                    std::span<const int32_t> next_tokens,
                    int64_t first_pos,
-                   float* logits) const {
+                   float* logits,
+                   float* streams_out) const {
   const auto& c = config_;
   const int64_t n = static_cast<int64_t>(next_tokens.size());
   const int64_t hidden = c.hidden_size;
@@ -375,7 +334,154 @@ void CpuModel::mtp(const model::MtpWeights& w,
     }
   }
   decoder_layer(w.layer, plan, ls, next_tokens, first_pos, x);
-  head(w.hc_head, w.norm, x.data(), n, logits);
+  if (logits)
+    head(w.hc_head, w.norm, x.data(), n, logits);
+  if (streams_out)
+    std::copy(x.begin(), x.end(), streams_out);
+}
+
+Status CpuModel::check_mtp(const state::SequenceState& st) const {
+  if (weights_.mtp.empty())
+    return failed_precondition("MTP requested but the checkpoint has no MTP weights");
+  // The MTP block is at most one position behind the sequence (the position whose next token
+  // the coming chunk brings), and that position's final streams are kept.
+  const int64_t first_pos = st.num_tokens();
+  const int64_t mtp_first = st.mtp_num_tokens();
+  if (mtp_first < first_pos - 1 || (mtp_first == first_pos - 1 && !st.final_streams(mtp_first))) {
+    return failed_precondition(
+        str_format("MTP state is behind (at %lld, sequence at %lld); run every forward with MTP on",
+                   static_cast<long long>(mtp_first),
+                   static_cast<long long>(first_pos)));
+  }
+  return Status();
+}
+
+Status CpuModel::mtp_chunk(state::SequenceState& st,
+                           const float* x,
+                           std::span<const int32_t> tokens,
+                           bool want_logits,
+                           ForwardOutputs* out) const {
+  const auto& c = config_;
+  DSI_RETURN_IF_ERROR(check_mtp(st));
+  const int64_t width = c.hc_mult * c.hidden_size;
+  const int64_t first_pos = st.num_tokens();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  // Positions whose next token is now known: from the MTP block's position (streams kept from
+  // earlier calls) up to first_pos + n - 2 (this chunk).
+  const int64_t mtp_first = st.mtp_num_tokens();
+  const int64_t mtp_end = first_pos + n - 1;  // exclusive
+  const int64_t m = mtp_end - mtp_first;
+  if (m <= 0)
+    return Status();
+  std::vector<float> streams(static_cast<size_t>(m * width));
+  std::vector<int32_t> next(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t pos = mtp_first + i;
+    const float* src = pos < first_pos ? st.final_streams(pos) : x + (pos - first_pos) * width;
+    std::copy(src, src + width, streams.data() + i * width);
+    next[static_cast<size_t>(i)] = tokens[static_cast<size_t>(pos + 1 - first_pos)];
+  }
+  float* dst = nullptr;
+  if (out && want_logits) {
+    out->mtp_logits.resize(static_cast<size_t>(m * c.vocab_size));
+    out->mtp_first_pos = mtp_first;
+    out->mtp_count = m;
+    dst = out->mtp_logits.data();
+  }
+  mtp(weights_.mtp[0], c.mtp_layers[0], st.mtp_layers()[0], streams.data(), next, mtp_first, dst);
+  st.set_mtp_num_tokens(mtp_end);
+  return Status();
+}
+
+void CpuModel::store_final_streams(state::SequenceState& st, const float* x, int64_t n) const {
+  const int64_t width = config_.hc_mult * config_.hidden_size;
+  const int64_t first_pos = st.num_tokens();
+  const int64_t keep = std::min<int64_t>(n, st.max_rollback() + 1);
+  for (int64_t t = n - keep; t < n; ++t) st.store_final_streams(first_pos + t, x + t * width);
+}
+
+}  // namespace dsinfer::cpu
+
+namespace dsinfer::cpu {
+
+int32_t top1(const float* logits, int64_t vocab, float* prob) {
+  const float* best = std::max_element(logits, logits + vocab);
+  double z = 0;
+  for (int64_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i]) - *best);
+  *prob = static_cast<float>(1.0 / z);
+  return static_cast<int32_t>(best - logits);
+}
+
+Status CpuModel::check_draft(const state::SequenceState& st,
+                             int32_t next_token,
+                             int32_t steps) const {
+  const auto& c = config_;
+  if (weights_.mtp.empty())
+    return failed_precondition("MTP drafting needs MTP weights; the checkpoint has none");
+  if (next_token < 0 || next_token >= c.vocab_size) {
+    return invalid_argument(str_format("draft: token id %d is outside the vocabulary [0, %lld)",
+                                       next_token,
+                                       static_cast<long long>(c.vocab_size)));
+  }
+  const int64_t pos0 = st.num_tokens() - 1;  // the last position in the state
+  // Drafts past the first write the MTP block's window ring at positions the verification may
+  // reject; a sliding ring of sliding_window + max_rollback slots keeps every position the next
+  // accepted one still attends to. A compressing MTP layer would need its rows rolled back too.
+  if (steps < 1 || steps > st.max_rollback() ||
+      c.mtp_layers[0].attention != model::AttentionType::kSliding) {
+    return invalid_argument(str_format(
+        "draft: %d steps with a rollback limit of %lld (needs 1..limit and a sliding MTP layer)",
+        steps,
+        static_cast<long long>(st.max_rollback())));
+  }
+  if (pos0 < 0 || st.mtp_num_tokens() != pos0 || !st.final_streams(pos0)) {
+    return failed_precondition(
+        str_format("draft: MTP state at %lld, sequence at %lld (MTP must be one position behind; "
+                   "run every forward with MTP on)",
+                   static_cast<long long>(st.mtp_num_tokens()),
+                   static_cast<long long>(st.num_tokens())));
+  }
+  return Status();
+}
+
+Status CpuModel::mtp_draft(state::SequenceState& st,
+                           int32_t next_token,
+                           int32_t steps,
+                           int32_t* tokens,
+                           float* probs) const {
+  const auto& c = config_;
+  DSI_RETURN_IF_ERROR(check_draft(st, next_token, steps));
+  const int64_t pos0 = st.num_tokens() - 1;
+  const model::LayerPlan& plan = c.mtp_layers[0];
+  const int64_t width = c.hc_mult * c.hidden_size;
+  std::vector<float> streams(st.final_streams(pos0), st.final_streams(pos0) + width);
+  std::vector<float> next_streams(static_cast<size_t>(width));
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  int32_t tok = next_token;
+  for (int32_t s = 0; s < steps; ++s) {
+    // Step 0 is the MTP block's real position pos0 (the main model's streams, the sampled
+    // token); later steps feed the block's own output streams back with the previous draft.
+    mtp(weights_.mtp[0],
+        plan,
+        st.mtp_layers()[0],
+        streams.data(),
+        std::span<const int32_t>(&tok, 1),
+        pos0 + s,
+        logits.data(),
+        next_streams.data());
+    tok = top1(logits.data(), c.vocab_size, &probs[s]);
+    tokens[s] = tok;
+    streams.swap(next_streams);
+  }
+  st.set_mtp_num_tokens(pos0 + 1);
+  return Status();
+}
+
+Status CpuModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
+  for (backend::DraftItem& it : items) {
+    it.status = mtp_draft(*it.state, it.next_token, it.num_steps, it.tokens, it.probs);
+  }
+  return Status();
 }
 
 }  // namespace dsinfer::cpu

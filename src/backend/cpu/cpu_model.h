@@ -19,6 +19,9 @@ namespace dsinfer::cpu {
 using ForwardOutputs = backend::ForwardOutputs;
 using ForwardOptions = backend::ForwardOptions;
 
+// The argmax of logits[0, vocab) and its softmax probability (a draft and its confidence).
+int32_t top1(const float* logits, int64_t vocab, float* prob);
+
 class CpuModel final : public backend::Model {
  public:
   CpuModel(const model::ModelConfig& config,
@@ -37,6 +40,27 @@ class CpuModel final : public backend::Model {
                  ForwardOutputs* out) override {
     return static_cast<const CpuModel*>(this)->forward(st, tokens, options, out);
   }
+
+  // MTP drafting (backend::Model::mtp_draft_batch): `steps` top-1 drafts after next_token.
+  Status mtp_draft(state::SequenceState& st,
+                   int32_t next_token,
+                   int32_t steps,
+                   int32_t* tokens,
+                   float* probs) const;
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override;
+  // mtp_draft's preconditions (OK: it may run).
+  Status check_draft(const state::SequenceState& st, int32_t next_token, int32_t steps) const;
+  bool can_draft() const override { return !weights_.mtp.empty(); }
+  // The MTP part of a forward (ForwardOptions::run_mtp) over a chunk whose main-model final
+  // streams are `x` ([tokens.size(), hc * hidden]), called before the state advances; and the
+  // final streams the MTP block needs later. Public for the fast CPU backend.
+  Status check_mtp(const state::SequenceState& st) const;
+  Status mtp_chunk(state::SequenceState& st,
+                   const float* x,
+                   std::span<const int32_t> tokens,
+                   bool want_logits,
+                   ForwardOutputs* out) const;
+  void store_final_streams(state::SequenceState& st, const float* x, int64_t n) const;
 
   const char* name() const override { return "cpu"; }
   const model::ModelConfig& config() const override { return config_; }
@@ -90,7 +114,8 @@ class CpuModel final : public backend::Model {
            const float* streams,
            std::span<const int32_t> next_tokens,
            int64_t first_pos,
-           float* logits) const;
+           float* logits,                        // [n, vocab] draft logits, or null
+           float* streams_out = nullptr) const;  // [n, hc * hidden] the block's output streams
   bool quantize_acts() const { return numerics_ == model::Numerics::kDeepSeek; }
   const std::vector<float>& inv_freq(model::RopeTable t) const {
     return t == model::RopeTable::kMain ? inv_freq_main_ : inv_freq_compress_;

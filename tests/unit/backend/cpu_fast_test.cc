@@ -590,5 +590,62 @@ TEST(FastModel, FixturesWithinBudget) {
   }
 }
 
+// The MTP block on the fast path (forward with run_mtp in chunks, and recurrent drafting for
+// speculative decoding) against the reference: draft logits within the same budget, the same
+// drafts and nearly the same draft probabilities.
+TEST(FastModel, MtpAndDraftsMatchTheReference) {
+  for (const std::string& dir :
+       {std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official", bundled_model()}) {
+    auto ckpt = model::Checkpoint::open(dir);
+    ASSERT_TRUE(ckpt.ok()) << dir << ": " << ckpt.status().to_string();
+    const model::ModelConfig& cfg = (*ckpt)->config();
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 30; ++i) ids.push_back((i * 37 + 11) % static_cast<int>(cfg.vocab_size));
+    for (model::Numerics num : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
+      for (int64_t chunk : {int64_t{0}, int64_t{7}}) {
+        cpu::CpuModel ref(cfg, (*ckpt)->weights(), num);
+        cpu::fast::ThreadPool pool(2);
+        cpu::fast::FastCpuModel fast(cfg, (*ckpt)->weights(), num, &pool);
+        std::vector<float> lr, lf;
+        std::vector<int32_t> dr(4), df(4);
+        std::vector<float> pr(4), pf(4);
+        auto arena = state::PageArena::growable(state::default_page_bytes(cfg));
+        for (backend::Model* m :
+             {static_cast<backend::Model*>(&ref), static_cast<backend::Model*>(&fast)}) {
+          state::SequenceState st(cfg, arena.get(), 0, 4);
+          const bool is_ref = m == &ref;
+          std::vector<float>& dst = is_ref ? lr : lf;
+          const int64_t total = static_cast<int64_t>(ids.size());
+          const int64_t step = chunk == 0 ? total : chunk;
+          backend::ForwardOptions o;
+          o.run_mtp = true;
+          backend::ForwardOutputs out;
+          for (int64_t b = 0; b < total; b += step) {
+            const int64_t n = std::min(step, total - b);
+            Status s = m->forward(st, std::span<const int32_t>(ids.data() + b, n), o, &out);
+            ASSERT_TRUE(s.ok()) << s.to_string();
+            dst.insert(dst.end(), out.mtp_logits.begin(), out.mtp_logits.end());
+          }
+          backend::DraftItem it;
+          it.state = &st;
+          it.next_token = 5;
+          it.num_steps = 4;
+          it.tokens = (is_ref ? dr : df).data();
+          it.probs = (is_ref ? pr : pf).data();
+          ASSERT_TRUE(m->mtp_draft_batch(std::span<backend::DraftItem>(&it, 1)).ok());
+          ASSERT_TRUE(it.status.ok()) << it.status.to_string();
+          EXPECT_EQ(st.mtp_num_tokens(), total);
+        }
+        ASSERT_EQ(lr.size(), static_cast<size_t>((ids.size() - 1) * cfg.vocab_size));
+        const LogitDiff d = logit_diff(lf, lr);
+        EXPECT_LE(d.max_abs, budget(num).max_abs) << dir << " chunk " << chunk;
+        EXPECT_LE(d.mean_abs, budget(num).mean_abs) << dir << " chunk " << chunk;
+        EXPECT_EQ(df, dr) << dir << " chunk " << chunk;
+        for (size_t i = 0; i < pr.size(); ++i) EXPECT_NEAR(pf[i], pr[i], 2e-2) << dir;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsinfer

@@ -131,8 +131,8 @@ void FastCpuModel::compress_seg(const model::CompressorWeights& w,
 
 void FastCpuModel::attention(size_t l, const float* x, float* out) {
   const auto& c = config_;
-  const model::AttentionWeights& w = weights_.layers[l].attn;
-  const model::LayerPlan& plan = c.layers[l];
+  const model::AttentionWeights& w = layer_weights(l).attn;
+  const model::LayerPlan& plan = layer_plan(l);
   const int64_t N = rows_;
   const int64_t heads = c.num_attention_heads;
   const int64_t hd = c.head_dim;
@@ -147,7 +147,7 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
   DSI_CHECK(static_cast<int64_t>(freqs.size()) == half, "rope table of %zu", freqs.size());
   const float* cs = rope_table(plan.rope);
   auto ls_of = [&](int64_t row) -> state::LayerState& {
-    return segs_[static_cast<size_t>(row_seg_[row])].item->state->layers()[l];
+    return layer_state(*segs_[static_cast<size_t>(row_seg_[row])].item->state, l);
   };
 
   // 3.4 (1-3) queries.
@@ -181,7 +181,7 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
     linear(w.compressor.wkv, x, N, ckv_.data(), false);  // compressor projections stay fp32
     linear(w.compressor.wgate, x, N, csc_.data(), false);
     for (const Seg& s : segs_) {
-      state::LayerState& ls = s.item->state->layers()[l];
+      state::LayerState& ls = layer_state(*s.item->state, l);
       compress_seg(w.compressor,
                    ls.comp_rows,
                    plan.compress_ratio,
@@ -206,7 +206,7 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
     linear(w.indexer_compressor.wkv, x, N, ikv_.data(), false);
     linear(w.indexer_compressor.wgate, x, N, isc_.data(), false);
     for (const Seg& s : segs_) {
-      state::LayerState& ls = s.item->state->layers()[l];
+      state::LayerState& ls = layer_state(*s.item->state, l);
       compress_seg(w.indexer_compressor,
                    ls.index_rows,
                    plan.compress_ratio,
@@ -323,7 +323,7 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
     });
   }
   for (const Seg& s : segs_) {
-    state::LayerState& ls = s.item->state->layers()[l];
+    state::LayerState& ls = layer_state(*s.item->state, l);
     for (int64_t t = 0; t < s.n; ++t) {
       const float* src = kv_.data() + (s.row0 + t) * hd;
       std::copy(src, src + hd, ls.ring_slot(s.first_pos + t));

@@ -102,9 +102,10 @@ Status FastCpuModel::forward_batch(std::span<backend::ForwardItem> items) {
   rows_ = 0;
   for (backend::ForwardItem& it : items) {
     it.status = Status();
-    if (it.options.run_mtp) {  // MTP: the reference path for this item
-      it.status = reference_.forward(*it.state, it.tokens, it.options, it.out);
-      continue;
+    if (it.options.run_mtp) {  // checked before the state changes
+      it.status = reference_.check_mtp(*it.state);
+      if (!it.status.ok())
+        continue;
     }
     bool ok = true;
     for (size_t i = 0; i < it.tokens.size() && ok; ++i) {
@@ -183,7 +184,7 @@ Status FastCpuModel::forward_batch(std::span<backend::ForwardItem> items) {
       std::copy(src, src + width, head_in_.data() + i * width);
     }
     logits_.resize(static_cast<size_t>(R * c.vocab_size));
-    head(head_in_.data(), R, logits_.data());
+    head(weights_.hc_head, weights_.norm, head_in_.data(), R, logits_.data());
     int64_t i = 0;
     for (const Seg& s : segs_) {
       backend::ForwardOutputs* out = s.item->out;
@@ -196,23 +197,191 @@ Status FastCpuModel::forward_batch(std::span<backend::ForwardItem> items) {
     }
   }
 
-  // The final streams the MTP block needs later (as the reference keeps them), then advance.
-  for (const Seg& s : segs_) {
-    state::SequenceState& st = *s.item->state;
-    if (!weights_.mtp.empty()) {
-      const int64_t keep = std::min<int64_t>(s.n, st.max_rollback() + 1);
-      for (int64_t t = s.n - keep; t < s.n; ++t) {
-        st.store_final_streams(s.first_pos + t, x_.data() + (s.row0 + t) * width);
+  // The MTP block's inputs for the items that ask for it: every position whose next token is now
+  // known, from the block's own position (streams kept from the last call) to the chunk's
+  // second-to-last (as CpuModel::mtp_chunk).
+  main_segs_ = segs_;
+  std::vector<Seg> mtp_segs;
+  mtp_in_.clear();
+  mtp_tokens_.clear();
+  mtp_pos_.clear();
+  if (!weights_.mtp.empty()) {
+    for (const Seg& s : main_segs_) {
+      if (!s.item->options.run_mtp)
+        continue;
+      const state::SequenceState& st = *s.item->state;
+      const int64_t mtp_first = st.mtp_num_tokens();
+      const int64_t m = s.first_pos + s.n - 1 - mtp_first;
+      if (m <= 0)
+        continue;
+      Seg ms;
+      ms.item = s.item;
+      ms.row0 = static_cast<int64_t>(mtp_tokens_.size());
+      ms.n = m;
+      ms.first_pos = mtp_first;
+      mtp_segs.push_back(ms);
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t pos = mtp_first + i;
+        const float* src = pos < s.first_pos ? st.final_streams(pos)
+                                             : x_.data() + (s.row0 + pos - s.first_pos) * width;
+        mtp_in_.insert(mtp_in_.end(), src, src + width);
+        mtp_tokens_.push_back(s.item->tokens[static_cast<size_t>(pos + 1 - s.first_pos)]);
+        mtp_pos_.push_back(pos);
       }
     }
+  }
+  // The final streams the MTP block needs later (as the reference keeps them), then advance.
+  for (const Seg& s : main_segs_) {
+    state::SequenceState& st = *s.item->state;
+    if (!weights_.mtp.empty())
+      reference_.store_final_streams(st, x_.data() + s.row0 * width, s.n);
     st.advance(s.n);
+  }
+  if (mtp_segs.empty())
+    return Status();
+  // The MTP block over all of them at once.
+  segs_ = mtp_segs;
+  rows_ = static_cast<int64_t>(mtp_tokens_.size());
+  set_rows(mtp_tokens_.data(), mtp_pos_.data());
+  bool want = false;
+  for (const Seg& s : segs_) want = want || (s.item->out && s.item->options.want_mtp_logits);
+  if (want)
+    mtp_logits_.resize(static_cast<size_t>(rows_ * c.vocab_size));
+  mtp_rows(mtp_in_.data(), want ? mtp_logits_.data() : nullptr, nullptr);
+  for (const Seg& s : segs_) {
+    backend::ForwardOutputs* out = s.item->out;
+    if (out && s.item->options.want_mtp_logits) {
+      const float* src = mtp_logits_.data() + s.row0 * c.vocab_size;
+      out->mtp_logits.assign(src, src + s.n * c.vocab_size);
+      out->mtp_first_pos = s.first_pos;
+      out->mtp_count = s.n;
+    }
+    s.item->state->set_mtp_num_tokens(s.first_pos + s.n);
+  }
+  return Status();
+}
+
+void FastCpuModel::set_rows(const int32_t* tokens, const int64_t* positions) {
+  const int64_t N = rows_;
+  row_token_.resize(static_cast<size_t>(N));
+  row_pos_.resize(static_cast<size_t>(N));
+  row_seg_.resize(static_cast<size_t>(N));
+  for (size_t si = 0; si < segs_.size(); ++si) {
+    const Seg& s = segs_[si];
+    for (int64_t t = 0; t < s.n; ++t) row_seg_[s.row0 + t] = static_cast<int32_t>(si);
+  }
+  for (int64_t r = 0; r < N; ++r) {
+    row_token_[r] = tokens[r];
+    row_pos_[r] = positions[r];
+  }
+  rope_ready_[0] = rope_ready_[1] = false;
+}
+
+void FastCpuModel::mtp_rows(const float* streams, float* logits, float* streams_out) {
+  // Spec 3.11 (as CpuModel::mtp): x = e_proj(enorm(embed[next])) + h_proj(hnorm(streams)) per
+  // stream, the block's decoder layer, then its own head path.
+  const auto& c = config_;
+  const model::MtpWeights& w = weights_.mtp[0];
+  const int64_t N = rows_;
+  const int64_t hidden = c.hidden_size;
+  const int64_t hc = c.hc_mult;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  mtp_e_.resize(static_cast<size_t>(N * hidden));
+  for (int64_t t = 0; t < N; ++t)
+    weights_.embed.dequant_row(row_token_[t], mtp_e_.data() + t * hidden);
+  rms_norm(mtp_e_.data(), N, hidden, w.enorm.data(), eps, mtp_e_.data());
+  mtp_ep_.resize(static_cast<size_t>(N * hidden));
+  linear(w.e_proj, mtp_e_.data(), N, mtp_ep_.data(), quantize_acts());
+  mtp_h_.resize(static_cast<size_t>(N * hc * hidden));
+  rms_norm(streams, N * hc, hidden, w.hnorm.data(), eps, mtp_h_.data());
+  mtp_x_.resize(static_cast<size_t>(N * hc * hidden));
+  linear(w.h_proj, mtp_h_.data(), N * hc, mtp_x_.data(), quantize_acts());
+  for (int64_t t = 0; t < N; ++t) {
+    const float* e = mtp_ep_.data() + t * hidden;
+    for (int64_t j = 0; j < hc; ++j) {
+      float* row = mtp_x_.data() + (t * hc + j) * hidden;
+      for (int64_t i = 0; i < hidden; ++i) row[i] += e[i];
+    }
+  }
+  mtp_pass_ = true;
+  layer(0, mtp_x_);
+  mtp_pass_ = false;
+  if (logits)
+    head(w.hc_head, w.norm, mtp_x_.data(), N, logits);
+  if (streams_out)
+    std::copy(mtp_x_.begin(), mtp_x_.begin() + N * hc * hidden, streams_out);
+}
+
+Status FastCpuModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
+  const auto& c = config_;
+  const int64_t width = c.hc_mult * c.hidden_size;
+  // Every item's step s runs as one row of a batched MTP pass; items drop out after their
+  // num_steps.
+  draft_items_.assign(items.size(), backend::ForwardItem());
+  int32_t max_steps = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    backend::DraftItem& it = items[i];
+    it.status = reference_.check_draft(*it.state, it.next_token, it.num_steps);
+    draft_items_[i].state = it.state;
+    if (it.status.ok())
+      max_steps = std::max(max_steps, it.num_steps);
+  }
+  draft_tok_.resize(items.size());
+  for (int32_t step = 0; step < max_steps; ++step) {
+    segs_.clear();
+    draft_active_.clear();
+    mtp_tokens_.clear();
+    mtp_pos_.clear();
+    mtp_in_.resize(items.size() * static_cast<size_t>(width));
+    for (size_t i = 0; i < items.size(); ++i) {
+      backend::DraftItem& it = items[i];
+      if (!it.status.ok() || step >= it.num_steps)
+        continue;
+      const int64_t pos0 = it.state->num_tokens() - 1;
+      Seg s;
+      s.item = &draft_items_[i];
+      s.row0 = static_cast<int64_t>(draft_active_.size());
+      s.n = 1;
+      s.first_pos = pos0 + step;
+      // Step 0: the main model's streams at the last position; later: the block's own output.
+      const float* src = step == 0 ? it.state->final_streams(pos0)
+                                   : draft_prev_.data() + static_cast<int64_t>(i) * width;
+      std::copy(src, src + width, mtp_in_.data() + s.row0 * width);
+      segs_.push_back(s);
+      mtp_tokens_.push_back(step == 0 ? it.next_token : draft_tok_[i]);
+      mtp_pos_.push_back(s.first_pos);
+      draft_active_.push_back(i);
+    }
+    rows_ = static_cast<int64_t>(draft_active_.size());
+    set_rows(mtp_tokens_.data(), mtp_pos_.data());
+    mtp_logits_.resize(static_cast<size_t>(rows_ * c.vocab_size));
+    draft_streams_.resize(static_cast<size_t>(rows_ * width));
+    mtp_rows(mtp_in_.data(), mtp_logits_.data(), draft_streams_.data());
+    // Keep each item's output streams at its own index for the next step.
+    if (step_streams_.size() < items.size() * static_cast<size_t>(width))
+      step_streams_.resize(items.size() * static_cast<size_t>(width));
+    for (size_t r = 0; r < draft_active_.size(); ++r) {
+      const size_t i = draft_active_[r];
+      backend::DraftItem& it = items[i];
+      const float* lg = mtp_logits_.data() + static_cast<int64_t>(r) * c.vocab_size;
+      draft_tok_[i] = cpu::top1(lg, c.vocab_size, &it.probs[step]);
+      it.tokens[step] = draft_tok_[i];
+      std::copy(draft_streams_.data() + static_cast<int64_t>(r) * width,
+                draft_streams_.data() + static_cast<int64_t>(r + 1) * width,
+                step_streams_.data() + static_cast<int64_t>(i) * width);
+    }
+    draft_prev_.swap(step_streams_);
+  }
+  for (backend::DraftItem& it : items) {
+    if (it.status.ok())
+      it.state->set_mtp_num_tokens(it.state->num_tokens());
   }
   return Status();
 }
 
 void FastCpuModel::layer(size_t l, std::vector<float>& x) {
   const auto& c = config_;
-  const model::LayerWeights& w = weights_.layers[l];
+  const model::LayerWeights& w = layer_weights(l);
   const int64_t N = rows_;
   const int64_t hc = c.hc_mult;
   const int64_t hidden = c.hidden_size;
@@ -274,7 +443,8 @@ void FastCpuModel::layer(size_t l, std::vector<float>& x) {
     x.swap(xnext_);
   };
   sublayer(w.hc_attn, w.attn_norm, [&](const float* u, float* f) { attention(l, u, f); });
-  sublayer(w.hc_ffn, w.ffn_norm, [&](const float* u, float* f) { moe(w.ffn, c.layers[l], u, f); });
+  sublayer(
+      w.hc_ffn, w.ffn_norm, [&](const float* u, float* f) { moe(w.ffn, layer_plan(l), u, f); });
 }
 
 void FastCpuModel::moe(const model::MoeWeights& w,
@@ -398,9 +568,12 @@ void FastCpuModel::expert(const model::ExpertWeights& w,
   for (int64_t i = 0; i < n * hidden; ++i) out_accum[i] += ey_[i];
 }
 
-void FastCpuModel::head(const float* streams, int64_t n, float* logits) {
+void FastCpuModel::head(const model::HyperHeadWeights& hw,
+                        const std::vector<float>& norm,
+                        const float* streams,
+                        int64_t n,
+                        float* logits) {
   const auto& c = config_;
-  const model::HyperHeadWeights& hw = weights_.hc_head;
   const int64_t hc = c.hc_mult;
   const int64_t hidden = c.hidden_size;
   const int64_t width = hc * hidden;
@@ -432,7 +605,7 @@ void FastCpuModel::head(const float* streams, int64_t n, float* logits) {
     for (int64_t i = 0; i < hc; ++i) m[i] *= r;
     hc_head_mixed(p, m, xt, head_u_.data() + t * hidden);
   }
-  rms_norm(head_u_.data(), n, hidden, weights_.norm.data(), norm_eps, head_u_.data());
+  rms_norm(head_u_.data(), n, hidden, norm.data(), norm_eps, head_u_.data());
   linear(weights_.head, head_u_.data(), n, logits, false);  // LM head in fp32
 }
 

@@ -18,7 +18,8 @@
 // and tests/unit/backend/cpu_fast_test.cc checks it. A token's results do not depend on the
 // other rows of its step (batch invariance, bit for bit).
 //
-// MTP (ForwardOptions::run_mtp, `score --mtp`) runs through the reference model for that item.
+// MTP (ForwardOptions::run_mtp, `score --mtp`, and drafting for speculative decoding) runs the
+// same way: the MTP block's rows of every item in one pass of batched GEMMs.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,8 @@ class FastCpuModel final : public backend::Model {
                  const backend::ForwardOptions& options,
                  backend::ForwardOutputs* out) override;
   Status forward_batch(std::span<backend::ForwardItem> items) override;
+  bool can_draft() const override { return reference_.can_draft(); }
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override;
 
   const char* name() const override { return "cpu-fast"; }
   const model::ModelConfig& config() const override { return config_; }
@@ -83,7 +86,29 @@ class FastCpuModel final : public backend::Model {
               int64_t n,
               const float* gates,
               float* out_accum);
-  void head(const float* streams, int64_t n, float* logits);
+  void head(const model::HyperHeadWeights& hw,
+            const std::vector<float>& norm,
+            const float* streams,
+            int64_t n,
+            float* logits);
+  // Layer l of the main model, or of the MTP blocks while mtp_pass_ is set.
+  const model::LayerWeights& layer_weights(size_t l) const {
+    return mtp_pass_ ? weights_.mtp[l].layer : weights_.layers[l];
+  }
+  const model::LayerPlan& layer_plan(size_t l) const {
+    return mtp_pass_ ? config_.mtp_layers[l] : config_.layers[l];
+  }
+  state::LayerState& layer_state(state::SequenceState& st, size_t l) const {
+    return mtp_pass_ ? st.mtp_layers()[l] : st.layers()[l];
+  }
+  // The MTP block over the step's rows (segs_ and the row tables set up for it: row_token_ the
+  // next tokens, row_pos_ the MTP positions): `streams` [rows_, hc * hidden] are the main
+  // model's final streams (or the block's own, when drafting); writes the draft logits
+  // ([rows_, vocab], when logits is not null) and the block's output streams (when streams_out
+  // is not null).
+  void mtp_rows(const float* streams, float* logits, float* streams_out);
+  // Sets up the per-row tables for segs_ (rows_ rows) with the given tokens and positions.
+  void set_rows(const int32_t* tokens, const int64_t* positions);
   // Pools the compressor rows of segment s (projections already in kv/score, [n, width]).
   template <typename Emit>
   void compress_seg(const model::CompressorWeights& w,
@@ -120,7 +145,7 @@ class FastCpuModel final : public backend::Model {
   const model::ModelWeights& weights_;
   model::Numerics numerics_;
   ThreadPool* pool_;
-  CpuModel reference_;  // MTP items
+  CpuModel reference_;  // MTP preconditions and final-stream bookkeeping
   PackedWeights packed_;
   std::vector<float> inv_freq_main_;
   std::vector<float> inv_freq_compress_;
@@ -131,6 +156,7 @@ class FastCpuModel final : public backend::Model {
   std::vector<int64_t> row_pos_;
   std::vector<int32_t> row_seg_;
   int64_t rows_ = 0;
+  bool mtp_pass_ = false;
   bool rope_ready_[2] = {false, false};
   std::vector<float> rope_cs_[2];
   // Scratch reused across steps (grown, never shrunk).
@@ -142,6 +168,15 @@ class FastCpuModel final : public backend::Model {
   std::vector<RowScratch> row_scratch_;
   std::vector<float> head_in_, head_u_, head_mix_, logits_;
   std::vector<int64_t> logit_rows_;
+  // MTP passes (forward with run_mtp, drafting).
+  std::vector<float> mtp_x_, mtp_in_, mtp_e_, mtp_ep_, mtp_h_, mtp_logits_;
+  std::vector<float> draft_prev_, draft_streams_, step_streams_;
+  std::vector<int32_t> mtp_tokens_;
+  std::vector<int64_t> mtp_pos_;
+  std::vector<Seg> main_segs_;
+  std::vector<backend::ForwardItem> draft_items_;
+  std::vector<size_t> draft_active_;
+  std::vector<int32_t> draft_tok_;
 };
 
 }  // namespace dsinfer::cpu::fast

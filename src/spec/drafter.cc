@@ -1,0 +1,64 @@
+// MtpDrafter: drafting through backend::Model::mtp_draft_batch.
+#include "spec/drafter.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+#include "base/strings.h"
+
+namespace dsinfer::spec {
+
+MtpDrafter::MtpDrafter(backend::Model* model, int32_t max_drafts)
+    : model_(model), max_drafts_(max_drafts) {
+  DSI_CHECK(model_ != nullptr && model_->can_draft(), "MtpDrafter needs a backend that drafts");
+  DSI_CHECK(max_drafts_ >= 1, "MtpDrafter: max_drafts %d", max_drafts_);
+}
+
+void MtpDrafter::prepare(backend::ForwardOptions& options) const {
+  options.run_mtp = true;
+  options.want_mtp_logits = false;
+}
+
+Status MtpDrafter::draft(std::span<DraftRequest> requests) {
+  items_.clear();
+  item_req_.clear();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    DraftRequest& r = requests[i];
+    r.status = Status();
+    if (r.max_drafts < 1 || r.max_drafts > max_drafts_ || r.out == nullptr) {
+      r.status = invalid_argument(str_format(
+          "draft: %d drafts requested (this drafter proposes 1..%d)", r.max_drafts, max_drafts_));
+      continue;
+    }
+    r.out->tokens.resize(static_cast<size_t>(r.max_drafts));
+    r.out->confidence.resize(static_cast<size_t>(r.max_drafts));
+    backend::DraftItem it;
+    it.state = r.state;
+    it.next_token = r.next_token;
+    it.num_steps = r.max_drafts;
+    it.tokens = r.out->tokens.data();
+    it.probs = r.out->confidence.data();
+    items_.push_back(it);
+    item_req_.push_back(i);
+  }
+  if (items_.empty())
+    return Status();
+  DSI_RETURN_IF_ERROR(model_->mtp_draft_batch(items_));
+  for (size_t k = 0; k < items_.size(); ++k) {
+    DraftRequest& r = requests[item_req_[k]];
+    r.status = items_[k].status;
+    if (!r.status.ok()) {
+      r.out->tokens.clear();
+      r.out->confidence.clear();
+    }
+  }
+  return Status();
+}
+
+std::unique_ptr<Drafter> make_drafter(backend::Model* model, int32_t max_drafts) {
+  if (model == nullptr || !model->can_draft() || max_drafts < 1)
+    return nullptr;
+  return std::make_unique<MtpDrafter>(model, max_drafts);
+}
+
+}  // namespace dsinfer::spec

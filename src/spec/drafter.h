@@ -1,0 +1,80 @@
+// Drafter: what proposes the draft tokens of speculative decoding. The engine asks a drafter for
+// up to k drafts per sequence (all sequences of a step in one call), verifies them in one batched
+// forward of the target model and keeps the accepted prefix. Two kinds fit behind this
+// interface:
+//   - sequential drafters (V4's MTP block, run recurrently): each draft costs one more drafter
+//     step, so the engine decides how many to draft before drafting;
+//   - block drafters (V4.1's DSpark): one pass proposes a whole block with a confidence per
+//     position, and the engine decides afterwards how many of them to verify.
+// Either way each draft comes with a confidence: the drafter's estimate of the probability that
+// the target accepts it (MTP: the draft softmax's probability of the drafted token; DSpark: its
+// confidence head). The scheduler (verify_length.h) calibrates it against observed acceptance.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/model.h"
+#include "base/status.h"
+#include "state/sequence_state.h"
+
+namespace dsinfer::spec {
+
+struct Draft {
+  std::vector<int32_t> tokens;    // proposed continuation after the sequence's pending token
+  std::vector<float> confidence;  // [tokens.size()] per-position confidences in [0, 1]
+};
+
+// One sequence's drafting request. The sequence's state holds positions [0, N); next_token is
+// the pending token at position N (sampled, not yet in the state). Drafts are proposed for
+// positions N+1, N+2, ...
+struct DraftRequest {
+  state::SequenceState* state = nullptr;
+  int32_t next_token = 0;
+  int32_t max_drafts = 0;  // >= 1, <= Drafter::max_drafts() and <= state->max_rollback()
+  Draft* out = nullptr;
+  Status status;  // per-request failure (that request is verified without drafts)
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual const char* name() const = 0;
+  // The most drafts one call proposes for a sequence.
+  virtual int32_t max_drafts() const = 0;
+  // True when every draft costs one drafter step (the engine chooses k before drafting).
+  virtual bool sequential() const = 0;
+  // What the target model's forwards must do so that the drafter's state follows the sequence
+  // (MTP: run the MTP block over every position whose next token is known).
+  virtual void prepare(backend::ForwardOptions& options) const = 0;
+  // Proposes drafts for every request (per-request errors in request.status). The returned
+  // Status is a failure of the whole call (a device error).
+  virtual Status draft(std::span<DraftRequest> requests) = 0;
+};
+
+// V4's MTP block as a drafter (top-1 chain): step 1 at the sequence's last position with the
+// pending token, each later step on the block's own output streams with its previous draft.
+class MtpDrafter final : public Drafter {
+ public:
+  // model must outlive the drafter and report can_draft().
+  MtpDrafter(backend::Model* model, int32_t max_drafts);
+  const char* name() const override { return "mtp"; }
+  int32_t max_drafts() const override { return max_drafts_; }
+  bool sequential() const override { return true; }
+  void prepare(backend::ForwardOptions& options) const override;
+  Status draft(std::span<DraftRequest> requests) override;
+
+ private:
+  backend::Model* model_;
+  int32_t max_drafts_;
+  std::vector<backend::DraftItem> items_;
+  std::vector<size_t> item_req_;
+};
+
+// The drafter this model has (MTP weights: an MtpDrafter), or null when it has none or the
+// backend cannot draft.
+std::unique_ptr<Drafter> make_drafter(backend::Model* model, int32_t max_drafts);
+
+}  // namespace dsinfer::spec

@@ -1,0 +1,139 @@
+// Start-up measurement of the step-time model.
+#include "spec/measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "base/strings.h"
+#include "state/sequence_state.h"
+
+namespace dsinfer::spec {
+
+namespace {
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Result<StepTimes> measure_step_times(backend::Model& model,
+                                     Drafter& drafter,
+                                     state::PageArena& arena,
+                                     int64_t max_batch,
+                                     int32_t max_k,
+                                     int reps) {
+  const auto& mc = model.config();
+  if (max_k < 1 || max_batch < 1 || reps < 1)
+    return invalid_argument("measure_step_times: max_k, max_batch and reps must be >= 1");
+  constexpr int64_t kPrompt = 16;
+  // Throwaway sequences, with ids far from the engine's request ids.
+  constexpr int64_t kIdBase = int64_t{1} << 60;
+  std::vector<std::unique_ptr<state::SequenceState>> seqs;
+  for (int64_t i = 0; i < max_batch; ++i) {
+    // One more rollback than the engine's (a measured verification is undone entirely).
+    auto st = std::make_unique<state::SequenceState>(mc, &arena, kIdBase + i, max_k + 1);
+    if (!st->ok() || !st->reserve(kPrompt + max_k + 1))
+      break;
+    seqs.push_back(std::move(st));
+  }
+  if (seqs.empty()) {
+    return Status(StatusCode::kResourceExhausted,
+                  "no state memory for the speculative step-time measurement");
+  }
+  auto token = [&](int64_t i) { return static_cast<int32_t>((2 + 37 * i) % mc.vocab_size); };
+  std::vector<int32_t> prompt(kPrompt);
+  for (int64_t i = 0; i < kPrompt; ++i) prompt[static_cast<size_t>(i)] = token(i);
+  std::vector<int32_t> tail(static_cast<size_t>(max_k + 1));
+  for (int32_t i = 0; i <= max_k; ++i) tail[static_cast<size_t>(i)] = token(kPrompt + i);
+
+  backend::ForwardOptions spec_opts;
+  drafter.prepare(spec_opts);
+  std::vector<backend::ForwardItem> items;
+  std::vector<backend::ForwardOutputs> outs(seqs.size());
+  auto run = [&](size_t b, std::span<const int32_t> tokens, backend::ForwardOptions o) {
+    items.assign(b, backend::ForwardItem{});
+    for (size_t i = 0; i < b; ++i) {
+      items[i].state = seqs[i].get();
+      items[i].tokens = tokens;
+      items[i].options = o;
+      items[i].out = &outs[i];
+    }
+    DSI_RETURN_IF_ERROR(model.forward_batch(items));
+    for (const auto& it : items) DSI_RETURN_IF_ERROR(it.status);
+    return Status();
+  };
+  auto rollback = [&](size_t b, int64_t k) {
+    for (size_t i = 0; i < b; ++i) DSI_RETURN_IF_ERROR(seqs[i]->rollback(k));
+    return Status();
+  };
+  {
+    // The prompts, with logits so that every weight has been used once (a backend may convert
+    // weights on first use) before anything is timed.
+    backend::ForwardOptions o = spec_opts;
+    o.last_logits_only = true;
+    DSI_RETURN_IF_ERROR(run(seqs.size(), prompt, o));
+  }
+
+  std::vector<int64_t> sizes;
+  for (int64_t b = 1; b < static_cast<int64_t>(seqs.size()); b *= 2) sizes.push_back(b);
+  sizes.push_back(static_cast<int64_t>(seqs.size()));
+
+  StepTimes t;
+  std::vector<Draft> drafts(seqs.size());
+  std::vector<DraftRequest> reqs;
+  // Every measurement is the minimum over `reps` rounds, the rounds interleaved (each round
+  // times every length once) so that a burst of load from elsewhere spoils one round of several
+  // lengths rather than every round of one length.
+  for (int64_t b64 : sizes) {
+    const size_t b = static_cast<size_t>(b64);
+    t.batch.push_back(b64);
+    double off = 1e30;
+    std::vector<double> verify(static_cast<size_t>(max_k + 1), 1e30);
+    std::vector<double> draft(static_cast<size_t>(max_k), 1e30);
+    for (int r = 0; r < reps; ++r) {
+      {  // plain decode: no drafter
+        backend::ForwardOptions o;
+        o.last_logits_only = true;
+        const double t0 = now_s();
+        DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), 1), o));
+        off = std::min(off, now_s() - t0);
+        DSI_RETURN_IF_ERROR(rollback(b, 1));
+      }
+      for (int32_t len = 1; len <= max_k + 1; ++len) {  // verification of len - 1 drafts
+        backend::ForwardOptions o = spec_opts;
+        o.last_logits_only = len == 1;
+        const double t0 = now_s();
+        DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), len), o));
+        double& v = verify[static_cast<size_t>(len - 1)];
+        v = std::min(v, now_s() - t0);
+        DSI_RETURN_IF_ERROR(rollback(b, len));
+      }
+      for (int32_t s = 1; s <= max_k; ++s) {
+        reqs.assign(b, DraftRequest{});
+        for (size_t i = 0; i < b; ++i) {
+          reqs[i].state = seqs[i].get();
+          reqs[i].next_token = tail[0];
+          reqs[i].max_drafts = s;
+          reqs[i].out = &drafts[i];
+        }
+        const double t0 = now_s();
+        DSI_RETURN_IF_ERROR(drafter.draft(reqs));
+        double& v = draft[static_cast<size_t>(s - 1)];
+        v = std::min(v, now_s() - t0);
+        for (const auto& q : reqs) DSI_RETURN_IF_ERROR(q.status);
+        DSI_RETURN_IF_ERROR(rollback(b, 0));  // the MTP block back to one position behind
+      }
+    }
+    // More tokens or steps never cost less (what is left of noise after the minimum).
+    for (size_t i = 1; i < verify.size(); ++i) verify[i] = std::max(verify[i], verify[i - 1]);
+    for (size_t i = 1; i < draft.size(); ++i) draft[i] = std::max(draft[i], draft[i - 1]);
+    t.off_s.push_back(off);
+    t.verify_s.push_back(verify);
+    t.draft_s.push_back(draft);
+  }
+  return t;
+}
+
+}  // namespace dsinfer::spec

@@ -1,0 +1,26 @@
+// Measures the step-time model (verify_length.h) on a backend at start-up: a few timed forwards
+// and drafting calls over throwaway sequences in the engine's state arena, rolled back after
+// each measurement.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/model.h"
+#include "base/status.h"
+#include "spec/drafter.h"
+#include "spec/verify_length.h"
+#include "state/page_arena.h"
+
+namespace dsinfer::spec {
+
+// Batch sizes 1, 2, 4, ... up to max_batch (and max_batch itself), each with L = 1..max_k + 1
+// tokens per sequence and s = 1..max_k draft steps; the minimum of `reps` interleaved rounds. Fewer
+// batch sizes when the arena cannot hold max_batch throwaway sequences.
+Result<StepTimes> measure_step_times(backend::Model& model,
+                                     Drafter& drafter,
+                                     state::PageArena& arena,
+                                     int64_t max_batch,
+                                     int32_t max_k,
+                                     int reps = 4);
+
+}  // namespace dsinfer::spec

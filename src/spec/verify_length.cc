@@ -1,0 +1,168 @@
+// Step-time interpolation, the greedy verify-length choice and the acceptance predictor.
+#include "spec/verify_length.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/check.h"
+#include "base/strings.h"
+
+namespace dsinfer::spec {
+
+namespace {
+// Linear interpolation of v (indexed 1..v.size()) at x >= 1; clamped at the ends.
+double along(const std::vector<double>& v, double x) {
+  if (v.empty())
+    return 0;
+  if (x <= 1)
+    return v.front();
+  const double last = static_cast<double>(v.size());
+  if (x >= last)
+    return v.back();
+  const size_t i = static_cast<size_t>(std::floor(x)) - 1;
+  const double f = x - std::floor(x);
+  return v[i] + f * (v[i + 1] - v[i]);
+}
+
+// Interpolates per-batch-size values f(bi) at batch size b.
+template <typename F>
+double over_batch(const std::vector<int64_t>& batch, int64_t b, F&& f) {
+  DSI_CHECK(!batch.empty(), "empty step-time model");
+  if (b <= batch.front())
+    return f(0);
+  for (size_t i = 1; i < batch.size(); ++i) {
+    if (b <= batch[i]) {
+      const double t =
+          static_cast<double>(b - batch[i - 1]) / static_cast<double>(batch[i] - batch[i - 1]);
+      return f(i - 1) + t * (f(i) - f(i - 1));
+    }
+  }
+  // Past the largest measured size: proportional to the batch.
+  return f(batch.size() - 1) * static_cast<double>(b) / static_cast<double>(batch.back());
+}
+}  // namespace
+
+bool StepTimes::valid() const {
+  if (batch.empty() || batch.front() != 1 || off_s.size() != batch.size() ||
+      verify_s.size() != batch.size() || draft_s.size() != batch.size())
+    return false;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (i > 0 && batch[i] <= batch[i - 1])
+      return false;
+    if (verify_s[i].size() != verify_s[0].size() || verify_s[i].empty() ||
+        draft_s[i].size() + 1 != verify_s[i].size())
+      return false;
+  }
+  return true;
+}
+
+double StepTimes::off(int64_t b) const {
+  return over_batch(batch, b, [&](size_t i) { return off_s[i]; });
+}
+
+double StepTimes::verify(int64_t b, double mean_len) const {
+  return over_batch(batch, b, [&](size_t i) { return along(verify_s[i], mean_len); });
+}
+
+double StepTimes::draft(int64_t b, double mean_steps) const {
+  if (mean_steps <= 0)
+    return 0;
+  return over_batch(batch, b, [&](size_t i) {
+    // Below one step (some sequences draft, others not): a share of the one-step time.
+    return mean_steps < 1 ? draft_s[i].front() * mean_steps : along(draft_s[i], mean_steps);
+  });
+}
+
+std::string describe(const StepTimes& t) {
+  std::string s;
+  for (size_t i = 0; i < t.batch.size(); ++i) {
+    s += str_format(
+        "b=%lld: off %.2f | verify", static_cast<long long>(t.batch[i]), 1e3 * t.off_s[i]);
+    for (double v : t.verify_s[i]) s += str_format(" %.2f", 1e3 * v);
+    s += " | draft";
+    for (double v : t.draft_s[i]) s += str_format(" %.2f", 1e3 * v);
+    s += "\n";
+  }
+  return s;
+}
+
+Choice choose_verify_lengths(const StepTimes& times,
+                             std::span<const std::vector<double>> accept,
+                             bool draft_cost) {
+  const size_t n = accept.size();
+  Choice c;
+  c.k.assign(n, 0);
+  if (n == 0)
+    return c;
+  const int64_t b = static_cast<int64_t>(n);
+  const int32_t kmax = times.max_k();
+  // Per sequence: the probability that its next draft (k_r + 1) is reached and accepted.
+  std::vector<double> reach(n, 1.0);
+  double tokens = static_cast<double>(n);
+  int64_t total_k = 0;
+  auto step_time = [&](int64_t tk) {
+    const double mean_k = static_cast<double>(tk) / static_cast<double>(b);
+    return times.verify(b, 1.0 + mean_k) + (draft_cost ? times.draft(b, mean_k) : 0.0);
+  };
+  double best = tokens / step_time(0);
+  while (true) {
+    // The draft with the largest expected gain; every candidate adds the same time (one more
+    // verified token), so the largest gain is the best candidate.
+    size_t pick = n;
+    double gain = 0;
+    for (size_t r = 0; r < n; ++r) {
+      const size_t next = static_cast<size_t>(c.k[r]);
+      if (c.k[r] >= kmax || next >= accept[r].size())
+        continue;
+      const double g = reach[r] * std::clamp(accept[r][next], 0.0, 1.0);
+      if (g > gain) {
+        gain = g;
+        pick = r;
+      }
+    }
+    if (pick == n)
+      break;
+    const double rate = (tokens + gain) / step_time(total_k + 1);
+    // Stop when the best extra draft no longer pays. (A later draft never gains more than the
+    // one chosen now, but a step-time curve may flatten, so allow a tie.)
+    if (rate < best)
+      break;
+    best = rate;
+    tokens += gain;
+    reach[pick] = gain;
+    ++c.k[pick];
+    ++total_k;
+  }
+  c.expected_tokens = tokens;
+  c.step_s = step_time(total_k);
+  return c;
+}
+
+AcceptancePredictor::AcceptancePredictor(int32_t max_k)
+    : pos_accepted_(static_cast<size_t>(std::max(max_k, 1)), 0.0),
+      pos_verified_(static_cast<size_t>(std::max(max_k, 1)), 0.0) {}
+
+double AcceptancePredictor::position_rate(int32_t i) const {
+  // Optimistic prior (0.8 over 4 pseudo-drafts) so that auto tries drafting before it has seen
+  // any; the observations take over within a few steps.
+  const size_t p = std::min(static_cast<size_t>(std::max(i, 0)), pos_verified_.size() - 1);
+  return (pos_accepted_[p] + 3.2) / (pos_verified_[p] + 4.0);
+}
+
+double AcceptancePredictor::calibrated(int32_t i, float c) const {
+  const double conf = std::clamp(static_cast<double>(c), 0.0, 1.0);
+  const int b = std::min(kBins - 1, static_cast<int>(conf * kBins));
+  return (bin_accepted_[b] + 4.0 * position_rate(i)) / (bin_verified_[b] + 4.0);
+}
+
+void AcceptancePredictor::record(int32_t i, float confidence, bool accepted) {
+  const size_t p = std::min(static_cast<size_t>(std::max(i, 0)), pos_verified_.size() - 1);
+  pos_verified_[p] += 1;
+  pos_accepted_[p] += accepted ? 1 : 0;
+  const double conf = std::clamp(static_cast<double>(confidence), 0.0, 1.0);
+  const int b = std::min(kBins - 1, static_cast<int>(conf * kBins));
+  bin_verified_[b] += 1;
+  bin_accepted_[b] += accepted ? 1 : 0;
+}
+
+}  // namespace dsinfer::spec

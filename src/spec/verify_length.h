@@ -1,0 +1,74 @@
+// Verify-length scheduling: how many drafts each sequence verifies in a step.
+//
+// StepTimes is the step-time model, measured at start-up on the engine's own backend: the time
+// of a target forward over b sequences of L tokens each (with the drafter's forward options), of
+// a plain decode forward (b sequences, 1 token, no drafter), and of drafting s steps for b
+// sequences. choose_verify_lengths() then picks per sequence the number of drafts k_r that
+// maximises the batch's expected emitted tokens per second,
+//     sum_r E_r(k_r) / (verify(b, mean(k_r + 1)) + draft(b, mean(k_r))),
+// E_r(k) = 1 + sum_{i<=k} prod_{j<=i} a_rj with a_rj the predicted probability that draft j is
+// accepted once drafts 1..j-1 were. AcceptancePredictor supplies the a_rj: before drafting from
+// the observed acceptance rate of each draft position, after drafting from the draft's
+// confidence, calibrated online against what the target accepted.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dsinfer::spec {
+
+struct StepTimes {
+  std::vector<int64_t> batch;                 // measured batch sizes, ascending, batch[0] = 1
+  std::vector<double> off_s;                  // [b]: b x 1 tokens, no drafter
+  std::vector<std::vector<double>> verify_s;  // [b][L-1]: b x L tokens, L = 1..max_k+1
+  std::vector<std::vector<double>> draft_s;   // [b][s-1]: drafting s steps, s = 1..max_k
+  int32_t max_k() const {
+    return verify_s.empty() ? 0 : static_cast<int32_t>(verify_s[0].size()) - 1;
+  }
+  bool valid() const;
+  // Interpolated (linear in b between measured sizes, proportional beyond the largest; linear in
+  // the mean length / steps).
+  double off(int64_t b) const;
+  double verify(int64_t b, double mean_len) const;
+  double draft(int64_t b, double mean_steps) const;
+};
+
+// One line per measured batch size, in ms: "b=1: off 4.1 | verify 4.3 4.6 ... | draft 0.9 1.8 ...".
+std::string describe(const StepTimes& t);
+
+struct Choice {
+  std::vector<int32_t> k;      // per sequence
+  double expected_tokens = 0;  // sum_r E_r(k_r)
+  double step_s = 0;           // predicted step time
+  double rate() const { return step_s > 0 ? expected_tokens / step_s : 0; }
+};
+
+// accept[r] holds a_r1.. a_rK for sequence r (its length caps k_r). With draft_cost, the
+// drafting time counts (the drafts are yet to be made); without, they exist already. Greedy:
+// starting from k = 0 everywhere, add the one draft that raises the rate most while it does.
+Choice choose_verify_lengths(const StepTimes& times,
+                             std::span<const std::vector<double>> accept,
+                             bool draft_cost);
+
+class AcceptancePredictor {
+ public:
+  explicit AcceptancePredictor(int32_t max_k);
+  // Probability that the draft at position i (0-based) is accepted given those before were, from
+  // the acceptance observed so far at that position (optimistic prior while there is little).
+  double position_rate(int32_t i) const;
+  // Same for a draft at position i whose drafter confidence is c: the observed acceptance of
+  // drafts with similar confidence, with position_rate(i) as the prior (so that confidences
+  // never seen verified do not cut verification short before there is evidence).
+  double calibrated(int32_t i, float c) const;
+  void record(int32_t i, float confidence, bool accepted);
+
+ private:
+  static constexpr int kBins = 10;
+  std::vector<double> pos_accepted_, pos_verified_;
+  double bin_accepted_[kBins] = {};
+  double bin_verified_[kBins] = {};
+};
+
+}  // namespace dsinfer::spec

@@ -1,0 +1,405 @@
+// Speculative decoding end to end (src/spec + the engine's verification): outputs equal those
+// without speculation token for token (greedy, and sampled with seeds, penalties and
+// top-k/top-p/min-p), for batches of mixed lengths, with preemption and with every draft count;
+// on the bundled model, whose MTP block is trained, drafts are mostly accepted; and the sampled
+// distribution of the first tokens under speculation matches the model's exact distribution (a
+// chi-square test over many seeds).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_model.h"
+#include "engine/engine.h"
+#include "model/checkpoint.h"
+#include "spec/config.h"
+
+namespace dsinfer::engine {
+namespace {
+
+std::shared_ptr<const model::Checkpoint> open_model(const std::string& dir) {
+  auto r = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/" + dir);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::shared_ptr<const model::Checkpoint>(std::move(r).value());
+}
+
+std::shared_ptr<const model::Checkpoint> fixture() {
+  static auto ckpt = open_model("tests/fixtures/tiny-a/official");
+  return ckpt;
+}
+
+std::shared_ptr<const model::Checkpoint> bundled() {
+  static auto ckpt = open_model("models/dsv4-mini");
+  return ckpt;
+}
+
+// A step-time model in which drafting pays (a forward costs about the same for 1..K+1 tokens):
+// auto's choices then depend on the acceptance it observes, not on this machine's timings.
+spec::StepTimes cheap_verify_times(int32_t max_k) {
+  spec::StepTimes t;
+  for (int64_t b : {1, 64}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(1.0);
+    t.verify_s.emplace_back();
+    for (int32_t l = 1; l <= max_k + 1; ++l) t.verify_s.back().push_back(1.0 + 0.01 * l);
+    t.draft_s.emplace_back();
+    for (int32_t s = 1; s <= max_k; ++s) t.draft_s.back().push_back(0.02 * s);
+  }
+  return t;
+}
+
+struct EngineSetup {
+  std::shared_ptr<const model::Checkpoint> ckpt;
+  std::string speculative = "off";
+  CpuKernels kernels = CpuKernels::kFast;
+  int64_t budget = int64_t{256} << 20;
+  SchedulerConfig sc;
+};
+
+std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
+  EngineConfig cfg;
+  cfg.cpu_kernels = s.kernels;
+  cfg.cpu_threads = 2;
+  cfg.state_budget_bytes = s.budget;
+  cfg.page_bytes = state::min_page_bytes(s.ckpt->config());
+  cfg.scheduler = s.sc;
+  auto sp = spec::parse_config(s.speculative);
+  EXPECT_TRUE(sp.ok());
+  cfg.speculative = *sp;
+  if (cfg.speculative.mode == spec::Mode::kAuto)
+    cfg.step_times = cheap_verify_times(cfg.speculative.k);
+  auto e = Engine::create(cfg, s.ckpt);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return std::move(e).value();
+}
+
+struct Case {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens;
+};
+
+std::vector<Case> mixed_cases(int n, uint32_t seed, int32_t vocab, int max_out) {
+  std::mt19937 g(seed);
+  std::vector<Case> cases;
+  for (int i = 0; i < n; ++i) {
+    Case c;
+    const int len = 1 + static_cast<int>(g() % 40);
+    for (int j = 0; j < len; ++j)
+      c.prompt.push_back(static_cast<int32_t>(2 + g() % static_cast<uint32_t>(vocab - 2)));
+    c.max_tokens = 1 + static_cast<int64_t>(g() % static_cast<uint32_t>(max_out));
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+RequestSpec greedy(const Case& c) {
+  RequestSpec s;
+  s.prompt = c.prompt;
+  s.max_tokens = c.max_tokens;
+  s.sampling.temperature = 0.0f;
+  s.ignore_eos = true;
+  return s;
+}
+
+// Sampled with every filter and penalty, seeded.
+RequestSpec sampled(const Case& c, uint64_t seed) {
+  RequestSpec s = greedy(c);
+  s.sampling.temperature = 0.8f + 0.1f * static_cast<float>(seed % 5);
+  s.sampling.top_k = static_cast<int32_t>(seed % 3 == 0 ? 0 : 20 + seed % 40);
+  s.sampling.top_p = seed % 2 ? 0.9f : 1.0f;
+  s.sampling.min_p = seed % 4 == 1 ? 0.05f : 0.0f;
+  s.sampling.presence_penalty = seed % 5 == 2 ? 0.5f : 0.0f;
+  s.sampling.frequency_penalty = seed % 5 == 3 ? 0.3f : 0.0f;
+  s.sampling.repetition_penalty = seed % 7 == 4 ? 1.2f : 1.0f;
+  s.sampling.seed = seed;
+  return s;
+}
+
+std::vector<std::vector<int32_t>> run_all(Engine& e, std::vector<RequestSpec> specs) {
+  std::vector<RequestId> ids;
+  for (auto& s : specs) {
+    auto id = e.submit(std::move(s));
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  while (e.step()) e.check_integrity();
+  e.check_integrity();
+  std::vector<std::vector<int32_t>> out;
+  for (RequestId id : ids) {
+    const Request* r = e.request(id);
+    EXPECT_EQ(r->state, RequestState::kFinished) << r->error;
+    out.push_back(r->output);
+  }
+  return out;
+}
+
+std::vector<RequestSpec> greedy_specs(const std::vector<Case>& cases) {
+  std::vector<RequestSpec> v;
+  for (const Case& c : cases) v.push_back(greedy(c));
+  return v;
+}
+
+std::vector<RequestSpec> sampled_specs(const std::vector<Case>& cases) {
+  std::vector<RequestSpec> v;
+  for (size_t i = 0; i < cases.size(); ++i) v.push_back(sampled(cases[i], 1000 + i));
+  return v;
+}
+
+class Speculative : public ::testing::TestWithParam<CpuKernels> {};
+INSTANTIATE_TEST_SUITE_P(Cpu,
+                         Speculative,
+                         ::testing::Values(CpuKernels::kReference, CpuKernels::kFast),
+                         [](const auto& info) {
+                           return std::string(cpu_kernels_name(info.param));
+                         });
+
+TEST_P(Speculative, GreedyAndSeededOutputsEqualThoseWithoutSpeculation) {
+  const auto cases = mixed_cases(16, 3, 512, 20);
+  EngineSetup off;
+  off.ckpt = fixture();
+  off.kernels = GetParam();
+  off.sc.max_tokens_per_step = 64;
+  off.sc.prefill_chunk = 16;
+  auto base = make_engine(off);
+  const auto expected_greedy = run_all(*base, greedy_specs(cases));
+  const auto expected_sampled = run_all(*base, sampled_specs(cases));
+  const auto modes = GetParam() == CpuKernels::kFast
+                         ? std::vector<const char*>{"fixed:1", "fixed:3", "fixed:5", "auto"}
+                         : std::vector<const char*>{"fixed:2", "auto"};
+  for (const char* mode : modes) {
+    EngineSetup s = off;
+    s.speculative = mode;
+    auto e = make_engine(s);
+    EXPECT_EQ(run_all(*e, greedy_specs(cases)), expected_greedy) << mode;
+    EXPECT_EQ(run_all(*e, sampled_specs(cases)), expected_sampled) << mode;
+    const EngineStats st = e->stats();
+    EXPECT_EQ(st.speculative.mode, spec::parse_config(mode)->mode);
+    EXPECT_GT(st.spec.verified[0], 0) << mode;
+    EXPECT_GT(st.spec.spec_steps, 0) << mode;
+  }
+}
+
+TEST_P(Speculative, PreemptionKeepsOutputs) {
+  const auto cases = mixed_cases(12, 11, 512, 16);
+  EngineSetup off;
+  off.ckpt = fixture();
+  off.kernels = GetParam();
+  auto base = make_engine(off);
+  const auto expected = run_all(*base, greedy_specs(cases));
+  const auto expected_sampled = run_all(*base, sampled_specs(cases));
+  // Room for about two sequences (with the drafts' rollback room): admission waits, running
+  // requests are preempted and recomputed, drafts find no room at times.
+  EngineSetup tight = off;
+  tight.speculative = "fixed:4";
+  const auto& mc = fixture()->config();
+  const int64_t page = state::min_page_bytes(mc);
+  const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 4);
+  tight.budget = (2 * fixed + 8) * page;
+  tight.sc.max_tokens_per_step = 64;
+  tight.sc.prefill_chunk = 4;
+  auto e = make_engine(tight);
+  EXPECT_EQ(run_all(*e, greedy_specs(cases)), expected);
+  EXPECT_EQ(run_all(*e, sampled_specs(cases)), expected_sampled);
+  EXPECT_GT(e->stats().preemptions, 0);
+  EXPECT_GT(e->stats().spec.spec_steps, 0);
+}
+
+TEST(Speculative, BundledModelAcceptsMostDraftsAndKeepsGreedyOutputs) {
+  const int32_t vocab = static_cast<int32_t>(bundled()->config().vocab_size);
+  const auto cases = mixed_cases(8, 5, vocab, 40);
+  EngineSetup off;
+  off.ckpt = bundled();
+  auto base = make_engine(off);
+  const auto expected = run_all(*base, greedy_specs(cases));
+  for (const char* mode : {"fixed:3", "auto"}) {
+    EngineSetup s = off;
+    s.speculative = mode;
+    auto e = make_engine(s);
+    EXPECT_EQ(run_all(*e, greedy_specs(cases)), expected) << mode;
+    const spec::Stats st = e->stats().spec;
+    // The bundled MTP block is trained: most first drafts are accepted and a verification
+    // emits well over one token.
+    EXPECT_GT(st.acceptance(0), 0.6) << mode << ": " << st.summary();
+    EXPECT_GT(st.mean_accepted_length(), 1.8) << mode << ": " << st.summary();
+  }
+}
+
+TEST(Speculative, SharedPromptForksKeepTheirOutputs) {
+  // n = 4 on the bundled model: three requests fork the first one's prompt state (MTP block
+  // included) and then speculate on their own; each output equals the same seeded request run
+  // without speculation.
+  const auto cases = mixed_cases(1, 9, 8192, 24);
+  auto run = [&](const char* mode) {
+    EngineSetup s;
+    s.ckpt = bundled();
+    s.speculative = mode;
+    auto e = make_engine(s);
+    std::vector<RequestId> ids;
+    for (uint64_t i = 0; i < 4; ++i) {
+      RequestSpec r = sampled(cases[0], 700 + i);
+      r.max_tokens = 24;
+      if (i > 0)
+        r.share_prompt_of = ids[0];
+      auto id = e->submit(std::move(r));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    while (e->step()) e->check_integrity();
+    EXPECT_EQ(e->stats().prompt_tokens, static_cast<int64_t>(cases[0].prompt.size()));
+    std::vector<std::vector<int32_t>> outs;
+    for (RequestId id : ids) outs.push_back(e->request(id)->output);
+    return outs;
+  };
+  EXPECT_EQ(run("fixed:3"), run("off"));
+}
+
+TEST(Speculative, NoDrafterIsAnErrorWhenAskedForAndOffByDefault) {
+  auto tiny_b = open_model("tests/fixtures/tiny-b/official");  // no MTP weights
+  EngineConfig cfg;
+  cfg.speculative = *spec::parse_config("fixed:2");
+  auto e = Engine::create(cfg, tiny_b);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("no MTP weights"), std::string::npos);
+  cfg.speculative = *spec::parse_config("auto");
+  cfg.speculative.defaulted = true;
+  auto d = Engine::create(cfg, tiny_b);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ((*d)->speculative().mode, spec::Mode::kOff);
+}
+
+// The chi-square statistic of observed counts against expected probabilities, merging the
+// categories expected fewer than 5 times into one.
+double chi_square(const std::map<std::vector<int32_t>, int>& observed,
+                  const std::map<std::vector<int32_t>, double>& expected,
+                  int n,
+                  int* dof) {
+  double stat = 0, rest_o = 0, rest_e = 0;
+  int cells = 0;
+  for (const auto& [key, p] : expected) {
+    auto it = observed.find(key);
+    const double o = it == observed.end() ? 0 : it->second;
+    const double e = p * n;
+    if (e < 5) {
+      rest_o += o;
+      rest_e += e;
+      continue;
+    }
+    stat += (o - e) * (o - e) / e;
+    ++cells;
+  }
+  for (const auto& [key, o] : observed) {
+    if (!expected.count(key))
+      rest_o += o;  // a sequence the model cannot produce
+  }
+  if (rest_e > 0 || rest_o > 0) {
+    stat += (rest_o - rest_e) * (rest_o - rest_e) / std::max(rest_e, 1e-9);
+    ++cells;
+  }
+  *dof = cells - 1;
+  return stat;
+}
+
+TEST(Speculative, SampledDistributionOfTheFirstTokensIsTheModels) {
+  // The first three generated tokens of one prompt under temperature 1 and top-k 3, over many
+  // seeds, with 2 drafts per step: tokens 2 and 3 come from verifications (accepted drafts or the
+  // target's own token after a rejection). Their joint distribution must be the model's, computed
+  // exactly from the reference forward.
+  const auto ckpt = bundled();
+  const auto& mc = ckpt->config();
+  // "The history of the city begins" in the bundled tokenizer.
+  const std::vector<int32_t> prompt = {1917, 436, 640, 1100, 377, 311, 286, 752, 6371, 1920};
+  constexpr int kTopK = 3;
+  auto topk_probs = [&](const float* logits) {
+    std::vector<int32_t> idx(static_cast<size_t>(mc.vocab_size));
+    for (int32_t i = 0; i < mc.vocab_size; ++i) idx[static_cast<size_t>(i)] = i;
+    std::partial_sort(idx.begin(), idx.begin() + kTopK, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b];
+    });
+    std::vector<std::pair<int32_t, double>> out;
+    double z = 0;
+    for (int i = 0; i < kTopK; ++i) z += std::exp(double{logits[idx[i]]} - logits[idx[0]]);
+    for (int i = 0; i < kTopK; ++i)
+      out.push_back({idx[i], std::exp(double{logits[idx[i]]} - logits[idx[0]]) / z});
+    return out;
+  };
+  // Exact joint probabilities of (t1, t2, t3): one reference forward per (t1, t2).
+  cpu::CpuModel model(mc, ckpt->weights(), model::Numerics::kReference);
+  auto arena = state::PageArena::growable(state::default_page_bytes(mc));
+  std::map<std::vector<int32_t>, double> expected;
+  {
+    state::SequenceState st(mc, arena.get(), 0, 0);
+    backend::ForwardOutputs out;
+    ASSERT_TRUE(model.forward(st, prompt, backend::ForwardOptions(), &out).ok());
+    const float* last = out.logits.data() + (prompt.size() - 1) * mc.vocab_size;
+    for (const auto& [t1, p1] : topk_probs(last)) {
+      state::SequenceState s1(mc, arena.get(), 1, 0);
+      std::vector<int32_t> seq = prompt;
+      seq.push_back(t1);
+      backend::ForwardOutputs o1;
+      ASSERT_TRUE(model.forward(s1, seq, backend::ForwardOptions(), &o1).ok());
+      for (const auto& [t2, p2] : topk_probs(o1.logits.data() + prompt.size() * mc.vocab_size)) {
+        state::SequenceState s2(mc, arena.get(), 2, 0);
+        std::vector<int32_t> seq2 = seq;
+        seq2.push_back(t2);
+        backend::ForwardOutputs o2;
+        ASSERT_TRUE(model.forward(s2, seq2, backend::ForwardOptions(), &o2).ok());
+        for (const auto& [t3, p3] :
+             topk_probs(o2.logits.data() + (prompt.size() + 1) * mc.vocab_size)) {
+          expected[{t1, t2, t3}] = p1 * p2 * p3;
+        }
+      }
+    }
+  }
+  constexpr int kRuns = 1500;
+  EngineSetup s;
+  s.ckpt = ckpt;
+  s.speculative = "fixed:2";
+  s.sc.max_running = 256;
+  s.sc.max_tokens_per_step = 1024;
+  auto e = make_engine(s);
+  std::vector<RequestSpec> specs;
+  for (int i = 0; i < kRuns; ++i) {
+    RequestSpec r;
+    r.prompt = prompt;
+    r.max_tokens = 3;
+    r.ignore_eos = true;
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_k = kTopK;
+    r.sampling.seed = 0x5EED0000u + static_cast<uint64_t>(i);
+    specs.push_back(std::move(r));
+  }
+  std::map<std::vector<int32_t>, int> observed;
+  for (const auto& out : run_all(*e, std::move(specs))) ++observed[out];
+  const spec::Stats st = e->stats().spec;
+  // Both paths are exercised: drafts accepted (tokens from the draft) and rejected.
+  EXPECT_GT(st.accepted[0], kRuns / 10) << st.summary();
+  EXPECT_LT(st.accepted[0], st.verified[0]) << st.summary();
+  int dof = 0;
+  const double stat = chi_square(observed, expected, kRuns, &dof);
+  ASSERT_GE(dof, 3);
+  // 99.9% quantile of chi-square with dof degrees of freedom (Wilson-Hilferty approximation).
+  const double z = 3.09, h = 2.0 / (9.0 * dof);
+  const double limit = dof * std::pow(1 - h + z * std::sqrt(h), 3);
+  EXPECT_LT(stat, limit) << "dof " << dof << ", " << st.summary();
+  std::printf("chi-square %.1f, dof %d, limit %.1f\n", stat, dof, limit);
+  // The test can fail: the same counts against a slightly different distribution (the most
+  // likely third token 30% less likely, as a biased acceptance rule would make it) are far off.
+  const int32_t t3 =
+      std::max_element(expected.begin(), expected.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      })->first[2];
+  std::map<std::vector<int32_t>, double> skewed = expected;
+  double zsum = 0;
+  for (auto& [k, p] : skewed) zsum += (p *= k[2] == t3 ? 0.7 : 1.0);
+  for (auto& [k, p] : skewed) p /= zsum;
+  int dof2 = 0;
+  EXPECT_GT(chi_square(observed, skewed, kRuns, &dof2), limit);
+}
+
+}  // namespace
+}  // namespace dsinfer::engine

@@ -1,0 +1,269 @@
+// Speculative decoding pieces: the --speculative flag, the step-time model's interpolation, the
+// verify-length choice, the acceptance predictor, the metrics and the MTP drafter on the fixture
+// model (its first draft is the MTP block's prediction of a forward with run_mtp, and drafting
+// leaves the state as the verification needs it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/cpu_model.h"
+#include "model/checkpoint.h"
+#include "spec/config.h"
+#include "spec/drafter.h"
+#include "spec/measure.h"
+#include "spec/stats.h"
+#include "spec/verify_length.h"
+
+namespace dsinfer::spec {
+namespace {
+
+TEST(SpecConfig, ParsesEveryModeAndRejectsTheRest) {
+  EXPECT_EQ(parse_config("off")->mode, Mode::kOff);
+  EXPECT_EQ(parse_config("auto")->mode, Mode::kAuto);
+  EXPECT_EQ(parse_config("auto")->k, kDefaultAutoMax);
+  EXPECT_EQ(parse_config("auto:3")->k, 3);
+  EXPECT_EQ(parse_config("fixed:1")->mode, Mode::kFixed);
+  EXPECT_EQ(parse_config("fixed:5")->k, 5);
+  for (const char* bad : {"",
+                          "on",
+                          "fixed",
+                          "fixed:",
+                          "fixed:0",
+                          "fixed:9",
+                          "fixed:-1",
+                          "fixed:2x",
+                          "auto:",
+                          "Auto",
+                          "fixed: 2"}) {
+    auto r = parse_config(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("--speculative"), std::string::npos);
+    }
+  }
+  for (const char* s : {"off", "auto", "auto:2", "fixed:4"})
+    EXPECT_EQ(to_string(*parse_config(s)), s);
+}
+
+// A synthetic step-time model: a forward costs base(b) + per_token * b * L, drafting costs
+// draft_step * b per step.
+StepTimes linear_times(
+    std::vector<int64_t> batch, double base, double per_token, double draft_step, int32_t max_k) {
+  StepTimes t;
+  t.batch = batch;
+  for (int64_t b : batch) {
+    t.off_s.push_back(base + per_token * b);
+    t.verify_s.emplace_back();
+    for (int32_t l = 1; l <= max_k + 1; ++l)
+      t.verify_s.back().push_back(base + per_token * b * l + draft_step * 0.2 * b);
+    t.draft_s.emplace_back();
+    for (int32_t s = 1; s <= max_k; ++s) t.draft_s.back().push_back(draft_step * b * s);
+  }
+  return t;
+}
+
+TEST(StepTimes, InterpolatesAndExtrapolates) {
+  const StepTimes t = linear_times({1, 2, 4}, 1.0, 0.5, 0.0, 3);
+  ASSERT_TRUE(t.valid());
+  EXPECT_EQ(t.max_k(), 3);
+  EXPECT_DOUBLE_EQ(t.off(1), 1.5);
+  EXPECT_DOUBLE_EQ(t.off(3), 2.5);           // between 2 and 4
+  EXPECT_DOUBLE_EQ(t.off(8), 3.0 * 2);       // proportional past the largest
+  EXPECT_DOUBLE_EQ(t.verify(1, 2.5), 2.25);  // between L = 2 and 3
+  EXPECT_DOUBLE_EQ(t.verify(1, 9), 3.0);     // clamped at the longest
+  StepTimes bad = t;
+  bad.batch = {2, 4, 8};
+  EXPECT_FALSE(bad.valid());
+}
+
+TEST(VerifyLength, BandwidthBoundStepsVerifyManyDrafts) {
+  // A step costs nearly the same whatever its token count (a bandwidth-bound decode): with high
+  // acceptance every request verifies the most drafts allowed.
+  const StepTimes t = linear_times({1, 8}, 1.0, 0.001, 0.0, 5);
+  std::vector<std::vector<double>> a(8, std::vector<double>(5, 0.9));
+  a[3].resize(2);  // capped (near max_tokens)
+  const Choice c = choose_verify_lengths(t, a, true);
+  for (size_t r = 0; r < 8; ++r) EXPECT_EQ(c.k[r], r == 3 ? 2 : 5) << r;
+  EXPECT_GT(c.rate(), 8 / t.off(8));
+}
+
+TEST(VerifyLength, ComputeBoundStepsVerifyNone) {
+  // Every token costs its full share (compute bound, nothing amortised): no draft pays.
+  const StepTimes t = linear_times({1, 64}, 0.0, 1.0, 0.1, 5);
+  std::vector<std::vector<double>> a(64, std::vector<double>(5, 0.8));
+  const Choice c = choose_verify_lengths(t, a, true);
+  for (int32_t k : c.k) EXPECT_EQ(k, 0);
+}
+
+TEST(VerifyLength, ConfidentRequestsGetMoreDrafts) {
+  // In between: requests whose drafts are likely accepted verify more of them.
+  const StepTimes t = linear_times({1, 4}, 1.0, 0.25, 0.0, 5);
+  std::vector<std::vector<double>> a = {std::vector<double>(5, 0.95),
+                                        std::vector<double>(5, 0.2),
+                                        std::vector<double>(5, 0.6),
+                                        std::vector<double>(5, 0.05)};
+  const Choice c = choose_verify_lengths(t, a, false);
+  EXPECT_GE(c.k[0], c.k[2]);
+  EXPECT_GE(c.k[2], c.k[1]);
+  EXPECT_GE(c.k[1], c.k[3]);
+  EXPECT_GT(c.k[0], 0);
+  EXPECT_EQ(c.k[3], 0);
+  // The choice is at least as good as any uniform k.
+  for (int32_t k = 0; k <= 5; ++k) {
+    double tokens = 0;
+    for (const auto& row : a) {
+      double reach = 1;
+      tokens += 1;
+      for (int32_t i = 0; i < k; ++i) tokens += (reach *= row[static_cast<size_t>(i)]);
+    }
+    EXPECT_GE(c.rate() * (1 + 1e-12), tokens / t.verify(4, 1.0 + k)) << k;
+  }
+}
+
+TEST(AcceptancePredictor, LearnsRatesAndCalibration) {
+  AcceptancePredictor p(3);
+  EXPECT_NEAR(p.position_rate(0), 0.8, 1e-9);  // the optimistic prior
+  for (int i = 0; i < 200; ++i) {
+    p.record(0, 0.95f, i % 10 != 0);  // 90% accepted at confidence 0.95
+    p.record(1, 0.15f, i % 2 == 0);   // 50% accepted at confidence 0.15
+  }
+  EXPECT_NEAR(p.position_rate(0), 0.9, 0.02);
+  EXPECT_NEAR(p.position_rate(1), 0.5, 0.02);
+  EXPECT_NEAR(p.position_rate(2), 0.8, 1e-9);  // nothing seen there yet
+  EXPECT_NEAR(p.calibrated(0, 0.97f), 0.9, 0.02);
+  EXPECT_NEAR(p.calibrated(2, 0.12f), 0.5, 0.02);  // the drafter is underconfident there
+  EXPECT_NEAR(p.calibrated(0, 0.55f), p.position_rate(0), 1e-9);  // no data: the rate
+  EXPECT_NEAR(p.calibrated(2, 0.55f), 0.8, 1e-9);
+}
+
+TEST(SpecStats, Summaries) {
+  Stats s;
+  s.resize(3);
+  s.verified = {10, 8, 4};
+  s.accepted = {8, 4, 1};
+  s.verify_len = {2, 0, 0, 10};
+  s.spec_steps = 10;
+  s.spec_tokens = 23;
+  EXPECT_DOUBLE_EQ(s.acceptance(0), 0.8);
+  EXPECT_DOUBLE_EQ(s.acceptance(2), 0.25);
+  EXPECT_DOUBLE_EQ(s.acceptance(7), 0.0);
+  EXPECT_DOUBLE_EQ(s.mean_accepted_length(), 2.3);
+  EXPECT_DOUBLE_EQ(s.mean_verify_len(), 2.5);
+  EXPECT_NE(s.summary().find("0.800 0.500 0.250"), std::string::npos) << s.summary();
+}
+
+std::shared_ptr<const model::Checkpoint> fixture() {
+  static std::shared_ptr<const model::Checkpoint> ckpt = [] {
+    auto r =
+        model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official");
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return std::shared_ptr<const model::Checkpoint>(std::move(r).value());
+  }();
+  return ckpt;
+}
+
+TEST(MtpDrafter, FirstDraftIsTheMtpPredictionAndLaterOnesFollowTheChain) {
+  const auto& mc = fixture()->config();
+  cpu::CpuModel model(mc, fixture()->weights(), model::Numerics::kReference);
+  ASSERT_TRUE(model.can_draft());
+  auto arena = state::PageArena::growable(state::default_page_bytes(mc));
+  const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 123};
+  backend::ForwardOptions o;
+  o.run_mtp = true;
+
+  // Reference: one forward over prompt + [t] with MTP; its last MTP row (position P-1, next
+  // token t) predicts the token after t.
+  const int32_t t = 42;
+  std::vector<int32_t> all = prompt;
+  all.push_back(t);
+  state::SequenceState ref(mc, arena.get(), 1, 4);
+  backend::ForwardOutputs ro;
+  ASSERT_TRUE(model.forward(ref, all, o, &ro).ok());
+  ASSERT_EQ(ro.mtp_count, static_cast<int64_t>(prompt.size()));
+  const float* last = ro.mtp_logits.data() + (ro.mtp_count - 1) * mc.vocab_size;
+  const int32_t expect0 = static_cast<int32_t>(std::max_element(last, last + mc.vocab_size) - last);
+
+  // Drafting after the prompt with pending token t.
+  state::SequenceState st(mc, arena.get(), 2, 4);
+  o.want_mtp_logits = false;
+  backend::ForwardOutputs out;
+  ASSERT_TRUE(model.forward(st, prompt, o, &out).ok());
+  EXPECT_EQ(out.mtp_count, 0);
+  EXPECT_EQ(st.mtp_num_tokens(), static_cast<int64_t>(prompt.size()) - 1);
+  MtpDrafter drafter(&model, 4);
+  Draft d;
+  std::vector<DraftRequest> reqs(1);
+  reqs[0].state = &st;
+  reqs[0].next_token = t;
+  reqs[0].max_drafts = 4;
+  reqs[0].out = &d;
+  ASSERT_TRUE(drafter.draft(reqs).ok());
+  ASSERT_TRUE(reqs[0].status.ok()) << reqs[0].status.to_string();
+  ASSERT_EQ(d.tokens.size(), 4u);
+  EXPECT_EQ(d.tokens[0], expect0);
+  for (float c : d.confidence) {
+    EXPECT_GT(c, 0.0f);
+    EXPECT_LE(c, 1.0f);
+  }
+  EXPECT_EQ(st.mtp_num_tokens(), static_cast<int64_t>(prompt.size()));
+  // The same drafts again from a fresh copy: deterministic.
+  state::SequenceState st2(mc, arena.get(), 3, 4);
+  ASSERT_TRUE(model.forward(st2, prompt, o, nullptr).ok());
+  Draft d2;
+  reqs[0].state = &st2;
+  reqs[0].out = &d2;
+  ASSERT_TRUE(drafter.draft(reqs).ok());
+  EXPECT_EQ(d2.tokens, d.tokens);
+
+  // Verifying [t, drafts] with MTP, then rolling the drafts back, leaves the state equal to a
+  // forward over prompt + [t]: the next forward's logits and MTP predictions agree exactly.
+  ASSERT_TRUE(st.reserve(5));
+  std::vector<int32_t> verify = {t};
+  verify.insert(verify.end(), d.tokens.begin(), d.tokens.end());
+  ASSERT_TRUE(model.forward(st, verify, o, nullptr).ok());
+  ASSERT_TRUE(st.rollback(4).ok());
+  EXPECT_EQ(st.mtp_num_tokens(), static_cast<int64_t>(prompt.size()));
+  o.want_mtp_logits = true;
+  const std::vector<int32_t> more = {7, 300};
+  backend::ForwardOutputs a, b;
+  ASSERT_TRUE(model.forward(st, more, o, &a).ok());
+  ASSERT_TRUE(model.forward(ref, more, o, &b).ok());
+  EXPECT_EQ(a.logits, b.logits);
+  EXPECT_EQ(a.mtp_logits, b.mtp_logits);
+  EXPECT_EQ(a.mtp_first_pos, b.mtp_first_pos);
+
+  // Errors: too many drafts for the rollback limit, MTP state behind.
+  reqs[0].state = &st;
+  reqs[0].max_drafts = 5;
+  ASSERT_TRUE(drafter.draft(reqs).ok());
+  EXPECT_FALSE(reqs[0].status.ok());
+  state::SequenceState behind(mc, arena.get(), 4, 4);
+  ASSERT_TRUE(model.forward(behind, prompt, backend::ForwardOptions(), nullptr).ok());
+  reqs[0].state = &behind;
+  reqs[0].max_drafts = 2;
+  ASSERT_TRUE(drafter.draft(reqs).ok());
+  EXPECT_EQ(reqs[0].status.code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(MeasureStepTimes, MeasuresEveryBatchSizeAndLength) {
+  const auto& mc = fixture()->config();
+  cpu::CpuModel model(mc, fixture()->weights(), model::Numerics::kReference);
+  auto arena = state::PageArena::growable(state::default_page_bytes(mc));
+  MtpDrafter drafter(&model, 2);
+  auto t = measure_step_times(model, drafter, *arena, 3, 2, 1);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_TRUE(t->valid());
+  EXPECT_EQ(t->batch, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(t->max_k(), 2);
+  for (size_t i = 0; i < t->batch.size(); ++i) {
+    EXPECT_GT(t->off_s[i], 0);
+    for (double v : t->verify_s[i]) EXPECT_GT(v, 0);
+    for (double v : t->draft_s[i]) EXPECT_GT(v, 0);
+  }
+  EXPECT_EQ(arena->used_bytes(), 0);  // the throwaway sequences are gone
+}
+
+}  // namespace
+}  // namespace dsinfer::spec
