@@ -235,6 +235,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   e->model_ = std::move(model);
   // Speculative decoding: the checkpoint's drafter, where this backend can run it.
   e->spec_ = config.speculative;
+  // The reference CPU kernels are the oracle, not a fast path: speculation only when asked for.
+  if (e->spec_.defaulted && config.device == Device::kCpu &&
+      config.cpu_kernels == CpuKernels::kReference)
+    e->spec_ = spec::Config();
   if (e->spec_.mode != spec::Mode::kOff) {
     const char* why = nullptr;
     if (e->spec_.k < 1 || e->spec_.k > spec::kMaxDrafts)

@@ -23,7 +23,8 @@ Result<StepTimes> measure_step_times(backend::Model& model,
                                      state::PageArena& arena,
                                      int64_t max_batch,
                                      int32_t max_k,
-                                     int reps) {
+                                     int reps,
+                                     double budget_s) {
   const auto& mc = model.config();
   if (max_k < 1 || max_batch < 1 || reps < 1)
     return invalid_argument("measure_step_times: max_k, max_batch and reps must be >= 1");
@@ -86,8 +87,10 @@ Result<StepTimes> measure_step_times(backend::Model& model,
   // Every measurement is the minimum over `reps` rounds, the rounds interleaved (each round
   // times every length once) so that a burst of load from elsewhere spoils one round of several
   // lengths rather than every round of one length.
+  const double t_start = now_s();
   for (int64_t b64 : sizes) {
     const size_t b = static_cast<size_t>(b64);
+    const double t_size = now_s();
     t.batch.push_back(b64);
     double off = 1e30;
     std::vector<double> verify(static_cast<size_t>(max_k + 1), 1e30);
@@ -125,6 +128,8 @@ Result<StepTimes> measure_step_times(backend::Model& model,
         for (const auto& q : reqs) DSI_RETURN_IF_ERROR(q.status);
         DSI_RETURN_IF_ERROR(rollback(b, 0));  // the MTP block back to one position behind
       }
+      if (now_s() - t_start > budget_s / 4)
+        break;  // a slow backend (the reference kernels): one round is all it gets
     }
     // More tokens or steps never cost less (what is left of noise after the minimum).
     for (size_t i = 1; i < verify.size(); ++i) verify[i] = std::max(verify[i], verify[i - 1]);
@@ -132,6 +137,11 @@ Result<StepTimes> measure_step_times(backend::Model& model,
     t.off_s.push_back(off);
     t.verify_s.push_back(verify);
     t.draft_s.push_back(draft);
+    // Past the budget (the next size takes about twice this one) the larger batch sizes are
+    // extrapolated (StepTimes: proportional).
+    const double now = now_s();
+    if (now - t_start + 2 * (now - t_size) > budget_s)
+      break;
   }
   return t;
 }

@@ -15,12 +15,15 @@ namespace dsinfer::spec {
 
 // Batch sizes 1, 2, 4, ... up to max_batch (and max_batch itself), each with L = 1..max_k + 1
 // tokens per sequence and s = 1..max_k draft steps; the minimum of `reps` interleaved rounds. Fewer
-// batch sizes when the arena cannot hold max_batch throwaway sequences.
+// batch sizes when the arena cannot hold max_batch throwaway sequences, and when the measurement
+// has taken budget_s (a slow backend such as the reference kernels: then also a single round;
+// the larger batch sizes are extrapolated).
 Result<StepTimes> measure_step_times(backend::Model& model,
                                      Drafter& drafter,
                                      state::PageArena& arena,
                                      int64_t max_batch,
                                      int32_t max_k,
-                                     int reps = 4);
+                                     int reps = 4,
+                                     double budget_s = 2.0);
 
 }  // namespace dsinfer::spec

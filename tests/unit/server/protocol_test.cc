@@ -402,6 +402,32 @@ TEST(ServerMetrics, PrometheusExposition) {
     }
     pos = end + 1;
   }
+  EXPECT_EQ(text.find("dsinfer_spec_"), std::string::npos) << "no speculative metrics when off";
+}
+
+TEST(ServerMetrics, SpeculativeDecoding) {
+  Metrics m;
+  EngineGauges g;
+  g.spec_verified = {10, 8};
+  g.spec_accepted = {8, 2};
+  g.spec_verify_len = {1, 2, 8};
+  g.spec_steps = 10;
+  g.spec_tokens = 20;
+  m.set_gauges(g);
+  const std::string text = m.render();
+  for (const char* line : {
+           "dsinfer_spec_drafts_verified_total{position=\"1\"} 10\n",
+           "dsinfer_spec_drafts_accepted_total{position=\"2\"} 2\n",
+           "dsinfer_spec_acceptance_rate{position=\"1\"} 0.8\n",
+           "dsinfer_spec_acceptance_rate{position=\"2\"} 0.25\n",
+           "dsinfer_spec_verify_length_total{drafts=\"0\"} 1\n",
+           "dsinfer_spec_verify_length_total{drafts=\"2\"} 8\n",
+           "dsinfer_spec_verify_steps_total 10\n",
+           "dsinfer_spec_emitted_tokens_total 20\n",
+           "# TYPE dsinfer_spec_drafts_verified_total counter\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+  }
 }
 
 }  // namespace
