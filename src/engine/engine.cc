@@ -252,6 +252,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
       why = "expert parallelism over several processes does not speculate yet";
     else if (!e->model_->can_draft())
       why = "this backend cannot draft yet";
+    else if (config.prefix_cache.store)
+      why = "the prefix cache's state images do not cover the MTP block's state yet";
     if (why != nullptr) {
       if (!e->spec_.defaulted) {
         return invalid_argument(
