@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "base/bytes.h"
 #include "base/strings.h"
 
 namespace dsinfer::kvstore {
@@ -10,29 +11,6 @@ namespace {
 constexpr char kMagic[8] = {'D', 'S', 'I', 'K', 'V', 'E', '0', '1'};
 constexpr uint32_t kVersion = 1;
 
-template <typename T>
-void put(std::string& s, T v) {
-  s.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-class Reader {
- public:
-  explicit Reader(std::string_view s) : s_(s) {}
-  template <typename T>
-  bool get(T* v) {
-    if (s_.size() - pos_ < sizeof(T))
-      return false;
-    std::memcpy(v, s_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  size_t pos() const { return pos_; }
-  size_t left() const { return s_.size() - pos_; }
-
- private:
-  std::string_view s_;
-  size_t pos_ = 0;
-};
 }  // namespace
 
 const char* retention_class_name(RetentionClass c) {
@@ -67,24 +45,24 @@ void seal(EntryMeta& meta, std::string_view payload) {
 
 std::string encode_header(const EntryMeta& m) {
   std::string s(kMagic, sizeof(kMagic));
-  put<uint32_t>(s, 0);  // header length, patched below
-  put<uint32_t>(s, kVersion);
-  put(s, m.key.hi);
-  put(s, m.key.lo);
-  put(s, m.anchor.hi);
-  put(s, m.anchor.lo);
-  put(s, m.num_tokens);
-  put(s, static_cast<uint32_t>(m.retention));
-  put(s, m.created_s);
-  put(s, m.expires_s);
-  put(s, m.payload_bytes);
-  put(s, static_cast<uint32_t>(m.tail.size()));
-  for (int32_t t : m.tail) put(s, t);
-  put(s, static_cast<uint32_t>(m.block_sums.size()));
-  for (uint64_t c : m.block_sums) put(s, c);
+  append_pod<uint32_t>(s, 0);  // header length, patched below
+  append_pod<uint32_t>(s, kVersion);
+  append_pod(s, m.key.hi);
+  append_pod(s, m.key.lo);
+  append_pod(s, m.anchor.hi);
+  append_pod(s, m.anchor.lo);
+  append_pod(s, m.num_tokens);
+  append_pod(s, static_cast<uint32_t>(m.retention));
+  append_pod(s, m.created_s);
+  append_pod(s, m.expires_s);
+  append_pod(s, m.payload_bytes);
+  append_pod(s, static_cast<uint32_t>(m.tail.size()));
+  for (int32_t t : m.tail) append_pod(s, t);
+  append_pod(s, static_cast<uint32_t>(m.block_sums.size()));
+  for (uint64_t c : m.block_sums) append_pod(s, c);
   const uint32_t len = static_cast<uint32_t>(s.size() + sizeof(uint64_t));
   std::memcpy(s.data() + sizeof(kMagic), &len, sizeof(len));
-  put(s, checksum64(s.data(), s.size()));
+  append_pod(s, checksum64(s.data(), s.size()));
   return s;
 }
 
@@ -108,7 +86,7 @@ Result<EntryMeta> parse_header(std::string_view bytes) {
   std::memcpy(&stored, bytes.data() + len - 8, 8);
   if (stored != checksum64(bytes.data(), len - 8))
     return data_loss("entry header checksum mismatch");
-  Reader r(bytes.substr(0, len - 8));
+  ByteReader r(bytes.substr(0, len - 8));
   char magic[8];
   uint32_t hlen = 0, version = 0, cls = 0, ntail = 0, nsums = 0;
   EntryMeta m;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/bytes.h"
 #include "base/check.h"
 #include "base/strings.h"
 #include "state/sequence_state.h"
@@ -25,38 +26,6 @@ struct RowsShape {
 struct ImageLayerShape {
   int64_t ratio = 0, head_dim = 0, index_head_dim = 0, ring_capacity = 0, num_entries = 0;
   RowsShape comp, index;
-};
-
-template <typename T>
-void put(std::string& s, T v) {
-  s.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-class Reader {
- public:
-  explicit Reader(std::string_view s) : s_(s) {}
-  template <typename T>
-  bool get(T* v) {
-    if (s_.size() - pos_ < sizeof(T))
-      return false;
-    std::memcpy(v, s_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  // n floats; false when the image is shorter.
-  bool floats(float* dst, int64_t n) {
-    const uint64_t bytes = static_cast<uint64_t>(n) * 4;
-    if (n < 0 || s_.size() - pos_ < bytes)
-      return false;
-    std::memcpy(dst, s_.data() + pos_, bytes);
-    pos_ += bytes;
-    return true;
-  }
-  size_t left() const { return s_.size() - pos_; }
-
- private:
-  std::string_view s_;
-  size_t pos_ = 0;
 };
 
 ImageLayerShape shape_of(const LayerState& ls) {
@@ -88,10 +57,10 @@ void put_shape(std::string& s, const ImageLayerShape& l) {
                     l.index.capacity,
                     l.index.first,
                     l.index.end})
-    put(s, v);
+    append_pod(s, v);
 }
 
-bool get_shape(Reader& r, ImageLayerShape* l) {
+bool get_shape(ByteReader& r, ImageLayerShape* l) {
   int64_t* f[] = {&l->ratio,
                   &l->head_dim,
                   &l->index_head_dim,
@@ -141,7 +110,7 @@ class Capturer {
 
 class Restorer {
  public:
-  Restorer(const PageArena& arena, const PageWriter& write, Reader* in)
+  Restorer(const PageArena& arena, const PageWriter& write, ByteReader* in)
       : page_floats_(arena.page_bytes() / 4), write_(write), in_(in) {}
   // Reads n rows from the image into rows `row_of(i)` of `rows` (pages already held) and writes
   // the pages.
@@ -166,7 +135,7 @@ class Restorer {
  private:
   int64_t page_floats_;
   const PageWriter& write_;
-  Reader* in_;
+  ByteReader* in_;
   std::vector<float> buf_;
 };
 
@@ -230,16 +199,16 @@ Result<std::string> capture_state(const SequenceState& st, const PageReader& rea
   if (st.num_tokens_ < 1)
     return invalid_argument("no state to capture (empty sequence)");
   std::string out(kMagic, sizeof(kMagic));
-  put(out, kVersion);
-  put(out, st.num_tokens_);
-  put(out, st.mtp_num_tokens_);
-  put(out, static_cast<uint32_t>(st.layers_.size()));
-  put(out, static_cast<uint32_t>(st.mtp_layers_.size()));
-  put(out, static_cast<int64_t>(st.final_positions_.size()));
+  append_pod(out, kVersion);
+  append_pod(out, st.num_tokens_);
+  append_pod(out, st.mtp_num_tokens_);
+  append_pod(out, static_cast<uint32_t>(st.layers_.size()));
+  append_pod(out, static_cast<uint32_t>(st.mtp_layers_.size()));
+  append_pod(out, static_cast<int64_t>(st.final_positions_.size()));
   for (const auto* v : {&st.layers_, &st.mtp_layers_}) {
     for (const LayerState& ls : *v) put_shape(out, shape_of(ls));
   }
-  for (int64_t p : st.final_positions_) put(out, p);
+  for (int64_t p : st.final_positions_) append_pod(out, p);
   Capturer c(*st.arena_, read, &out);
   for (const auto* v : {&st.layers_, &st.mtp_layers_}) {
     for (const LayerState& ls : *v) DSI_RETURN_IF_ERROR(capture_layer(ls, c));
@@ -253,7 +222,7 @@ Result<std::string> capture_state(const SequenceState& st, const PageReader& rea
 }
 
 Result<int64_t> state_image_tokens(std::string_view image) {
-  Reader r(image);
+  ByteReader r(image);
   char magic[8];
   uint32_t version = 0;
   int64_t n = 0;
@@ -265,7 +234,7 @@ Result<int64_t> state_image_tokens(std::string_view image) {
 
 Status restore_state(std::string_view image, SequenceState& st, const PageWriter& write) {
   DSI_CHECK(st.num_tokens_ == 0, "restore_state needs a fresh sequence");
-  Reader r(image);
+  ByteReader r(image);
   char magic[8];
   uint32_t version = 0, n_layers = 0, n_mtp = 0;
   int64_t num_tokens = 0, mtp_tokens = 0, n_final = 0;
