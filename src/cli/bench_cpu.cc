@@ -20,6 +20,28 @@
 #include "model/checkpoint.h"
 
 namespace dsinfer::cli {
+
+Result<nlohmann::ordered_json> state_footprint_json(const backend::Model& m,
+                                                    int64_t page_bytes,
+                                                    const std::string& state_memory) {
+  DSI_ASSIGN_OR_RETURN(const int64_t budget, parse_bytes("--state-memory", state_memory));
+  const model::ModelConfig& cfg = m.config();
+  const engine::Footprint f =
+      engine::state_footprint(m, page_bytes, 0, budget / page_bytes, cfg.max_position_embeddings);
+  std::fprintf(stderr,
+               "[bench] sequence state: %lld B fixed + %.1f B per token of context (pages of %lld "
+               "B); %s holds %lld tokens of one sequence's context\n",
+               static_cast<long long>(f.fixed_bytes),
+               f.bytes_per_token,
+               static_cast<long long>(page_bytes),
+               state_memory.c_str(),
+               static_cast<long long>(f.max_context_tokens));
+  return nlohmann::ordered_json{{"page_bytes", page_bytes},
+                                {"fixed_bytes_per_sequence", f.fixed_bytes},
+                                {"bytes_per_token", f.bytes_per_token},
+                                {"state_memory_bytes", budget},
+                                {"max_context_tokens_in_state_memory", f.max_context_tokens}};
+}
 namespace {
 
 using json = nlohmann::ordered_json;
@@ -64,6 +86,8 @@ Result<json> bench_one(const CpuBenchArgs& a,
   json out;
   out["kernels"] = engine::cpu_kernels_name(kernels);
   out["backend"] = m.name();
+  DSI_ASSIGN_OR_RETURN(out["state"],
+                       state_footprint_json(m, state::default_page_bytes(cfg), a.state_memory));
 
   json prefill = json::array();
   for (int64_t len : a.prefill) {
@@ -288,6 +312,10 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
                   a->prefill_keep_rows,
                   "DeepSeek V4.1: also time the prefill early exit with the last K rows");
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
+  cmd->add_option("--state-memory",
+                  a->state_memory,
+                  "Report how many tokens of context one sequence's state fits in this budget "
+                  "(default 1GiB)");
   cmd->callback([a, device, cuda_only, &exit_code] {
     if (*device != "cpu") {
       exit_code = fail(Status(StatusCode::kUnimplemented,

@@ -4,8 +4,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "backend/model.h"
+#include "base/status.h"
 
 namespace dsinfer::cli {
 
@@ -19,11 +23,19 @@ struct CpuBenchArgs {
   int64_t decode_steps = 8;
   int64_t repeats = 2;
   int threads = 0;
-  int64_t prefill_keep_rows = 0;  // DeepSeek V4.1: also time the prefill early exit
+  int64_t prefill_keep_rows = 0;      // DeepSeek V4.1: also time the prefill early exit
+  std::string state_memory = "1GiB";  // the budget the state footprint's context is given for
   std::string output;
 };
 
 int run_cpu_bench(const CpuBenchArgs& a);
+
+// The sequence-state footprint of m's model (engine::state_footprint) in pages of page_bytes, and
+// the context one sequence fits in `state_memory` (a --state-memory size), as the "state" object
+// of `bench`'s JSON; also printed on stderr.
+Result<nlohmann::ordered_json> state_footprint_json(const backend::Model& m,
+                                                    int64_t page_bytes,
+                                                    const std::string& state_memory);
 // The same on a DeepSeek V4.1 checkpoint (bench_cpu_v41.cc); run_cpu_bench calls it.
 int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir);
 

@@ -46,6 +46,7 @@ struct BenchArgs {
   bool ops = false;
   std::string profile_range;  // "prefill" | "decode": cudaProfilerStart/Stop around those runs
   std::vector<int64_t> op_tokens = {1, 16, 64, 256, 1024, 8192};
+  std::string state_memory = "1GiB";  // the budget the state footprint's context is given for
   // --device cpu (cli/bench_cpu.h): the CPU run's own defaults unless the flags were given.
   CpuBenchArgs cpu;
   bool numerics_set = false;
@@ -60,6 +61,7 @@ int run_cpu_bench_from(const BenchArgs& a) {
   CpuBenchArgs c = a.cpu;
   c.model_dir = a.model_dir;
   c.output = a.output;
+  c.state_memory = a.state_memory;
   if (a.numerics_set)
     c.numerics = a.numerics;
   if (a.prefill_set)
@@ -212,6 +214,12 @@ int run_bench(const BenchArgs& a) {
       state::SequenceState::pages_for(cfg, page_bytes, max_tokens, 0) * (max_batch + 1) + 64;
   auto arena = state::PageArena::with_budget(pages * page_bytes, page_bytes, m.state_storage());
   out["state_bytes_reserved"] = pages * page_bytes;
+  {
+    auto st = state_footprint_json(m, page_bytes, a.state_memory);
+    if (!st.ok())
+      return fail(st.status());
+    out["state"] = *st;
+  }
   if (cfg.max_position_embeddings < max_tokens) {
     return fail(invalid_argument(str_format("the model's context (%lld) is below %lld tokens",
                                             static_cast<long long>(cfg.max_position_embeddings),
@@ -407,6 +415,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       a->cpu.prefill_keep_rows,
       "--device cpu, DeepSeek V4.1: also time the prefill early exit with the last K rows");
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
+  cmd->add_option("--state-memory",
+                  a->state_memory,
+                  "Report how many tokens of context one sequence's state fits in this budget "
+                  "(default 1GiB)");
   cmd->add_flag("--no-ceilings", a->no_ceilings, "Skip the copy/GEMM ceiling measurements");
   cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs, "Decode eagerly");
   cmd->add_flag("--batch-invariant",

@@ -330,6 +330,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   }
   e->t0_ = 0;
   e->t0_ = e->now_s();
+  e->footprint_ = state_footprint(*e->model_,
+                                  e->arena_->page_bytes(),
+                                  e->spec_.max_drafts(),
+                                  e->arena_->num_pages(),
+                                  e->max_model_len_);
   return e;
 }
 
@@ -964,7 +969,38 @@ EngineStats Engine::stats() const {
   s.waiting = scheduler_->num_waiting();
   s.state_bytes_used = arena_->used_bytes();
   s.state_bytes_total = arena_->num_pages() * arena_->page_bytes();
+  s.state_bytes_fixed = footprint_.fixed_bytes;
+  s.state_bytes_per_token = footprint_.bytes_per_token;
+  s.state_max_context = footprint_.max_context_tokens;
   return s;
+}
+
+Footprint state_footprint(const backend::Model& m,
+                          int64_t page_bytes,
+                          int64_t max_rollback,
+                          int64_t budget_pages,
+                          int64_t max_len) {
+  Footprint f;
+  f.page_bytes = page_bytes;
+  auto pages = [&](int64_t n) { return sequence_pages(m, page_bytes, n, max_rollback); };
+  f.fixed_bytes = pages(1) * page_bytes;
+  constexpr int64_t kA = 65536, kB = 131072;
+  f.bytes_per_token =
+      static_cast<double>((pages(kB) - pages(kA)) * page_bytes) / static_cast<double>(kB - kA);
+  if (pages(1) > budget_pages)
+    return f;
+  // The longest n <= max_len with pages(n) within the budget (pages(n) grows with n).
+  int64_t lo = 1;
+  int64_t hi = std::max<int64_t>(max_len, 1);
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (pages(mid) <= budget_pages)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  f.max_context_tokens = lo;
+  return f;
 }
 
 void Engine::check_integrity() const {

@@ -80,6 +80,10 @@ struct EngineStats {
   int64_t waiting = 0;
   int64_t state_bytes_used = 0;
   int64_t state_bytes_total = 0;
+  // The state layout's footprint (Engine::footprint), constant over the engine's life.
+  int64_t state_bytes_fixed = 0;     // one sequence at one token (rings, compressor rows)
+  double state_bytes_per_token = 0;  // growth per token of context at long contexts
+  int64_t state_max_context = 0;     // tokens of context one sequence can hold in the budget
   // Prefix cache.
   int64_t cached_prompt_tokens = 0;  // prompt tokens restored instead of computed
   int64_t cache_lookups = 0;
@@ -90,6 +94,22 @@ struct EngineStats {
   spec::Config speculative;  // in effect (off when the checkpoint or backend has no drafter)
   spec::Stats spec;
 };
+
+// Sequence-state footprint of a model in pages of page_bytes (what `bench` and /metrics report):
+// bytes one sequence holds at one token, bytes per further token of context (the average over
+// 64k..128k tokens, i.e. with the compressed entries and index keys), and the longest context
+// (<= max_len) one sequence can hold in budget_pages. max_rollback: V4's rollback limit.
+struct Footprint {
+  int64_t page_bytes = 0;
+  int64_t fixed_bytes = 0;
+  double bytes_per_token = 0;
+  int64_t max_context_tokens = 0;
+};
+Footprint state_footprint(const backend::Model& m,
+                          int64_t page_bytes,
+                          int64_t max_rollback,
+                          int64_t budget_pages,
+                          int64_t max_len);
 
 class Engine {
  public:
@@ -128,6 +148,8 @@ class Engine {
   void release(RequestId id);
 
   EngineStats stats() const;
+  // The sequence-state footprint in this engine's pages (state_footprint).
+  const Footprint& footprint() const { return footprint_; }
   const model::ModelConfig& model_config() const { return model_->config(); }
   const state::PageArena& arena() const { return *arena_; }
   // OK while the backend is healthy; after a device failure, that failure (every in-flight
@@ -144,6 +166,7 @@ class Engine {
   double now_s() const;
 
  private:
+  Footprint footprint_;
   class Memory;
   Engine();
   void run_chunks();

@@ -384,6 +384,9 @@ void EngineLoop::publish() {
   g.in_flight = in_flight_.load();
   g.state_used_bytes = st.state_bytes_used;
   g.state_total_bytes = st.state_bytes_total;
+  g.state_fixed_bytes = st.state_bytes_fixed;
+  g.state_bytes_per_token = st.state_bytes_per_token;
+  g.state_max_context = st.state_max_context;
   g.steps = st.steps;
   g.preemptions = st.preemptions;
   if (const kvstore::KvStore* kv = engine_->kv_store()) {

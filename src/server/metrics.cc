@@ -322,6 +322,21 @@ std::string Metrics::render() const {
          "\n";
   header(&out, "dsinfer_state_memory_used_bytes", "gauge", "Sequence-state memory in use.");
   sample(&out, "dsinfer_state_memory_used_bytes", gauges_.state_used_bytes);
+  header(&out,
+         "dsinfer_state_sequence_fixed_bytes",
+         "gauge",
+         "State one sequence holds at one token (window rings, compressor rows).");
+  sample(&out, "dsinfer_state_sequence_fixed_bytes", gauges_.state_fixed_bytes);
+  header(&out,
+         "dsinfer_state_bytes_per_token",
+         "gauge",
+         "State per further token of context (long contexts: compressed entries, index keys).");
+  out += "dsinfer_state_bytes_per_token " + fmt_double(gauges_.state_bytes_per_token) + "\n";
+  header(&out,
+         "dsinfer_state_max_context_tokens",
+         "gauge",
+         "Longest context one sequence can hold in the state memory.");
+  sample(&out, "dsinfer_state_max_context_tokens", gauges_.state_max_context);
   header(&out, "dsinfer_engine_steps_total", "counter", "Engine iterations.");
   sample(&out, "dsinfer_engine_steps_total", gauges_.steps);
   header(&out, "dsinfer_engine_preemptions_total", "counter", "Sequences preempted for memory.");

@@ -37,6 +37,9 @@ struct EngineGauges {
   int64_t in_flight = 0;    // admitted and not finished (queue_depth + running + finishing)
   int64_t state_used_bytes = 0;
   int64_t state_total_bytes = 0;
+  int64_t state_fixed_bytes = 0;     // one sequence's state at one token
+  double state_bytes_per_token = 0;  // per further token of context
+  int64_t state_max_context = 0;     // tokens of context one sequence can hold
   int64_t steps = 0;
   int64_t preemptions = 0;
   // Prefix cache (when the engine has one).

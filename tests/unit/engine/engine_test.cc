@@ -315,6 +315,29 @@ TEST_P(EngineKernels, SeededRequestIsTheSameAloneInABatchOf64AndUnderPreemption)
   }
 }
 
+// The state footprint /metrics and `bench` report: one sequence's fixed pages, the growth per
+// token at long contexts, and the longest context that fits the budget, against the pages a
+// sequence of that length takes.
+TEST(Engine, StateFootprintMatchesThePagesASequenceTakes) {
+  const int64_t budget = int64_t{8} << 20;
+  auto e = make_engine(budget);
+  const auto& c = fixture()->config();
+  const Footprint& f = e->footprint();
+  const int64_t pb = state::min_page_bytes(c);
+  EXPECT_EQ(f.page_bytes, pb);
+  EXPECT_EQ(f.fixed_bytes, state::SequenceState::pages_for(c, pb, 1, 0) * pb);
+  EXPECT_GT(f.bytes_per_token, 0.0);
+  const int64_t pages = budget / pb;
+  ASSERT_GT(f.max_context_tokens, 0);
+  EXPECT_LE(state::SequenceState::pages_for(c, pb, f.max_context_tokens, 0), pages);
+  if (f.max_context_tokens < c.max_position_embeddings) {
+    EXPECT_GT(state::SequenceState::pages_for(c, pb, f.max_context_tokens + 1, 0), pages);
+  }
+  const EngineStats st = e->stats();
+  EXPECT_EQ(st.state_bytes_fixed, f.fixed_bytes);
+  EXPECT_EQ(st.state_max_context, f.max_context_tokens);
+}
+
 TEST(Engine, SeededDrawIsKeyedByAbsolutePosition) {
   // Resubmitting the prompt plus the first generated token continues with the same draws: the
   // draw for a token depends on (seed, its position in the sequence), not on how many tokens

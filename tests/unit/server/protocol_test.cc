@@ -371,6 +371,9 @@ TEST(ServerMetrics, PrometheusExposition) {
   g.queue_depth = 2;
   g.state_used_bytes = 4096;
   g.state_total_bytes = 1 << 20;
+  g.state_fixed_bytes = 65536;
+  g.state_bytes_per_token = 672.0;
+  g.state_max_context = 1463;
   m.set_gauges(g);
   const std::string text = m.render();
   for (const char* line : {
@@ -386,6 +389,9 @@ TEST(ServerMetrics, PrometheusExposition) {
            "dsinfer_queue_depth 2\n",
            "dsinfer_state_memory_used_bytes 4096\n",
            "dsinfer_state_memory_bytes{kind=\"total\"} 1048576\n",
+           "dsinfer_state_sequence_fixed_bytes 65536\n",
+           "dsinfer_state_bytes_per_token 672\n",
+           "dsinfer_state_max_context_tokens 1463\n",
            "# TYPE dsinfer_time_to_first_token_seconds histogram\n",
        }) {
     EXPECT_NE(text.find(line), std::string::npos) << line;
