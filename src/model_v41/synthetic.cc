@@ -544,7 +544,9 @@ Status write_v41_streaming(const json& config_json,
   uint64_t total = 0;
   const int nfiles = static_cast<int>(shards.size());
   for (int f = 0; f < nfiles; ++f) {
-    const auto& [label, tensors] = shards[static_cast<size_t>(f)];
+    // A plain reference, not a structured binding: the writer threads' lambda captures it
+    // (clang before 16 cannot capture structured bindings).
+    const auto& tensors = shards[static_cast<size_t>(f)].second;
     char fname[64];
     std::snprintf(fname, sizeof(fname), "model-%05d-of-%05d.safetensors", f + 1, nfiles);
     std::vector<TensorSpec> specs;
