@@ -170,6 +170,12 @@ Status check_shape(const ImageLayerShape& img,
                    size_t l) {
   if (!same_fixed_shape(img, fresh))
     return invalid_argument(str_format("state image layer %zu has another layout", l));
+  // A disabled ring holds nothing (also in sliding layers: an image is canonical, so that a
+  // restored state captures back to the same bytes).
+  for (const RowsShape* r : {&img.comp, &img.index}) {
+    if (r->width == 0 && (r->first != 0 || r->end != 0))
+      return data_loss(str_format("state image layer %zu: rows in a disabled ring", l));
+  }
   if (img.ratio == 0) {
     if (img.num_entries != 0)
       return data_loss(str_format("state image layer %zu: entries in a sliding layer", l));
@@ -178,11 +184,8 @@ Status check_shape(const ImageLayerShape& img,
   if (img.num_entries != num_tokens / img.ratio)
     return data_loss(str_format("state image layer %zu: entry count inconsistent", l));
   for (const RowsShape* r : {&img.comp, &img.index}) {
-    if (r->width == 0) {
-      if (r->first != 0 || r->end != 0)
-        return data_loss(str_format("state image layer %zu: rows in a disabled ring", l));
+    if (r->width == 0)
       continue;
-    }
     const int64_t overlap = img.index_head_dim > 0 ? 1 : 0;
     const int64_t needed = std::max<int64_t>(0, (num_tokens / img.ratio - overlap) * img.ratio);
     if (r->end != num_tokens || r->first < 0 || r->first > r->end || r->first > needed ||
