@@ -385,8 +385,13 @@ TEST(PrefixCache, FullDiskAndDeletedDirectoryLoseNoRequest) {
   std::shared_ptr<kvstore::KvStore> store(std::move(opened).value());
   auto e = make_engine(ckpt, store);
   for (size_t t = 0; t < prompts.size(); ++t) {
-    if (t == 1)
-      fs::remove_all(dir);  // and the directory disappears mid-run
+    if (t == 1) {
+      // The directory disappears mid-run; the store's worker may be writing into it meanwhile,
+      // so the removal is retried until nothing is left.
+      std::error_code ec;
+      for (int i = 0; i < 1000 && fs::exists(dir, ec); ++i) fs::remove_all(dir, ec);
+      ASSERT_FALSE(fs::exists(dir, ec)) << ec.message();
+    }
     const Turn got = run(*e, prompts[t], 6);
     EXPECT_EQ(got.output, expected[t].output);
     EXPECT_EQ(got.logprobs, expected[t].logprobs);
