@@ -250,8 +250,7 @@ TEST(V41Engine, OptionsAndPromptIdsAreCheckedWithClearErrors) {
     cfg.prefix_cache.store = std::shared_ptr<kvstore::KvStore>(std::move(store).value());
     auto p = Engine::create(cfg);
     ASSERT_FALSE(p.ok());
-    EXPECT_NE(p.status().message().find("prefix cache"), std::string::npos)
-        << p.status().message();
+    EXPECT_NE(p.status().message().find("prefix cache"), std::string::npos) << p.status().message();
   }
   auto e = make_engine(int64_t{64} << 20, {});
   ASSERT_NE(e, nullptr);
