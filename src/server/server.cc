@@ -48,8 +48,10 @@
 #include <utility>
 #include <vector>
 
+#include "base/check.h"
 #include "base/strings.h"
 #include "kvstore/entry_file.h"
+#include "server/choice_results.h"
 #include "server/http_framing.h"
 #include "server/log.h"
 
@@ -241,80 +243,32 @@ struct Conn {
 };
 
 // A request's results, handed from the engine loop thread to the connection's strand: the loop
-// appends under the mutex and posts one wake-up (coalesced) that cancels the waiter's timer.
-// n > 1 (Chat `n`): one engine request per choice, each reporting through its ChoiceSink.
+// records them in a ChoiceResults and posts one wake-up (coalesced) that cancels the waiter's
+// timer. n > 1 (Chat `n`): one engine request per choice, each reporting through its ChoiceSink.
 class Channel final : public std::enable_shared_from_this<Channel> {
  public:
-  Channel(const net::any_io_executor& ex, size_t choices) : timer_(ex), choices_(choices) {}
+  using Snapshot = ChoiceResults::Snapshot;
+  Channel(const net::any_io_executor& ex, size_t choices) : timer_(ex), results_(choices) {}
 
   void on_accepted(size_t i, int64_t prompt_tokens) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      choices_[i].accepted = true;
-      prompt_tokens_ = prompt_tokens;
-    }
+    results_.on_accepted(i, prompt_tokens);
     notify();
   }
   void on_rejected(size_t, const Status& status) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (!rejected_)
-        rejected_ = status;
-    }
+    results_.on_rejected(status);
     notify();
   }
   void on_events(size_t i, std::vector<recipe::OutputEvent> events) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      for (auto& e : events) choices_[i].events.push_back(std::move(e));
-    }
+    results_.on_events(i, std::move(events));
     notify();
   }
   void on_finished(size_t i, const Completion& completion) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      choices_[i].finished = completion;
-    }
+    results_.on_finished(i, completion);
     notify();
   }
-
-  struct Snapshot {
-    bool accepted = false;  // every choice
-    int64_t prompt_tokens = 0;
-    std::optional<Status> rejected;                        // any choice
-    std::vector<std::vector<recipe::OutputEvent>> events;  // per choice
-    std::vector<std::optional<Completion>> finished;       // per choice
-    bool all_finished = false;
-  };
   // Everything new since the last take() (strand only).
-  Snapshot take() {
-    Snapshot s;
-    std::lock_guard<std::mutex> l(mu_);
-    s.accepted = true;
-    s.all_finished = true;
-    for (Choice& c : choices_) {
-      s.accepted = s.accepted && c.accepted;
-      s.events.emplace_back().swap(c.events);
-      s.finished.push_back(c.finished);
-      s.all_finished = s.all_finished && c.finished.has_value();
-      c.finish_seen = c.finished.has_value();
-    }
-    accept_seen_ = s.accepted;
-    s.prompt_tokens = prompt_tokens_;
-    s.rejected = rejected_;
-    reject_seen_ = rejected_.has_value();
-    return s;
-  }
-  bool pending() {
-    std::lock_guard<std::mutex> l(mu_);
-    bool accepted = true;
-    for (const Choice& c : choices_) {
-      if (!c.events.empty() || (c.finished && !c.finish_seen))
-        return true;
-      accepted = accepted && c.accepted;
-    }
-    return (rejected_ && !reject_seen_) || (accepted && !accept_seen_);
-  }
+  Snapshot take() { return results_.take(); }
+  bool pending() { return results_.pending(); }
   // Waits for the next notify (or cancellation). Strand only.
   net::awaitable<void> wait() {
     timer_.expires_at(net::steady_timer::time_point::max());
@@ -322,12 +276,6 @@ class Channel final : public std::enable_shared_from_this<Channel> {
   }
 
  private:
-  struct Choice {
-    bool accepted = false;
-    std::vector<recipe::OutputEvent> events;
-    std::optional<Completion> finished;
-    bool finish_seen = false;  // take() has returned `finished`
-  };
   void notify() {
     if (notify_pending_.exchange(true))
       return;
@@ -339,12 +287,7 @@ class Channel final : public std::enable_shared_from_this<Channel> {
 
   net::steady_timer timer_;
   std::atomic<bool> notify_pending_{false};
-  std::mutex mu_;
-  std::vector<Choice> choices_;
-  bool accept_seen_ = false;
-  bool reject_seen_ = false;
-  int64_t prompt_tokens_ = 0;
-  std::optional<Status> rejected_;
+  ChoiceResults results_;
 };
 
 // One choice's RequestSink: forwards to the request's Channel with the choice's index.
@@ -1277,6 +1220,9 @@ net::awaitable<void> Server::Impl::respond(Conn& c,
           frames += enc.finish(finished->usage);
         }
       }
+      // ChoiceResults hands nothing out before every choice is accepted: no chunk can precede
+      // the status line.
+      DSI_CHECK(frames.empty() || o->headers_sent, "stream data before the response head");
       append_chunk(&out, frames, chunked);
       if (finished && chunked)
         out += "0\r\n\r\n";
