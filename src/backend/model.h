@@ -13,19 +13,37 @@
 #include "base/status.h"
 #include "model/config.h"
 #include "model/numerics.h"
+#include "sampling/sampler.h"
 #include "state/page_arena.h"
 #include "state/sequence_state.h"
 
 namespace dsinfer::backend {
 
+// Sampling inside the backend (ForwardOptions::sample, for backends whose can_sample() is
+// true): the chunk's last position is sampled where its logits are (on the device, for CUDA)
+// and only the token comes back instead of [vocab] floats. The pick is sampling::sample's for the
+// same config, penalties, step and mask, up to the order of floating-point sums (a different
+// pick needs the uniform draw within a few ulps of a cumulative boundary).
+struct SampleRequest {
+  const sampling::SamplingConfig* config = nullptr;  // top_logprobs must be 0
+  const sampling::PenaltyState* penalties = nullptr;
+  uint64_t step = 0;  // the RNG counter (the engine: the token's absolute position)
+  // Structured outputs: the token mask (sampling::sample's `allowed`); it must allow at least
+  // one token of the vocabulary. Empty: no mask.
+  std::span<const uint32_t> allowed;
+};
+
 struct ForwardOutputs {
   std::vector<float> logits;  // [n, vocab] for the chunk's tokens (when want_logits), or
-                              // [1, vocab] with last_logits_only
+                              // [1, vocab] with last_logits_only; empty when sampled below
   // MTP draft logits for the positions whose next token became known in this call:
   // mtp_first_pos .. mtp_first_pos + mtp_count - 1; row i predicts token (pos + 2).
   std::vector<float> mtp_logits;  // [mtp_count, vocab]
   int64_t mtp_first_pos = 0;
   int64_t mtp_count = 0;
+  // With ForwardOptions::sample: the sampled token (logprob set when config->logprobs).
+  bool sampled = false;
+  sampling::SampleResult sample;
 };
 
 struct ForwardOptions {
@@ -36,6 +54,9 @@ struct ForwardOptions {
   // or before it is part of a prefill (a backend with prefill early exit uses it).
   int64_t prefill_end = 0;
   bool want_mtp_logits = true;  // with run_mtp: false = keep the MTP state only (no draft head)
+  // With want_logits and last_logits_only, on a backend whose can_sample() is true: sample the
+  // last position in the backend (SampleRequest) instead of returning its logits.
+  const SampleRequest* sample = nullptr;
 };
 
 // One sequence's chunk in a batched forward. `status` reports a per-item failure (bad token id,
@@ -93,6 +114,8 @@ class Model {
   // The model's tokenizer policy for plain-text prompts: the id put first (BOS), or -1 when text
   // is encoded as is (V4: its chat template carries BOS).
   virtual int32_t text_prompt_bos() const { return -1; }
+  // Whether forward honours ForwardOptions::sample (otherwise it returns logits as usual).
+  virtual bool can_sample() const { return false; }
   // MTP drafting for several sequences (per-item errors in item.status). Backends without it
   // report can_draft() false and the engine does not speculate.
   virtual bool can_draft() const { return false; }

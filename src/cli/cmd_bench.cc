@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
@@ -29,6 +30,10 @@ namespace dsinfer::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
+
+// Decode steps: how the next tokens are chosen (the timed runs of each decode batch).
+enum class SampleMode { kDeviceGreedy, kDeviceSampled, kLogitsToHost, kHostSampled };
+constexpr int64_t kDecodeRuns = 4;  // timed decode runs per batch (one per mode)
 
 struct BenchArgs {
   std::string model_dir;
@@ -207,8 +212,8 @@ int run_bench(const BenchArgs& a) {
                   {"batch_invariant", a.batch_invariant},
                   {"upload_s", now_s() - t_up}};
   const int64_t page_bytes = state::default_page_bytes(cfg);
-  const int64_t max_tokens =
-      std::max(*std::max_element(a.prefill.begin(), a.prefill.end()), a.context + a.decode_steps);
+  const int64_t max_tokens = std::max(*std::max_element(a.prefill.begin(), a.prefill.end()),
+                                      a.context + kDecodeRuns * a.decode_steps + 16);
   const int64_t max_batch = *std::max_element(a.decode_batch.begin(), a.decode_batch.end());
   const int64_t pages =
       state::SequenceState::pages_for(cfg, page_bytes, max_tokens, 0) * (max_batch + 1) + 64;
@@ -309,40 +314,82 @@ int run_bench(const BenchArgs& a) {
       return fail(s);
     std::vector<backend::ForwardOutputs> outs(static_cast<size_t>(batch));
     std::vector<std::vector<int32_t>> step_tokens(static_cast<size_t>(batch));
-    auto step = [&](int64_t k) -> Status {
+    // How a step's next tokens are chosen: on the device (what the engine does: greedy, or
+    // seeded sampling with top-p), or the logits copied to the host (and sampled there).
+    sampling::SamplingConfig greedy_cfg, sampled_cfg;
+    greedy_cfg.temperature = 0.0f;
+    sampled_cfg.temperature = 1.0f;
+    sampled_cfg.top_p = 0.95f;
+    sampled_cfg.seed = 7;
+    const sampling::PenaltyState no_penalties;
+    std::vector<backend::SampleRequest> sreq(static_cast<size_t>(batch));
+    sampling::SamplerScratch scratch;
+    int64_t pos = 0;  // tokens decoded so far (the RNG counter)
+    auto step = [&](SampleMode mode) -> Status {
+      const int64_t k = pos++;
       std::vector<backend::ForwardItem> items(static_cast<size_t>(batch));
       for (int64_t i = 0; i < batch; ++i) {
         step_tokens[i] = {static_cast<int32_t>((k * 7919 + i * 104729) % cfg.vocab_size)};
         items[i].state = seqs[i].get();
         items[i].tokens = step_tokens[i];
         items[i].options = last;
+        if (mode == SampleMode::kDeviceGreedy || mode == SampleMode::kDeviceSampled) {
+          sreq[i].config = mode == SampleMode::kDeviceGreedy ? &greedy_cfg : &sampled_cfg;
+          sreq[i].penalties = &no_penalties;
+          sreq[i].step = static_cast<uint64_t>(k);
+          items[i].options.sample = &sreq[i];
+        }
         items[i].out = &outs[i];
       }
       DSI_RETURN_IF_ERROR(m.forward_batch(items));
       for (const auto& it : items) DSI_RETURN_IF_ERROR(it.status);
+      if (mode == SampleMode::kHostSampled) {
+        for (auto& o : outs) {
+          (void)sampling::sample(
+              o.logits, sampled_cfg, no_penalties, static_cast<uint64_t>(k), scratch);
+        }
+      }
       return Status();
+    };
+    auto time_steps = [&](SampleMode mode, int64_t steps) -> Result<double> {
+      const double t = now_s();
+      for (int64_t j = 0; j < steps; ++j) DSI_RETURN_IF_ERROR(step(mode));
+      return (now_s() - t) / static_cast<double>(steps);
     };
     const int64_t warm = 3;
     for (int64_t k = 0; k < warm; ++k) {
-      if (Status s = step(k); !s.ok())
+      if (Status s = step(SampleMode::kDeviceGreedy); !s.ok())
         return fail(s);
     }
     const gpu::CudaModelStats before = m.stats();
     if (a.profile_range == "decode")
       cudaProfilerStart();
-    const double t0 = now_s();
-    for (int64_t k = 0; k < a.decode_steps; ++k) {
-      if (Status s = step(warm + k); !s.ok())
-        return fail(s);
-    }
-    const double step_s = (now_s() - t0) / static_cast<double>(a.decode_steps);
+    Result<double> timed = time_steps(SampleMode::kDeviceGreedy, a.decode_steps);
+    if (!timed.ok())
+      return fail(timed.status());
+    const double step_s = *timed;
     if (a.profile_range == "decode")
       cudaProfilerStop();
     const gpu::CudaModelStats after = m.stats();
+    // The other ways of choosing the tokens, for the ratios (the host sampler sorts the whole
+    // vocabulary per row: a few steps are enough).
+    json sampling_ms;
+    for (const auto& [mode, name, steps] :
+         {std::tuple{SampleMode::kDeviceSampled, "device_top_p", a.decode_steps},
+          std::tuple{SampleMode::kLogitsToHost, "logits_to_host", a.decode_steps},
+          std::tuple{SampleMode::kHostSampled,
+                     "logits_to_host_top_p",
+                     std::min<int64_t>(a.decode_steps, 4)}}) {
+      Result<double> t = time_steps(mode, steps);
+      if (!t.ok())
+        return fail(t.status());
+      sampling_ms[name] = *t * 1e3;
+    }
+    sampling_ms["device_greedy"] = step_s * 1e3;
     // One more step, eager and profiled, for the per-layer split.
     m.set_cuda_graphs(false);
     m.set_profile(true);
-    if (Status s = step(warm + a.decode_steps); !s.ok())
+    if (Status s = step(SampleMode::kDeviceGreedy); !s.ok())
       return fail(s);
     const std::vector<float> prof = m.last_profile_ms();
     m.set_profile(false);
@@ -355,6 +402,7 @@ int run_bench(const BenchArgs& a) {
                 {"step_ms", step_s * 1e3},
                 {"tokens_per_s", static_cast<double>(batch) / step_s},
                 {"cuda_graph_replays", after.graph_replays - before.graph_replays},
+                {"step_ms_by_sampling", sampling_ms},
                 {"bytes_per_step", cost.bytes()},
                 {"achieved_bytes_per_s", cost.bytes() / step_s},
                 {"flops_per_step", cost.flops()},
@@ -364,11 +412,16 @@ int run_bench(const BenchArgs& a) {
     if (fp8_peak > 0)
       row["fraction_of_fp8_peak"] = cost.flops() / step_s / fp8_peak;
     std::fprintf(stderr,
-                 "[bench] decode batch %lld at %lld context: %.3f ms/step, %.1f tok/s\n",
+                 "[bench] decode batch %lld at %lld context: %.3f ms/step, %.1f tok/s (tokens "
+                 "chosen on the device; top-p on the device %.3f ms, logits to the host %.3f "
+                 "ms, top-p on the host %.3f ms)\n",
                  static_cast<long long>(batch),
                  static_cast<long long>(a.context),
                  step_s * 1e3,
-                 static_cast<double>(batch) / step_s);
+                 static_cast<double>(batch) / step_s,
+                 sampling_ms["device_top_p"].get<double>(),
+                 sampling_ms["logits_to_host"].get<double>(),
+                 sampling_ms["logits_to_host_top_p"].get<double>());
     decode.push_back(row);
   }
   out["decode"] = decode;

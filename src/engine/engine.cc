@@ -502,6 +502,10 @@ void Engine::run_chunks() {
     outs_.resize(n);
   if (drafts_.size() < n)
     drafts_.resize(n);
+  if (sample_reqs_.size() < n) {
+    sample_reqs_.resize(n);
+    sample_masks_.resize(n);
+  }
   chunk_k_.assign(n, 0);
   if (drafter_ && !plan_drafts())
     return;
@@ -536,6 +540,9 @@ void Engine::run_chunks() {
     item.options.prefill_end = r.num_tokens();
     if (drafter_ && !r.spec_disabled)
       drafter_->prepare(item.options);
+    outs_[i].sampled = false;
+    if (k == 0 && prepare_backend_sample(c, i))
+      item.options.sample = &sample_reqs_[i];
     item.out = &outs_[i];
     items_.push_back(item);
     item_chunk_.push_back(i);
@@ -740,11 +747,51 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
   // Sample the next token from the last position's logits. The draw is keyed by (seed, the
   // token's absolute position in the sequence): the same whatever else is in the batch, after a
   // preemption's recomputation, and for a continuation that resubmits earlier output as prompt.
+  if (out.sampled) {  // sampled in the backend (prepare_backend_sample)
+    if (r.spec.token_mask)
+      r.spec.token_mask->accept(out.sample.token);
+    accept_token(r, out.sample);
+    return;
+  }
   const auto& mc = model_->config();
   const std::span<float> logits(out.logits.data(), static_cast<size_t>(mc.vocab_size));
   if (r.output.empty())
     start_forks(r, logits);  // before sample() uses the logits as scratch
   accept_token(r, sample_for(r, logits));
+}
+
+bool Engine::prepare_backend_sample(const ScheduledChunk& c, size_t slot) {
+  Request& r = *c.request;
+  // The host needs the logits for top_logprobs, for verifying drafts (finish_verify) and for
+  // the first token of the choices that share this request's prompt (start_forks).
+  if (!config_.backend_sampling || !model_->can_sample() || !c.samples || drafter_ ||
+      r.spec.sampling.top_logprobs > 0 || (r.output.empty() && pending_forks_.count(r.id) > 0)) {
+    return false;
+  }
+  backend::SampleRequest& q = sample_reqs_[slot];
+  q = backend::SampleRequest{};
+  q.config = &r.spec.sampling;
+  q.penalties = &r.penalties;
+  q.step = static_cast<uint64_t>(r.num_tokens());  // as sample_for: the token's position
+  if (r.spec.token_mask) {
+    // The grammar's state only moves when a token is accepted, so the mask can be taken before
+    // the forward. A mask that allows no token is ignored, as sampling::sample does.
+    const int64_t vocab = model_->config().vocab_size;
+    std::vector<uint32_t>& bits = sample_masks_[slot];
+    bits.assign(static_cast<size_t>((vocab + 31) / 32), 0u);
+    if (r.spec.token_mask->fill(bits)) {
+      bool any = false;
+      for (size_t w = 0; w < bits.size() && !any; ++w) {
+        uint32_t b = bits[w];
+        if (static_cast<int64_t>(w * 32 + 32) > vocab)
+          b &= (1u << (vocab % 32)) - 1u;
+        any = b != 0;
+      }
+      if (any)
+        q.allowed = bits;
+    }
+  }
+  return true;
 }
 
 sampling::SampleResult Engine::sample_for(Request& r, std::span<float> logits) {

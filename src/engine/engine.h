@@ -42,6 +42,10 @@ struct EngineConfig {
   int cpu_threads = 0;     // fast CPU path: 0 = the process-wide pool ($DSINFER_CPU_THREADS or all)
   int device_ordinal = 0;  // CUDA device
   bool cuda_graphs = true;  // decode steps replayed from CUDA graphs
+  // Sample in the backend where it can (CUDA: on the device, only token ids come back instead
+  // of [vocab] logits per sequence); requests that need the logits on the host (top_logprobs,
+  // speculative verification, the first token of shared-prompt choices) still get them.
+  bool backend_sampling = true;
   // CUDA: every linear on kernels whose summation order does not depend on the batch, so a
   // request's logits are bit-identical whatever else is batched with it (slower prefill).
   bool batch_invariant = false;
@@ -181,6 +185,9 @@ class Engine {
   void finish(Request& r, FinishReason why);
   // Stores a sampled token, applies the stop conditions and calls the token callback.
   void accept_token(Request& r, const sampling::SampleResult& sr);
+  // Whether chunk c's token is sampled in the backend (ForwardOptions::sample); if so, fills
+  // sample_reqs_[slot] (and the mask in sample_masks_[slot]) for it.
+  bool prepare_backend_sample(const ScheduledChunk& c, size_t slot);
   // Samples r's next token from `logits` (scratch), under its TokenMask when it has one.
   sampling::SampleResult sample_for(Request& r, std::span<float> logits);
   // Forks `parent`'s prompt state into the requests waiting to share it, each sampling its first
@@ -214,6 +221,9 @@ class Engine {
   Status failure_;  // a device failure: every request failed, step() does nothing more
   sampling::SamplerScratch sampler_scratch_;
   std::vector<uint32_t> mask_bits_;  // a request's TokenMask for the token being sampled
+  // In-backend sampling: one request and token mask per chunk of the plan.
+  std::vector<backend::SampleRequest> sample_reqs_;
+  std::vector<std::vector<uint32_t>> sample_masks_;
   // share_prompt_of: requests waiting for their parent's prompt state, by parent id.
   std::map<RequestId, std::vector<Request*>> pending_forks_;
   std::vector<float> fork_logits_;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "sampling/sampler.h"
@@ -24,6 +25,9 @@ struct Batch {
   std::vector<sampling::SamplingConfig> configs;
   std::vector<sampling::PenaltyState> pens;
   std::vector<uint64_t> steps;
+  // Optional per request: a token mask (empty = none; must allow a token of the vocabulary).
+  std::vector<std::vector<uint32_t>> masks;
+  bool reversed_rows = false;  // request r samples logits row n - 1 - r (SamplingRequest::row)
 };
 
 void run_batch(const Batch& b, int64_t vocab, const std::string& what) {
@@ -32,6 +36,14 @@ void run_batch(const Batch& b, int64_t vocab, const std::string& what) {
   std::vector<SamplingRequest> reqs;
   std::vector<int64_t> pbegin{0};
   std::vector<int32_t> ptok, pcnt;
+  const int64_t words = (vocab + 31) / 32;
+  std::vector<uint32_t> allowed;
+  auto row_of = [&](int64_t r) { return b.reversed_rows ? n - 1 - r : r; };
+  auto mask_of = [&](int64_t r) -> std::span<const uint32_t> {
+    if (static_cast<size_t>(r) >= b.masks.size())
+      return {};
+    return b.masks[r];
+  };
   for (int64_t r = 0; r < n; ++r) {
     const sampling::SamplingConfig& c = b.configs[r];
     reqs.push_back(SamplingRequest{.temperature = c.temperature,
@@ -42,7 +54,13 @@ void run_batch(const Batch& b, int64_t vocab, const std::string& what) {
                                    .frequency_penalty = c.frequency_penalty,
                                    .repetition_penalty = c.repetition_penalty,
                                    .seed = c.seed,
-                                   .step = b.steps[r]});
+                                   .step = b.steps[r],
+                                   .row = row_of(r)});
+    if (!mask_of(r).empty()) {
+      reqs.back().mask_row = static_cast<int32_t>(allowed.size() / words);
+      allowed.insert(allowed.end(), mask_of(r).begin(), mask_of(r).end());
+      allowed.resize(allowed.size() + words - mask_of(r).size(), 0u);
+    }
     std::map<int32_t, int32_t> entries;  // seen tokens with their output counts
     for (const auto& [tok, cnt] : b.pens[r].seen()) entries[tok] = 0;
     for (const auto& [tok, cnt] : b.pens[r].output_counts()) entries[tok] = cnt;
@@ -62,6 +80,9 @@ void run_batch(const Batch& b, int64_t vocab, const std::string& what) {
   DevVec<uint8_t> d_reqs(req_bytes);
   DevVec<int64_t> d_pb(pbegin);
   DevVec<int32_t> d_pt(ptok), d_pc(pcnt);
+  if (allowed.empty())
+    allowed.push_back(0);
+  DevVec<uint32_t> d_allowed(allowed);
   const size_t ws = sample_workspace_bytes(n, vocab);
   DevVec<double> d_ws(ws / 8 + 1);
   DevVec<int32_t> d_tok(static_cast<size_t>(n));
@@ -74,6 +95,8 @@ void run_batch(const Batch& b, int64_t vocab, const std::string& what) {
                                  .penalty_begin = d_pb.get(),
                                  .penalty_token = d_pt.get(),
                                  .penalty_count = d_pc.get(),
+                                 .allowed = d_allowed.get(),
+                                 .allowed_words = words,
                                  .workspace = d_ws.get(),
                                  .workspace_bytes = ws,
                                  .out_tokens = d_tok.get(),
@@ -83,10 +106,13 @@ void run_batch(const Batch& b, int64_t vocab, const std::string& what) {
   const std::vector<int32_t> got = d_tok.download();
   const std::vector<float> lp = d_lp.download();
   for (int64_t r = 0; r < n; ++r) {
-    std::vector<float> l(b.logits.begin() + r * vocab, b.logits.begin() + (r + 1) * vocab);
+    const int64_t row = row_of(r);
+    std::vector<float> l(b.logits.begin() + row * vocab, b.logits.begin() + (row + 1) * vocab);
     sampling::SamplingConfig c = b.configs[r];
     c.logprobs = true;
-    const sampling::SampleResult want = sampling::sample(l, c, b.pens[r], b.steps[r]);
+    sampling::SamplerScratch scratch;
+    const sampling::SampleResult want =
+        sampling::sample(l, c, b.pens[r], b.steps[r], scratch, mask_of(r));
     ASSERT_EQ(got[r], want.token) << "request " << r << " T " << c.temperature << " top_k "
                                   << c.top_k << " top_p " << c.top_p << " min_p " << c.min_p;
     EXPECT_NEAR(lp[r], want.logprob, 1e-5 * (1.0 + std::fabs(want.logprob)));
@@ -188,6 +214,48 @@ TEST_F(GpuTest, SamplingManyDrawsSameLogits) {
     b.steps.push_back(step);
   }
   run_batch(b, vocab, "512 draws");
+}
+
+TEST_F(GpuTest, SamplingUnderTokenMasksAndRowIndirection) {
+  // Structured outputs' masks (removed before penalties; logprobs of the model's own
+  // distribution) with every sampling mode, requests reading their logits rows in reverse order,
+  // some without a mask; masks that allow one token, a few, or most.
+  std::mt19937 rng(23);
+  for (int64_t vocab : {37, 5000, 129280}) {
+    Batch b;
+    b.reversed_rows = true;
+    const int64_t words = (vocab + 31) / 32;
+    for (int i = 0; i < 24; ++i) {
+      const std::vector<float> l = make_logits(vocab, i % 2, rng);
+      b.logits.insert(b.logits.end(), l.begin(), l.end());
+      sampling::SamplingConfig c;
+      c.seed = 900 + i;
+      c.temperature = i % 4 == 0 ? 0.0f : 0.7f + 0.1f * static_cast<float>(i % 5);
+      c.top_k = i % 3 == 1 ? 20 : 0;
+      c.top_p = i % 5 == 2 ? 0.9f : 1.0f;
+      c.min_p = i % 7 == 3 ? 0.05f : 0.0f;
+      sampling::PenaltyState pen;
+      if (i % 2 == 1) {
+        c.repetition_penalty = 1.2f;
+        c.frequency_penalty = 0.3f;
+        for (int j = 0; j < 8; ++j) pen.add_output(static_cast<int32_t>(rng() % vocab));
+      }
+      std::vector<uint32_t> mask;
+      if (i % 6 != 5) {
+        mask.assign(static_cast<size_t>(words), 0u);
+        const int64_t keep = i % 3 == 0 ? 1 : (i % 3 == 1 ? 1 + vocab / 50 : vocab - vocab / 4);
+        for (int64_t k = 0; k < keep; ++k) {
+          const int64_t t = static_cast<int64_t>(rng() % vocab);
+          mask[t / 32] |= 1u << (t % 32);
+        }
+      }
+      b.configs.push_back(c);
+      b.pens.push_back(std::move(pen));
+      b.steps.push_back(rng() % 1000);
+      b.masks.push_back(std::move(mask));
+    }
+    run_batch(b, vocab, "masked, vocab " + std::to_string(vocab));
+  }
 }
 
 TEST(GpuOpsArgs, SamplingValidates) {

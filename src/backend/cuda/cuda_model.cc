@@ -273,6 +273,7 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
       it.out->logits.clear();
       it.out->mtp_logits.clear();
       it.out->mtp_count = 0;
+      it.out->sampled = false;
     }
     DSI_CHECK(seen.insert(it.state).second,
               "sequence %lld twice in one batch",
@@ -294,6 +295,11 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
       it.status = unimplemented(
           "MTP under expert parallelism over several ranks is not supported yet (the MTP "
           "block's MoE exchange would have to run on every rank)");
+      continue;
+    }
+    if (const backend::SampleRequest* q = it.options.sample;
+        q && (!q->config || q->config->top_logprobs > 0)) {
+      it.status = invalid_argument("in-backend sampling needs a config without top_logprobs");
       continue;
     }
     if (it.options.run_mtp && weights_->mtp.empty()) {
@@ -571,9 +577,30 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     DSI_RETURN_IF_ERROR(launch_all(*L));
   }
 
+  // Rows sampled on the device (backend::SampleRequest): only their tokens come back.
+  std::vector<DeviceSampler::Row> sample_rows;
+  std::vector<int64_t> sample_slot(items.size(), -1);
+  bool host_logits = false;  // some item wants its logits on the host
+  for (size_t k = 0; k < active.size(); ++k) {
+    const backend::ForwardItem& it = items[active[k]];
+    if (!it.out || !it.options.want_logits)
+      continue;
+    if (it.options.sample && it.options.last_logits_only) {
+      const SeqSpan& s = spans[k];
+      const int64_t row = decode ? s.begin + s.n - 1 : head_first[active[k]];
+      sample_slot[active[k]] = static_cast<int64_t>(sample_rows.size());
+      sample_rows.push_back({it.options.sample, row});
+    } else {
+      host_logits = true;
+    }
+  }
+  if (!sample_rows.empty()) {
+    DSI_RETURN_IF_ERROR(sampler_.launch(L->logits, c.vocab_size, sample_rows, stream_.get()));
+  }
+
   // Outputs, through pinned memory kept from call to call (a batch-64 decode step returns 33 MB
   // of logits: pageable copies and fresh pages cost more than the step's kernels).
-  const int64_t main_floats = L->head_rows * c.vocab_size;
+  const int64_t main_floats = host_logits ? L->head_rows * c.vocab_size : 0;
   const int64_t mtp_floats = mrows * c.vocab_size;
   const size_t out_bytes = static_cast<size_t>(main_floats + mtp_floats) * sizeof(float);
   if (logits_pinned_.size() < out_bytes) {
@@ -613,7 +640,11 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   for (size_t k = 0; k < active.size(); ++k) {
     backend::ForwardItem& it = items[active[k]];
     const SeqSpan& s = spans[k];
-    if (it.out && it.options.want_logits) {
+    if (it.out && sample_slot[active[k]] >= 0) {
+      it.out->sampled = true;
+      it.out->sample = sampler_.result(static_cast<size_t>(sample_slot[active[k]]));
+      it.out->logits.clear();
+    } else if (it.out && it.options.want_logits) {
       const int64_t nrows = it.options.last_logits_only ? 1 : s.n;
       const int64_t from = decode ? s.begin : head_first[active[k]];
       const float* src = logits + from * c.vocab_size;

@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/cuda/device_sampler.h"
 #include "backend/cuda/device_weights.h"
 #include "backend/cuda/forward_plan.h"
 #include "backend/cuda/host_pack.h"
@@ -82,6 +83,8 @@ class CudaModel final : public backend::Model {
     return state::PageArena::Storage::kNone;
   }
   Status health() const override;
+  // ForwardOptions::sample: sampled on the device (DeviceSampler, kernels/cuda/sampling.h).
+  bool can_sample() const override { return true; }
   bool lockstep() const override { return options_.comm != nullptr; }
   Result<int64_t> all_ranks_sum(int64_t v) override;
   const char* name() const override { return "cuda"; }
@@ -202,6 +205,7 @@ class CudaModel final : public backend::Model {
   int64_t pack_cap_ = 0;
   device::PinnedBuffer pinned_;
   device::PinnedBuffer logits_pinned_;  // logits (and MTP logits) copied back, reused
+  DeviceSampler sampler_;
   // Decode graphs by layout; invalidated when a buffer they point into moves.
   struct Graph {
     cudaGraphExec_t exec = nullptr;

@@ -77,7 +77,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   const int64_t ld = p.ld > 0 ? p.ld : vocab;
   for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
     const SamplingRequest c = p.requests[r];
-    const float* raw = p.logits + r * ld;
+    const float* raw = p.logits + (c.row >= 0 ? c.row : r) * ld;
+    const uint32_t* mask = c.mask_row >= 0 ? p.allowed + c.mask_row * p.allowed_words : nullptr;
     char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab);
     double* prob = reinterpret_cast<double*>(ws);
     float* work = reinterpret_cast<float*>(ws + vocab * 8);
@@ -98,8 +99,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
       lse = log(s) + mx;
     }
 
-    // Penalties on a copy (tokens are distinct, so threads never touch the same logit).
-    for (int64_t i = tid; i < vocab; i += blockDim.x) work[i] = raw[i];
+    // The mask, then penalties, on a copy (penalty tokens are distinct, so threads never touch
+    // the same logit).
+    for (int64_t i = tid; i < vocab; i += blockDim.x)
+      work[i] = (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) ? -INFINITY : raw[i];
     __syncthreads();
     if (p.penalty_begin) {
       for (int64_t j = p.penalty_begin[r] + tid; j < p.penalty_begin[r + 1]; j += blockDim.x) {
@@ -234,6 +237,14 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
         if (hit != 0x7fffffff)
           keep = hit;
       }
+      // Tokens of probability 0 (masked out, or underflowed) are never chosen: probabilities
+      // are non-increasing along the sorted order, so they form a suffix.
+      {
+        const int hit =
+            first_index([&](int64_t i, double) { return i >= 1 && prob[i] == 0.0; }, 0.0, keep);
+        if (hit != 0x7fffffff)
+          keep = hit;
+      }
       // total = sum of the kept mass; pick the first i with u * total < cumsum_i.
       const double off = chunk_offsets(keep);
       if (a0 < keep && min(a1, keep) == keep) {
@@ -274,6 +285,9 @@ Status launch_sample(const SampleParams& p, cudaStream_t stream) {
     return null_pointer("sample");
   if (p.penalty_begin && (!p.penalty_token || !p.penalty_count))
     return null_pointer("sample penalties");
+  DSI_RETURN_IF_ERROR(require(!p.allowed || p.allowed_words >= (p.vocab + 31) / 32,
+                              "sample",
+                              "token mask narrower than the vocabulary"));
   DSI_RETURN_IF_ERROR(require(
       p.workspace_bytes >= sample_workspace_bytes(p.n, p.vocab), "sample", "workspace too small"));
   DSI_RETURN_IF_ERROR(require(reinterpret_cast<uintptr_t>(p.workspace) % 8 == 0,

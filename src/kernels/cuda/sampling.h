@@ -29,6 +29,11 @@ struct SamplingRequest {
   float repetition_penalty = 1.0f;
   uint64_t seed = 0;
   uint64_t step = 0;  // index of the token being generated (the RNG counter)
+  int64_t row = -1;   // the logits row this request samples from; < 0: row r (its own index)
+  // Structured outputs: the row of SampleParams::allowed holding this request's token mask
+  // (bit t%32 of word t/32 = token t may be chosen; it must allow at least one token of the
+  // vocabulary, as the host sampler ignores a mask that allows none); < 0: no mask.
+  int32_t mask_row = -1;
 };
 
 struct SampleParams {
@@ -43,6 +48,11 @@ struct SampleParams {
   const int64_t* penalty_begin = nullptr;  // [n + 1]
   const int32_t* penalty_token = nullptr;
   const int32_t* penalty_count = nullptr;
+  // Token masks, [rows, allowed_words] (see SamplingRequest::mask_row); may be null when no
+  // request has one. Masked-out tokens are removed before penalties and temperature; logprobs
+  // still report the model's own distribution (the host sampler's rule).
+  const uint32_t* allowed = nullptr;
+  int64_t allowed_words = 0;  // >= (vocab + 31) / 32 when allowed is set
   void* workspace = nullptr;  // sample_workspace_bytes(n, vocab) bytes, 8-byte aligned
   size_t workspace_bytes = 0;
   int32_t* out_tokens = nullptr;  // [n]

@@ -1,0 +1,62 @@
+// In-backend sampling for CudaModel (backend::SampleRequest): the rows to sample are packed into
+// one host blob (kernels/cuda/sampling.h's per-request settings, the penalty tokens as CSR, the
+// token masks), copied to the device in one transfer, sampled by launch_sample straight from the
+// logits the head wrote, and only (token, logprob) per row comes back.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/model.h"
+#include "base/status.h"
+#include "device/allocator.h"
+
+namespace dsinfer::gpu {
+
+class DeviceSampler {
+ public:
+  struct Row {
+    const backend::SampleRequest* request = nullptr;
+    int64_t logits_row = 0;  // row of the logits matrix this request samples from
+  };
+
+  DeviceSampler() = default;
+  DeviceSampler(const DeviceSampler&) = delete;
+  DeviceSampler& operator=(const DeviceSampler&) = delete;
+  ~DeviceSampler();
+
+  // Enqueues the sampling of `rows` from `logits` ([*, vocab], device) on `stream`, and the copy
+  // of the results to host memory. The results are valid once the stream has synchronized.
+  Status launch(const float* logits, int64_t vocab, std::span<const Row> rows, cudaStream_t stream);
+  // Row i's result (after the stream synchronized); logprob only when its config asks for it.
+  sampling::SampleResult result(size_t i) const;
+
+  // The host blob's layout for n rows, p penalty entries and m masks of `words` words (tests).
+  struct Layout {
+    size_t requests = 0, penalty_begin = 0, penalty_token = 0, penalty_count = 0, masks = 0;
+    size_t bytes = 0;
+  };
+  static Layout layout(size_t n, size_t p, size_t m, size_t words);
+
+ private:
+  Status grow_device(void** buf, size_t* cap, size_t bytes, cudaStream_t stream, const char* what);
+
+  device::PinnedBuffer staging_;  // the blob going up
+  device::PinnedBuffer results_;  // [n] tokens, then [n] logprobs, coming back
+  void* blob_dev_ = nullptr;
+  size_t blob_cap_ = 0;
+  void* out_dev_ = nullptr;
+  size_t out_cap_ = 0;
+  void* ws_dev_ = nullptr;
+  size_t ws_cap_ = 0;
+  std::vector<const backend::SampleRequest*> last_;  // the rows of the last launch
+  std::vector<int32_t> pen_token_;                   // host scratch for the CSR
+  std::vector<int32_t> pen_count_;
+  std::vector<int64_t> pen_begin_;
+};
+
+}  // namespace dsinfer::gpu

@@ -1,0 +1,215 @@
+// In-backend sampling (ForwardOptions::sample, EngineConfig::backend_sampling): the engine hands
+// the sampling of a chunk's last position to a backend that can do it (CUDA: on the device) and
+// gets only the token back. Here the backend is the CPU reference with the host sampler behind
+// that interface, so every output must be identical to the engine sampling itself: seeds keyed
+// by position, penalties, masks taken before the forward and told the token after it, logprobs,
+// the fallbacks (top_logprobs, shared-prompt choices) and preemption.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "backend/cpu/cpu_model.h"
+#include "engine/engine.h"
+#include "model/checkpoint.h"
+
+namespace dsinfer::engine {
+namespace {
+
+std::shared_ptr<const model::Checkpoint> fixture() {
+  static std::shared_ptr<const model::Checkpoint> ckpt = [] {
+    auto r =
+        model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official");
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return std::shared_ptr<const model::Checkpoint>(std::move(r).value());
+  }();
+  return ckpt;
+}
+
+// The CPU reference forward; ForwardOptions::sample honoured with the host sampler on the
+// item's logits (which then do not come back), as a device backend would.
+class HostSamplingModel final : public backend::Model {
+ public:
+  explicit HostSamplingModel(const model::Checkpoint& ckpt)
+      : cpu_(ckpt.config(), ckpt.weights(), model::Numerics::kReference) {}
+  Status forward(state::SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const backend::ForwardOptions& options,
+                 backend::ForwardOutputs* out) override {
+    backend::ForwardItem it;
+    it.state = &st;
+    it.tokens = tokens;
+    it.options = options;
+    it.out = out;
+    DSI_RETURN_IF_ERROR(forward_batch(std::span<backend::ForwardItem>(&it, 1)));
+    return it.status;
+  }
+  Status forward_batch(std::span<backend::ForwardItem> items) override {
+    for (backend::ForwardItem& it : items) {
+      if (it.out)
+        it.out->sampled = false;
+      it.status = cpu_.forward(*it.state, it.tokens, it.options, it.out);
+      const backend::SampleRequest* q = it.options.sample;
+      if (!it.status.ok() || !q || !it.out)
+        continue;
+      EXPECT_TRUE(it.options.want_logits && it.options.last_logits_only);
+      EXPECT_EQ(q->config->top_logprobs, 0);
+      if (!q->allowed.empty())
+        ++masked_rows;
+      it.out->sample = sampling::sample(
+          it.out->logits, *q->config, *q->penalties, q->step, scratch_, q->allowed);
+      it.out->sampled = true;
+      it.out->logits.clear();
+      ++sampled_rows;
+    }
+    return Status();
+  }
+  bool can_sample() const override { return true; }
+  const char* name() const override { return "cpu+sampling"; }
+  const model::ModelConfig& config() const override { return cpu_.config(); }
+  model::Numerics numerics() const override { return cpu_.numerics(); }
+
+  int64_t sampled_rows = 0;
+  int64_t masked_rows = 0;
+
+ private:
+  cpu::CpuModel cpu_;
+  sampling::SamplerScratch scratch_;
+};
+
+// The n-th accepted token must be n mod 3 (mod 3): a mask asked at the wrong time or not told
+// about a token shows in the output.
+class PositionalMask : public TokenMask {
+ public:
+  bool fill(std::span<uint32_t> bits) override {
+    for (size_t t = 0; t < bits.size() * 32; ++t) {
+      if (static_cast<int64_t>(t % 3) == accepted_ % 3)
+        bits[t / 32] |= 1u << (t % 32);
+    }
+    return true;
+  }
+  void accept(int32_t) override { ++accepted_; }
+
+ private:
+  int64_t accepted_ = 0;
+};
+
+struct MixRun {
+  std::vector<std::vector<int32_t>> outputs;
+  std::vector<std::vector<float>> logprobs;
+  std::vector<size_t> top_counts;  // top_logprobs alternatives of each request's first token
+  int64_t sampled_rows = 0;
+  int64_t masked_rows = 0;
+  int64_t preemptions = 0;
+};
+
+// 24 requests of mixed settings; every 6th is a shared-prompt choice of the one before it.
+MixRun run_mix(bool backend_sampling, int64_t budget_bytes, SchedulerConfig sc = {}) {
+  EngineConfig cfg;
+  cfg.state_budget_bytes = budget_bytes;
+  cfg.page_bytes = state::min_page_bytes(fixture()->config());
+  cfg.backend_sampling = backend_sampling;
+  cfg.scheduler = sc;
+  auto probe = std::make_unique<HostSamplingModel>(*fixture());
+  HostSamplingModel* model = probe.get();
+  auto e = Engine::create(cfg, fixture(), std::move(probe));
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  std::mt19937 g(11);
+  std::vector<RequestId> ids;
+  std::vector<std::vector<TokenEvent>> events(24);
+  for (int i = 0; i < 24; ++i) {
+    RequestSpec s;
+    const int len = (i % 6 == 5) ? static_cast<int>(ids.empty() ? 3 : 0) : 1 + g() % 40;
+    for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(2 + g() % 500));
+    if (i % 6 == 5)  // the same prompt as request i - 1, sharing its state
+      s.prompt = (*e)->request(ids.back())->spec.prompt;
+    s.max_tokens = 3 + static_cast<int64_t>(g() % 10);
+    s.ignore_eos = true;
+    s.sampling.seed = 1000 + i;
+    s.sampling.logprobs = i % 2 == 0;
+    switch (i % 6) {
+      case 0:
+        s.sampling.temperature = 0.0f;
+        break;
+      case 1:
+        s.sampling.temperature = 0.9f;
+        s.sampling.top_p = 0.95f;
+        s.sampling.top_k = 40;
+        s.sampling.repetition_penalty = 1.3f;
+        s.sampling.presence_penalty = 0.5f;
+        s.sampling.frequency_penalty = 0.25f;
+        break;
+      case 2:
+        s.sampling.temperature = 1.2f;
+        s.sampling.min_p = 0.02f;
+        s.token_mask = std::make_unique<PositionalMask>();
+        break;
+      case 3:
+        s.sampling.temperature = 1.0f;
+        s.sampling.top_logprobs = 3;  // needs the logits on the host
+        break;
+      default:
+        s.sampling.temperature = 0.8f;
+        s.sampling.top_p = 0.9f;
+        break;
+    }
+    if (i % 6 == 5)
+      s.share_prompt_of = ids.back();
+    auto id = (*e)->submit(std::move(s), [&events, i](const TokenEvent& ev) {
+      events[static_cast<size_t>(i)].push_back(ev);
+    });
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  while ((*e)->step()) (*e)->check_integrity();
+  MixRun r;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Request* q = (*e)->request(ids[i]);
+    EXPECT_EQ(q->state, RequestState::kFinished);
+    r.outputs.push_back(q->output);
+    r.logprobs.push_back(q->output_logprobs);
+    r.top_counts.push_back(events[i].empty() ? 0 : events[i][0].top_logprobs.size());
+  }
+  r.sampled_rows = model->sampled_rows;
+  r.masked_rows = model->masked_rows;
+  r.preemptions = (*e)->stats().preemptions;
+  return r;
+}
+
+TEST(BackendSampling, EqualsSamplingInTheEngine) {
+  const MixRun host = run_mix(false, int64_t{64} << 20);
+  const MixRun dev = run_mix(true, int64_t{64} << 20);
+  EXPECT_EQ(host.sampled_rows, 0);
+  EXPECT_GT(dev.sampled_rows, 0);
+  EXPECT_GT(dev.masked_rows, 0);
+  EXPECT_EQ(dev.outputs, host.outputs);
+  EXPECT_EQ(dev.logprobs, host.logprobs);
+  EXPECT_EQ(dev.top_counts, host.top_counts);
+  for (size_t i = 3; i < dev.top_counts.size(); i += 6) EXPECT_EQ(dev.top_counts[i], 3u) << i;
+  // The masked requests (i % 6 == 2) follow their mask: token n is n mod 3 (mod 3).
+  for (size_t i = 2; i < dev.outputs.size(); i += 6) {
+    for (size_t n = 0; n < dev.outputs[i].size(); ++n)
+      EXPECT_EQ(dev.outputs[i][n] % 3, static_cast<int32_t>(n % 3)) << i;
+  }
+}
+
+TEST(BackendSampling, EqualsSamplingInTheEngineUnderPreemption) {
+  const auto& mc = fixture()->config();
+  const int64_t page = state::min_page_bytes(mc);
+  const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 0);
+  // Fixed state for two sequences and eight spare pages, 4-token prefill chunks (engine_test's
+  // preemption setting): running sequences get preempted and recomputed.
+  SchedulerConfig sc;
+  sc.max_tokens_per_step = 64;
+  sc.prefill_chunk = 4;
+  const MixRun roomy = run_mix(false, int64_t{64} << 20);
+  const MixRun tight = run_mix(true, (2 * fixed + 8) * page, sc);
+  EXPECT_GT(tight.preemptions, 0);
+  EXPECT_GT(tight.sampled_rows, 0);
+  EXPECT_EQ(tight.outputs, roomy.outputs);
+}
+
+}  // namespace
+}  // namespace dsinfer::engine
