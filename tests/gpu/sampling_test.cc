@@ -87,35 +87,39 @@ void run_batch(const Batch& b, int64_t vocab, const std::string& what) {
   DevVec<double> d_ws(ws / 8 + 1);
   DevVec<int32_t> d_tok(static_cast<size_t>(n));
   DevVec<float> d_lp(static_cast<size_t>(n));
-  DSI_EXPECT_OK(
-      launch_sample(SampleParams{.logits = d_logits.get(),
-                                 .n = n,
-                                 .vocab = vocab,
-                                 .requests = reinterpret_cast<const SamplingRequest*>(d_reqs.get()),
-                                 .penalty_begin = d_pb.get(),
-                                 .penalty_token = d_pt.get(),
-                                 .penalty_count = d_pc.get(),
-                                 .allowed = d_allowed.get(),
-                                 .allowed_words = words,
-                                 .workspace = d_ws.get(),
-                                 .workspace_bytes = ws,
-                                 .out_tokens = d_tok.get(),
-                                 .out_logprobs = d_lp.get()},
-                    nullptr));
-  sync();
-  const std::vector<int32_t> got = d_tok.download();
-  const std::vector<float> lp = d_lp.download();
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t row = row_of(r);
-    std::vector<float> l(b.logits.begin() + row * vocab, b.logits.begin() + (row + 1) * vocab);
-    sampling::SamplingConfig c = b.configs[r];
-    c.logprobs = true;
-    sampling::SamplerScratch scratch;
-    const sampling::SampleResult want =
-        sampling::sample(l, c, b.pens[r], b.steps[r], scratch, mask_of(r));
-    ASSERT_EQ(got[r], want.token) << "request " << r << " T " << c.temperature << " top_k "
-                                  << c.top_k << " top_p " << c.top_p << " min_p " << c.min_p;
-    EXPECT_NEAR(lp[r], want.logprob, 1e-5 * (1.0 + std::fabs(want.logprob)));
+  for (const bool full_sort : {false, true}) {
+    SCOPED_TRACE(full_sort ? "full sort" : "select");
+    DSI_EXPECT_OK(launch_sample(
+        SampleParams{.logits = d_logits.get(),
+                     .n = n,
+                     .vocab = vocab,
+                     .requests = reinterpret_cast<const SamplingRequest*>(d_reqs.get()),
+                     .penalty_begin = d_pb.get(),
+                     .penalty_token = d_pt.get(),
+                     .penalty_count = d_pc.get(),
+                     .allowed = d_allowed.get(),
+                     .allowed_words = words,
+                     .workspace = d_ws.get(),
+                     .workspace_bytes = ws,
+                     .full_sort = full_sort,
+                     .out_tokens = d_tok.get(),
+                     .out_logprobs = d_lp.get()},
+        nullptr));
+    sync();
+    const std::vector<int32_t> got = d_tok.download();
+    const std::vector<float> lp = d_lp.download();
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t row = row_of(r);
+      std::vector<float> l(b.logits.begin() + row * vocab, b.logits.begin() + (row + 1) * vocab);
+      sampling::SamplingConfig c = b.configs[r];
+      c.logprobs = true;
+      sampling::SamplerScratch scratch;
+      const sampling::SampleResult want =
+          sampling::sample(l, c, b.pens[r], b.steps[r], scratch, mask_of(r));
+      ASSERT_EQ(got[r], want.token) << "request " << r << " T " << c.temperature << " top_k "
+                                    << c.top_k << " top_p " << c.top_p << " min_p " << c.min_p;
+      EXPECT_NEAR(lp[r], want.logprob, 1e-5 * (1.0 + std::fabs(want.logprob)));
+    }
   }
 }
 

@@ -1,7 +1,14 @@
-// GPU sampling (sampling.h): one 256-thread block per request. Sorting is a stable LSD radix sort
-// (4-bit digits, 8 passes) over the whole vocabulary in the workspace, so ties keep ascending
-// ids exactly like the host's comparator. Correct first: a later issue replaces the full sort
-// with a top-k/threshold pre-selection.
+// GPU sampling (sampling.h): one block per request, two ways to find the pick in the host's
+// candidate order (logit descending, id ascending):
+//   select (default): no sort. Every cut the host makes (top-k, top-p, min-p, the zero-probability
+//     tail, the inverse-CDF pick) is a prefix of that order, found by a radix descent over each
+//     token's 64-bit rank (order-preserving key of the logit, then the id) with 256-bin
+//     histograms of counts or of probability mass. Masses are fixed point (p * 2^62, integer
+//     sums), so the descents are deterministic and exact on their own terms; they differ from
+//     the host's serial double cumsums only where those are within ~1e-14 of a boundary.
+//   sort (SampleParams::full_sort): a stable LSD radix sort of the whole vocabulary (4-bit
+//     digits, 8 passes) and the host's serial walk; the first implementation, kept as a second
+//     reference for the tests.
 #include <algorithm>
 #include <string>
 
@@ -31,6 +38,75 @@ __device__ __forceinline__ uint32_t desc_key(float f) {
     u = 0;
   const uint32_t ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return ~ord;
+}
+
+// Raw log-sum-exp of a logits row (logprobs report the model's own distribution). Block-wide.
+__device__ double raw_log_sum_exp(const float* raw,
+                                  int64_t vocab,
+                                  float* fscratch,
+                                  double* dscratch) {
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, raw[i]);
+  mx = block_max(mx, fscratch);
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
+    s += exp(static_cast<double>(raw[i]) - mx);
+  s = block_sum(s, dscratch);
+  return log(s) + mx;
+}
+
+// work = the row under request r's token mask, then its penalties (penalty tokens are distinct,
+// so threads never touch the same logit). Block-wide; ends with a barrier.
+__device__ void prepare_work(
+    const SampleParams& p, int64_t r, const SamplingRequest& c, const float* raw, float* work) {
+  const int64_t vocab = p.vocab;
+  const uint32_t* mask = c.mask_row >= 0 ? p.allowed + c.mask_row * p.allowed_words : nullptr;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
+    work[i] = (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) ? -INFINITY : raw[i];
+  __syncthreads();
+  if (p.penalty_begin) {
+    for (int64_t j = p.penalty_begin[r] + threadIdx.x; j < p.penalty_begin[r + 1];
+         j += blockDim.x) {
+      const int32_t tok = p.penalty_token[j];
+      if (tok < 0 || tok >= vocab)
+        continue;
+      float l = work[tok];
+      if (c.repetition_penalty != 1.0f) {
+        l = l > 0.0f ? __fdiv_rn(l, c.repetition_penalty) : __fmul_rn(l, c.repetition_penalty);
+      }
+      const int32_t cnt = p.penalty_count[j];
+      if ((c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) && cnt > 0) {
+        l = __fsub_rn(
+            l,
+            __fadd_rn(c.presence_penalty, __fmul_rn(c.frequency_penalty, static_cast<float>(cnt))));
+      }
+      work[tok] = l;
+    }
+  }
+  __syncthreads();
+}
+
+// The first maximum of work (std::max_element). Block-wide.
+__device__ int32_t first_max(const float* work, int64_t vocab, float* fscratch, int* best_idx) {
+  float best = -INFINITY;
+  int64_t best_i = -1;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = work[i];
+    if (best_i < 0 || v > best) {
+      best = v;
+      best_i = i;
+    }
+  }
+  const float mx = block_max(best, fscratch);
+  if (threadIdx.x == 0)
+    *best_idx = 0x7fffffff;
+  __syncthreads();
+  if (best_i >= 0 && best == mx)
+    atomicMin(best_idx, static_cast<int>(best_i));
+  __syncthreads();
+  const int32_t chosen = *best_idx == 0x7fffffff ? 0 : *best_idx;
+  __syncthreads();
+  return chosen;
 }
 
 struct SampleSmem {
@@ -70,7 +146,7 @@ __device__ void scan_counts(SampleSmem& sm) {
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
+__global__ void __launch_bounds__(kThreads) sample_sort_kernel(SampleParams p) {
   __shared__ SampleSmem sm;
   const int tid = threadIdx.x;
   const int64_t vocab = p.vocab;
@@ -78,7 +154,6 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
     const SamplingRequest c = p.requests[r];
     const float* raw = p.logits + (c.row >= 0 ? c.row : r) * ld;
-    const uint32_t* mask = c.mask_row >= 0 ? p.allowed + c.mask_row * p.allowed_words : nullptr;
     char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab);
     double* prob = reinterpret_cast<double*>(ws);
     float* work = reinterpret_cast<float*>(ws + vocab * 8);
@@ -87,63 +162,12 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     int32_t* ids[2] = {reinterpret_cast<int32_t*>(ws + vocab * 20),
                        reinterpret_cast<int32_t*>(ws + vocab * 24)};
 
-    // Raw log-sum-exp (logprobs report the model's own distribution).
-    double lse = 0.0;
-    if (p.out_logprobs) {
-      float mx = -INFINITY;
-      for (int64_t i = tid; i < vocab; i += blockDim.x) mx = fmaxf(mx, raw[i]);
-      mx = block_max(mx, sm.fscratch);
-      double s = 0.0;
-      for (int64_t i = tid; i < vocab; i += blockDim.x) s += exp(static_cast<double>(raw[i]) - mx);
-      s = block_sum(s, sm.dscratch);
-      lse = log(s) + mx;
-    }
-
-    // The mask, then penalties, on a copy (penalty tokens are distinct, so threads never touch
-    // the same logit).
-    for (int64_t i = tid; i < vocab; i += blockDim.x)
-      work[i] = (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) ? -INFINITY : raw[i];
-    __syncthreads();
-    if (p.penalty_begin) {
-      for (int64_t j = p.penalty_begin[r] + tid; j < p.penalty_begin[r + 1]; j += blockDim.x) {
-        const int32_t tok = p.penalty_token[j];
-        if (tok < 0 || tok >= vocab)
-          continue;
-        float l = work[tok];
-        if (c.repetition_penalty != 1.0f) {
-          l = l > 0.0f ? __fdiv_rn(l, c.repetition_penalty) : __fmul_rn(l, c.repetition_penalty);
-        }
-        const int32_t cnt = p.penalty_count[j];
-        if ((c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) && cnt > 0) {
-          l = __fsub_rn(l,
-                        __fadd_rn(c.presence_penalty,
-                                  __fmul_rn(c.frequency_penalty, static_cast<float>(cnt))));
-        }
-        work[tok] = l;
-      }
-    }
-    __syncthreads();
+    const double lse = p.out_logprobs ? raw_log_sum_exp(raw, vocab, sm.fscratch, sm.dscratch) : 0.0;
+    prepare_work(p, r, c, raw, work);
 
     int32_t chosen = 0;
     if (c.temperature == 0.0f || c.top_k == 1) {
-      // First maximum (std::max_element).
-      float best = -INFINITY;
-      int64_t best_i = -1;
-      for (int64_t i = tid; i < vocab; i += blockDim.x) {
-        const float v = work[i];
-        if (best_i < 0 || v > best) {
-          best = v;
-          best_i = i;
-        }
-      }
-      const float mx = block_max(best, sm.fscratch);
-      if (tid == 0)
-        sm.best_idx = 0x7fffffff;
-      __syncthreads();
-      if (best_i >= 0 && best == mx)
-        atomicMin(&sm.best_idx, static_cast<int>(best_i));
-      __syncthreads();
-      chosen = sm.best_idx == 0x7fffffff ? 0 : sm.best_idx;
+      chosen = first_max(work, vocab, sm.fscratch, &sm.best_idx);
     } else {
       // Stable LSD radix sort of (key, id), ids initially ascending.
       const int64_t chunk = (vocab + blockDim.x - 1) / blockDim.x;
@@ -268,6 +292,195 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   }
 }
 
+// ---- select: radix descents over the candidate order, no sort ----
+
+constexpr int kSelThreads = 512;
+constexpr int kSelWarps = kSelThreads / 32;
+constexpr uint64_t kNoRank = ~uint64_t{0};
+constexpr double kFixedOne = 4611686018427387904.0;  // 2^62: probability 1 in fixed point
+
+// A token's place in the host's candidate order (ascending = logit descending, then id).
+__device__ __forceinline__ uint64_t rank_of(float logit, int64_t id) {
+  return (static_cast<uint64_t>(desc_key(logit)) << 32) | static_cast<uint64_t>(id);
+}
+
+struct SelectSmem {
+  unsigned long long hist[kSelWarps][256];  // per-warp histograms (fewer colliding atomics)
+  unsigned long long bins[256];
+  unsigned long long uscratch[32];
+  double dscratch[32];
+  float fscratch[32];
+  unsigned long long prefix;
+  unsigned long long below;
+  int found;
+  int best_idx;
+};
+
+enum class Sel {
+  kCount,   // the token at 0-based position `target` (count of tokens up to it > target)
+  kMassGe,  // the first token at which the cumulative mass reaches target (>=)
+  kMassGt,  // the first token at which the cumulative mass exceeds target (>)
+};
+
+// The rank of the first token (in the candidate order, among tokens of rank < limit) at which the
+// running count or mass meets `target` (Sel); kNoRank when those tokens never meet it. Digit by
+// digit (8 bits; the logit key's four bytes, then the id's), each level a histogram over the
+// tokens that share the digits fixed so far. Block-wide; every thread gets the result.
+__device__ uint64_t select_rank(const float* work,
+                                const unsigned long long* mass,
+                                int64_t vocab,
+                                uint64_t limit,
+                                Sel mode,
+                                unsigned long long target,
+                                SelectSmem& sm) {
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  int shifts[8];
+  int levels = 0;
+  for (int sh = 56; sh >= 32; sh -= 8) shifts[levels++] = sh;
+  for (int sh = vocab > (int64_t{1} << 24) ? 24 : 16; sh >= 0; sh -= 8) shifts[levels++] = sh;
+  uint64_t prefix = 0;
+  unsigned long long below = 0;  // count or mass of the tokens before the current prefix
+  for (int lv = 0; lv < levels; ++lv) {
+    const int shift = shifts[lv];
+    const uint64_t fixed_mask = lv == 0 ? 0 : ~((uint64_t{1} << (shift + 8)) - 1);
+    for (int i = tid; i < kSelWarps * 256; i += blockDim.x) (&sm.hist[0][0])[i] = 0;
+    __syncthreads();
+    for (int64_t t = tid; t < vocab; t += blockDim.x) {
+      const uint64_t rk = rank_of(work[t], t);
+      if (rk >= limit || (rk & fixed_mask) != prefix)
+        continue;
+      atomicAdd(&sm.hist[warp][(rk >> shift) & 255], mode == Sel::kCount ? 1ull : mass[t]);
+    }
+    __syncthreads();
+    if (tid < 256) {
+      unsigned long long v = 0;
+      for (int w = 0; w < kSelWarps; ++w) v += sm.hist[w][tid];
+      sm.bins[tid] = v;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      unsigned long long acc = below;
+      int found = -1;
+      for (int b = 0; b < 256; ++b) {
+        const unsigned long long next = acc + sm.bins[b];
+        if (mode == Sel::kMassGe ? next >= target : next > target) {
+          found = b;
+          break;
+        }
+        acc = next;
+      }
+      sm.found = found;
+      sm.prefix = prefix | (static_cast<uint64_t>(found < 0 ? 0 : found) << shift);
+      sm.below = acc;
+    }
+    __syncthreads();
+    const int found = sm.found;
+    prefix = sm.prefix;
+    below = sm.below;
+    __syncthreads();  // sm is rewritten by the next level
+    if (found < 0)
+      return kNoRank;
+  }
+  return prefix;
+}
+
+// exp(l / T - m) as the host computes it (double).
+__device__ __forceinline__ double weight(float l, double inv_t, double m) {
+  return exp(static_cast<double>(l) * inv_t - m);
+}
+
+__global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams p) {
+  __shared__ SelectSmem sm;
+  const int tid = threadIdx.x;
+  const int64_t vocab = p.vocab;
+  const int64_t ld = p.ld > 0 ? p.ld : vocab;
+  for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
+    const SamplingRequest c = p.requests[r];
+    const float* raw = p.logits + (c.row >= 0 ? c.row : r) * ld;
+    char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab);
+    auto* mass = reinterpret_cast<unsigned long long*>(ws);
+    float* work = reinterpret_cast<float*>(ws + vocab * 8);
+
+    const double lse = p.out_logprobs ? raw_log_sum_exp(raw, vocab, sm.fscratch, sm.dscratch) : 0.0;
+    prepare_work(p, r, c, raw, work);
+
+    int32_t chosen = 0;
+    if (c.temperature == 0.0f || c.top_k == 1) {
+      chosen = first_max(work, vocab, sm.fscratch, &sm.best_idx);
+    } else {
+      // Candidates: the first top_k tokens of the order (all without top-k).
+      uint64_t limit = kNoRank;
+      if (c.top_k > 0 && c.top_k < vocab) {
+        const uint64_t kth = select_rank(work,
+                                         mass,
+                                         vocab,
+                                         kNoRank,
+                                         Sel::kCount,
+                                         static_cast<unsigned long long>(c.top_k - 1),
+                                         sm);
+        limit = kth + 1;  // top_k <= vocab: the k-th token exists
+      }
+      // Softmax at the temperature over the candidates, relative to the first one (the maximum).
+      float mx = -INFINITY;
+      for (int64_t t = tid; t < vocab; t += blockDim.x) mx = fmaxf(mx, work[t]);
+      mx = block_max(mx, sm.fscratch);
+      const double inv_t = 1.0 / c.temperature;
+      const double m = static_cast<double>(mx) * inv_t;
+      double sum = 0.0;
+      for (int64_t t = tid; t < vocab; t += blockDim.x) {
+        if (rank_of(work[t], t) < limit)
+          sum += weight(work[t], inv_t, m);
+      }
+      sum = block_sum(sum, sm.dscratch);
+      for (int64_t t = tid; t < vocab; t += blockDim.x) {
+        mass[t] = rank_of(work[t], t) < limit
+                      ? __double2ull_rn(weight(work[t], inv_t, m) / sum * kFixedOne)
+                      : 0ull;
+      }
+      __syncthreads();
+      // top-p: the shortest prefix whose mass reaches top_p.
+      uint64_t keep = limit;
+      if (c.top_p < 1.0f) {
+        const unsigned long long target =
+            max(1ull, __double2ull_rn(static_cast<double>(c.top_p) * kFixedOne));
+        const uint64_t cut = select_rank(work, mass, vocab, keep, Sel::kMassGe, target, sm);
+        if (cut != kNoRank)
+          keep = cut + 1;
+      }
+      // min-p (relative to the first probability, 1 / sum) and the tail of probability 0: both
+      // hold on a prefix (probabilities do not increase along the order); at least one token.
+      const double floor_p = c.min_p > 0.0f ? static_cast<double>(c.min_p) * (1.0 / sum) : 0.0;
+      unsigned long long kept = 0;
+      for (int64_t t = tid; t < vocab; t += blockDim.x) {
+        if (rank_of(work[t], t) >= keep)
+          continue;
+        const double pt = weight(work[t], inv_t, m) / sum;
+        kept += (pt > 0.0 && (c.min_p <= 0.0f || pt >= floor_p)) ? 1ull : 0ull;
+      }
+      kept = max(1ull, block_sum(kept, sm.uscratch));
+      const uint64_t last = select_rank(work, mass, vocab, keep, Sel::kCount, kept - 1, sm);
+      keep = last + 1;  // kept <= the tokens below keep: the token exists
+      // The draw: the first token whose cumulative mass exceeds u * (kept mass).
+      unsigned long long total = 0;
+      for (int64_t t = tid; t < vocab; t += blockDim.x) {
+        if (rank_of(work[t], t) < keep)
+          total += mass[t];
+      }
+      total = block_sum(total, sm.uscratch);
+      const double u = rng::uniform_from(c.seed, c.step) * static_cast<double>(total);
+      const uint64_t pick = select_rank(
+          work, mass, vocab, keep, Sel::kMassGt, static_cast<unsigned long long>(u), sm);
+      chosen = static_cast<int32_t>((pick != kNoRank ? pick : last) & 0xffffffffu);
+    }
+    if (tid == 0) {
+      p.out_tokens[r] = chosen;
+      if (p.out_logprobs)
+        p.out_logprobs[r] = static_cast<float>(raw[chosen] - lse);
+    }
+    __syncthreads();
+  }
+}
 }  // namespace
 
 size_t sample_workspace_bytes(int64_t n, int64_t vocab) {
@@ -293,7 +506,12 @@ Status launch_sample(const SampleParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(require(reinterpret_cast<uintptr_t>(p.workspace) % 8 == 0,
                               "sample",
                               "workspace must be 8-byte aligned"));
-  sample_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxGrid)), kThreads, 0, stream>>>(p);
+  const auto grid = static_cast<unsigned>(std::min(p.n, kMaxGrid));
+  if (p.full_sort) {
+    sample_sort_kernel<<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    sample_select_kernel<<<grid, kSelThreads, 0, stream>>>(p);
+  }
   return launched("sample launch");
 }
 

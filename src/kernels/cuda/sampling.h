@@ -55,6 +55,9 @@ struct SampleParams {
   int64_t allowed_words = 0;  // >= (vocab + 31) / 32 when allowed is set
   void* workspace = nullptr;  // sample_workspace_bytes(n, vocab) bytes, 8-byte aligned
   size_t workspace_bytes = 0;
+  // false (default): the cuts are found by radix descents without sorting (sampling.cu); true:
+  // the whole vocabulary is sorted first (the first implementation, slower; tests compare both).
+  bool full_sort = false;
   int32_t* out_tokens = nullptr;  // [n]
   float* out_logprobs = nullptr;  // [n] or null: log-softmax of the raw logits at the pick
 };
