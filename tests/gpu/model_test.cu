@@ -26,6 +26,7 @@
 #include "kernels/cuda/device.h"
 #include "model/checkpoint.h"
 #include "state/sequence_state.h"
+#include "unit/engine/test_masks.h"
 
 namespace dsinfer {
 namespace {
@@ -466,19 +467,7 @@ TEST(CudaEngine, DeviceSamplingEqualsHostSampling) {
   SKIP_WITHOUT_GPU();
   auto ckpt = open_model("tests/fixtures/tiny-a/official");
   ASSERT_TRUE(ckpt);
-  class ThirdsMask : public engine::TokenMask {  // token n must be n mod 3 (mod 3)
-   public:
-    bool fill(std::span<uint32_t> bits) override {
-      for (size_t t = 0; t < bits.size() * 32; ++t)
-        if (static_cast<int64_t>(t % 3) == accepted_ % 3)
-          bits[t / 32] |= 1u << (t % 32);
-      return true;
-    }
-    void accept(int32_t) override { ++accepted_; }
 
-   private:
-    int64_t accepted_ = 0;
-  };
   auto run = [&](bool device_sampling) {
     engine::EngineConfig ec;
     ec.device = engine::Device::kCuda;
@@ -508,7 +497,7 @@ TEST(CudaEngine, DeviceSamplingEqualsHostSampling) {
         s.sampling.frequency_penalty = 0.2f;
       }
       if (i % 4 == 2)
-        s.token_mask = std::make_unique<ThirdsMask>();
+        s.token_mask = std::make_unique<engine::test_support::PositionalMask>();
       if (i % 8 == 7)
         s.sampling.top_logprobs = 2;
       auto id = (*e)->submit(std::move(s));

@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_model.h"
 #include "engine/engine.h"
 #include "model/checkpoint.h"
+#include "unit/engine/test_masks.h"
 
 namespace dsinfer::engine {
 namespace {
@@ -79,22 +80,7 @@ class HostSamplingModel final : public backend::Model {
   sampling::SamplerScratch scratch_;
 };
 
-// The n-th accepted token must be n mod 3 (mod 3): a mask asked at the wrong time or not told
-// about a token shows in the output.
-class PositionalMask : public TokenMask {
- public:
-  bool fill(std::span<uint32_t> bits) override {
-    for (size_t t = 0; t < bits.size() * 32; ++t) {
-      if (static_cast<int64_t>(t % 3) == accepted_ % 3)
-        bits[t / 32] |= 1u << (t % 32);
-    }
-    return true;
-  }
-  void accept(int32_t) override { ++accepted_; }
-
- private:
-  int64_t accepted_ = 0;
-};
+using test_support::PositionalMask;
 
 struct MixRun {
   std::vector<std::vector<int32_t>> outputs;

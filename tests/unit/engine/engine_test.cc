@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_model.h"
 #include "model/checkpoint.h"
+#include "unit/engine/test_masks.h"
 
 namespace dsinfer::engine {
 namespace {
@@ -230,23 +231,7 @@ RequestSpec seeded(const Case& c, uint64_t seed) {
   return s;
 }
 
-// A token mask whose allowed set depends on how many tokens it has accepted (the n-th token must
-// be n mod 3, mod 3), as a grammar's does: a mask asked twice for one token, or not told about one,
-// shows in the output.
-class PositionalMask : public TokenMask {
- public:
-  bool fill(std::span<uint32_t> bits) override {
-    for (size_t t = 0; t < bits.size() * 32; ++t) {
-      if (static_cast<int64_t>(t % 3) == accepted_ % 3)
-        bits[t / 32] |= 1u << (t % 32);
-    }
-    return true;
-  }
-  void accept(int32_t) override { ++accepted_; }
-
- private:
-  int64_t accepted_ = 0;
-};
+using test_support::PositionalMask;
 
 // The same seeded request (optionally under a token mask) alone, in a batch of 64 random others
 // (their own seeds and sampling, some masked), and in that batch under a state budget that forces
