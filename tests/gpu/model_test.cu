@@ -26,7 +26,7 @@
 #include "kernels/cuda/device.h"
 #include "model/checkpoint.h"
 #include "state/sequence_state.h"
-#include "unit/engine/test_masks.h"
+#include "unit/engine/engine_test_util.h"
 
 namespace dsinfer {
 namespace {

@@ -109,6 +109,32 @@ __device__ int32_t first_max(const float* work, int64_t vocab, float* fscratch, 
   return chosen;
 }
 
+// The per-request frame both kernels share (one block per request): the request's logits row
+// and workspace, the raw log-sum-exp for the logprob, the mask and penalties into work (at
+// workspace + 8 * vocab bytes), greedy; `pick(c, work, ws)` chooses the token otherwise.
+template <typename Smem, typename Pick>
+__device__ void for_each_request(const SampleParams& p, Smem& sm, Pick&& pick) {
+  const int64_t vocab = p.vocab;
+  const int64_t ld = p.ld > 0 ? p.ld : vocab;
+  for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
+    const SamplingRequest c = p.requests[r];
+    const float* raw = p.logits + (c.row >= 0 ? c.row : r) * ld;
+    char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab);
+    float* work = reinterpret_cast<float*>(ws + vocab * 8);
+    const double lse = p.out_logprobs ? raw_log_sum_exp(raw, vocab, sm.fscratch, sm.dscratch) : 0.0;
+    prepare_work(p, r, c, raw, work);
+    const int32_t chosen = (c.temperature == 0.0f || c.top_k == 1)
+                               ? first_max(work, vocab, sm.fscratch, &sm.best_idx)
+                               : pick(c, work, ws);
+    if (threadIdx.x == 0) {
+      p.out_tokens[r] = chosen;
+      if (p.out_logprobs)
+        p.out_logprobs[r] = static_cast<float>(raw[chosen] - lse);
+    }
+    __syncthreads();
+  }
+}
+
 struct SampleSmem {
   int counts[kBins][kThreads];
   double dscratch[32];
@@ -150,25 +176,13 @@ __global__ void __launch_bounds__(kThreads) sample_sort_kernel(SampleParams p) {
   __shared__ SampleSmem sm;
   const int tid = threadIdx.x;
   const int64_t vocab = p.vocab;
-  const int64_t ld = p.ld > 0 ? p.ld : vocab;
-  for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
-    const SamplingRequest c = p.requests[r];
-    const float* raw = p.logits + (c.row >= 0 ? c.row : r) * ld;
-    char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab);
+  for_each_request(p, sm, [&](const SamplingRequest& c, float* work, char* ws) -> int32_t {
     double* prob = reinterpret_cast<double*>(ws);
-    float* work = reinterpret_cast<float*>(ws + vocab * 8);
     uint32_t* keys[2] = {reinterpret_cast<uint32_t*>(ws + vocab * 12),
                          reinterpret_cast<uint32_t*>(ws + vocab * 16)};
     int32_t* ids[2] = {reinterpret_cast<int32_t*>(ws + vocab * 20),
                        reinterpret_cast<int32_t*>(ws + vocab * 24)};
-
-    const double lse = p.out_logprobs ? raw_log_sum_exp(raw, vocab, sm.fscratch, sm.dscratch) : 0.0;
-    prepare_work(p, r, c, raw, work);
-
-    int32_t chosen = 0;
-    if (c.temperature == 0.0f || c.top_k == 1) {
-      chosen = first_max(work, vocab, sm.fscratch, &sm.best_idx);
-    } else {
+    {
       // Stable LSD radix sort of (key, id), ids initially ascending.
       const int64_t chunk = (vocab + blockDim.x - 1) / blockDim.x;
       const int64_t lo = min(vocab, tid * chunk);
@@ -281,15 +295,9 @@ __global__ void __launch_bounds__(kThreads) sample_sort_kernel(SampleParams p) {
       __syncthreads();
       const double u = rng::uniform_from(c.seed, c.step) * total;
       const int hit = first_index([&](int64_t, double acc) { return u < acc; }, off, keep);
-      chosen = idx[hit != 0x7fffffff ? hit : keep - 1];
+      return idx[hit != 0x7fffffff ? hit : keep - 1];
     }
-    if (tid == 0) {
-      p.out_tokens[r] = chosen;
-      if (p.out_logprobs)
-        p.out_logprobs[r] = static_cast<float>(raw[chosen] - lse);
-    }
-    __syncthreads();
-  }
+  });
 }
 
 // ---- select: radix descents over the candidate order, no sort ----
@@ -394,21 +402,9 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
   __shared__ SelectSmem sm;
   const int tid = threadIdx.x;
   const int64_t vocab = p.vocab;
-  const int64_t ld = p.ld > 0 ? p.ld : vocab;
-  for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
-    const SamplingRequest c = p.requests[r];
-    const float* raw = p.logits + (c.row >= 0 ? c.row : r) * ld;
-    char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab);
+  for_each_request(p, sm, [&](const SamplingRequest& c, float* work, char* ws) -> int32_t {
     auto* mass = reinterpret_cast<unsigned long long*>(ws);
-    float* work = reinterpret_cast<float*>(ws + vocab * 8);
-
-    const double lse = p.out_logprobs ? raw_log_sum_exp(raw, vocab, sm.fscratch, sm.dscratch) : 0.0;
-    prepare_work(p, r, c, raw, work);
-
-    int32_t chosen = 0;
-    if (c.temperature == 0.0f || c.top_k == 1) {
-      chosen = first_max(work, vocab, sm.fscratch, &sm.best_idx);
-    } else {
+    {
       // Candidates: the first top_k tokens of the order (all without top-k).
       uint64_t limit = kNoRank;
       if (c.top_k > 0 && c.top_k < vocab) {
@@ -471,15 +467,9 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
       const double u = rng::uniform_from(c.seed, c.step) * static_cast<double>(total);
       const uint64_t pick = select_rank(
           work, mass, vocab, keep, Sel::kMassGt, static_cast<unsigned long long>(u), sm);
-      chosen = static_cast<int32_t>((pick != kNoRank ? pick : last) & 0xffffffffu);
+      return static_cast<int32_t>((pick != kNoRank ? pick : last) & 0xffffffffu);
     }
-    if (tid == 0) {
-      p.out_tokens[r] = chosen;
-      if (p.out_logprobs)
-        p.out_logprobs[r] = static_cast<float>(raw[chosen] - lse);
-    }
-    __syncthreads();
-  }
+  });
 }
 }  // namespace
 

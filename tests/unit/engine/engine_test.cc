@@ -14,19 +14,13 @@
 
 #include "backend/cpu/cpu_model.h"
 #include "model/checkpoint.h"
-#include "unit/engine/test_masks.h"
+#include "unit/engine/engine_test_util.h"
 
 namespace dsinfer::engine {
 namespace {
 
 std::shared_ptr<const model::Checkpoint> fixture() {
-  static std::shared_ptr<const model::Checkpoint> ckpt = [] {
-    auto r =
-        model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official");
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return std::shared_ptr<const model::Checkpoint>(std::move(r).value());
-  }();
-  return ckpt;
+  return test_support::tiny_fixture();
 }
 
 // The CPU kernels of the engines the tests make (EngineKernels runs its tests with both).
