@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/mtp_draft.h"
 #include "base/check.h"
 #include "base/strings.h"
 #include "kernels/cpu/mhc.h"
@@ -415,33 +416,7 @@ int32_t top1(const float* logits, int64_t vocab, float* prob) {
 Status CpuModel::check_draft(const state::SequenceState& st,
                              int32_t next_token,
                              int32_t steps) const {
-  const auto& c = config_;
-  if (weights_.mtp.empty())
-    return failed_precondition("MTP drafting needs MTP weights; the checkpoint has none");
-  if (next_token < 0 || next_token >= c.vocab_size) {
-    return invalid_argument(str_format("draft: token id %d is outside the vocabulary [0, %lld)",
-                                       next_token,
-                                       static_cast<long long>(c.vocab_size)));
-  }
-  const int64_t pos0 = st.num_tokens() - 1;  // the last position in the state
-  // Drafts past the first write the MTP block's window ring at positions the verification may
-  // reject; a sliding ring of sliding_window + max_rollback slots keeps every position the next
-  // accepted one still attends to. A compressing MTP layer would need its rows rolled back too.
-  if (steps < 1 || steps > st.max_rollback() ||
-      c.mtp_layers[0].attention != model::AttentionType::kSliding) {
-    return invalid_argument(str_format(
-        "draft: %d steps with a rollback limit of %lld (needs 1..limit and a sliding MTP layer)",
-        steps,
-        static_cast<long long>(st.max_rollback())));
-  }
-  if (pos0 < 0 || st.mtp_num_tokens() != pos0 || !st.final_streams(pos0)) {
-    return failed_precondition(
-        str_format("draft: MTP state at %lld, sequence at %lld (MTP must be one position behind; "
-                   "run every forward with MTP on)",
-                   static_cast<long long>(st.mtp_num_tokens()),
-                   static_cast<long long>(st.num_tokens())));
-  }
-  return Status();
+  return backend::check_mtp_draft(config_, !weights_.mtp.empty(), st, next_token, steps);
 }
 
 Status CpuModel::mtp_draft(state::SequenceState& st,

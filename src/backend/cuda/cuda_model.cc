@@ -58,9 +58,11 @@ CudaModel::~CudaModel() {
     const cudaError_t err = cudaFree(pool.p);
     DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
   }
-  if (pack_dev_) {
-    const cudaError_t err = cudaFree(pack_dev_);
-    DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
+  for (void* p : {pack_dev_, draft_streams_[0], draft_streams_[1]}) {
+    if (p) {
+      const cudaError_t err = cudaFree(p);
+      DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
+    }
   }
 }
 
@@ -514,23 +516,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
 
   // One transfer of the plan.
   L->pack.layout(decode);
-  DSI_RETURN_IF_ERROR(
-      ensure_device_buffer(&pack_dev_, &pack_cap_, L->pack.total_bytes(), "cudaMalloc (plan)"));
-  const int64_t bytes = L->pack.host_bytes();  // device-only arrays (key lists) are not copied
-  if (static_cast<int64_t>(pinned_.size()) < bytes) {
-    DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "pinned staging"));
-    DSI_ASSIGN_OR_RETURN(
-        pinned_,
-        device::PinnedBuffer::allocate(static_cast<size_t>(std::max<int64_t>(2 * bytes, 1 << 20))));
-  }
-  L->pack.copy_to(pinned_.as<uint8_t>());
-  L->dev = static_cast<uint8_t*>(pack_dev_);
-  DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pack_dev_,
-                                                         pinned_.get(),
-                                                         static_cast<size_t>(bytes),
-                                                         cudaMemcpyHostToDevice,
-                                                         stream_.get()),
-                                         "copying the forward plan"));
+  DSI_RETURN_IF_ERROR(upload_pack(L->pack, &L->dev));
   stats_.host_plan_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now() - plan_start)
                              .count();
@@ -668,6 +654,104 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   return Status();
 }
 
+// The MTP block over plan's rows (spec 3.11): embedding of the next tokens, e_proj, the source
+// streams (src_refs: final streams in the pool, or rows of `local`) under hnorm and h_proj, the
+// MTP layer, the head. streams_out (optional) receives the layer's output streams [rows, width].
+Status CudaModel::launch_mtp(const PassPlan& plan,
+                             int32_t src_refs,
+                             int32_t broadcast,
+                             const float* local,
+                             uint8_t* pack,
+                             const HostPack& hp,
+                             float* streams_out,
+                             float** logits) {
+  const auto& c = config_;
+  const cudaStream_t s = stream_.get();
+  const int64_t hc = c.hc_mult;
+  const int64_t hidden = c.hidden_size;
+  const int64_t width = hc * hidden;
+  const DMtp& w = weights_->mtp[0];
+  const int64_t nm = plan.rows;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int32_t* mtok = hp.resolve<int32_t>(pack, plan.tokens);
+  float* e = nullptr;
+  float* eproj = nullptr;
+  float* h = nullptr;
+  float* xm = nullptr;
+  float* xma = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&e, nm * hidden));
+  DSI_RETURN_IF_ERROR(ws_->get(&eproj, nm * hidden));
+  DSI_RETURN_IF_ERROR(ws_->get(&h, nm * width));
+  DSI_RETURN_IF_ERROR(ws_->get(&xm, nm * width));
+  DSI_RETURN_IF_ERROR(ws_->get(&xma, nm * width));
+  cuda::EmbedParams me;
+  me.table = weights_->embed;
+  me.tokens = mtok;
+  me.n = nm;
+  me.copies = 1;
+  me.out = e;
+  DSI_RETURN_IF_ERROR(cuda::launch_embed(me, s));
+  DSI_RETURN_IF_ERROR(expand_keys(plan, pack, hp));
+  DSI_RETURN_IF_ERROR(rms_norm(e, nm, hidden, w.enorm, eps, s));
+  DSI_RETURN_IF_ERROR(linear(lin(), w.e_proj, e, nm, eproj, q8(), s));
+  cuda::GatherRowsParams gp;
+  gp.pool = pool_;
+  gp.local = local;
+  gp.src_refs = hp.resolve<int64_t>(pack, src_refs);
+  gp.n = nm;
+  gp.width = width;
+  gp.dst = h;
+  DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
+  DSI_RETURN_IF_ERROR(rms_norm(h, nm * hc, hidden, w.hnorm, eps, s));
+  gp.pool = nullptr;
+  gp.local = eproj;
+  gp.src_refs = hp.resolve<int64_t>(pack, broadcast);
+  gp.n = nm * hc;
+  gp.width = hidden;
+  gp.dst = xm;
+  DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
+  // h_proj(h) + e_proj(e), as the CPU adds them.
+  DSI_RETURN_IF_ERROR(linear(lin(), w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true));
+  DSI_RETURN_IF_ERROR(launch_layer(w.layer,
+                                   c.mtp_layers[0],
+                                   plan.layers[0],
+                                   nm,
+                                   mtok,
+                                   hp.resolve<int64_t>(pack, plan.positions),
+                                   pack,
+                                   hp,
+                                   &xm,
+                                   &xma));
+  if (streams_out) {
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpyAsync(
+            streams_out, xm, static_cast<size_t>(nm * width) * 4, cudaMemcpyDeviceToDevice, s),
+        "copying the MTP streams"));
+  }
+  DSI_RETURN_IF_ERROR(ws_->get(logits, nm * c.vocab_size));
+  return launch_head(w.hc_head, w.norm, xm, nm, *logits);
+}
+
+Status CudaModel::upload_pack(const HostPack& pack, uint8_t** dev) {
+  DSI_RETURN_IF_ERROR(
+      ensure_device_buffer(&pack_dev_, &pack_cap_, pack.total_bytes(), "cudaMalloc (plan)"));
+  const int64_t bytes = pack.host_bytes();  // device-only arrays (key lists) are not copied
+  if (static_cast<int64_t>(pinned_.size()) < bytes) {
+    DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "pinned staging"));
+    DSI_ASSIGN_OR_RETURN(
+        pinned_,
+        device::PinnedBuffer::allocate(static_cast<size_t>(std::max<int64_t>(2 * bytes, 1 << 20))));
+  }
+  pack.copy_to(pinned_.as<uint8_t>());
+  *dev = static_cast<uint8_t*>(pack_dev_);
+  return device::check_cuda(cudaMemcpyAsync(pack_dev_,
+                                            pinned_.get(),
+                                            static_cast<size_t>(bytes),
+                                            cudaMemcpyHostToDevice,
+                                            stream_.get()),
+                            "copying the forward plan");
+}
+
 Status CudaModel::launch_all(Launch& L) {
   const auto& c = config_;
   const cudaStream_t s = stream_.get();
@@ -709,60 +793,8 @@ Status CudaModel::launch_all(Launch& L) {
   }
 
   if (L.has_mtp) {
-    const DMtp& w = weights_->mtp[0];
-    const int64_t nm = L.mtp.rows;
-    const float eps = static_cast<float>(c.rms_norm_eps);
-    const int32_t* mtok = hp.resolve<int32_t>(pack, L.mtp.tokens);
-    float* e = nullptr;
-    float* eproj = nullptr;
-    float* h = nullptr;
-    float* xm = nullptr;
-    float* xma = nullptr;
-    DSI_RETURN_IF_ERROR(ws_->get(&e, nm * hidden));
-    DSI_RETURN_IF_ERROR(ws_->get(&eproj, nm * hidden));
-    DSI_RETURN_IF_ERROR(ws_->get(&h, nm * width));
-    DSI_RETURN_IF_ERROR(ws_->get(&xm, nm * width));
-    DSI_RETURN_IF_ERROR(ws_->get(&xma, nm * width));
-    cuda::EmbedParams me;
-    me.table = weights_->embed;
-    me.tokens = mtok;
-    me.n = nm;
-    me.copies = 1;
-    me.out = e;
-    DSI_RETURN_IF_ERROR(cuda::launch_embed(me, s));
-    DSI_RETURN_IF_ERROR(expand_keys(L.mtp, pack, hp));
-    DSI_RETURN_IF_ERROR(rms_norm(e, nm, hidden, w.enorm, eps, s));
-    DSI_RETURN_IF_ERROR(linear(lin(), w.e_proj, e, nm, eproj, q8(), s));
-    cuda::GatherRowsParams gp;
-    gp.pool = pool_;
-    gp.local = x;
-    gp.src_refs = hp.resolve<int64_t>(pack, L.mtp_src);
-    gp.n = nm;
-    gp.width = width;
-    gp.dst = h;
-    DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
-    DSI_RETURN_IF_ERROR(rms_norm(h, nm * hc, hidden, w.hnorm, eps, s));
-    gp.pool = nullptr;
-    gp.local = eproj;
-    gp.src_refs = hp.resolve<int64_t>(pack, L.mtp_broadcast);
-    gp.n = nm * hc;
-    gp.width = hidden;
-    gp.dst = xm;
-    DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
-    // h_proj(h) + e_proj(e), as the CPU adds them.
-    DSI_RETURN_IF_ERROR(linear(lin(), w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true));
-    DSI_RETURN_IF_ERROR(launch_layer(w.layer,
-                                     c.mtp_layers[0],
-                                     L.mtp.layers[0],
-                                     nm,
-                                     mtok,
-                                     hp.resolve<int64_t>(pack, L.mtp.positions),
-                                     pack,
-                                     hp,
-                                     &xm,
-                                     &xma));
-    DSI_RETURN_IF_ERROR(ws_->get(&L.mtp_logits, nm * c.vocab_size));
-    DSI_RETURN_IF_ERROR(launch_head(w.hc_head, w.norm, xm, nm, L.mtp_logits));
+    DSI_RETURN_IF_ERROR(
+        launch_mtp(L.mtp, L.mtp_src, L.mtp_broadcast, x, pack, hp, nullptr, &L.mtp_logits));
   }
 
   DSI_RETURN_IF_ERROR(mark(2 + c.layers.size()));

@@ -85,6 +85,9 @@ class CudaModel final : public backend::Model {
   Status health() const override;
   // ForwardOptions::sample: sampled on the device (DeviceSampler, kernels/cuda/sampling.h).
   bool can_sample() const override { return true; }
+  // V4's MTP block drafting on the device (mtp_draft.cc); not under expert parallelism.
+  bool can_draft() const override;
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override;
   bool lockstep() const override { return options_.comm != nullptr; }
   Result<int64_t> all_ranks_sum(int64_t v) override;
   const char* name() const override { return "cuda"; }
@@ -125,6 +128,16 @@ class CudaModel final : public backend::Model {
   Status ensure_pool(const state::PageArena& arena);
   Status ensure_device_buffer(void** buf, int64_t* cap, int64_t bytes, const char* what);
   Status launch_all(Launch& L);
+  // Copies the plan's host arrays to the device (one transfer through pinned staging).
+  Status upload_pack(const HostPack& pack, uint8_t** dev);
+  Status launch_mtp(const PassPlan& plan,
+                    int32_t src_refs,
+                    int32_t broadcast,
+                    const float* local,
+                    uint8_t* pack,
+                    const HostPack& hp,
+                    float* streams_out,
+                    float** logits);
   Status launch_layer(const DLayer& w,
                       const model::LayerPlan& plan,
                       const LayerPass& lp,
@@ -206,6 +219,8 @@ class CudaModel final : public backend::Model {
   device::PinnedBuffer pinned_;
   device::PinnedBuffer logits_pinned_;  // logits (and MTP logits) copied back, reused
   DeviceSampler sampler_;
+  void* draft_streams_[2] = {nullptr, nullptr};  // MTP drafting: a step's streams, ping-pong
+  int64_t draft_cap_[2] = {0, 0};
   // Decode graphs by layout; invalidated when a buffer they point into moves.
   struct Graph {
     cudaGraphExec_t exec = nullptr;

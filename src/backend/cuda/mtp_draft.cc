@@ -1,0 +1,146 @@
+// CudaModel::mtp_draft_batch: V4's MTP block run recurrently on the device for speculative
+// decoding (backend::DraftItem). Step 0 runs the block at each sequence's last position with the
+// sampled token and the main model's final streams of that position (kept in the pool); step s
+// feeds the block's own output streams of step s - 1 back with the previous draft. Each step is
+// one eager pass for every sequence still drafting; the drafts are the greedy picks of the
+// block's head, chosen on the device (DeviceSampler) with their probabilities.
+#include "backend/mtp_draft.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cuda/cuda_model.h"
+#include "base/check.h"
+#include "device/device_error.h"
+
+namespace dsinfer::gpu {
+
+namespace {
+int64_t local_ref(int64_t elem_offset) {
+  return -2 - elem_offset;
+}
+}  // namespace
+
+bool CudaModel::can_draft() const {
+  return !weights_->mtp.empty() && options_.comm == nullptr;
+}
+
+Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
+  DSI_RETURN_IF_ERROR(health());
+  const auto& c = config_;
+  const int64_t width = c.hc_mult * c.hidden_size;
+  std::vector<size_t> active;
+  int32_t max_steps = 0;
+  const state::PageArena* arena = nullptr;
+  for (size_t i = 0; i < items.size(); ++i) {
+    backend::DraftItem& it = items[i];
+    it.status =
+        backend::check_mtp_draft(c, !weights_->mtp.empty(), *it.state, it.next_token, it.num_steps);
+    if (it.status.ok() && options_.comm != nullptr) {
+      it.status = unimplemented("MTP drafting under expert parallelism is not supported yet");
+    }
+    if (!it.status.ok())
+      continue;
+    if (!arena)
+      arena = it.state->arena();
+    DSI_CHECK(it.state->arena() == arena, "one draft batch spans two state arenas");
+    active.push_back(i);
+    max_steps = std::max(max_steps, it.num_steps);
+  }
+  if (active.empty())
+    return Status();
+  DSI_RETURN_IF_ERROR(ensure_pool(*arena));
+  const int64_t n = static_cast<int64_t>(active.size());
+  const size_t stream_bytes = static_cast<size_t>(n * width) * sizeof(float);
+  DSI_RETURN_IF_ERROR(ensure_device_buffer(
+      &draft_streams_[0], &draft_cap_[0], static_cast<int64_t>(stream_bytes), "cudaMalloc (MTP)"));
+  DSI_RETURN_IF_ERROR(ensure_device_buffer(
+      &draft_streams_[1], &draft_cap_[1], static_cast<int64_t>(stream_bytes), "cudaMalloc (MTP)"));
+
+  sampling::SamplingConfig greedy;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = true;  // the draft's probability under the block's softmax
+  const sampling::PenaltyState no_penalties;
+  std::vector<backend::SampleRequest> sreq(active.size());
+  std::vector<int64_t> row_of(items.size(), -1);  // item -> its row in the previous step
+  for (int32_t step = 0; step < max_steps; ++step) {
+    std::vector<size_t> now;
+    for (size_t i : active) {
+      if (items[i].num_steps > step)
+        now.push_back(i);
+    }
+    std::vector<SeqSpan> spans;
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> src;
+    for (size_t k = 0; k < now.size(); ++k) {
+      backend::DraftItem& it = items[now[k]];
+      state::SequenceState& st = *it.state;
+      const int64_t pos0 = st.num_tokens() - 1;
+      SeqSpan sp;
+      sp.st = &st;
+      sp.first = pos0 + step;
+      sp.n = 1;
+      sp.begin = static_cast<int64_t>(k);
+      sp.mtp = true;
+      spans.push_back(sp);
+      tokens.push_back(step == 0 ? it.next_token : it.tokens[step - 1]);
+      if (step == 0) {
+        const int64_t r = st.final_streams_row(pos0);
+        DSI_CHECK(r >= 0, "final streams of position %lld are gone", static_cast<long long>(pos0));
+        src.push_back(st.final_streams_rows().pool_offset(r));
+      } else {
+        src.push_back(local_ref(row_of[now[k]] * width));
+      }
+    }
+    const int64_t rows = static_cast<int64_t>(now.size());
+    HostPack pack;
+    PassPlan plan;
+    PlanContext ctx;
+    ctx.config = &c;
+    ctx.page_floats = arena->page_floats();
+    plan_pass(ctx, spans, tokens, rows, pack, &plan);
+    const int32_t src_id = pack.add(src);
+    std::vector<int64_t> bcast;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < c.hc_mult; ++j) bcast.push_back(local_ref(r * c.hidden_size));
+    }
+    const int32_t bcast_id = pack.add(bcast);
+    pack.layout(false);
+    uint8_t* dev = nullptr;
+    DSI_RETURN_IF_ERROR(upload_pack(pack, &dev));
+    DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
+    if (moved)
+      clear_graphs();
+    ws_->reset();
+    float* in = static_cast<float*>(draft_streams_[step % 2]);
+    float* out = static_cast<float*>(draft_streams_[(step + 1) % 2]);
+    float* logits = nullptr;
+    DSI_RETURN_IF_ERROR(launch_mtp(plan, src_id, bcast_id, in, dev, pack, out, &logits));
+    std::vector<DeviceSampler::Row> srows;
+    for (int64_t k = 0; k < rows; ++k) {
+      sreq[static_cast<size_t>(k)].config = &greedy;
+      sreq[static_cast<size_t>(k)].penalties = &no_penalties;
+      srows.push_back({&sreq[static_cast<size_t>(k)], k});
+    }
+    DSI_RETURN_IF_ERROR(sampler_.launch(logits, c.vocab_size, srows, stream_.get()));
+    DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
+    for (size_t k = 0; k < now.size(); ++k) {
+      backend::DraftItem& it = items[now[k]];
+      const sampling::SampleResult r = sampler_.result(k);
+      it.tokens[step] = r.token;
+      it.probs[step] = std::exp(r.logprob);
+      row_of[now[k]] = static_cast<int64_t>(k);
+    }
+  }
+  // The block has consumed next_token; what the later steps wrote lies beyond it (the
+  // verification overwrites it).
+  for (size_t i : active) {
+    state::SequenceState& st = *items[i].state;
+    st.set_mtp_num_tokens(st.num_tokens());
+  }
+  ++stats_.forwards;
+  return Status();
+}
+
+}  // namespace dsinfer::gpu
