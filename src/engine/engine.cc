@@ -239,6 +239,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   if (e->spec_.defaulted && config.device == Device::kCpu &&
       config.cpu_kernels == CpuKernels::kReference)
     e->spec_ = spec::Config();
+  // CUDA drafts outside the decode graphs (eager MTP passes and verification): not yet measured
+  // against graph-replayed plain decode, so speculation there only when asked for.
+  if (e->spec_.defaulted && config.device == Device::kCuda)
+    e->spec_ = spec::Config();
   if (e->spec_.mode != spec::Mode::kOff) {
     const char* why = nullptr;
     if (e->spec_.k < 1 || e->spec_.k > spec::kMaxDrafts)
