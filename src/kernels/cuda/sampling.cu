@@ -24,11 +24,11 @@ constexpr int kThreads = 256;
 constexpr int kBins = 16;
 constexpr int64_t kMaxGrid = 65535;
 
-// Per-request workspace: work logits (float), keys x2 (uint32), ids x2 (int32), probs (double).
-constexpr size_t kBytesPerToken = 4 + 8 + 8 + 8;
-
-__host__ __device__ size_t request_bytes(int64_t vocab) {
-  return (static_cast<size_t>(vocab) * kBytesPerToken + 255) / 256 * 256;
+// Per-request workspace, per token: select: masses (uint64) then work logits (float); full sort:
+// probabilities (double), work logits, keys x2 (uint32), ids x2 (int32).
+__host__ __device__ size_t request_bytes(int64_t vocab, bool full_sort) {
+  const size_t per_token = full_sort ? 8 + 4 + 8 + 8 : 8 + 4;
+  return (static_cast<size_t>(vocab) * per_token + 255) / 256 * 256;
 }
 
 // Sort key: ascending key = descending logit; -0 and +0 equal.
@@ -119,7 +119,7 @@ __device__ void for_each_request(const SampleParams& p, Smem& sm, Pick&& pick) {
   for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
     const SamplingRequest c = p.requests[r];
     const float* raw = p.logits + (c.row >= 0 ? c.row : r) * ld;
-    char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab);
+    char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab, p.full_sort);
     float* work = reinterpret_cast<float*>(ws + vocab * 8);
     const double lse = p.out_logprobs ? raw_log_sum_exp(raw, vocab, sm.fscratch, sm.dscratch) : 0.0;
     prepare_work(p, r, c, raw, work);
@@ -473,8 +473,8 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
 }
 }  // namespace
 
-size_t sample_workspace_bytes(int64_t n, int64_t vocab) {
-  return n <= 0 || vocab <= 0 ? 0 : static_cast<size_t>(n) * request_bytes(vocab);
+size_t sample_workspace_bytes(int64_t n, int64_t vocab, bool full_sort) {
+  return n <= 0 || vocab <= 0 ? 0 : static_cast<size_t>(n) * request_bytes(vocab, full_sort);
 }
 
 Status launch_sample(const SampleParams& p, cudaStream_t stream) {
@@ -491,8 +491,10 @@ Status launch_sample(const SampleParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(require(!p.allowed || p.allowed_words >= (p.vocab + 31) / 32,
                               "sample",
                               "token mask narrower than the vocabulary"));
-  DSI_RETURN_IF_ERROR(require(
-      p.workspace_bytes >= sample_workspace_bytes(p.n, p.vocab), "sample", "workspace too small"));
+  DSI_RETURN_IF_ERROR(
+      require(p.workspace_bytes >= sample_workspace_bytes(p.n, p.vocab, p.full_sort),
+              "sample",
+              "workspace too small"));
   DSI_RETURN_IF_ERROR(require(reinterpret_cast<uintptr_t>(p.workspace) % 8 == 0,
                               "sample",
                               "workspace must be 8-byte aligned"));

@@ -53,7 +53,7 @@ struct SampleParams {
   // still report the model's own distribution (the host sampler's rule).
   const uint32_t* allowed = nullptr;
   int64_t allowed_words = 0;  // >= (vocab + 31) / 32 when allowed is set
-  void* workspace = nullptr;  // sample_workspace_bytes(n, vocab) bytes, 8-byte aligned
+  void* workspace = nullptr;  // sample_workspace_bytes(n, vocab, full_sort) bytes, 8-aligned
   size_t workspace_bytes = 0;
   // false (default): the cuts are found by radix descents without sorting (sampling.cu); true:
   // the whole vocabulary is sorted first (the first implementation, slower; tests compare both).
@@ -62,7 +62,8 @@ struct SampleParams {
   float* out_logprobs = nullptr;  // [n] or null: log-softmax of the raw logits at the pick
 };
 
-size_t sample_workspace_bytes(int64_t n, int64_t vocab);
+// Workspace of n requests: 12 bytes per token (select), 28 with full_sort.
+size_t sample_workspace_bytes(int64_t n, int64_t vocab, bool full_sort = false);
 Status launch_sample(const SampleParams& p, cudaStream_t stream);
 
 }  // namespace dsinfer::cuda
