@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
@@ -214,6 +216,19 @@ TEST(V41PrefixCache, ImagesAreSmallerCanonicalAndChecked) {
   auto whole_again = state::capture_state(w, reader(*arena));
   ASSERT_TRUE(whole_again.ok());
   EXPECT_EQ(*whole_again, *whole);
+  // DSI_WRITE_FUZZ_SEEDS=DIR: writes the state_image_fuzz seeds of V4.1 images (a bounded-replay
+  // image at the first save point, a whole-state image inside the first window).
+  if (const char* dir = std::getenv("DSI_WRITE_FUZZ_SEEDS")) {
+    state::SequenceState s128(shape, arena.get(), 5);
+    prefill(m, s128, tokens, 0, 128, 260, 64);
+    state::SequenceState s21(shape, arena.get(), 6);
+    prefill(m, s21, tokens, 0, 21, 260, 64);
+    auto r128 = state::capture_state(s128, reader(*arena), layout->image);
+    auto w21 = state::capture_state(s21, reader(*arena));
+    ASSERT_TRUE(r128.ok() && w21.ok());
+    std::ofstream(std::string(dir) + "/v41_replay_128_tokens.bin", std::ios::binary) << *r128;
+    std::ofstream(std::string(dir) + "/v41_whole_21_tokens.bin", std::ios::binary) << *w21;
+  }
   // No image without compressor rows where a ratio-2 group is open (an odd length).
   state::SequenceState odd(shape, arena.get(), 4);
   prefill(m, odd, tokens, 0, 129, 260, 64);
