@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -86,6 +87,20 @@ struct DraftItem {
   Status status;
 };
 
+// How the prefix cache stores and resumes a backend's sequences (engine/prefix_cache.h,
+// docs/kv-store.md).
+struct PrefixCacheLayout {
+  // 0: a unit may end at any length and its image holds the whole state (a restored sequence
+  // continues exactly). > 0, bounded replay: units end only at multiples of save_point tokens,
+  // their images leave out `image`'s parts, and a unit of B tokens serves a prompt of N tokens
+  // only when B <= N - replay_rows: the backend's prefill of [B, N) rebuilds what was left out.
+  int64_t save_point = 0;
+  int64_t replay_rows = 0;
+  state::ImageOptions image;
+  // The layout and mode, for the cache keys' salt (empty: V4's layout; the salt as before).
+  std::string salt;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -105,6 +120,9 @@ class Model {
   // The per-sequence state layout of a model that is not V4 (whose layout SequenceState derives
   // from config()); null for V4. The engine allocates its sequence states from it.
   virtual const state::StateShape* state_shape() const { return nullptr; }
+  // How the prefix cache may store this backend's sequences; an error (with its reason) when it
+  // cannot serve them correctly in the backend's current mode.
+  virtual Result<PrefixCacheLayout> prefix_cache_layout() const { return PrefixCacheLayout(); }
   // Model-specific prompt checks at submit (e.g. ids the model reserves for inputs it cannot
   // take); an invalid-argument Status says why.
   virtual Status check_prompt(std::span<const int32_t> tokens) const {

@@ -305,12 +305,19 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
     if (pc.block < 1 || pc.min_tokens < 1 || pc.promote_wait_ms < 0 || pc.interval < 0)
       return invalid_argument(
           "prefix cache: block and min_tokens must be >= 1, promote_wait_ms and interval >= 0");
-    // State images describe V4's layout; a backend with its own (V4.1: shared KV, draft rings,
-    // token history) would restore an incomplete state.
-    if (shape != nullptr)
+    // How this backend's states are stored: V4's whole state, V4.1's whole state (exact
+    // prefill) or V4.1's bounded replay (early exit); a mode that cannot be served is an error.
+    auto layout = e->model_->prefix_cache_layout();
+    if (!layout.ok())
+      return layout.status();
+    e->cache_layout_ = std::move(layout).value();
+    const int64_t sp = e->cache_layout_.save_point;
+    if (sp > 0 && pc.interval % sp != 0)
       return invalid_argument(
-          "prefix cache: this checkpoint's state layout (DeepSeek V4.1) is not supported by the "
-          "prefix cache yet; run without --prefix-cache / --kv-store");
+          str_format("prefix cache: --kv-interval %lld is not a multiple of this model's save "
+                     "point (%lld tokens; 0 = no interval units)",
+                     static_cast<long long>(pc.interval),
+                     static_cast<long long>(sp)));
     if (!e->model_->lockstep()) {
       e->store_ = pc.store;
       // Everything that changes the stored state's numbers or layout is in the salt.
@@ -325,7 +332,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
           static_cast<int>(config.device),
           cpu_kernels_name(config.cpu_kernels),
           static_cast<long long>(max_rollback));  // ring capacity = window + it
-      e->prefix_keys_ = std::make_unique<PrefixKeys>(salt, pc.block);
+      // Another layout or cache mode (V4.1 exact / bounded replay): another image version and
+      // other contents, never mixed with V4's entries or each other's.
+      const std::string keyed =
+          e->cache_layout_.salt.empty() ? salt : salt + "|image=2|layout=" + e->cache_layout_.salt;
+      e->prefix_keys_ = std::make_unique<PrefixKeys>(keyed, pc.block);
       Engine* self = e.get();
       e->memory_->on_admit = [self](Request& r, state::SequenceState& st) {
         self->cache_restore(r, st);
@@ -435,8 +446,16 @@ void Engine::finish(Request& r, FinishReason why) {
   if (store_ && (why == FinishReason::kStop || why == FinishReason::kLength) &&
       (r.state == RequestState::kDecoding || r.state == RequestState::kPrefilling) &&
       memory_->states().count(r.id)) {
-    cache_store(r, memory_->state(r.id));
+    const state::SequenceState& st = memory_->state(r.id);
+    const int64_t sp = cache_layout_.save_point;
+    if (sp == 0 || st.num_tokens() % sp == 0) {
+      cache_store(r, st);
+    } else if (auto h = held_units_.find(r.id); h != held_units_.end()) {
+      // Bounded replay: the state of the last save point (the rings have moved on since).
+      cache_put(r, h->second.first, std::move(h->second.second));
+    }
   }
+  held_units_.erase(r.id);
   r.finish_reason = why;
   r.state = (why == FinishReason::kAbort || why == FinishReason::kError) ? RequestState::kAborted
                                                                          : RequestState::kFinished;
@@ -739,7 +758,22 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
   }
   r.num_computed += c.num_tokens;
   if (store_ && r.num_computed == r.snapshot_at) {
-    cache_store(r, memory_->state(r.id));
+    const state::SequenceState& st = memory_->state(r.id);
+    if (cache_layout_.save_point == 0 || stores_at_once(r, r.num_computed)) {
+      cache_store(r, st);
+    } else if (r.spec.use_cache) {
+      // A later save point may supersede it before the request ends: hold the image.
+      auto image = state::capture_state(
+          st,
+          [this](std::span<const int32_t> pages, float* dst) {
+            return model_->read_state_pages(*arena_, pages, dst);
+          },
+          cache_layout_.image);
+      if (image.ok())
+        held_units_[r.id] = {r.num_computed, std::move(image).value()};
+      else
+        ++stats_.cache_store_failures;
+    }
     r.snapshot_at = next_snapshot(r);
   }
   const int64_t plen = static_cast<int64_t>(r.spec.prompt.size());
@@ -917,7 +951,11 @@ void Engine::cache_lookup(Request& r) {
   if (!store_ || !r.spec.use_cache)
     return;
   const int64_t plen = static_cast<int64_t>(r.spec.prompt.size());
-  const int64_t max_len = plen - 1;  // at least one prompt token is computed (its logits)
+  // At least one prompt token is computed (its logits); with bounded replay the last
+  // replay_rows (K) of them, so that every row the early exit runs through the consumer half is
+  // recomputed (units exist at save points only, so the hit is the last one <= N - K).
+  const int64_t max_len =
+      cache_layout_.save_point > 0 ? plen - cache_layout_.replay_rows : plen - 1;
   if (max_len >= 1) {
     const auto anchors = prefix_keys_->anchors(r.spec.cache_tenant, r.spec.prompt, max_len);
     ++stats_.cache_lookups;
@@ -932,7 +970,28 @@ void Engine::cache_lookup(Request& r) {
   r.snapshot_at = next_snapshot(r);
 }
 
+bool Engine::stores_at_once(const Request& r, int64_t n) const {
+  const int64_t sp = cache_layout_.save_point;
+  const int64_t plen = static_cast<int64_t>(r.spec.prompt.size());
+  const int64_t interval = config_.prefix_cache.interval;
+  const int64_t repeat = (plen - cache_layout_.replay_rows) / sp * sp;
+  return n <= plen && ((interval > 0 && n % interval == 0) || n == repeat);
+}
+
 int64_t Engine::next_snapshot(const Request& r) const {
+  const int64_t sp = cache_layout_.save_point;
+  if (sp > 0) {
+    // Bounded replay: units only at save points. Inside the prompt the prefill pauses at the
+    // interval points, at the repeat point (the last save point <= N - K: the same prompt again
+    // restores there) and at the prompt's last save point; after the prompt at every save point
+    // a decode step reaches (the last one is stored when the request ends, for the next turn).
+    const int64_t plen = static_cast<int64_t>(r.spec.prompt.size());
+    const int64_t last_in_prompt = plen / sp * sp;
+    int64_t next = (std::max(r.num_computed, r.cache_len) / sp + 1) * sp;
+    while (next < plen && next != last_in_prompt && !stores_at_once(r, next)) next += sp;
+    while (next < config_.prefix_cache.min_tokens) next += sp;
+    return next;
+  }
   // Units every `interval` tokens inside the prompt (a shared system prompt or document then
   // hits whatever follows it), and at its first P-1 tokens; none at or below what was restored.
   const int64_t last = static_cast<int64_t>(r.spec.prompt.size()) - 1;
@@ -960,11 +1019,19 @@ void Engine::cache_restore(Request& r, state::SequenceState& st) {
     if (!n.ok() || *n != r.cache_len)
       s = data_loss("the cached unit has another length");
   }
+  const int64_t sp = cache_layout_.save_point;
+  if (s.ok() && sp > 0 &&
+      (r.cache_len % sp != 0 ||
+       r.cache_len > static_cast<int64_t>(r.spec.prompt.size()) - cache_layout_.replay_rows))
+    s = data_loss("the cached unit is not a save point bounded replay can resume from");
   if (s.ok()) {
     s = state::restore_state(
-        *payload, st, [this](std::span<const int32_t> pages, const float* src) {
+        *payload,
+        st,
+        [this](std::span<const int32_t> pages, const float* src) {
           return model_->write_state_pages(*arena_, pages, src);
-        });
+        },
+        cache_layout_.image);
   }
   if (!s.ok()) {
     ++stats_.cache_restore_failures;  // a miss: the prompt is computed from the start
@@ -980,13 +1047,22 @@ void Engine::cache_store(Request& r, const state::SequenceState& st) {
   const int64_t n = st.num_tokens();
   if (!r.spec.use_cache || n < config_.prefix_cache.min_tokens || n == r.cached_tokens)
     return;
-  auto image = state::capture_state(st, [this](std::span<const int32_t> pages, float* dst) {
-    return model_->read_state_pages(*arena_, pages, dst);
-  });
+  auto image = state::capture_state(
+      st,
+      [this](std::span<const int32_t> pages, float* dst) {
+        return model_->read_state_pages(*arena_, pages, dst);
+      },
+      cache_layout_.image);
   if (!image.ok()) {
     ++stats_.cache_store_failures;
     return;
   }
+  cache_put(r, n, std::move(image).value());
+}
+
+void Engine::cache_put(Request& r, int64_t n, std::string image) {
+  if (n < config_.prefix_cache.min_tokens || n == r.cached_tokens)
+    return;
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = r.token_at(i);
   kvstore::EntryMeta meta;
@@ -995,7 +1071,7 @@ void Engine::cache_store(Request& r, const state::SequenceState& st) {
   meta.tail.assign(tokens.begin() + base, tokens.end());
   meta.num_tokens = n;
   meta.retention = r.spec.cache_retention.value_or(config_.prefix_cache.default_retention);
-  store_->put(std::move(meta), std::move(image).value());
+  store_->put(std::move(meta), std::move(image));
   ++stats_.cache_units_stored;
 }
 

@@ -200,8 +200,13 @@ class Engine {
   void cache_lookup(Request& r);
   void cache_restore(Request& r, state::SequenceState& st);
   void cache_store(Request& r, const state::SequenceState& st);
+  // Stores a captured image of r's first n tokens.
+  void cache_put(Request& r, int64_t n, std::string image);
   // Where r's prefill pauses next to store a unit (-1: nowhere).
   int64_t next_snapshot(const Request& r) const;
+  // Bounded replay (cache_layout_.save_point > 0): whether a save point of r at n tokens is
+  // stored at once (an interval point or the prompt's repeat point), not held until r ends.
+  bool stores_at_once(const Request& r, int64_t n) const;
 
   EngineConfig config_;
   std::shared_ptr<const model::Checkpoint> ckpt_;
@@ -231,6 +236,10 @@ class Engine {
   EngineStats stats_;
   std::shared_ptr<kvstore::KvStore> store_;  // null: no prefix cache
   std::unique_ptr<PrefixKeys> prefix_keys_;
+  backend::PrefixCacheLayout cache_layout_;  // how this backend's states are stored
+  // Bounded replay: the latest save point of a running request after its prompt's repeat
+  // point, captured there and stored when the request ends (its length, its image).
+  std::map<RequestId, std::pair<int64_t, std::string>> held_units_;
   double t0_ = 0;
   // Speculative decoding.
   spec::Config spec_;

@@ -404,6 +404,12 @@ Status SequenceState::rollback(int64_t k) {
                                        static_cast<long long>(num_tokens_),
                                        static_cast<long long>(max_rollback_)));
   }
+  if (num_tokens_ - k < rollback_floor_) {
+    return invalid_argument(
+        str_format("cannot roll back below %lld tokens: the state was restored there from a "
+                   "prefix-cache image without compressor rows",
+                   static_cast<long long>(rollback_floor_)));
+  }
   num_tokens_ -= k;
   for (auto& ls : layers_) {
     if (ls.ratio == 0)
@@ -493,6 +499,7 @@ Status SequenceState::fork_from(const SequenceState& src,
   mtp_num_tokens_ = src.mtp_num_tokens_;
   history_ = src.history_;
   history_first_ = src.history_first_;
+  rollback_floor_ = src.rollback_floor_;
   if (arena_->has_host_storage()) {
     const size_t bytes = static_cast<size_t>(arena_->page_bytes());
     for (const auto& [from, to] : local) std::memcpy(arena_->page(to), arena_->page(from), bytes);

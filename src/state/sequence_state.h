@@ -136,16 +136,37 @@ class SequenceState;
 using PageReader = std::function<Status(std::span<const int32_t> pages, float* dst)>;
 using PageWriter = std::function<Status(std::span<const int32_t> pages, const float* src)>;
 
+// What a state image leaves out, for a model resumed by bounded replay (DeepSeek V4.1, spec
+// deepseek-v41.md §5.3): the window rings the replay rebuilds (consumer layers, draft blocks) and
+// the compressor rows. Without compressor rows an image can only be taken where no compression
+// group is open (the length a multiple of every ratio) and a restored sequence cannot roll back
+// below its restored length. Default: nothing left out (the whole state; exact at any length).
+struct ImageOptions {
+  std::vector<uint8_t> skip_rings;  // 1 = ring not stored; per layer, then per extra ring (or
+                                    // empty: every ring stored)
+  bool skip_compressor_rows = false;
+  bool full() const;
+};
+
 // State images (state/state_image.cc): a self-contained, page-size-independent copy of a
-// sequence's whole decode state (window rings, compressed entries, index keys, compressor rows,
-// MTP state) at its current length: what the prefix cache stores. Restoring it into a fresh
-// sequence of the same model and rollback limit gives exactly the state a forward over the same
-// tokens leaves.
-Result<std::string> capture_state(const SequenceState& st, const PageReader& read);
-// Fills the fresh sequence `st` from `image`. invalid_argument / data_loss when the image does
-// not parse or does not fit st's model; kResourceExhausted when the arena is out of pages (st is
-// left fresh in every failure).
-Status restore_state(std::string_view image, SequenceState& st, const PageWriter& write);
+// sequence's decode state (window rings, compressed entries, index keys, compressor rows, MTP
+// state, the token history) at its current length: what the prefix cache stores. With default
+// options, restoring it into a fresh sequence of the same model and rollback limit gives exactly
+// the state a forward over the same tokens leaves; with `options` leaving parts out, those parts
+// are unspecified after a restore (the caller's replay must not read them). Version 1 images
+// (V4's layout: no token history, nothing left out) are unchanged; a state with a token history
+// or options that leave something out gives a version 2 image that records both.
+Result<std::string> capture_state(const SequenceState& st,
+                                  const PageReader& read,
+                                  const ImageOptions& options = {});
+// Fills the fresh sequence `st` from `image`, which must have been taken with the same
+// `options`. invalid_argument / data_loss when the image does not parse or does not fit st's
+// model or options; kResourceExhausted when the arena is out of pages (st is left fresh in every
+// failure).
+Status restore_state(std::string_view image,
+                     SequenceState& st,
+                     const PageWriter& write,
+                     const ImageOptions& options = {});
 // Token count recorded in an image (data_loss when it is not one).
 Result<int64_t> state_image_tokens(std::string_view image);
 
@@ -210,8 +231,11 @@ class SequenceState {
   int32_t token(int64_t pos) const;
   int64_t history_begin() const;
   // Removes the last k tokens (k <= max_rollback()); afterwards the state equals the state
-  // after a forward over the first num_tokens()-k tokens, and unused pages are freed.
+  // after a forward over the first num_tokens()-k tokens, and unused pages are freed. Not below
+  // the length an image without compressor rows was restored at (invalid_argument).
   Status rollback(int64_t k);
+  // Token ids the history can hold (0: the state keeps none).
+  int64_t history_capacity() const { return static_cast<int64_t>(history_.size()); }
 
   StateBytes bytes() const;
   // Aborts (DSI_CHECK) when an invariant is broken: entry counts vs num_tokens, row windows,
@@ -219,8 +243,13 @@ class SequenceState {
   void check_integrity() const;
 
  private:
-  friend Result<std::string> capture_state(const SequenceState&, const PageReader&);
-  friend Status restore_state(std::string_view, SequenceState&, const PageWriter&);
+  friend Result<std::string> capture_state(const SequenceState&,
+                                           const PageReader&,
+                                           const ImageOptions&);
+  friend Status restore_state(std::string_view,
+                              SequenceState&,
+                              const PageWriter&,
+                              const ImageOptions&);
   void trim(LayerState& ls) const;
   PageArena* arena_;
   int64_t id_;
@@ -236,6 +265,9 @@ class SequenceState {
   std::vector<int64_t> final_positions_;  // position held in each slot (-1 empty)
   std::vector<int32_t> history_;          // token ids, ring by position (StateShape only)
   int64_t history_first_ = 0;             // oldest position the history still holds
+  // Lowest length rollback() may reach: a state restored from an image without compressor rows
+  // holds none from before its restored length.
+  int64_t rollback_floor_ = 0;
 };
 
 }  // namespace dsinfer::state

@@ -1,12 +1,19 @@
 // State images: capture a sequence's decode state into packed rows, and restore it.
 //
 // Layout (little-endian): magic "DSISTIMG", u32 version, i64 num_tokens, i64 mtp_num_tokens,
-// u32 layer count, u32 MTP layer count, i64 final-stream slots, then per layer a shape record
-// (ratio, head_dim, index_head_dim, ring_capacity, num_entries, and per compressor ring its
-// width, capacity, first and end positions), the final-stream positions, then the float rows in
-// the same order: per layer ring [ring_capacity x head_dim], entries [num_entries x head_dim],
-// index keys [num_entries x index_head_dim], main then index compressor rows for positions
-// [first, end) in position order; then the final streams.
+// u32 layer count, u32 MTP layer count, i64 final-stream slots, [version 2: i64 token-history
+// count, u8 per layer then per MTP layer (1 = window ring stored), u8 (1 = compressor rows
+// stored)], then per layer a shape record (ratio, head_dim, index_head_dim, ring_capacity,
+// num_entries, and per compressor ring its width, capacity, first and end positions), the
+// final-stream positions, [version 2: the token ids of positions [num_tokens - count,
+// num_tokens) as i32], then the float rows in the same order: per layer ring [ring_capacity x
+// head_dim] (when stored), entries [num_entries x head_dim], index keys [num_entries x
+// index_head_dim], main then index compressor rows for positions [first, end) in position order
+// (when stored; otherwise first = end = num_tokens); then the final streams.
+//
+// Version 1 is V4's layout (no token history, everything stored); a state with a token history
+// (DeepSeek V4.1) or ImageOptions that leave parts out give version 2. Each state and option set
+// has exactly one image version, so that a restored image captures back to the same bytes.
 #include <algorithm>
 #include <cstring>
 
@@ -18,7 +25,8 @@
 namespace dsinfer::state {
 namespace {
 constexpr char kMagic[8] = {'D', 'S', 'I', 'S', 'T', 'I', 'M', 'G'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersionFull = 1;  // V4: no token history, nothing left out
+constexpr uint32_t kVersionPartial = 2;
 
 struct RowsShape {
   int64_t width = 0, capacity = 0, first = 0, end = 0;
@@ -139,15 +147,16 @@ class Restorer {
   std::vector<float> buf_;
 };
 
-Status capture_layer(const LayerState& ls, Capturer& c) {
-  DSI_RETURN_IF_ERROR(c.rows(ls.ring, ls.ring_capacity, [](int64_t i) { return i; }));
+Status capture_layer(const LayerState& ls, bool ring, bool comp_rows, Capturer& c) {
+  if (ring)
+    DSI_RETURN_IF_ERROR(c.rows(ls.ring, ls.ring_capacity, [](int64_t i) { return i; }));
   if (ls.ratio == 0)
     return Status();
   DSI_RETURN_IF_ERROR(c.rows(ls.entries, ls.num_entries, [](int64_t i) { return i; }));
   if (ls.index_head_dim)
     DSI_RETURN_IF_ERROR(c.rows(ls.index_keys, ls.num_entries, [](int64_t i) { return i; }));
   for (const CompressorRows* r : {&ls.comp_rows, &ls.index_rows}) {
-    if (!r->enabled())
+    if (!r->enabled() || !comp_rows)
       continue;
     DSI_RETURN_IF_ERROR(c.rows(r->rows(), r->end_pos() - r->first_pos(), [r](int64_t i) {
       return r->ring_row(r->first_pos() + i);
@@ -164,10 +173,13 @@ bool same_fixed_shape(const ImageLayerShape& a, const ImageLayerShape& b) {
 }
 
 // The image's shape must be one a real sequence of this layer can be in after num_tokens.
+// comp_rows false: the image holds no compressor rows, which is only consistent where no
+// compression group is open (num_tokens a multiple of the ratio).
 Status check_shape(const ImageLayerShape& img,
                    const ImageLayerShape& fresh,
                    int64_t num_tokens,
-                   size_t l) {
+                   size_t l,
+                   bool comp_rows = true) {
   if (!same_fixed_shape(img, fresh))
     return invalid_argument(str_format("state image layer %zu has another layout", l));
   // A disabled ring holds nothing (also in sliding layers: an image is canonical, so that a
@@ -186,6 +198,14 @@ Status check_shape(const ImageLayerShape& img,
   for (const RowsShape* r : {&img.comp, &img.index}) {
     if (r->width == 0)
       continue;
+    if (!comp_rows) {
+      // Spec deepseek-v41.md §5.3: "a ratio-2 group never straddles a 128-token boundary";
+      // checked here for every image rather than assumed.
+      if (num_tokens % img.ratio != 0 || r->first != num_tokens || r->end != num_tokens)
+        return data_loss(str_format(
+            "state image layer %zu: no compressor rows, but a compression group is open", l));
+      continue;
+    }
     const int64_t overlap = img.index_head_dim > 0 ? 1 : 0;
     const int64_t needed = std::max<int64_t>(0, (num_tokens / img.ratio - overlap) * img.ratio);
     if (r->end != num_tokens || r->first < 0 || r->first > r->end || r->first > needed ||
@@ -196,25 +216,84 @@ Status check_shape(const ImageLayerShape& img,
 }
 }  // namespace
 
-Result<std::string> capture_state(const SequenceState& st, const PageReader& read) {
+bool ImageOptions::full() const {
+  return !skip_compressor_rows &&
+         std::all_of(skip_rings.begin(), skip_rings.end(), [](uint8_t v) { return v == 0; });
+}
+
+namespace {
+// The image version a state and option set give (exactly one, so that images are canonical).
+uint32_t image_version(const SequenceState& st, const ImageOptions& o) {
+  return st.history_capacity() == 0 && o.full() ? kVersionFull : kVersionPartial;
+}
+// Whether the ring of layer i (layers, then MTP/extra layers) is stored.
+bool ring_stored(const ImageOptions& o, size_t i) {
+  return o.skip_rings.empty() || o.skip_rings[i] == 0;
+}
+}  // namespace
+
+Result<std::string> capture_state(const SequenceState& st,
+                                  const PageReader& read,
+                                  const ImageOptions& options) {
   if (st.mtp_num_tokens_ != 0)
     return unimplemented("state images of sequences whose MTP block ran are not supported");
   if (st.num_tokens_ < 1)
     return invalid_argument("no state to capture (empty sequence)");
+  const size_t n_rings = st.layers_.size() + st.mtp_layers_.size();
+  DSI_CHECK(options.skip_rings.empty() || options.skip_rings.size() == n_rings,
+            "image options name %zu rings, the state has %zu",
+            options.skip_rings.size(),
+            n_rings);
+  const bool comp_rows = !options.skip_compressor_rows;
+  if (!comp_rows) {
+    // Without compressor rows the image must end where no compression group is open.
+    for (size_t l = 0; l < st.layers_.size(); ++l) {
+      const LayerState& ls = st.layers_[l];
+      if ((ls.comp_rows.enabled() || ls.index_rows.enabled()) && st.num_tokens_ % ls.ratio != 0)
+        return failed_precondition(
+            str_format("state image without compressor rows at %lld tokens: layer %zu's "
+                       "ratio-%lld compression group is still open",
+                       static_cast<long long>(st.num_tokens_),
+                       l,
+                       static_cast<long long>(ls.ratio)));
+    }
+  }
+  const uint32_t version = image_version(st, options);
   std::string out(kMagic, sizeof(kMagic));
-  append_pod(out, kVersion);
+  append_pod(out, version);
   append_pod(out, st.num_tokens_);
   append_pod(out, st.mtp_num_tokens_);
   append_pod(out, static_cast<uint32_t>(st.layers_.size()));
   append_pod(out, static_cast<uint32_t>(st.mtp_layers_.size()));
   append_pod(out, static_cast<int64_t>(st.final_positions_.size()));
+  const int64_t history = st.num_tokens_ - st.history_begin();
+  if (version == kVersionPartial) {
+    append_pod(out, st.history_capacity() > 0 ? history : int64_t{0});
+    for (size_t i = 0; i < n_rings; ++i)
+      append_pod(out, static_cast<uint8_t>(ring_stored(options, i) ? 1 : 0));
+    append_pod(out, static_cast<uint8_t>(comp_rows ? 1 : 0));
+  }
   for (const auto* v : {&st.layers_, &st.mtp_layers_}) {
-    for (const LayerState& ls : *v) put_shape(out, shape_of(ls));
+    for (const LayerState& ls : *v) {
+      ImageLayerShape sh = shape_of(ls);
+      if (!comp_rows) {
+        for (RowsShape* r : {&sh.comp, &sh.index}) {
+          if (r->width > 0)
+            r->first = r->end = v == &st.layers_ ? st.num_tokens_ : 0;
+        }
+      }
+      put_shape(out, sh);
+    }
   }
   for (int64_t p : st.final_positions_) append_pod(out, p);
+  if (version == kVersionPartial && st.history_capacity() > 0) {
+    for (int64_t p = st.history_begin(); p < st.num_tokens_; ++p) append_pod(out, st.token(p));
+  }
   Capturer c(*st.arena_, read, &out);
+  size_t i = 0;
   for (const auto* v : {&st.layers_, &st.mtp_layers_}) {
-    for (const LayerState& ls : *v) DSI_RETURN_IF_ERROR(capture_layer(ls, c));
+    for (const LayerState& ls : *v)
+      DSI_RETURN_IF_ERROR(capture_layer(ls, ring_stored(options, i++), comp_rows, c));
   }
   if (!st.final_positions_.empty()) {
     DSI_RETURN_IF_ERROR(c.rows(st.final_streams_,
@@ -230,21 +309,32 @@ Result<int64_t> state_image_tokens(std::string_view image) {
   uint32_t version = 0;
   int64_t n = 0;
   if (!r.get(&magic) || std::memcmp(magic, kMagic, 8) != 0 || !r.get(&version) ||
-      version != kVersion || !r.get(&n) || n < 0)
+      (version != kVersionFull && version != kVersionPartial) || !r.get(&n) || n < 0)
     return data_loss("not a state image");
   return n;
 }
 
-Status restore_state(std::string_view image, SequenceState& st, const PageWriter& write) {
+Status restore_state(std::string_view image,
+                     SequenceState& st,
+                     const PageWriter& write,
+                     const ImageOptions& options) {
   DSI_CHECK(st.num_tokens_ == 0, "restore_state needs a fresh sequence");
+  const size_t n_rings = st.layers_.size() + st.mtp_layers_.size();
+  DSI_CHECK(options.skip_rings.empty() || options.skip_rings.size() == n_rings,
+            "image options name %zu rings, the state has %zu",
+            options.skip_rings.size(),
+            n_rings);
   ByteReader r(image);
   char magic[8];
   uint32_t version = 0, n_layers = 0, n_mtp = 0;
   int64_t num_tokens = 0, mtp_tokens = 0, n_final = 0;
   if (!r.get(&magic) || std::memcmp(magic, kMagic, 8) != 0 || !r.get(&version))
     return data_loss("not a state image");
-  if (version != kVersion)
+  if (version != kVersionFull && version != kVersionPartial)
     return data_loss(str_format("state image version %u unsupported", version));
+  if (version != image_version(st, options))
+    return invalid_argument(
+        str_format("state image version %u is for another state layout or image options", version));
   if (!r.get(&num_tokens) || !r.get(&mtp_tokens) || !r.get(&n_layers) || !r.get(&n_mtp) ||
       !r.get(&n_final))
     return data_loss("state image truncated");
@@ -253,18 +343,48 @@ Status restore_state(std::string_view image, SequenceState& st, const PageWriter
     return invalid_argument("state image is for another model or rollback limit");
   if (num_tokens < 1 || mtp_tokens != 0)
     return data_loss("state image token counts inconsistent");
+  const bool comp_rows = !options.skip_compressor_rows;
+  int64_t history = 0;
+  if (version == kVersionPartial) {
+    if (!r.get(&history))
+      return data_loss("state image truncated");
+    const int64_t want =
+        st.history_capacity() > 0 ? std::min(num_tokens, st.history_capacity()) : 0;
+    if (history != want)
+      return data_loss("state image token history inconsistent");
+    for (size_t i = 0; i < n_rings; ++i) {
+      uint8_t stored = 0;
+      if (!r.get(&stored))
+        return data_loss("state image truncated");
+      if (stored != (ring_stored(options, i) ? 1 : 0))
+        return invalid_argument("state image stores other window rings than this cache's mode");
+    }
+    uint8_t stored = 0;
+    if (!r.get(&stored))
+      return data_loss("state image truncated");
+    if (stored != (comp_rows ? 1 : 0))
+      return invalid_argument("state image's compressor rows do not match this cache's mode");
+  }
   std::vector<ImageLayerShape> shapes(n_layers + n_mtp);
   for (size_t l = 0; l < shapes.size(); ++l) {
     if (!get_shape(r, &shapes[l]))
       return data_loss("state image truncated");
     const LayerState& ls = l < n_layers ? st.layers_[l] : st.mtp_layers_[l - n_layers];
     // MTP layers: only images taken before the MTP block ran (their state is empty).
-    DSI_RETURN_IF_ERROR(check_shape(shapes[l], shape_of(ls), l < n_layers ? num_tokens : 0, l));
+    DSI_RETURN_IF_ERROR(
+        check_shape(shapes[l], shape_of(ls), l < n_layers ? num_tokens : 0, l, comp_rows));
   }
   std::vector<int64_t> finals(static_cast<size_t>(n_final));
   for (auto& p : finals) {
     if (!r.get(&p) || p < -1 || p >= num_tokens)
       return data_loss("state image final-stream positions invalid");
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(history));
+  for (auto& id : ids) {
+    if (!r.get(&id))
+      return data_loss("state image truncated");
+    if (id < 0)
+      return data_loss("state image token history has a negative id");
   }
   // Reserve the growing parts; a failure leaves the sequence fresh.
   auto undo = [&st] {
@@ -294,8 +414,9 @@ Status restore_state(std::string_view image, SequenceState& st, const PageWriter
     }
   }
   Restorer in(*st.arena_, write, &r);
-  auto restore_layer = [&](LayerState& ls, const ImageLayerShape& s) -> Status {
-    DSI_RETURN_IF_ERROR(in.rows(ls.ring, ls.ring_capacity, [](int64_t i) { return i; }));
+  auto restore_layer = [&](LayerState& ls, const ImageLayerShape& s, bool ring) -> Status {
+    if (ring)
+      DSI_RETURN_IF_ERROR(in.rows(ls.ring, ls.ring_capacity, [](int64_t i) { return i; }));
     if (ls.ratio == 0)
       return Status();
     DSI_RETURN_IF_ERROR(in.rows(ls.entries, s.num_entries, [](int64_t i) { return i; }));
@@ -318,7 +439,7 @@ Status restore_state(std::string_view image, SequenceState& st, const PageWriter
   Status s;
   for (size_t l = 0; l < shapes.size() && s.ok(); ++l) {
     LayerState& ls = l < n_layers ? st.layers_[l] : st.mtp_layers_[l - n_layers];
-    s = restore_layer(ls, shapes[l]);
+    s = restore_layer(ls, shapes[l], ring_stored(options, l));
   }
   if (s.ok() && n_final > 0)
     s = in.rows(st.final_streams_, n_final, [](int64_t i) { return i; });
@@ -331,6 +452,15 @@ Status restore_state(std::string_view image, SequenceState& st, const PageWriter
   st.num_tokens_ = num_tokens;
   st.mtp_num_tokens_ = mtp_tokens;
   st.final_positions_ = std::move(finals);
+  if (st.history_capacity() > 0) {
+    const int64_t cap = st.history_capacity();
+    for (int64_t i = 0; i < history; ++i) {
+      const int64_t p = num_tokens - history + i;
+      st.history_[static_cast<size_t>(p % cap)] = ids[static_cast<size_t>(i)];
+    }
+    st.history_first_ = std::max<int64_t>(0, num_tokens - cap);
+  }
+  st.rollback_floor_ = comp_rows ? 0 : num_tokens;
   st.check_integrity();
   return Status();
 }

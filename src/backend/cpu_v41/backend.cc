@@ -95,6 +95,37 @@ Result<std::unique_ptr<V41Backend>> V41Backend::open(const std::string& dir,
   return b;
 }
 
+Result<backend::PrefixCacheLayout> V41Backend::prefix_cache_layout() const {
+  const model_v41::V41Config& c = ckpt_->config();
+  backend::PrefixCacheLayout l;
+  const bool replay = options_.prefill_keep_rows > 0 && c.yoco_boundary < c.num_hidden_layers;
+  if (!replay) {
+    // Exact prefill: every ring is the one an uncached run leaves, so the whole state is stored
+    // (consumer and DSpark rings included) and a unit may end anywhere.
+    l.salt = "v41-exact";
+    return l;
+  }
+  // No compression group may be open at a save point, or its rows would be needed (the spec's
+  // "a ratio-2 group never straddles a 128-token boundary", checked for this config).
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const int64_t r = c.compress_ratios[static_cast<size_t>(i)];
+    if (r > 0 && kV41SavePoint % r != 0) {
+      return invalid_argument("prefix cache with --prefill-keep-rows: layer " + std::to_string(i) +
+                              "'s compression ratio " + std::to_string(r) +
+                              " does not divide the save point of " +
+                              std::to_string(kV41SavePoint) + " tokens");
+    }
+  }
+  l.save_point = kV41SavePoint;
+  l.replay_rows = options_.prefill_keep_rows;
+  l.image.skip_compressor_rows = true;
+  l.image.skip_rings.assign(shape_.layers.size() + static_cast<size_t>(shape_.extra_rings), 1);
+  for (int i = 0; i < c.yoco_boundary; ++i) l.image.skip_rings[static_cast<size_t>(i)] = 0;
+  l.salt = "v41-replay/save=" + std::to_string(kV41SavePoint) +
+           "/keep=" + std::to_string(options_.prefill_keep_rows);
+  return l;
+}
+
 Status V41Backend::forward(state::SequenceState& st,
                            std::span<const int32_t> tokens,
                            const backend::ForwardOptions& options,

@@ -15,6 +15,10 @@
 
 namespace dsinfer::cpu_v41 {
 
+// Prefix-cache save points of V4.1 bounded replay: multiples of 128 tokens (DeepInfer's block of
+// the paged compressed cache, spec §5.3, §6.2).
+inline constexpr int64_t kV41SavePoint = 128;
+
 struct V41BackendOptions {
   model::Numerics numerics = model::Numerics::kReference;
   // Prefill early exit (spec §5.2): the consumer half runs on the last K prompt rows; 0 = exact.
@@ -46,6 +50,13 @@ class V41Backend final : public backend::Model {
                  const backend::ForwardOptions& options,
                  backend::ForwardOutputs* out) override;
   const state::StateShape* state_shape() const override { return &shape_; }
+  // Prefix cache (spec §5.3). Exact prefill (prefill_keep_rows 0): whole-state images at any
+  // length. Early exit: bounded replay, units at multiples of kV41SavePoint tokens holding the
+  // compressed caches, index keys, token history and the producer layers' window rings (not the
+  // consumer or DSpark rings, nor compressor rows: no group is open at a save point); a unit of
+  // B tokens serves a prompt of N only when B <= N - prefill_keep_rows, so the replay of [B, N)
+  // recomputes every row the early exit runs through the consumer half.
+  Result<backend::PrefixCacheLayout> prefix_cache_layout() const override;
   Status check_prompt(std::span<const int32_t> tokens) const override {
     return check_v41_tokens(ckpt_->config(), tokens);
   }
