@@ -89,22 +89,42 @@ bool get_shape(ByteReader& r, ImageLayerShape* l) {
   return true;
 }
 
+struct AllWritten {
+  bool operator()(int64_t) const { return true; }
+};
+
+bool all_zero_bits(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &x[i], 4);
+    if (u != 0)
+      return false;
+  }
+  return true;
+}
+
 class Capturer {
  public:
   Capturer(const PageArena& arena, const PageReader& read, std::string* out)
       : page_floats_(arena.page_bytes() / 4), read_(read), out_(out) {}
-  // Appends rows `row_of(i)` for i in [0, n) of `rows`.
-  template <typename RowOf>
-  Status rows(const PagedRows& rows, int64_t n, RowOf row_of) {
+  // Appends rows `row_of(i)` for i in [0, n) of `rows`; rows with !written(i) (slots the sequence
+  // has not written: their pages may hold an earlier sequence's data) as zeros.
+  template <typename RowOf, typename Written = AllWritten>
+  Status rows(const PagedRows& rows, int64_t n, RowOf row_of, Written written = {}) {
     if (n <= 0)
       return Status();
     buf_.resize(static_cast<size_t>(rows.num_pages() * page_floats_));
     DSI_RETURN_IF_ERROR(read_(rows.pages(), buf_.data()));
     const int64_t rpp = rows.rows_per_page();
+    const size_t bytes = static_cast<size_t>(rows.width()) * 4;
     for (int64_t i = 0; i < n; ++i) {
+      if (!written(i)) {
+        out_->append(bytes, '\0');
+        continue;
+      }
       const int64_t row = row_of(i);
       const float* src = buf_.data() + (row / rpp) * page_floats_ + (row % rpp) * rows.width();
-      out_->append(reinterpret_cast<const char*>(src), static_cast<size_t>(rows.width()) * 4);
+      out_->append(reinterpret_cast<const char*>(src), bytes);
     }
     return Status();
   }
@@ -121,9 +141,9 @@ class Restorer {
   Restorer(const PageArena& arena, const PageWriter& write, ByteReader* in)
       : page_floats_(arena.page_bytes() / 4), write_(write), in_(in) {}
   // Reads n rows from the image into rows `row_of(i)` of `rows` (pages already held) and writes
-  // the pages.
-  template <typename RowOf>
-  Status rows(const PagedRows& rows, int64_t n, RowOf row_of) {
+  // the pages. Rows with !written(i) must be zeros, as Capturer::rows writes them.
+  template <typename RowOf, typename Written = AllWritten>
+  Status rows(const PagedRows& rows, int64_t n, RowOf row_of, Written written = {}) {
     if (n <= 0)
       return Status();
     buf_.assign(static_cast<size_t>(rows.num_pages() * page_floats_), 0.0f);
@@ -133,9 +153,11 @@ class Restorer {
       DSI_CHECK(row / rpp < rows.num_pages(),
                 "restored row %lld beyond the held pages",
                 static_cast<long long>(row));
-      if (!in_->floats(buf_.data() + (row / rpp) * page_floats_ + (row % rpp) * rows.width(),
-                       rows.width()))
+      float* dst = buf_.data() + (row / rpp) * page_floats_ + (row % rpp) * rows.width();
+      if (!in_->floats(dst, rows.width()))
         return data_loss("state image truncated");
+      if (!written(i) && !all_zero_bits(dst, rows.width()))
+        return data_loss("state image has data in slots the sequence never wrote");
     }
     return write_(rows.pages(), buf_.data());
   }
@@ -147,9 +169,16 @@ class Restorer {
   std::vector<float> buf_;
 };
 
-Status capture_layer(const LayerState& ls, bool ring, bool comp_rows, Capturer& c) {
+// ring_written: the ring slots the sequence has written (a ring of capacity C holds position p
+// in slot p % C, so slots [0, min(C, tokens)) after `tokens` positions).
+Status capture_layer(
+    const LayerState& ls, bool ring, int64_t ring_written, bool comp_rows, Capturer& c) {
   if (ring)
-    DSI_RETURN_IF_ERROR(c.rows(ls.ring, ls.ring_capacity, [](int64_t i) { return i; }));
+    DSI_RETURN_IF_ERROR(c.rows(
+        ls.ring,
+        ls.ring_capacity,
+        [](int64_t i) { return i; },
+        [ring_written](int64_t i) { return i < ring_written; }));
   if (ls.ratio == 0)
     return Status();
   DSI_RETURN_IF_ERROR(c.rows(ls.entries, ls.num_entries, [](int64_t i) { return i; }));
@@ -222,6 +251,15 @@ bool ImageOptions::full() const {
 }
 
 namespace {
+// Ring slots written after the sequence's positions: main layers and V4.1's extra (DSpark) rings
+// follow the sequence; V4's MTP ring is empty in an image (taken before the MTP block ran).
+int64_t ring_written(const SequenceState& st, bool main_layers) {
+  return main_layers || st.history_capacity() > 0 ? st.num_tokens() : 0;
+}
+// Final-stream slots in use (an unused slot's position is -1).
+auto final_written(const std::vector<int64_t>& positions) {
+  return [&positions](int64_t i) { return positions[static_cast<size_t>(i)] >= 0; };
+}
 // The image version a state and option set give (exactly one, so that images are canonical).
 uint32_t image_version(const SequenceState& st, const ImageOptions& o) {
   return st.history_capacity() == 0 && o.full() ? kVersionFull : kVersionPartial;
@@ -292,13 +330,16 @@ Result<std::string> capture_state(const SequenceState& st,
   Capturer c(*st.arena_, read, &out);
   size_t i = 0;
   for (const auto* v : {&st.layers_, &st.mtp_layers_}) {
+    const int64_t written = ring_written(st, v == &st.layers_);
     for (const LayerState& ls : *v)
-      DSI_RETURN_IF_ERROR(capture_layer(ls, ring_stored(options, i++), comp_rows, c));
+      DSI_RETURN_IF_ERROR(capture_layer(ls, ring_stored(options, i++), written, comp_rows, c));
   }
   if (!st.final_positions_.empty()) {
-    DSI_RETURN_IF_ERROR(c.rows(st.final_streams_,
-                               static_cast<int64_t>(st.final_positions_.size()),
-                               [](int64_t i) { return i; }));
+    DSI_RETURN_IF_ERROR(c.rows(
+        st.final_streams_,
+        static_cast<int64_t>(st.final_positions_.size()),
+        [](int64_t i) { return i; },
+        final_written(st.final_positions_)));
   }
   return out;
 }
@@ -414,9 +455,14 @@ Status restore_state(std::string_view image,
     }
   }
   Restorer in(*st.arena_, write, &r);
-  auto restore_layer = [&](LayerState& ls, const ImageLayerShape& s, bool ring) -> Status {
+  auto restore_layer =
+      [&](LayerState& ls, const ImageLayerShape& s, bool ring, int64_t written) -> Status {
     if (ring)
-      DSI_RETURN_IF_ERROR(in.rows(ls.ring, ls.ring_capacity, [](int64_t i) { return i; }));
+      DSI_RETURN_IF_ERROR(in.rows(
+          ls.ring,
+          ls.ring_capacity,
+          [](int64_t i) { return i; },
+          [written](int64_t i) { return i < written; }));
     if (ls.ratio == 0)
       return Status();
     DSI_RETURN_IF_ERROR(in.rows(ls.entries, s.num_entries, [](int64_t i) { return i; }));
@@ -439,10 +485,13 @@ Status restore_state(std::string_view image,
   Status s;
   for (size_t l = 0; l < shapes.size() && s.ok(); ++l) {
     LayerState& ls = l < n_layers ? st.layers_[l] : st.mtp_layers_[l - n_layers];
-    s = restore_layer(ls, shapes[l], ring_stored(options, l));
+    const bool main_layer = l < n_layers;
+    const int64_t written = main_layer || st.history_capacity() > 0 ? num_tokens : 0;
+    s = restore_layer(ls, shapes[l], ring_stored(options, l), written);
   }
   if (s.ok() && n_final > 0)
-    s = in.rows(st.final_streams_, n_final, [](int64_t i) { return i; });
+    s = in.rows(
+        st.final_streams_, n_final, [](int64_t i) { return i; }, final_written(finals));
   if (s.ok() && r.left() != 0)
     s = data_loss("state image has trailing bytes");
   if (!s.ok()) {

@@ -150,6 +150,59 @@ TEST(StateImage, RejectsImagesOfAnotherModelAndCorruption) {
   }
 }
 
+// Pages come back to the arena with whatever the last sequence wrote. An image of a sequence
+// shorter than its window ring must not carry that data (it would be stored under this request's
+// tenant key): unwritten ring slots go into the image as zeros, and an image with data in such
+// slots is rejected (images are canonical).
+TEST(StateImage, UnwrittenRingSlotsCarryNoOtherSequencesData) {
+  const auto& mc = fixture()->config();
+  cpu::CpuModel model(mc, fixture()->weights(), model::Numerics::kReference);
+  auto arena = state::PageArena::growable(state::min_page_bytes(mc));
+  {  // an earlier sequence fills every page it holds with a marker, then releases them
+    state::SequenceState old(mc, arena.get(), 1, 0);
+    forward(model, old, random_tokens(40, mc.vocab_size, 5));
+    for (int32_t p = 0; p < arena->num_pages(); ++p) {
+      float* page = arena->page(p);
+      for (int64_t i = 0; i < arena->page_floats(); ++i) page[i] = 12345.0f;
+    }
+  }
+  state::SequenceState a(mc, arena.get(), 2, 0);
+  const int64_t n = 3;  // shorter than every window ring
+  forward(model, a, random_tokens(n, mc.vocab_size, 6));
+  auto image = state::capture_state(a, reader(*arena));
+  ASSERT_TRUE(image.ok()) << image.status().to_string();
+  const float marker = 12345.0f;
+  char m[4];
+  std::memcpy(m, &marker, 4);
+  EXPECT_EQ(image->find(std::string(m, 4)), std::string::npos)
+      << "the image carries a released page's data";
+  // The same image with data put into an unwritten slot of the first ring is refused. The first
+  // layer's ring rows start right after the header; find them from the end instead: every row
+  // after the last written slot of the first ring is zero, so flip one float of the image's
+  // zero run that follows the first ring's written rows.
+  state::SequenceState b(mc, arena.get(), 3, 0);
+  ASSERT_TRUE(state::restore_state(*image, b, writer(*arena)).ok());
+  auto again = state::capture_state(b, reader(*arena));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *image);  // canonical
+  size_t flipped = 0;
+  for (size_t off = image->size(); off >= 4 && flipped == 0; off -= 4) {
+    std::string c = *image;
+    uint32_t u;
+    std::memcpy(&u, c.data() + off - 4, 4);
+    if (u != 0)
+      continue;
+    u = 0x3f800000u;  // 1.0f
+    std::memcpy(c.data() + off - 4, &u, 4);
+    state::SequenceState d(mc, arena.get(), 10, 0);
+    const Status st = state::restore_state(c, d, writer(*arena));
+    if (!st.ok() && st.message().find("never wrote") != std::string::npos)
+      flipped = off;
+    d.check_integrity();
+  }
+  EXPECT_GT(flipped, 0u) << "no unwritten slot's data was refused";
+}
+
 // Engine level.
 struct Turn {
   std::vector<int32_t> output;
