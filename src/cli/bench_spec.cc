@@ -245,6 +245,12 @@ int run_spec_bench(const SpecBenchArgs& a) {
       row["verified_by_position"] = st.verified;
       row["mean_accepted_length"] = st.mean_accepted_length();
       row["mean_verify_length"] = st.mean_verify_len();
+      // Drafts made per decode request-step (more than the verify length when auto drafted and
+      // then verified fewer).
+      int64_t steps = 0;
+      for (int64_t v : st.verify_len) steps += v;
+      row["drafts_per_step"] =
+          steps > 0 ? static_cast<double>(st.drafted) / static_cast<double>(steps) : 0.0;
       rows.push_back(row);
       table += str_format("%6lld %-8s %10.1f %7s %6.1f-%-6.1f%s | %.2f | %.2f\n",
                           static_cast<long long>(a.batch[bi]),

@@ -21,10 +21,10 @@ struct SpecBenchArgs {
   // "off", "fixed:K", "auto"; "all" = off, fixed:1..5, auto.
   std::vector<std::string> modes = {"all"};
   std::vector<int64_t> batch = {1, 16, 64};
-  int64_t prompt = 32;    // prompt tokens per request
-  int64_t generate = 48;  // tokens generated per request
-  int64_t repeats = 3;    // rounds over every (batch, mode)
-  std::string state_memory = "4GiB";
+  int64_t prompt = 32;                  // prompt tokens per request
+  int64_t generate = 48;                // tokens generated per request
+  int64_t repeats = 3;                  // rounds over every (batch, mode)
+  std::string state_memory = "512MiB";  // per engine (one engine per mode, all alive at once)
   std::string output;
 };
 
