@@ -608,14 +608,17 @@ bool Engine::plan_drafts() {
     }
     const spec::Choice ch = spec::choose_verify_lengths(step_times_, accept_, true);
     // Never slower than no speculation: a request whose drafts do not pay even against a plain
-    // decode (which skips the drafter's own work) for a while stops drafting.
+    // decode (which skips the drafter's own work) for a while (16 steps; 2 once the observed
+    // acceptance rates are settled) stops drafting.
     const bool pays = ch.rate() * step_times_.off(b) >= static_cast<double>(b);
     for (size_t j = 0; j < draft_chunk_.size(); ++j) {
       want[j] = drafter_->sequential() || ch.k[j] == 0 ? ch.k[j] : caps[j];
       Request& r = *plan_.chunks[draft_chunk_[j]].request;
       if (want[j] > 0 && pays) {
         r.spec_idle_steps = 0;
-      } else if (++r.spec_idle_steps >= 16) {
+      } else if (++r.spec_idle_steps >= (predictor_->settled() ? 2 : 16)) {
+        // (When the acceptance rates are settled, waiting for evidence is pointless: each
+        // further idle step would pay the drafter's forward work for nothing.)
         r.spec_disabled = true;
       }
     }

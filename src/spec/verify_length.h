@@ -65,6 +65,10 @@ class AcceptancePredictor {
   // never seen verified do not cut verification short before there is evidence).
   double calibrated(int32_t i, float c) const;
   void record(int32_t i, float confidence, bool accepted);
+  // True when further steps cannot change position_rate much: none verified yet (the prior then
+  // stays as it is until a draft is verified) or enough (64 first drafts) that it no longer leans
+  // on the prior.
+  bool settled() const { return pos_verified_[0] == 0 || pos_verified_[0] >= 64; }
 
  private:
   static constexpr int kBins = 10;

@@ -427,6 +427,15 @@ TEST(V41Speculative, DrafterSettingsAndErrors) {
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   EXPECT_EQ((*e)->speculative().mode, spec::Mode::kAuto);
   EXPECT_EQ((*e)->speculative().k, 5);
+  // Without a given step-time model, auto measures one over V4.1 states and DSpark blocks.
+  cfg.step_times.reset();
+  auto measured = Engine::create(cfg);
+  ASSERT_TRUE(measured.ok()) << measured.status().to_string();
+  EXPECT_TRUE((*measured)->step_times().valid());
+  EXPECT_EQ((*measured)->step_times().max_k(), 5);
+  std::vector<RequestSpec> one;
+  one.push_back(greedy({{7, 8, 9, 10}, 12}));
+  EXPECT_EQ(run_all(**measured, std::move(one)).front().size(), 12u);
   // More drafts than the rollback allows: an error naming the limit.
   cfg.speculative = *spec::parse_config("fixed:6");
   cfg.step_times.reset();
