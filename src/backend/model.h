@@ -101,6 +101,19 @@ struct PrefixCacheLayout {
   std::string salt;
 };
 
+// One sequence's block drafting (V4.1's DSpark, spec deepseek-v41.md §7): one pass of the draft
+// blocks over [anchor, noise x (block - 1)] after the sequence's last computed position proposes
+// `block` tokens, each with a confidence (the estimate that the target accepts it once the drafts
+// before it were). anchor is the pending token (sampled, not yet in the state). Drafts are greedy
+// (argmax of the draft logits). The state is not changed. 1 <= block <= block_draft_size().
+struct BlockDraftItem {
+  state::SequenceState* state = nullptr;
+  int32_t anchor = 0;
+  int32_t* tokens = nullptr;    // [block]
+  float* confidence = nullptr;  // [block]
+  Status status;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -140,6 +153,15 @@ class Model {
   virtual Status mtp_draft_batch(std::span<DraftItem> items) {
     for (DraftItem& it : items)
       it.status = Status(StatusCode::kUnimplemented, "this backend cannot draft with MTP");
+    return Status();
+  }
+  // Block drafting (per-item errors in item.status): the largest block this backend drafts, 0
+  // when it has no block drafter (then the engine uses MTP, if any).
+  virtual int32_t block_draft_size() const { return 0; }
+  virtual Status block_draft_batch(std::span<BlockDraftItem> items, int32_t block) {
+    (void)block;
+    for (BlockDraftItem& it : items)
+      it.status = Status(StatusCode::kUnimplemented, "this backend has no block drafter");
     return Status();
   }
   // Where the arena's page contents must live for this backend.

@@ -14,6 +14,7 @@
 
 #include "backend/cpu_v41/backend.h"
 #include "base/strings.h"
+#include "cli/bench_spec.h"
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "kernels/cpu/fast/gemm.h"
@@ -298,16 +299,34 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
   cuda_only->push_back(cmd->add_option("--profile-range", only));
   cuda_only->push_back(cmd->add_option("--op-tokens", only));
   cmd->add_option("--numerics", a->numerics, "reference (default) | deepseek");
-  cmd->add_option("--cpu-kernels", a->kernels, "Kernels to compare (default fast,reference)")
-      ->delimiter(',');
+  CLI::Option* o_kernels =
+      cmd->add_option("--cpu-kernels", a->kernels, "Kernels to compare (default fast,reference)")
+          ->delimiter(',');
   cmd->add_option("--cpu-threads", a->threads, "Threads of the fast path (default all)");
   cmd->add_option("--prefill", a->prefill, "Prompt lengths to prefill (default 64,512)")
       ->delimiter(',');
-  cmd->add_option("--decode-batch", a->decode_batch, "Decode batch sizes (default 1,8,64)")
-      ->delimiter(',');
+  CLI::Option* o_batch =
+      cmd->add_option("--decode-batch",
+                      a->decode_batch,
+                      "Decode batch sizes (default 1,8,64; with --speculative 1,16,64)")
+          ->delimiter(',');
   cmd->add_option("--context", a->context, "Context length of the decode runs (default 128)");
-  cmd->add_option("--decode-steps", a->decode_steps, "Timed decode steps (default 8)");
-  cmd->add_option("--repeats", a->repeats, "Timed prefill runs after a warm-up (default 2)");
+  CLI::Option* o_steps = cmd->add_option(
+      "--decode-steps",
+      a->decode_steps,
+      "Timed decode steps (default 8; with --speculative: tokens generated per request, 48)");
+  CLI::Option* o_repeats = cmd->add_option(
+      "--repeats",
+      a->repeats,
+      "Timed prefill runs after a warm-up (default 2; with --speculative: rounds, 3)");
+  auto spec_modes = std::make_shared<std::vector<std::string>>();
+  CLI::Option* o_spec =
+      cmd->add_option("--speculative",
+                      *spec_modes,
+                      "Speculative decoding speed through the engine instead: the modes to "
+                      "compare (off, fixed:K, auto; `all` = off,fixed:1..5,auto), decode tokens/s "
+                      "per batch size with acceptance by draft position")
+          ->delimiter(',');
   cmd->add_option("--prefill-keep-rows",
                   a->prefill_keep_rows,
                   "DeepSeek V4.1: also time the prefill early exit with the last K rows");
@@ -316,7 +335,7 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
                   a->state_memory,
                   "Report how many tokens of context one sequence's state fits in this budget "
                   "(default 1GiB)");
-  cmd->callback([a, device, cuda_only, &exit_code] {
+  cmd->callback([=, &exit_code] {
     if (*device != "cpu") {
       exit_code = fail(Status(StatusCode::kUnimplemented,
                               "bench --device " + *device +
@@ -332,6 +351,23 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
                                     "-DDSINFER_CUDA=ON)"));
         return;
       }
+    }
+    if (o_spec->count() > 0) {
+      SpecBenchArgs s;
+      s.model_dir = a->model_dir;
+      s.device = "cpu";
+      s.cpu_kernels = o_kernels->count() > 0 ? a->kernels.front() : "fast";
+      s.cpu_threads = a->threads;
+      s.modes = *spec_modes;
+      if (o_batch->count() > 0)
+        s.batch = a->decode_batch;
+      if (o_steps->count() > 0)
+        s.generate = a->decode_steps;
+      if (o_repeats->count() > 0)
+        s.repeats = a->repeats;
+      s.output = a->output;
+      exit_code = run_spec_bench(s);
+      return;
     }
     exit_code = run_cpu_bench(*a);
   });

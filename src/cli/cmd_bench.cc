@@ -20,6 +20,7 @@
 #include "base/strings.h"
 #include "cli/bench_cpu.h"
 #include "cli/bench_ops.h"
+#include "cli/bench_spec.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "model/checkpoint.h"
@@ -51,7 +52,8 @@ struct BenchArgs {
   bool ops = false;
   std::string profile_range;  // "prefill" | "decode": cudaProfilerStart/Stop around those runs
   std::vector<int64_t> op_tokens = {1, 16, 64, 256, 1024, 8192};
-  std::string state_memory = "1GiB";  // the budget the state footprint's context is given for
+  std::vector<std::string> speculative;  // --speculative: the modes (cli/bench_spec.h)
+  std::string state_memory = "1GiB";     // the budget the state footprint's context is given for
   // --device cpu (cli/bench_cpu.h): the CPU run's own defaults unless the flags were given.
   CpuBenchArgs cpu;
   bool numerics_set = false;
@@ -489,7 +491,32 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option(
          "--op-tokens", a->op_tokens, "Token counts of --ops (default 1,16,64,256,1024,8192)")
       ->delimiter(',');
+  CLI::Option* o_spec =
+      cmd->add_option("--speculative",
+                      a->speculative,
+                      "Speculative decoding speed through the engine instead: the modes to "
+                      "compare (off, fixed:K, auto; `all` = off,fixed:1..5,auto), decode tokens/s "
+                      "per batch size (default 1,16,64) with acceptance by draft position")
+          ->delimiter(',');
   cmd->callback([=, &exit_code] {
+    if (o_spec->count() > 0) {
+      SpecBenchArgs s;
+      s.model_dir = a->model_dir;
+      s.device = a->device;
+      if (a->device == "cpu" && !a->cpu.kernels.empty())
+        s.cpu_kernels = a->cpu.kernels.front();
+      s.cpu_threads = a->cpu.threads;
+      s.modes = a->speculative;
+      if (o_batch->count() > 0)
+        s.batch = a->decode_batch;
+      if (o_steps->count() > 0)
+        s.generate = a->decode_steps;
+      if (o_repeats->count() > 0)
+        s.repeats = a->repeats;
+      s.output = a->output;
+      exit_code = run_spec_bench(s);
+      return;
+    }
     a->numerics_set = o_numerics->count() > 0;
     a->prefill_set = o_prefill->count() > 0;
     a->decode_batch_set = o_batch->count() > 0;

@@ -248,8 +248,22 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
     if (e->spec_.k < 1 || e->spec_.k > spec::kMaxDrafts)
       return invalid_argument(
           str_format("--speculative: %d drafts (1..%d)", e->spec_.k, spec::kMaxDrafts));
-    if (e->model_->state_shape() != nullptr)
-      why = "DeepSeek V4.1's DSpark drafter is not wired to the engine yet";
+    // A block drafter (V4.1's DSpark) drafts blocks of at most block_draft_size() tokens.
+    const int32_t block = e->model_->block_draft_size();
+    if (block > 0 && e->spec_.k > block) {
+      if (e->spec_.mode != spec::Mode::kAuto)
+        return invalid_argument(str_format(
+            "--speculative %s: this model's DSpark drafter proposes at most %d drafts (max "
+            "backtracking - 1)",
+            spec::to_string(e->spec_).c_str(),
+            block));
+      e->spec_.k = block;
+    }
+    if (block > 0) {
+      if (e->model_->lockstep())
+        why = "expert parallelism over several processes does not speculate yet";
+    } else if (e->model_->state_shape() != nullptr)
+      why = "the checkpoint has no usable DSpark draft blocks";
     else if (mc.mtp_layers.empty() || !e->ckpt_ || !e->ckpt_->has_mtp())
       why = "the checkpoint has no MTP weights";
     else if (e->model_->lockstep())
@@ -612,10 +626,11 @@ bool Engine::plan_drafts() {
     return true;
   const bool automatic = spec_.mode == spec::Mode::kAuto;
   const int64_t b = static_cast<int64_t>(draft_chunk_.size());
-  // How many to draft: all allowed (fixed, or a block drafter that proposes them in one pass),
-  // or, for a sequential drafter under auto, what the acceptance observed so far makes worth it.
+  // How many to draft: all allowed (fixed), or under auto what the acceptance observed so far
+  // makes worth it (a block drafter then drafts its whole block or nothing: one pass proposes
+  // them all, and the confidences choose how many to verify afterwards).
   std::vector<int32_t> want(caps);
-  if (automatic && drafter_->sequential()) {
+  if (automatic) {
     accept_.resize(draft_chunk_.size());
     for (size_t j = 0; j < draft_chunk_.size(); ++j) {
       accept_[j].resize(static_cast<size_t>(caps[j]));
@@ -623,14 +638,17 @@ bool Engine::plan_drafts() {
     }
     const spec::Choice ch = spec::choose_verify_lengths(step_times_, accept_, true);
     // Never slower than no speculation: a request whose drafts do not pay even against a plain
-    // decode (which skips the drafter's own work) for a while stops drafting.
+    // decode (which skips the drafter's own work) for a while (16 steps; 2 once the observed
+    // acceptance rates are settled) stops drafting.
     const bool pays = ch.rate() * step_times_.off(b) >= static_cast<double>(b);
     for (size_t j = 0; j < draft_chunk_.size(); ++j) {
-      want[j] = ch.k[j];
+      want[j] = drafter_->sequential() || ch.k[j] == 0 ? ch.k[j] : caps[j];
       Request& r = *plan_.chunks[draft_chunk_[j]].request;
       if (want[j] > 0 && pays) {
         r.spec_idle_steps = 0;
-      } else if (++r.spec_idle_steps >= 16) {
+      } else if (++r.spec_idle_steps >= (predictor_->settled() ? 2 : 16)) {
+        // (When the acceptance rates are settled, waiting for evidence is pointless: each
+        // further idle step would pay the drafter's forward work for nothing.)
         r.spec_disabled = true;
       }
     }
@@ -695,7 +713,7 @@ void Engine::finish_verify(size_t i, backend::ForwardOutputs& out) {
   Request& r = *c.request;
   const int32_t k = chunk_k_[i];
   const spec::Draft& d = drafts_[i];
-  const int64_t vocab = ckpt_->config().vocab_size;
+  const int64_t vocab = model_->config().vocab_size;
   DSI_CHECK(static_cast<int64_t>(out.logits.size()) == (k + 1) * vocab,
             "verification of %d drafts got %zu logits",
             k,

@@ -73,8 +73,32 @@ class MtpDrafter final : public Drafter {
   std::vector<size_t> item_req_;
 };
 
-// The drafter this model has (MTP weights: an MtpDrafter), or null when it has none or the
-// backend cannot draft.
+// A backend's block drafter (V4.1's DSpark, backend::Model::block_draft_batch) as a drafter: one
+// pass drafts a block of max_drafts tokens with a confidence each (the confidence head); each
+// request gets the first request.max_drafts of them. The block is always drafted in full (the
+// drafts depend on the block's length: its rows attend to each other), so that a sequence's
+// drafts are the same whatever prefix of them is verified.
+class BlockDrafter final : public Drafter {
+ public:
+  // model must outlive the drafter; 1 <= block <= model->block_draft_size().
+  BlockDrafter(backend::Model* model, int32_t block);
+  const char* name() const override { return "dspark"; }
+  int32_t max_drafts() const override { return block_; }
+  bool sequential() const override { return false; }
+  void prepare(backend::ForwardOptions& options) const override { (void)options; }
+  Status draft(std::span<DraftRequest> requests) override;
+
+ private:
+  backend::Model* model_;
+  int32_t block_;
+  std::vector<backend::BlockDraftItem> items_;
+  std::vector<size_t> item_req_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> confidence_;
+};
+
+// The drafter this model has (a block drafter: BlockDrafter; MTP weights: an MtpDrafter), or
+// null when it has none or the backend cannot draft.
 std::unique_ptr<Drafter> make_drafter(backend::Model* model, int32_t max_drafts);
 
 }  // namespace dsinfer::spec

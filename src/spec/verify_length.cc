@@ -104,10 +104,14 @@ Choice choose_verify_lengths(const StepTimes& times,
     const double mean_k = static_cast<double>(tk) / static_cast<double>(b);
     return times.verify(b, 1.0 + mean_k) + (draft_cost ? times.draft(b, mean_k) : 0.0);
   };
-  double best = tokens / step_time(0);
+  // Candidates in order of expected gain (the largest first; within a sequence the gains only
+  // fall, so every prefix of this order gives each sequence a prefix of its drafts), then the
+  // number of them with the best rate over all counts: a global maximum, not a greedy stop, so
+  // that a step-time curve with a step in it (a bucket boundary, a cache effect) does not stop
+  // the choice short of a better plateau.
+  std::vector<size_t> order;
+  std::vector<double> gains;
   while (true) {
-    // The draft with the largest expected gain; every candidate adds the same time (one more
-    // verified token), so the largest gain is the best candidate.
     size_t pick = n;
     double gain = 0;
     for (size_t r = 0; r < n; ++r) {
@@ -122,17 +126,29 @@ Choice choose_verify_lengths(const StepTimes& times,
     }
     if (pick == n)
       break;
-    const double rate = (tokens + gain) / step_time(total_k + 1);
-    // Stop when the best extra draft no longer pays. (A later draft never gains more than the
-    // one chosen now, but a step-time curve may flatten, so allow a tie.)
-    if (rate < best)
-      break;
-    best = rate;
-    tokens += gain;
     reach[pick] = gain;
     ++c.k[pick];
-    ++total_k;
+    order.push_back(pick);
+    gains.push_back(gain);
   }
+  double best = tokens / step_time(0);
+  size_t best_t = 0;
+  double sum = tokens;
+  for (size_t t = 0; t < order.size(); ++t) {
+    sum += gains[t];
+    const double rate = sum / step_time(static_cast<int64_t>(t + 1));
+    // Ties go to more drafts (a flat step-time curve).
+    if (rate >= best) {
+      best = rate;
+      best_t = t + 1;
+    }
+  }
+  c.k.assign(n, 0);
+  for (size_t t = 0; t < best_t; ++t) {
+    ++c.k[order[t]];
+    tokens += gains[t];
+  }
+  total_k = static_cast<int64_t>(best_t);
   c.expected_tokens = tokens;
   c.step_s = step_time(total_k);
   return c;

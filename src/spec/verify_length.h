@@ -46,8 +46,10 @@ struct Choice {
 };
 
 // accept[r] holds a_r1.. a_rK for sequence r (its length caps k_r). With draft_cost, the
-// drafting time counts (the drafts are yet to be made); without, they exist already. Greedy:
-// starting from k = 0 everywhere, add the one draft that raises the rate most while it does.
+// drafting time counts (the drafts are yet to be made); without, they exist already. The drafts
+// of all sequences are ranked by expected gain (prod_{j<=i} a_rj, as DeepSeek's scheduler ranks
+// cumulative confidences), and the number T of the top ones taken is the global maximum of the
+// rate over all T (not a greedy stop, which a step in the step-time curve would cut short).
 Choice choose_verify_lengths(const StepTimes& times,
                              std::span<const std::vector<double>> accept,
                              bool draft_cost);
@@ -63,6 +65,10 @@ class AcceptancePredictor {
   // never seen verified do not cut verification short before there is evidence).
   double calibrated(int32_t i, float c) const;
   void record(int32_t i, float confidence, bool accepted);
+  // True when further steps cannot change position_rate much: none verified yet (the prior then
+  // stays as it is until a draft is verified) or enough (64 first drafts) that it no longer leans
+  // on the prior.
+  bool settled() const { return pos_verified_[0] == 0 || pos_verified_[0] >= 64; }
 
  private:
   static constexpr int kBins = 10;

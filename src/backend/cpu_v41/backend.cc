@@ -157,4 +157,29 @@ Status V41Backend::forward(state::SequenceState& st,
   return Status();
 }
 
+int32_t V41Backend::block_draft_size() const {
+  if (!model_->has_dspark() || shape_.max_rollback < 2)
+    return 0;
+  return static_cast<int32_t>(shape_.max_rollback - 1);
+}
+
+Status V41Backend::block_draft_batch(std::span<backend::BlockDraftItem> items, int32_t block) {
+  DraftOptions o;
+  o.block = block;
+  DraftResult r;
+  for (backend::BlockDraftItem& it : items) {
+    it.status = Status();
+    if (it.state == nullptr || it.tokens == nullptr || it.confidence == nullptr) {
+      it.status = invalid_argument("block draft: no state or output");
+      continue;
+    }
+    it.status = model_->draft(*it.state, it.anchor, o, &r);
+    if (!it.status.ok())
+      continue;
+    std::copy(r.tokens.begin(), r.tokens.end(), it.tokens);
+    std::copy(r.confidence.begin(), r.confidence.end(), it.confidence);
+  }
+  return Status();
+}
+
 }  // namespace dsinfer::cpu_v41

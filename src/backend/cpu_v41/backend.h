@@ -81,6 +81,11 @@ class V41Backend final : public backend::Model {
                DraftResult* out) const {
     return model_->draft(st, anchor, options, out);
   }
+  // The engine's block drafter (spec::BlockDrafter): DSpark with greedy drafts, blocks of up to
+  // max backtracking - 1 tokens (a verification of the anchor and B drafts must be undoable);
+  // 0 without usable DSpark blocks.
+  int32_t block_draft_size() const override;
+  Status block_draft_batch(std::span<backend::BlockDraftItem> items, int32_t block) override;
   const model_v41::V41Checkpoint& checkpoint() const { return *ckpt_; }
   const V41CpuModel& v41() const { return *model_; }
 

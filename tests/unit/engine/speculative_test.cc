@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
+#include "chi_square.h"
 #include "engine/engine.h"
 #include "model/checkpoint.h"
 #include "spec/config.h"
@@ -272,37 +273,7 @@ TEST(Speculative, NoDrafterIsAnErrorWhenAskedForAndOffByDefault) {
   EXPECT_EQ((*d)->speculative().mode, spec::Mode::kOff);
 }
 
-// The chi-square statistic of observed counts against expected probabilities, merging the
-// categories expected fewer than 5 times into one.
-double chi_square(const std::map<std::vector<int32_t>, int>& observed,
-                  const std::map<std::vector<int32_t>, double>& expected,
-                  int n,
-                  int* dof) {
-  double stat = 0, rest_o = 0, rest_e = 0;
-  int cells = 0;
-  for (const auto& [key, p] : expected) {
-    auto it = observed.find(key);
-    const double o = it == observed.end() ? 0 : it->second;
-    const double e = p * n;
-    if (e < 5) {
-      rest_o += o;
-      rest_e += e;
-      continue;
-    }
-    stat += (o - e) * (o - e) / e;
-    ++cells;
-  }
-  for (const auto& [key, o] : observed) {
-    if (!expected.count(key))
-      rest_o += o;  // a sequence the model cannot produce
-  }
-  if (rest_e > 0 || rest_o > 0) {
-    stat += (rest_o - rest_e) * (rest_o - rest_e) / std::max(rest_e, 1e-9);
-    ++cells;
-  }
-  *dof = cells - 1;
-  return stat;
-}
+using testing_util::chi_square;
 
 TEST(Speculative, SampledDistributionOfTheFirstTokensIsTheModels) {
   // The first three generated tokens of one prompt under temperature 1 and top-k 3, over many
@@ -382,9 +353,7 @@ TEST(Speculative, SampledDistributionOfTheFirstTokensIsTheModels) {
   int dof = 0;
   const double stat = chi_square(observed, expected, kRuns, &dof);
   ASSERT_GE(dof, 3);
-  // 99.9% quantile of chi-square with dof degrees of freedom (Wilson-Hilferty approximation).
-  const double z = 3.09, h = 2.0 / (9.0 * dof);
-  const double limit = dof * std::pow(1 - h + z * std::sqrt(h), 3);
+  const double limit = testing_util::chi_square_limit_999(dof);
   EXPECT_LT(stat, limit) << "dof " << dof << ", " << st.summary();
   std::printf("chi-square %.1f, dof %d, limit %.1f\n", stat, dof, limit);
   // The test can fail: the same counts against a slightly different distribution (the most

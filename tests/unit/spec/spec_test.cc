@@ -122,6 +122,24 @@ TEST(VerifyLength, ConfidentRequestsGetMoreDrafts) {
   }
 }
 
+TEST(VerifyLength, AStepInTheCurveDoesNotStopTheChoiceShort) {
+  // One sequence; a verification of 2..6 tokens costs 1.5x a single token: one draft at 0.45
+  // does not pay (1.45 / 1.5 < 1), five do (1.80 / 1.5 > 1). A greedy stop would verify none.
+  StepTimes t;
+  t.batch = {1};
+  t.off_s = {1.0};
+  t.verify_s = {{1.0, 1.5, 1.5, 1.5, 1.5, 1.5}};
+  t.draft_s = {{0, 0, 0, 0, 0}};
+  ASSERT_TRUE(t.valid());
+  const std::vector<std::vector<double>> a = {{0.45, 0.45, 0.45, 0.45, 0.45}};
+  const Choice c = choose_verify_lengths(t, a, false);
+  EXPECT_EQ(c.k, std::vector<int32_t>{5});
+  EXPECT_GT(c.rate(), 1.0);
+  // Below the break-even (0.3: 1.43 / 1.5 < 1 even with all five) it verifies none.
+  const std::vector<std::vector<double>> low = {{0.3, 0.3, 0.3, 0.3, 0.3}};
+  EXPECT_EQ(choose_verify_lengths(t, low, false).k, std::vector<int32_t>{0});
+}
+
 TEST(AcceptancePredictor, LearnsRatesAndCalibration) {
   AcceptancePredictor p(3);
   EXPECT_NEAR(p.position_rate(0), 0.8, 1e-9);  // the optimistic prior

@@ -1,0 +1,282 @@
+// `dsinfer bench --speculative`: speculative decoding speed through the engine.
+#include "cli/bench_spec.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "base/strings.h"
+#include "cli/common.h"
+#include "engine/engine.h"
+#include "spec/config.h"
+
+namespace dsinfer::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// What one (mode, batch) run measured.
+struct Run {
+  double tokens_per_s = 0;
+  spec::Stats spec;  // this run's share of the engine's counters
+};
+
+spec::Stats minus(const spec::Stats& a, const spec::Stats& b) {
+  spec::Stats d = a;
+  for (size_t i = 0; i < d.verified.size() && i < b.verified.size(); ++i) {
+    d.verified[i] -= b.verified[i];
+    d.accepted[i] -= b.accepted[i];
+  }
+  for (size_t i = 0; i < d.verify_len.size() && i < b.verify_len.size(); ++i)
+    d.verify_len[i] -= b.verify_len[i];
+  d.spec_steps -= b.spec_steps;
+  d.spec_tokens -= b.spec_tokens;
+  d.drafted -= b.drafted;
+  return d;
+}
+
+void add(spec::Stats& a, const spec::Stats& b) {
+  if (a.verified.size() < b.verified.size() || a.verify_len.size() < b.verify_len.size())
+    a.resize(static_cast<int32_t>(b.verified.size()));
+  for (size_t i = 0; i < b.verified.size(); ++i) {
+    a.verified[i] += b.verified[i];
+    a.accepted[i] += b.accepted[i];
+  }
+  for (size_t i = 0; i < b.verify_len.size(); ++i) a.verify_len[i] += b.verify_len[i];
+  a.spec_steps += b.spec_steps;
+  a.spec_tokens += b.spec_tokens;
+  a.drafted += b.drafted;
+}
+
+// b greedy requests with random prompts (seeded by the batch size and request index, the same in
+// every mode): decode tokens per second from the step after the last prefill to the end.
+Result<Run> run_once(engine::Engine& e, const SpecBenchArgs& a, int64_t b) {
+  const int64_t vocab = e.model().config().vocab_size;
+  std::vector<engine::RequestId> ids;
+  for (int64_t i = 0; i < b; ++i) {
+    std::mt19937 g(static_cast<uint32_t>(1000 * b + i));
+    engine::RequestSpec s;
+    for (int64_t t = 0; t < a.prompt; ++t)
+      s.prompt.push_back(static_cast<int32_t>(3 + g() % static_cast<uint32_t>(vocab - 3)));
+    s.max_tokens = a.generate;
+    s.sampling.temperature = 0.0f;
+    s.ignore_eos = true;
+    auto id = e.submit(std::move(s));
+    if (!id.ok())
+      return id.status();
+    ids.push_back(*id);
+  }
+  const spec::Stats before = e.stats().spec;
+  // Prefill: until every request has its first token.
+  auto all_started = [&] {
+    for (engine::RequestId id : ids) {
+      const engine::Request* r = e.request(id);
+      if (r->output.empty() && !r->done())
+        return false;
+    }
+    return true;
+  };
+  while (!all_started() && e.step()) {
+  }
+  const int64_t g0 = e.stats().generated_tokens;
+  const double t0 = now_s();
+  while (e.step()) {
+  }
+  const double dt = now_s() - t0;
+  const int64_t tokens = e.stats().generated_tokens - g0;
+  for (engine::RequestId id : ids) {
+    const engine::Request* r = e.request(id);
+    if (r->state != engine::RequestState::kFinished || !r->error.empty())
+      return Status(StatusCode::kInternal, "bench request failed: " + r->error);
+  }
+  Run run;
+  run.tokens_per_s = dt > 0 ? static_cast<double>(tokens) / dt : 0;
+  run.spec = minus(e.stats().spec, before);
+  return run;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> expand_spec_modes(const std::vector<std::string>& modes) {
+  std::vector<std::string> out;
+  for (const std::string& m : modes) {
+    if (m == "all") {
+      for (const char* x : {"off", "fixed:1", "fixed:2", "fixed:3", "fixed:4", "fixed:5", "auto"})
+        out.push_back(x);
+      continue;
+    }
+    auto c = spec::parse_config(m);
+    if (!c.ok())
+      return c.status().with_context("bench --speculative");
+    out.push_back(m);
+  }
+  if (out.empty())
+    return invalid_argument("bench --speculative: no modes");
+  return out;
+}
+
+int run_spec_bench(const SpecBenchArgs& a) {
+  auto modes = expand_spec_modes(a.modes);
+  if (!modes.ok())
+    return fail(modes.status());
+  if (a.batch.empty())
+    return fail(invalid_argument("bench --speculative: no batch sizes"));
+  for (int64_t b : a.batch) {
+    if (b < 1)
+      return fail(invalid_argument("--decode-batch sizes must be >= 1"));
+  }
+  if (a.prompt < 1 || a.generate < 2 || a.repeats < 1)
+    return fail(invalid_argument(
+        "bench --speculative: prompt >= 1, generated tokens (--decode-steps) >= 2, --repeats >= "
+        "1"));
+  engine::EngineConfig base;
+  base.model_dir = resolve_model_dir(a.model_dir);
+  if (Status s = parse_device(a.device, &base); !s.ok())
+    return fail(s);
+  auto kernels = parse_cpu_kernels(a.cpu_kernels);
+  if (!kernels.ok())
+    return fail(kernels.status());
+  base.cpu_kernels = *kernels;
+  base.cpu_threads = a.cpu_threads;
+  auto budget = parse_bytes("--state-memory", a.state_memory);
+  if (!budget.ok())
+    return fail(budget.status());
+  base.state_budget_bytes = *budget;
+  const int64_t max_b = *std::max_element(a.batch.begin(), a.batch.end());
+  base.scheduler.max_running = max_b;
+  base.scheduler.max_tokens_per_step = std::max<int64_t>(256, max_b * 8);
+  // One engine per mode, for every batch size and round (auto measures its step-time model once).
+  std::vector<std::unique_ptr<engine::Engine>> engines;
+  for (const std::string& m : *modes) {
+    engine::EngineConfig cfg = base;
+    cfg.speculative = *spec::parse_config(m);
+    std::fprintf(stderr, "[bench speculative] %s: starting the engine...\n", m.c_str());
+    auto e = engine::Engine::create(cfg);
+    if (!e.ok())
+      return fail(e.status().with_context("--speculative " + m));
+    if ((*e)->speculative().mode == spec::Mode::kAuto)
+      std::fprintf(stderr,
+                   "[bench speculative] auto's step-time model (ms):\n%s",
+                   spec::describe((*e)->step_times()).c_str());
+    // Warm-up: every weight used once, the fast path's conversions done.
+    auto w = run_once(**e, a, 1);
+    if (!w.ok())
+      return fail(w.status());
+    engines.push_back(std::move(e).value());
+  }
+  // [batch][mode]: each round's tokens/s and the summed speculation counters.
+  const size_t nb = a.batch.size(), nm = modes->size();
+  std::vector<std::vector<std::vector<double>>> tps(nb, std::vector<std::vector<double>>(nm));
+  std::vector<std::vector<spec::Stats>> stats(nb, std::vector<spec::Stats>(nm));
+  for (int64_t r = 0; r < a.repeats; ++r) {
+    for (size_t bi = 0; bi < nb; ++bi) {
+      for (size_t mi = 0; mi < nm; ++mi) {
+        auto run = run_once(*engines[mi], a, a.batch[bi]);
+        if (!run.ok())
+          return fail(run.status().with_context("--speculative " + (*modes)[mi]));
+        tps[bi][mi].push_back(run->tokens_per_s);
+        add(stats[bi][mi], run->spec);
+        std::fprintf(stderr,
+                     "[bench speculative] round %lld batch %lld %s: %.1f tokens/s\n",
+                     static_cast<long long>(r + 1),
+                     static_cast<long long>(a.batch[bi]),
+                     (*modes)[mi].c_str(),
+                     run->tokens_per_s);
+      }
+    }
+  }
+  json out;
+  out["device"] = a.device;
+  out["model"] = base.model_dir;
+  out["backend"] = engines[0]->model().name();
+  out["hardware_threads"] = std::thread::hardware_concurrency();
+  out["prompt_tokens"] = a.prompt;
+  out["generated_tokens"] = a.generate;
+  out["repeats"] = a.repeats;
+  json rows = json::array();
+  std::string table = str_format("%6s %-8s %10s %7s %13s %s\n",
+                                 "batch",
+                                 "mode",
+                                 "tok/s",
+                                 "x off",
+                                 "range",
+                                 "accept by position | mean accepted length | mean verify len");
+  for (size_t bi = 0; bi < nb; ++bi) {
+    // The ratio to `off` of this batch size, when off was measured.
+    double off = 0;
+    for (size_t mi = 0; mi < nm; ++mi) {
+      if (engines[mi]->speculative().mode == spec::Mode::kOff)
+        off = median(tps[bi][mi]);
+    }
+    for (size_t mi = 0; mi < nm; ++mi) {
+      const double med = median(tps[bi][mi]);
+      const auto [lo, hi] = std::minmax_element(tps[bi][mi].begin(), tps[bi][mi].end());
+      const spec::Stats& st = stats[bi][mi];
+      json row;
+      row["batch"] = a.batch[bi];
+      row["mode"] = (*modes)[mi];
+      row["tokens_per_s"] = med;
+      row["tokens_per_s_runs"] = tps[bi][mi];
+      if (off > 0)
+        row["ratio_to_off"] = med / off;
+      json acc = json::array();
+      std::string accs;
+      for (size_t i = 0; i < st.verified.size(); ++i) {
+        acc.push_back(st.acceptance(i));
+        accs += str_format(" %.2f", st.acceptance(i));
+      }
+      row["acceptance_by_position"] = acc;
+      row["verified_by_position"] = st.verified;
+      row["mean_accepted_length"] = st.mean_accepted_length();
+      row["mean_verify_length"] = st.mean_verify_len();
+      // Drafts made per decode request-step (more than the verify length when auto drafted and
+      // then verified fewer).
+      int64_t steps = 0;
+      for (int64_t v : st.verify_len) steps += v;
+      row["drafts_per_step"] =
+          steps > 0 ? static_cast<double>(st.drafted) / static_cast<double>(steps) : 0.0;
+      rows.push_back(row);
+      table += str_format("%6lld %-8s %10.1f %7s %6.1f-%-6.1f%s | %.2f | %.2f\n",
+                          static_cast<long long>(a.batch[bi]),
+                          (*modes)[mi].c_str(),
+                          med,
+                          off > 0 ? str_format("%.2f", med / off).c_str() : "-",
+                          *lo,
+                          *hi,
+                          accs.empty() ? " -" : accs.c_str(),
+                          st.mean_accepted_length(),
+                          st.mean_verify_len());
+    }
+  }
+  out["speculative"] = rows;
+  std::fprintf(stderr, "%s", table.c_str());
+  const std::string text = out.dump(2);
+  if (a.output.empty()) {
+    std::printf("%s\n", text.c_str());
+    return 0;
+  }
+  std::ofstream f(a.output);
+  if (!f)
+    return fail(io_error("--output: cannot write " + a.output));
+  f << text << "\n";
+  std::fprintf(stderr, "[bench speculative] wrote %s\n", a.output.c_str());
+  return 0;
+}
+
+}  // namespace dsinfer::cli

@@ -1,0 +1,36 @@
+// `dsinfer bench --speculative MODES`: decode tokens/s through the engine for each speculative
+// mode (off, fixed:K, auto) at each batch size, with the acceptance rate per draft position, the
+// mean accepted length and the mean verify length, as JSON and a table on stderr. Same
+// checkpoint, same requests (greedy, random prompts), same run for every mode, so that the
+// ratios to `off` are what the run measures; the modes are interleaved over `repeats` rounds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace dsinfer::cli {
+
+struct SpecBenchArgs {
+  std::string model_dir;
+  std::string device = "cpu";
+  std::string cpu_kernels = "fast";
+  int cpu_threads = 0;
+  // "off", "fixed:K", "auto"; "all" = off, fixed:1..5, auto.
+  std::vector<std::string> modes = {"all"};
+  std::vector<int64_t> batch = {1, 16, 64};
+  int64_t prompt = 32;                  // prompt tokens per request
+  int64_t generate = 48;                // tokens generated per request
+  int64_t repeats = 3;                  // rounds over every (batch, mode)
+  std::string state_memory = "512MiB";  // per engine (one engine per mode, all alive at once)
+  std::string output;
+};
+
+// The modes `all` stands for, and the modes a list names (each checked by spec::parse_config).
+Result<std::vector<std::string>> expand_spec_modes(const std::vector<std::string>& modes);
+
+int run_spec_bench(const SpecBenchArgs& a);
+
+}  // namespace dsinfer::cli
