@@ -127,6 +127,10 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
                   "tiny: number of safetensors shards (index json when > 1); v4-flash always "
                   "writes one shard per layer");
   cmd->callback([args, cmd, &exit_code] {
+    if (!args->tokenizer.empty() && args->preset != "v4.1-tiny") {
+      exit_code = fail(invalid_argument("--tokenizer applies to the v4.1-tiny preset"));
+      return;
+    }
     if (args->preset == "v4.1-flash" || args->preset == "v4.1-tiny") {
       if (args->bf16 || args->no_mtp || cmd->count("--shards") > 0) {
         exit_code = fail(invalid_argument(
@@ -157,10 +161,6 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
             return;
           }
         }
-      }
-      if (!args->tokenizer.empty() && args->preset != "v4.1-tiny") {
-        exit_code = fail(invalid_argument("--tokenizer applies to the v4.1-tiny preset"));
-        return;
       }
       model_v41::V41StreamStats stats;
       Status s =
