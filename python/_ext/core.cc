@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu_v41/backend.h"
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "frontend/offline.h"
@@ -117,7 +118,9 @@ class Engine {
   // is called between steps as progress(done, total, prompt_tokens, generated_tokens).
   std::vector<std::string> generate(const std::vector<std::string>& requests, nb::object progress) {
     std::vector<Job> jobs(requests.size());
-    const frontend::OfflineDefaults defaults;
+    frontend::OfflineDefaults defaults;
+    // DeepSeek V4.1's tokenizer policy: text prompts get BOS (as `dsinfer generate`).
+    defaults.text_prompt_bos = engine_->model().text_prompt_bos();
     for (size_t i = 0; i < requests.size(); ++i) {
       json line = json::parse(requests[i], nullptr, false);
       if (line.is_discarded())
@@ -201,7 +204,7 @@ class Engine {
   nb::ndarray<nb::numpy, float, nb::ndim<2>> score(const std::vector<int32_t>& ids) {
     if (ids.empty())
       raise_value_error("score: no token ids given");
-    const model::ModelConfig& cfg = ckpt_->config();
+    const int64_t vocab = vocab_size();
     auto* logits = new std::vector<float>();
     Status st;
     {
@@ -214,7 +217,7 @@ class Engine {
       raise_status(st);
     }
     nb::capsule owner(logits, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-    const size_t shape[2] = {ids.size(), static_cast<size_t>(cfg.vocab_size)};
+    const size_t shape[2] = {ids.size(), static_cast<size_t>(vocab)};
     return nb::ndarray<nb::numpy, float, nb::ndim<2>>(logits->data(), 2, shape, owner);
   }
 
@@ -235,20 +238,38 @@ class Engine {
   }
 
   bool has_tokenizer() const { return tok_ != nullptr; }
-  int64_t vocab_size() const { return ckpt_->config().vocab_size; }
+  int64_t vocab_size() const { return engine_->model_config().vocab_size; }
   int64_t max_model_len() const {
     return config_.max_model_len > 0 ? config_.max_model_len
-                                     : ckpt_->config().max_position_embeddings;
+                                     : engine_->model_config().max_position_embeddings;
+  }
+  // The prompt format chat() renders: "v4", "v4-0731" or "v4.1" (auto: from the checkpoint).
+  std::string model_version() const {
+    switch (version_) {
+      case recipe::ModelVersion::kV4:
+        return "v4";
+      case recipe::ModelVersion::kV40731:
+        return "v4-0731";
+      case recipe::ModelVersion::kV41:
+        return "v4.1";
+    }
+    return "v4";
   }
   std::string model_dir() const { return config_.model_dir; }
   std::string backend_name() const { return engine_->model().name(); }
 
  private:
   Status load() {
-    DSI_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt,
-                         model::Checkpoint::open(config_.model_dir));
-    ckpt_ = std::move(ckpt);
-    DSI_ASSIGN_OR_RETURN(engine_, engine::Engine::create(config_, ckpt_));
+    if (cpu_v41::is_v41_model_dir(config_.model_dir)) {
+      // DeepSeek V4.1: the engine opens the V4.1 backend (its own checkpoint reader).
+      v41_ = true;
+      DSI_ASSIGN_OR_RETURN(engine_, engine::Engine::create(config_));
+    } else {
+      DSI_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt,
+                           model::Checkpoint::open(config_.model_dir));
+      ckpt_ = std::move(ckpt);
+      DSI_ASSIGN_OR_RETURN(engine_, engine::Engine::create(config_, ckpt_));
+    }
     const std::string tok_path = config_.model_dir + "/tokenizer.json";
     if (FILE* f = std::fopen(tok_path.c_str(), "rb")) {
       std::fclose(f);
@@ -279,6 +300,18 @@ class Engine {
   }
 
   Status score_into(const std::vector<int32_t>& ids, std::vector<float>* logits) {
+    if (v41_) {
+      // The V4.1 forward over the whole sequence (exact prefill: every row's logits), on a
+      // backend of its own (the engine's serves generate()).
+      if (!score_v41_) {
+        cpu_v41::V41BackendOptions o;
+        o.numerics = config_.numerics;
+        DSI_ASSIGN_OR_RETURN(score_v41_, cpu_v41::V41Backend::open(config_.model_dir, o));
+      }
+      const cpu_v41::V41CpuModel& m = score_v41_->v41();
+      cpu_v41::V41SequenceState st = cpu_v41::make_v41_state(m.config());
+      return m.forward(st, std::span<const int32_t>(ids), logits);
+    }
     const model::ModelConfig& cfg = ckpt_->config();
     if (!score_model_) {
       DSI_ASSIGN_OR_RETURN(score_model_, engine::create_model(config_, cfg, ckpt_->weights()));
@@ -299,6 +332,8 @@ class Engine {
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<tokenizer::Tokenizer> tok_;
   std::unique_ptr<backend::Model> score_model_;
+  bool v41_ = false;
+  std::unique_ptr<cpu_v41::V41Backend> score_v41_;
   std::mutex mu_;  // one generate()/score() drives the engine at a time
 };
 
@@ -351,5 +386,6 @@ NB_MODULE(_core, m) {
       .def_prop_ro("vocab_size", &Engine::vocab_size)
       .def_prop_ro("max_model_len", &Engine::max_model_len)
       .def_prop_ro("model_dir", &Engine::model_dir)
+      .def_prop_ro("model_version", &Engine::model_version)
       .def_prop_ro("backend_name", &Engine::backend_name);
 }

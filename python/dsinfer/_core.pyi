@@ -43,4 +43,7 @@ class Engine:
     @property
     def model_dir(self) -> str: ...
     @property
+    def model_version(self) -> str:
+        """The prompt format chat() renders: "v4", "v4-0731" or "v4.1"."""
+    @property
     def backend_name(self) -> str: ...

@@ -21,11 +21,13 @@ def _is_token_ids(x: Any) -> bool:
 
 
 class LLM:
-    """A DeepSeek V4 model loaded into a dsinfer engine.
+    """A DeepSeek V4 or V4.1 model loaded into a dsinfer engine.
 
     Args:
         model: model directory (config.json, safetensors, tokenizer.json). Default:
-            $DSINFER_MODEL, else ./models/dsv4-mini.
+            $DSINFER_MODEL, else ./models/dsv4-mini. A V4.1 checkpoint (model_type
+            deepseek_v41) runs on the V4.1 backend (CPU only so far); its Engram token map
+            (engram_token_map.json) must be beside it.
         device: "cpu", "cuda" or "cuda:N" (CUDA needs a package built with CUDA, see
             docs/python.md).
         numerics: "reference" (fp32, no activation quantisation) or "deepseek" (DeepSeek's
@@ -34,7 +36,8 @@ class LLM:
         max_num_seqs: sequences running at once.
         max_tokens_per_step: token budget of one engine step (chunked prefill).
         max_model_len: context limit, prompt + output tokens (None or 0: the model's).
-        model_version: prompt format of chat(): "v4", "v4-0731" or "v4.1".
+        model_version: prompt format of chat(): "auto" (V4.1's for a V4.1 checkpoint, else
+            "v4"), "v4", "v4-0731" or "v4.1". The resolved value is `LLM.model_version`.
         cuda_graphs: replay decode steps from CUDA graphs (CUDA only).
         cpu_kernels: device "cpu": "fast" (batched vectorised GEMMs on a thread pool) or
             "reference" (the plain reference implementation; same greedy tokens).
@@ -55,7 +58,7 @@ class LLM:
         max_num_seqs: int = 64,
         max_tokens_per_step: int = 256,
         max_model_len: Optional[int] = None,
-        model_version: str = "v4",
+        model_version: str = "auto",
         cuda_graphs: bool = True,
         cpu_kernels: str = "fast",
         cpu_threads: int = 0,
@@ -77,6 +80,7 @@ class LLM:
         )
         self.model: str = self._engine.model_dir
         self.device: str = device
+        self.model_version: str = self._engine.model_version
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -92,7 +96,8 @@ class LLM:
 
         Args:
             prompts: a prompt or a list of them. A prompt is text (tokenized as is, no chat
-                template, no BOS added), a list of token ids, or a dict {"prompt": text} or
+                template; no BOS added for V4, BOS prepended for V4.1 as its tokenizer policy
+                does), a list of token ids, or a dict {"prompt": text} or
                 {"prompt_token_ids": ids}. A list of ints is one token-id prompt.
             sampling_params: one SamplingParams for every prompt, or one per prompt (None:
                 the defaults).
@@ -100,7 +105,8 @@ class LLM:
 
         Raises:
             ValueError: a bad prompt or sampling value (the engine's message, prefixed by
-                "request i: " in a batch); nothing runs then.
+                "request i: " in a batch), e.g. V4.1's image placeholder ids (image inputs are
+                not supported yet); nothing runs then.
             KeyboardInterrupt: Ctrl-C; the call's requests are aborted and the LLM stays usable.
         """
         if isinstance(prompts, (str, dict)) or _is_token_ids(prompts):
@@ -126,8 +132,8 @@ class LLM:
         tools: Optional[List[Dict[str, Any]]] = None,
         use_tqdm: bool = True,
     ) -> List[RequestOutput]:
-        """Chat completions through the DeepSeek prompt format (the prompt `dsinfer generate
-        --messages` renders); returns one RequestOutput per conversation.
+        """Chat completions through the DeepSeek prompt format of `model_version` (the prompt
+        `dsinfer generate --messages` renders); returns one RequestOutput per conversation.
 
         Args:
             messages: one conversation (a list of {"role", "content", ...} dicts in the OpenAI
@@ -135,6 +141,7 @@ class LLM:
             sampling_params: as in generate().
             thinking: thinking mode (the model reasons first; see reasoning_content).
             tools: OpenAI-style tool definitions ([{"type": "function", "function": {...}}]).
+                V4.1 models: image content parts raise ValueError (no vision tower yet).
             use_tqdm: show a progress bar when tqdm is installed.
 
         The outputs carry `reasoning_content`, `content` and `tool_calls` parsed by the recipe.

@@ -411,6 +411,9 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   DSI_API_TRY(read_tools(r, root, &req->conversation));
   DSI_API_TRY(read_tool_choice(r, root, &req->conversation));
   DSI_API_TRY(detail::check_tool_choice_mode(r, Path().key("tool_choice"), req->conversation));
+  std::optional<bool> parallel;
+  DSI_API_TRY(r.opt_bool(root, Path(), "parallel_tool_calls", &parallel));
+  req->parallel_tool_calls = parallel.value_or(true);
   DSI_API_TRY(read_response_format(r, root, &req->conversation));
   // The response format constrains the answer too (json_schema: its schema, always enforced).
   if (req->conversation.response_format_json) {

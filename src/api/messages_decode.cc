@@ -86,7 +86,8 @@ Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
 }
 
 // Anthropic tool_choice is always an object: {"type": "auto" | "any" | "tool" | "none", …}.
-Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* conv) {
+Err read_tool_choice(const Reader& r, const Json& root, recipe::GenerationRequest* req) {
+  recipe::Conversation* conv = &req->conversation;
   detail::default_tool_choice(conv);
   const Json* tc = nullptr;
   DSI_API_TRY(r.opt_object(root, Path(), "tool_choice", &tc));
@@ -96,7 +97,8 @@ Err read_tool_choice(const Reader& r, const Json& root, recipe::Conversation* co
   std::string type;
   DSI_API_TRY(r.req_string(*tc, p, "type", &type));
   std::optional<bool> dptu;
-  DSI_API_TRY(r.opt_bool(*tc, p, "disable_parallel_tool_use", &dptu));  // ignored
+  DSI_API_TRY(r.opt_bool(*tc, p, "disable_parallel_tool_use", &dptu));
+  req->parallel_tool_calls = !dptu.value_or(false);
   if (type == "none") {
     conv->tool_choice = recipe::ToolChoice::kNone;
   } else if (type == "auto") {
@@ -322,7 +324,7 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   detail::apply_thinking(tc, opts, &req->conversation);
 
   DSI_API_TRY(read_tools(r, root, &req->conversation));
-  DSI_API_TRY(read_tool_choice(r, root, &req->conversation));
+  DSI_API_TRY(read_tool_choice(r, root, req));
   DSI_API_TRY(detail::check_tool_choice_mode(r, Path().key("tool_choice"), req->conversation));
   DSI_API_TRY(read_system(r, root, req));
   DSI_API_TRY(read_messages(r, root, req));

@@ -441,7 +441,8 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
     }
   }
   std::optional<bool> parallel;
-  DSI_API_TRY(r.opt_bool(root, Path(), "parallel_tool_calls", &parallel));  // always parallel
+  DSI_API_TRY(r.opt_bool(root, Path(), "parallel_tool_calls", &parallel));
+  req->parallel_tool_calls = parallel.value_or(true);
   std::optional<int64_t> max_tool_calls;
   DSI_API_TRY(r.opt_int(root, Path(), "max_tool_calls", &max_tool_calls));  // ignored
   std::optional<std::string> user;

@@ -37,6 +37,7 @@ struct ResponsesStreamEncoder::Impl {
   double temperature = 1.0;
   double top_p = 1.0;
   int top_logprobs = 0;
+  bool parallel_tool_calls = true;
   bool logprobs = false;  // the request asked for the output text's logprobs
 
   bool started = false;
@@ -201,6 +202,7 @@ ResponsesStreamEncoder::ResponsesStreamEncoder(const recipe::GenerationRequest& 
   s.temperature = request.sampling.temperature;
   s.top_p = request.sampling.top_p;
   s.top_logprobs = request.sampling.top_logprobs;
+  s.parallel_tool_calls = request.parallel_tool_calls;
   s.logprobs = request.sampling.logprobs;
 }
 
@@ -377,7 +379,7 @@ Json ResponsesStreamEncoder::Impl::object(const ResponseMeta& meta,
   r["metadata"] = Json::object();
   r["model"] = meta.model;
   r["output"] = std::move(output);
-  r["parallel_tool_calls"] = true;
+  r["parallel_tool_calls"] = s.parallel_tool_calls;
   r["previous_response_id"] = nullptr;
   r["reasoning"] = s.echo_reasoning;
   r["service_tier"] = "default";

@@ -1,14 +1,83 @@
 // `dsinfer make-checkpoint`: random-weight checkpoints in the official DeepSeek format.
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "model/synthetic.h"
 #include "model_v41/synthetic.h"
+#include "tokenizer/tokenizer.h"
 
 namespace dsinfer::cli {
+
+namespace {
+
+// v4.1-tiny --tokenizer: the tiny config sized to `tokenizer_path`'s vocabulary, checked against
+// V4.1's release tokenizer policy (BOS 0, EOS 1, PAD 2; spec deepseek-v41.md §9).
+Status fit_v41_config_to_tokenizer(const std::string& tokenizer_path, nlohmann::json* config) {
+  DSI_ASSIGN_OR_RETURN(auto tok, tokenizer::Tokenizer::load(tokenizer_path));
+  const struct {
+    const char* text;
+    int32_t id;
+  } kPolicy[] = {{"<｜begin▁of▁sentence｜>", 0}, {"<｜end▁of▁sentence｜>", 1}, {"<｜▁pad▁｜>", 2}};
+  for (const auto& p : kPolicy) {
+    auto id = tok->token_to_id(p.text);
+    if (!id || *id != p.id) {
+      return invalid_argument(tokenizer_path + ": V4.1's tokenizer policy needs `" + p.text +
+                              "` at id " + std::to_string(p.id));
+    }
+  }
+  const int64_t vocab = tok->vocab_size();
+  if (vocab < 8)
+    return invalid_argument(tokenizer_path + ": vocabulary too small for a V4.1 model");
+  nlohmann::json& t = (*config)["text_config"];
+  t["vocab_size"] = vocab;
+  // Random weights: every token its own Engram key (engram_token_map.json below).
+  t["engram_compressed_vocab_size"] = vocab;
+  t["dspark_noise_token_id"] = vocab - 1;
+  return Status();
+}
+
+Status copy_file(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in)
+    return not_found("cannot open " + from);
+  std::ofstream out(to, std::ios::binary);
+  out << in.rdbuf();
+  if (!out)
+    return io_error("cannot write " + to);
+  return Status();
+}
+
+// The tokenizer files beside the checkpoint, and the Engram token map: the identity (each id its
+// own compressed id). A real tokenizer's map comes from tools/reference/v41/engram_token_map.py;
+// with random weights any valid map serves.
+Status write_v41_tokenizer_files(const std::string& tokenizer_path,
+                                 const nlohmann::json& config,
+                                 const std::string& dir) {
+  DSI_RETURN_IF_ERROR(copy_file(tokenizer_path, dir + "/tokenizer.json"));
+  const size_t slash = tokenizer_path.find_last_of('/');
+  const std::string tc =
+      (slash == std::string::npos ? std::string() : tokenizer_path.substr(0, slash + 1)) +
+      "tokenizer_config.json";
+  if (std::ifstream(tc).good())
+    DSI_RETURN_IF_ERROR(copy_file(tc, dir + "/tokenizer_config.json"));
+  const int64_t vocab = config["text_config"]["vocab_size"].get<int64_t>();
+  std::ostringstream m;
+  m << "{\"compressed_vocab_size\": " << vocab << ", \"pad_id\": 2, \"token_map\": [";
+  for (int64_t i = 0; i < vocab; ++i) m << (i ? ", " : "") << i;
+  m << "]}\n";
+  std::ofstream out(dir + "/engram_token_map.json", std::ios::binary);
+  out << m.str();
+  if (!out)
+    return io_error("cannot write " + dir + "/engram_token_map.json");
+  return Status();
+}
+
+}  // namespace
 
 void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
   struct Args {
@@ -21,6 +90,7 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
     int layers = 0;
     int threads = 0;
     bool engram_real_rows = false;
+    std::string tokenizer;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -45,6 +115,11 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--engram-real-rows",
                 args->engram_real_rows,
                 "v4.1-flash: the real Engram row counts (2 x 94 GiB) instead of small tables");
+  cmd->add_option("--tokenizer",
+                  args->tokenizer,
+                  "v4.1-tiny: size the vocabulary to this tokenizer.json (V4.1's policy: BOS 0, "
+                  "EOS 1, PAD 2) and write it, its tokenizer_config.json and an Engram token map "
+                  "beside the checkpoint, so that generate/serve can run it");
   cmd->add_flag("--bf16", args->bf16, "Store matrices in bf16 instead of FP8/MXFP4");
   cmd->add_flag("--no-mtp", args->no_mtp, "Leave out the MTP block");
   cmd->add_option("--shards",
@@ -52,6 +127,10 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
                   "tiny: number of safetensors shards (index json when > 1); v4-flash always "
                   "writes one shard per layer");
   cmd->callback([args, cmd, &exit_code] {
+    if (!args->tokenizer.empty() && args->preset != "v4.1-tiny") {
+      exit_code = fail(invalid_argument("--tokenizer applies to the v4.1-tiny preset"));
+      return;
+    }
     if (args->preset == "v4.1-flash" || args->preset == "v4.1-tiny") {
       if (args->bf16 || args->no_mtp || cmd->count("--shards") > 0) {
         exit_code = fail(invalid_argument(
@@ -75,10 +154,19 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
           return;
         }
         config = model_v41::v41_tiny_config_json(true);
+        if (!args->tokenizer.empty()) {
+          Status s = fit_v41_config_to_tokenizer(args->tokenizer, &config);
+          if (!s.ok()) {
+            exit_code = fail(s.with_context("--tokenizer"));
+            return;
+          }
+        }
       }
       model_v41::V41StreamStats stats;
       Status s =
           model_v41::write_v41_streaming(config, args->seed, args->threads, args->out, &stats);
+      if (s.ok() && !args->tokenizer.empty())
+        s = write_v41_tokenizer_files(args->tokenizer, config, args->out);
       if (!s.ok()) {
         exit_code = fail(s);
         return;

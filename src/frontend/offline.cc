@@ -145,6 +145,9 @@ bool read_prompt(const json& line,
   json body = {{"model", "dsinfer"}, {"messages", line["messages"]}};
   if (auto t = line.find("tools"); t != line.end() && !t->is_null())
     body["tools"] = *t;
+  // false: at most one tool call (the decoder checks the type).
+  if (auto p = line.find("parallel_tool_calls"); p != line.end())
+    body["parallel_tool_calls"] = *p;
   bool think = d.thinking;
   if (!read_field(line, "thinking", &think, &err))
     return false;

@@ -9,6 +9,29 @@
 
 namespace dsinfer::frontend {
 
+namespace {
+
+// DeepSeek V4.1 reads images through its vision tower, which dsinfer does not run yet: a request
+// with image content is refused (V4 renders it as "[Unsupported image_url]" text, as
+// deepseek-recipe does; for V4.1 that would silently drop what the user sent).
+Status refuse_v41_images(const recipe::Conversation& conv) {
+  for (size_t i = 0; i < conv.messages.size(); ++i) {
+    for (const recipe::ContentBlock& b : conv.messages[i].blocks) {
+      if (b.type != recipe::ContentBlock::Type::kUnsupported)
+        continue;
+      const std::string& t = b.unsupported_type;
+      if (t == "image_url" || t == "image" || t == "input_image" || t == "video_url") {
+        return invalid_argument("message " + std::to_string(i) + " has '" + t +
+                                "' content: image inputs to DeepSeek V4.1 (its vision tower) are "
+                                "not supported yet; send text only");
+      }
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
 Result<std::vector<int32_t>> encode_prompt(const tokenizer::Tokenizer& tok,
                                            const recipe::RenderedPrompt& prompt) {
   std::vector<int32_t> ids;
@@ -36,6 +59,8 @@ Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& req
                                             recipe::ModelVersion version,
                                             size_t max_text_bytes) {
   PreparedPrompt p;
+  if (version == recipe::ModelVersion::kV41)
+    DSI_RETURN_IF_ERROR(refuse_v41_images(request.conversation));
   recipe::RenderOptions ro;
   DSI_ASSIGN_OR_RETURN(recipe::RenderedPrompt rendered,
                        recipe::render_conversation(request.conversation, version, ro));
@@ -48,6 +73,8 @@ Result<PreparedPrompt> prepare_conversation(const recipe::GenerationRequest& req
   p.text = std::move(rendered.text);
   p.parser = recipe::parser_options_for(request.conversation, version, ro);
   p.parser.stop_sequences = request.sampling.stop;
+  if (!request.parallel_tool_calls)
+    p.parser.max_tool_calls = 1;
   return p;
 }
 

@@ -57,7 +57,7 @@ Result<Spec> dsml_tool_calls_spec(const DsmlToolCalls& calls) {
                           {"tags", std::move(tags)},
                           {"separator", ""},
                           {"at_least_one", true},
-                          {"stop_after_first", false}});
+                          {"stop_after_first", calls.single_call}});
   elements.push_back(const_string("</" + d + block + ">"));
   Json tag = {{"type", "structural_tag"},
               {"format", Json{{"type", "sequence"}, {"elements", std::move(elements)}}}};

@@ -5,7 +5,8 @@
 // The grammar starts at the block: either right at the DSML token the model writes to open it
 // (the mask switches on once that token is sampled; reasoning and content before it stay free),
 // or, when the prompt already opened it (tool_choice required / named), at the first invoke. It
-// covers every invoke (a declared tool's name, then its parameters) and the block's closing tag;
+// covers every invoke (a declared tool's name, then its parameters; one only with single_call) and
+// the block's closing tag;
 // after that only EOS may follow. Tools that are not strict get free parameters (any names, any
 // JSON values), still in the DSML parameter syntax the parser reads.
 //
@@ -35,6 +36,7 @@ struct DsmlTool {
 struct DsmlToolCalls {
   bool v41 = false;               // V4.1 spellings (` calls`, ` invoke`, ` parameter`)
   bool opened_by_prompt = false;  // the prompt ends inside the block (after its opening tag)
+  bool single_call = false;       // one invoke only (parallel_tool_calls: false)
   std::vector<DsmlTool> tools;    // at least one
 };
 

@@ -584,6 +584,11 @@ struct OutputParser::Impl {
     }
   }
 
+  // max_tool_calls: the calls allowed have all been made.
+  bool call_limit_reached() const {
+    return opt.parse_tool_calls && opt.max_tool_calls > 0 && calls >= opt.max_tool_calls;
+  }
+
   void set_stage(Stage s) {
     stage = s;
     if (s == Stage::kFinished)
@@ -637,6 +642,8 @@ struct OutputParser::Impl {
         complete_call();
         name.clear();
         stage = Stage::kToolName;
+        if (call_limit_reached())
+          set_stage(Stage::kFinished);
         break;
       case Act::kBlockEnd:
         complete_call();
@@ -668,6 +675,8 @@ struct OutputParser::Impl {
       case Act::kInvokeEnd:
         complete_call();
         stage = Stage::kToolCalls;
+        if (call_limit_reached())
+          set_stage(Stage::kFinished);
         break;
       case Act::kTypeTrue:
         emit_args("\"");

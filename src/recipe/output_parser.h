@@ -34,6 +34,9 @@
 // verbatim when it is valid JSON, as a JSON string when it is not, and as `null` when empty.
 // Malformed markup is skipped, never emitted as content.
 //
+// With max_tool_calls = n, the output ends (done(), finish reason kToolCalls) when the n-th call
+// ends (its `</invoke>`, or the next invoke opening); nothing after it is parsed.
+//
 // Truncation / malformed-block policy: a call whose name has not closed is dropped (no events).
 // A started call that is cut off (finish(), EOS, a new invoke, or the block ending inside it) is
 // completed: the parser closes the open key / string / value (`null` for a missing value) and the
@@ -76,6 +79,9 @@ struct OutputParserOptions {
   // Kind::kAny text: an EOS spelling ends the output (false) or stays text (true: as
   // deepseek-recipe treats text chunks; `dsinfer recipe parse`). A kControl EOS always ends it.
   bool eos_spelling_is_text = false;
+  // At most this many tool calls (0: no limit). The output ends, as when the tool block closes,
+  // right after the call that reaches it (`parallel_tool_calls: false` sets 1).
+  int32_t max_tool_calls = 0;
 };
 
 class OutputParser {

@@ -115,6 +115,9 @@ struct GenerationRequest {
   int32_t n = 1;
   std::string user;  // user / user_id / metadata.user_id
   OutputConstraint constraint;
+  // false (Chat/Responses `parallel_tool_calls: false`, Messages `tool_choice.
+  // disable_parallel_tool_use: true`): at most one tool call per turn; the output ends after it.
+  bool parallel_tool_calls = true;
 };
 
 enum class FinishReason { kStop, kLength, kToolCalls, kStopSequence, kAborted, kError };

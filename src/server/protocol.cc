@@ -92,6 +92,7 @@ api::ApiResult<std::shared_ptr<const grammar::Compiled>> compile_strict_tools(
   grammar::DsmlToolCalls calls;
   calls.v41 = ctx.version == recipe::ModelVersion::kV41;
   calls.opened_by_prompt = parser.start == recipe::ParseStart::kToolCalls;
+  calls.single_call = parser.max_tool_calls == 1;
   bool strict = false;
   for (const recipe::ToolSpec& t : conv.tools) {
     if (conv.tool_choice == recipe::ToolChoice::kNamed && t.name != conv.tool_choice_name)

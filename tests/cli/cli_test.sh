@@ -84,6 +84,22 @@ check "v41 make-checkpoint tiny" contains "$TMP/mk.txt" "10 safetensors files"
 check "v41 made checkpoint opens" contains "$TMP/v41.txt" "DSpark blocks loaded"
 "$DSI" make-checkpoint --preset v4.1-flash --layers 3 --out "$TMP/v41x" >"$TMP/err.txt" 2>&1
 check "v41 flash needs both halves" contains "$TMP/err.txt" "both YOCO halves"
+# --tokenizer: a tiny V4.1 sized to a V4 tokenizer, with the tokenizer files and an Engram token
+# map beside it, runs chat requests with V4.1 rendering (auto); tokenizers breaking V4.1's policy
+# ids are refused (fit_v41_config_to_tokenizer); --tokenizer with a V4 preset is an error.
+if [ -f "$SRC/models/dsv4-mini/tokenizer.json" ]; then
+  "$DSI" make-checkpoint --preset v4.1-tiny --tokenizer "$SRC/models/dsv4-mini/tokenizer.json" \
+    --out "$TMP/v41tok" >"$TMP/mk.txt" 2>&1
+  check "v41 tiny with a tokenizer" test -s "$TMP/v41tok/engram_token_map.json"
+  echo '{"messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}],"max_tokens":3}' \
+    >"$TMP/v41in.jsonl"
+  "$DSI" generate --model "$TMP/v41tok" --input "$TMP/v41in.jsonl" --output "$TMP/v41out.jsonl" \
+    --no-progress >/dev/null 2>&1
+  check "v41 tiny with a tokenizer generates" contains "$TMP/v41out.jsonl" '"completion_tokens":3'
+fi
+"$DSI" make-checkpoint --preset tiny --tokenizer "$SRC/tests/fixtures/tokenizer/tiny/tokenizer.json" \
+  --out "$TMP/v4tok" >"$TMP/err.txt" 2>&1
+check "make-checkpoint --tokenizer is for v4.1-tiny" contains "$TMP/err.txt" "v4.1-tiny"
 
 # score: full and chunked logits agree in shape; bad ids are rejected.
 "$DSI" score --model "$FIX" --input-ids 0,5,6,7,8 --output "$TMP/s.safetensors" --mtp 2>/dev/null

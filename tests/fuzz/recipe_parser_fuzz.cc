@@ -1,6 +1,7 @@
 // libFuzzer: the recipe OutputParser on arbitrary model output under random chunking.
 //
-// Input: 4 header bytes (start stage, flags, stop-sequence set, chunking seed), then the text;
+// Input: 4 header bytes (start stage, flags, stop-sequence set + the one-tool-call limit of
+// parallel_tool_calls false, chunking seed), then the text;
 // byte 0xFF (never in UTF-8) followed by an index byte expands to a marker from kMarkers, so the
 // fuzzer reaches deep DSML states quickly.
 //
@@ -209,6 +210,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default:
       break;
   }
+  o.max_tool_calls = (data[1] & 0x04) != 0 ? 1 : 0;
   uint32_t seed = (static_cast<uint32_t>(data[2]) << 8) | data[3] | 1u;
 
   std::string text;

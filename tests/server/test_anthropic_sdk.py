@@ -103,6 +103,28 @@ class AnthropicSDK(harness.unittest.TestCase):
                     texts = [b.text for b in m.content if b.type == "text"]
                     self.assertEqual(texts, ["Let me check."])
 
+    def test_disable_parallel_tool_use(self):
+        """tool_choice.disable_parallel_tool_use: one tool_use block per turn (the output ends
+        after the first call); without it both scripted calls come back."""
+        for stream in (False, True):
+            for disable in (None, False, True):
+                with self.subTest(stream=stream, disable=disable):
+                    choice = {"type": "auto"}
+                    if disable is not None:
+                        choice["disable_parallel_tool_use"] = disable
+                    kw = dict(tools=[WEATHER_TOOL], thinking=NO_THINKING, tool_choice=choice)
+                    if stream:
+                        _, m = self.stream("Weather? [[two-tools]]", **kw)
+                    else:
+                        m = self.create("Weather? [[two-tools]]", **kw)
+                    self.assertEqual(m.stop_reason, "tool_use")
+                    cities = [b.input["city"] for b in m.content if b.type == "tool_use"]
+                    self.assertEqual(cities, ["Paris"] if disable else ["Paris", "Rome"])
+        with self.assertRaises(anthropic.BadRequestError) as cm:
+            self.create("x", tools=[WEATHER_TOOL], thinking=NO_THINKING,
+                        tool_choice={"type": "auto", "disable_parallel_tool_use": "yes"})
+        self.assertIn("disable_parallel_tool_use", str(cm.exception))
+
     def test_tool_round_trip(self):
         first = self.create("Weather in Paris? [[tool-think]]", tools=[WEATHER_TOOL],
                             thinking=THINKING)

@@ -338,6 +338,52 @@ class OpenAISDK(harness.unittest.TestCase):
                 self.assertEqual(json.loads(calls[0].arguments), {"city": "Paris", "days": 3})
                 self.assertTrue(calls[0].call_id)
 
+    def test_parallel_tool_calls(self):
+        """parallel_tool_calls false: the model may call one tool per turn (the output ends after
+        the first call); by default both scripted calls come back. Chat and Responses, streamed
+        and not; Responses echo the value; a non-boolean is a 400 naming the field."""
+        for stream in (False, True):
+            for parallel in (None, True, False):
+                with self.subTest(api="chat", stream=stream, parallel=parallel):
+                    kw = dict(model=MODEL_NAME, tools=[WEATHER_TOOL], extra_body=NO_THINKING,
+                              messages=[{"role": "user", "content": "Weather? [[two-tools]]"}])
+                    if parallel is not None:
+                        kw["parallel_tool_calls"] = parallel
+                    if stream:
+                        with self.client.chat.completions.stream(**kw) as s:
+                            for _ in s:
+                                pass
+                            r = s.get_final_completion()
+                    else:
+                        r = self.client.chat.completions.create(**kw)
+                    c = r.choices[0]
+                    self.assertEqual(c.finish_reason, "tool_calls")
+                    self.assertEqual(c.message.content, "Let me check both.")
+                    cities = [json.loads(t.function.arguments)["city"]
+                              for t in c.message.tool_calls]
+                    self.assertEqual(cities, ["Paris"] if parallel is False else ["Paris", "Rome"])
+                with self.subTest(api="responses", stream=stream, parallel=parallel):
+                    kw = dict(model=MODEL_NAME, input="Weather? [[two-tools]]",
+                              tools=[RESPONSES_TOOL], reasoning={"effort": "none"})
+                    if parallel is not None:
+                        kw["parallel_tool_calls"] = parallel
+                    if stream:
+                        with self.client.responses.stream(**kw) as s:
+                            r = s.get_final_response()
+                    else:
+                        r = self.client.responses.create(**kw)
+                    calls = [i for i in r.output if i.type == "function_call"]
+                    self.assertEqual([json.loads(i.arguments)["city"] for i in calls],
+                                     ["Paris"] if parallel is False else ["Paris", "Rome"])
+                    self.assertEqual(r.parallel_tool_calls, parallel is not False)
+                    self.assertEqual(r.status, "completed")
+        for create, kw in ((self.client.chat.completions.create,
+                            dict(messages=[{"role": "user", "content": "x"}])),
+                           (self.client.responses.create, dict(input="x"))):
+            with self.assertRaises(openai.BadRequestError) as cm:
+                create(model=MODEL_NAME, extra_body={"parallel_tool_calls": "no"}, **kw)
+            self.assertEqual(cm.exception.body.get("param"), "parallel_tool_calls")
+
     def test_responses_incomplete_and_errors(self):
         r = self.client.responses.create(model=MODEL_NAME, input="[[long]]",
                                          max_output_tokens=16, reasoning={"effort": "none"})

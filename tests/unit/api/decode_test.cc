@@ -477,6 +477,58 @@ TEST(ResponsesDecode, ReasoningEffortAndTextFormat) {
   EXPECT_EQ(r.sampling.top_logprobs, 3);
 }
 
+// parallel_tool_calls (Chat, Responses) and Messages' tool_choice.disable_parallel_tool_use: at
+// most one tool call per turn when parallel calls are off; a value that is not a boolean is a 400
+// naming the field. The Responses object echoes the value.
+TEST(Decode, ParallelToolCalls) {
+  const std::string tools_chat =
+      R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",
+      "function":{"name":"f","parameters":{}}}])";
+  EXPECT_TRUE(chat_ok(tools_chat + "}").parallel_tool_calls);
+  EXPECT_TRUE(chat_ok(tools_chat + R"(,"parallel_tool_calls":true})").parallel_tool_calls);
+  EXPECT_FALSE(chat_ok(tools_chat + R"(,"parallel_tool_calls":false})").parallel_tool_calls);
+  for (const char* bad : {R"("no")", "0", "1", "[]", "{}"}) {
+    auto r = decode_chat_request(tools_chat + R"(,"parallel_tool_calls":)" + bad + "}", {});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().http_status, 400);
+    EXPECT_EQ(r.error().param, "parallel_tool_calls") << bad;
+  }
+
+  const std::string resp = R"({"model":"m","input":"x","tools":[{"type":"function","name":"f",
+      "parameters":{}}])";
+  EXPECT_TRUE(responses_ok(resp + "}").parallel_tool_calls);
+  GenerationRequest r = responses_ok(resp + R"(,"parallel_tool_calls":false})");
+  EXPECT_FALSE(r.parallel_tool_calls);
+  auto bad = decode_responses_request(resp + R"(,"parallel_tool_calls":"false"})", {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().param, "parallel_tool_calls");
+  EXPECT_EQ(bad.error().http_status, 400);
+  recipe::OutputEvent fin;
+  fin.type = recipe::OutputEvent::Type::kFinish;
+  for (bool parallel : {true, false}) {
+    r.parallel_tool_calls = parallel;
+    const std::string body = build_responses_response(r, ResponseMeta{}, {fin}, recipe::Usage{});
+    auto j = nlohmann::json::parse(body);
+    EXPECT_EQ(j["parallel_tool_calls"], parallel) << body;
+  }
+
+  const std::string msgs = R"({"model":"m","max_tokens":5,"messages":[{"role":"user",
+      "content":"x"}],"tools":[{"name":"f","input_schema":{}}],)";
+  EXPECT_TRUE(messages_ok(msgs + R"("tool_choice":{"type":"auto"}})").parallel_tool_calls);
+  EXPECT_TRUE(messages_ok(msgs + R"("tool_choice":{"type":"auto",
+      "disable_parallel_tool_use":false}})")
+                  .parallel_tool_calls);
+  EXPECT_FALSE(messages_ok(msgs + R"("tool_choice":{"type":"any",
+      "disable_parallel_tool_use":true}})")
+                   .parallel_tool_calls);
+  auto mbad = decode_messages_request(
+      msgs + R"("tool_choice":{"type":"auto","disable_parallel_tool_use":"yes"}})", {});
+  ASSERT_FALSE(mbad.ok());
+  EXPECT_EQ(mbad.error().http_status, 400);
+  EXPECT_NE(mbad.error().param.find("disable_parallel_tool_use"), std::string::npos)
+      << mbad.error().param;
+}
+
 TEST(Decode, TopLogprobsBoundIsConfigurable) {
   const std::string chat =
       R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,)";

@@ -95,6 +95,35 @@ TEST(OfflineJob, TextPromptBosPolicy) {
   EXPECT_EQ(make_offline_job(text, d, tok->get(), recipe::ModelVersion::kV4).prompt, plain);
 }
 
+// Chat messages: V4.1 refuses image content (no vision tower yet), V4 renders it as text;
+// parallel_tool_calls false limits the parser to one tool call.
+TEST(OfflineJob, V41ImagesAndParallelToolCalls) {
+  auto tok = tokenizer::Tokenizer::load(std::string(DSI_SOURCE_DIR) +
+                                        "/tests/fixtures/tokenizer/tiny/tokenizer.json");
+  ASSERT_TRUE(tok.ok());
+  const json image = json::parse(R"({"messages": [{"role": "user", "content": [
+      {"type": "text", "text": "what is it"},
+      {"type": "image_url", "image_url": {"url": "data:,"}}]}]})");
+  OfflineJob v41 = make_offline_job(image, {}, tok->get(), recipe::ModelVersion::kV41);
+  EXPECT_NE(v41.error.find("image_url"), std::string::npos) << v41.error;
+  EXPECT_NE(v41.error.find("V4.1"), std::string::npos) << v41.error;
+  EXPECT_EQ(make_offline_job(image, {}, tok->get(), recipe::ModelVersion::kV4).error, "");
+  // (V4 rendering: the fixture tokenizer has no `<｜System｜>` for V4.1's tools prompt.)
+  const std::string tools =
+      R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
+      "function": {"name": "f", "parameters": {}}}])";
+  OfflineJob one = make_offline_job(json::parse(tools + R"(, "parallel_tool_calls": false})"),
+                                    {},
+                                    tok->get(),
+                                    recipe::ModelVersion::kV4);
+  ASSERT_EQ(one.error, "");
+  EXPECT_EQ(one.parser.max_tool_calls, 1);
+  OfflineJob any =
+      make_offline_job(json::parse(tools + "}"), {}, tok->get(), recipe::ModelVersion::kV4);
+  ASSERT_EQ(any.error, "");
+  EXPECT_EQ(any.parser.max_tool_calls, 0);
+}
+
 TEST(OfflineResult, FieldsAndLogprobs) {
   OfflineJob j = job_of(R"({"prompt_token_ids": [0, 1, 2], "logprobs": 1})");
   ASSERT_EQ(j.error, "");

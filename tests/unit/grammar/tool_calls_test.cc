@@ -131,6 +131,39 @@ TEST_F(ToolCallsTest, NonStringAndSeveralInvokes) {
   EXPECT_TRUE(m->completed());
 }
 
+// parallel_tool_calls false: one invoke, then only the block's closing tag.
+TEST_F(ToolCallsTest, SingleCallAllowsOneInvoke) {
+  const std::string first =
+      "｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"location\" string=\"true\">Paris</｜DSML｜parameter>\n"
+      "<｜DSML｜parameter name=\"unit\" string=\"true\">celsius</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n";
+  DsmlToolCalls one = weather_tools();
+  one.single_call = true;
+  auto m = matcher(one);
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(feeds_whole(*m, first + "</｜DSML｜tool_calls>"));
+  EXPECT_TRUE(m->completed());
+  m = matcher(one);
+  ASSERT_TRUE(m);
+  EXPECT_FALSE(feeds_whole(*m, first + "<｜DSML｜invoke name=\"free_tool\">\n</｜DSML｜invoke>\n"));
+  // Without single_call the second invoke is allowed.
+  m = matcher(weather_tools());
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(feeds_whole(*m,
+                          first + "<｜DSML｜invoke name=\"free_tool\">\n</｜DSML｜invoke>\n"
+                                  "</｜DSML｜tool_calls>"));
+  // V4.1 spellings: the first invoke is accepted whole, a second one is refused.
+  DsmlToolCalls one41 = weather_tools(/*v41=*/true);
+  one41.single_call = true;
+  m = matcher(one41);
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(feeds_whole(*m,
+                          "｜DSML｜ calls>\n<｜DSML｜ invoke name=\"free_tool\">\n</｜DSML｜ "
+                          "invoke>\n"));
+  EXPECT_FALSE(feeds_whole(*m, "<｜DSML｜ invoke name=\"free_tool\">\n"));
+}
+
 TEST_F(ToolCallsTest, ArgumentsOutsideTheSchemaAreRefused) {
   const std::string head = "｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n";
   const std::string loc =

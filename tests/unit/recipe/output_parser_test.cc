@@ -395,6 +395,51 @@ TEST(RecipeOutputParser, TextAfterToolBlockDropped) {
   EXPECT_EQ(m.tool_calls[0].arguments, "{}");
 }
 
+// max_tool_calls (parallel_tool_calls: false): the output ends when the first call ends, in V4
+// and V4.1 spellings and for block-less invokes (the next invoke ends the first call); the
+// finish reason is tool_calls and nothing after it is parsed, in every chunking.
+TEST(RecipeOutputParser, MaxToolCallsEndsTheOutput) {
+  OutputParserOptions o = opts(ParseStart::kContentStart);
+  o.max_tool_calls = 1;
+  const std::string two_v4 =
+      "Let me check." + dsml_v4(
+                            "<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" "
+                            "string=\"true\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+                            "<｜DSML｜invoke name=\"g\">\n</｜DSML｜invoke>\n");
+  const std::string two_v41 =
+      "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" "
+      "string=\"true\">1</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"g\">\n"
+      "</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  const std::string blockless =
+      "<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">1"
+      "</｜DSML｜parameter>\n<｜DSML｜invoke name=\"g\">\n</｜DSML｜invoke>\n";
+  for (const std::string& text : {two_v4, two_v41, blockless}) {
+    const auto m = parse_all(o, text);
+    ASSERT_EQ(m.tool_calls.size(), 1u) << text;
+    EXPECT_EQ(m.tool_calls[0].name, "f");
+    EXPECT_EQ(m.tool_calls[0].arguments, "{\"a\": \"1\"}");
+    EXPECT_EQ(m.finish, FinishReason::kToolCalls);
+    // One byte at a time: done() right after the first call's end, the same events.
+    OutputParser p(o);
+    std::vector<OutputEvent> all;
+    size_t at = 0;
+    for (; at < text.size() && !p.done(); ++at) {
+      auto ev = p.feed(text.substr(at, 1));
+      all.insert(all.end(), ev.begin(), ev.end());
+    }
+    EXPECT_TRUE(p.done());
+    EXPECT_LT(at, text.size());
+    auto ev = p.finish(FinishReason::kStop);
+    all.insert(all.end(), ev.begin(), ev.end());
+    const ParsedMessage b = aggregate_events(all);
+    ASSERT_EQ(b.tool_calls.size(), 1u);
+    EXPECT_EQ(b.tool_calls[0].arguments, m.tool_calls[0].arguments);
+  }
+  // Without the limit both calls are parsed.
+  EXPECT_EQ(parse_all(opts(ParseStart::kContentStart), two_v4).tool_calls.size(), 2u);
+  EXPECT_EQ(parse_all(opts(ParseStart::kContentStart), two_v41).tool_calls.size(), 2u);
+}
+
 TEST(RecipeOutputParser, RawValues) {
   auto args_of = [](const std::string& raw) {
     const auto m = parse_all(
