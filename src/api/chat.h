@@ -50,7 +50,9 @@ class ChatStreamEncoder {
  private:
   friend std::string chat_choices_done(const ChatStreamEncoder& first, const recipe::Usage& usage);
   friend std::string build_chat_choices_response(
-      const std::vector<const ChatStreamEncoder*>& choices, const recipe::Usage& usage);
+      const std::vector<const ChatStreamEncoder*>& choices,
+      const recipe::Usage& usage,
+      bool renumber);
 
   ResponseMeta meta_;
   int choice_index_ = 0;
@@ -73,8 +75,11 @@ std::string build_chat_response(const recipe::GenerationRequest& request,
 // chunk with no choices and the usage of all choices (as OpenAI sends it), then [DONE].
 std::string chat_choices_done(const ChatStreamEncoder& first, const recipe::Usage& usage);
 // n > 1, not streaming: one chat.completion with every choice (each encoder fed its own events).
+// renumber: the choices' indices are their positions in `choices` (best_of's selection) rather
+// than the indices their encoders were made with.
 std::string build_chat_choices_response(const std::vector<const ChatStreamEncoder*>& choices,
-                                        const recipe::Usage& usage);
+                                        const recipe::Usage& usage,
+                                        bool renumber = false);
 
 // Chat finish_reason string: stop, length, tool_calls, aborted, insufficient_system_resource.
 const char* chat_finish_reason(recipe::FinishReason f);

@@ -372,6 +372,23 @@ Err decode(std::string_view body, const DecodeOptions& opts, GenerationRequest* 
   std::optional<bool> stream;
   DSI_API_TRY(r.opt_bool(root, Path(), "stream", &stream));
   req->stream = stream.value_or(false);
+  std::optional<int64_t> best_of;
+  DSI_API_TRY(r.opt_int(root, Path(), "best_of", &best_of));
+  if (best_of) {
+    if (*best_of < req->n) {
+      return r.invalid(Path().key("best_of"),
+                       "must be at least n (" + std::to_string(req->n) + "), got " +
+                           std::to_string(*best_of) + ".");
+    }
+    if (*best_of > opts.max_choices) {
+      return r.invalid(Path().key("best_of"),
+                       "must be at most " + std::to_string(opts.max_choices) + ", got " +
+                           std::to_string(*best_of) + ".");
+    }
+    if (req->stream && *best_of > req->n)
+      return r.invalid(Path().key("best_of"), "best_of > n is not supported with stream.");
+    req->best_of = static_cast<int32_t>(*best_of);
+  }
   const Json* so = nullptr;
   DSI_API_TRY(r.opt_object(root, Path(), "stream_options", &so));
   if (so) {

@@ -278,13 +278,15 @@ std::string ChatStreamEncoder::response_json(const recipe::Usage& usage) const {
 }
 
 std::string build_chat_choices_response(const std::vector<const ChatStreamEncoder*>& choices,
-                                        const recipe::Usage& usage) {
+                                        const recipe::Usage& usage,
+                                        bool renumber) {
   DSI_CHECK(!choices.empty(), "no choices");
   Json j = completion_json(choices[0]->meta_, "chat.completion", Json());
   j["choices"] = Json::array();
-  for (const ChatStreamEncoder* c : choices) {
-    j["choices"].push_back(
-        choice_json(*c->tracker_, c->choice_index_, c->logprobs_, c->all_logprobs_));
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChatStreamEncoder* c = choices[i];
+    const int index = renumber ? static_cast<int>(i) : c->choice_index_;
+    j["choices"].push_back(choice_json(*c->tracker_, index, c->logprobs_, c->all_logprobs_));
   }
   j["usage"] = usage_json(usage);
   return detail::dump(j);

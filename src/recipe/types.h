@@ -113,6 +113,9 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // Chat stream_options.include_usage
   int32_t n = 1;
+  // Chat `best_of` (vLLM's extension): best_of >= n choices are generated (seeds as for n) and
+  // the n with the highest cumulative logprob are returned; 0 = n. Not with streaming.
+  int32_t best_of = 0;
   std::string user;  // user / user_id / metadata.user_id
   OutputConstraint constraint;
   // false (Chat/Responses `parallel_tool_calls: false`, Messages `tool_choice.

@@ -252,7 +252,7 @@ void EngineLoop::handle(Command& c) {
         if (fr != nullptr && !fr->done() && fr->output.empty() && fr->spec.prompt == spec.prompt)
           spec.share_prompt_of = first->second->engine_id;
       }
-      a->pipeline.set_report_logprobs(spec.sampling.logprobs);
+      a->pipeline.set_report_logprobs(spec.sampling.logprobs && c.job.report_logprobs);
       spec.stop_checker = std::make_unique<PipelineStopChecker>(&raw->pipeline);
       if (c.job.grammar) {
         auto m = grammar::Matcher::create(c.job.grammar);
@@ -349,6 +349,7 @@ void EngineLoop::finalize(uint64_t ticket) {
   if (r != nullptr) {
     backend = backend_reason(r->finish_reason);
     c.usage.completion_tokens = static_cast<int64_t>(r->output.size());
+    for (float lp : r->output_logprobs) c.cumulative_logprob += lp;
     c.usage.cached_prompt_tokens = std::min(r->cached_tokens, a.prompt_tokens);
     if (r->finish_reason == engine::FinishReason::kError) {
       c.error = r->error;

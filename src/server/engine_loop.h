@@ -56,6 +56,9 @@ struct Job {
   // n > 1: the ticket of a job with the same prompt submitted earlier (choice 0) whose prompt
   // state this one shares while that one is still active (engine::RequestSpec::share_prompt_of).
   uint64_t share_prompt_ticket = 0;
+  // false: the engine computes the tokens' logprobs (best_of's ranking) but the response does
+  // not report them (the request did not ask).
+  bool report_logprobs = true;
 };
 
 struct Completion {
@@ -65,6 +68,8 @@ struct Completion {
   std::string error;      // engine error detail (cause kError)
   double ttft_s = -1;     // admission -> first token; < 0 when none
   double duration_s = 0;  // admission -> finalized
+  // Sum of the generated tokens' logprobs (0 unless the request's sampling computes them).
+  double cumulative_logprob = 0;
 };
 
 // Receives one request's results, on the loop thread (implementations must not block): first

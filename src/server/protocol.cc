@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "base/check.h"
 #include "base/strings.h"
 #include "frontend/prepare.h"
 #include "grammar/tool_calls.h"
@@ -222,8 +223,15 @@ api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
     if (auto script = ctx.scripted->select(req))
       p.job.script = std::move(*script);
   }
+  // best_of > n: every choice computes its tokens' logprobs (for the ranking), reporting them
+  // only when the request asked.
+  const int32_t choices = std::max(req.n, req.best_of);
+  if (choices > req.n) {
+    p.job.report_logprobs = spec.sampling.logprobs;
+    spec.sampling.logprobs = true;
+  }
   // n > 1 (Chat): choice i samples with seed + i and shares choice 0's prompt state.
-  for (int32_t i = 1; i < req.n; ++i) {
+  for (int32_t i = 1; i < choices; ++i) {
     Job j;
     j.spec.prompt = spec.prompt;
     j.spec.sampling = spec.sampling;
@@ -237,6 +245,7 @@ api::ApiResult<PreparedRequest> prepare_request(Endpoint endpoint,
     j.dsml_token = p.job.dsml_token;
     j.script = p.job.script;
     j.timeout_s = p.job.timeout_s;
+    j.report_logprobs = p.job.report_logprobs;
     p.more_choices.push_back(std::move(j));
   }
   return p;
@@ -285,14 +294,15 @@ std::optional<api::ApiError> completion_error(const Completion& c) {
 
 ProtocolEncoder::ProtocolEncoder(Endpoint endpoint,
                                  const recipe::GenerationRequest& request,
-                                 const api::ResponseMeta& meta) {
+                                 const api::ResponseMeta& meta)
+    : n_(request.n), best_of_(request.best_of) {
   switch (endpoint) {
     case Endpoint::kChat: {
       // Every choice shares the response id, created and model (n > 1).
       auto first = std::make_unique<api::ChatStreamEncoder>(request, meta, 0);
       const api::ResponseMeta shared = first->meta();
       chats_.push_back(std::move(first));
-      for (int32_t i = 1; i < request.n; ++i)
+      for (int32_t i = 1; i < std::max(request.n, request.best_of); ++i)
         chats_.push_back(std::make_unique<api::ChatStreamEncoder>(request, shared, i));
       break;
     }
@@ -359,7 +369,29 @@ std::string ProtocolEncoder::error(const api::ApiError& e) {
   return messages_->error(e);
 }
 
+void ProtocolEncoder::keep_best(const std::vector<std::optional<Completion>>& finished) {
+  if (best_of_ <= n_ || chats_.empty())
+    return;
+  DSI_CHECK(finished.size() == chats_.size(),
+            "%zu results for %zu choices",
+            finished.size(),
+            chats_.size());
+  std::vector<size_t> order(chats_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // Highest cumulative logprob first; ties keep the lower choice (its seed is the lower one).
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return finished[a]->cumulative_logprob > finished[b]->cumulative_logprob;
+  });
+  order.resize(static_cast<size_t>(n_));
+  selected_ = std::move(order);
+}
+
 std::string ProtocolEncoder::response_json(const recipe::Usage& usage) const {
+  if (!selected_.empty()) {  // best_of: the chosen ones, numbered from 0 in ranking order
+    std::vector<const api::ChatStreamEncoder*> chosen;
+    for (size_t i : selected_) chosen.push_back(chats_[i].get());
+    return api::build_chat_choices_response(chosen, usage, /*renumber=*/true);
+  }
   if (chats_.size() == 1)
     return chats_[0]->response_json(usage);
   if (!chats_.empty()) {

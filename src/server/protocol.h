@@ -49,8 +49,9 @@ size_t prompt_byte_limit(const tokenizer::Tokenizer& tok, int64_t max_prompt_tok
 
 struct PreparedRequest {
   recipe::GenerationRequest request;
-  Job job;                        // choice 0
-  std::vector<Job> more_choices;  // n > 1: choices 1..n-1 (seed + i, same prompt)
+  Job job;  // choice 0
+  // n > 1 (or best_of > 1): choices 1..max(n, best_of)-1 (seed + i, same prompt)
+  std::vector<Job> more_choices;
 };
 
 // Decodes, renders the DeepSeek prompt, tokenizes, applies the prompt-length and output limits
@@ -90,10 +91,16 @@ class ProtocolEncoder {
   std::string finish(const recipe::Usage& usage);
   std::string error(const api::ApiError& e);
   std::string response_json(const recipe::Usage& usage) const;
+  // best_of > n, once every choice finished: response_json() returns the n choices of highest
+  // cumulative logprob, best first, numbered from 0 (no-op otherwise).
+  void keep_best(const std::vector<std::optional<Completion>>& finished);
   size_t choices() const { return chats_.empty() ? 1 : chats_.size(); }
 
  private:
   std::vector<std::unique_ptr<api::ChatStreamEncoder>> chats_;  // one per choice
+  std::vector<size_t> selected_;                                // best_of's choices
+  int32_t n_ = 1;
+  int32_t best_of_ = 0;
   std::unique_ptr<api::ResponsesStreamEncoder> responses_;
   std::unique_ptr<api::MessagesStreamEncoder> messages_;
 };

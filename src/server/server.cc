@@ -1240,6 +1240,7 @@ net::awaitable<void> Server::Impl::respond(Conn& c,
                           {});
           out += body;
         } else {
+          enc.keep_best(s.finished);
           std::string body = enc.response_json(finished->usage);
           o->status = 200;
           out = http_head(200,

@@ -9,6 +9,7 @@ the token ids are scripted). Plain requests without a rule marker are generated 
 
 import json
 import math
+import sys
 
 import harness
 from harness import MODEL_NAME
@@ -286,6 +287,50 @@ class OpenAISDK(harness.unittest.TestCase):
         self.assertEqual(texts, alone)
         self.assertNotIn(None, finishes)
         self.assertEqual(usage.completion_tokens, r.usage.completion_tokens)
+
+    def test_best_of_returns_the_most_likely_choices(self):
+        # best_of = 4, n = 2: four choices sampled with seeds 40..43 (as n = 4 would), the two of
+        # highest cumulative logprob returned, best first, numbered 0 and 1; logprobs only when
+        # asked. Each choice equals the same request run alone with its seed.
+        # The ranking sums every generated token's logprob; the reported logprobs cover the
+        # answer's tokens, which are all of them when a choice ends by length (no end token).
+        prompt = "Write a long story about a dragon and a castle."
+        kw = dict(extra_body=NO_THINKING, temperature=1.0, max_tokens=5, seed=40)
+        alone = []
+        for i in range(4):
+            one = self.chat(prompt, logprobs=True, **dict(kw, seed=40 + i))
+            c = one.choices[0]
+            alone.append((sum(t.logprob for t in c.logprobs.content), i, c.message.content,
+                          c.finish_reason))
+        comparable = all(a[3] == "length" for a in alone)
+        print(f"[best_of] every choice ended by length, ranking compared: {comparable}",
+              file=sys.stderr)
+        ranked = sorted(alone, key=lambda a: (-a[0], a[1]))
+        r = self.chat(prompt, n=2, **dict(kw, extra_body=dict(NO_THINKING, best_of=4)))
+        self.assertEqual([c.index for c in r.choices], [0, 1])
+        got = [c.message.content for c in r.choices]
+        for text in got:
+            self.assertIn(text, [a[2] for a in alone])
+        if comparable:
+            self.assertEqual(got, [ranked[0][2], ranked[1][2]])
+        self.assertTrue(all(c.logprobs is None for c in r.choices))
+        # With logprobs asked for, they come with the chosen choices.
+        r = self.chat(prompt, n=1, logprobs=True,
+                      **dict(kw, extra_body=dict(NO_THINKING, best_of=4)))
+        if comparable:
+            self.assertEqual(r.choices[0].message.content, ranked[0][2])
+            self.assertAlmostEqual(sum(t.logprob for t in r.choices[0].logprobs.content),
+                                   ranked[0][0], places=3)
+        else:
+            self.assertIsNotNone(r.choices[0].logprobs)
+        # best_of > n cannot stream; best_of < n is refused.
+        for bad in (dict(stream=True, n=1, best_of=2), dict(n=3, best_of=2)):
+            with self.assertRaises(openai.BadRequestError) as e:
+                self.client.chat.completions.create(
+                    model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
+                    stream=bad["stream"] if "stream" in bad else False, n=bad["n"],
+                    extra_body={"best_of": bad["best_of"]})
+            self.assertEqual(e.exception.body["param"], "best_of")
 
     def test_logprobs_errors(self):
         for bad in (21, -1):

@@ -223,6 +223,14 @@ TEST(ChatDecode, SamplingFieldsStopSeedLogprobsStream) {
   EXPECT_EQ(r.user, "user-1_a");
   r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":"###"})");
   EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"###"}));
+  EXPECT_EQ(r.best_of, 0);
+  r = chat_ok(R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":2,"best_of":5})");
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.best_of, 5);
+  // best_of == n streams (nothing to choose).
+  r = chat_ok(
+      R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":2,"best_of":2,"stream":true})");
+  EXPECT_EQ(r.best_of, 2);
 }
 
 TEST(ChatDecode, PrefixCompletion) {
