@@ -133,7 +133,8 @@ Err check_image_source(const Reader& r, const Json& block, const Path& bp) {
 }
 
 // tool_result content: a string or text/image blocks, reduced to text.
-Err read_tool_result_content(const Reader& r, const Json& block, const Path& bp, std::string* out) {
+Err read_tool_result_content(
+    const Reader& r, const Json& block, const Path& bp, std::string* out, bool* has_image) {
   const Json* c = find(block, "content");
   if (!c)
     return std::nullopt;
@@ -152,6 +153,7 @@ Err read_tool_result_content(const Reader& r, const Json& block, const Path& bp,
         } else if (type == "image") {
           DSI_API_TRY(check_image_source(r, part, pp));
           piece = "[Unsupported image]";
+          *has_image = true;
         } else {
           return r.invalid(pp.key("type"), "tool_result content blocks must be 'text' or 'image'.");
         }
@@ -184,7 +186,7 @@ Err read_user_block(const Reader& r,
     }
     std::optional<bool> is_error;
     DSI_API_TRY(r.opt_bool(b, bp, "is_error", &is_error));  // ignored
-    DSI_API_TRY(read_tool_result_content(r, b, bp, &block.text));
+    DSI_API_TRY(read_tool_result_content(r, b, bp, &block.text, &block.has_image));
   } else if (type == "image" || type == "server_tool_use" || type == "web_search_tool_result") {
     if (type == "image")
       DSI_API_TRY(check_image_source(r, b, bp));

@@ -17,6 +17,12 @@ namespace {
 Status refuse_v41_images(const recipe::Conversation& conv) {
   for (size_t i = 0; i < conv.messages.size(); ++i) {
     for (const recipe::ContentBlock& b : conv.messages[i].blocks) {
+      if (b.type == recipe::ContentBlock::Type::kToolResult && b.has_image) {
+        return invalid_argument("message " + std::to_string(i) +
+                                " has a tool_result with 'image' content: image inputs to "
+                                "DeepSeek V4.1 (its vision tower) are not supported yet; send "
+                                "text only");
+      }
       if (b.type != recipe::ContentBlock::Type::kUnsupported)
         continue;
       const std::string& t = b.unsupported_type;

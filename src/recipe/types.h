@@ -38,6 +38,9 @@ struct ContentBlock {
   std::string text;              // kText: the text; kToolResult: the result text
   std::string tool_use_id;       // kToolResult
   std::string unsupported_type;  // kUnsupported: e.g. "image_url" -> "[Unsupported image_url]"
+  // kToolResult: the result carried image parts (Messages' tool_result content), rendered as
+  // "[Unsupported image]" text for V4 and refused for V4.1 (frontend/prepare.cc).
+  bool has_image = false;
 };
 
 struct Message {

@@ -233,6 +233,18 @@ class V41(harness.unittest.TestCase):
         self.assertEqual(body["type"], "error")
         self.assertEqual(body["error"]["type"], "invalid_request_error")
         self.assertIn("V4.1", body["error"]["message"])
+        # An image inside a tool result too (V4 renders it as "[Unsupported image]" text).
+        with self.assertRaises(anthropic.BadRequestError) as cm:
+            self.an.messages.create(model=MODEL_NAME, max_tokens=16, messages=[
+                {"role": "user", "content": "Take a screenshot."},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                     "data": "iVBORw0KGgo="}}]}]}])
+        self.assertIn("tool_result", cm.exception.body["error"]["message"])
+        self.assertIn("V4.1", cm.exception.body["error"]["message"])
         # The placeholder's spelling in text stays text (it is not in this tokenizer anyway).
         r = self.oa.chat.completions.create(
             model=MODEL_NAME, max_tokens=64, extra_body=NO_THINKING,
