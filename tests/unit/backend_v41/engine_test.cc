@@ -15,6 +15,7 @@
 #include "backend/cpu_v41/backend.h"
 #include "kvstore/store.h"
 #include "model_v41/checkpoint.h"
+#include "unit/engine/engine_test_util.h"
 
 namespace dsinfer::cpu_v41 {
 namespace {
@@ -27,22 +28,11 @@ using engine::SchedulerConfig;
 
 const std::string kTiny = std::string(DSI_SOURCE_DIR) + "/tests/fixtures/v41-tiny/official";
 
-struct Case {
-  std::vector<int32_t> prompt;
-  int64_t max_tokens = 0;
-};
+using engine::test_support::Case;
+using engine::test_support::greedy;
 
 std::vector<Case> cases(int n, uint32_t seed, int vocab) {
-  std::mt19937 g(seed);
-  std::vector<Case> out;
-  for (int i = 0; i < n; ++i) {
-    Case c;
-    const int len = 1 + static_cast<int>(g() % 48);
-    for (int j = 0; j < len; ++j) c.prompt.push_back(static_cast<int32_t>(3 + g() % (vocab - 3)));
-    c.max_tokens = 1 + static_cast<int64_t>(g() % 8);
-    out.push_back(c);
-  }
-  return out;
+  return engine::test_support::random_cases(n, seed, 48, 3, vocab - 3, 8);
 }
 
 std::unique_ptr<Engine> make_engine(int64_t budget, SchedulerConfig sc, int64_t keep_rows = 0) {
@@ -54,15 +44,6 @@ std::unique_ptr<Engine> make_engine(int64_t budget, SchedulerConfig sc, int64_t 
   auto e = Engine::create(cfg);
   EXPECT_TRUE(e.ok()) << e.status().to_string();
   return e.ok() ? std::move(e).value() : nullptr;
-}
-
-RequestSpec greedy(const Case& c) {
-  RequestSpec s;
-  s.prompt = c.prompt;
-  s.max_tokens = c.max_tokens;
-  s.sampling.temperature = 0.0f;
-  s.ignore_eos = true;
-  return s;
 }
 
 std::vector<std::vector<int32_t>> run_batch(Engine& e, const std::vector<Case>& cs) {

@@ -18,10 +18,11 @@
 #include <random>
 #include <vector>
 
-#include "../engine/chi_square.h"
 #include "backend/cpu_v41/backend.h"
 #include "engine/engine.h"
 #include "spec/config.h"
+#include "unit/engine/chi_square.h"
+#include "unit/engine/engine_test_util.h"
 
 namespace dsinfer::cpu_v41 {
 namespace {
@@ -137,31 +138,11 @@ std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
   return e.ok() ? std::move(e).value() : nullptr;
 }
 
-struct Case {
-  std::vector<int32_t> prompt;
-  int64_t max_tokens = 0;
-};
+using engine::test_support::Case;
+using engine::test_support::greedy;
 
 std::vector<Case> mixed_cases(int n, uint32_t seed, int max_out, int max_prompt = 40) {
-  std::mt19937 g(seed);
-  std::vector<Case> out;
-  for (int i = 0; i < n; ++i) {
-    Case c;
-    const int len = 1 + static_cast<int>(g() % static_cast<uint32_t>(max_prompt));
-    for (int j = 0; j < len; ++j) c.prompt.push_back(static_cast<int32_t>(3 + g() % 90));
-    c.max_tokens = 1 + static_cast<int64_t>(g() % static_cast<uint32_t>(max_out));
-    out.push_back(c);
-  }
-  return out;
-}
-
-RequestSpec greedy(const Case& c) {
-  RequestSpec s;
-  s.prompt = c.prompt;
-  s.max_tokens = c.max_tokens;
-  s.sampling.temperature = 0.0f;
-  s.ignore_eos = true;
-  return s;
+  return engine::test_support::random_cases(n, seed, max_prompt, 3, 90, max_out);
 }
 
 RequestSpec sampled(const Case& c, uint64_t seed) {

@@ -37,31 +37,11 @@ std::unique_ptr<Engine> make_engine(int64_t budget_bytes, SchedulerConfig sc = {
   return std::move(e).value();
 }
 
-struct Case {
-  std::vector<int32_t> prompt;
-  int64_t max_tokens;
-};
+using test_support::Case;
+using test_support::greedy;
 
 std::vector<Case> mixed_cases(int n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<Case> cases;
-  for (int i = 0; i < n; ++i) {
-    Case c;
-    const int len = 1 + static_cast<int>(g() % 45);
-    for (int j = 0; j < len; ++j) c.prompt.push_back(static_cast<int32_t>(2 + g() % 500));
-    c.max_tokens = 1 + static_cast<int64_t>(g() % 12);
-    cases.push_back(c);
-  }
-  return cases;
-}
-
-RequestSpec greedy(const Case& c) {
-  RequestSpec s;
-  s.prompt = c.prompt;
-  s.max_tokens = c.max_tokens;
-  s.sampling.temperature = 0.0f;
-  s.ignore_eos = true;
-  return s;
+  return test_support::random_cases(n, seed, 45, 2, 500, 12);
 }
 
 std::vector<int32_t> run_alone(const Case& c) {

@@ -7,8 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/request.h"
 #include "model/checkpoint.h"
@@ -24,6 +26,39 @@ inline std::shared_ptr<const model::Checkpoint> tiny_fixture() {
     return std::shared_ptr<const model::Checkpoint>(std::move(r).value());
   }();
   return ckpt;
+}
+
+// A request of the engine tests: a prompt and how many tokens to generate.
+struct Case {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 0;
+};
+
+// n cases of random prompts: lengths 1..max_prompt, ids first_id .. first_id + id_span - 1,
+// 1..max_out tokens to generate.
+inline std::vector<Case> random_cases(
+    int n, uint32_t seed, int max_prompt, int32_t first_id, int32_t id_span, int max_out) {
+  std::mt19937 g(seed);
+  std::vector<Case> out;
+  for (int i = 0; i < n; ++i) {
+    Case c;
+    const int len = 1 + static_cast<int>(g() % static_cast<uint32_t>(max_prompt));
+    for (int j = 0; j < len; ++j)
+      c.prompt.push_back(static_cast<int32_t>(first_id + g() % static_cast<uint32_t>(id_span)));
+    c.max_tokens = 1 + static_cast<int64_t>(g() % static_cast<uint32_t>(max_out));
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Greedy, ignoring EOS (every case generates exactly max_tokens).
+inline RequestSpec greedy(const Case& c) {
+  RequestSpec s;
+  s.prompt = c.prompt;
+  s.max_tokens = c.max_tokens;
+  s.sampling.temperature = 0.0f;
+  s.ignore_eos = true;
+  return s;
 }
 
 // A mask whose allowed set depends on how many tokens it has accepted (the n-th token must be

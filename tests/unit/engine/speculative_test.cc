@@ -15,10 +15,11 @@
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
-#include "chi_square.h"
 #include "engine/engine.h"
 #include "model/checkpoint.h"
 #include "spec/config.h"
+#include "unit/engine/chi_square.h"
+#include "unit/engine/engine_test_util.h"
 
 namespace dsinfer::engine {
 namespace {
@@ -79,32 +80,11 @@ std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
   return std::move(e).value();
 }
 
-struct Case {
-  std::vector<int32_t> prompt;
-  int64_t max_tokens;
-};
+using test_support::Case;
+using test_support::greedy;
 
 std::vector<Case> mixed_cases(int n, uint32_t seed, int32_t vocab, int max_out) {
-  std::mt19937 g(seed);
-  std::vector<Case> cases;
-  for (int i = 0; i < n; ++i) {
-    Case c;
-    const int len = 1 + static_cast<int>(g() % 40);
-    for (int j = 0; j < len; ++j)
-      c.prompt.push_back(static_cast<int32_t>(2 + g() % static_cast<uint32_t>(vocab - 2)));
-    c.max_tokens = 1 + static_cast<int64_t>(g() % static_cast<uint32_t>(max_out));
-    cases.push_back(c);
-  }
-  return cases;
-}
-
-RequestSpec greedy(const Case& c) {
-  RequestSpec s;
-  s.prompt = c.prompt;
-  s.max_tokens = c.max_tokens;
-  s.sampling.temperature = 0.0f;
-  s.ignore_eos = true;
-  return s;
+  return test_support::random_cases(n, seed, 40, 2, vocab - 2, max_out);
 }
 
 // Sampled with every filter and penalty, seeded.
