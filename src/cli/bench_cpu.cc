@@ -270,17 +270,7 @@ int run_cpu_bench(const CpuBenchArgs& a) {
     }
     out["speedups"] = ratios;
   }
-  const std::string text = out.dump(2);
-  if (a.output.empty()) {
-    std::printf("%s\n", text.c_str());
-    return 0;
-  }
-  std::ofstream f(a.output);
-  if (!f)
-    return fail(io_error("--output: cannot write " + a.output));
-  f << text << "\n";
-  std::fprintf(stderr, "[bench cpu] wrote %s\n", a.output.c_str());
-  return 0;
+  return write_output(out.dump(2), a.output, "bench cpu");
 }
 
 void add_cpu_bench_command(CLI::App& app, int& exit_code) {

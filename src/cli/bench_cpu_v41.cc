@@ -229,17 +229,7 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
   out["notes"] =
       "V4.1 runs on the reference CPU kernels only (--cpu-kernels is ignored); decode sequences "
       "share one prefilled prefix (forked state).";
-  const std::string text = out.dump(2);
-  if (a.output.empty()) {
-    std::printf("%s\n", text.c_str());
-    return 0;
-  }
-  std::ofstream f(a.output);
-  if (!f)
-    return fail(io_error("--output: cannot write " + a.output));
-  f << text << "\n";
-  std::fprintf(stderr, "[bench cpu v4.1] wrote %s\n", a.output.c_str());
-  return 0;
+  return write_output(out.dump(2), a.output, "bench cpu v4.1");
 }
 
 }  // namespace dsinfer::cli

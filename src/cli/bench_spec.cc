@@ -266,17 +266,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   }
   out["speculative"] = rows;
   std::fprintf(stderr, "%s", table.c_str());
-  const std::string text = out.dump(2);
-  if (a.output.empty()) {
-    std::printf("%s\n", text.c_str());
-    return 0;
-  }
-  std::ofstream f(a.output);
-  if (!f)
-    return fail(io_error("--output: cannot write " + a.output));
-  f << text << "\n";
-  std::fprintf(stderr, "[bench speculative] wrote %s\n", a.output.c_str());
-  return 0;
+  return write_output(out.dump(2), a.output, "bench speculative");
 }
 
 }  // namespace dsinfer::cli

@@ -114,17 +114,7 @@ json per_layer(const model::ModelConfig& c, const std::vector<float>& ms) {
 
 // Prints the JSON on stdout, or writes it to `path`; the process exit code.
 int write_json(const json& out, const std::string& path) {
-  const std::string text = out.dump(2);
-  if (path.empty()) {
-    std::printf("%s\n", text.c_str());
-    return 0;
-  }
-  std::ofstream f(path);
-  if (!f)
-    return fail(io_error("--output: cannot write " + path));
-  f << text << "\n";
-  std::fprintf(stderr, "[bench] wrote %s\n", path.c_str());
-  return 0;
+  return write_output(out.dump(2), path, "bench");
 }
 
 int run_bench(const BenchArgs& a) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "backend/cpu_v41/backend.h"
 #include "base/strings.h"
@@ -21,6 +22,19 @@ int fail(const Status& s) {
     default:
       return 1;
   }
+}
+
+int write_output(const std::string& text, const std::string& path, const char* tag) {
+  if (path.empty()) {
+    std::printf("%s\n", text.c_str());
+    return 0;
+  }
+  std::ofstream f(path);
+  if (!f)
+    return fail(io_error("--output: cannot write " + path));
+  f << text << "\n";
+  std::fprintf(stderr, "[%s] wrote %s\n", tag, path.c_str());
+  return 0;
 }
 
 Result<std::vector<int32_t>> parse_token_ids(const std::string& csv) {

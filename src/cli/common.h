@@ -19,6 +19,9 @@ const std::vector<std::string>& program_args();
 
 // Prints "dsinfer: error: <message>" to stderr and returns the exit code for the status.
 int fail(const Status& s);
+// A command's JSON (or other text) result: on stdout when `path` is empty, else written to
+// `path` (an --output flag; "[<tag>] wrote <path>" on stderr). The process exit code.
+int write_output(const std::string& text, const std::string& path, const char* tag);
 // "0,17,42" -> ids; errors name the offending item.
 Result<std::vector<int32_t>> parse_token_ids(const std::string& csv);
 Result<model::Numerics> parse_numerics(const std::string& s);
