@@ -220,7 +220,7 @@ TEST(ServerHardening, ManyKeyBodiesAreRefusedQuicklyAndHealthStaysResponsive) {
   Config c;
   c.max_body = 16 << 20;
   TestServer s(c);
-  // 700k keys (8.4 MB): refused from a linear pre-scan, in well under a second.
+  // 700k keys (8.4 MB): refused from a linear pre-scan (well under a second on an idle core).
   const std::string big = R"({"model":"tiny","messages":[{"role":"user","content":"x"}],)"
                           R"("logit_bias":)" +
                           many_keys(700000) + "}";
@@ -244,9 +244,11 @@ TEST(ServerHardening, ManyKeyBodiesAreRefusedQuicklyAndHealthStaysResponsive) {
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(status_of(answers[i]), 400) << answers[i].substr(0, 300);
     EXPECT_NE(answers[i].find("more than 1024 keys"), std::string::npos);
-    EXPECT_LT(secs[i], 1.0);
+    // Loose bounds: ctest runs other tests beside this one on CI's two cores; a quadratic scan
+    // of 700k keys would take minutes, not seconds.
+    EXPECT_LT(secs[i], 3.0);
   }
-  EXPECT_LT(worst_health, 0.5);
+  EXPECT_LT(worst_health, 1.5);
   // The worst body the bounds accept (objects of 1024 keys up to 2^18 values) parses in time.
   std::string arr = "[";
   for (int i = 0; i < 250; ++i) arr += (i ? "," : "") + many_keys(1024);
@@ -255,7 +257,7 @@ TEST(ServerHardening, ManyKeyBodiesAreRefusedQuicklyAndHealthStaysResponsive) {
       R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"metadata":)" + arr + "}";
   const auto t0 = std::chrono::steady_clock::now();
   const std::string r = roundtrip(s.port, "POST", "/v1/chat/completions", worst);
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_LT(seconds_since(t0), 3.0);
   EXPECT_EQ(status_of(r), 400) << r.substr(0, 300);  // parsed; then metadata is not an object
   EXPECT_EQ(json::parse(body_of(r))["error"]["param"], "metadata");
 }
