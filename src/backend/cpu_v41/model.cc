@@ -75,6 +75,30 @@ void rms(const float* x,
   cpu::rms_norm(x, n, dim, weight ? weight->data() : nullptr, eps, out);
 }
 
+// The mHC post step in place over n tokens, in V4.1's order (the comb mix summed first, then
+// post * f added): X[t, k] = post[t, k] * F[t] + sum_j comb[t, j, k] * X[t, j].
+void mix_streams(float* X,
+                 int64_t n,
+                 int64_t hc,
+                 int64_t D,
+                 const float* post,
+                 const float* comb,
+                 const float* F) {
+  std::vector<float> mixed(static_cast<size_t>(hc * D));
+  for (int64_t t = 0; t < n; ++t) {
+    float* Xt = X + t * hc * D;
+    const float* cb = comb + t * hc * hc;
+    for (int64_t k = 0; k < hc; ++k) {
+      for (int64_t i = 0; i < D; ++i) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < hc; ++j) acc += cb[j * hc + k] * Xt[j * D + i];
+        mixed[static_cast<size_t>(k * D + i)] = post[t * hc + k] * F[t * D + i] + acc;
+      }
+    }
+    std::copy(mixed.begin(), mixed.end(), Xt);
+  }
+}
+
 }  // namespace
 
 void fp8_window_quant(float* x, int64_t n) {
@@ -770,20 +794,7 @@ void V41CpuModel::layer(int l,
       moe(w.ffn, u.data(), n, c_.num_experts_per_tok, F.data());
     }
     pi = pre;
-    for (int64_t t = 0; t < n; ++t) {
-      float* Xt = X.data() + t * hc * D;
-      const float* cb = comb.data() + t * hc * hc;
-      std::vector<float> mixed(static_cast<size_t>(hc * D), 0.0f);
-      for (int64_t k = 0; k < hc; ++k) {
-        for (int64_t i = 0; i < D; ++i) {
-          float acc = 0.0f;
-          for (int64_t j = 0; j < hc; ++j) acc += cb[j * hc + k] * Xt[j * D + i];
-          mixed[static_cast<size_t>(k * D + i)] =
-              post[static_cast<size_t>(t * hc + k)] * F[static_cast<size_t>(t * D + i)] + acc;
-        }
-      }
-      std::copy(mixed.begin(), mixed.end(), Xt);
-    }
+    mix_streams(X.data(), n, hc, D, post.data(), comb.data(), F.data());
   }
 }
 
@@ -928,20 +939,7 @@ Status V41CpuModel::draft(const state::SequenceState& st,
         moe(w.ffn, u.data(), B, c_.dspark_num_experts_per_tok, F.data());
       }
       pi = pre;
-      for (int64_t t = 0; t < B; ++t) {
-        float* Xt = X.data() + t * hc * D;
-        const float* cb = comb.data() + t * hc * hc;
-        std::vector<float> mixed(static_cast<size_t>(hc * D), 0.0f);
-        for (int64_t k = 0; k < hc; ++k) {
-          for (int64_t i = 0; i < D; ++i) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < hc; ++j) acc += cb[j * hc + k] * Xt[j * D + i];
-            mixed[static_cast<size_t>(k * D + i)] =
-                post[static_cast<size_t>(t * hc + k)] * F[static_cast<size_t>(t * D + i)] + acc;
-          }
-        }
-        std::copy(mixed.begin(), mixed.end(), Xt);
-      }
+      mix_streams(X.data(), B, hc, D, post.data(), comb.data(), F.data());
     }
   }
   // h_k: the final collapse with the last block's FFN-site pre (the pre-norm hidden).
