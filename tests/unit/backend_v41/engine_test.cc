@@ -47,21 +47,9 @@ std::unique_ptr<Engine> make_engine(int64_t budget, SchedulerConfig sc, int64_t 
 }
 
 std::vector<std::vector<int32_t>> run_batch(Engine& e, const std::vector<Case>& cs) {
-  std::vector<RequestId> ids;
-  for (const Case& c : cs) {
-    auto id = e.submit(greedy(c));
-    EXPECT_TRUE(id.ok()) << id.status().to_string();
-    ids.push_back(*id);
-  }
-  while (e.step()) e.check_integrity();
-  e.check_integrity();
-  std::vector<std::vector<int32_t>> out;
-  for (RequestId id : ids) {
-    const engine::Request* r = e.request(id);
-    EXPECT_EQ(r->state, engine::RequestState::kFinished) << r->error;
-    out.push_back(r->output);
-  }
-  return out;
+  std::vector<RequestSpec> specs;
+  for (const Case& c : cs) specs.push_back(greedy(c));
+  return engine::test_support::run_all(e, std::move(specs));
 }
 
 // Greedy decoding with the V4.1 CPU forward alone: the whole prompt at once (with the early exit

@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "kvstore/store.h"
 #include "state/sequence_state.h"
+#include "unit/engine/engine_test_util.h"
 
 namespace dsinfer::cpu_v41 {
 namespace {
@@ -46,22 +47,6 @@ std::vector<int32_t> random_tokens(int64_t n, uint32_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = static_cast<int32_t>(3 + g() % 90);  // text ids of the fixture
   return t;
-}
-
-state::PageReader reader(const state::PageArena& a) {
-  return [&a](std::span<const int32_t> pages, float* dst) {
-    const size_t n = static_cast<size_t>(a.page_floats());
-    for (size_t i = 0; i < pages.size(); ++i) std::memcpy(dst + i * n, a.page(pages[i]), n * 4);
-    return Status();
-  };
-}
-
-state::PageWriter writer(state::PageArena& a) {
-  return [&a](std::span<const int32_t> pages, const float* src) {
-    const size_t n = static_cast<size_t>(a.page_floats());
-    for (size_t i = 0; i < pages.size(); ++i) std::memcpy(a.page(pages[i]), src + i * n, n * 4);
-    return Status();
-  };
 }
 
 // Forwards tokens [from, to) in chunks of `chunk` as a prefill of a prompt of `prompt_len`
@@ -158,11 +143,13 @@ TEST(V41PrefixCache, ReplayFromASavePointEqualsTheUncachedEarlyExitPrefill) {
       // The image comes from a run whose prompt was longer (400 tokens, other chunks).
       state::SequenceState a(shape, arena_a.get(), 2);
       prefill(m, a, tokens, 0, h.b, 400, 64);
-      auto image = state::capture_state(a, reader(*arena_a), layout->image);
+      auto image =
+          state::capture_state(a, engine::test_support::host_page_reader(*arena_a), layout->image);
       ASSERT_TRUE(image.ok()) << image.status().to_string();
       auto arena_b = state::PageArena::growable(state::default_page_bytes(shape));
       state::SequenceState r(shape, arena_b.get(), 3);
-      const Status rs = state::restore_state(*image, r, writer(*arena_b), layout->image);
+      const Status rs = state::restore_state(
+          *image, r, engine::test_support::host_page_writer(*arena_b), layout->image);
       ASSERT_TRUE(rs.ok()) << rs.to_string();
       poison_skipped_rings(r, layout->image);
       const auto got = prefill(m, r, tokens, h.b, h.n, h.n, chunk);
@@ -193,27 +180,34 @@ TEST(V41PrefixCache, ImagesAreSmallerCanonicalAndChecked) {
   auto arena = state::PageArena::growable(state::min_page_bytes(shape));
   state::SequenceState a(shape, arena.get(), 1);
   prefill(m, a, tokens, 0, 256, 260, 64);
-  auto replay = state::capture_state(a, reader(*arena), layout->image);
-  auto whole = state::capture_state(a, reader(*arena));
+  auto replay =
+      state::capture_state(a, engine::test_support::host_page_reader(*arena), layout->image);
+  auto whole = state::capture_state(a, engine::test_support::host_page_reader(*arena));
   ASSERT_TRUE(replay.ok() && whole.ok());
   EXPECT_LT(replay->size(), whole->size());
   // Restored and captured again: the same bytes; a restored state cannot roll back below it.
   state::SequenceState r(shape, arena.get(), 2);
-  ASSERT_TRUE(state::restore_state(*replay, r, writer(*arena), layout->image).ok());
+  ASSERT_TRUE(state::restore_state(
+                  *replay, r, engine::test_support::host_page_writer(*arena), layout->image)
+                  .ok());
   EXPECT_EQ(r.token(255), tokens[255]);
-  auto again = state::capture_state(r, reader(*arena), layout->image);
+  auto again =
+      state::capture_state(r, engine::test_support::host_page_reader(*arena), layout->image);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *replay);
   EXPECT_FALSE(r.rollback(1).ok());
   // An image of one mode is refused by the other.
   state::SequenceState w(shape, arena.get(), 3);
-  EXPECT_FALSE(state::restore_state(*replay, w, writer(*arena)).ok());
-  EXPECT_FALSE(state::restore_state(*whole, w, writer(*arena), layout->image).ok());
+  EXPECT_FALSE(
+      state::restore_state(*replay, w, engine::test_support::host_page_writer(*arena)).ok());
+  EXPECT_FALSE(
+      state::restore_state(*whole, w, engine::test_support::host_page_writer(*arena), layout->image)
+          .ok());
   EXPECT_EQ(w.num_tokens(), 0);
   // The whole image restores exactly (exact mode), token history included.
-  ASSERT_TRUE(state::restore_state(*whole, w, writer(*arena)).ok());
+  ASSERT_TRUE(state::restore_state(*whole, w, engine::test_support::host_page_writer(*arena)).ok());
   EXPECT_EQ(w.token(250), tokens[250]);
-  auto whole_again = state::capture_state(w, reader(*arena));
+  auto whole_again = state::capture_state(w, engine::test_support::host_page_reader(*arena));
   ASSERT_TRUE(whole_again.ok());
   EXPECT_EQ(*whole_again, *whole);
   // DSI_WRITE_FUZZ_SEEDS=DIR: writes the state_image_fuzz seeds of V4.1 images (a bounded-replay
@@ -223,8 +217,9 @@ TEST(V41PrefixCache, ImagesAreSmallerCanonicalAndChecked) {
     prefill(m, s128, tokens, 0, 128, 260, 64);
     state::SequenceState s21(shape, arena.get(), 6);
     prefill(m, s21, tokens, 0, 21, 260, 64);
-    auto r128 = state::capture_state(s128, reader(*arena), layout->image);
-    auto w21 = state::capture_state(s21, reader(*arena));
+    auto r128 =
+        state::capture_state(s128, engine::test_support::host_page_reader(*arena), layout->image);
+    auto w21 = state::capture_state(s21, engine::test_support::host_page_reader(*arena));
     ASSERT_TRUE(r128.ok() && w21.ok());
     std::ofstream(std::string(dir) + "/v41_replay_128_tokens.bin", std::ios::binary) << *r128;
     std::ofstream(std::string(dir) + "/v41_whole_21_tokens.bin", std::ios::binary) << *w21;
@@ -232,7 +227,8 @@ TEST(V41PrefixCache, ImagesAreSmallerCanonicalAndChecked) {
   // No image without compressor rows where a ratio-2 group is open (an odd length).
   state::SequenceState odd(shape, arena.get(), 4);
   prefill(m, odd, tokens, 0, 129, 260, 64);
-  auto open_group = state::capture_state(odd, reader(*arena), layout->image);
+  auto open_group =
+      state::capture_state(odd, engine::test_support::host_page_reader(*arena), layout->image);
   ASSERT_FALSE(open_group.ok());
   EXPECT_NE(open_group.status().message().find("compression group"), std::string::npos);
   // Every header byte flipped: rejected or restored consistently, never a crash.
@@ -240,7 +236,8 @@ TEST(V41PrefixCache, ImagesAreSmallerCanonicalAndChecked) {
     std::string c = *replay;
     c[i] ^= 0x21;
     state::SequenceState d(shape, arena.get(), 10 + static_cast<int64_t>(i));
-    const Status s = state::restore_state(c, d, writer(*arena), layout->image);
+    const Status s =
+        state::restore_state(c, d, engine::test_support::host_page_writer(*arena), layout->image);
     d.check_integrity();
     if (!s.ok()) {
       EXPECT_EQ(d.num_tokens(), 0);

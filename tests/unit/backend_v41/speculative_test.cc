@@ -140,6 +140,7 @@ std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
 
 using engine::test_support::Case;
 using engine::test_support::greedy;
+using engine::test_support::run_all;
 
 std::vector<Case> mixed_cases(int n, uint32_t seed, int max_out, int max_prompt = 40) {
   return engine::test_support::random_cases(n, seed, max_prompt, 3, 90, max_out);
@@ -167,24 +168,6 @@ std::vector<RequestSpec> sampled_specs(const std::vector<Case>& cs) {
   std::vector<RequestSpec> v;
   for (size_t i = 0; i < cs.size(); ++i) v.push_back(sampled(cs[i], 100 + i));
   return v;
-}
-
-std::vector<std::vector<int32_t>> run_all(Engine& e, std::vector<RequestSpec> specs) {
-  std::vector<RequestId> ids;
-  for (auto& s : specs) {
-    auto id = e.submit(std::move(s));
-    EXPECT_TRUE(id.ok()) << id.status().to_string();
-    ids.push_back(*id);
-  }
-  while (e.step()) e.check_integrity();
-  e.check_integrity();
-  std::vector<std::vector<int32_t>> out;
-  for (RequestId id : ids) {
-    const engine::Request* r = e.request(id);
-    EXPECT_EQ(r->state, engine::RequestState::kFinished) << r->error;
-    out.push_back(r->output);
-  }
-  return out;
 }
 
 TEST(V41Speculative, OutputsEqualThoseWithoutSpeculation) {

@@ -6,14 +6,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "engine/engine.h"
 #include "engine/request.h"
 #include "model/checkpoint.h"
+#include "state/page_arena.h"
+#include "state/sequence_state.h"
 
 namespace dsinfer::engine::test_support {
 
@@ -59,6 +63,42 @@ inline RequestSpec greedy(const Case& c) {
   s.sampling.temperature = 0.0f;
   s.ignore_eos = true;
   return s;
+}
+
+// Submits every spec, steps the engine to the end (checking its integrity after each step) and
+// returns each request's output; every request must finish.
+inline std::vector<std::vector<int32_t>> run_all(Engine& e, std::vector<RequestSpec> specs) {
+  std::vector<RequestId> ids;
+  for (auto& s : specs) {
+    auto id = e.submit(std::move(s));
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  while (e.step()) e.check_integrity();
+  e.check_integrity();
+  std::vector<std::vector<int32_t>> out;
+  for (RequestId id : ids) {
+    const Request* r = e.request(id);
+    EXPECT_EQ(r->state, RequestState::kFinished) << r->error;
+    out.push_back(r->output);
+  }
+  return out;
+}
+
+// State-image page transfers for host-storage arenas (state::capture_state / restore_state).
+inline state::PageReader host_page_reader(const state::PageArena& a) {
+  return [&a](std::span<const int32_t> pages, float* dst) {
+    const size_t n = static_cast<size_t>(a.page_floats());
+    for (size_t i = 0; i < pages.size(); ++i) std::memcpy(dst + i * n, a.page(pages[i]), n * 4);
+    return Status();
+  };
+}
+inline state::PageWriter host_page_writer(state::PageArena& a) {
+  return [&a](std::span<const int32_t> pages, const float* src) {
+    const size_t n = static_cast<size_t>(a.page_floats());
+    for (size_t i = 0; i < pages.size(); ++i) std::memcpy(a.page(pages[i]), src + i * n, n * 4);
+    return Status();
+  };
 }
 
 // A mask whose allowed set depends on how many tokens it has accepted (the n-th token must be

@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "model/checkpoint.h"
 #include "state/sequence_state.h"
+#include "unit/engine/engine_test_util.h"
 
 namespace dsinfer::engine {
 namespace {
@@ -42,22 +43,6 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = static_cast<int32_t>(2 + g() % static_cast<uint32_t>(vocab - 2));
   return t;
-}
-
-state::PageReader reader(const state::PageArena& a) {
-  return [&a](std::span<const int32_t> pages, float* dst) {
-    const size_t n = static_cast<size_t>(a.page_floats());
-    for (size_t i = 0; i < pages.size(); ++i) std::memcpy(dst + i * n, a.page(pages[i]), n * 4);
-    return Status();
-  };
-}
-
-state::PageWriter writer(state::PageArena& a) {
-  return [&a](std::span<const int32_t> pages, const float* src) {
-    const size_t n = static_cast<size_t>(a.page_floats());
-    for (size_t i = 0; i < pages.size(); ++i) std::memcpy(a.page(pages[i]), src + i * n, n * 4);
-    return Status();
-  };
 }
 
 std::vector<float> forward(const cpu::CpuModel& m,
@@ -92,13 +77,13 @@ void check_boundaries(const model::Checkpoint& ckpt, int64_t len, const std::vec
     const std::span<const int32_t> rest(tokens.data() + n, static_cast<size_t>(len - n));
     state::SequenceState a(mc, arena_a.get(), 2, 0);
     forward(model, a, head);
-    auto image = state::capture_state(a, reader(*arena_a));
+    auto image = state::capture_state(a, test_support::host_page_reader(*arena_a));
     ASSERT_TRUE(image.ok()) << image.status().to_string();
     auto tokens_in = state::state_image_tokens(*image);
     ASSERT_TRUE(tokens_in.ok());
     EXPECT_EQ(*tokens_in, n);
     state::SequenceState b(mc, arena_b.get(), 3, 0);
-    const Status rs = state::restore_state(*image, b, writer(*arena_b));
+    const Status rs = state::restore_state(*image, b, test_support::host_page_writer(*arena_b));
     ASSERT_TRUE(rs.ok()) << rs.to_string();
     EXPECT_EQ(b.num_tokens(), n);
     const std::vector<float> cached = forward(model, b, rest);
@@ -127,17 +112,18 @@ TEST(StateImage, RejectsImagesOfAnotherModelAndCorruption) {
   state::SequenceState a(mc, arena.get(), 1, 0);
   const auto tokens = random_tokens(20, mc.vocab_size, 3);
   forward(model, a, tokens);
-  auto image = state::capture_state(a, reader(*arena));
+  auto image = state::capture_state(a, test_support::host_page_reader(*arena));
   ASSERT_TRUE(image.ok());
   // Another rollback limit = another layout.
   state::SequenceState other(mc, arena.get(), 2, 2);
-  EXPECT_FALSE(state::restore_state(*image, other, writer(*arena)).ok());
+  EXPECT_FALSE(state::restore_state(*image, other, test_support::host_page_writer(*arena)).ok());
   EXPECT_EQ(other.num_tokens(), 0);
   // Truncated.
   state::SequenceState b(mc, arena.get(), 3, 0);
-  EXPECT_FALSE(
-      state::restore_state(std::string_view(*image).substr(0, image->size() - 4), b, writer(*arena))
-          .ok());
+  EXPECT_FALSE(state::restore_state(std::string_view(*image).substr(0, image->size() - 4),
+                                    b,
+                                    test_support::host_page_writer(*arena))
+                   .ok());
   EXPECT_EQ(b.num_tokens(), 0);
   b.check_integrity();
   // Every header byte flipped: rejected or (payload bytes) restored consistently, never a crash.
@@ -145,7 +131,7 @@ TEST(StateImage, RejectsImagesOfAnotherModelAndCorruption) {
     std::string c = *image;
     c[i] ^= 0x40;
     state::SequenceState d(mc, arena.get(), 4 + static_cast<int64_t>(i), 0);
-    (void)state::restore_state(c, d, writer(*arena));
+    (void)state::restore_state(c, d, test_support::host_page_writer(*arena));
     d.check_integrity();
   }
 }
@@ -169,7 +155,7 @@ TEST(StateImage, UnwrittenRingSlotsCarryNoOtherSequencesData) {
   state::SequenceState a(mc, arena.get(), 2, 0);
   const int64_t n = 3;  // shorter than every window ring
   forward(model, a, random_tokens(n, mc.vocab_size, 6));
-  auto image = state::capture_state(a, reader(*arena));
+  auto image = state::capture_state(a, test_support::host_page_reader(*arena));
   ASSERT_TRUE(image.ok()) << image.status().to_string();
   const float marker = 12345.0f;
   char m[4];
@@ -181,8 +167,8 @@ TEST(StateImage, UnwrittenRingSlotsCarryNoOtherSequencesData) {
   // after the last written slot of the first ring is zero, so flip one float of the image's
   // zero run that follows the first ring's written rows.
   state::SequenceState b(mc, arena.get(), 3, 0);
-  ASSERT_TRUE(state::restore_state(*image, b, writer(*arena)).ok());
-  auto again = state::capture_state(b, reader(*arena));
+  ASSERT_TRUE(state::restore_state(*image, b, test_support::host_page_writer(*arena)).ok());
+  auto again = state::capture_state(b, test_support::host_page_reader(*arena));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *image);  // canonical
   size_t flipped = 0;
@@ -195,7 +181,7 @@ TEST(StateImage, UnwrittenRingSlotsCarryNoOtherSequencesData) {
     u = 0x3f800000u;  // 1.0f
     std::memcpy(c.data() + off - 4, &u, 4);
     state::SequenceState d(mc, arena.get(), 10, 0);
-    const Status st = state::restore_state(c, d, writer(*arena));
+    const Status st = state::restore_state(c, d, test_support::host_page_writer(*arena));
     if (!st.ok() && st.message().find("never wrote") != std::string::npos)
       flipped = off;
     d.check_integrity();

@@ -82,6 +82,7 @@ std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
 
 using test_support::Case;
 using test_support::greedy;
+using test_support::run_all;
 
 std::vector<Case> mixed_cases(int n, uint32_t seed, int32_t vocab, int max_out) {
   return test_support::random_cases(n, seed, 40, 2, vocab - 2, max_out);
@@ -99,24 +100,6 @@ RequestSpec sampled(const Case& c, uint64_t seed) {
   s.sampling.repetition_penalty = seed % 7 == 4 ? 1.2f : 1.0f;
   s.sampling.seed = seed;
   return s;
-}
-
-std::vector<std::vector<int32_t>> run_all(Engine& e, std::vector<RequestSpec> specs) {
-  std::vector<RequestId> ids;
-  for (auto& s : specs) {
-    auto id = e.submit(std::move(s));
-    EXPECT_TRUE(id.ok()) << id.status().to_string();
-    ids.push_back(*id);
-  }
-  while (e.step()) e.check_integrity();
-  e.check_integrity();
-  std::vector<std::vector<int32_t>> out;
-  for (RequestId id : ids) {
-    const Request* r = e.request(id);
-    EXPECT_EQ(r->state, RequestState::kFinished) << r->error;
-    out.push_back(r->output);
-  }
-  return out;
 }
 
 std::vector<RequestSpec> greedy_specs(const std::vector<Case>& cases) {
