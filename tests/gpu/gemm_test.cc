@@ -38,6 +38,7 @@ struct LinearCase {
   bool tensor_core = false;  // fp8_gemm.h: quantise x on the device, then launch_fp8_linear
   bool bf16x2 = false;       // fp8_gemm.h: split x into BF16 halves, then launch_bf16x2_linear
   bool wgmma = false;        // the wgmma path must run (fp8: scratch given; bf16x2: allowed)
+  bool split_k = false;      // bf16x2: scratch given, the tile kernel must split K
 };
 
 void run_linear(const LinearCase& c, uint32_t seed) {
@@ -46,7 +47,8 @@ void run_linear(const LinearCase& c, uint32_t seed) {
                std::to_string(c.cols) + " n " + std::to_string(c.n) + (c.quant ? " q8" : "") +
                " rows [" + std::to_string(c.row_begin) + ", +" + std::to_string(count) + ")" +
                (c.accumulate ? " acc" : "") + (c.tensor_core ? " tensor-core" : "") +
-               (c.bf16x2 ? " bf16x2" : "") + (c.wgmma ? " wgmma" : ""));
+               (c.bf16x2 ? " bf16x2" : "") + (c.wgmma ? " wgmma" : "") +
+               (c.split_k ? " split-k" : ""));
   auto w = make_weight(c.fmt, c.rows, c.cols, seed);
   const int64_t ldx = c.cols + c.ldx_pad;
   const int64_t ldy = count + c.ldy_pad;
@@ -95,6 +97,12 @@ void run_linear(const LinearCase& c, uint32_t seed) {
         SplitBf16Params{
             .x = d_x.get(), .ldx = ldx, .n = c.n, .k = c.cols, .hi = d_hi.get(), .lo = d_lo.get()},
         nullptr));
+    const int64_t split_floats =
+        c.split_k ? bf16x2_linear_scratch_floats(w->dev, count, c.n, 1) : 0;
+    if (c.split_k) {
+      EXPECT_GT(split_floats, 0) << "the shape does not split";
+    }
+    DevVec<float> d_part(static_cast<size_t>(std::max<int64_t>(split_floats, 1)));
     const Bf16x2LinearParams p{.w = w->dev,
                                .row_begin = c.row_begin,
                                .rows = c.row_count,
@@ -103,7 +111,9 @@ void run_linear(const LinearCase& c, uint32_t seed) {
                                .y = d_y.get(),
                                .ldy = ldy,
                                .accumulate = c.accumulate,
-                               .wgmma = c.wgmma};
+                               .wgmma = c.wgmma || c.split_k,
+                               .scratch = c.split_k ? d_part.get() : nullptr,
+                               .scratch_floats = split_floats};
     EXPECT_EQ(bf16x2_linear_uses_wgmma(p), c.wgmma) << "the path under test did not run";
     DSI_EXPECT_OK(launch_bf16x2_linear(p, nullptr));
   } else if (c.tensor_core) {
@@ -347,6 +357,33 @@ TEST_F(GpuTest, Bf16x2TensorCoreLinearMatchesCpu) {
       c.bf16x2 = true;
       run_linear(c, seed += 3);
     }
+  }
+}
+
+// Split-K on the BF16x2 tile kernel (decode batches over small weights: the router, the
+// compressors, wo_a): K slices with partial chunks, row ranges, padded outputs, accumulation,
+// both weight formats, one group; the splits' sums against the CPU with the reference tolerance.
+TEST_F(GpuTest, Bf16x2SplitKLinearMatchesCpu) {
+  uint32_t seed = 57000;
+  for (Fmt f : {Fmt::kBF16, Fmt::kFp8E8M0, Fmt::kFp8F32}) {
+    for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{17, 736, 9},
+                                 {256, 4096, 64},
+                                 {300, 1024, 33},
+                                 {129, 1000, 1}}) {
+      if (f != Fmt::kBF16 && cols % 16 != 0)
+        continue;
+      for (bool acc : {false, true}) {
+        LinearCase c{f, rows, cols, n, false};
+        c.accumulate = acc;
+        c.bf16x2 = true;
+        c.split_k = true;
+        run_linear(c, seed += 3);
+      }
+    }
+    LinearCase ranged{f, 384, 2048, 40, false, 96, 192, 256, 200, true};
+    ranged.bf16x2 = true;
+    ranged.split_k = true;
+    run_linear(ranged, seed += 3);
   }
 }
 

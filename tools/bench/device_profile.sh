@@ -15,16 +15,53 @@ NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems
 CKPT=${DSINFER_PROFILE_CKPT:-/tmp/flash4}
 [ -f "$CKPT/config.json" ] ||
   "$BIN/dsinfer" make-checkpoint --preset v4-flash --layers 4 --out "$CKPT" >/dev/null
+summarize() {  # CSV (nsys kernel summary or ncu gpu__time_duration) -> top-15 table on stdout
+  python3 - "$1" "$2" <<'PY'
+import csv, collections, sys
+rows = list(csv.reader(l for l in open(sys.argv[1]) if not l.startswith("=")))
+head, rows = rows[0], rows[1:]
+agg = collections.defaultdict(lambda: [0.0, 0])
+if "Total Time (ns)" in head:  # nsys
+    t, n, k = head.index("Total Time (ns)"), head.index("Instances"), head.index("Name")
+    for r in rows:
+        agg[r[k]][0] += float(r[t]); agg[r[k]][1] += int(r[n])
+else:  # ncu: one row per kernel and metric
+    k, u, v = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+    scale = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}
+    for r in rows:
+        if len(r) > v and r[u] in scale:
+            agg[r[k]][0] += float(r[v].replace(",", "")) * scale[r[u]]; agg[r[k]][1] += 1
+total = sum(a[0] for a in agg.values()) or 1.0
+launches = sum(a[1] for a in agg.values())
+print(f"[profile] {sys.argv[2]}: {total / 1e6:.3f} ms of kernels in {launches} launches")
+for name, (ns, n) in sorted(agg.items(), key=lambda kv: -kv[1][0])[:15]:
+    name = name.replace("(anonymous namespace)::", "").replace("dsinfer::", "")[:90]
+    print(f"  {ns / 1e6:9.3f} ms {100 * ns / total:5.1f}%  x{n:>6}  {name}")
+PY
+}
 if [ -z "$NSYS" ]; then
-  # ncu replays each kernel (slow): one decode step at batch 1 only, kernel durations as CSV.
+  # ncu replays each kernel (slow, and without clock control short kernels read long): one
+  # timed run per kind, every kernel's duration as CSV.
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { echo "[profile] neither nsys nor ncu found" >&2; exit 2; }
-  echo "[profile] nsys not found: ncu, one decode step at batch 1" >&2
-  "$NCU" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
-    "$BIN/dsinfer" bench --model "$CKPT" --no-ceilings --prefill 128 --decode-batch 1 \
-    --context 8192 --decode-steps 1 --repeats 1 --profile-range decode \
-    >"$OUTDIR/ncu_decode1.csv" 2>"$OUTDIR/ncu_decode1.err"
-  exit $?
+  echo "[profile] nsys not found: ncu" >&2
+  for kind in ${DSINFER_PROFILE_KINDS:-decode1 decode64 prefill}; do
+    case $kind in
+      prefill) args=(--prefill 8192 --decode-batch 1 --context 256 --decode-steps 1
+                     --profile-range prefill) ;;
+      decode1) args=(--prefill 128 --decode-batch 1 --context 8192 --decode-steps 1
+                     --profile-range decode) ;;
+      decode64) args=(--prefill 128 --decode-batch 64 --context 8192 --decode-steps 1
+                      --profile-range decode) ;;
+    esac
+    "$NCU" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+      "$BIN/dsinfer" bench --model "$CKPT" --no-ceilings --repeats 1 "${args[@]}" \
+      >"$OUTDIR/ncu_$kind.csv" 2>"$OUTDIR/ncu_$kind.err" ||
+      { echo "[profile] $kind failed:"; tail -5 "$OUTDIR/ncu_$kind.err"; continue; }
+    grep -E '^"' "$OUTDIR/ncu_$kind.csv" >"$OUTDIR/kern_$kind.csv"
+    summarize "$OUTDIR/kern_$kind.csv" "$kind"
+  done
+  exit 0
 fi
 for kind in prefill decode1 decode64; do
   case $kind in
@@ -43,14 +80,5 @@ for kind in prefill decode1 decode64; do
     --output "/tmp/dsi_$kind" "/tmp/dsi_$kind.nsys-rep" >/dev/null 2>&1
   cp "/tmp/dsi_${kind}_cuda_gpu_kern_sum.csv" "$OUTDIR/kern_$kind.csv" 2>/dev/null ||
     { echo "[profile] $kind: no kernel summary"; continue; }
-  python3 - "$OUTDIR/kern_$kind.csv" "$kind" <<'PY'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-total = sum(float(r["Total Time (ns)"]) for r in rows)
-print(f"[profile] {sys.argv[2]}: {total / 1e6:.3f} ms of kernels in the captured range")
-for r in sorted(rows, key=lambda r: -float(r["Total Time (ns)"]))[:15]:
-    name = r["Name"].replace("(anonymous namespace)::", "").replace("dsinfer::", "")[:90]
-    print(f"  {float(r['Total Time (ns)']) / 1e6:9.3f} ms {100 * float(r['Total Time (ns)']) / total:5.1f}%"
-          f"  x{r['Instances']:>6}  {name}")
-PY
+  summarize "$OUTDIR/kern_$kind.csv" "$kind"
 done

@@ -296,6 +296,9 @@ Status CudaModel::launch_attention(const DAttention& w,
     p.group_x = group_in;
     p.group_y = olr;
     p.wgmma = lin().wgmma;
+    p.scratch_floats = p.wgmma ? cuda::bf16x2_linear_scratch_floats(p.w, olr, n, groups) : 0;
+    if (p.scratch_floats > 0)
+      DSI_RETURN_IF_ERROR(ws_->get(&p.scratch, p.scratch_floats));
     DSI_RETURN_IF_ERROR(cuda::launch_bf16x2_linear(p, s));
     return linear(lin(), w.wo_b, z, n, f, q8, s);
   }

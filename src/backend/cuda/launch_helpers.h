@@ -111,6 +111,9 @@ inline Status linear(const LinearCtx& ctx,
     p.y = y;
     p.accumulate = accumulate;
     p.wgmma = ctx.wgmma;
+    p.scratch_floats = ctx.wgmma ? cuda::bf16x2_linear_scratch_floats(w, w.rows, n, 1) : 0;
+    if (p.scratch_floats > 0)
+      DSI_RETURN_IF_ERROR(ws->get(&p.scratch, p.scratch_floats));
     return cuda::launch_bf16x2_linear(p, s);
   }
   cuda::LinearParams p;

@@ -36,6 +36,7 @@ constexpr int64_t kMaxGridY = 65535;
 // ---- sink attention ----------------------------------------------------------------------------
 
 constexpr int kTk = 32;       // keys per tile
+constexpr int kStage = 8;     // independent loads in flight per thread while staging q and keys
 constexpr int kSx = kTk + 8;  // row stride (floats) of the partial-score exchange buffer
 
 __host__ __device__ constexpr int attn_sd(int dim) {
@@ -69,6 +70,7 @@ __global__ void __launch_bounds__(256, 1)
   __nv_bfloat16* kl = kh + kTk * SD;
   float* sx = reinterpret_cast<float*>(kl + kTk * SD);  // [2][rows][kSx]
   int* valid = reinterpret_cast<int*>(sx + 2 * rows * kSx);
+  __shared__ const float* krow[kTk];
   const int nthreads = blockDim.x;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -82,12 +84,27 @@ __global__ void __launch_bounds__(256, 1)
   const int64_t heads = p.heads;
   for (int64_t qi = blockIdx.y; qi < p.nq; qi += gridDim.y) {
     const float* q = p.q + qi * heads * D;
-    for (int i = threadIdx.x; i < rows * HALF; i += nthreads) {
-      const int r = i / HALF;
-      const int c = (i % HALF) * 2;
-      const float2 v = r < heads ? *reinterpret_cast<const float2*>(q + r * D + c)
-                                 : make_float2(0.0f, 0.0f);  // q rows: D floats, 8-byte aligned
-      store_pair(qh + r * SD + c, ql + r * SD + c, v.x, v.y);
+    // Staged kStage loads at a time per thread: a loop of one load then one shared store would
+    // wait a full memory round trip per element.
+    for (int i0 = threadIdx.x; i0 < rows * HALF; i0 += nthreads * kStage) {
+      float2 v[kStage];
+#pragma unroll
+      for (int u = 0; u < kStage; ++u) {
+        const int i = i0 + u * nthreads;
+        const int r = i / HALF;
+        const int c = (i % HALF) * 2;
+        v[u] = i < rows * HALF && r < heads ? *reinterpret_cast<const float2*>(q + r * D + c)
+                                            : make_float2(0.0f, 0.0f);  // rows 8-byte aligned
+      }
+#pragma unroll
+      for (int u = 0; u < kStage; ++u) {
+        const int i = i0 + u * nthreads;
+        if (i < rows * HALF) {
+          const int r = i / HALF;
+          const int c = (i % HALF) * 2;
+          store_pair(qh + r * SD + c, ql + r * SD + c, v[u].x, v[u].y);
+        }
+      }
     }
     const int64_t kb = p.key_begin[qi];
     const int64_t ke = p.key_begin[qi + 1];
@@ -108,20 +125,38 @@ __global__ void __launch_bounds__(256, 1)
     for (int64_t tile = t0; tile < t1; ++tile) {
       __syncthreads();  // q stored / the previous tile's readers are done
       const int64_t base = kb + tile * kTk;
-      for (int i = threadIdx.x; i < kTk * HALF; i += nthreads) {
-        const int j = i / HALF;
-        const int c = (i % HALF) * 2;
-        const int64_t idx = base + j;
+      // The tile's key rows resolved once (one thread per key), then their values staged with
+      // kStage independent loads in flight per thread.
+      if (threadIdx.x < kTk) {
+        const int64_t idx = base + threadIdx.x;
         const float* kp = idx < ke ? kv_ref_ptr(p.pool, p.local, p.key_refs[idx]) : nullptr;
-        float2 v = make_float2(0.0f, 0.0f);
-        if (kp != nullptr) {
-          v = (reinterpret_cast<uintptr_t>(kp) & 7u) == 0
-                  ? *reinterpret_cast<const float2*>(kp + c)
-                  : make_float2(kp[c], kp[c + 1]);  // rows need not be 8-byte aligned
+        krow[threadIdx.x] = kp;
+        valid[threadIdx.x] = kp != nullptr;
+      }
+      __syncthreads();
+      for (int i0 = threadIdx.x; i0 < kTk * HALF; i0 += nthreads * kStage) {
+        float2 v[kStage];
+#pragma unroll
+        for (int u = 0; u < kStage; ++u) {
+          const int i = i0 + u * nthreads;
+          const float* kp = i < kTk * HALF ? krow[i / HALF] : nullptr;
+          const int c = (i % HALF) * 2;
+          v[u] = make_float2(0.0f, 0.0f);
+          if (kp != nullptr) {
+            v[u] = (reinterpret_cast<uintptr_t>(kp) & 7u) == 0
+                       ? *reinterpret_cast<const float2*>(kp + c)
+                       : make_float2(kp[c], kp[c + 1]);  // rows need not be 8-byte aligned
+          }
         }
-        store_pair(kh + j * SD + c, kl + j * SD + c, v.x, v.y);
-        if (c == 0)
-          valid[j] = kp != nullptr;
+#pragma unroll
+        for (int u = 0; u < kStage; ++u) {
+          const int i = i0 + u * nthreads;
+          if (i < kTk * HALF) {
+            const int j = i / HALF;
+            const int c = (i % HALF) * 2;
+            store_pair(kh + j * SD + c, kl + j * SD + c, v[u].x, v[u].y);
+          }
+        }
       }
       __syncthreads();
       // Partial q.k over this warp's half of the dims.

@@ -81,6 +81,12 @@ struct DenseArgs {
   // g * group_x_bytes of each row, y from column g * group_y of each row.
   int64_t group_x_bytes = 0;
   int64_t group_y = 0;
+  // Split-K: blockIdx.z = group * splits + split; split s covers K chunks [s * split_chunks, +
+  // split_chunks) and writes its partial to part[s][token][group * rows + row], which
+  // dense_split_reduce_kernel sums in split order into y.
+  int splits = 1;
+  int64_t split_chunks = 0;
+  float* part = nullptr;
 };
 
 template <class C, WFmt F, AMode A>
@@ -89,7 +95,8 @@ __global__ void __launch_bounds__(C::kThreads) dense_kernel(DenseArgs p) {
   __shared__ int32_t xrow[C::BN];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * C::BM;
   const int64_t ldy = p.ldy > 0 ? p.ldy : p.rows;
-  const int64_t g = blockIdx.z;
+  const int64_t g = blockIdx.z / p.splits;
+  const int64_t split = blockIdx.z % p.splits;
   const int64_t row_begin = p.row_begin + g * p.rows;
   float* const y_base = p.y + g * p.group_y;
   for (int64_t t0 = static_cast<int64_t>(blockIdx.y) * C::BN; t0 < p.n;
@@ -110,6 +117,11 @@ __global__ void __launch_bounds__(C::kThreads) dense_kernel(DenseArgs p) {
     io.xs = p.xs ? p.xs + g * p.group_x_bytes / 128 : nullptr;
     io.x_row_bytes = p.x_row_bytes;
     io.k = p.w.cols;
+    if (p.splits > 1) {
+      io.kc0 = split * p.split_chunks;
+      io.w_cols = p.w.cols;
+      io.k = min(p.split_chunks * mma::kChunkK<A>, p.w.cols - io.kc0 * mma::kChunkK<A>);
+    }
     const float* red = mma::tile_mma<C, F, A>(io, smem);
     for (int idx = threadIdx.x; idx < C::BM * C::BN; idx += C::kThreads) {
       const int j = idx / C::BM;
@@ -118,11 +130,33 @@ __global__ void __launch_bounds__(C::kThreads) dense_kernel(DenseArgs p) {
       const int64_t r = r0 + i;
       if (t < p.n && r < p.rows) {
         const float v = red[j * C::BM + i];
-        float* y = y_base + t * ldy + r;
-        *y = p.accumulate ? *y + v : v;
+        if (p.splits > 1) {
+          const int64_t width = gridDim.z / p.splits * p.rows;
+          p.part[(split * p.n + t) * width + g * p.rows + r] = v;
+        } else {
+          float* y = y_base + t * ldy + r;
+          *y = p.accumulate ? *y + v : v;
+        }
       }
     }
     __syncthreads();
+  }
+}
+
+// y[t, g * group_y + r] (+)= the splits' partials of (t, g, r) summed in split order.
+__global__ void dense_split_reduce_kernel(DenseArgs p, int64_t groups) {
+  const int64_t width = groups * p.rows;
+  const int64_t total = p.n * width;
+  const int64_t ldy = p.ldy > 0 ? p.ldy : p.rows;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / width;
+    const int64_t g = (i % width) / p.rows;
+    const int64_t r = i % p.rows;
+    float v = p.part[i];
+    for (int s = 1; s < p.splits; ++s) v += p.part[s * total + i];
+    float* y = p.y + g * p.group_y + t * ldy + r;
+    *y = p.accumulate ? *y + v : v;
   }
 }
 
@@ -304,18 +338,84 @@ Status launch_dense(const DenseArgs& p, int64_t groups, cudaStream_t s) {
   DSI_RETURN_IF_ERROR((prepare<kernel, kSmem>()));
   const dim3 grid(static_cast<unsigned>(ceil_div(p.rows, C::BM)),
                   static_cast<unsigned>(std::min(ceil_div(p.n, C::BN), kMaxGridY)),
-                  static_cast<unsigned>(groups));
+                  static_cast<unsigned>(groups * p.splits));
   kernel<<<grid, C::kThreads, kSmem, s>>>(p);
-  return launched("tensor-core linear launch");
+  DSI_RETURN_IF_ERROR(launched("tensor-core linear launch"));
+  if (p.splits > 1) {
+    const int64_t total = p.n * groups * p.rows;
+    dense_split_reduce_kernel<<<static_cast<unsigned>(
+                                    std::min<int64_t>(ceil_div(total, 256), 4096)),
+                                256,
+                                0,
+                                s>>>(p, groups);
+    DSI_RETURN_IF_ERROR(launched("tensor-core linear split reduce launch"));
+  }
+  return Status();
 }
 
+// Split-K plan of a dense launch on tile C: when its tiles cannot fill the GPU (small weights at
+// decode batches: the router, the compressors, wo_a), K is cut into splits of at least 4 chunks
+// so that about two waves of blocks run. Returns the splits (1: none) and their chunk count.
+template <class C, AMode A>
+int dense_split_plan(int64_t rows, int64_t n, int64_t groups, int64_t k, int64_t* split_chunks) {
+  static const int64_t sms = [] {
+    int dev = 0, count = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return int64_t{132};
+    return static_cast<int64_t>(count);
+  }();
+  const int64_t blocks = ceil_div(rows, C::BM) * ceil_div(n, C::BN) * groups;
+  const int64_t chunks = ceil_div(k, mma::kChunkK<A>);
+  const int64_t want = std::min(ceil_div(2 * sms, std::max<int64_t>(blocks, 1)), chunks / 4);
+  *split_chunks = chunks;
+  if (want < 2)
+    return 1;
+  *split_chunks = ceil_div(chunks, want);
+  return static_cast<int>(ceil_div(chunks, *split_chunks));
+}
+
+// Calls f.template operator()<C>() with the tile config launch_dense_shape uses for n tokens.
+template <class Fn>
+auto with_dense_cfg(int64_t n, Fn&& f) {
+  if (n <= CfgDecode::BN)
+    return f.template operator()<CfgDecode>();
+  if (n <= CfgMedium::BN)
+    return f.template operator()<CfgMedium>();
+  return f.template operator()<CfgPrefill>();
+}
+
+// Scratch floats the split plan of (rows, n, groups, k) needs (0: no split).
+template <AMode A>
+int64_t dense_split_floats(int64_t rows, int64_t n, int64_t groups, int64_t k) {
+  return with_dense_cfg(n, [&]<class C>() {
+    int64_t chunks = 0;
+    const int splits = dense_split_plan<C, A>(rows, n, groups, k, &chunks);
+    return splits > 1 ? splits * n * groups * rows : int64_t{0};
+  });
+}
+
+// With scratch (split_floats > 0 allowed), launches split-K where the plan asks for it and the
+// scratch holds it.
 template <WFmt F, AMode A>
-Status launch_dense_shape(const DenseArgs& p, cudaStream_t s, int64_t groups = 1) {
-  if (p.n <= CfgDecode::BN)
-    return launch_dense<CfgDecode, F, A>(p, groups, s);
-  if (p.n <= CfgMedium::BN)
-    return launch_dense<CfgMedium, F, A>(p, groups, s);
-  return launch_dense<CfgPrefill, F, A>(p, groups, s);
+Status launch_dense_shape(const DenseArgs& p,
+                          cudaStream_t s,
+                          int64_t groups = 1,
+                          float* scratch = nullptr,
+                          int64_t scratch_floats = 0) {
+  return with_dense_cfg(p.n, [&]<class C>() {
+    DenseArgs q = p;
+    if (scratch != nullptr) {
+      int64_t chunks = 0;
+      const int splits = dense_split_plan<C, A>(p.rows, p.n, groups, p.w.cols, &chunks);
+      if (splits > 1 && splits * p.n * groups * p.rows <= scratch_floats) {
+        q.splits = splits;
+        q.split_chunks = chunks;
+        q.part = scratch;
+      }
+    }
+    return launch_dense<C, F, A>(q, groups, s);
+  });
 }
 
 template <class C, WFmt F>
@@ -553,6 +653,12 @@ bool bf16x2_linear_uses_wgmma(const Bf16x2LinearParams& p) {
 #endif
 }
 
+int64_t bf16x2_linear_scratch_floats(const MatrixRef& w, int64_t rows, int64_t n, int64_t groups) {
+  if (n <= 0 || rows <= 0 || groups <= 0)
+    return 0;
+  return dense_split_floats<AMode::kBf16x2>(rows, n, groups, w.cols);
+}
+
 Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream) {
   Bf16x2LinearParams q = p;
   if (q.rows < 0)
@@ -596,9 +702,13 @@ Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream) {
   d.accumulate = q.accumulate;
   d.group_x_bytes = q.group_x * 2;
   d.group_y = q.group_y;
-  if (q.w.format == WeightFormat::kFp8Block128)
-    return launch_dense_shape<WFmt::kFp8, AMode::kBf16x2>(d, stream, q.groups);
-  return launch_dense_shape<WFmt::kBf16, AMode::kBf16x2>(d, stream, q.groups);
+  float* scratch = q.wgmma ? q.scratch : nullptr;  // split-K changes the order: not invariant
+  if (q.w.format == WeightFormat::kFp8Block128) {
+    return launch_dense_shape<WFmt::kFp8, AMode::kBf16x2>(
+        d, stream, q.groups, scratch, q.scratch_floats);
+  }
+  return launch_dense_shape<WFmt::kBf16, AMode::kBf16x2>(
+      d, stream, q.groups, scratch, q.scratch_floats);
 }
 
 Status launch_fp8_expert_ffn(const Fp8ExpertFfnParams& p, cudaStream_t stream) {
@@ -616,7 +726,8 @@ Status launch_fp8_expert_ffn(const Fp8ExpertFfnParams& p, cudaStream_t stream) {
       !p.x.scales)
     return null_pointer("fp8_expert_ffn");
   if (p.gemv && expert_gemv_supports(p.hidden, p.inter) &&
-      ceil_div(p.num_pairs, p.expert_begin ? p.n_experts : 1) <= kExpertGemvTokens)
+      (p.expert_begin ? ceil_div(p.num_pairs, p.n_experts) <= kExpertGemvTokens
+                      : p.num_pairs <= kExpertGemvSingleMaxPairs))
     return launch_expert_gemv(p, stream);
   if (p.format == WeightFormat::kMxfp4)
     return launch_experts_fmt<WFmt::kFp4>(p, stream);

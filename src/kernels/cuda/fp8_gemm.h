@@ -155,10 +155,17 @@ struct Bf16x2LinearParams {
   int64_t group_x = 0;  // elements, a multiple of 8
   int64_t group_y = 0;
   // BF16 weights, n >= kBf16Sm90MinRows, a build with CUTLASS: the wgmma path (bf16_gemm_sm90.h;
-  // another summation order than the fixed-order kernel, so off = batch invariant).
+  // another summation order than the fixed-order kernel, so off = batch invariant). Also allows
+  // split-K on the tile kernel.
   bool wgmma = true;
+  // Split-K partials (bf16x2_linear_scratch_floats): with wgmma on, a launch whose tiles cannot
+  // fill the GPU splits K and sums the splits in order in a second kernel; null: no split.
+  float* scratch = nullptr;
+  int64_t scratch_floats = 0;
 };
 Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream);
+// Scratch floats launch_bf16x2_linear may use for `rows` output rows per group over w (0: none).
+int64_t bf16x2_linear_scratch_floats(const MatrixRef& w, int64_t rows, int64_t n, int64_t groups);
 inline constexpr int64_t kBf16Sm90MinRows = 128;
 // Whether launch_bf16x2_linear(p) takes the wgmma path.
 bool bf16x2_linear_uses_wgmma(const Bf16x2LinearParams& p);

@@ -89,7 +89,11 @@ struct TileIo {
   const uint8_t* xb = nullptr;
   const float* xs = nullptr;
   int64_t x_row_bytes = 0;
-  int64_t k = 0;  // K in values
+  int64_t k = 0;  // K in values (of this slice)
+  // A K slice (split-K): the tile covers K values [kc0 * kChunkK, + k) of rows `w_cols` long;
+  // kc0 = 0 and w_cols = 0 (= k) for the whole row.
+  int64_t kc0 = 0;
+  int64_t w_cols = 0;
 };
 
 // Byte offset of 16-byte unit c (0..7) of row r in a [rows][128] swizzled chunk.
@@ -183,7 +187,10 @@ __device__ __forceinline__ void load_stage(const TileIo& io, uint8_t* st, int it
   // Weights: per row and chunk, 8 (128 bytes) or 4 (packed, 64 bytes) 16-byte units.
   constexpr bool kPacked = kConvert<F, A>;
   constexpr int kUnits = kPacked ? 4 : 8;
-  const int64_t row_bytes = F == WFmt::kFp4 ? io.k / 2 : (F == WFmt::kBf16 ? io.k * 2 : io.k);
+  auto wbytes = [](int64_t k) { return F == WFmt::kFp4 ? k / 2 : (F == WFmt::kBf16 ? k * 2 : k); };
+  const int64_t row_stride = wbytes(io.w_cols > 0 ? io.w_cols : io.k);
+  const int64_t row_bytes = wbytes(io.k);  // of the slice
+  const int64_t w_skip = wbytes(io.kc0 * kChunkK<A>);
   for (int idx = tid; idx < C::BM * C::WK * kUnits; idx += C::kThreads) {
     const int u = idx % kUnits;
     const int wk = (idx / kUnits) % C::WK;
@@ -197,7 +204,7 @@ __device__ __forceinline__ void load_stage(const TileIo& io, uint8_t* st, int it
     const uint8_t* src = static_cast<const uint8_t*>(io.wa.data);
     if (gr < gend && kb < row_bytes) {
       bytes = row_bytes - kb < 16 ? static_cast<int>(row_bytes - kb) : 16;
-      src = static_cast<const uint8_t*>(w.data) + gr * row_bytes + kb;
+      src = static_cast<const uint8_t*>(w.data) + gr * row_stride + w_skip + kb;
     }
     uint8_t* dst = kPacked ? st + (wk * C::BM + r) * (kChunk / 2) + u * 16
                            : st + wk * C::BM * kChunk + swz(r, u);
@@ -206,7 +213,8 @@ __device__ __forceinline__ void load_stage(const TileIo& io, uint8_t* st, int it
   uint8_t* xt = st + C::template w_stage_bytes<F, A>();
   constexpr int kTiles = A == AMode::kBf16x2 ? 2 : 1;
   // Only the chunks that hold K (a row may continue with other columns, e.g. the next wo_a group).
-  const int64_t x_end = min(io.x_row_bytes, (io.k + kChunkK<A> - 1) / kChunkK<A> * kChunk);
+  const int64_t x_skip = io.kc0 * kChunk;
+  const int64_t x_end = min(io.x_row_bytes - x_skip, (io.k + kChunkK<A> - 1) / kChunkK<A> * kChunk);
   for (int idx = tid; idx < kTiles * C::BN * C::WK * 8; idx += C::kThreads) {
     const int u = idx % 8;
     const int wk = (idx / 8) % C::WK;
@@ -219,7 +227,7 @@ __device__ __forceinline__ void load_stage(const TileIo& io, uint8_t* st, int it
     const uint8_t* src = io.xa;
     if (xr >= 0 && kb < x_end) {
       bytes = 16;
-      src = base + static_cast<int64_t>(xr) * io.x_row_bytes + kb;
+      src = base + static_cast<int64_t>(xr) * io.x_row_bytes + x_skip + kb;
     }
     cp_async16(xt + tile * C::kXBytes + wk * C::BN * kChunk + swz(j, u), src, bytes);
   }
@@ -365,7 +373,7 @@ __device__ float* tile_mma(const TileIo& io, uint8_t* smem) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if constexpr (A == AMode::kE4m3)
-            sx[j][h] = xrow[j][h] >= 0 ? io.xs[xrow[j][h] * sblocks + chunk] : 0.0f;
+            sx[j][h] = xrow[j][h] >= 0 ? io.xs[xrow[j][h] * sblocks + io.kc0 + chunk] : 0.0f;
           else
             sx[j][h] = 1.0f;
         }
@@ -374,7 +382,8 @@ __device__ float* tile_mma(const TileIo& io, uint8_t* smem) {
 #pragma unroll
         for (int i = 0; i < C::MT; ++i)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) sw[i][h] = weight_scale<F>(srow[i][h], s_f32, chunk * kCk);
+          for (int h = 0; h < 2; ++h)
+            sw[i][h] = weight_scale<F>(srow[i][h], s_f32, (io.kc0 + chunk) * kCk);
       }
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -400,7 +409,8 @@ __device__ float* tile_mma(const TileIo& io, uint8_t* smem) {
 #pragma unroll
           for (int i = 0; i < C::MT; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) sw[i][h] = weight_scale<F>(srow[i][h], s_f32, kpos);
+            for (int h = 0; h < 2; ++h)
+              sw[i][h] = weight_scale<F>(srow[i][h], s_f32, io.kc0 * kCk + kpos);
         }
 #pragma unroll
         for (int i = 0; i < C::MT; ++i)

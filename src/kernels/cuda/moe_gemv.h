@@ -27,6 +27,10 @@ namespace dsinfer::cuda {
 
 // Pairs per expert the GEMV path is meant for (an expert with more runs one tile per 8 pairs).
 inline constexpr int64_t kExpertGemvTokens = 8;
+// A single expert (the shared one, no expert_begin) takes the GEMVs up to this many pairs: its
+// 8-pair tiles re-read its weights, from L2 (V4-Flash's shared expert is 25 MB), which still beats
+// the tile kernels at decode batches.
+inline constexpr int64_t kExpertGemvSingleMaxPairs = 64;
 
 // Shapes the GEMV kernels take: hidden and inter multiples of 128.
 bool expert_gemv_supports(int64_t hidden, int64_t inter);
