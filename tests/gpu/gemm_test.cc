@@ -418,6 +418,11 @@ TEST_F(GpuTest, Bf16x2WgmmaLinearMatchesCpu) {
   ranged.bf16x2 = true;
   ranged.wgmma = true;
   run_linear(ranged, seed += 3);
+  // An LM-head-sized weight takes the path from kBf16Sm90WideMinRows rows.
+  LinearCase wide{Fmt::kBF16, kBf16Sm90WideMinWeightRows + 40, 128, kBf16Sm90WideMinRows, false};
+  wide.bf16x2 = true;
+  wide.wgmma = true;
+  run_linear(wide, seed += 3);
   if (!small) {
     for (auto [rows, cols, n] :
          {std::tuple<int64_t, int64_t, int64_t>{256, 4096, 1000}, {1024, 4096, 300}}) {

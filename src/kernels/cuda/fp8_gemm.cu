@@ -645,8 +645,13 @@ Bf16GemmSm90Args bf16_sm90_args(const Bf16x2LinearParams& q) {
 
 bool bf16x2_linear_uses_wgmma(const Bf16x2LinearParams& p) {
 #if DSINFER_HAVE_CUTLASS
-  return p.wgmma && p.n >= kBf16Sm90MinRows && p.w.format == WeightFormat::kFloat &&
-         p.w.dtype == DType::kBF16 && bf16_gemm_sm90_supports(bf16_sm90_args(p));
+  // From kBf16Sm90MinRows rows; from kBf16Sm90WideMinRows when the weight alone gives the
+  // 128-row tiles enough blocks (the LM head at decode batches).
+  const int64_t rows = p.rows < 0 ? p.w.rows - p.row_begin : p.rows;
+  const bool enough = p.n >= kBf16Sm90MinRows || (p.n >= kBf16Sm90WideMinRows &&
+                                                  rows * p.groups >= kBf16Sm90WideMinWeightRows);
+  return p.wgmma && enough && p.w.format == WeightFormat::kFloat && p.w.dtype == DType::kBF16 &&
+         bf16_gemm_sm90_supports(bf16_sm90_args(p));
 #else
   (void)p;
   return false;
