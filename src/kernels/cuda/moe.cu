@@ -376,8 +376,11 @@ Status launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
     return Status();
   if (!p.out || (p.k > 0 && (!p.y || !p.pair_pos || !p.expert_ids)))
     return null_pointer("moe_combine");
-  const dim3 grid(static_cast<unsigned>(std::min(p.n, kMaxGrid)),
-                  static_cast<unsigned>(std::min<int64_t>(ceil_div(p.hidden, 256), 32)));
+  // Column slices (blockIdx.y) only while the tokens alone give too few blocks: every slice
+  // re-sorts its token's slots, which dominated prefill-sized combines.
+  const int64_t slices =
+      std::clamp<int64_t>(2048 / p.n, 1, std::min<int64_t>(ceil_div(p.hidden, 256), 32));
+  const dim3 grid(static_cast<unsigned>(std::min(p.n, kMaxGrid)), static_cast<unsigned>(slices));
   moe_combine_kernel<<<grid, 256, 0, stream>>>(p);
   return launched("moe_combine launch");
 }
