@@ -67,6 +67,8 @@ struct SamplerScratch {
   std::vector<int32_t> idx;
   std::vector<double> p;
   std::vector<float> raw;
+  std::vector<uint32_t> keys;
+  std::vector<uint32_t> tmp_keys;
 };
 
 // Samples one token from `logits` (modified in place as scratch). The RNG draw is
@@ -86,6 +88,15 @@ SampleResult sample(std::span<float> logits,
                     uint64_t step,
                     SamplerScratch& scratch,
                     std::span<const uint32_t> allowed = {});
+// The same with the first implementation's full sort of the vocabulary (O(V log V)); `sample`
+// chooses the same token and reports the same logprobs without it. Kept as the reference for
+// tests and benchmarks.
+SampleResult sample_full_sort(std::span<float> logits,
+                              const SamplingConfig& c,
+                              const PenaltyState& pen,
+                              uint64_t step,
+                              SamplerScratch& scratch,
+                              std::span<const uint32_t> allowed = {});
 // Sets every logit whose token `allowed` excludes (and every one past the mask) to -infinity.
 // Returns false, changing nothing, when the mask allows no token of `logits`.
 bool apply_token_mask(std::span<float> logits, std::span<const uint32_t> allowed);
