@@ -222,6 +222,9 @@ int32_t pick_fast(std::span<const float> logits,
   while (keep > 1 && prob(keep - 1) == 0.0) --keep;
   double total = 0.0;
   for (int64_t i = 0; i < keep; ++i) total += prob(i);
+  scratch.last_sum = sum;
+  scratch.last_keep = keep;
+  scratch.last_total = total;
   const double u = uniform_from(c.seed, step) * total;
   double acc = 0.0;
   int64_t pos = keep - 1;
@@ -287,6 +290,9 @@ int32_t pick_full_sort(std::span<const float> logits,
   while (keep > 1 && p[keep - 1] == 0.0) --keep;
   double total = 0.0;
   for (int64_t i = 0; i < keep; ++i) total += p[i];
+  scratch.last_sum = sum;
+  scratch.last_keep = keep;
+  scratch.last_total = total;
   const double u = uniform_from(c.seed, step) * total;
   double acc = 0.0;
   for (int64_t i = 0; i < keep; ++i) {

@@ -69,6 +69,11 @@ struct SamplerScratch {
   std::vector<float> raw;
   std::vector<uint32_t> keys;
   std::vector<uint32_t> tmp_keys;
+  // What the last sampled (not greedy) pick computed, for tests comparing implementations: the
+  // softmax normaliser, the kept prefix's length and its mass.
+  double last_sum = 0.0;
+  int64_t last_keep = 0;
+  double last_total = 0.0;
 };
 
 // Samples one token from `logits` (modified in place as scratch). The RNG draw is
