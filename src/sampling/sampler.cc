@@ -155,10 +155,9 @@ void sorted_keys(std::span<const float> logits,
   keys.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) keys[i] = desc_key(logits[i]);
   if (n * 16 < static_cast<int64_t>(keys.size())) {
-    // Few candidates (top-k): select them, then sort only those.
-    std::nth_element(keys.begin(), keys.begin() + (n - 1), keys.end());
+    // Few candidates (top-k): a heap of the n best, the rest compared with its top.
+    std::partial_sort(keys.begin(), keys.begin() + n, keys.end());
     keys.resize(static_cast<size_t>(n));
-    std::sort(keys.begin(), keys.end());
     return;
   }
   radix_sort(keys, tmp);
