@@ -119,8 +119,8 @@ __device__ int32_t first_max(const float* work, int64_t vocab, float* fscratch, 
 
 // The per-request frame both kernels share (one block per request): the request's logits row
 // and workspace, the raw log-sum-exp for the logprob (only for requests that want it: a double
-// exp over the whole row), the mask and penalties into work (at work_offset), greedy;
-// `pick(c, work, ws)` chooses the token otherwise.
+// exp over the whole row), the mask and penalties into work (at work_offset; requests with
+// neither read their row in place), greedy; `pick(c, work, ws)` chooses the token otherwise.
 template <typename Smem, typename Pick>
 __device__ void for_each_request(const SampleParams& p, Smem& sm, Pick&& pick) {
   const int64_t vocab = p.vocab;
@@ -132,10 +132,15 @@ __device__ void for_each_request(const SampleParams& p, Smem& sm, Pick&& pick) {
     float* work = reinterpret_cast<float*>(ws + work_offset(vocab, p.full_sort));
     const bool want_logprob = p.out_logprobs != nullptr && c.logprobs;
     const double lse = want_logprob ? raw_log_sum_exp(raw, vocab, sm.fscratch, sm.dscratch) : 0.0;
-    prepare_work(p, r, c, raw, work);
+    // Without a mask or penalties the row itself is the work row (no copy).
+    const bool rewrite = c.mask_row >= 0 || (p.penalty_begin != nullptr &&
+                                             p.penalty_begin[r + 1] > p.penalty_begin[r]);
+    if (rewrite)
+      prepare_work(p, r, c, raw, work);
+    const float* src = rewrite ? work : raw;
     const int32_t chosen = (c.temperature == 0.0f || c.top_k == 1)
-                               ? first_max(work, vocab, sm.fscratch, &sm.best_idx)
-                               : pick(c, work, ws);
+                               ? first_max(src, vocab, sm.fscratch, &sm.best_idx)
+                               : pick(c, src, ws);
     if (threadIdx.x == 0) {
       p.out_tokens[r] = chosen;
       if (p.out_logprobs)
@@ -186,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) sample_sort_kernel(SampleParams p) {
   __shared__ SampleSmem sm;
   const int tid = threadIdx.x;
   const int64_t vocab = p.vocab;
-  for_each_request(p, sm, [&](const SamplingRequest& c, float* work, char* ws) -> int32_t {
+  for_each_request(p, sm, [&](const SamplingRequest& c, const float* work, char* ws) -> int32_t {
     double* prob = reinterpret_cast<double*>(ws);
     uint32_t* keys[2] = {reinterpret_cast<uint32_t*>(ws + vocab * 12),
                          reinterpret_cast<uint32_t*>(ws + vocab * 16)};
@@ -580,7 +585,7 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
   __shared__ SelectSmem sm;
   const int tid = threadIdx.x;
   const int64_t vocab = p.vocab;
-  for_each_request(p, sm, [&](const SamplingRequest& c, float* work, char* ws) -> int32_t {
+  for_each_request(p, sm, [&](const SamplingRequest& c, const float* work, char* ws) -> int32_t {
     auto* mass = reinterpret_cast<unsigned long long*>(ws);
     auto* w = reinterpret_cast<double*>(ws + vocab * 8);
     auto* list = reinterpret_cast<int32_t*>(ws + vocab * 20);
