@@ -48,17 +48,50 @@ __device__ __forceinline__ uint32_t desc_key(float f) {
   return ~ord;
 }
 
+// Visits tokens [0, n) block-wide, each thread its tokens in the order of a plain stride loop
+// (t, t + blockDim, ...), loading kUnroll of them (load(t)) before using any: with one block per
+// request the passes over the vocabulary are bound by load latency, so more loads in flight.
+// body(t, value, valid) runs for every slot with valid = t < n (value unset otherwise); the trip
+// count is block-uniform, so bodies may use warp-wide intrinsics.
+constexpr int kUnroll = 4;
+
+template <typename Load, typename Body>
+__device__ __forceinline__ void for_tokens(int64_t n, Load&& load, Body&& body) {
+  using Value = decltype(load(int64_t{0}));
+  const int64_t step = blockDim.x;
+  for (int64_t base = 0; base < n; base += kUnroll * step) {
+    Value v[kUnroll] = {};
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = base + u * step + threadIdx.x;
+      if (t < n)
+        v[u] = load(t);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = base + u * step + threadIdx.x;
+      body(t, v[u], t < n);
+    }
+  }
+}
+
 // Raw log-sum-exp of a logits row (logprobs report the model's own distribution). Block-wide.
 __device__ double raw_log_sum_exp(const float* raw,
                                   int64_t vocab,
                                   float* fscratch,
                                   double* dscratch) {
+  auto load = [&](int64_t i) { return raw[i]; };
   float mx = -INFINITY;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, raw[i]);
+  for_tokens(vocab, load, [&](int64_t, float v, bool ok) {
+    if (ok)
+      mx = fmaxf(mx, v);
+  });
   mx = block_max(mx, fscratch);
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
-    s += exp(static_cast<double>(raw[i]) - mx);
+  for_tokens(vocab, load, [&](int64_t, float v, bool ok) {
+    if (ok)
+      s += exp(static_cast<double>(v) - mx);
+  });
   s = block_sum(s, dscratch);
   return log(s) + mx;
 }
@@ -69,8 +102,13 @@ __device__ void prepare_work(
     const SampleParams& p, int64_t r, const SamplingRequest& c, const float* raw, float* work) {
   const int64_t vocab = p.vocab;
   const uint32_t* mask = c.mask_row >= 0 ? p.allowed + c.mask_row * p.allowed_words : nullptr;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
-    work[i] = (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) ? -INFINITY : raw[i];
+  for_tokens(
+      vocab,
+      [&](int64_t i) { return raw[i]; },
+      [&](int64_t i, float v, bool ok) {
+        if (ok)
+          work[i] = (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) ? -INFINITY : v;
+      });
   __syncthreads();
   if (p.penalty_begin) {
     for (int64_t j = p.penalty_begin[r] + threadIdx.x; j < p.penalty_begin[r + 1];
@@ -98,13 +136,15 @@ __device__ void prepare_work(
 __device__ int32_t first_max(const float* work, int64_t vocab, float* fscratch, int* best_idx) {
   float best = -INFINITY;
   int64_t best_i = -1;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = work[i];
-    if (best_i < 0 || v > best) {
-      best = v;
-      best_i = i;
-    }
-  }
+  for_tokens(
+      vocab,
+      [&](int64_t i) { return work[i]; },
+      [&](int64_t i, float v, bool ok) {
+        if (ok && (best_i < 0 || v > best)) {
+          best = v;
+          best_i = i;
+        }
+      });
   const float mx = block_max(best, fscratch);
   if (threadIdx.x == 0)
     *best_idx = 0x7fffffff;
@@ -328,6 +368,12 @@ __device__ __forceinline__ uint64_t rank_of(float logit, int64_t id) {
   return (static_cast<uint64_t>(desc_key(logit)) << 32) | static_cast<uint64_t>(id);
 }
 
+// A token's logit and its count (1) or mass, as the descents read them.
+struct Token {
+  float logit;
+  unsigned long long mass;
+};
+
 struct SelectSmem {
   // The coarse histogram; once its crossing is found, the short list's ranks and values.
   unsigned long long buckets[kBuckets];
@@ -453,35 +499,28 @@ __device__ __forceinline__ void hist_add(unsigned long long* hist,
 // (one pass over the vocabulary) finds the bucket holding the token; the bucket's tokens are
 // listed (a second pass); then, over the list only, either every entry's cumulative value
 // directly (a short list) or radix levels over the 64-bit rank. Integer sums throughout, so the
-// result does not depend on the list's order. Block-wide; every thread gets the result.
-__device__ uint64_t select_rank(const float* work,
-                                const unsigned long long* mass,
-                                int32_t* list,
-                                int64_t vocab,
-                                const Bucketing& bk,
-                                uint64_t limit,
-                                Sel mode,
-                                unsigned long long target,
-                                double draw,
-                                SelectSmem& sm) {
+// result does not depend on the list's order. Block-wide; every thread gets the result. Not
+// inlined: three inlined copies made the kernel spill registers.
+__device__ __noinline__ uint64_t select_rank(const float* work,
+                                             const unsigned long long* mass,
+                                             int32_t* list,
+                                             int64_t vocab,
+                                             const Bucketing& bk,
+                                             uint64_t limit,
+                                             Sel mode,
+                                             unsigned long long target,
+                                             double draw,
+                                             SelectSmem& sm) {
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const bool count = mode == Sel::kCount;
   for (int i = tid; i < kBuckets; i += blockDim.x) sm.buckets[i] = 0;
   __syncthreads();
-  for (int64_t base = 0; base < vocab; base += blockDim.x) {
-    const int64_t t = base + tid;
-    int b = -1;
-    unsigned long long m = 0;
-    if (t < vocab) {
-      const float l = work[t];
-      if (rank_of(l, t) < limit) {
-        b = bucket_of(l, bk);
-        m = count ? 1ull : mass[t];
-      }
-    }
-    hist_add(sm.buckets, b, mode, m);
-  }
+  auto load = [&](int64_t t) { return Token{work[t], count ? 1ull : mass[t]}; };
+  for_tokens(vocab, load, [&](int64_t t, const Token& v, bool ok) {
+    const bool in = ok && rank_of(v.logit, t) < limit;
+    hist_add(sm.buckets, in ? bucket_of(v.logit, bk) : -1, mode, v.mass);
+  });
   __syncthreads();
   if (tid < 32)
     find_bin(sm.buckets, kBuckets, 0, mode, target, draw, sm);
@@ -495,13 +534,9 @@ __device__ uint64_t select_rank(const float* work,
   if (found < 0)
     return kNoRank;
   // The bucket's tokens (those that add to the sums), appended warp by warp.
-  for (int64_t base = 0; base < vocab; base += blockDim.x) {
-    const int64_t t = base + tid;
-    bool in = false;
-    if (t < vocab) {
-      const float l = work[t];
-      in = bucket_of(l, bk) == found && rank_of(l, t) < limit && (count || mass[t] != 0);
-    }
+  for_tokens(vocab, load, [&](int64_t t, const Token& v, bool ok) {
+    const bool in =
+        ok && v.mass != 0 && bucket_of(v.logit, bk) == found && rank_of(v.logit, t) < limit;
     const unsigned ballot = __ballot_sync(kFull, in);
     if (ballot != 0) {
       int at = 0;
@@ -511,7 +546,7 @@ __device__ uint64_t select_rank(const float* work,
       if (in)
         list[at + __popc(ballot & ((1u << lane) - 1u))] = static_cast<int32_t>(t);
     }
-  }
+  });
   __syncthreads();
   const int len = sm.list_len;
   if (len <= static_cast<int>(blockDim.x)) {
@@ -574,6 +609,12 @@ __device__ uint64_t select_rank(const float* work,
   return prefix;
 }
 
+// A token's logit and its weight (the kept-tail pass).
+struct Weighted {
+  float logit;
+  double weight;
+};
+
 // exp(l / T - m) as the host computes it (double).
 __device__ __forceinline__ double weight(float l, double inv_t, double m) {
   return exp(static_cast<double>(l) * inv_t - m);
@@ -583,20 +624,21 @@ __device__ __forceinline__ double weight(float l, double inv_t, double m) {
 // the descents' list (int32), each [vocab].
 __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams p) {
   __shared__ SelectSmem sm;
-  const int tid = threadIdx.x;
   const int64_t vocab = p.vocab;
   for_each_request(p, sm, [&](const SamplingRequest& c, const float* work, char* ws) -> int32_t {
     auto* mass = reinterpret_cast<unsigned long long*>(ws);
     auto* w = reinterpret_cast<double*>(ws + vocab * 8);
     auto* list = reinterpret_cast<int32_t*>(ws + vocab * 20);
     // The row's maximum (the first candidate's logit) and smallest finite logit: the buckets.
+    auto load_logit = [&](int64_t t) { return work[t]; };
     float mx = -INFINITY, mn = INFINITY;
-    for (int64_t t = tid; t < vocab; t += blockDim.x) {
-      const float v = work[t];
+    for_tokens(vocab, load_logit, [&](int64_t, float v, bool ok) {
+      if (!ok)
+        return;
       mx = fmaxf(mx, v);
       if (isfinite(v))
         mn = fminf(mn, v);
-    }
+    });
     mx = block_max(mx, sm.fscratch);
     mn = -block_max(-mn, sm.fscratch);
     const float range = __fsub_rn(mx, mn);
@@ -624,18 +666,28 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
     const double inv_t = 1.0 / c.temperature;
     const double m = static_cast<double>(mx) * inv_t;
     double sum = 0.0;
-    for (int64_t t = tid; t < vocab; t += blockDim.x) {
+    for_tokens(vocab, load_logit, [&](int64_t t, float l, bool ok) {
+      if (!ok)
+        return;
       double wt = 0.0;
-      if (rank_of(work[t], t) < limit) {
-        wt = weight(work[t], inv_t, m);
+      if (rank_of(l, t) < limit) {
+        wt = weight(l, inv_t, m);
         sum += wt;
       }
       w[t] = wt;
-    }
+    });
     sum = block_sum(sum, sm.dscratch);
-    for (int64_t t = tid; t < vocab; t += blockDim.x) {
-      mass[t] = rank_of(work[t], t) < limit ? __double2ull_rn(w[t] / sum * kFixedOne) : 0ull;
-    }
+    // Fixed-point masses of the candidates (others 0; their stored weight is 0, so the rank is
+    // only looked at when the weight is not positive). Each thread reads the weights it wrote.
+    for_tokens(
+        vocab,
+        [&](int64_t t) { return w[t]; },
+        [&](int64_t t, double wt, bool ok) {
+          if (ok)
+            mass[t] = wt > 0.0 || rank_of(work[t], t) < limit
+                          ? __double2ull_rn(wt / sum * kFixedOne)
+                          : 0ull;
+        });
     __syncthreads();
     // top-p: the shortest prefix whose mass reaches top_p.
     uint64_t keep = limit;
@@ -652,17 +704,22 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
     // tokens end at the last token that passes; the first token stays when none does.
     const double floor_p = c.min_p > 0.0f ? static_cast<double>(c.min_p) * (1.0 / sum) : 0.0;
     unsigned long long last_pass = 0, first = kNoRank, passing = 0;
-    for (int64_t t = tid; t < vocab; t += blockDim.x) {
-      const uint64_t rk = rank_of(work[t], t);
-      if (rk >= keep)
-        continue;
-      first = min(first, static_cast<unsigned long long>(rk));
-      const double pt = w[t] / sum;
-      if (pt > 0.0 && (c.min_p <= 0.0f || pt >= floor_p)) {
-        last_pass = max(last_pass, static_cast<unsigned long long>(rk));
-        ++passing;
-      }
-    }
+    for_tokens(
+        vocab,
+        [&](int64_t t) {
+          return Weighted{work[t], w[t]};
+        },
+        [&](int64_t t, const Weighted& v, bool ok) {
+          const uint64_t rk = rank_of(v.logit, t);
+          if (!ok || rk >= keep)
+            return;
+          first = min(first, static_cast<unsigned long long>(rk));
+          const double pt = v.weight / sum;
+          if (pt > 0.0 && (c.min_p <= 0.0f || pt >= floor_p)) {
+            last_pass = max(last_pass, static_cast<unsigned long long>(rk));
+            ++passing;
+          }
+        });
     passing = block_sum(passing, sm.uscratch);
     last_pass = ~block_min(passing > 0 ? ~last_pass : ~0ull, sm.uscratch);  // the maximum
     first = block_min(first, sm.uscratch);
