@@ -27,10 +27,10 @@ constexpr int kBins = 16;
 constexpr int64_t kMaxGrid = 65535;
 
 // Per-request workspace, per token: select: masses (uint64), weights (double), work logits
-// (float), a token list (int32); full sort: probabilities (double), work logits, keys x2
-// (uint32), ids x2 (int32).
+// (float), a token list (int32), bucket ids (uint16); full sort: probabilities (double), work
+// logits, keys x2 (uint32), ids x2 (int32).
 __host__ __device__ size_t request_bytes(int64_t vocab, bool full_sort) {
-  const size_t per_token = full_sort ? 8 + 4 + 8 + 8 : 8 + 8 + 4 + 4;
+  const size_t per_token = full_sort ? 8 + 4 + 8 + 8 : 8 + 8 + 4 + 4 + 2;
   return (static_cast<size_t>(vocab) * per_token + 255) / 256 * 256;
 }
 
@@ -359,6 +359,7 @@ __global__ void __launch_bounds__(kThreads) sample_sort_kernel(SampleParams p) {
 
 constexpr int kSelThreads = 512;
 constexpr int kBuckets = 2048;  // coarse level: buckets of the logit's distance below the max
+constexpr uint16_t kNoBucket = 0xffff;
 constexpr uint64_t kNoRank = ~uint64_t{0};
 constexpr double kFixedOne = 4611686018427387904.0;  // 2^62: probability 1 in fixed point
 constexpr unsigned kFull = 0xffffffffu;
@@ -504,6 +505,7 @@ __device__ __forceinline__ void hist_add(unsigned long long* hist,
 __device__ __noinline__ uint64_t select_rank(const float* work,
                                              const unsigned long long* mass,
                                              int32_t* list,
+                                             uint16_t* bucket_ids,
                                              int64_t vocab,
                                              const Bucketing& bk,
                                              uint64_t limit,
@@ -517,9 +519,13 @@ __device__ __noinline__ uint64_t select_rank(const float* work,
   for (int i = tid; i < kBuckets; i += blockDim.x) sm.buckets[i] = 0;
   __syncthreads();
   auto load = [&](int64_t t) { return Token{work[t], count ? 1ull : mass[t]}; };
+  // Each token's bucket is kept (kNoBucket: not counted) for the listing pass.
   for_tokens(vocab, load, [&](int64_t t, const Token& v, bool ok) {
-    const bool in = ok && rank_of(v.logit, t) < limit;
-    hist_add(sm.buckets, in ? bucket_of(v.logit, bk) : -1, mode, v.mass);
+    const bool in = ok && v.mass != 0 && rank_of(v.logit, t) < limit;
+    const int b = in ? bucket_of(v.logit, bk) : -1;
+    hist_add(sm.buckets, b, mode, v.mass);
+    if (ok)
+      bucket_ids[t] = in ? static_cast<uint16_t>(b) : kNoBucket;
   });
   __syncthreads();
   if (tid < 32)
@@ -534,19 +540,21 @@ __device__ __noinline__ uint64_t select_rank(const float* work,
   if (found < 0)
     return kNoRank;
   // The bucket's tokens (those that add to the sums), appended warp by warp.
-  for_tokens(vocab, load, [&](int64_t t, const Token& v, bool ok) {
-    const bool in =
-        ok && v.mass != 0 && bucket_of(v.logit, bk) == found && rank_of(v.logit, t) < limit;
-    const unsigned ballot = __ballot_sync(kFull, in);
-    if (ballot != 0) {
-      int at = 0;
-      if (lane == 0)
-        at = atomicAdd(&sm.list_len, __popc(ballot));
-      at = __shfl_sync(kFull, at, 0);
-      if (in)
-        list[at + __popc(ballot & ((1u << lane) - 1u))] = static_cast<int32_t>(t);
-    }
-  });
+  for_tokens(
+      vocab,
+      [&](int64_t t) { return bucket_ids[t]; },
+      [&](int64_t t, uint16_t b, bool ok) {
+        const bool in = ok && b == found;
+        const unsigned ballot = __ballot_sync(kFull, in);
+        if (ballot != 0) {
+          int at = 0;
+          if (lane == 0)
+            at = atomicAdd(&sm.list_len, __popc(ballot));
+          at = __shfl_sync(kFull, at, 0);
+          if (in)
+            list[at + __popc(ballot & ((1u << lane) - 1u))] = static_cast<int32_t>(t);
+        }
+      });
   __syncthreads();
   const int len = sm.list_len;
   if (len <= static_cast<int>(blockDim.x)) {
@@ -621,7 +629,7 @@ __device__ __forceinline__ double weight(float l, double inv_t, double m) {
 }
 
 // Workspace per request (request_bytes): masses (uint64), weights (double), work logits (float),
-// the descents' list (int32), each [vocab].
+// the descents' list (int32) and bucket ids (uint16), each [vocab].
 __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams p) {
   __shared__ SelectSmem sm;
   const int64_t vocab = p.vocab;
@@ -629,6 +637,7 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
     auto* mass = reinterpret_cast<unsigned long long*>(ws);
     auto* w = reinterpret_cast<double*>(ws + vocab * 8);
     auto* list = reinterpret_cast<int32_t*>(ws + vocab * 20);
+    auto* bucket_ids = reinterpret_cast<uint16_t*>(ws + vocab * 24);
     // The row's maximum (the first candidate's logit) and smallest finite logit: the buckets.
     auto load_logit = [&](int64_t t) { return work[t]; };
     float mx = -INFINITY, mn = INFINITY;
@@ -652,6 +661,7 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
       const uint64_t kth = select_rank(work,
                                        mass,
                                        list,
+                                       bucket_ids,
                                        vocab,
                                        bk,
                                        kNoRank,
@@ -694,8 +704,8 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
     if (c.top_p < 1.0f) {
       const unsigned long long target =
           max(1ull, __double2ull_rn(static_cast<double>(c.top_p) * kFixedOne));
-      const uint64_t cut =
-          select_rank(work, mass, list, vocab, bk, keep, Sel::kMassGe, target, -1.0, sm);
+      const uint64_t cut = select_rank(
+          work, mass, list, bucket_ids, vocab, bk, keep, Sel::kMassGe, target, -1.0, sm);
       if (cut != kNoRank)
         keep = cut + 1;
     }
@@ -726,8 +736,17 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams
     const uint64_t last = passing > 0 ? last_pass : first;
     keep = last + 1;
     // The draw: the first token whose cumulative mass exceeds u * (the kept mass).
-    const uint64_t pick = select_rank(
-        work, mass, list, vocab, bk, keep, Sel::kMassGt, 0, rng::uniform_from(c.seed, c.step), sm);
+    const uint64_t pick = select_rank(work,
+                                      mass,
+                                      list,
+                                      bucket_ids,
+                                      vocab,
+                                      bk,
+                                      keep,
+                                      Sel::kMassGt,
+                                      0,
+                                      rng::uniform_from(c.seed, c.step),
+                                      sm);
     return static_cast<int32_t>((pick != kNoRank ? pick : last) & 0xffffffffu);
   });
 }

@@ -66,7 +66,7 @@ struct SampleParams {
   float* out_logprobs = nullptr;
 };
 
-// Workspace of n requests: 24 bytes per token (select), 28 with full_sort.
+// Workspace of n requests: 26 bytes per token (select), 28 with full_sort.
 size_t sample_workspace_bytes(int64_t n, int64_t vocab, bool full_sort = false);
 Status launch_sample(const SampleParams& p, cudaStream_t stream);
 
