@@ -2,6 +2,7 @@
 #include "sampling/sampler.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -125,7 +126,7 @@ float key_logit(uint32_t key) {
 void radix_sort(std::vector<uint32_t>& keys, std::vector<uint32_t>& tmp) {
   constexpr int kShift[3] = {0, 11, 22};
   constexpr uint32_t kMask[3] = {0x7ffu, 0x7ffu, 0x3ffu};
-  std::vector<uint32_t> hist(3 * 2048, 0);
+  std::array<uint32_t, 3 * 2048> hist{};
   for (uint32_t k : keys) {
     for (int d = 0; d < 3; ++d) ++hist[d * 2048 + ((k >> kShift[d]) & kMask[d])];
   }
