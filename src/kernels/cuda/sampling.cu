@@ -1,11 +1,12 @@
 // GPU sampling (sampling.h): one block per request, two ways to find the pick in the host's
 // candidate order (logit descending, id ascending):
 //   select (default): no sort. Every cut the host makes (top-k, top-p, min-p, the zero-probability
-//     tail, the inverse-CDF pick) is a prefix of that order. Each is found by a descent over each
-//     token's 64-bit rank (order-preserving key of the logit, then the id): a 2048-bucket
-//     histogram of counts or of probability mass over a monotone map of the logit finds the
-//     bucket holding the cut, its tokens are listed, and the list alone is resolved exactly
-//     (directly when short, else by 8-bit radix levels). Masses are fixed point (p * 2^62,
+//     tail, the inverse-CDF pick) is a prefix of that order. top-k, top-p and the pick are found
+//     by descents over each token's 64-bit rank (order-preserving key of the logit, then the id):
+//     a 2048-bucket histogram of counts or of probability mass over a monotone map of the logit
+//     finds the bucket holding the cut, its tokens are listed, and the list alone is resolved
+//     exactly (directly when short, else by 8-bit radix levels); the min-p and zero-probability
+//     tail ends at the last token that passes (a maximum). Masses are fixed point (p * 2^62,
 //     integer sums), so the descents are deterministic and exact on their own terms; they differ
 //     from the host's serial double cumsums only where those are within ~1e-14 of a boundary.
 //   sort (SampleParams::full_sort): a stable LSD radix sort of the whole vocabulary (4-bit
