@@ -148,19 +148,13 @@ void radix_sort(std::vector<uint32_t>& keys, std::vector<uint32_t>& tmp) {
   }
 }
 
-// The candidates' keys in the candidate order: all of them, or the n smallest.
+// The first n candidates' keys in the candidate order.
 void sorted_keys(std::span<const float> logits,
                  int64_t n,
                  std::vector<uint32_t>& keys,
                  std::vector<uint32_t>& tmp) {
   keys.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) keys[i] = desc_key(logits[i]);
-  if (n * 16 < static_cast<int64_t>(keys.size())) {
-    // Few candidates (top-k): a heap of the n best, the rest compared with its top.
-    std::partial_sort(keys.begin(), keys.begin() + n, keys.end());
-    keys.resize(static_cast<size_t>(n));
-    return;
-  }
   radix_sort(keys, tmp);
   keys.resize(static_cast<size_t>(n));
 }
@@ -357,8 +351,11 @@ SampleResult sample_impl(std::span<float> logits,
   if (c.temperature == 0.0f || c.top_k == 1) {
     chosen = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else {
-    chosen =
-        full_sort ? pick_full_sort(logits, c, step, scratch) : pick_fast(logits, c, step, scratch);
+    // A small top-k is a partial sort of the ids already (a heap of k, the rest compared with
+    // its top), as fast as the radix path or faster.
+    const bool few = c.top_k > 0 && static_cast<int64_t>(c.top_k) * 16 < vocab;
+    chosen = full_sort || few ? pick_full_sort(logits, c, step, scratch)
+                              : pick_fast(logits, c, step, scratch);
   }
   r.token = chosen;
   if (c.logprobs)
