@@ -67,6 +67,13 @@ struct SamplerScratch {
   std::vector<int32_t> idx;
   std::vector<double> p;
   std::vector<float> raw;
+  std::vector<uint32_t> keys;
+  std::vector<uint32_t> tmp_keys;
+  // What the last sampled (not greedy) pick computed, for tests comparing implementations: the
+  // softmax normaliser, the kept prefix's length and its mass.
+  double last_sum = 0.0;
+  int64_t last_keep = 0;
+  double last_total = 0.0;
 };
 
 // Samples one token from `logits` (modified in place as scratch). The RNG draw is
@@ -86,6 +93,15 @@ SampleResult sample(std::span<float> logits,
                     uint64_t step,
                     SamplerScratch& scratch,
                     std::span<const uint32_t> allowed = {});
+// The same with the first implementation's full sort of the vocabulary (O(V log V)); `sample`
+// chooses the same token and reports the same logprobs without it. Kept as the reference for
+// tests and benchmarks.
+SampleResult sample_full_sort(std::span<float> logits,
+                              const SamplingConfig& c,
+                              const PenaltyState& pen,
+                              uint64_t step,
+                              SamplerScratch& scratch,
+                              std::span<const uint32_t> allowed = {});
 // Sets every logit whose token `allowed` excludes (and every one past the mask) to -infinity.
 // Returns false, changing nothing, when the mask allows no token of `logits`.
 bool apply_token_mask(std::span<float> logits, std::span<const uint32_t> allowed);

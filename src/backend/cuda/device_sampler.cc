@@ -128,6 +128,7 @@ Status DeviceSampler::launch(const float* logits,
     d.step = q.step;
     d.row = rows[i].logits_row;
     d.mask_row = -1;
+    d.logprobs = c.logprobs;  // the raw log-sum-exp costs a pass of double exps: only on request
     if (!q.allowed.empty()) {
       uint32_t* dst = mask_host + static_cast<size_t>(mask_row) * words;
       const size_t k = std::min(words, q.allowed.size());

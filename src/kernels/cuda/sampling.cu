@@ -1,11 +1,14 @@
 // GPU sampling (sampling.h): one block per request, two ways to find the pick in the host's
 // candidate order (logit descending, id ascending):
 //   select (default): no sort. Every cut the host makes (top-k, top-p, min-p, the zero-probability
-//     tail, the inverse-CDF pick) is a prefix of that order, found by a radix descent over each
-//     token's 64-bit rank (order-preserving key of the logit, then the id) with 256-bin
-//     histograms of counts or of probability mass. Masses are fixed point (p * 2^62, integer
-//     sums), so the descents are deterministic and exact on their own terms; they differ from
-//     the host's serial double cumsums only where those are within ~1e-14 of a boundary.
+//     tail, the inverse-CDF pick) is a prefix of that order. top-k, top-p and the pick are found
+//     by descents over each token's 64-bit rank (order-preserving key of the logit, then the id):
+//     a 2048-bucket histogram of counts or of probability mass over a monotone map of the logit
+//     finds the bucket holding the cut, its tokens are listed, and the list alone is resolved
+//     exactly (directly when short, else by 8-bit radix levels); the min-p and zero-probability
+//     tail ends at the last token that passes (a maximum). Masses are fixed point (p * 2^62,
+//     integer sums), so the descents are deterministic and exact on their own terms; they differ
+//     from the host's serial double cumsums only where those are within ~1e-14 of a boundary.
 //   sort (SampleParams::full_sort): a stable LSD radix sort of the whole vocabulary (4-bit
 //     digits, 8 passes) and the host's serial walk; the first implementation, kept as a second
 //     reference for the tests.
@@ -24,11 +27,17 @@ constexpr int kThreads = 256;
 constexpr int kBins = 16;
 constexpr int64_t kMaxGrid = 65535;
 
-// Per-request workspace, per token: select: masses (uint64) then work logits (float); full sort:
-// probabilities (double), work logits, keys x2 (uint32), ids x2 (int32).
+// Per-request workspace, per token: select: masses (uint64), weights (double), work logits
+// (float), a token list (int32), bucket ids (uint16); full sort: probabilities (double), work
+// logits, keys x2 (uint32), ids x2 (int32).
 __host__ __device__ size_t request_bytes(int64_t vocab, bool full_sort) {
-  const size_t per_token = full_sort ? 8 + 4 + 8 + 8 : 8 + 4;
+  const size_t per_token = full_sort ? 8 + 4 + 8 + 8 : 8 + 8 + 4 + 4 + 2;
   return (static_cast<size_t>(vocab) * per_token + 255) / 256 * 256;
+}
+
+// Where the work logits start in a request's workspace.
+__host__ __device__ size_t work_offset(int64_t vocab, bool full_sort) {
+  return static_cast<size_t>(vocab) * (full_sort ? 8 : 16);
 }
 
 // Sort key: ascending key = descending logit; -0 and +0 equal.
@@ -40,17 +49,50 @@ __device__ __forceinline__ uint32_t desc_key(float f) {
   return ~ord;
 }
 
+// Visits tokens [0, n) block-wide, each thread its tokens in the order of a plain stride loop
+// (t, t + blockDim, ...), loading kUnroll of them (load(t)) before using any: with one block per
+// request the passes over the vocabulary are bound by load latency, so more loads in flight.
+// body(t, value, valid) runs for every slot with valid = t < n (value unset otherwise); the trip
+// count is block-uniform, so bodies may use warp-wide intrinsics.
+constexpr int kUnroll = 4;
+
+template <typename Load, typename Body>
+__device__ __forceinline__ void for_tokens(int64_t n, Load&& load, Body&& body) {
+  using Value = decltype(load(int64_t{0}));
+  const int64_t step = blockDim.x;
+  for (int64_t base = 0; base < n; base += kUnroll * step) {
+    Value v[kUnroll] = {};
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = base + u * step + threadIdx.x;
+      if (t < n)
+        v[u] = load(t);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = base + u * step + threadIdx.x;
+      body(t, v[u], t < n);
+    }
+  }
+}
+
 // Raw log-sum-exp of a logits row (logprobs report the model's own distribution). Block-wide.
 __device__ double raw_log_sum_exp(const float* raw,
                                   int64_t vocab,
                                   float* fscratch,
                                   double* dscratch) {
+  auto load = [&](int64_t i) { return raw[i]; };
   float mx = -INFINITY;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, raw[i]);
+  for_tokens(vocab, load, [&](int64_t, float v, bool ok) {
+    if (ok)
+      mx = fmaxf(mx, v);
+  });
   mx = block_max(mx, fscratch);
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
-    s += exp(static_cast<double>(raw[i]) - mx);
+  for_tokens(vocab, load, [&](int64_t, float v, bool ok) {
+    if (ok)
+      s += exp(static_cast<double>(v) - mx);
+  });
   s = block_sum(s, dscratch);
   return log(s) + mx;
 }
@@ -61,8 +103,13 @@ __device__ void prepare_work(
     const SampleParams& p, int64_t r, const SamplingRequest& c, const float* raw, float* work) {
   const int64_t vocab = p.vocab;
   const uint32_t* mask = c.mask_row >= 0 ? p.allowed + c.mask_row * p.allowed_words : nullptr;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
-    work[i] = (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) ? -INFINITY : raw[i];
+  for_tokens(
+      vocab,
+      [&](int64_t i) { return raw[i]; },
+      [&](int64_t i, float v, bool ok) {
+        if (ok)
+          work[i] = (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) ? -INFINITY : v;
+      });
   __syncthreads();
   if (p.penalty_begin) {
     for (int64_t j = p.penalty_begin[r] + threadIdx.x; j < p.penalty_begin[r + 1];
@@ -90,13 +137,15 @@ __device__ void prepare_work(
 __device__ int32_t first_max(const float* work, int64_t vocab, float* fscratch, int* best_idx) {
   float best = -INFINITY;
   int64_t best_i = -1;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = work[i];
-    if (best_i < 0 || v > best) {
-      best = v;
-      best_i = i;
-    }
-  }
+  for_tokens(
+      vocab,
+      [&](int64_t i) { return work[i]; },
+      [&](int64_t i, float v, bool ok) {
+        if (ok && (best_i < 0 || v > best)) {
+          best = v;
+          best_i = i;
+        }
+      });
   const float mx = block_max(best, fscratch);
   if (threadIdx.x == 0)
     *best_idx = 0x7fffffff;
@@ -110,8 +159,9 @@ __device__ int32_t first_max(const float* work, int64_t vocab, float* fscratch, 
 }
 
 // The per-request frame both kernels share (one block per request): the request's logits row
-// and workspace, the raw log-sum-exp for the logprob, the mask and penalties into work (at
-// workspace + 8 * vocab bytes), greedy; `pick(c, work, ws)` chooses the token otherwise.
+// and workspace, the raw log-sum-exp for the logprob (only for requests that want it: a double
+// exp over the whole row), the mask and penalties into work (at work_offset; requests with
+// neither read their row in place), greedy; `pick(c, work, ws)` chooses the token otherwise.
 template <typename Smem, typename Pick>
 __device__ void for_each_request(const SampleParams& p, Smem& sm, Pick&& pick) {
   const int64_t vocab = p.vocab;
@@ -120,16 +170,22 @@ __device__ void for_each_request(const SampleParams& p, Smem& sm, Pick&& pick) {
     const SamplingRequest c = p.requests[r];
     const float* raw = p.logits + (c.row >= 0 ? c.row : r) * ld;
     char* ws = static_cast<char*>(p.workspace) + r * request_bytes(vocab, p.full_sort);
-    float* work = reinterpret_cast<float*>(ws + vocab * 8);
-    const double lse = p.out_logprobs ? raw_log_sum_exp(raw, vocab, sm.fscratch, sm.dscratch) : 0.0;
-    prepare_work(p, r, c, raw, work);
+    float* work = reinterpret_cast<float*>(ws + work_offset(vocab, p.full_sort));
+    const bool want_logprob = p.out_logprobs != nullptr && c.logprobs;
+    const double lse = want_logprob ? raw_log_sum_exp(raw, vocab, sm.fscratch, sm.dscratch) : 0.0;
+    // Without a mask or penalties the row itself is the work row (no copy).
+    const bool rewrite = c.mask_row >= 0 || (p.penalty_begin != nullptr &&
+                                             p.penalty_begin[r + 1] > p.penalty_begin[r]);
+    if (rewrite)
+      prepare_work(p, r, c, raw, work);
+    const float* src = rewrite ? work : raw;
     const int32_t chosen = (c.temperature == 0.0f || c.top_k == 1)
-                               ? first_max(work, vocab, sm.fscratch, &sm.best_idx)
-                               : pick(c, work, ws);
+                               ? first_max(src, vocab, sm.fscratch, &sm.best_idx)
+                               : pick(c, src, ws);
     if (threadIdx.x == 0) {
       p.out_tokens[r] = chosen;
       if (p.out_logprobs)
-        p.out_logprobs[r] = static_cast<float>(raw[chosen] - lse);
+        p.out_logprobs[r] = want_logprob ? static_cast<float>(raw[chosen] - lse) : 0.0f;
     }
     __syncthreads();
   }
@@ -176,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) sample_sort_kernel(SampleParams p) {
   __shared__ SampleSmem sm;
   const int tid = threadIdx.x;
   const int64_t vocab = p.vocab;
-  for_each_request(p, sm, [&](const SamplingRequest& c, float* work, char* ws) -> int32_t {
+  for_each_request(p, sm, [&](const SamplingRequest& c, const float* work, char* ws) -> int32_t {
     double* prob = reinterpret_cast<double*>(ws);
     uint32_t* keys[2] = {reinterpret_cast<uint32_t*>(ws + vocab * 12),
                          reinterpret_cast<uint32_t*>(ws + vocab * 16)};
@@ -300,29 +356,40 @@ __global__ void __launch_bounds__(kThreads) sample_sort_kernel(SampleParams p) {
   });
 }
 
-// ---- select: radix descents over the candidate order, no sort ----
+// ---- select: descents over the candidate order, no sort ----
 
 constexpr int kSelThreads = 512;
-constexpr int kSelWarps = kSelThreads / 32;
+constexpr int kBuckets = 2048;  // coarse level: buckets of the logit's distance below the max
+constexpr uint16_t kNoBucket = 0xffff;
 constexpr uint64_t kNoRank = ~uint64_t{0};
 constexpr double kFixedOne = 4611686018427387904.0;  // 2^62: probability 1 in fixed point
+constexpr unsigned kFull = 0xffffffffu;
 
 // A token's place in the host's candidate order (ascending = logit descending, then id).
 __device__ __forceinline__ uint64_t rank_of(float logit, int64_t id) {
   return (static_cast<uint64_t>(desc_key(logit)) << 32) | static_cast<uint64_t>(id);
 }
 
+// A token's logit and its count (1) or mass, as the descents read them.
+struct Token {
+  float logit;
+  unsigned long long mass;
+};
+
 struct SelectSmem {
-  unsigned long long hist[kSelWarps][256];  // per-warp histograms (fewer colliding atomics)
+  // The coarse histogram; once its crossing is found, the short list's ranks and values.
+  unsigned long long buckets[kBuckets];
   unsigned long long bins[256];
   unsigned long long uscratch[32];
   double dscratch[32];
   float fscratch[32];
-  unsigned long long prefix;
   unsigned long long below;
+  unsigned long long target;
   int found;
   int best_idx;
+  int list_len;
 };
+static_assert(2 * kSelThreads <= kBuckets, "the short list is staged in the bucket array");
 
 enum class Sel {
   kCount,   // the token at 0-based position `target` (count of tokens up to it > target)
@@ -330,145 +397,358 @@ enum class Sel {
   kMassGt,  // the first token at which the cumulative mass exceeds target (>)
 };
 
+__device__ __forceinline__ bool meets(Sel mode, unsigned long long cum, unsigned long long target) {
+  return mode == Sel::kMassGe ? cum >= target : cum > target;
+}
+
+// Buckets: a monotone map of the logit (non-decreasing along the candidate order, equal logits
+// share one), so each bucket holds a contiguous run of the order. Bucket widths follow the row's
+// range of finite logits, so that the tokens spread over many buckets; any scale would be exact.
+struct Bucketing {
+  float mx;     // the row's maximum
+  float scale;  // (kBuckets - 1) / (max - smallest finite logit); 0 puts every token in one
+};
+
+__device__ __forceinline__ int bucket_of(float l, const Bucketing& b) {
+  const float f = __fmul_rn(__fsub_rn(b.mx, l), b.scale);  // NaN (-inf rows) -> the last
+  return f < static_cast<float>(kBuckets - 1) ? static_cast<int>(f) : kBuckets - 1;
+}
+
+__device__ unsigned long long block_min(unsigned long long v, unsigned long long* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(kFull, v, off));
+  __syncthreads();
+  if (lane == 0)
+    scratch[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : ~0ull;
+  for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(kFull, v, off));
+  return v;
+}
+
+// Warp 0 only: the first of `nbins` bins (a multiple of 32) at which `below` plus the running
+// sum meets the target; sm.found = -1 when none does, sm.below = the sum before the bin. With
+// draw >= 0 the target is first set to floor(draw * the bins' total) (the inverse-CDF pick);
+// sm.target holds the target used.
+__device__ void find_bin(const unsigned long long* bins,
+                         int nbins,
+                         unsigned long long below,
+                         Sel mode,
+                         unsigned long long target,
+                         double draw,
+                         SelectSmem& sm) {
+  const int lane = threadIdx.x & 31;
+  const int per = nbins / 32;
+  unsigned long long local = 0;
+  for (int i = 0; i < per; ++i) local += bins[lane * per + i];
+  unsigned long long incl = local;  // inclusive scan over the lanes
+  for (int off = 1; off < 32; off <<= 1) {
+    const unsigned long long v = __shfl_up_sync(kFull, incl, off);
+    if (lane >= off)
+      incl += v;
+  }
+  if (draw >= 0.0) {
+    const unsigned long long total = __shfl_sync(kFull, incl, 31);
+    target = static_cast<unsigned long long>(draw * static_cast<double>(total));
+  }
+  const unsigned hit = __ballot_sync(kFull, meets(mode, below + incl, target));
+  int found = -1;
+  unsigned long long before = below;
+  if (hit != 0) {
+    const int src = __ffs(hit) - 1;  // the first lane whose bins reach the target
+    if (lane == src) {
+      unsigned long long acc = below + (incl - local);
+      for (int i = 0; i < per; ++i) {
+        const unsigned long long next = acc + bins[lane * per + i];
+        if (meets(mode, next, target)) {
+          found = lane * per + i;
+          break;
+        }
+        acc = next;
+      }
+      before = acc;
+    }
+    found = __shfl_sync(kFull, found, src);
+    before = __shfl_sync(kFull, before, src);
+  }
+  if (lane == 0) {
+    sm.found = found;
+    sm.below = before;
+    sm.target = target;
+  }
+}
+
+// Adds each active token's count or mass to hist[bin] (bin < 0: none). Counts are aggregated
+// over the warp's lanes of one bin (at the coarse levels many tokens share one); masses of 0 are
+// skipped. Called by every lane of the warp.
+__device__ __forceinline__ void hist_add(unsigned long long* hist,
+                                         int bin,
+                                         Sel mode,
+                                         unsigned long long m) {
+  if (mode == Sel::kCount) {
+    const unsigned peers = __match_any_sync(kFull, bin);
+    if (bin >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1)
+      atomicAdd(&hist[bin], static_cast<unsigned long long>(__popc(peers)));
+  } else if (bin >= 0 && m != 0) {
+    atomicAdd(&hist[bin], m);
+  }
+}
+
 // The rank of the first token (in the candidate order, among tokens of rank < limit) at which the
-// running count or mass meets `target` (Sel); kNoRank when those tokens never meet it. Digit by
-// digit (8 bits; the logit key's four bytes, then the id's), each level a histogram over the
-// tokens that share the digits fixed so far. Block-wide; every thread gets the result.
-__device__ uint64_t select_rank(const float* work,
-                                const unsigned long long* mass,
-                                int64_t vocab,
-                                uint64_t limit,
-                                Sel mode,
-                                unsigned long long target,
-                                SelectSmem& sm) {
+// running count or mass meets `target` (Sel; with draw >= 0, floor(draw * the total mass below
+// limit)); kNoRank when those tokens never meet it. Three steps: a histogram over the buckets
+// (one pass over the vocabulary) finds the bucket holding the token; the bucket's tokens are
+// listed (a second pass); then, over the list only, either every entry's cumulative value
+// directly (a short list) or radix levels over the 64-bit rank. Integer sums throughout, so the
+// result does not depend on the list's order. Block-wide; every thread gets the result. Not
+// inlined: three inlined copies made the kernel spill registers.
+__device__ __noinline__ uint64_t select_rank(const float* work,
+                                             const unsigned long long* mass,
+                                             int32_t* list,
+                                             uint16_t* bucket_ids,
+                                             int64_t vocab,
+                                             const Bucketing& bk,
+                                             uint64_t limit,
+                                             Sel mode,
+                                             unsigned long long target,
+                                             double draw,
+                                             SelectSmem& sm) {
   const int tid = threadIdx.x;
-  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const bool count = mode == Sel::kCount;
+  for (int i = tid; i < kBuckets; i += blockDim.x) sm.buckets[i] = 0;
+  __syncthreads();
+  auto load = [&](int64_t t) { return Token{work[t], count ? 1ull : mass[t]}; };
+  // Each token's bucket is kept (kNoBucket: not counted) for the listing pass.
+  for_tokens(vocab, load, [&](int64_t t, const Token& v, bool ok) {
+    const bool in = ok && v.mass != 0 && rank_of(v.logit, t) < limit;
+    const int b = in ? bucket_of(v.logit, bk) : -1;
+    hist_add(sm.buckets, b, mode, v.mass);
+    if (ok)
+      bucket_ids[t] = in ? static_cast<uint16_t>(b) : kNoBucket;
+  });
+  __syncthreads();
+  if (tid < 32)
+    find_bin(sm.buckets, kBuckets, 0, mode, target, draw, sm);
+  __syncthreads();
+  const int found = sm.found;
+  unsigned long long below = sm.below;
+  target = sm.target;
+  if (tid == 0)
+    sm.list_len = 0;
+  __syncthreads();
+  if (found < 0)
+    return kNoRank;
+  // The bucket's tokens (those that add to the sums), appended warp by warp.
+  for_tokens(
+      vocab,
+      [&](int64_t t) { return bucket_ids[t]; },
+      [&](int64_t t, uint16_t b, bool ok) {
+        const bool in = ok && b == found;
+        const unsigned ballot = __ballot_sync(kFull, in);
+        if (ballot != 0) {
+          int at = 0;
+          if (lane == 0)
+            at = atomicAdd(&sm.list_len, __popc(ballot));
+          at = __shfl_sync(kFull, at, 0);
+          if (in)
+            list[at + __popc(ballot & ((1u << lane) - 1u))] = static_cast<int32_t>(t);
+        }
+      });
+  __syncthreads();
+  const int len = sm.list_len;
+  if (len <= static_cast<int>(blockDim.x)) {
+    // Short list: entry i's cumulative value is below + the values of the entries ranked <= it.
+    unsigned long long* st_rank = sm.buckets;
+    unsigned long long* st_val = sm.buckets + kSelThreads;
+    if (tid < len) {
+      const int32_t id = list[tid];
+      st_rank[tid] = rank_of(work[id], id);
+      st_val[tid] = count ? 1ull : mass[id];
+    }
+    __syncthreads();
+    unsigned long long best = kNoRank;
+    if (tid < len) {
+      const unsigned long long rk = st_rank[tid];
+      unsigned long long cum = below;
+      for (int j = 0; j < len; ++j) cum += st_rank[j] <= rk ? st_val[j] : 0ull;
+      if (meets(mode, cum, target))
+        best = rk;
+    }
+    return block_min(best, sm.uscratch);
+  }
+  // Long list (many tokens in one bucket, e.g. ties): 8-bit digits of the rank, the logit key's
+  // four bytes then the id's.
   int shifts[8];
   int levels = 0;
   for (int sh = 56; sh >= 32; sh -= 8) shifts[levels++] = sh;
   for (int sh = vocab > (int64_t{1} << 24) ? 24 : 16; sh >= 0; sh -= 8) shifts[levels++] = sh;
   uint64_t prefix = 0;
-  unsigned long long below = 0;  // count or mass of the tokens before the current prefix
   for (int lv = 0; lv < levels; ++lv) {
     const int shift = shifts[lv];
     const uint64_t fixed_mask = lv == 0 ? 0 : ~((uint64_t{1} << (shift + 8)) - 1);
-    for (int i = tid; i < kSelWarps * 256; i += blockDim.x) (&sm.hist[0][0])[i] = 0;
+    for (int i = tid; i < 256; i += blockDim.x) sm.bins[i] = 0;
     __syncthreads();
-    for (int64_t t = tid; t < vocab; t += blockDim.x) {
-      const uint64_t rk = rank_of(work[t], t);
-      if (rk >= limit || (rk & fixed_mask) != prefix)
-        continue;
-      atomicAdd(&sm.hist[warp][(rk >> shift) & 255], mode == Sel::kCount ? 1ull : mass[t]);
-    }
-    __syncthreads();
-    if (tid < 256) {
-      unsigned long long v = 0;
-      for (int w = 0; w < kSelWarps; ++w) v += sm.hist[w][tid];
-      sm.bins[tid] = v;
-    }
-    __syncthreads();
-    if (tid == 0) {
-      unsigned long long acc = below;
-      int found = -1;
-      for (int b = 0; b < 256; ++b) {
-        const unsigned long long next = acc + sm.bins[b];
-        if (mode == Sel::kMassGe ? next >= target : next > target) {
-          found = b;
-          break;
+    for (int base = 0; base < len; base += blockDim.x) {
+      const int j = base + tid;
+      int bin = -1;
+      unsigned long long m = 0;
+      if (j < len) {
+        const int32_t id = list[j];
+        const uint64_t rk = rank_of(work[id], id);
+        if ((rk & fixed_mask) == prefix) {
+          bin = static_cast<int>((rk >> shift) & 255);
+          m = count ? 1ull : mass[id];
         }
-        acc = next;
       }
-      sm.found = found;
-      sm.prefix = prefix | (static_cast<uint64_t>(found < 0 ? 0 : found) << shift);
-      sm.below = acc;
+      hist_add(sm.bins, bin, mode, m);
     }
     __syncthreads();
-    const int found = sm.found;
-    prefix = sm.prefix;
+    if (tid < 32)
+      find_bin(sm.bins, 256, below, mode, target, -1.0, sm);
+    __syncthreads();
+    const int digit = sm.found;
     below = sm.below;
     __syncthreads();  // sm is rewritten by the next level
-    if (found < 0)
+    if (digit < 0)
       return kNoRank;
+    prefix |= static_cast<uint64_t>(digit) << shift;
   }
   return prefix;
 }
+
+// A token's logit and its weight (the kept-tail pass).
+struct Weighted {
+  float logit;
+  double weight;
+};
 
 // exp(l / T - m) as the host computes it (double).
 __device__ __forceinline__ double weight(float l, double inv_t, double m) {
   return exp(static_cast<double>(l) * inv_t - m);
 }
 
+// Workspace per request (request_bytes): masses (uint64), weights (double), work logits (float),
+// the descents' list (int32) and bucket ids (uint16), each [vocab].
 __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams p) {
   __shared__ SelectSmem sm;
-  const int tid = threadIdx.x;
   const int64_t vocab = p.vocab;
-  for_each_request(p, sm, [&](const SamplingRequest& c, float* work, char* ws) -> int32_t {
+  for_each_request(p, sm, [&](const SamplingRequest& c, const float* work, char* ws) -> int32_t {
     auto* mass = reinterpret_cast<unsigned long long*>(ws);
-    {
-      // Candidates: the first top_k tokens of the order (all without top-k).
-      uint64_t limit = kNoRank;
-      if (c.top_k > 0 && c.top_k < vocab) {
-        const uint64_t kth = select_rank(work,
-                                         mass,
-                                         vocab,
-                                         kNoRank,
-                                         Sel::kCount,
-                                         static_cast<unsigned long long>(c.top_k - 1),
-                                         sm);
-        limit = kth + 1;  // top_k <= vocab: the k-th token exists
-      }
-      // Softmax at the temperature over the candidates, relative to the first one (the maximum).
-      float mx = -INFINITY;
-      for (int64_t t = tid; t < vocab; t += blockDim.x) mx = fmaxf(mx, work[t]);
-      mx = block_max(mx, sm.fscratch);
-      const double inv_t = 1.0 / c.temperature;
-      const double m = static_cast<double>(mx) * inv_t;
-      double sum = 0.0;
-      for (int64_t t = tid; t < vocab; t += blockDim.x) {
-        if (rank_of(work[t], t) < limit)
-          sum += weight(work[t], inv_t, m);
-      }
-      sum = block_sum(sum, sm.dscratch);
-      for (int64_t t = tid; t < vocab; t += blockDim.x) {
-        mass[t] = rank_of(work[t], t) < limit
-                      ? __double2ull_rn(weight(work[t], inv_t, m) / sum * kFixedOne)
-                      : 0ull;
-      }
-      __syncthreads();
-      // top-p: the shortest prefix whose mass reaches top_p.
-      uint64_t keep = limit;
-      if (c.top_p < 1.0f) {
-        const unsigned long long target =
-            max(1ull, __double2ull_rn(static_cast<double>(c.top_p) * kFixedOne));
-        const uint64_t cut = select_rank(work, mass, vocab, keep, Sel::kMassGe, target, sm);
-        if (cut != kNoRank)
-          keep = cut + 1;
-      }
-      // min-p (relative to the first probability, 1 / sum) and the tail of probability 0: both
-      // hold on a prefix (probabilities do not increase along the order); at least one token.
-      const double floor_p = c.min_p > 0.0f ? static_cast<double>(c.min_p) * (1.0 / sum) : 0.0;
-      unsigned long long kept = 0;
-      for (int64_t t = tid; t < vocab; t += blockDim.x) {
-        if (rank_of(work[t], t) >= keep)
-          continue;
-        const double pt = weight(work[t], inv_t, m) / sum;
-        kept += (pt > 0.0 && (c.min_p <= 0.0f || pt >= floor_p)) ? 1ull : 0ull;
-      }
-      kept = max(1ull, block_sum(kept, sm.uscratch));
-      const uint64_t last = select_rank(work, mass, vocab, keep, Sel::kCount, kept - 1, sm);
-      keep = last + 1;  // kept <= the tokens below keep: the token exists
-      // The draw: the first token whose cumulative mass exceeds u * (kept mass).
-      unsigned long long total = 0;
-      for (int64_t t = tid; t < vocab; t += blockDim.x) {
-        if (rank_of(work[t], t) < keep)
-          total += mass[t];
-      }
-      total = block_sum(total, sm.uscratch);
-      const double u = rng::uniform_from(c.seed, c.step) * static_cast<double>(total);
-      const uint64_t pick = select_rank(
-          work, mass, vocab, keep, Sel::kMassGt, static_cast<unsigned long long>(u), sm);
-      return static_cast<int32_t>((pick != kNoRank ? pick : last) & 0xffffffffu);
+    auto* w = reinterpret_cast<double*>(ws + vocab * 8);
+    auto* list = reinterpret_cast<int32_t*>(ws + vocab * 20);
+    auto* bucket_ids = reinterpret_cast<uint16_t*>(ws + vocab * 24);
+    // The row's maximum (the first candidate's logit) and smallest finite logit: the buckets.
+    auto load_logit = [&](int64_t t) { return work[t]; };
+    float mx = -INFINITY, mn = INFINITY;
+    for_tokens(vocab, load_logit, [&](int64_t, float v, bool ok) {
+      if (!ok)
+        return;
+      mx = fmaxf(mx, v);
+      if (isfinite(v))
+        mn = fminf(mn, v);
+    });
+    mx = block_max(mx, sm.fscratch);
+    mn = -block_max(-mn, sm.fscratch);
+    const float range = __fsub_rn(mx, mn);
+    const Bucketing bk{mx,
+                       isfinite(range) && range > 0.0f
+                           ? __fdiv_rn(static_cast<float>(kBuckets - 1), range)
+                           : 0.0f};
+    // Candidates: the first top_k tokens of the order (all without top-k).
+    uint64_t limit = kNoRank;
+    if (c.top_k > 0 && c.top_k < vocab) {
+      const uint64_t kth = select_rank(work,
+                                       mass,
+                                       list,
+                                       bucket_ids,
+                                       vocab,
+                                       bk,
+                                       kNoRank,
+                                       Sel::kCount,
+                                       static_cast<unsigned long long>(c.top_k - 1),
+                                       -1.0,
+                                       sm);
+      limit = kth + 1;  // top_k <= vocab: the k-th token exists
     }
+    // Softmax at the temperature over the candidates, relative to the first one (the maximum).
+    // Each weight is computed once and kept (0 outside the candidates).
+    const double inv_t = 1.0 / c.temperature;
+    const double m = static_cast<double>(mx) * inv_t;
+    double sum = 0.0;
+    for_tokens(vocab, load_logit, [&](int64_t t, float l, bool ok) {
+      if (!ok)
+        return;
+      double wt = 0.0;
+      if (rank_of(l, t) < limit) {
+        wt = weight(l, inv_t, m);
+        sum += wt;
+      }
+      w[t] = wt;
+    });
+    sum = block_sum(sum, sm.dscratch);
+    // Fixed-point masses of the candidates (others 0; their stored weight is 0, so the rank is
+    // only looked at when the weight is not positive). Each thread reads the weights it wrote.
+    for_tokens(
+        vocab,
+        [&](int64_t t) { return w[t]; },
+        [&](int64_t t, double wt, bool ok) {
+          if (ok)
+            mass[t] = wt > 0.0 || rank_of(work[t], t) < limit
+                          ? __double2ull_rn(wt / sum * kFixedOne)
+                          : 0ull;
+        });
+    __syncthreads();
+    // top-p: the shortest prefix whose mass reaches top_p.
+    uint64_t keep = limit;
+    if (c.top_p < 1.0f) {
+      const unsigned long long target =
+          max(1ull, __double2ull_rn(static_cast<double>(c.top_p) * kFixedOne));
+      const uint64_t cut = select_rank(
+          work, mass, list, bucket_ids, vocab, bk, keep, Sel::kMassGe, target, -1.0, sm);
+      if (cut != kNoRank)
+        keep = cut + 1;
+    }
+    // min-p (relative to the first probability, 1 / sum) and the tail of probability 0: both
+    // hold on a prefix of the order (probabilities do not increase along it), so the kept
+    // tokens end at the last token that passes; the first token stays when none does.
+    const double floor_p = c.min_p > 0.0f ? static_cast<double>(c.min_p) * (1.0 / sum) : 0.0;
+    unsigned long long last_pass = 0, first = kNoRank, passing = 0;
+    for_tokens(
+        vocab,
+        [&](int64_t t) {
+          return Weighted{work[t], w[t]};
+        },
+        [&](int64_t t, const Weighted& v, bool ok) {
+          const uint64_t rk = rank_of(v.logit, t);
+          if (!ok || rk >= keep)
+            return;
+          first = min(first, static_cast<unsigned long long>(rk));
+          const double pt = v.weight / sum;
+          if (pt > 0.0 && (c.min_p <= 0.0f || pt >= floor_p)) {
+            last_pass = max(last_pass, static_cast<unsigned long long>(rk));
+            ++passing;
+          }
+        });
+    passing = block_sum(passing, sm.uscratch);
+    last_pass = ~block_min(passing > 0 ? ~last_pass : ~0ull, sm.uscratch);  // the maximum
+    first = block_min(first, sm.uscratch);
+    const uint64_t last = passing > 0 ? last_pass : first;
+    keep = last + 1;
+    // The draw: the first token whose cumulative mass exceeds u * (the kept mass).
+    const uint64_t pick = select_rank(work,
+                                      mass,
+                                      list,
+                                      bucket_ids,
+                                      vocab,
+                                      bk,
+                                      keep,
+                                      Sel::kMassGt,
+                                      0,
+                                      rng::uniform_from(c.seed, c.step),
+                                      sm);
+    return static_cast<int32_t>((pick != kNoRank ? pick : last) & 0xffffffffu);
   });
 }
 }  // namespace

@@ -34,6 +34,9 @@ struct SamplingRequest {
   // (bit t%32 of word t/32 = token t may be chosen; it must allow at least one token of the
   // vocabulary, as the host sampler ignores a mask that allows none); < 0: no mask.
   int32_t mask_row = -1;
+  // Report out_logprobs[r] for this request (a log-sum-exp over the whole row, in double); false:
+  // skipped, out_logprobs[r] = 0.
+  bool logprobs = true;
 };
 
 struct SampleParams {
@@ -59,10 +62,11 @@ struct SampleParams {
   // the whole vocabulary is sorted first (the first implementation, slower; tests compare both).
   bool full_sort = false;
   int32_t* out_tokens = nullptr;  // [n]
-  float* out_logprobs = nullptr;  // [n] or null: log-softmax of the raw logits at the pick
+  // [n] or null: log-softmax of the raw logits at the pick, for requests with logprobs set
+  float* out_logprobs = nullptr;
 };
 
-// Workspace of n requests: 12 bytes per token (select), 28 with full_sort.
+// Workspace of n requests: 26 bytes per token (select), 28 with full_sort.
 size_t sample_workspace_bytes(int64_t n, int64_t vocab, bool full_sort = false);
 Status launch_sample(const SampleParams& p, cudaStream_t stream);
 
