@@ -6,6 +6,8 @@
 //
 // Tolerances. Sink attention: the output is a convex combination of key rows; CUDA's expf and
 // the online-softmax order move each weight by a few ulps, so |gpu - cpu| <= 2e-5 * max|k|.
+// With BF16 operands (deepseek numerics) against cpu::attention_with_sink_bf16: the same, except
+// for the rare probability that a last-bit difference rounds to the other BF16 neighbour.
 // Compressor without simulation: the CPU's softmax and sums in the CPU's order, differing by
 // expf / sinf / cosf ulps: 1e-5 relative to the entry's RMS. With FP8/FP4 simulation a ulp can
 // move a value across a rounding boundary: at most 2% of the values may differ by up to one grid
@@ -41,9 +43,12 @@ void run_sink_attention(int64_t heads,
                         const std::vector<int64_t>& key_counts,
                         uint32_t seed,
                         AttnPath path = AttnPath::kMmaSplit,
-                        int64_t exact_dims = 0) {
+                        int64_t exact_dims = 0,
+                        bool bf16 = false) {
   SCOPED_TRACE("sink attention heads " + std::to_string(heads) + " dim " + std::to_string(dim) +
-               " path " + std::to_string(static_cast<int>(path)));
+               " path " + std::to_string(static_cast<int>(path)) + (bf16 ? " bf16" : ""));
+  if (bf16)
+    exact_dims = dim;  // deepseek KV rows: every value BF16-exact
   std::mt19937 rng(seed);
   const int64_t nq = static_cast<int64_t>(key_counts.size());
   const int64_t pool_rows = 9000;
@@ -72,6 +77,7 @@ void run_sink_attention(int64_t heads,
   std::vector<int64_t> refs;
   std::vector<float> want(static_cast<size_t>(nq * heads * dim));
   std::vector<double> tol(want.size());
+  std::vector<double> loose(want.size());  // bf16: with one probability one BF16 step off
   for (int64_t qi = 0; qi < nq; ++qi) {
     std::vector<const float*> keys;
     double kmax = 0.0;
@@ -89,17 +95,24 @@ void run_sink_attention(int64_t heads,
       for (int64_t d = 0; d < dim; ++d) kmax = std::max<double>(kmax, std::fabs(k[d]));
     }
     begin.push_back(static_cast<int64_t>(refs.size()));
-    cpu::attention_with_sink(q.data() + qi * heads * dim,
-                             heads,
-                             dim,
-                             keys,
-                             sinks.data(),
-                             scale,
-                             want.data() + qi * heads * dim);
+    (bf16 ? cpu::attention_with_sink_bf16 : cpu::attention_with_sink)(
+        q.data() + qi * heads * dim,
+        heads,
+        dim,
+        keys,
+        sinks.data(),
+        scale,
+        want.data() + qi * heads * dim);
     // Tensor cores: q, k and p in BF16 high + low halves, ~2^-17 relative per product, over
-    // up to 512-term dots of |q| ~ 1.5 sigma values: 5e-5 of the largest key value.
-    const double rel = path == AttnPath::kSimple ? 2e-5 : 5e-5;
-    for (int64_t i = 0; i < heads * dim; ++i) tol[qi * heads * dim + i] = rel * kmax + 1e-30;
+    // up to 512-term dots of |q| ~ 1.5 sigma values: 5e-5 of the largest key value. BF16
+    // operands: the products are exact on both sides, only fp32 sums and exp2f differ (2e-5);
+    // such a last-bit difference rounds a probability to the neighbouring BF16 value now and
+    // then (~1e-4 of them), which moves the output by at most 2^-8 of that key's weight (<= 1).
+    const double rel = path == AttnPath::kSimple || bf16 ? 2e-5 : 5e-5;
+    for (int64_t i = 0; i < heads * dim; ++i) {
+      tol[qi * heads * dim + i] = rel * kmax + 1e-30;
+      loose[qi * heads * dim + i] = tol[qi * heads * dim + i] + 2.0 * std::ldexp(kmax, -8);
+    }
   }
   if (refs.empty())
     refs.push_back(kKvRefNone);
@@ -122,11 +135,21 @@ void run_sink_attention(int64_t heads,
                                                           .tensor_cores = path != AttnPath::kSimple,
                                                           .split_scratch = d_scratch.get(),
                                                           .split_scratch_floats = scratch_floats,
-                                                          .exact_dims = exact_dims},
+                                                          .exact_dims = exact_dims,
+                                                          .bf16_operands = bf16},
                                       nullptr));
   sync();
   const std::vector<float> got = d_out.download();
-  expect_within(want, got, tol, "sink attention");
+  if (!bf16) {
+    expect_within(want, got, tol, "sink attention");
+  } else {
+    // Every value within the loose bound, and all but a few within the tight one.
+    expect_within(want, got, loose, "sink attention (bf16)");
+    int64_t off = 0;
+    for (size_t i = 0; i < want.size(); ++i) off += std::fabs(got[i] - want[i]) > tol[i];
+    EXPECT_LE(off, static_cast<int64_t>(want.size() / 1000) + 64)
+        << off << " of " << want.size() << " outside the fp32-rounding bound";
+  }
   EXPECT_EQ(got.back(), 3.0f) << "write past the end";
 }
 
@@ -142,6 +165,22 @@ TEST_F(GpuTest, SinkAttentionMatchesCpu) {
     run_sink_attention(64, 512, {31, 33, 0, 64, 65}, seed += 10, path);  // tile edges
     // deepseek numerics' keys: the 448 no-RoPE dims exact in BF16, their low-half MMAs skipped.
     run_sink_attention(64, 512, {128, 640, 1, 700}, seed += 10, path, 448);
+    // BF16 operands (deepseek numerics, cpu::attention_with_sink_bf16): small shapes, the
+    // unsupported dims of the simple kernel, real heads and width with masked keys, tile edges
+    // and splits (decode-sized nq), and prefill-sized nq without splits.
+    for (int64_t dim : {64, 128, 7, 512}) {
+      for (int64_t heads : {1, 3, 17}) {
+        run_sink_attention(heads, dim, {0, 1, 3, 7, 129, 640, 733}, seed += 10, path, 0, true);
+      }
+    }
+    run_sink_attention(
+        64, 512, {1, 31, 32, 33, 0, 64, 65, 128, 640, 700}, seed += 10, path, 0, true);
+    if (!small_mode()) {
+      run_sink_attention(2, 512, {8320, 4096}, seed += 10, path, 0, true);
+      std::vector<int64_t> many(300);
+      for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(1 + i * 7 % 700);
+      run_sink_attention(64, 512, many, seed += 10, path, 0, true);
+    }
     if (!small_mode()) {
       run_sink_attention(2, 512, {8320, 4096}, seed += 10, path);  // HCA at 1M: 128 + 8192 keys
       // Prefill-sized: more queries than the split threshold, real heads and width.
@@ -189,7 +228,9 @@ std::vector<float> cpu_pool_entry(const std::vector<const float*>& prev,
   cpu::rms_norm(e.data(), 1, d, norm_w.data(), eps, e.data());
   cpu::rope_apply(e.data(), d, inv_freq, block * m, false);
   if (post == CompressorPost::kKvFp8) {
-    numeric::fp8_block_simulate(e.data(), d - 2 * static_cast<int64_t>(inv_freq.size()), 64);
+    const int64_t rope = 2 * static_cast<int64_t>(inv_freq.size());
+    numeric::fp8_block_simulate(e.data(), d - rope, 64);
+    numeric::bf16_simulate(e.data() + d - rope, rope);
   } else if (post == CompressorPost::kIndexFp4) {
     numeric::hadamard_transform(e.data(), d);
     numeric::fp4_block_simulate(e.data(), d, 32);
