@@ -56,6 +56,10 @@ void fp4_block_simulate(float* x, int64_t n, int64_t block) {
   }
 }
 
+void bf16_simulate(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
+}
+
 void hadamard_transform(float* x, int64_t n) {
   DSI_CHECK(n > 0 && (n & (n - 1)) == 0,
             "Hadamard size %lld is not a power of two",

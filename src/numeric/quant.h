@@ -27,6 +27,10 @@ void fp8_block_quantize(
 // 1 x 32 FP4 E2M1 with UE8M0 scales: x <- e2m1(clamp(x / s, +-6)) * s.
 void fp4_block_simulate(float* x, int64_t n, int64_t block);
 
+// x <- bf16(x) (round to nearest even) over n consecutive values: the RoPE dims of the KV rows
+// and the attention queries of `deepseek` numerics (docs/numerics.md, point 4).
+void bf16_simulate(float* x, int64_t n);
+
 // Unnormalised Sylvester Walsh-Hadamard transform of x (n a power of two), scaled by 1/sqrt(n).
 void hadamard_transform(float* x, int64_t n);
 

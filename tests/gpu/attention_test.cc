@@ -6,6 +6,9 @@
 //
 // Tolerances. Sink attention: the output is a convex combination of key rows; CUDA's expf and
 // the online-softmax order move each weight by a few ulps, so |gpu - cpu| <= 2e-5 * max|k|.
+// With BF16 operands (deepseek numerics) against cpu::attention_with_sink_bf16: the same, plus
+// one BF16 step for each probability close enough to a rounding midpoint to land on the other
+// side (bf16_flip_allowance).
 // Compressor without simulation: the CPU's softmax and sums in the CPU's order, differing by
 // expf / sinf / cosf ulps: 1e-5 relative to the entry's RMS. With FP8/FP4 simulation a ulp can
 // move a value across a rounding boundary: at most 2% of the values may differ by up to one grid
@@ -32,6 +35,47 @@ namespace {
 
 // ---- sink attention ----------------------------------------------------------------------------
 
+// BF16 operands: the GPU rounds the same probabilities e_j = 2^(u_j - M) to BF16 as
+// cpu::attention_with_sink_bf16, but its u_j differ in the last bits (fp32 sums in another order,
+// exp2f ulps), so a probability within ~1e-5 relative of a BF16 rounding midpoint may land on the
+// other neighbour: one BF16 step, <= 2^-7 e_j, i.e. 2^-7 e_j / l |k_j| on the output. Adds that
+// for every probability within 2^-12 relative of a midpoint (generous) to tol[h * dim + d].
+void bf16_flip_allowance(const float* q,
+                         int64_t heads,
+                         int64_t dim,
+                         const std::vector<const float*>& keys,
+                         const std::vector<float>& sinks,
+                         float scale,
+                         double* tol) {
+  const double log2e = 1.4426950408889634;
+  std::vector<double> e(keys.size());
+  for (int64_t h = 0; h < heads; ++h) {
+    const double us = sinks[h] * log2e;
+    double umax = us;
+    for (size_t j = 0; j < keys.size(); ++j) {
+      double dd = 0.0;
+      for (int64_t d = 0; d < dim; ++d)
+        dd += static_cast<double>(numeric::round_to_bf16(q[h * dim + d])) * keys[j][d];
+      e[j] = dd * scale * log2e;
+      umax = std::max(umax, e[j]);
+    }
+    const double m = std::ceil(umax);
+    double l = std::exp2(us - m);
+    for (double& v : e) {
+      v = std::exp2(v - m);
+      l += v;
+    }
+    for (size_t j = 0; j < keys.size(); ++j) {
+      const float lo = static_cast<float>(e[j] * (1.0 - 0x1p-12));
+      const float hi = static_cast<float>(e[j] * (1.0 + 0x1p-12));
+      if (numeric::round_to_bf16(lo) == numeric::round_to_bf16(hi))
+        continue;
+      for (int64_t d = 0; d < dim; ++d)
+        tol[h * dim + d] += 0x1p-7 * e[j] / l * std::fabs(keys[j][d]);
+    }
+  }
+}
+
 // Paths of launch_sink_attention: the one-warp-per-key kernel, the tensor-core kernel with one
 // block per query, and the tensor-core kernel with split key lists (decode-sized nq).
 enum class AttnPath { kSimple, kMma, kMmaSplit };
@@ -41,9 +85,12 @@ void run_sink_attention(int64_t heads,
                         const std::vector<int64_t>& key_counts,
                         uint32_t seed,
                         AttnPath path = AttnPath::kMmaSplit,
-                        int64_t exact_dims = 0) {
+                        int64_t exact_dims = 0,
+                        bool bf16 = false) {
   SCOPED_TRACE("sink attention heads " + std::to_string(heads) + " dim " + std::to_string(dim) +
-               " path " + std::to_string(static_cast<int>(path)));
+               " path " + std::to_string(static_cast<int>(path)) + (bf16 ? " bf16" : ""));
+  if (bf16)
+    exact_dims = dim;  // deepseek KV rows: every value BF16-exact
   std::mt19937 rng(seed);
   const int64_t nq = static_cast<int64_t>(key_counts.size());
   const int64_t pool_rows = 9000;
@@ -89,17 +136,30 @@ void run_sink_attention(int64_t heads,
       for (int64_t d = 0; d < dim; ++d) kmax = std::max<double>(kmax, std::fabs(k[d]));
     }
     begin.push_back(static_cast<int64_t>(refs.size()));
-    cpu::attention_with_sink(q.data() + qi * heads * dim,
-                             heads,
-                             dim,
-                             keys,
-                             sinks.data(),
-                             scale,
-                             want.data() + qi * heads * dim);
+    (bf16 ? cpu::attention_with_sink_bf16 : cpu::attention_with_sink)(
+        q.data() + qi * heads * dim,
+        heads,
+        dim,
+        keys,
+        sinks.data(),
+        scale,
+        want.data() + qi * heads * dim);
     // Tensor cores: q, k and p in BF16 high + low halves, ~2^-17 relative per product, over
-    // up to 512-term dots of |q| ~ 1.5 sigma values: 5e-5 of the largest key value.
-    const double rel = path == AttnPath::kSimple ? 2e-5 : 5e-5;
+    // up to 512-term dots of |q| ~ 1.5 sigma values: 5e-5 of the largest key value. BF16
+    // operands: the products are exact on both sides, only fp32 sums and exp2f differ (2e-5),
+    // plus bf16_flip_allowance for the probabilities that such a difference can round to the
+    // other BF16 neighbour.
+    const double rel = path == AttnPath::kSimple || bf16 ? 2e-5 : 5e-5;
     for (int64_t i = 0; i < heads * dim; ++i) tol[qi * heads * dim + i] = rel * kmax + 1e-30;
+    if (bf16) {
+      bf16_flip_allowance(q.data() + qi * heads * dim,
+                          heads,
+                          dim,
+                          keys,
+                          sinks,
+                          scale,
+                          tol.data() + qi * heads * dim);
+    }
   }
   if (refs.empty())
     refs.push_back(kKvRefNone);
@@ -122,11 +182,12 @@ void run_sink_attention(int64_t heads,
                                                           .tensor_cores = path != AttnPath::kSimple,
                                                           .split_scratch = d_scratch.get(),
                                                           .split_scratch_floats = scratch_floats,
-                                                          .exact_dims = exact_dims},
+                                                          .exact_dims = exact_dims,
+                                                          .bf16_operands = bf16},
                                       nullptr));
   sync();
   const std::vector<float> got = d_out.download();
-  expect_within(want, got, tol, "sink attention");
+  expect_within(want, got, tol, bf16 ? "sink attention (bf16 operands)" : "sink attention");
   EXPECT_EQ(got.back(), 3.0f) << "write past the end";
 }
 
@@ -142,6 +203,22 @@ TEST_F(GpuTest, SinkAttentionMatchesCpu) {
     run_sink_attention(64, 512, {31, 33, 0, 64, 65}, seed += 10, path);  // tile edges
     // deepseek numerics' keys: the 448 no-RoPE dims exact in BF16, their low-half MMAs skipped.
     run_sink_attention(64, 512, {128, 640, 1, 700}, seed += 10, path, 448);
+    // BF16 operands (deepseek numerics, cpu::attention_with_sink_bf16): small shapes, the
+    // unsupported dims of the simple kernel, real heads and width with masked keys, tile edges
+    // and splits (decode-sized nq), and prefill-sized nq without splits.
+    for (int64_t dim : {64, 128, 7, 512}) {
+      for (int64_t heads : {1, 3, 17}) {
+        run_sink_attention(heads, dim, {0, 1, 3, 7, 129, 640, 733}, seed += 10, path, 0, true);
+      }
+    }
+    run_sink_attention(
+        64, 512, {1, 31, 32, 33, 0, 64, 65, 128, 640, 700}, seed += 10, path, 0, true);
+    if (!small_mode()) {
+      run_sink_attention(2, 512, {8320, 4096}, seed += 10, path, 0, true);
+      std::vector<int64_t> many(300);
+      for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(1 + i * 7 % 700);
+      run_sink_attention(64, 512, many, seed += 10, path, 0, true);
+    }
     if (!small_mode()) {
       run_sink_attention(2, 512, {8320, 4096}, seed += 10, path);  // HCA at 1M: 128 + 8192 keys
       // Prefill-sized: more queries than the split threshold, real heads and width.
@@ -189,7 +266,9 @@ std::vector<float> cpu_pool_entry(const std::vector<const float*>& prev,
   cpu::rms_norm(e.data(), 1, d, norm_w.data(), eps, e.data());
   cpu::rope_apply(e.data(), d, inv_freq, block * m, false);
   if (post == CompressorPost::kKvFp8) {
-    numeric::fp8_block_simulate(e.data(), d - 2 * static_cast<int64_t>(inv_freq.size()), 64);
+    const int64_t rope = 2 * static_cast<int64_t>(inv_freq.size());
+    numeric::fp8_block_simulate(e.data(), d - rope, 64);
+    numeric::bf16_simulate(e.data() + d - rope, rope);
   } else if (post == CompressorPost::kIndexFp4) {
     numeric::hadamard_transform(e.data(), d);
     numeric::fp4_block_simulate(e.data(), d, 32);

@@ -201,7 +201,9 @@ TEST_F(GpuTest, QuantSimIsBitExact) {
                         Case{QuantSim::kFp4, 64, 32, true},
                         Case{QuantSim::kFp4, 129, 32, false},
                         Case{QuantSim::kNone, 256, 32, true},
-                        Case{QuantSim::kFp4, 1, 32, true}}) {
+                        Case{QuantSim::kFp4, 1, 32, true},
+                        Case{QuantSim::kBf16, 64, 64, false},
+                        Case{QuantSim::kBf16, 333, 64, false}}) {
     for (int64_t rows : kRows) {
       SCOPED_TRACE("quant_sim len " + std::to_string(c.len) + " block " + std::to_string(c.block) +
                    (c.hadamard ? " hadamard" : "") + " rows " + std::to_string(rows));
@@ -222,6 +224,8 @@ TEST_F(GpuTest, QuantSimIsBitExact) {
           numeric::fp8_block_simulate(v, c.len, c.block);
         if (c.kind == QuantSim::kFp4)
           numeric::fp4_block_simulate(v, c.len, c.block);
+        if (c.kind == QuantSim::kBf16)
+          numeric::bf16_simulate(v, c.len);
       }
       DevVec<float> d_x(x);
       DSI_EXPECT_OK(launch_quant_sim(QuantSimParams{.x = d_x.get(),

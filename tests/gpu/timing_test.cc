@@ -79,6 +79,42 @@ TEST_F(GpuTest, OpTimings) {
     });
     std::printf("timing sink attention 8 queries x 64 heads x 640 keys x 512: %.3f ms\n", ms);
   }
+  // Sink attention, prefill-sized: 2048 queries x 64 heads x 512, 640 keys each gathered from
+  // 8192 rows; the fp32-split kernel (reference numerics) and the BF16-operand one (deepseek).
+  {
+    const int64_t nq = 2048, heads = 64, dim = 512, nk = 640, rows = 8192;
+    DevVec<float> pool(normal_floats(static_cast<size_t>(rows * dim), 8));
+    DevVec<float> q(normal_floats(static_cast<size_t>(nq * heads * dim), 9));
+    std::vector<int64_t> begin, refs;
+    for (int64_t i = 0; i <= nq; ++i) begin.push_back(i * nk);
+    for (int64_t i = 0; i < nq * nk; ++i) refs.push_back((i * 2654435761ll % rows) * dim);
+    DevVec<int64_t> d_begin(begin), d_refs(refs);
+    DevVec<float> sinks(static_cast<size_t>(heads)), out(static_cast<size_t>(nq * heads * dim));
+    for (bool bf16 : {false, true}) {
+      const double ms = time_ms([&] {
+        (void)launch_sink_attention(SinkAttentionParams{.q = q.get(),
+                                                        .nq = nq,
+                                                        .heads = heads,
+                                                        .dim = dim,
+                                                        .pool = pool.get(),
+                                                        .key_begin = d_begin.get(),
+                                                        .key_refs = d_refs.get(),
+                                                        .sinks = sinks.get(),
+                                                        .scale = 0.044f,
+                                                        .out = out.get(),
+                                                        .exact_dims = bf16 ? 0 : 448,
+                                                        .bf16_operands = bf16},
+                                    nullptr);
+      });
+      // One block per query and SM: 132 blocks run 20 tiles of 32 keys at a time.
+      std::printf(
+          "timing sink attention prefill %s 2048 queries x 64 heads x 640 keys x 512: %.3f ms "
+          "(%.2f us per 32-key tile)\n",
+          bf16 ? "bf16 operands" : "fp32 split (exact_dims 448)",
+          ms,
+          ms * 1e3 * 132.0 / static_cast<double>(nq * nk / 32));
+    }
+  }
   // Indexer scores + top-512 at 1M context (262144 blocks), 64 heads x 128, one query.
   {
     const int64_t heads = 64, dim = 128, nb = 262144, page_floats = 16384;

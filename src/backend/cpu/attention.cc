@@ -81,6 +81,7 @@ void compress_chunk(
     rope_apply(e.data(), d, *a.inv_freq, w * m, false);  // at the block's first position
     if (a.post == EntryPost::kKvFp8) {
       numeric::fp8_block_simulate(e.data(), d - a.rope_dim, 64);
+      numeric::bf16_simulate(e.data() + d - a.rope_dim, a.rope_dim);
     } else if (a.post == EntryPost::kIndexFp4) {
       numeric::hadamard_transform(e.data(), d);
       numeric::fp4_block_simulate(e.data(), d, 32);
@@ -127,8 +128,10 @@ void CpuModel::attention(const model::AttentionWeights& w,
   rms_norm(kv.data(), n, hd, w.kv_norm.data(), eps, kv.data());
   for (int64_t t = 0; t < n; ++t) {
     rope_apply(kv.data() + t * hd, hd, freqs, first_pos + t, false);
-    if (deepseek)
+    if (deepseek) {  // the stored KV row: FP8 nope dims, BF16 RoPE dims
       numeric::fp8_block_simulate(kv.data() + t * hd, nope, 64);
+      numeric::bf16_simulate(kv.data() + t * hd + nope, rd);
+    }
   }
 
   // 3.6 compressors: append every entry that closes inside this chunk.
@@ -216,7 +219,13 @@ void CpuModel::attention(const model::AttentionWeights& w,
       for (int32_t blk : selected[t]) keys.push_back(ls.entry(blk));
     }
     float* ot = o.data() + t * heads * hd;
-    attention_with_sink(q.data() + t * heads * hd, heads, hd, keys, w.attn_sink.data(), scale, ot);
+    if (deepseek) {  // BF16 q, keys and probabilities (docs/numerics.md, point 4)
+      attention_with_sink_bf16(
+          q.data() + t * heads * hd, heads, hd, keys, w.attn_sink.data(), scale, ot);
+    } else {
+      attention_with_sink(
+          q.data() + t * heads * hd, heads, hd, keys, w.attn_sink.data(), scale, ot);
+    }
     for (int64_t h = 0; h < heads; ++h) rope_apply(ot + h * hd, hd, freqs, pos, true);
   }
   for (int64_t t = 0; t < n; ++t) {

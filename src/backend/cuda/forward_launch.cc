@@ -149,6 +149,10 @@ Status CudaModel::launch_attention(const DAttention& w,
     qs.block = 64;
     qs.kind = cuda::QuantSim::kFp8;
     DSI_RETURN_IF_ERROR(cuda::launch_quant_sim(qs, s));
+    qs.x = kv + (hd - rd);  // the RoPE dims are stored as BF16
+    qs.len = rd;
+    qs.kind = cuda::QuantSim::kBf16;
+    DSI_RETURN_IF_ERROR(cuda::launch_quant_sim(qs, s));
   }
   // Compressors.
   if (plan.attention != AttentionType::kSliding) {
@@ -238,8 +242,9 @@ Status CudaModel::launch_attention(const DAttention& w,
   sp.sinks = w.sinks;
   sp.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   sp.out = o;
-  // deepseek numerics: the no-RoPE dims of every key (window rows and entries) are FP8 values.
-  sp.exact_dims = numerics_ == model::Numerics::kDeepSeek ? hd - rd : 0;
+  // deepseek numerics: BF16 q, keys (FP8 no-RoPE dims, BF16 RoPE dims: exact) and probabilities,
+  // as DeepSeek's kernel (docs/numerics.md, point 4).
+  sp.bf16_operands = numerics_ == model::Numerics::kDeepSeek;
   // Split key lists (few queries) sum in an order that depends on the batch: not when invariant.
   sp.split_scratch_floats =
       options_.batch_invariant ? 0 : cuda::sink_attention_scratch_floats(n, heads, hd);

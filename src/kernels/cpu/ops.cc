@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "base/check.h"
+#include "numeric/float_formats.h"
 #include "numeric/quant.h"
 
 namespace dsinfer::cpu {
@@ -134,6 +135,43 @@ void attention_with_sink(const float* q,
       const float* k = keys[j];
       for (int64_t d = 0; d < dim; ++d) oh[d] += p * k[d];
     }
+  }
+}
+
+void attention_with_sink_bf16(const float* q,
+                              int64_t heads,
+                              int64_t dim,
+                              const std::vector<const float*>& keys,
+                              const float* sinks,
+                              float scale,
+                              float* out) {
+  const int64_t nk = static_cast<int64_t>(keys.size());
+  const float log2e = 1.4426950408889634f;
+  const float c = scale * log2e;
+  std::vector<float> u(static_cast<size_t>(nk));
+  std::vector<float> qb(static_cast<size_t>(dim));
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* qh = q + h * dim;
+    float* oh = out + h * dim;
+    std::fill(oh, oh + dim, 0.0f);
+    for (int64_t d = 0; d < dim; ++d) qb[d] = numeric::round_to_bf16(qh[d]);
+    const float us = sinks[h] * log2e;
+    float umax = us;
+    for (int64_t j = 0; j < nk; ++j) {
+      u[j] = dot(qb.data(), keys[j], dim) * c;
+      umax = std::max(umax, u[j]);
+    }
+    const float m = std::ceil(umax);
+    double denom = std::exp2(us - m);
+    for (int64_t j = 0; j < nk; ++j) {
+      const float e = std::exp2(u[j] - m);
+      denom += e;
+      const float p = numeric::round_to_bf16(e);
+      const float* k = keys[j];
+      for (int64_t d = 0; d < dim; ++d) oh[d] += p * k[d];
+    }
+    const float inv = static_cast<float>(1.0 / denom);
+    for (int64_t d = 0; d < dim; ++d) oh[d] *= inv;
   }
 }
 

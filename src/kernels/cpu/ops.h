@@ -48,6 +48,23 @@ void attention_with_sink(const float* q,
                          float scale,
                          float* out);
 
+// attention_with_sink with the BF16 operands of DeepSeek's attention kernel (`deepseek` numerics,
+// docs/numerics.md point 4). Per head h, with log2e = fp32(log2 e) and c = fp32(scale * log2e):
+//   qb = bf16(q_h) (RNE); u_j = fp32(qb . k_j) * c; u_s = sinks[h] * log2e;
+//   M = ceil(max(u_s, u_j)) (an integer: every rescaling by 2^(M' - M) is exact);
+//   e_j = exp2f(u_j - M) (fp32, unrounded); l = exp2f(u_s - M) + sum_j e_j;
+//   out_h = (sum_j bf16(e_j) k_j) / l, the sum in fp32 in key order.
+// The keys are used as given (the caller stores them BF16-exact). Because bf16 rounding commutes
+// with powers of two, bf16(e_j) does not depend on which integer M a tiled or split evaluation
+// uses, so the CUDA kernel's online softmax rounds the same probabilities.
+void attention_with_sink_bf16(const float* q,
+                              int64_t heads,
+                              int64_t dim,
+                              const std::vector<const float*>& keys,
+                              const float* sinks,
+                              float scale,
+                              float* out);
+
 // Indices of the k largest values of scores[0, n) (k <= n), ordered by descending score, ties
 // broken towards the lower index.
 std::vector<int32_t> top_k_indices(const float* scores, int64_t n, int64_t k);

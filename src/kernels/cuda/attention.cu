@@ -18,10 +18,15 @@ constexpr int64_t kMaxGrid = 65535;
 // ---- sink attention ----------------------------------------------------------------------------
 // One block per (head, query); each warp runs an online softmax over a strided share of the keys
 // (lane l holds dims l, l+32, ...), then the warps' partial states are merged with the sink.
+// kBf16 (bf16_operands): q rounded to BF16, the running reference is an integer in base 2 (so
+// every rescaling is an exact power of two) and each probability is rounded to BF16 before it
+// weighs its key, as cpu::attention_with_sink_bf16.
 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnPer = kMaxAttnDim / 32;
+constexpr float kLog2e = 1.4426950408889634f;
 
+template <bool kBf16>
 __global__ void __launch_bounds__(kAttnWarps * 32) sink_attention_kernel(SinkAttentionParams p) {
   __shared__ float sm_acc[kAttnWarps][kMaxAttnDim];
   __shared__ float sm_m[kAttnWarps];
@@ -30,6 +35,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sink_attention_kernel(SinkAtt
   const int warp = threadIdx.x >> 5;
   const int64_t h = blockIdx.x;
   const int64_t dim = p.dim;
+  const float c2 = p.scale * kLog2e;
   for (int64_t qi = blockIdx.y; qi < p.nq; qi += gridDim.y) {
     const float* q = p.q + (qi * p.heads + h) * dim;
     float qv[kAttnPer];
@@ -38,6 +44,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sink_attention_kernel(SinkAtt
     for (int i = 0; i < kAttnPer; ++i) {
       const int64_t d = lane + 32 * i;
       qv[i] = d < dim ? q[d] : 0.0f;
+      if constexpr (kBf16)
+        qv[i] = numeric::round_to_bf16(qv[i]);
       acc[i] = 0.0f;
     }
     float m = -INFINITY;
@@ -56,16 +64,30 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sink_attention_kernel(SinkAtt
         kv[i] = d < dim ? k[d] : 0.0f;
         part += qv[i] * kv[i];
       }
-      const float logit = warp_sum(part) * p.scale;
-      const float m_new = fmaxf(m, logit);
-      if (m_new == -INFINITY)
-        continue;  // a -inf logit contributes nothing
-      const float corr = expf(m - m_new);
-      const float e = expf(logit - m_new);
-      l = l * corr + e;
+      if constexpr (kBf16) {
+        const float u = warp_sum(part) * c2;
+        const float m_new = fmaxf(m, ceilf(u));
+        if (m_new == -INFINITY)
+          continue;
+        const float corr = m == -INFINITY ? 0.0f : ldexpf(1.0f, static_cast<int>(m - m_new));
+        const float e = exp2f(u - m_new);
+        l = l * corr + e;
+        const float pb = numeric::round_to_bf16(e);
 #pragma unroll
-      for (int i = 0; i < kAttnPer; ++i) acc[i] = acc[i] * corr + e * kv[i];
-      m = m_new;
+        for (int i = 0; i < kAttnPer; ++i) acc[i] = acc[i] * corr + pb * kv[i];
+        m = m_new;
+      } else {
+        const float logit = warp_sum(part) * p.scale;
+        const float m_new = fmaxf(m, logit);
+        if (m_new == -INFINITY)
+          continue;  // a -inf logit contributes nothing
+        const float corr = expf(m - m_new);
+        const float e = expf(logit - m_new);
+        l = l * corr + e;
+#pragma unroll
+        for (int i = 0; i < kAttnPer; ++i) acc[i] = acc[i] * corr + e * kv[i];
+        m = m_new;
+      }
     }
 #pragma unroll
     for (int i = 0; i < kAttnPer; ++i) {
@@ -79,13 +101,25 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sink_attention_kernel(SinkAtt
     }
     __syncthreads();
     const float sink = p.sinks[h];
-    float mx = sink;
-    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm_m[w]);
     float f[kAttnWarps];
-    float denom = expf(sink - mx);
-    for (int w = 0; w < kAttnWarps; ++w) {
-      f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - mx);
-      denom += sm_l[w] * f[w];
+    float denom;
+    if constexpr (kBf16) {
+      const float us = sink * kLog2e;
+      float mx = ceilf(us);
+      for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm_m[w]);
+      denom = exp2f(us - mx);
+      for (int w = 0; w < kAttnWarps; ++w) {
+        f[w] = sm_m[w] == -INFINITY ? 0.0f : ldexpf(1.0f, static_cast<int>(sm_m[w] - mx));
+        denom += sm_l[w] * f[w];
+      }
+    } else {
+      float mx = sink;
+      for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm_m[w]);
+      denom = expf(sink - mx);
+      for (int w = 0; w < kAttnWarps; ++w) {
+        f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - mx);
+        denom += sm_l[w] * f[w];
+      }
     }
     const float inv = 1.0f / denom;
     float* o = p.out + (qi * p.heads + h) * dim;
@@ -197,6 +231,7 @@ __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(Compresso
     __syncthreads();
     if (p.post == CompressorPost::kKvFp8) {
       quant_row_block(e, d - 2 * p.rope_half, 64, QuantSim::kFp8);
+      quant_row_block(e + d - 2 * p.rope_half, 2 * p.rope_half, 64, QuantSim::kBf16);
     } else if (p.post == CompressorPost::kIndexFp4) {
       hadamard_block(e, d);
       quant_row_block(e, d, 32, QuantSim::kFp4);
@@ -380,7 +415,11 @@ Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream) 
   if (sink_attention_mma_supports(p))
     return launch_sink_attention_mma(p, stream);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(std::min(p.nq, kMaxGrid)));
-  sink_attention_kernel<<<grid, kAttnWarps * 32, 0, stream>>>(p);
+  if (p.bf16_operands) {
+    sink_attention_kernel<true><<<grid, kAttnWarps * 32, 0, stream>>>(p);
+  } else {
+    sink_attention_kernel<false><<<grid, kAttnWarps * 32, 0, stream>>>(p);
+  }
   return launched("sink_attention launch");
 }
 

@@ -40,6 +40,10 @@ inline constexpr int64_t kMaxAttnDim = 512;
 //   l_j = (q_h . k_j) * scale over the query's keys j (K = V rows of `dim` floats),
 //   out_h = sum_j exp(l_j - m) k_j / (sum_j exp(l_j - m) + exp(sink_h - m)), m = max(sink_h, l).
 // Query q's keys are key_refs[key_begin[q] .. key_begin[q+1]) (CSR). No keys: out = 0.
+// With bf16_operands (`deepseek` numerics), cpu::attention_with_sink_bf16 instead: q rounded to
+// BF16, probabilities 2^(u_j - M) rounded to BF16 for P.V against an integer (power-of-two)
+// reference M, the denominator from the unrounded ones. The keys must be BF16 values already
+// (the deepseek KV rows are); the tensor-core path rounds them to BF16 on the way in.
 struct SinkAttentionParams {
   const float* q = nullptr;  // [nq, heads, dim]
   int64_t nq = 0;
@@ -64,6 +68,10 @@ struct SinkAttentionParams {
   // Dims [0, exact_dims) of every key are exactly BF16 values (the FP8-simulated no-RoPE dims of
   // `deepseek` numerics): their low halves are zero, and the tensor-core path skips those MMAs.
   int64_t exact_dims = 0;
+  // BF16 q, keys and probabilities as DeepSeek's kernel has them (see above). The tensor-core
+  // path then keeps q and the key tile in BF16 only and does one MMA per product; exact_dims is
+  // not used.
+  bool bf16_operands = false;
 };
 Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream);
 
@@ -96,7 +104,8 @@ enum class CompressorPost { kNone, kKvFp8, kIndexFp4 };
 // rows token_refs[e, :]: with overlap (CSA), the previous block's m rows (channel c; kKvRefNone
 // for block 0) then the own block's m rows (channel d + c); without (HCA) the own block's m rows
 // (channel c). Then RMSNorm (norm_weight, eps), RoPE at position block[e] * ratio on the last
-// 2*rope_half dims, and the storage simulation: kKvFp8 = FP8 1x64 on [0, d - 2*rope_half),
+// 2*rope_half dims, and the storage simulation: kKvFp8 = FP8 1x64 on [0, d - 2*rope_half) and
+// BF16 on the RoPE dims,
 // kIndexFp4 = Hadamard over d, FP4 1x32. Entry e is written to out + out_offsets[e] (or e * d).
 // An entry with block[e] < 0 is skipped (nothing read or written): fixed-size launches captured
 // in CUDA graphs pass every potential entry and mark the ones that do not close.

@@ -12,6 +12,15 @@
 // With splits, the partial (m, l, acc) of each split go to scratch and a second kernel merges
 // them in split order.
 //
+// BF16 operands (`deepseek` numerics, sink_attention_bf16_kernel): q and the key tile live in
+// shared memory as BF16 only (RNE), so q.k and P.V are one MMA per product; the running max is
+// an integer in base 2 (u = logit * log2 e, M = ceil(max u)), so the rescalings 2^(M - M') are
+// exact, and the probabilities 2^(u - M) are rounded to BF16 as they become the A fragments of
+// P.V: the same rounded values as the CPU's one-pass attention_with_sink_bf16 whatever the
+// tiling or the splits. The key tiles are double buffered: while the warps run the MMAs of
+// tile t, cp.async copies the fp32 rows of tile t + 1 into a staging buffer, converted to BF16
+// once they are all in.
+//
 // Indexer scores: one block per (query, run of 64-key tiles), heads as M again; the q fragments
 // stay in registers, the dots of a tile land in shared memory, and one thread per key sums
 // w_h * relu(dot_h) over the heads in the CPU's serial order.
@@ -322,12 +331,277 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+__host__ __device__ constexpr size_t attn_bf16_smem_bytes(int dim, int rows) {
+  return static_cast<size_t>(rows + kTk) * attn_sd(dim) * 2 +    // q, key tile (BF16)
+         static_cast<size_t>(kTk) * dim * 4 +                    // staged fp32 key rows
+         static_cast<size_t>(2 * rows * kSx) * 4 + 2 * kTk * 4;  // score exchange, valid flags
+}
+
+template <int D>
+__global__ void __launch_bounds__(256, 1)
+    sink_attention_bf16_kernel(SinkAttentionParams p, int hw, int nsplit, float* part) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int SD = attn_sd(D);
+  constexpr int HALF = D / 2;
+  constexpr int KS = HALF / 16;  // q.k k-steps per warp
+  constexpr int NT = HALF / 8;   // P.V n-tiles per warp
+  constexpr int C4 = D / 4;      // 16-byte chunks per key row
+  const int rows = 16 * hw;
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* ks = qs + rows * SD;
+  float* stage = reinterpret_cast<float*>(ks + kTk * SD);  // [kTk][D]
+  float* sx = stage + kTk * D;                             // [2][rows][kSx]
+  int* valid = reinterpret_cast<int*>(sx + 2 * rows * kSx);
+  int* svalid = valid + kTk;  // flags of the staged tile
+  const int nthreads = blockDim.x;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int wh = warp % hw;
+  const int half = warp / hw;
+  const int r0 = 16 * wh + g;
+  const int r1 = r0 + 8;
+  const int split = static_cast<int>(blockIdx.x);
+  const int64_t heads = p.heads;
+  const float c2 = p.scale * kLog2e;
+  // Staging: thread -> (key lj of the tile, every tpk-th 16-byte chunk of its row from lc).
+  const int tpk = nthreads / kTk;
+  const int lj = threadIdx.x / tpk;
+  const int lc = threadIdx.x % tpk;
+  for (int64_t qi = blockIdx.y; qi < p.nq; qi += gridDim.y) {
+    const float* q = p.q + qi * heads * D;
+    for (int i = threadIdx.x; i < rows * HALF; i += nthreads) {
+      const int r = i / HALF;
+      const int c = (i % HALF) * 2;
+      const float2 v =
+          r < heads ? *reinterpret_cast<const float2*>(q + r * D + c) : make_float2(0.0f, 0.0f);
+      *reinterpret_cast<uint32_t*>(qs + r * SD + c) = mma::pack_bf16(v.x, v.y);
+    }
+    const int64_t kb = p.key_begin[qi];
+    const int64_t ke = p.key_begin[qi + 1];
+    const int64_t tiles = (ke - kb + kTk - 1) / kTk;
+    const int64_t per = (tiles + nsplit - 1) / nsplit;
+    const int64_t t0 = split * per;
+    const int64_t t1 = min(tiles, t0 + per);
+    // This thread's key reference of a tile (loaded one tile ahead of its use).
+    auto ref_of = [&](int64_t tile) -> int64_t {
+      const int64_t idx = kb + tile * kTk + lj;
+      return tile < t1 && idx < ke ? p.key_refs[idx] : kKvRefNone;
+    };
+    // Starts the copies of one tile's rows into the staging buffer (one commit group).
+    auto stage_tile = [&](int64_t ref) {
+      const float* kp = kv_ref_ptr(p.pool, p.local, ref);
+      float* dst = stage + lj * D;
+      if (kp == nullptr) {
+        for (int c = lc; c < C4; c += tpk)
+          *reinterpret_cast<float4*>(dst + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      } else if ((reinterpret_cast<uintptr_t>(kp) & 15u) == 0) {
+        for (int c = lc; c < C4; c += tpk) mma::cp_async16(dst + 4 * c, kp + 4 * c, 16);
+      } else {  // rows need not be 16-byte aligned
+        for (int c = lc; c < C4; c += tpk) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mma::cp_async4(dst + 4 * c + e, kp + 4 * c + e);
+        }
+      }
+      if (lc == 0)
+        svalid[lj] = kp != nullptr;
+      mma::cp_async_commit();
+    };
+    // Waits for the staged tile and converts it to the BF16 key tile (RNE).
+    auto convert_staged = [&]() {
+      mma::cp_async_wait<0>();
+      __syncthreads();  // every thread's copies landed; the key tile's readers are done
+      for (int i = threadIdx.x; i < kTk * C4; i += nthreads) {
+        const int j = i / C4;
+        const int c = (i % C4) * 4;
+        const float4 v = *reinterpret_cast<const float4*>(stage + j * D + c);
+        *reinterpret_cast<uint2*>(ks + j * SD + c) =
+            make_uint2(mma::pack_bf16(v.x, v.y), mma::pack_bf16(v.z, v.w));
+      }
+      if (threadIdx.x < kTk)
+        valid[threadIdx.x] = svalid[threadIdx.x];
+      __syncthreads();
+    };
+    // Row state of rows r0 / r1 in base 2: the sink seeds the reference M = ceil(sink * log2 e)
+    // (finite, so masked keys give 2^-inf = 0), and its mass 2^(u_sink - M) is counted once, on
+    // split 0 (lane t = 0 of the quad holds it; l is summed over the quad at the end).
+    const float us0 = (r0 < heads ? p.sinks[r0] : 0.0f) * kLog2e;
+    const float us1 = (r1 < heads ? p.sinks[r1] : 0.0f) * kLog2e;
+    float m0 = ceilf(us0);
+    float m1 = ceilf(us1);
+    float l0 = (split == 0 && t == 0) ? exp2f(us0 - m0) : 0.0f;
+    float l1 = (split == 0 && t == 0) ? exp2f(us1 - m1) : 0.0f;
+    float o[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    int64_t next_ref = ref_of(t0);
+    if (t0 < t1) {
+      stage_tile(next_ref);
+      next_ref = ref_of(t0 + 1);
+      convert_staged();  // also publishes q
+    }
+    for (int64_t tile = t0; tile < t1; ++tile) {
+      const bool more = tile + 1 < t1;
+      if (more) {  // the next tile's rows travel while this one is multiplied
+        stage_tile(next_ref);
+        next_ref = ref_of(tile + 2);
+      }
+      // Partial q.k over this warp's half of the dims.
+      float s[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll 4
+      for (int kstep = 0; kstep < KS; ++kstep) {
+        const int col = half * HALF + kstep * 16;
+        uint32_t a[4];
+        ldmatrix_x4(a, qs + (16 * wh + (lane & 15)) * SD + col + 8 * (lane >> 4));
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const int key = 16 * np + (lane & 7) + 8 * (lane >> 4);
+          uint32_t b[4];
+          ldmatrix_x4(b, ks + key * SD + col + 8 * ((lane >> 3) & 1));
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma_bf16(s[2 * np], a, b0);
+          mma_bf16(s[2 * np + 1], a, b1);
+        }
+      }
+      float* mine = sx + half * rows * kSx;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int c = 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(mine + r0 * kSx + c) = make_float2(s[nt][0], s[nt][1]);
+        *reinterpret_cast<float2*>(mine + r1 * kSx + c) = make_float2(s[nt][2], s[nt][3]);
+      }
+      __syncthreads();
+      // u = (half 0 + half 1) * scale * log2 e, masked.
+      float mx0 = -INFINITY;
+      float mx1 = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * nt + 2 * t + e;
+          const bool ok = valid[c] != 0;
+          const float a = sx[r0 * kSx + c] + sx[(rows + r0) * kSx + c];
+          const float b = sx[r1 * kSx + c] + sx[(rows + r1) * kSx + c];
+          s[nt][e] = ok ? a * c2 : -INFINITY;
+          s[nt][2 + e] = ok ? b * c2 : -INFINITY;
+          mx0 = fmaxf(mx0, s[nt][e]);
+          mx1 = fmaxf(mx1, s[nt][2 + e]);
+        }
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float n0 = fmaxf(m0, ceilf(mx0));
+      const float n1 = fmaxf(m1, ceilf(mx1));
+      const float c0 = ldexpf(1.0f, static_cast<int>(m0 - n0));  // exact powers of two
+      const float c1 = ldexpf(1.0f, static_cast<int>(m1 - n1));
+      m0 = n0;
+      m1 = n1;
+      l0 *= c0;
+      l1 *= c1;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        s[nt][0] = exp2f(s[nt][0] - m0);
+        s[nt][1] = exp2f(s[nt][1] - m0);
+        s[nt][2] = exp2f(s[nt][2] - m1);
+        s[nt][3] = exp2f(s[nt][3] - m1);
+        l0 += s[nt][0] + s[nt][1];  // the denominator takes the unrounded probabilities
+        l1 += s[nt][2] + s[nt][3];
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        o[i][0] *= c0;
+        o[i][1] *= c0;
+        o[i][2] *= c1;
+        o[i][3] *= c1;
+      }
+      // P.V: the probabilities rounded to BF16 are the A fragments (key groups 2kk, 2kk + 1).
+#pragma unroll
+      for (int kk = 0; kk < kTk / 16; ++kk) {
+        uint32_t pa[4];
+        pa[0] = mma::pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = mma::pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = mma::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = mma::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        const int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t v[4];
+          ldmatrix_x4_trans(v, ks + key * SD + half * HALF + 16 * np + 8 * (lane >> 4));
+          const uint32_t v0[2] = {v[0], v[1]}, v1[2] = {v[2], v[3]};
+          mma_bf16(o[2 * np], pa, v0);
+          mma_bf16(o[2 * np + 1], pa, v1);
+        }
+      }
+      if (more)
+        convert_staged();
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (nsplit == 1) {
+      const float i0 = 1.0f / l0;
+      const float i1 = 1.0f / l1;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int d = half * HALF + 8 * nt + 2 * t;
+        if (r0 < heads) {
+          float* out = p.out + (qi * heads + r0) * D + d;
+          out[0] = o[nt][0] * i0;
+          out[1] = o[nt][1] * i0;
+        }
+        if (r1 < heads) {
+          float* out = p.out + (qi * heads + r1) * D + d;
+          out[0] = o[nt][2] * i1;
+          out[1] = o[nt][3] * i1;
+        }
+      }
+    } else {
+      // part = [nsplit][nq][heads][D + 2]: the unnormalised accumulators, then M and l.
+      const int64_t stride = D + 2;
+      float* base = part + (static_cast<int64_t>(split) * p.nq + qi) * heads * stride;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int d = half * HALF + 8 * nt + 2 * t;
+        if (r0 < heads) {
+          base[r0 * stride + d] = o[nt][0];
+          base[r0 * stride + d + 1] = o[nt][1];
+        }
+        if (r1 < heads) {
+          base[r1 * stride + d] = o[nt][2];
+          base[r1 * stride + d + 1] = o[nt][3];
+        }
+      }
+      if (half == 0 && t == 0) {
+        if (r0 < heads) {
+          base[r0 * stride + D] = m0;
+          base[r0 * stride + D + 1] = l0;
+        }
+        if (r1 < heads) {
+          base[r1 * stride + D] = m1;
+          base[r1 * stride + D + 1] = l1;
+        }
+      }
+    }
+    __syncthreads();  // q and the staging buffer are rewritten by the next query
+  }
+}
+
 constexpr int kMaxSplits = 8;
 
 // Merges the splits of one (query, head) per block, in split order: the split weights
 // exp(m_s - max) / denominator once per row, then the weighted accumulators per dim.
+// pow2 (BF16 operands): m is an integer base-2 reference, and the split weights are exact
+// powers of two.
 __global__ void sink_attention_merge_kernel(
-    const float* part, int64_t nq, int64_t heads, int64_t dim, int nsplit, float* out) {
+    const float* part, int64_t nq, int64_t heads, int64_t dim, int nsplit, bool pow2, float* out) {
   __shared__ float wsplit[kMaxSplits];
   const int64_t stride = dim + 2;
   for (int64_t row = blockIdx.x; row < nq * heads; row += gridDim.x) {
@@ -337,7 +611,7 @@ __global__ void sink_attention_merge_kernel(
       float denom = 0.0f;
       for (int s = 0; s < nsplit; ++s) {
         const float* b = part + (s * nq * heads + row) * stride;
-        wsplit[s] = expf(b[dim] - mx);
+        wsplit[s] = pow2 ? ldexpf(1.0f, static_cast<int>(b[dim] - mx)) : expf(b[dim] - mx);
         denom += b[dim + 1] * wsplit[s];
       }
       const float inv = 1.0f / denom;
@@ -356,26 +630,27 @@ __global__ void sink_attention_merge_kernel(
 template <int D>
 Status launch_attention_d(const SinkAttentionParams& p, cudaStream_t stream) {
   const int hw = static_cast<int>(ceil_div(p.heads, 16));
-  const size_t smem = attn_smem_bytes(D, 16 * hw);
-  DSI_RETURN_IF_ERROR(
-      device::check_cuda(cudaFuncSetAttribute(sink_attention_mma_kernel<D>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(smem)),
-                         "sink_attention_mma smem attribute"));
+  const bool bf16 = p.bf16_operands;
+  const size_t smem = bf16 ? attn_bf16_smem_bytes(D, 16 * hw) : attn_smem_bytes(D, 16 * hw);
+  auto* kernel = bf16 ? sink_attention_bf16_kernel<D> : sink_attention_mma_kernel<D>;
+  DSI_RETURN_IF_ERROR(device::check_cuda(
+      cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+      "sink_attention_mma smem attribute"));
   int nsplit = static_cast<int>(sink_attention_splits(p.nq));
   if (nsplit > 1 && (p.split_scratch == nullptr ||
                      p.split_scratch_floats < sink_attention_scratch_floats(p.nq, p.heads, D))) {
     nsplit = 1;
   }
   const dim3 grid(static_cast<unsigned>(nsplit), static_cast<unsigned>(std::min(p.nq, kMaxGridY)));
-  sink_attention_mma_kernel<D><<<grid, 64 * hw, smem, stream>>>(p, hw, nsplit, p.split_scratch);
+  kernel<<<grid, 64 * hw, smem, stream>>>(p, hw, nsplit, p.split_scratch);
   DSI_RETURN_IF_ERROR(launched("sink_attention_mma launch"));
   if (nsplit > 1) {
     const int64_t rows = p.nq * p.heads;
     sink_attention_merge_kernel<<<static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)),
                                   128,
                                   0,
-                                  stream>>>(p.split_scratch, p.nq, p.heads, D, nsplit, p.out);
+                                  stream>>>(p.split_scratch, p.nq, p.heads, D, nsplit, bf16, p.out);
     DSI_RETURN_IF_ERROR(launched("sink_attention_merge launch"));
   }
   return Status();

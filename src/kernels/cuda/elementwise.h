@@ -57,8 +57,9 @@ Status launch_rope(const RopeParams& p, cudaStream_t stream);
 // kFp8: fp8_block_simulate(row, len, block) (1 x block E4M3, UE8M0 scales; KV nope dims use 64,
 // activations 128); kFp4: fp4_block_simulate(row, len, block) (E2M1, block 32). With hadamard,
 // the row's first `len` values (len a power of two) are rotated by numeric::hadamard_transform
-// first (the indexer's queries and keys). Bit-identical to the CPU functions.
-enum class QuantSim { kNone, kFp8, kFp4 };
+// first (the indexer's queries and keys). kBf16: numeric::bf16_simulate (each value rounded to
+// BF16, RNE; `block` is ignored). Bit-identical to the CPU functions.
+enum class QuantSim { kNone, kFp8, kFp4, kBf16 };
 struct QuantSimParams {
   float* x = nullptr;
   int64_t rows = 0;

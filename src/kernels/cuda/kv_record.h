@@ -8,7 +8,8 @@
 //     [.., + nope/64)           one UE8M0 scale byte per 64 nope dims
 //     zero padding to a multiple of 8 bytes
 //   The nope dims hold exactly numeric::fp8_block_simulate(row, nope, 64) (codes and scales of
-//   fp8_block_quantize); the rope dims are rounded to bf16 (the CPU reference keeps them fp32).
+//   fp8_block_quantize); the rope dims are rounded to bf16 (as `deepseek` numerics store them;
+//   `reference` numerics keep them fp32).
 //
 //   Index-key record (MXFP4; 68 B for index_head_dim 128): the indexer's keys.
 //     [0, dim/2)                packed E2M1 (low nibble = even dim)

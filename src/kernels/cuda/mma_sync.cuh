@@ -18,6 +18,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
                "l"(src),
                "r"(src_bytes));
 }
+// 4-byte variant for sources that are not 16-byte aligned (cached at all levels).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }

@@ -36,6 +36,8 @@ __device__ inline void quant_block_warp(float* x, int64_t len, QuantSim kind) {
       const float q = clamp_sym(x[i] / s, numeric::kFp4Max);
       x[i] = numeric::fp4_e2m1_to_f32(numeric::f32_to_fp4_e2m1(q)) * s;
     }
+  } else if (kind == QuantSim::kBf16) {
+    for (int64_t i = lane; i < len; i += 32) x[i] = numeric::round_to_bf16(x[i]);
   }
 }
 

@@ -65,13 +65,18 @@ using cpu::fast::WeightView;
 // Reference numerics: fp32 sums in another order, so differences are rounding (measured ~1e-5).
 // DeepSeek numerics: the same rounding differences sometimes move an activation across an FP8
 // E4M3 rounding boundary (one step = 1/16 of the value), so the budget is that of a few such
-// flips (measured up to 0.27 on the random-weight fixture tiny-a, 0.04 on the bundled model).
+// flips. The BF16 attention operands (docs/numerics.md point 4) add rounding points 16 times
+// finer than FP8 on many more values (every query, every stored RoPE dim), so a 1e-7 difference
+// now flips one of them far more often, and a flipped KV dim stays in the window for the later
+// positions: measured up to 0.70 max / 0.069 mean (tiny-a's MTP head, AVX2 kernels; the logits
+// agree to 1e-6 up to the first flip, then jump), 0.026 mean on the bundled model's MTP head,
+// 0.034 max on its main logits (before point 4: 0.27 on tiny-a, 0.04 on the bundled model).
 struct Budget {
   double max_abs;
   double mean_abs;
 };
 Budget budget(model::Numerics n) {
-  return n == model::Numerics::kReference ? Budget{2e-3, 2e-4} : Budget{0.5, 1e-2};
+  return n == model::Numerics::kReference ? Budget{2e-3, 2e-4} : Budget{1.5, 0.1};
 }
 
 std::vector<GemmKernels> available_kernels() {
@@ -641,7 +646,12 @@ TEST(FastModel, MtpAndDraftsMatchTheReference) {
         EXPECT_LE(d.max_abs, budget(num).max_abs) << dir << " chunk " << chunk;
         EXPECT_LE(d.mean_abs, budget(num).mean_abs) << dir << " chunk " << chunk;
         EXPECT_EQ(df, dr) << dir << " chunk " << chunk;
-        for (size_t i = 0; i < pr.size(); ++i) EXPECT_NEAR(pf[i], pr[i], 2e-2) << dir;
+        // DeepSeek numerics round q to BF16: a last-bit difference of an fp32 query value from
+        // the other summation order flips its BF16 value (2^-8 relative) about once per row,
+        // and on the random-weight tiny-a the four recurrent draft steps carry such flips
+        // across FP8 boundaries (measured: 0.068 on one probability, drafts unchanged).
+        const double ptol = num == model::Numerics::kReference ? 2e-2 : 0.1;
+        for (size_t i = 0; i < pr.size(); ++i) EXPECT_NEAR(pf[i], pr[i], ptol) << dir;
       }
     }
   }

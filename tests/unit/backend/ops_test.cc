@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -52,6 +53,166 @@ TEST(Ops, AttentionWithNoKeysIsZero) {
   const std::vector<float> q(8, 1.0f), sinks(2, 0.0f);
   std::vector<float> out(8, 7.0f);
   attention_with_sink(q.data(), 2, 4, {}, sinks.data(), 1.0f, out.data());
+  for (float v : out) EXPECT_EQ(v, 0.0f);
+}
+
+// The BF16 operands of `deepseek` numerics (docs/numerics.md point 4) against a double-precision
+// formulation that applies the three roundings by hand: q to BF16, each probability
+// 2^(u - M) to BF16 before it weighs its value, the denominator from the unrounded ones.
+TEST(Ops, AttentionWithSinkBf16RoundsQueryAndProbabilities) {
+  const int64_t heads = 3, dim = 16, nk = 9;
+  const auto q = randn(heads * dim, 11, 2.0f);
+  auto kv = randn(nk * dim, 12);
+  for (float& v : kv) v = numeric::round_to_bf16(v);  // the keys are stored BF16-exact
+  const std::vector<float> sinks = {0.5f, -1.0f, 2.0f};
+  std::vector<const float*> keys;
+  for (int64_t j = 0; j < nk; ++j) keys.push_back(kv.data() + j * dim);
+  const float scale = 0.25f;
+  std::vector<float> out(heads * dim), ref32(heads * dim);
+  attention_with_sink_bf16(q.data(), heads, dim, keys, sinks.data(), scale, out.data());
+  attention_with_sink(q.data(), heads, dim, keys, sinks.data(), scale, ref32.data());
+  const double log2e = 1.4426950408889634;
+  double max_vs_fp32 = 0.0;
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<double> u(nk);
+    double umax = sinks[h] * log2e;
+    for (int64_t j = 0; j < nk; ++j) {
+      double s = 0;
+      for (int64_t d = 0; d < dim; ++d)
+        s += static_cast<double>(numeric::round_to_bf16(q[h * dim + d])) * kv[j * dim + d];
+      u[j] = s * scale * log2e;
+      umax = std::max(umax, u[j]);
+    }
+    // Any integer reference gives the same rounded probabilities; use floor instead of ceil.
+    const double m = std::floor(umax);
+    double denom = std::exp2(sinks[h] * log2e - m);
+    std::vector<double> p(nk);
+    for (int64_t j = 0; j < nk; ++j) {
+      const double e = std::exp2(u[j] - m);
+      denom += e;
+      p[j] = numeric::round_to_bf16(static_cast<float>(e));
+    }
+    for (int64_t d = 0; d < dim; ++d) {
+      double o = 0;
+      for (int64_t j = 0; j < nk; ++j) o += p[j] * kv[j * dim + d];
+      o /= denom;
+      // fp32 logits and exp2 may move a probability by one BF16 step only at a tie: the random
+      // data here has none, so the bound is fp32 rounding.
+      EXPECT_NEAR(out[h * dim + d], o, 2e-6 * (1.0 + std::fabs(o))) << h << " " << d;
+      max_vs_fp32 = std::max(max_vs_fp32, std::fabs(o - ref32[h * dim + d]));
+    }
+  }
+  // The roundings are visible: BF16 q and P move the output by ~2^-9 relative, fp32 would not.
+  EXPECT_GT(max_vs_fp32, 1e-4);
+}
+
+// BF16 rounding commutes with powers of two, so the rounded probability does not depend on which
+// integer reference M a tiled or split evaluation uses (the CUDA kernel's online softmax).
+TEST(Ops, Bf16ProbabilityIsIndependentOfThePowerOfTwoReference) {
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> du(-30.0f, 0.0f);
+  for (int i = 0; i < 10000; ++i) {
+    const float u = du(g);
+    const float a = numeric::round_to_bf16(std::exp2(u));
+    for (int k : {1, 3, 17}) {
+      const float b = numeric::round_to_bf16(std::exp2(u - static_cast<float>(k)));
+      EXPECT_EQ(a, std::ldexp(b, k)) << u << " " << k;
+    }
+  }
+}
+
+// The CUDA kernel's evaluation order on the CPU: key tiles of 32 with a running integer
+// reference, a split of the key list merged by powers of two. Every rounded probability equals
+// the one-pass function's, so the outputs agree to fp32 summation order; rounding relative to a
+// plain running maximum instead (exp(s - m), as DeepSeek's kernel does per block) would not.
+TEST(Ops, Bf16AttentionIsIndependentOfTilingAndSplits) {
+  const int64_t dim = 64, nk = 300;
+  const auto q = randn(dim, 21, 2.0f);
+  auto kv = randn(nk * dim, 22);
+  for (float& v : kv) v = numeric::round_to_bf16(v);
+  std::vector<const float*> keys;
+  for (int64_t j = 0; j < nk; ++j) keys.push_back(kv.data() + j * dim);
+  const float sink = 0.3f, scale = 0.125f;
+  std::vector<float> want(dim);
+  attention_with_sink_bf16(q.data(), 1, dim, keys, &sink, scale, want.data());
+  const float log2e = 1.4426950408889634f;
+  const float c = scale * log2e;
+  std::vector<float> qb(q.begin(), q.end());
+  for (float& v : qb) v = numeric::round_to_bf16(v);
+  auto logit = [&](int64_t j) {
+    float s = 0.0f;
+    for (int64_t d = 0; d < dim; ++d) s += qb[d] * kv[j * dim + d];
+    return s * c;
+  };
+  // One split [k0, k1): running state (M, l, acc) over 32-key tiles, integer M in base 2.
+  struct Part {
+    float m;
+    double l;
+    std::vector<float> acc;
+  };
+  auto run_split = [&](int64_t k0, int64_t k1, bool with_sink) {
+    Part pt{std::ceil(sink * log2e), 0.0, std::vector<float>(dim, 0.0f)};
+    if (with_sink)
+      pt.l = std::exp2(sink * log2e - pt.m);
+    for (int64_t t0 = k0; t0 < k1; t0 += 32) {
+      const int64_t t1 = std::min(k1, t0 + 32);
+      float mx = -INFINITY;
+      for (int64_t j = t0; j < t1; ++j) mx = std::max(mx, logit(j));
+      const float mn = std::max(pt.m, std::ceil(mx));
+      const float corr = std::ldexp(1.0f, static_cast<int>(pt.m - mn));
+      pt.m = mn;
+      pt.l *= corr;
+      for (float& a : pt.acc) a *= corr;
+      for (int64_t j = t0; j < t1; ++j) {
+        const float e = std::exp2(logit(j) - pt.m);
+        pt.l += e;
+        const float pb = numeric::round_to_bf16(e);
+        for (int64_t d = 0; d < dim; ++d) pt.acc[d] += pb * kv[j * dim + d];
+      }
+    }
+    return pt;
+  };
+  const Part a = run_split(0, 96, true);
+  const Part b = run_split(96, nk, false);
+  const float m = std::max(a.m, b.m);
+  const float wa = std::ldexp(1.0f, static_cast<int>(a.m - m));
+  const float wb = std::ldexp(1.0f, static_cast<int>(b.m - m));
+  const double l = a.l * wa + b.l * wb;
+  double max_abs = 0.0;
+  for (int64_t d = 0; d < dim; ++d) {
+    const double got = (a.acc[d] * wa + b.acc[d] * wb) / l;
+    max_abs = std::max(max_abs, std::fabs(got - want[d]));
+  }
+  EXPECT_LT(max_abs, 1e-6);
+  // The same tiles rounding exp(s - m) against the plain running maximum move the output by
+  // BF16-level amounts (2^-9 relative per probability).
+  float mrun = sink;
+  double lr = std::exp(static_cast<double>(sink) - mrun);
+  std::vector<double> acc(dim, 0.0);
+  for (int64_t t0 = 0; t0 < nk; t0 += 32) {
+    const int64_t t1 = std::min(nk, t0 + 32);
+    float mx = mrun;
+    for (int64_t j = t0; j < t1; ++j) mx = std::max(mx, logit(j) / log2e);
+    const double corr = std::exp(static_cast<double>(mrun) - mx);
+    mrun = mx;
+    lr *= corr;
+    for (double& v : acc) v *= corr;
+    for (int64_t j = t0; j < t1; ++j) {
+      const float e = std::exp(logit(j) / log2e - mrun);
+      lr += e;
+      const float pb = numeric::round_to_bf16(e);
+      for (int64_t d = 0; d < dim; ++d) acc[d] += pb * kv[j * dim + d];
+    }
+  }
+  double max_ds = 0.0;
+  for (int64_t d = 0; d < dim; ++d) max_ds = std::max(max_ds, std::fabs(acc[d] / lr - want[d]));
+  EXPECT_GT(max_ds, 10 * max_abs);
+}
+
+TEST(Ops, Bf16AttentionWithNoKeysIsZero) {
+  const std::vector<float> q(8, 1.0f), sinks(2, 0.0f);
+  std::vector<float> out(8, 7.0f);
+  attention_with_sink_bf16(q.data(), 2, 4, {}, sinks.data(), 1.0f, out.data());
   for (float v : out) EXPECT_EQ(v, 0.0f);
 }
 

@@ -2,6 +2,7 @@
 // metadata-only arenas (Storage::kNone), and the cost model used by `dsinfer bench`.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "backend/cpu/cpu_model.h"
 #include "model/checkpoint.h"
 #include "model/cost.h"
+#include "numeric/float_formats.h"
 
 namespace dsinfer {
 namespace {
@@ -48,6 +50,43 @@ TEST(Fork, ForkedSequenceContinuesExactlyLikeTheSource) {
     EXPECT_EQ(oa.logits, ob.logits);
     EXPECT_EQ(oa.mtp_logits, ob.mtp_logits);
     arena->check_integrity();
+  }
+}
+
+// deepseek numerics store every KV value (window rows and compressed entries, main layers and
+// the MTP layer) as a BF16 value: FP8 no-RoPE dims, BF16-rounded RoPE dims (docs/numerics.md
+// points 2 and 4); reference numerics keep fp32 rows.
+TEST(KvRows, DeepSeekRowsAreBf16Exact) {
+  auto ckpt = tiny();
+  const auto& c = ckpt->config();
+  for (model::Numerics nm : {model::Numerics::kDeepSeek, model::Numerics::kReference}) {
+    cpu::CpuModel m(c, ckpt->weights(), nm);
+    auto arena = state::PageArena::growable(state::min_page_bytes(c));
+    state::SequenceState st(c, arena.get(), 1, 0);
+    backend::ForwardOptions opts;
+    opts.run_mtp = true;
+    backend::ForwardOutputs out;
+    const int64_t n = 40;
+    ASSERT_TRUE(m.forward(st, ids(static_cast<int>(n), 4), opts, &out).ok());
+    int64_t rows = 0, inexact = 0;
+    auto check = [&](const float* r) {
+      ++rows;
+      for (int64_t d = 0; d < c.head_dim; ++d) inexact += numeric::round_to_bf16(r[d]) != r[d];
+    };
+    for (const bool mtp : {false, true}) {
+      const int64_t end = mtp ? st.mtp_num_tokens() : n;  // positions written so far
+      for (const state::LayerState& ls : mtp ? st.mtp_layers() : st.layers()) {
+        for (int64_t p = std::max<int64_t>(0, end - c.sliding_window); p < end; ++p)
+          check(ls.ring_slot(p));
+        for (int64_t w = 0; w < ls.num_entries; ++w) check(ls.entry(w));
+      }
+    }
+    EXPECT_GT(rows, 0);
+    if (nm == model::Numerics::kDeepSeek) {
+      EXPECT_EQ(inexact, 0) << "of " << rows << " rows";
+    } else {
+      EXPECT_GT(inexact, rows);  // fp32 rows
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include "backend/cpu/fast/fast_model.h"
 #include "base/check.h"
 #include "kernels/cpu/ops.h"
+#include "numeric/float_formats.h"
 #include "numeric/quant.h"
 
 namespace dsinfer::cpu::fast {
@@ -66,6 +67,48 @@ void sink_attention(const GemmKernels& kk,
   kk.pv(logits.data(), nk, heads, keys.data(), nk, dim, out);
 }
 
+// attention_with_sink_bf16 (kernels/cpu/ops.h), the same way: q must already be BF16 values. The
+// rounded probabilities go through pv unnormalised; each head's output is divided by its
+// denominator afterwards, as the reference function does.
+void sink_attention_bf16(const GemmKernels& kk,
+                         const float* q,
+                         int64_t heads,
+                         int64_t dim,
+                         const std::vector<const float*>& keys,
+                         const float* sinks,
+                         float scale,
+                         std::vector<float>& logits,
+                         float* out) {
+  const int64_t nk = static_cast<int64_t>(keys.size());
+  const float log2e = 1.4426950408889634f;
+  const float c = scale * log2e;
+  logits.resize(static_cast<size_t>(heads * nk + heads));
+  float* inv = logits.data() + heads * nk;
+  kk.qk(q, heads, keys.data(), nk, dim, logits.data(), nk);
+  for (int64_t h = 0; h < heads; ++h) {
+    float* l = logits.data() + h * nk;
+    const float us = sinks[h] * log2e;
+    float umax = us;
+    for (int64_t j = 0; j < nk; ++j) {
+      l[j] *= c;
+      umax = std::max(umax, l[j]);
+    }
+    const float m = std::ceil(umax);
+    double denom = std::exp2(us - m);
+    for (int64_t j = 0; j < nk; ++j) {
+      const float e = std::exp2(l[j] - m);
+      denom += e;
+      l[j] = numeric::round_to_bf16(e);
+    }
+    inv[h] = static_cast<float>(1.0 / denom);
+  }
+  std::fill(out, out + heads * dim, 0.0f);
+  kk.pv(logits.data(), nk, heads, keys.data(), nk, dim, out);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t d = 0; d < dim; ++d) out[h * dim + d] *= inv[h];
+  }
+}
+
 }  // namespace
 
 template <typename Emit>
@@ -121,6 +164,7 @@ void FastCpuModel::compress_seg(const model::CompressorWeights& w,
     rope_apply(entry_.data(), d, freqs, blk * m, false);  // at the block's first position
     if (post == kPostKvFp8) {
       numeric::fp8_block_simulate(entry_.data(), d - rd, 64);
+      numeric::bf16_simulate(entry_.data() + d - rd, rd);
     } else if (post == kPostIndexFp4) {
       numeric::hadamard_transform(entry_.data(), d);
       numeric::fp4_block_simulate(entry_.data(), d, 32);
@@ -163,14 +207,18 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
       rope_rot(q_.data() + (t * heads + h) * hd, hd, cs + t * rd, half, false);
     }
   }
+  if (deepseek)  // BF16 queries (q feeds nothing but the attention)
+    numeric::bf16_simulate(q_.data(), N * heads * hd);
   // 3.4 (4) the shared K=V vector.
   kv_.resize(static_cast<size_t>(N * hd));
   linear(w.wkv, x, N, kv_.data(), q8);
   rms_norm(kv_.data(), N, hd, w.kv_norm.data(), eps, kv_.data());
   for (int64_t t = 0; t < N; ++t) {
     rope_rot(kv_.data() + t * hd, hd, cs + t * rd, half, false);
-    if (deepseek)
+    if (deepseek) {  // the stored KV row: FP8 nope dims, BF16 RoPE dims
       numeric::fp8_block_simulate(kv_.data() + t * hd, nope, 64);
+      numeric::bf16_simulate(kv_.data() + t * hd + nope, rd);
+    }
   }
 
   // 3.6 compressors: projections for all rows, pooling per sequence.
@@ -246,7 +294,7 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
     for (RowScratch& sc : row_scratch_) {
       sc.keys.reserve(static_cast<size_t>(c.sliding_window + max_entries));
       sc.logits.reserve(
-          static_cast<size_t>(c.num_attention_heads * (c.sliding_window + max_entries)));
+          static_cast<size_t>(c.num_attention_heads * (c.sliding_window + max_entries + 1)));
       sc.scores.reserve(static_cast<size_t>(max_entries));
       sc.order.reserve(static_cast<size_t>(max_entries));
       sc.selected.reserve(static_cast<size_t>(max_entries));
@@ -301,15 +349,15 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
         for (int32_t blk : sc.selected) sc.keys.push_back(ls.entry(blk));
       }
       float* ot = o_.data() + t * heads * hd;
-      sink_attention(kk,
-                     q_.data() + t * heads * hd,
-                     heads,
-                     hd,
-                     sc.keys,
-                     w.attn_sink.data(),
-                     scale,
-                     sc.logits,
-                     ot);
+      (deepseek ? sink_attention_bf16 : sink_attention)(kk,
+                                                        q_.data() + t * heads * hd,
+                                                        heads,
+                                                        hd,
+                                                        sc.keys,
+                                                        w.attn_sink.data(),
+                                                        scale,
+                                                        sc.logits,
+                                                        ot);
       for (int64_t h = 0; h < heads; ++h) rope_rot(ot + h * hd, hd, cs + t * rd, half, true);
     }
   };
