@@ -1,0 +1,146 @@
+// CudaV41Backend: DeepSeek V4.1 behind the engine's backend seam (backend::Model) on one GPU.
+// The checkpoint, its validation, the engine view, the state layout, the Engram hashing and the
+// Engram tables (host memory, cpu_v41::EngramStore) come from the CPU V4.1 backend it opens; the
+// forward runs on the device over the engine's paged state, mirrored in one device pool (the
+// PageArena hands out page ids only), with the weights uploaded once in their checkpoint formats.
+//
+// The forward follows V41CpuModel's order of operations step by step (cuda_v41/forward.cc) on
+// the V4 kernels where the math is the same (linears over every weight format, sink attention over
+// key lists, RMSNorm, RoPE, indexer scores, top-k, MoE routing / grouping / experts / combine,
+// row scatter) and on kernels/cuda/v41.h where V4.1 differs. Prefill early exit (bounded replay)
+// as on the CPU. Sequences of a batch run one after another (no cross-sequence batching yet), no
+// CUDA graphs, no DSpark drafting on the device (the forward writes the DSpark context KV).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cpu_v41/backend.h"
+#include "backend/cuda_v41/device_weights.h"
+#include "backend/model.h"
+#include "device/allocator.h"
+#include "device/stream.h"
+
+namespace dsinfer::gpu_v41 {
+
+struct CudaV41Options {
+  int device = 0;
+};
+
+class CudaV41Backend final : public backend::Model {
+ public:
+  static Result<std::unique_ptr<CudaV41Backend>> open(const std::string& dir,
+                                                      const cpu_v41::V41BackendOptions& options,
+                                                      const CudaV41Options& cuda_options = {});
+  ~CudaV41Backend() override;
+
+  Status forward(state::SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const backend::ForwardOptions& options,
+                 backend::ForwardOutputs* out) override;
+  // The V4.1 forward itself (as V41CpuModel::forward over a state of v41_state_shape).
+  Status forward_v41(state::SequenceState& st,
+                     std::span<const int32_t> tokens,
+                     const cpu_v41::PrefillExit* exit,
+                     cpu_v41::ForwardResult* result,
+                     bool last_logits_only);
+  const state::StateShape* state_shape() const override { return cpu_->state_shape(); }
+  Result<backend::PrefixCacheLayout> prefix_cache_layout() const override {
+    return cpu_->prefix_cache_layout();
+  }
+  Status check_prompt(std::span<const int32_t> tokens) const override {
+    return cpu_->check_prompt(tokens);
+  }
+  int32_t text_prompt_bos() const override { return cpu_->text_prompt_bos(); }
+  state::PageArena::Storage state_storage() const override {
+    return state::PageArena::Storage::kNone;
+  }
+  Status copy_state_pages(const state::PageArena& arena,
+                          const std::vector<std::pair<int32_t, int32_t>>& pairs) override;
+  Status read_state_pages(const state::PageArena& arena,
+                          std::span<const int32_t> pages,
+                          float* dst) override;
+  Status write_state_pages(state::PageArena& arena,
+                           std::span<const int32_t> pages,
+                           const float* src) override;
+  Status health() const override;
+  const char* name() const override { return "cuda-v41"; }
+  const model::ModelConfig& config() const override { return cpu_->config(); }
+  model::Numerics numerics() const override { return cpu_->numerics(); }
+  const cpu_v41::V41Backend& cpu() const { return *cpu_; }
+  int64_t weight_bytes() const { return weights_->bytes(); }
+
+ private:
+  CudaV41Backend() = default;
+  struct Pass;
+  struct Shared;
+  Status ensure_pool(const state::PageArena& arena);
+  // Scratch of one forward (device, returned to the cache when the forward ends) and host
+  // arrays staged through pinned memory into scratch.
+  template <typename T>
+  Result<T*> tmp(int64_t count);
+  template <typename T>
+  Result<T*> upload(const std::vector<T>& v);
+  Result<void*> upload_bytes(const void* src, int64_t bytes);
+  void end_pass();
+
+  Status layer(int l, state::SequenceState& st, Pass& ps, Shared& sh);
+  Status attention(int l,
+                   state::SequenceState& st,
+                   Pass& ps,
+                   const float* x,
+                   float* out,
+                   Shared& sh,
+                   bool compressed_already);
+  Status compress(int l, state::SequenceState& st, const Pass& ps, const float* x);
+  Status indexer(int l,
+                 state::SequenceState& st,
+                 const Pass& ps,
+                 const float* x,
+                 const float* q_res,
+                 Shared& sh);
+  Status moe(const DMoe& w, const float* x, int64_t n, int64_t k, float* out);
+  Status engram(int l, Pass& ps);
+  Status dspark_context(state::SequenceState& st, const Pass& ps, const Shared& sh, bool write);
+  Status rms(float* x, int64_t rows, int64_t dim, const float* weight);
+  Status linear(const MatrixRef& w, const float* x, int64_t n, float* y, int64_t ldy = 0);
+  Status rope(float* x,
+              int64_t tokens,
+              int64_t heads,
+              int64_t dim,
+              const int64_t* pos,
+              const float* inv,
+              bool inverse);
+  Status scatter(const float* src,
+                 int64_t n,
+                 int64_t width,
+                 int64_t ld_src,
+                 const std::vector<int64_t>& dest_offsets);
+  bool deepseek() const { return cpu_->numerics() == model::Numerics::kDeepSeek; }
+
+  std::unique_ptr<cpu_v41::V41Backend> cpu_;
+  const model_v41::V41Config* c_ = nullptr;
+  std::unique_ptr<V41DeviceWeights> weights_;
+  std::vector<int> dspark_target_index_;
+  bool dspark_ = false;
+  int64_t keep_rows_ = 0;  // prefill early exit: K (0 = exact prefill)
+  device::Stream stream_;
+  std::unique_ptr<device::CachingAllocator> alloc_;
+  std::vector<device::DeviceBuffer> temps_;
+  std::vector<device::PinnedBuffer> staging_;
+  int64_t staging_used_ = 0;  // bytes used in staging_.back()
+  struct Pool {
+    float* p = nullptr;
+    int64_t pages = 0;
+  };
+  std::map<const state::PageArena*, Pool> pools_;
+  float* pool_ = nullptr;
+  int64_t page_floats_ = 0;
+};
+
+}  // namespace dsinfer::gpu_v41
