@@ -54,8 +54,6 @@ Status CudaV41Backend::forward(state::SequenceState& st,
                                backend::ForwardOutputs* out) {
   if (options.run_mtp)
     return invalid_argument("V4.1 has DSpark draft blocks, not an MTP head");
-  if (options.sample != nullptr)
-    return invalid_argument("the CUDA V4.1 backend returns logits (it cannot sample)");
   const int64_t first = st.num_tokens(), n = static_cast<int64_t>(tokens.size());
   cpu_v41::PrefillExit exit{options.prefill_end, keep_rows_};
   const bool use_exit =
