@@ -60,6 +60,7 @@ CudaV41Backend::~CudaV41Backend() {
   if (stream_.valid())
     (void)cudaStreamSynchronize(stream_.get());
   temps_.clear();
+  kept_.clear();
   for (auto& [arena, pool] : pools_) (void)cudaFree(pool.p);
 }
 
@@ -147,12 +148,12 @@ Status CudaV41Backend::write_state_pages(state::PageArena& arena,
 }
 
 template <typename T>
-Result<T*> CudaV41Backend::tmp(int64_t count) {
+Result<T*> CudaV41Backend::tmp(int64_t count, bool keep) {
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
   DSI_ASSIGN_OR_RETURN(device::DeviceBuffer buf,
                        device::DeviceBuffer::allocate(*alloc_, bytes, stream_.get()));
   T* p = buf.as<T>();
-  temps_.push_back(std::move(buf));
+  (keep ? kept_ : temps_).push_back(std::move(buf));
   return p;
 }
 
@@ -186,23 +187,32 @@ Result<T*> CudaV41Backend::upload(const std::vector<T>& v) {
   return static_cast<T*>(p);
 }
 
-template Result<float*> CudaV41Backend::tmp<float>(int64_t);
-template Result<int32_t*> CudaV41Backend::tmp<int32_t>(int64_t);
-template Result<int64_t*> CudaV41Backend::tmp<int64_t>(int64_t);
-template Result<uint8_t*> CudaV41Backend::tmp<uint8_t>(int64_t);
+template Result<float*> CudaV41Backend::tmp<float>(int64_t, bool);
+template Result<int32_t*> CudaV41Backend::tmp<int32_t>(int64_t, bool);
+template Result<int64_t*> CudaV41Backend::tmp<int64_t>(int64_t, bool);
+template Result<uint8_t*> CudaV41Backend::tmp<uint8_t>(int64_t, bool);
 template Result<float*> CudaV41Backend::upload<float>(const std::vector<float>&);
 template Result<int32_t*> CudaV41Backend::upload<int32_t>(const std::vector<int32_t>&);
 template Result<int64_t*> CudaV41Backend::upload<int64_t>(const std::vector<int64_t>&);
 
-void CudaV41Backend::end_pass() {
-  // Called once the stream is idle: scratch back to the cache, staging kept (one chunk).
-  temps_.clear();
+void CudaV41Backend::recycle_staging() {
+  // The stream is idle: every staged copy is done. Keep the largest chunk.
   if (staging_.size() > 1) {
-    device::PinnedBuffer keep = std::move(staging_.back());
+    auto big = std::max_element(staging_.begin(), staging_.end(), [](const auto& a, const auto& b) {
+      return a.size() < b.size();
+    });
+    device::PinnedBuffer keep = std::move(*big);
     staging_.clear();
     staging_.push_back(std::move(keep));
   }
   staging_used_ = 0;
+}
+
+void CudaV41Backend::end_pass() {
+  // Called once the stream is idle: scratch back to the cache, staging kept (one chunk).
+  temps_.clear();
+  kept_.clear();
+  recycle_staging();
 }
 
 Status CudaV41Backend::rms(float* x, int64_t rows, int64_t dim, const float* weight) {

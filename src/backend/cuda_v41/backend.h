@@ -80,14 +80,17 @@ class CudaV41Backend final : public backend::Model {
   struct Pass;
   struct Shared;
   Status ensure_pool(const state::PageArena& arena);
-  // Scratch of one forward (device, returned to the cache when the forward ends) and host
-  // arrays staged through pinned memory into scratch.
+  // Scratch of one forward on the device: released at the end of the layer that took it (the
+  // allocator's reuse is stream-ordered, and everything runs on one stream), or with `keep` at
+  // the end of the forward (values passed between layers). Host arrays are staged through pinned
+  // memory into scratch.
   template <typename T>
-  Result<T*> tmp(int64_t count);
+  Result<T*> tmp(int64_t count, bool keep = false);
   template <typename T>
   Result<T*> upload(const std::vector<T>& v);
   Result<void*> upload_bytes(const void* src, int64_t bytes);
   void end_pass();
+  void recycle_staging();
 
   Status layer(int l, state::SequenceState& st, Pass& ps, Shared& sh);
   Status attention(int l,
@@ -132,6 +135,7 @@ class CudaV41Backend final : public backend::Model {
   device::Stream stream_;
   std::unique_ptr<device::CachingAllocator> alloc_;
   std::vector<device::DeviceBuffer> temps_;
+  std::vector<device::DeviceBuffer> kept_;
   std::vector<device::PinnedBuffer> staging_;
   int64_t staging_used_ = 0;  // bytes used in staging_.back()
   struct Pool {

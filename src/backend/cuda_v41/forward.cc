@@ -138,8 +138,8 @@ Status CudaV41Backend::forward_v41(state::SequenceState& st,
     ps.pos = dpos;
     std::vector<int32_t> toks(tokens.begin(), tokens.end());
     DSI_ASSIGN_OR_RETURN(int32_t * dtok, upload(toks));
-    DSI_ASSIGN_OR_RETURN(ps.X, tmp<float>(n * hc * D));
-    DSI_ASSIGN_OR_RETURN(ps.Xalt, tmp<float>(n * hc * D));
+    DSI_ASSIGN_OR_RETURN(ps.X, tmp<float>(n * hc * D, true));
+    DSI_ASSIGN_OR_RETURN(ps.Xalt, tmp<float>(n * hc * D, true));
     cuda::EmbedParams ep;
     ep.table = weights_->embed;
     ep.tokens = dtok;
@@ -171,7 +171,17 @@ Status CudaV41Backend::forward_v41(state::SequenceState& st,
       sh.features.assign(c.dspark_target_layer_ids.size(), nullptr);
       sh.feature_first.assign(c.dspark_target_layer_ids.size(), 0);
     }
-    for (int l = 0; l < c.num_hidden_layers; ++l) DSI_RETURN_IF_ERROR(layer(l, st, ps, sh));
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const size_t mark = temps_.size();
+      DSI_RETURN_IF_ERROR(layer(l, st, ps, sh));
+      // The layer's scratch goes back to the cache (reused by later work on the same stream).
+      temps_.erase(temps_.begin() + static_cast<std::ptrdiff_t>(mark), temps_.end());
+      if (staging_.size() > 2) {
+        // A long prefill filled several staging chunks: wait for their copies, keep one.
+        DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "V4.1 staging"));
+        recycle_staging();
+      }
+    }
     if (!sh.features.empty())
       DSI_RETURN_IF_ERROR(dspark_context(st, ps, sh, !(ps.exit_active && ps.placeholder)));
     // The head on every row, or on the last row only.
@@ -221,7 +231,7 @@ Status CudaV41Backend::layer(int l, state::SequenceState& st, Pass& ps, Shared& 
   if (const int ti = dspark_target_index_[static_cast<size_t>(l)];
       ti >= 0 && !sh.features.empty()) {
     // DSpark target feature: the mean of the streams entering the attention site.
-    DSI_ASSIGN_OR_RETURN(float* f, tmp<float>(ps.n * D));
+    DSI_ASSIGN_OR_RETURN(float* f, tmp<float>(ps.n * D, true));
     cuda::V41CollapseParams cp;
     cp.x = ps.X;
     cp.n = ps.n;
@@ -236,7 +246,7 @@ Status CudaV41Backend::layer(int l, state::SequenceState& st, Pass& ps, Shared& 
   for (int site = 0; site < 2; ++site) {
     const DHc& hs = site == 0 ? w.hc_attn : w.hc_ffn;
     int64_t n = ps.n;
-    DSI_ASSIGN_OR_RETURN(float* pre, tmp<float>(n * hc));
+    DSI_ASSIGN_OR_RETURN(float* pre, tmp<float>(n * hc, true));  // the next carried mix
     DSI_ASSIGN_OR_RETURN(float* post, tmp<float>(n * hc));
     DSI_ASSIGN_OR_RETURN(float* comb, tmp<float>(n * hc * hc));
     DSI_ASSIGN_OR_RETURN(float* u, tmp<float>(n * D));
@@ -516,7 +526,7 @@ Status CudaV41Backend::indexer(int l,
     tp.k = kb;
     tp.out = bidx;
     DSI_RETURN_IF_ERROR(cuda::launch_top_k(tp, s));
-    DSI_ASSIGN_OR_RETURN(sh.keep, tmp<uint8_t>(n * G));
+    DSI_ASSIGN_OR_RETURN(sh.keep, tmp<uint8_t>(n * G, true));
     cuda::V41PoolMaskParams mp;
     mp.blocks = bidx;
     mp.block_scores = blk;
@@ -544,7 +554,7 @@ Status CudaV41Backend::indexer(int l,
     DSI_RETURN_IF_ERROR(cuda::launch_v41_apply_mask(am, s));
   }
   const int64_t k = std::min<int64_t>(c.index_topk, G);
-  DSI_ASSIGN_OR_RETURN(sh.topk, tmp<int32_t>(n * k));
+  DSI_ASSIGN_OR_RETURN(sh.topk, tmp<int32_t>(n * k, true));
   cuda::TopKParams tp;
   tp.scores = scores;
   tp.ld = G;
