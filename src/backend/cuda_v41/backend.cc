@@ -3,6 +3,7 @@
 #include "backend/cuda_v41/backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "base/check.h"
@@ -10,6 +11,7 @@
 #include "device/device_error.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/paged.h"
 
 namespace dsinfer::gpu_v41 {
@@ -228,6 +230,18 @@ Status CudaV41Backend::rms(float* x, int64_t rows, int64_t dim, const float* wei
 
 Status CudaV41Backend::linear(
     const MatrixRef& w, const float* x, int64_t n, float* y, int64_t ldy) {
+  // Few rows over BF16 weights (the head, router, compressor and indexer projections in decode):
+  // the bandwidth-bound GEMV; everything else on the tile kernel over any weight format.
+  if (n <= cuda::kGemvMaxTokens && cuda::gemv_supports(w) &&
+      (reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
+    cuda::GemvParams g;
+    g.w = w;
+    g.x = x;
+    g.n = n;
+    g.y = y;
+    g.ldy = ldy;
+    return cuda::launch_gemv_bf16(g, stream_.get());
+  }
   cuda::LinearParams p;
   p.w = w;
   p.x = x;
