@@ -8,8 +8,8 @@
 // the V4 kernels where the math is the same (linears over every weight format, sink attention over
 // key lists, RMSNorm, RoPE, indexer scores, top-k, MoE routing / grouping / experts / combine,
 // row scatter) and on kernels/cuda/v41.h where V4.1 differs. Prefill early exit (bounded replay)
-// as on the CPU. Sequences of a batch run one after another (no cross-sequence batching yet), no
-// CUDA graphs, no DSpark drafting on the device (the forward writes the DSpark context KV).
+// as on the CPU. The sequences of a batch run as one pass (their rows side by side); no CUDA
+// graphs, no DSpark drafting on the device (the forward writes the DSpark context KV).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -43,6 +43,9 @@ class CudaV41Backend final : public backend::Model {
                  std::span<const int32_t> tokens,
                  const backend::ForwardOptions& options,
                  backend::ForwardOutputs* out) override;
+  // Several sequences in one pass (their rows side by side in every kernel); items with prefill
+  // early exit run one at a time. DSINFER_V41_BATCH=0 runs every item alone.
+  Status forward_batch(std::span<backend::ForwardItem> items) override;
   // The V4.1 forward itself (as V41CpuModel::forward over a state of v41_state_shape).
   Status forward_v41(state::SequenceState& st,
                      std::span<const int32_t> tokens,
@@ -92,24 +95,27 @@ class CudaV41Backend final : public backend::Model {
   void end_pass();
   void recycle_staging();
 
-  Status layer(int l, state::SequenceState& st, Pass& ps, Shared& sh);
-  Status attention(int l,
-                   state::SequenceState& st,
-                   Pass& ps,
-                   const float* x,
-                   float* out,
-                   Shared& sh,
-                   bool compressed_already);
-  Status compress(int l, state::SequenceState& st, const Pass& ps, const float* x);
-  Status indexer(int l,
-                 state::SequenceState& st,
-                 const Pass& ps,
-                 const float* x,
-                 const float* q_res,
-                 Shared& sh);
+  // One item of a pass: a sequence's chunk, validated and reserved.
+  struct Item {
+    state::SequenceState* st = nullptr;
+    std::span<const int32_t> tokens;
+    const cpu_v41::PrefillExit* exit = nullptr;
+    bool last_only = false;
+    cpu_v41::ForwardResult* result = nullptr;
+  };
+  // Checks and reserves one item (the CPU backend's checks, in its order).
+  Status prepare(const Item& it);
+  // Runs prepared items as one pass (rows of all items, token-major); early exit only for a
+  // single item. A failure is a device failure (the items' states are then unusable).
+  Status run_pass(std::span<Item> items);
+  Status layer(int l, Pass& ps, Shared& sh);
+  Status attention(
+      int l, Pass& ps, const float* x, float* out, Shared& sh, bool compressed_already);
+  Status compress(int l, const Pass& ps, const float* x);
+  Status indexer(int l, const Pass& ps, const float* x, const float* q_res, Shared& sh);
   Status moe(const DMoe& w, const float* x, int64_t n, int64_t k, float* out);
   Status engram(int l, Pass& ps);
-  Status dspark_context(state::SequenceState& st, const Pass& ps, const Shared& sh, bool write);
+  Status dspark_context(const Pass& ps, const Shared& sh);
   Status rms(float* x, int64_t rows, int64_t dim, const float* weight);
   Status linear(const MatrixRef& w, const float* x, int64_t n, float* y, int64_t ldy = 0);
   Status rope(float* x,

@@ -6,7 +6,9 @@
 // lists it.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <tuple>
 
 #include "backend/cuda_v41/backend.h"
 #include "base/check.h"
@@ -22,9 +24,18 @@ namespace dsinfer::gpu_v41 {
 
 using model_v41::V41LayerPlan;
 
-// The rows one forward carries through the layers (cut at the YOCO boundary by early exit).
+// One sequence's rows in a pass.
+struct Seg {
+  state::SequenceState* st = nullptr;
+  int64_t first = 0;  // position of the segment's first row
+  int64_t n = 0;      // rows
+  int64_t row0 = 0;   // the segment's first row in the pass
+};
+
+// The rows one forward carries through the layers: every item's rows, token-major, item after
+// item (cut at the YOCO boundary by early exit, which runs a single item).
 struct CudaV41Backend::Pass {
-  int64_t first = 0;             // position of row 0
+  std::vector<Seg> segs;
   int64_t n = 0;                 // rows
   float* X = nullptr;            // [n, hc, hidden] streams
   float* Xalt = nullptr;         // the post step's output, swapped with X
@@ -33,6 +44,7 @@ struct CudaV41Backend::Pass {
   bool exit_active = false;
   int64_t window_floor = 0;
   bool placeholder = false;
+  int64_t cut = 0;  // rows cut at the boundary so far
   cpu_v41::EngramStore::Pending rows;
 };
 
@@ -45,36 +57,98 @@ struct CudaV41Backend::Shared {
   int64_t keep_keys = 0;
   bool have_candidates = false;
   std::vector<const float*> features;  // DSpark target features [rows, hidden]
-  std::vector<int64_t> feature_first;
+  std::vector<int64_t> feature_cut;    // Pass::cut when the feature was taken
 };
+
+namespace {
+
+// Row positions of a pass.
+std::vector<int64_t> row_positions(const std::vector<Seg>& segs, int64_t n) {
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (const Seg& g : segs) {
+    for (int64_t t = 0; t < g.n; ++t) pos[static_cast<size_t>(g.row0 + t)] = g.first + t;
+  }
+  return pos;
+}
+
+}  // namespace
 
 Status CudaV41Backend::forward(state::SequenceState& st,
                                std::span<const int32_t> tokens,
                                const backend::ForwardOptions& options,
                                backend::ForwardOutputs* out) {
-  if (options.run_mtp)
-    return invalid_argument("V4.1 has DSpark draft blocks, not an MTP head");
-  const int64_t first = st.num_tokens(), n = static_cast<int64_t>(tokens.size());
-  cpu_v41::PrefillExit exit{options.prefill_end, keep_rows_};
-  const bool use_exit =
-      keep_rows_ > 0 && options.prefill_end > 0 && first + n <= options.prefill_end;
-  const bool last_only = !options.want_logits || options.last_logits_only;
-  cpu_v41::ForwardResult r;
-  DSI_RETURN_IF_ERROR(forward_v41(st, tokens, use_exit ? &exit : nullptr, &r, last_only));
-  if (out == nullptr)
-    return Status();
-  out->mtp_logits.clear();
-  out->mtp_count = 0;
-  if (!options.want_logits) {
-    out->logits.clear();
-    return Status();
+  backend::ForwardItem it;
+  it.state = &st;
+  it.tokens = tokens;
+  it.options = options;
+  it.out = out;
+  DSI_RETURN_IF_ERROR(forward_batch(std::span<backend::ForwardItem>(&it, 1)));
+  return it.status;
+}
+
+Status CudaV41Backend::forward_batch(std::span<backend::ForwardItem> items) {
+  std::vector<cpu_v41::PrefillExit> exits(items.size());
+  std::vector<cpu_v41::ForwardResult> results(items.size());
+  std::vector<Item> ready;
+  std::vector<size_t> index;
+  bool any_exit = false;
+  for (size_t i = 0; i < items.size(); ++i) {
+    backend::ForwardItem& fi = items[i];
+    fi.status = Status();
+    if (fi.state == nullptr) {
+      fi.status = invalid_argument("forward: no sequence state");
+      continue;
+    }
+    if (fi.options.run_mtp) {
+      fi.status = invalid_argument("V4.1 has DSpark draft blocks, not an MTP head");
+      continue;
+    }
+    const int64_t first = fi.state->num_tokens(), n = static_cast<int64_t>(fi.tokens.size());
+    // Early exit on the chunks of a prefill (prefill_end: the tokens known when it was planned).
+    exits[i] = cpu_v41::PrefillExit{fi.options.prefill_end, keep_rows_};
+    const bool use_exit =
+        keep_rows_ > 0 && fi.options.prefill_end > 0 && first + n <= fi.options.prefill_end;
+    Item it;
+    it.st = fi.state;
+    it.tokens = fi.tokens;
+    it.exit = use_exit ? &exits[i] : nullptr;
+    it.last_only = !fi.options.want_logits || fi.options.last_logits_only;
+    it.result = &results[i];
+    if (Status s = prepare(it); !s.ok()) {
+      fi.status = s;
+      continue;
+    }
+    any_exit = any_exit || (use_exit && c_->yoco_boundary < c_->num_hidden_layers);
+    ready.push_back(it);
+    index.push_back(i);
   }
-  if (!last_only && (r.first_row != 0 || r.placeholder)) {
-    return invalid_argument(
-        "logits of every prompt row are not available with prefill early exit "
-        "(--prefill-keep-rows): the consumer half runs on the last rows only");
+  const char* env = std::getenv("DSINFER_V41_BATCH");
+  const bool alone = any_exit || (env != nullptr && env[0] == '0');
+  if (alone) {
+    for (Item& it : ready) DSI_RETURN_IF_ERROR(run_pass(std::span<Item>(&it, 1)));
+  } else if (!ready.empty()) {
+    DSI_RETURN_IF_ERROR(run_pass(ready));
   }
-  out->logits = std::move(r.logits);
+  for (size_t j = 0; j < ready.size(); ++j) {
+    backend::ForwardItem& fi = items[index[j]];
+    const cpu_v41::ForwardResult& r = results[index[j]];
+    if (fi.out == nullptr)
+      continue;
+    fi.out->mtp_logits.clear();
+    fi.out->mtp_count = 0;
+    fi.out->sampled = false;
+    if (!fi.options.want_logits) {
+      fi.out->logits.clear();
+      continue;
+    }
+    if (!ready[j].last_only && (r.first_row != 0 || r.placeholder)) {
+      fi.status = invalid_argument(
+          "logits of every prompt row are not available with prefill early exit "
+          "(--prefill-keep-rows): the consumer half runs on the last rows only");
+      continue;
+    }
+    fi.out->logits = std::move(results[index[j]].logits);
+  }
   return Status();
 }
 
@@ -83,11 +157,23 @@ Status CudaV41Backend::forward_v41(state::SequenceState& st,
                                    const cpu_v41::PrefillExit* exit,
                                    cpu_v41::ForwardResult* result,
                                    bool last_logits_only) {
+  Item it;
+  it.st = &st;
+  it.tokens = tokens;
+  it.exit = exit;
+  it.last_only = last_logits_only;
+  it.result = result;
+  DSI_RETURN_IF_ERROR(prepare(it));
+  return run_pass(std::span<Item>(&it, 1));
+}
+
+Status CudaV41Backend::prepare(const Item& it) {
   const model_v41::V41Config& c = *c_;
-  const int64_t n0 = static_cast<int64_t>(tokens.size());
+  state::SequenceState& st = *it.st;
+  const int64_t n0 = static_cast<int64_t>(it.tokens.size());
   if (n0 == 0)
     return invalid_argument("forward: no tokens");
-  DSI_RETURN_IF_ERROR(cpu_v41::check_v41_tokens(c, tokens).with_context("forward"));
+  DSI_RETURN_IF_ERROR(cpu_v41::check_v41_tokens(c, it.tokens).with_context("forward"));
   if (st.layers().size() != static_cast<size_t>(c.num_hidden_layers) ||
       st.max_rollback() + c.sliding_window != st.layers()[0].ring_capacity) {
     return invalid_argument("forward: the sequence state was not made for this V4.1 model");
@@ -97,21 +183,17 @@ Status CudaV41Backend::forward_v41(state::SequenceState& st,
         "forward: the CUDA V4.1 backend needs a state arena without host storage (its pages live "
         "on the device)");
   }
-  const cpu_v41::EngramHashParams& hash = cpu_->v41().hash_params();
-  DSI_RETURN_IF_ERROR(hash.validate(c));
-  const int64_t chunk_first = st.num_tokens();
-  Pass ps;
-  ps.first = chunk_first;
-  ps.n = n0;
-  if (exit != nullptr && c.yoco_boundary < c.num_hidden_layers) {
+  DSI_RETURN_IF_ERROR(cpu_->v41().hash_params().validate(c));
+  if (it.exit != nullptr && c.yoco_boundary < c.num_hidden_layers) {
+    const cpu_v41::PrefillExit* exit = it.exit;
     const int64_t min_keep = st.layers()[0].ring_capacity;
     if (exit->keep_rows < min_keep) {
       return invalid_argument("prefill early exit: keep_rows " + std::to_string(exit->keep_rows) +
                               " is below window + max backtracking = " + std::to_string(min_keep));
     }
-    if (ps.first + n0 > exit->prompt_length) {
+    if (st.num_tokens() + n0 > exit->prompt_length) {
       return invalid_argument("prefill early exit: the chunk ends at " +
-                              std::to_string(ps.first + n0) + ", past the prompt length " +
+                              std::to_string(st.num_tokens() + n0) + ", past the prompt length " +
                               std::to_string(exit->prompt_length));
     }
     for (int l : c.engram_layer_ids) {
@@ -121,22 +203,45 @@ Status CudaV41Backend::forward_v41(state::SequenceState& st,
                                 "the producers");
       }
     }
-    ps.exit_active = true;
-    ps.window_floor = std::max<int64_t>(0, exit->prompt_length - exit->keep_rows);
-    ps.placeholder = ps.first + n0 <= ps.window_floor;
   }
   if (!st.reserve(n0)) {
     return Status(StatusCode::kResourceExhausted,
                   "forward: no state memory for " + std::to_string(n0) + " more tokens");
   }
-  DSI_RETURN_IF_ERROR(ensure_pool(*st.arena()));
+  return Status();
+}
+
+Status CudaV41Backend::run_pass(std::span<Item> items) {
+  const model_v41::V41Config& c = *c_;
+  Pass ps;
+  for (const Item& it : items) {
+    Seg g;
+    g.st = it.st;
+    g.first = it.st->num_tokens();
+    g.n = static_cast<int64_t>(it.tokens.size());
+    g.row0 = ps.n;
+    ps.n += g.n;
+    ps.segs.push_back(g);
+  }
+  DSI_CHECK(!ps.segs.empty(), "an empty V4.1 pass");
+  const cpu_v41::PrefillExit* exit = items[0].exit;
+  if (exit != nullptr && c.yoco_boundary < c.num_hidden_layers) {
+    DSI_CHECK(items.size() == 1, "prefill early exit in a pass of %zu sequences", items.size());
+    ps.exit_active = true;
+    ps.window_floor = std::max<int64_t>(0, exit->prompt_length - exit->keep_rows);
+    ps.placeholder = ps.segs[0].first + ps.segs[0].n <= ps.window_floor;
+  }
+  // Every item's arena is the engine's one arena (or the test's); one pool mirrors it.
+  for (const Item& it : items) {
+    DSI_CHECK(it.st->arena() == items[0].st->arena(), "sequences of one pass in two arenas");
+  }
+  DSI_RETURN_IF_ERROR(ensure_pool(*items[0].st->arena()));
   Status s = [&]() -> Status {
-    const int64_t hc = c.hc_mult, D = c.hidden_size, n = n0;
-    std::vector<int64_t> pos(static_cast<size_t>(n));
-    for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = ps.first + t;
-    DSI_ASSIGN_OR_RETURN(int64_t * dpos, upload(pos));
+    const int64_t hc = c.hc_mult, D = c.hidden_size, n = ps.n;
+    DSI_ASSIGN_OR_RETURN(int64_t * dpos, upload(row_positions(ps.segs, n)));
     ps.pos = dpos;
-    std::vector<int32_t> toks(tokens.begin(), tokens.end());
+    std::vector<int32_t> toks;
+    for (const Item& it : items) toks.insert(toks.end(), it.tokens.begin(), it.tokens.end());
     DSI_ASSIGN_OR_RETURN(int32_t * dtok, upload(toks));
     DSI_ASSIGN_OR_RETURN(ps.X, tmp<float>(n * hc * D, true));
     DSI_ASSIGN_OR_RETURN(ps.Xalt, tmp<float>(n * hc * D, true));
@@ -150,30 +255,40 @@ Status CudaV41Backend::forward_v41(state::SequenceState& st,
     std::vector<float> pi(static_cast<size_t>(n * hc), 0.0f);
     for (int64_t t = 0; t < n; ++t) pi[static_cast<size_t>(t * hc)] = 1.0f;
     DSI_ASSIGN_OR_RETURN(ps.pi, upload(pi));
-    // Engram row addresses of every table, hashed before layer 0; the rows are gathered on the
-    // store's helper thread while the first layers' kernels run.
+    // Engram row addresses of every table, hashed before layer 0 (each sequence's n-grams from
+    // its own history); the rows are gathered on the store's helper thread while the first
+    // layers' kernels run.
     std::vector<std::vector<int64_t>> by_table(c.engram_layer_ids.size());
     if (!c.engram_layer_ids.empty()) {
-      const int64_t back = std::min<int64_t>(ps.first, c.engram_max_ngram_size - 1);
-      std::vector<int32_t> ctx;
-      for (int64_t p = ps.first - back; p < ps.first; ++p) ctx.push_back(st.token(p));
-      ctx.insert(ctx.end(), tokens.begin(), tokens.end());
+      const cpu_v41::EngramHashParams& hash = cpu_->v41().hash_params();
       std::vector<std::vector<int64_t>> rows;
-      for (int64_t t = 0; t < n; ++t) {
-        cpu_v41::engram_row_ids(c, hash, ctx, back + t, &rows);
-        for (size_t li = 0; li < by_table.size(); ++li)
-          by_table[li].insert(by_table[li].end(), rows[li].begin(), rows[li].end());
+      for (size_t i = 0; i < items.size(); ++i) {
+        const Seg& g = ps.segs[i];
+        const int64_t back = std::min<int64_t>(g.first, c.engram_max_ngram_size - 1);
+        std::vector<int32_t> ctx;
+        for (int64_t p = g.first - back; p < g.first; ++p) ctx.push_back(g.st->token(p));
+        ctx.insert(ctx.end(), items[i].tokens.begin(), items[i].tokens.end());
+        for (int64_t t = 0; t < g.n; ++t) {
+          cpu_v41::engram_row_ids(c, hash, ctx, back + t, &rows);
+          for (size_t li = 0; li < by_table.size(); ++li)
+            by_table[li].insert(by_table[li].end(), rows[li].begin(), rows[li].end());
+        }
       }
     }
     ps.rows = cpu_->v41().engram_store().gather_async(std::move(by_table));
     Shared sh;
-    if (dspark_ && st.mtp_layers().size() == static_cast<size_t>(c.num_nextn_predict_layers)) {
+    bool dspark = dspark_;
+    for (const Item& it : items) {
+      dspark =
+          dspark && it.st->mtp_layers().size() == static_cast<size_t>(c.num_nextn_predict_layers);
+    }
+    if (dspark) {
       sh.features.assign(c.dspark_target_layer_ids.size(), nullptr);
-      sh.feature_first.assign(c.dspark_target_layer_ids.size(), 0);
+      sh.feature_cut.assign(c.dspark_target_layer_ids.size(), 0);
     }
     for (int l = 0; l < c.num_hidden_layers; ++l) {
       const size_t mark = temps_.size();
-      DSI_RETURN_IF_ERROR(layer(l, st, ps, sh));
+      DSI_RETURN_IF_ERROR(layer(l, ps, sh));
       // The layer's scratch goes back to the cache (reused by later work on the same stream).
       temps_.erase(temps_.begin() + static_cast<std::ptrdiff_t>(mark), temps_.end());
       if (staging_.size() > 2) {
@@ -182,15 +297,37 @@ Status CudaV41Backend::forward_v41(state::SequenceState& st,
         recycle_staging();
       }
     }
-    if (!sh.features.empty())
-      DSI_RETURN_IF_ERROR(dspark_context(st, ps, sh, !(ps.exit_active && ps.placeholder)));
-    // The head on every row, or on the last row only.
-    const int64_t t0 = last_logits_only ? ps.n - 1 : 0;
-    const int64_t rows = ps.n - t0;
+    if (!sh.features.empty() && !(ps.exit_active && ps.placeholder))
+      DSI_RETURN_IF_ERROR(dspark_context(ps, sh));
+    // The head on every row of the items that want them, on the last row of the others.
+    std::vector<int64_t> x_refs, pi_refs, head_rows;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Seg& g = ps.segs[i];
+      for (int64_t t = items[i].last_only ? g.n - 1 : 0; t < g.n; ++t) {
+        x_refs.push_back(cuda::kv_ref_local((g.row0 + t) * hc * D));
+        pi_refs.push_back(cuda::kv_ref_local((g.row0 + t) * hc));
+        head_rows.push_back(g.row0 + t);
+      }
+    }
+    const int64_t rows = static_cast<int64_t>(head_rows.size());
+    DSI_ASSIGN_OR_RETURN(float* xs, tmp<float>(rows * hc * D));
+    DSI_ASSIGN_OR_RETURN(float* pis, tmp<float>(rows * hc));
+    DSI_ASSIGN_OR_RETURN(int64_t * dxr, upload(x_refs));
+    DSI_ASSIGN_OR_RETURN(int64_t * dpr, upload(pi_refs));
+    for (auto [src, refs, width, dst] :
+         {std::tuple{ps.X, dxr, hc * D, xs}, std::tuple{ps.pi, dpr, hc, pis}}) {
+      cuda::GatherRowsParams gp;
+      gp.local = src;
+      gp.src_refs = refs;
+      gp.n = rows;
+      gp.width = width;
+      gp.dst = dst;
+      DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, stream_.get()));
+    }
     DSI_ASSIGN_OR_RETURN(float* h, tmp<float>(rows * D));
     cuda::V41CollapseParams cp;
-    cp.x = ps.X + t0 * hc * D;
-    cp.pi = ps.pi + t0 * hc;
+    cp.x = xs;
+    cp.pi = pis;
     cp.n = rows;
     cp.hc = hc;
     cp.hidden = D;
@@ -199,16 +336,24 @@ Status CudaV41Backend::forward_v41(state::SequenceState& st,
     DSI_RETURN_IF_ERROR(rms(h, rows, D, weights_->norm));
     DSI_ASSIGN_OR_RETURN(float* logits, tmp<float>(rows * c.vocab_size));
     DSI_RETURN_IF_ERROR(linear(weights_->head, h, rows, logits));
-    result->logits.resize(static_cast<size_t>(rows * c.vocab_size));
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(result->logits.data(),
-                                                           logits,
-                                                           result->logits.size() * sizeof(float),
-                                                           cudaMemcpyDeviceToHost,
-                                                           stream_.get()),
-                                           "copying the V4.1 logits"));
+    std::vector<float> all(static_cast<size_t>(rows * c.vocab_size));
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpyAsync(
+            all.data(), logits, all.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_.get()),
+        "copying the V4.1 logits"));
     DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "the V4.1 forward"));
-    result->first_row = ps.first - chunk_first + t0;
-    result->placeholder = ps.exit_active && ps.placeholder;
+    int64_t k = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Seg& g = ps.segs[i];
+      const int64_t t0 = items[i].last_only ? g.n - 1 : 0;
+      const int64_t m = g.n - t0;
+      cpu_v41::ForwardResult* r = items[i].result;
+      r->logits.assign(all.begin() + k * c.vocab_size, all.begin() + (k + m) * c.vocab_size);
+      k += m;
+      // Rows cut by the early exit come before the segment's first row.
+      r->first_row = ps.cut + t0;
+      r->placeholder = ps.exit_active && ps.placeholder;
+    }
     return Status();
   }();
   if (!s.ok()) {
@@ -217,11 +362,11 @@ Status CudaV41Backend::forward_v41(state::SequenceState& st,
     return s;
   }
   end_pass();
-  st.advance(n0, tokens);
+  for (const Item& it : items) it.st->advance(static_cast<int64_t>(it.tokens.size()), it.tokens);
   return Status();
 }
 
-Status CudaV41Backend::layer(int l, state::SequenceState& st, Pass& ps, Shared& sh) {
+Status CudaV41Backend::layer(int l, Pass& ps, Shared& sh) {
   const model_v41::V41Config& c = *c_;
   const DLayer& w = weights_->layers[static_cast<size_t>(l)];
   const int64_t hc = c.hc_mult, D = c.hidden_size;
@@ -241,7 +386,7 @@ Status CudaV41Backend::layer(int l, state::SequenceState& st, Pass& ps, Shared& 
     cp.out = f;
     DSI_RETURN_IF_ERROR(cuda::launch_v41_collapse(cp, s));
     sh.features[static_cast<size_t>(ti)] = f;
-    sh.feature_first[static_cast<size_t>(ti)] = ps.first;
+    sh.feature_cut[static_cast<size_t>(ti)] = ps.cut;
   }
   for (int site = 0; site < 2; ++site) {
     const DHc& hs = site == 0 ? w.hc_attn : w.hc_ffn;
@@ -278,11 +423,13 @@ Status CudaV41Backend::layer(int l, state::SequenceState& st, Pass& ps, Shared& 
     bool compressed_already = false;
     if (site == 0 && ps.exit_active && l == c.yoco_boundary) {
       // The global KV from every row's attention-norm output, then the consumer half continues
-      // on the kept suffix only (the cut is a pointer offset: rows are token-major).
-      DSI_RETURN_IF_ERROR(compress(l, st, ps, u));
+      // on the kept suffix only (one sequence; the cut is a pointer offset: rows are
+      // token-major).
+      DSI_RETURN_IF_ERROR(compress(l, ps, u));
       compressed_already = true;
+      Seg& g = ps.segs[0];
       const int64_t keep_from =
-          ps.placeholder ? n - 1 : std::max<int64_t>(0, ps.window_floor - ps.first);
+          ps.placeholder ? n - 1 : std::max<int64_t>(0, ps.window_floor - g.first);
       ps.X += keep_from * hc * D;
       ps.pi += keep_from * hc;
       ps.pos += keep_from;
@@ -291,12 +438,14 @@ Status CudaV41Backend::layer(int l, state::SequenceState& st, Pass& ps, Shared& 
       comb += keep_from * hc * hc;
       u += keep_from * D;
       F += keep_from * D;
-      ps.first += keep_from;
+      g.first += keep_from;
+      g.n -= keep_from;
       ps.n -= keep_from;
+      ps.cut += keep_from;
       n = ps.n;
     }
     if (site == 0) {
-      DSI_RETURN_IF_ERROR(attention(l, st, ps, u, F, sh, compressed_already));
+      DSI_RETURN_IF_ERROR(attention(l, ps, u, F, sh, compressed_already));
     } else {
       DSI_RETURN_IF_ERROR(moe(w.moe, u, n, c.num_experts_per_tok, F));
     }
@@ -342,35 +491,53 @@ Status CudaV41Backend::engram(int l, Pass& ps) {
   return cuda::launch_v41_engram_gate(gp, stream_.get());
 }
 
-Status CudaV41Backend::compress(int l, state::SequenceState& st, const Pass& ps, const float* x) {
+Status CudaV41Backend::compress(int l, const Pass& ps, const float* x) {
   const model_v41::V41Config& c = *c_;
   const DAttention& a = weights_->layers[static_cast<size_t>(l)].attn;
   const int64_t hd = c.head_dim, ratio = c.compress_ratios[static_cast<size_t>(l)];
-  const int64_t first = ps.first, n = ps.n;
+  const int64_t n = ps.n;
   cudaStream_t s = stream_.get();
   float* lat = nullptr;
-  std::vector<int64_t> gpos;
+  std::vector<int64_t> gpos;  // group start positions, segment after segment
+  std::vector<int64_t> seg_groups(ps.segs.size(), 0);
   if (ratio == 1) {
     DSI_ASSIGN_OR_RETURN(lat, tmp<float>(n * hd));
     DSI_RETURN_IF_ERROR(linear(a.comp_wkv, x, n, lat));
-    for (int64_t t = 0; t < n; ++t) gpos.push_back(first + t);
+    for (size_t i = 0; i < ps.segs.size(); ++i) {
+      const Seg& g = ps.segs[i];
+      for (int64_t t = 0; t < g.n; ++t) gpos.push_back(g.first + t);
+      seg_groups[i] = g.n;
+    }
   } else {
     // The chunk's compressor rows [kv | score] as the ring stores them.
     DSI_ASSIGN_OR_RETURN(float* loc, tmp<float>(n * 2 * hd));
     DSI_RETURN_IF_ERROR(linear(a.comp_wkv, x, n, loc, 2 * hd));
     DSI_RETURN_IF_ERROR(linear(a.comp_wgate, x, n, loc + hd, 2 * hd));
-    state::CompressorRows& ring = st.layers()[static_cast<size_t>(l)].comp_rows;
     std::vector<int64_t> members;
-    for (int64_t pos = first; pos < first + n; ++pos) {
-      if ((pos + 1) % ratio != 0)
-        continue;
-      const int64_t g0 = pos + 1 - ratio;
-      for (int64_t r = 0; r < ratio; ++r) {
-        const int64_t q = g0 + r;
-        members.push_back(q >= first ? cuda::kv_ref_local((q - first) * 2 * hd)
-                                     : ring.rows().pool_offset(ring.ring_row(q)));
+    std::vector<int64_t> dest(static_cast<size_t>(n), cuda::kKvRefNone);
+    for (size_t i = 0; i < ps.segs.size(); ++i) {
+      const Seg& g = ps.segs[i];
+      state::CompressorRows& ring = g.st->layers()[static_cast<size_t>(l)].comp_rows;
+      for (int64_t pos = g.first; pos < g.first + g.n; ++pos) {
+        if ((pos + 1) % ratio != 0)
+          continue;
+        const int64_t g0 = pos + 1 - ratio;
+        for (int64_t r = 0; r < ratio; ++r) {
+          const int64_t q = g0 + r;
+          members.push_back(q >= g.first ? cuda::kv_ref_local((g.row0 + q - g.first) * 2 * hd)
+                                         : ring.rows().pool_offset(ring.ring_row(q)));
+        }
+        gpos.push_back(g0);
+        ++seg_groups[i];
       }
-      gpos.push_back(g0);
+      // Ring append in position order (metadata for every row; only the last capacity rows are
+      // written, the earlier ones would be overwritten within this chunk).
+      const int64_t t0 = std::max<int64_t>(0, g.n - ring.capacity());
+      for (int64_t t = 0; t < g.n; ++t) {
+        const int64_t row = ring.push_row();
+        if (t >= t0)
+          dest[static_cast<size_t>(g.row0 + t)] = ring.rows().pool_offset(row);
+      }
     }
     const int64_t G = static_cast<int64_t>(gpos.size());
     if (G > 0) {
@@ -386,21 +553,12 @@ Status CudaV41Backend::compress(int l, state::SequenceState& st, const Pass& ps,
       pp.out = lat;
       DSI_RETURN_IF_ERROR(cuda::launch_v41_pool(pp, s));
     }
-    // Ring append in position order (metadata for every row; only the last capacity rows are
-    // written, the earlier ones would be overwritten within this chunk).
-    std::vector<int64_t> dest;
-    const int64_t t0 = std::max<int64_t>(0, n - ring.capacity());
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t row = ring.push_row();
-      if (t >= t0)
-        dest.push_back(ring.rows().pool_offset(row));
-    }
-    DSI_RETURN_IF_ERROR(scatter(loc + t0 * 2 * hd, n - t0, 2 * hd, 2 * hd, dest));
+    // After the pooling read the ring rows (same stream).
+    DSI_RETURN_IF_ERROR(scatter(loc, n, 2 * hd, 2 * hd, dest));
   }
   const int64_t G = static_cast<int64_t>(gpos.size());
   if (G == 0)
     return Status();
-  state::LayerState& owner = st.layers()[static_cast<size_t>(l)];
   DSI_RETURN_IF_ERROR(rms(lat, G, hd, a.comp_norm));
   DSI_ASSIGN_OR_RETURN(int64_t * dgpos, upload(gpos));
   if (!a.idx_wk.empty()) {
@@ -416,9 +574,12 @@ Status CudaV41Backend::compress(int l, state::SequenceState& st, const Pass& ps,
     qp.kind = cuda::V41Quant::kFp4Index;
     DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
     std::vector<int64_t> dest;
-    for (int64_t g = 0; g < G; ++g) {
-      owner.check_index_key(owner.num_entries + g);
-      dest.push_back(owner.index_keys.pool_offset(owner.num_entries + g));
+    for (size_t i = 0; i < ps.segs.size(); ++i) {
+      state::LayerState& owner = ps.segs[i].st->layers()[static_cast<size_t>(l)];
+      for (int64_t g = 0; g < seg_groups[i]; ++g) {
+        owner.check_index_key(owner.num_entries + g);
+        dest.push_back(owner.index_keys.pool_offset(owner.num_entries + g));
+      }
     }
     DSI_RETURN_IF_ERROR(scatter(k, G, id, id, dest));
   }
@@ -431,33 +592,49 @@ Status CudaV41Backend::compress(int l, state::SequenceState& st, const Pass& ps,
   qp.clamp_scale = deepseek();
   DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
   std::vector<int64_t> dest;
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t e = owner.num_entries;
-    owner.add_entry(e);
-    dest.push_back(owner.entries.pool_offset(e));
+  for (size_t i = 0; i < ps.segs.size(); ++i) {
+    state::LayerState& owner = ps.segs[i].st->layers()[static_cast<size_t>(l)];
+    for (int64_t g = 0; g < seg_groups[i]; ++g) {
+      const int64_t e = owner.num_entries;
+      owner.add_entry(e);
+      dest.push_back(owner.entries.pool_offset(e));
+    }
   }
   return scatter(lat, G, hd, hd, dest);
 }
 
-Status CudaV41Backend::indexer(int l,
-                               state::SequenceState& st,
-                               const Pass& ps,
-                               const float* x,
-                               const float* q_res,
-                               Shared& sh) {
+Status CudaV41Backend::indexer(
+    int l, const Pass& ps, const float* x, const float* q_res, Shared& sh) {
   const model_v41::V41Config& c = *c_;
   const V41LayerPlan& plan = c.layers[static_cast<size_t>(l)];
   const DAttention& a = weights_->layers[static_cast<size_t>(l)].attn;
   const int64_t IH = c.index_n_heads, ID = c.index_head_dim, ratio = plan.compress_ratio;
   const int64_t n = ps.n;
   cudaStream_t s = stream_.get();
-  const state::LayerState& keys = st.layers()[static_cast<size_t>(plan.index_key_owner)];
-  const int64_t G = keys.num_entries;
   sh.topk = nullptr;
   sh.topk_k = 0;
   sh.topk_rows = n;
+  // Per row: its sequence's key count (the key owner's entries) and visible keys; the key
+  // owners' page tables side by side.
+  int64_t G = 0;  // the widest key set of the pass
+  std::vector<int64_t> visible(static_cast<size_t>(n)), page_begin(static_cast<size_t>(n));
+  std::vector<int32_t> pages;
+  int64_t rows_per_page = 0;
+  for (const Seg& g : ps.segs) {
+    const state::LayerState& keys = g.st->layers()[static_cast<size_t>(plan.index_key_owner)];
+    const int64_t Gs = keys.num_entries;
+    G = std::max(G, Gs);
+    rows_per_page = keys.index_keys.rows_per_page();
+    for (int64_t t = 0; t < g.n; ++t) {
+      visible[static_cast<size_t>(g.row0 + t)] = std::min(Gs, (g.first + t + 1) / ratio);
+      page_begin[static_cast<size_t>(g.row0 + t)] = static_cast<int64_t>(pages.size());
+    }
+    pages.insert(pages.end(), keys.index_keys.pages().begin(), keys.index_keys.pages().end());
+  }
   if (G == 0)
     return Status();
+  int64_t max_visible = 0;
+  for (int64_t v : visible) max_visible = std::max(max_visible, v);
   DSI_ASSIGN_OR_RETURN(float* q, tmp<float>(n * IH * ID));
   DSI_ASSIGN_OR_RETURN(float* hw, tmp<float>(n * IH));
   DSI_RETURN_IF_ERROR(linear(a.idx_wq_b, q_res, n, q));
@@ -469,15 +646,9 @@ Status CudaV41Backend::indexer(int l,
   qp.len = ID;
   qp.kind = cuda::V41Quant::kFp4Index;
   DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
-  std::vector<int64_t> visible(static_cast<size_t>(n)), zeros(static_cast<size_t>(n), 0);
-  int64_t max_visible = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    visible[static_cast<size_t>(t)] = std::min(G, (ps.first + t + 1) / ratio);
-    max_visible = std::max(max_visible, visible[static_cast<size_t>(t)]);
-  }
   DSI_ASSIGN_OR_RETURN(int64_t * dvis, upload(visible));
-  DSI_ASSIGN_OR_RETURN(int64_t * dzero, upload(zeros));
-  DSI_ASSIGN_OR_RETURN(int32_t * dpages, upload(keys.index_keys.pages()));
+  DSI_ASSIGN_OR_RETURN(int64_t * dpb, upload(page_begin));
+  DSI_ASSIGN_OR_RETURN(int32_t * dpages, upload(pages));
   DSI_ASSIGN_OR_RETURN(float* scores, tmp<float>(n * G));
   cuda::IndexerScoreParams ip;
   ip.q = q;
@@ -492,9 +663,9 @@ Status CudaV41Backend::indexer(int l,
   ip.dim = ID;
   ip.pool = pool_;
   ip.page_floats = page_floats_;
-  ip.rows_per_page = keys.index_keys.rows_per_page();
+  ip.rows_per_page = rows_per_page;
   ip.pages = dpages;
-  ip.page_begin = dzero;
+  ip.page_begin = dpb;
   ip.visible = dvis;
   ip.max_visible = max_visible;
   ip.scores = scores;
@@ -502,6 +673,8 @@ Status CudaV41Backend::indexer(int l,
   ip.tensor_cores = true;
   ip.bf16_exact = true;  // FP4-simulated queries and keys are exact BF16 values
   DSI_RETURN_IF_ERROR(cuda::launch_indexer_scores(ip, s));
+  // Keys at or past a row's visible count are never read below (the block scores, the pool and
+  // the top-k stop at it), so one width G serves sequences of fewer keys.
   if (plan.candidate_source) {
     const int64_t bs = c.candidate_block_size, nb = (G + bs - 1) / bs;
     const int64_t kb = std::min<int64_t>(c.candidate_topk_blocks, nb);
@@ -574,18 +747,13 @@ Status CudaV41Backend::indexer(int l,
   return Status();
 }
 
-Status CudaV41Backend::attention(int l,
-                                 state::SequenceState& st,
-                                 Pass& ps,
-                                 const float* x,
-                                 float* out,
-                                 Shared& sh,
-                                 bool compressed_already) {
+Status CudaV41Backend::attention(
+    int l, Pass& ps, const float* x, float* out, Shared& sh, bool compressed_already) {
   const model_v41::V41Config& c = *c_;
   const V41LayerPlan& plan = c.layers[static_cast<size_t>(l)];
   const DAttention& a = weights_->layers[static_cast<size_t>(l)].attn;
   const int64_t H = c.num_attention_heads, hd = c.head_dim, W = c.sliding_window;
-  const int64_t first = ps.first, n = ps.n;
+  const int64_t n = ps.n;
   cudaStream_t s = stream_.get();
   const float* inv = plan.compress_ratio == 0 ? weights_->inv_main : weights_->inv_compress;
   DSI_ASSIGN_OR_RETURN(float* q_res, tmp<float>(n * c.q_lora_rank));
@@ -606,13 +774,10 @@ Status CudaV41Backend::attention(int l,
   DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
   if (plan.compress_ratio > 0) {
     if (plan.kv_owner == l && !compressed_already)
-      DSI_RETURN_IF_ERROR(compress(l, st, ps, x));
+      DSI_RETURN_IF_ERROR(compress(l, ps, x));
     if (plan.topk_source == l)
-      DSI_RETURN_IF_ERROR(indexer(l, st, ps, x, q_res, sh));
+      DSI_RETURN_IF_ERROR(indexer(l, ps, x, q_res, sh));
   }
-  state::LayerState& ring = st.layers()[static_cast<size_t>(l)];
-  const state::LayerState& comp =
-      st.layers()[static_cast<size_t>(plan.compress_ratio > 0 ? plan.kv_owner : l)];
   const bool selected = plan.compress_ratio > 0 && sh.topk != nullptr && sh.topk_k > 0;
   if (selected) {
     DSI_CHECK(sh.topk_rows == n,
@@ -622,22 +787,41 @@ Status CudaV41Backend::attention(int l,
               static_cast<long long>(n));
   }
   // Per query: W window slots (the ring / the chunk's own rows, empty slots none), then the
-  // selected compressed entries (filled on the device from the top-k list).
+  // selected compressed entries (filled on the device from the top-k list through the KV
+  // owner's page table of the query's sequence).
   const int64_t S = W + (selected ? sh.topk_k : 0);
   const bool narrowed = ps.exit_active && !plan.producer;
   const int64_t floor = narrowed ? ps.window_floor : 0;
   std::vector<int64_t> win(static_cast<size_t>(n * W), cuda::kKvRefNone);
   std::vector<int64_t> begin(static_cast<size_t>(n + 1)), sel_begin(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t p = first + t;
-    int64_t j = 0;
-    for (int64_t k = std::max<int64_t>({0, p - W + 1, floor}); k <= p; ++k, ++j) {
-      win[static_cast<size_t>(t * W + j)] = k >= first
-                                                ? cuda::kv_ref_local((k - first) * hd)
-                                                : ring.ring.pool_offset(k % ring.ring_capacity);
+  std::vector<int64_t> page_begin(static_cast<size_t>(n));
+  std::vector<int32_t> pages;
+  // Ring writes: only each sequence's last ring-capacity rows (an early-exit placeholder row
+  // writes nothing).
+  std::vector<int64_t> ring_dest(static_cast<size_t>(n), cuda::kKvRefNone);
+  int64_t entry_rows_per_page = 0;
+  for (const Seg& g : ps.segs) {
+    state::LayerState& ring = g.st->layers()[static_cast<size_t>(l)];
+    const state::LayerState& comp =
+        g.st->layers()[static_cast<size_t>(plan.compress_ratio > 0 ? plan.kv_owner : l)];
+    for (int64_t t = 0; t < g.n; ++t) {
+      const int64_t r = g.row0 + t, p = g.first + t;
+      int64_t j = 0;
+      for (int64_t k = std::max<int64_t>({0, p - W + 1, floor}); k <= p; ++k, ++j) {
+        win[static_cast<size_t>(r * W + j)] = k >= g.first
+                                                  ? cuda::kv_ref_local((g.row0 + k - g.first) * hd)
+                                                  : ring.ring.pool_offset(k % ring.ring_capacity);
+      }
+      begin[static_cast<size_t>(r)] = r * S;
+      sel_begin[static_cast<size_t>(r)] = r * S + W;
+      page_begin[static_cast<size_t>(r)] = static_cast<int64_t>(pages.size());
+      if (t >= g.n - ring.ring_capacity && !(narrowed && ps.placeholder))
+        ring_dest[static_cast<size_t>(r)] = ring.ring.pool_offset(p % ring.ring_capacity);
     }
-    begin[static_cast<size_t>(t)] = t * S;
-    sel_begin[static_cast<size_t>(t)] = t * S + W;
+    if (selected) {
+      pages.insert(pages.end(), comp.entries.pages().begin(), comp.entries.pages().end());
+      entry_rows_per_page = comp.entries.rows_per_page();
+    }
   }
   begin[static_cast<size_t>(n)] = n * S;
   DSI_ASSIGN_OR_RETURN(int64_t * dwin, upload(win));
@@ -654,15 +838,15 @@ Status CudaV41Backend::attention(int l,
                                          "V4.1 window key lists"));
   if (selected) {
     DSI_ASSIGN_OR_RETURN(int64_t * dsel, upload(sel_begin));
-    DSI_ASSIGN_OR_RETURN(int32_t * dpages, upload(comp.entries.pages()));
-    DSI_ASSIGN_OR_RETURN(int64_t * dzero, upload(std::vector<int64_t>(static_cast<size_t>(n), 0)));
+    DSI_ASSIGN_OR_RETURN(int32_t * dpages, upload(pages));
+    DSI_ASSIGN_OR_RETURN(int64_t * dpb, upload(page_begin));
     cuda::RefsFromIndicesParams rp;
     rp.indices = sh.topk;
     rp.nq = n;
     rp.k = sh.topk_k;
     rp.pages = dpages;
-    rp.page_begin = dzero;
-    rp.rows_per_page = comp.entries.rows_per_page();
+    rp.page_begin = dpb;
+    rp.rows_per_page = entry_rows_per_page;
     rp.page_floats = page_floats_;
     rp.width = hd;
     rp.out_begin = dsel;
@@ -684,15 +868,8 @@ Status CudaV41Backend::attention(int l,
   ap.out = o;
   DSI_RETURN_IF_ERROR(cuda::launch_sink_attention(ap, s));
   DSI_RETURN_IF_ERROR(rope(o, n, H, hd, ps.pos, inv, true));
-  // The chunk's window KV into the ring (only the last ring-capacity rows; an early-exit
-  // placeholder row writes nothing).
-  if (!(narrowed && ps.placeholder)) {
-    const int64_t t0 = std::max<int64_t>(0, n - ring.ring_capacity);
-    std::vector<int64_t> dest;
-    for (int64_t t = t0; t < n; ++t)
-      dest.push_back(ring.ring.pool_offset((first + t) % ring.ring_capacity));
-    DSI_RETURN_IF_ERROR(scatter(kv + t0 * hd, n - t0, hd, hd, dest));
-  }
+  // After the attention read the ring (same stream).
+  DSI_RETURN_IF_ERROR(scatter(kv, n, hd, hd, ring_dest));
   // Grouped low-rank output: wo_a per group of H / o_groups heads, then wo_b.
   const int64_t G = c.o_groups, in_g = H / G * hd, r = c.o_lora_rank;
   DSI_ASSIGN_OR_RETURN(float* y, tmp<float>(n * G * r));
@@ -802,29 +979,43 @@ Status CudaV41Backend::moe(const DMoe& w, const float* x, int64_t n, int64_t k, 
   return cuda::launch_v41_axpy(ap, s);
 }
 
-Status CudaV41Backend::dspark_context(state::SequenceState& st,
-                                      const Pass& ps,
-                                      const Shared& sh,
-                                      bool write) {
+Status CudaV41Backend::dspark_context(const Pass& ps, const Shared& sh) {
   const model_v41::V41Config& c = *c_;
   const int64_t D = c.hidden_size, hd = c.head_dim;
   const int64_t nt = static_cast<int64_t>(c.dspark_target_layer_ids.size());
-  const int64_t ring = st.mtp_layers().empty() ? 0 : st.mtp_layers()[0].ring_capacity;
-  const int64_t t0 = std::max<int64_t>(0, ps.n - ring);
-  if (!write || ps.n - t0 <= 0)
-    return Status();
-  const int64_t m = ps.n - t0;
   cudaStream_t s = stream_.get();
+  // Rows each block ring keeps (each sequence's last ring-capacity rows).
+  std::vector<int64_t> rows, positions;
+  for (const Seg& g : ps.segs) {
+    const int64_t ring = g.st->mtp_layers().empty() ? 0 : g.st->mtp_layers()[0].ring_capacity;
+    for (int64_t t = std::max<int64_t>(0, g.n - ring); t < g.n; ++t) {
+      rows.push_back(g.row0 + t);
+      positions.push_back(g.first + t);
+    }
+  }
+  const int64_t m = static_cast<int64_t>(rows.size());
+  if (m == 0)
+    return Status();
   DSI_ASSIGN_OR_RETURN(float* f, tmp<float>(m * nt * D));
+  DSI_ASSIGN_OR_RETURN(float* one, tmp<float>(m * D));
   for (int64_t i = 0; i < nt; ++i) {
     const float* src = sh.features[static_cast<size_t>(i)];
-    const int64_t off = ps.first + t0 - sh.feature_first[static_cast<size_t>(i)];
-    DSI_CHECK(src != nullptr && off >= 0,
-              "DSpark features of target %lld missing",
-              static_cast<long long>(i));
+    DSI_CHECK(src != nullptr, "DSpark features of target %lld missing", static_cast<long long>(i));
+    // A feature taken before the early-exit cut holds the cut rows first.
+    const int64_t shift = ps.cut - sh.feature_cut[static_cast<size_t>(i)];
+    std::vector<int64_t> refs;
+    for (int64_t r : rows) refs.push_back(cuda::kv_ref_local((r + shift) * D));
+    DSI_ASSIGN_OR_RETURN(int64_t * drefs, upload(refs));
+    cuda::GatherRowsParams gp;
+    gp.local = src;
+    gp.src_refs = drefs;
+    gp.n = m;
+    gp.width = D;
+    gp.dst = one;
+    DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
     DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpy2DAsync(f + i * D,
                                                              static_cast<size_t>(nt * D * 4),
-                                                             src + off * D,
+                                                             one,
                                                              static_cast<size_t>(D * 4),
                                                              static_cast<size_t>(D * 4),
                                                              static_cast<size_t>(m),
@@ -836,21 +1027,26 @@ Status CudaV41Backend::dspark_context(state::SequenceState& st,
   DSI_ASSIGN_OR_RETURN(float* main_x, tmp<float>(m * D));
   DSI_RETURN_IF_ERROR(linear(w.main_proj, f, m, main_x));
   DSI_RETURN_IF_ERROR(rms(main_x, m, D, w.main_norm));
-  for (size_t b = 0; b < w.wkv.size() && b < st.mtp_layers().size(); ++b) {
+  DSI_ASSIGN_OR_RETURN(int64_t * dpos, upload(positions));
+  for (size_t b = 0; b < w.wkv.size(); ++b) {
     DSI_ASSIGN_OR_RETURN(float* kv, tmp<float>(m * hd));
     DSI_RETURN_IF_ERROR(linear(w.wkv[b], main_x, m, kv));
     DSI_RETURN_IF_ERROR(rms(kv, m, hd, w.kv_norm[b]));
-    DSI_RETURN_IF_ERROR(rope(kv, m, 1, hd, ps.pos + t0, weights_->inv_main, false));
+    DSI_RETURN_IF_ERROR(rope(kv, m, 1, hd, dpos, weights_->inv_main, false));
     cuda::V41QuantParams qp;
     qp.x = kv;
     qp.rows = m;
     qp.len = hd;
     qp.kind = cuda::V41Quant::kFp8Window;
     DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
-    state::LayerState& ls = st.mtp_layers()[b];
     std::vector<int64_t> dest;
-    for (int64_t t = 0; t < m; ++t)
-      dest.push_back(ls.ring.pool_offset((ps.first + t0 + t) % ls.ring_capacity));
+    for (const Seg& g : ps.segs) {
+      if (b >= g.st->mtp_layers().size())
+        return Status(StatusCode::kInternal, "DSpark block ring missing");
+      state::LayerState& ls = g.st->mtp_layers()[b];
+      for (int64_t t = std::max<int64_t>(0, g.n - ls.ring_capacity); t < g.n; ++t)
+        dest.push_back(ls.ring.pool_offset((g.first + t) % ls.ring_capacity));
+    }
     DSI_RETURN_IF_ERROR(scatter(kv, m, hd, hd, dest));
   }
   return Status();
