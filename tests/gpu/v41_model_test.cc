@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -393,7 +394,16 @@ INSTANTIATE_TEST_SUITE_P(Fixtures,
                          CudaV41ModelTest,
                          ::testing::Values(V41Case{"tests/fixtures/v41-tiny", "official"},
                                            V41Case{"tests/fixtures/v41-tiny", "hf"},
-                                           V41Case{"tests/fixtures/v41-tiny-b", "official"}));
+                                           V41Case{"tests/fixtures/v41-tiny-b", "official"}),
+                         [](const ::testing::TestParamInfo<V41Case>& info) {
+                           std::string name = fs::path(info.param.fixture).filename().string() +
+                                              "_" + info.param.layout;
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch)))
+                               ch = '_';
+                           }
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace dsinfer
