@@ -346,6 +346,74 @@ TEST_P(CudaV41ModelTest, BatchedForwardMatchesCpuAlone) {
   }
 }
 
+// DSpark drafting on the device against the CPU's drafter after the same prefill: greedy drafts
+// equal while the CPU's draft logits have a clear margin (a later draft depends on the earlier
+// ones through the Markov term), confidences close.
+TEST_P(CudaV41ModelTest, DsparkDraftsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const V41Case vc = GetParam();
+  const std::string dir = source_path(std::string(vc.fixture) + "/" + vc.layout);
+  if (!fs::exists(dir))
+    GTEST_SKIP() << dir << " missing";
+  const std::vector<int32_t> ids = fixture_ids(vc.fixture);
+  ASSERT_GE(ids.size(), 50u);
+  cpu_v41::V41BackendOptions o;
+  auto cpu = cpu_v41::V41Backend::open(dir, o);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  auto gpu = gpu_v41::CudaV41Backend::open(dir, o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  const int32_t block = (*gpu)->block_draft_size();
+  ASSERT_EQ(block, (*cpu)->block_draft_size());
+  if (block == 0)
+    GTEST_SKIP() << "no DSpark blocks in " << dir;
+  const int64_t V = (*cpu)->config().vocab_size;
+  int checked = 0, equal = 0;
+  for (int64_t len : {int64_t{9}, int64_t{30}, int64_t{49}}) {
+    std::vector<float> scratch;
+    Seq a = make_seq(**cpu);
+    Seq b = make_seq(**gpu);
+    feed(**cpu, a, ids, 0, len, 7, 0, &scratch);
+    feed(**gpu, b, ids, 0, len, 7, 0, &scratch);
+    const int32_t anchor = ids[static_cast<size_t>(len)];
+    cpu_v41::DraftOptions dopt;
+    dopt.block = block;
+    cpu_v41::DraftResult want;
+    ASSERT_TRUE((*cpu)->draft(*a.st, anchor, dopt, &want).ok());
+    std::vector<int32_t> toks(static_cast<size_t>(block));
+    std::vector<float> conf(static_cast<size_t>(block));
+    backend::BlockDraftItem it;
+    it.state = b.st.get();
+    it.anchor = anchor;
+    it.tokens = toks.data();
+    it.confidence = conf.data();
+    ASSERT_TRUE((*gpu)->block_draft_batch(std::span<backend::BlockDraftItem>(&it, 1), block).ok());
+    ASSERT_TRUE(it.status.ok()) << it.status.to_string();
+    for (int32_t k = 0; k < block; ++k) {
+      const float* row = want.logits.data() + k * V;
+      const int64_t top = std::max_element(row, row + V) - row;
+      float second = -INFINITY;
+      for (int64_t v = 0; v < V; ++v) {
+        if (v != top)
+          second = std::max(second, row[v]);
+      }
+      if (row[top] - second <= kMargin)
+        break;  // a near tie: later drafts may legitimately differ
+      ++checked;
+      EXPECT_NEAR(conf[static_cast<size_t>(k)], want.confidence[static_cast<size_t>(k)], 2e-2)
+          << "len " << len << " draft " << k;
+      if (toks[static_cast<size_t>(k)] != want.tokens[static_cast<size_t>(k)])
+        break;
+      ++equal;
+    }
+  }
+  std::printf("[cuda-v41-draft] %s/%s: %d/%d clear-margin drafts equal\n",
+              vc.fixture,
+              vc.layout,
+              equal,
+              checked);
+  EXPECT_GE(equal * 10, checked * 9);
+}
+
 // The engine on CUDA (continuous batching, chunked prefill, decode) over V4.1's state layout in a
 // device-mirrored arena: every request finishes, and greedy tokens agree with the engine on the
 // CPU (the first token of every request where both backends' arithmetic agrees to the budget;

@@ -9,7 +9,7 @@
 // key lists, RMSNorm, RoPE, indexer scores, top-k, MoE routing / grouping / experts / combine,
 // row scatter) and on kernels/cuda/v41.h where V4.1 differs. Prefill early exit (bounded replay)
 // as on the CPU. The sequences of a batch run as one pass (their rows side by side); no CUDA
-// graphs, no DSpark drafting on the device (the forward writes the DSpark context KV).
+// graphs; the DSpark drafter runs on the device too (greedy drafts).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -72,6 +72,10 @@ class CudaV41Backend final : public backend::Model {
                            std::span<const int32_t> pages,
                            const float* src) override;
   Status health() const override;
+  // The DSpark drafter on the device (dspark_draft.cc): greedy drafts and their confidences, as
+  // the CPU backend's; blocks of up to max backtracking - 1 tokens; 0 without DSpark blocks.
+  int32_t block_draft_size() const override;
+  Status block_draft_batch(std::span<backend::BlockDraftItem> items, int32_t block) override;
   const char* name() const override { return "cuda-v41"; }
   const model::ModelConfig& config() const override { return cpu_->config(); }
   model::Numerics numerics() const override { return cpu_->numerics(); }
@@ -116,6 +120,11 @@ class CudaV41Backend final : public backend::Model {
   Status moe(const DMoe& w, const float* x, int64_t n, int64_t k, float* out);
   Status engram(int l, Pass& ps);
   Status dspark_context(const Pass& ps, const Shared& sh);
+  Status draft_one(const state::SequenceState& st,
+                   int32_t anchor,
+                   int64_t block,
+                   int32_t* tokens,
+                   float* confidence);
   Status rms(float* x, int64_t rows, int64_t dim, const float* weight);
   Status linear(const MatrixRef& w, const float* x, int64_t n, float* y, int64_t ldy = 0);
   Status rope(float* x,

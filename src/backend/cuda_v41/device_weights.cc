@@ -134,6 +134,12 @@ Result<std::unique_ptr<V41DeviceWeights>> V41DeviceWeights::upload(const model_v
       d->dspark.wkv.push_back(m);
       d->dspark.kv_norm.push_back(nrm);
     }
+    d->draft.blocks.resize(w.dspark.blocks.size());
+    for (size_t b = 0; b < w.dspark.blocks.size(); ++b)
+      DSI_RETURN_IF_ERROR(d->layer(c, w.dspark.blocks[b].layer, &d->draft.blocks[b]));
+    DSI_RETURN_IF_ERROR(d->vec(w.dspark.norm, &d->draft.norm));
+    DSI_RETURN_IF_ERROR(d->matrix(w.dspark.markov_embed, &d->draft.markov_embed));
+    DSI_RETURN_IF_ERROR(d->matrix(w.dspark.markov_head, &d->draft.markov_head));
   }
   DSI_RETURN_IF_ERROR(d->vec(model::rope_inv_freq(c.rope_main, c.qk_rope_head_dim), &d->inv_main));
   DSI_RETURN_IF_ERROR(

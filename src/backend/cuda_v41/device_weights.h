@@ -2,7 +2,8 @@
 // 32x32 blocks, MXFP4 experts, BF16; never expanded) and the small vectors as fp32. The Engram
 // tables are not uploaded: they stay in host memory (cpu_v41::EngramStore) and only the rows a
 // forward reads are copied. Of the DSpark blocks only what the target forward needs to write
-// their context KV is uploaded (main_proj, main_norm, each block's wkv and kv_norm).
+// their context KV (main_proj, main_norm, each block's wkv and kv_norm) and, for drafting on the
+// device, the blocks, the final norm and the Markov head.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +72,14 @@ struct DDsparkContext {
   std::vector<const float*> kv_norm;  // per block
 };
 
+// The DSpark draft blocks themselves (drafting on the device, dspark_draft.cc).
+struct DDspark {
+  std::vector<DLayer> blocks;
+  const float* norm = nullptr;
+  MatrixRef markov_embed;  // [vocab, markov_rank]
+  MatrixRef markov_head;   // [vocab, markov_rank]
+};
+
 class V41DeviceWeights {
  public:
   static Result<std::unique_ptr<V41DeviceWeights>> upload(const model_v41::V41Config& c,
@@ -85,6 +94,7 @@ class V41DeviceWeights {
   std::vector<DLayer> layers;
   bool has_dspark = false;
   DDsparkContext dspark;
+  DDspark draft;  // empty blocks without DSpark
   const float* inv_main = nullptr;
   const float* inv_compress = nullptr;
   int64_t bytes() const { return bytes_; }
