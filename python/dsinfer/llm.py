@@ -26,8 +26,8 @@ class LLM:
     Args:
         model: model directory (config.json, safetensors, tokenizer.json). Default:
             $DSINFER_MODEL, else ./models/dsv4-mini. A V4.1 checkpoint (model_type
-            deepseek_v41) runs on the V4.1 backend (CPU only so far); its Engram token map
-            (engram_token_map.json) must be beside it.
+            deepseek_v41) runs on the V4.1 backends (CPU; CUDA written, not yet run on a GPU);
+            its Engram token map (engram_token_map.json) must be beside it.
         device: "cpu", "cuda" or "cuda:N" (CUDA needs a package built with CUDA, see
             docs/python.md).
         numerics: "reference" (fp32, no activation quantisation) or "deepseek" (DeepSeek's

@@ -23,7 +23,8 @@ struct CpuBenchArgs {
   int64_t decode_steps = 8;
   int64_t repeats = 2;
   int threads = 0;
-  int64_t prefill_keep_rows = 0;      // DeepSeek V4.1: also time the prefill early exit
+  int64_t prefill_keep_rows = 0;  // DeepSeek V4.1: also time the prefill early exit
+  int cuda_device = -1;  // DeepSeek V4.1: >= 0 runs the CUDA V4.1 backend on that GPU instead
   std::string state_memory = "1GiB";  // the budget the state footprint's context is given for
   std::string output;
 };
@@ -36,7 +37,8 @@ int run_cpu_bench(const CpuBenchArgs& a);
 Result<nlohmann::ordered_json> state_footprint_json(const backend::Model& m,
                                                     int64_t page_bytes,
                                                     const std::string& state_memory);
-// The same on a DeepSeek V4.1 checkpoint (bench_cpu_v41.cc); run_cpu_bench calls it.
+// The same on a DeepSeek V4.1 checkpoint (bench_cpu_v41.cc); run_cpu_bench calls it, and `bench
+// --device cuda` on a V4.1 checkpoint (a.cuda_device >= 0: the CUDA V4.1 backend).
 int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir);
 
 // The `bench` subcommand of a build without CUDA (CPU only).

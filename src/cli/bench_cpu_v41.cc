@@ -1,7 +1,8 @@
-// `dsinfer bench --device cpu` on a DeepSeek V4.1 checkpoint: the state sizes (the spec's record
-// layout at this checkpoint's config and at the real V4.1-Flash config, and what the CPU engine's
-// pages hold), prefill and decode speed of the V4.1 CPU backend through the engine's backend seam,
-// and with --prefill-keep-rows the prefill early exit's time and layer-row saving in the same run.
+// `dsinfer bench` on a DeepSeek V4.1 checkpoint, `--device cpu` or `--device cuda`: the state
+// sizes (the spec's record layout at this checkpoint's config and at the real V4.1-Flash config,
+// and what the engine's pages hold), prefill and decode speed of the V4.1 CPU or CUDA backend
+// through the engine's backend seam, and with --prefill-keep-rows the prefill early exit's time
+// and layer-row saving in the same run.
 #include <time.h>
 
 #include <algorithm>
@@ -14,6 +15,9 @@
 #include <thread>
 
 #include "backend/cpu_v41/backend.h"
+#if DSINFER_HAVE_CUDA_BACKEND
+#include "backend/cuda_v41/backend.h"
+#endif
 #include "base/strings.h"
 #include "cli/bench_cpu.h"
 #include "cli/common.h"
@@ -50,7 +54,7 @@ json layout_json(const model_v41::StateLayout& s) {
 }
 
 // Seconds of one prefill of `toks` (best of the timed runs after a warm-up).
-Result<double> time_prefill(cpu_v41::V41Backend& m,
+Result<double> time_prefill(backend::Model& m,
                             state::PageArena* arena,
                             std::span<const int32_t> toks,
                             int64_t repeats) {
@@ -69,6 +73,32 @@ Result<double> time_prefill(cpu_v41::V41Backend& m,
   return best;
 }
 
+// The V4.1 backend of `a`'s device (the CPU reference, or the CUDA backend on a.cuda_device).
+Result<std::unique_ptr<backend::Model>> open_v41(const CpuBenchArgs& a,
+                                                 const std::string& model_dir,
+                                                 const cpu_v41::V41BackendOptions& o) {
+  if (a.cuda_device >= 0) {
+#if DSINFER_HAVE_CUDA_BACKEND
+    gpu_v41::CudaV41Options co;
+    co.device = a.cuda_device;
+    DSI_ASSIGN_OR_RETURN(auto m, gpu_v41::CudaV41Backend::open(model_dir, o, co));
+    return std::unique_ptr<backend::Model>(std::move(m));
+#else
+    return unimplemented("--device cuda: this build has no CUDA backend");
+#endif
+  }
+  DSI_ASSIGN_OR_RETURN(auto m, cpu_v41::V41Backend::open(model_dir, o));
+  return std::unique_ptr<backend::Model>(std::move(m));
+}
+
+const model_v41::V41Config& v41_config(const backend::Model& m) {
+#if DSINFER_HAVE_CUDA_BACKEND
+  if (const auto* g = dynamic_cast<const gpu_v41::CudaV41Backend*>(&m))
+    return g->cpu().checkpoint().config();
+#endif
+  return dynamic_cast<const cpu_v41::V41Backend&>(m).checkpoint().config();
+}
+
 }  // namespace
 
 int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
@@ -77,19 +107,21 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
     return fail(numerics.status());
   cpu_v41::V41BackendOptions o;
   o.numerics = *numerics;
-  auto opened = cpu_v41::V41Backend::open(model_dir, o);
+  auto opened = open_v41(a, model_dir, o);
   if (!opened.ok())
     return fail(opened.status());
-  cpu_v41::V41Backend& m = **opened;
-  std::unique_ptr<cpu_v41::V41Backend> exit_model;
+  backend::Model& m = **opened;
+  std::unique_ptr<backend::Model> exit_model;
   if (a.prefill_keep_rows > 0) {
     o.prefill_keep_rows = a.prefill_keep_rows;
-    auto e = cpu_v41::V41Backend::open(model_dir, o);
+    auto e = open_v41(a, model_dir, o);
     if (!e.ok())
       return fail(e.status());
     exit_model = std::move(e).value();
   }
-  const model_v41::V41Config& c = m.checkpoint().config();
+  const model_v41::V41Config& c = v41_config(m);
+  const bool gpu = a.cuda_device >= 0;
+  const char* tag = gpu ? "[bench cuda v4.1]" : "[bench cpu v4.1]";
   const int64_t longest = std::max(*std::max_element(a.prefill.begin(), a.prefill.end()),
                                    a.context + a.decode_steps + 1);
   if (c.max_position_embeddings < longest) {
@@ -99,10 +131,10 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
   }
   const state::StateShape& shape = *m.state_shape();
   const int64_t page = state::default_page_bytes(shape);
-  auto arena = state::PageArena::growable(page);
+  auto arena = state::PageArena::growable(page, m.state_storage());
 
   json out;
-  out["device"] = "cpu";
+  out["device"] = gpu ? "cuda:" + std::to_string(a.cuda_device) : std::string("cpu");
   out["hardware_threads"] = std::thread::hardware_concurrency();
   out["model"] = {{"dir", model_dir},
                   {"model", "DeepSeek V4.1"},
@@ -122,17 +154,18 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
   const int64_t n_big = 1 << 20;
   const int64_t fixed = state::SequenceState::pages_for(shape, page, 0) * page;
   const int64_t grown = state::SequenceState::pages_for(shape, page, n_big) * page;
-  st["cpu_engine"] = {
+  st[gpu ? "cuda_engine" : "cpu_engine"] = {
       {"page_bytes", page},
       {"fixed_bytes_per_sequence", fixed},
       {"bytes_per_token", static_cast<double>(grown - fixed) / static_cast<double>(n_big)},
       {"note",
-       "fp32 dequantised rows in the engine's pages (the CPU reference keeps no FP8/FP4 "
-       "records)"}};
+       "fp32 dequantised rows in the engine's pages (neither V4.1 backend keeps FP8/FP4 "
+       "records yet)"}};
   out["state"] = st;
   std::fprintf(stderr,
-               "[bench cpu v4.1] KV %.0f B/token (%.0f raw), state %lld B/sequence; at the real "
+               "%s KV %.0f B/token (%.0f raw), state %lld B/sequence; at the real "
                "V4.1-Flash config: KV %.0f B/token, state %lld B/sequence\n",
+               tag,
                st["spec_layout"]["kv_bytes_per_token"].get<double>(),
                st["spec_layout"]["kv_bytes_per_token_raw"].get<double>(),
                static_cast<long long>(st["spec_layout"]["state_bytes_per_sequence"].get<int64_t>()),
@@ -141,7 +174,7 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
                    st["spec_layout_v41_flash"]["state_bytes_per_sequence"].get<int64_t>()));
 
   json run;
-  run["kernels"] = "reference";
+  run["kernels"] = gpu ? "cuda" : "reference";
   run["backend"] = m.name();
   json prefill = json::array();
   for (int64_t len : a.prefill) {
@@ -151,7 +184,8 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
       return fail(t.status());
     json row = {{"tokens", len}, {"seconds", *t}, {"tokens_per_s", static_cast<double>(len) / *t}};
     std::fprintf(stderr,
-                 "[bench cpu v4.1] prefill %lld tokens: %.3f s, %.1f tok/s\n",
+                 "%s prefill %lld tokens: %.3f s, %.1f tok/s\n",
+                 tag,
                  static_cast<long long>(len),
                  *t,
                  static_cast<double>(len) / *t);
@@ -170,8 +204,9 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
                            {"time_ratio", *te / *t},
                            {"layer_rows_ratio", rows_exit / rows_exact}};
       std::fprintf(stderr,
-                   "[bench cpu v4.1] prefill %lld tokens with early exit K=%lld: %.3f s (time "
+                   "%s prefill %lld tokens with early exit K=%lld: %.3f s (time "
                    "ratio %.3f, layer-rows ratio %.3f)\n",
+                   tag,
                    static_cast<long long>(len),
                    static_cast<long long>(a.prefill_keep_rows),
                    *te,
@@ -194,14 +229,28 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
       return fail(s);
     for (int64_t i = 1; i < batch; ++i) {
       seqs.push_back(std::make_unique<state::SequenceState>(shape, arena.get(), i));
-      if (Status s = seqs.back()->fork_from(*seqs[0], nullptr); !s.ok())
+      std::vector<std::pair<int32_t, int32_t>> pairs;
+      if (Status s = seqs.back()->fork_from(*seqs[0], &pairs); !s.ok())
+        return fail(s);
+      if (Status s = m.copy_state_pages(*arena, pairs); !s.ok())
         return fail(s);
     }
+    // One decode step of the whole batch through forward_batch (the CUDA backend runs it as one
+    // pass; the CPU backend one sequence after another).
+    std::vector<int32_t> toks(static_cast<size_t>(batch));
+    std::vector<backend::ForwardOutputs> outs(static_cast<size_t>(batch));
     auto step = [&](int64_t k) -> Status {
+      std::vector<backend::ForwardItem> items(static_cast<size_t>(batch));
       for (int64_t i = 0; i < batch; ++i) {
-        const int32_t tok = static_cast<int32_t>(3 + (k * 7919 + i * 104729) % (c.vocab_size - 3));
-        DSI_RETURN_IF_ERROR(m.forward(*seqs[static_cast<size_t>(i)], {&tok, 1}, last, &fo));
+        const size_t j = static_cast<size_t>(i);
+        toks[j] = static_cast<int32_t>(3 + (k * 7919 + i * 104729) % (c.vocab_size - 3));
+        items[j].state = seqs[j].get();
+        items[j].tokens = std::span<const int32_t>(&toks[j], 1);
+        items[j].options = last;
+        items[j].out = &outs[j];
       }
+      DSI_RETURN_IF_ERROR(m.forward_batch(items));
+      for (const backend::ForwardItem& it : items) DSI_RETURN_IF_ERROR(it.status);
       return Status();
     };
     if (Status s = step(0); !s.ok())
@@ -213,7 +262,8 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
     }
     const double step_s = (now_s() - t0) / static_cast<double>(a.decode_steps);
     std::fprintf(stderr,
-                 "[bench cpu v4.1] decode batch %lld at %lld context: %.2f ms/step, %.1f tok/s\n",
+                 "%s decode batch %lld at %lld context: %.2f ms/step, %.1f tok/s\n",
+                 tag,
                  static_cast<long long>(batch),
                  static_cast<long long>(a.context),
                  step_s * 1e3,
@@ -227,9 +277,11 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
   run["decode"] = decode;
   out["runs"] = json::array({run});
   out["notes"] =
-      "V4.1 runs on the reference CPU kernels only (--cpu-kernels is ignored); decode sequences "
-      "share one prefilled prefix (forked state).";
-  return write_output(out.dump(2), a.output, "bench cpu v4.1");
+      gpu ? "The CUDA V4.1 backend runs a decode batch as one eager pass (no CUDA graphs yet; "
+            "docs/gpu.md); decode sequences share one prefilled prefix (forked state)."
+          : "V4.1 runs on the reference CPU kernels only (--cpu-kernels is ignored); decode "
+            "sequences share one prefilled prefix (forked state).";
+  return write_output(out.dump(2), a.output, gpu ? "bench cuda v4.1" : "bench cpu v4.1");
 }
 
 }  // namespace dsinfer::cli

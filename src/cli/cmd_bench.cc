@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu_v41/backend.h"
 #include "backend/cuda/cuda_model.h"
 #include "base/strings.h"
 #include "cli/bench_cpu.h"
@@ -137,6 +138,22 @@ int run_bench(const BenchArgs& a) {
   if (a.context < 1 || a.decode_steps < 1 || a.repeats < 1)
     return fail(invalid_argument("--context, --decode-steps and --repeats must be >= 1"));
   const std::string model_dir = resolve_model_dir(a.model_dir);
+  if (cpu_v41::is_v41_model_dir(model_dir)) {
+    // DeepSeek V4.1: the V4.1 bench (bench_cpu_v41.cc) on the CUDA V4.1 backend, with this
+    // command's GPU defaults unless the flags were given.
+    CpuBenchArgs c = a.cpu;
+    c.model_dir = model_dir;
+    c.output = a.output;
+    c.state_memory = a.state_memory;
+    c.numerics = a.numerics;
+    c.prefill = a.prefill;
+    c.decode_batch = a.decode_batch;
+    c.context = a.context;
+    c.decode_steps = a.decode_steps;
+    c.repeats = a.repeats;
+    c.cuda_device = ec.device_ordinal;
+    return run_cpu_bench_v41(c, model_dir);
+  }
   json out;
   // Ceilings first, before the model takes the memory.
   if (!a.no_ceilings) {
@@ -455,10 +472,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "--device cpu: kernels to compare (default fast,reference)")
       ->delimiter(',');
   cmd->add_option("--cpu-threads", a->cpu.threads, "--device cpu: fast-path threads (default all)");
-  cmd->add_option(
-      "--prefill-keep-rows",
-      a->cpu.prefill_keep_rows,
-      "--device cpu, DeepSeek V4.1: also time the prefill early exit with the last K rows");
+  cmd->add_option("--prefill-keep-rows",
+                  a->cpu.prefill_keep_rows,
+                  "DeepSeek V4.1: also time the prefill early exit with the last K rows");
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
   cmd->add_option("--state-memory",
                   a->state_memory,

@@ -1,11 +1,17 @@
 // `dsinfer score`: logits at every position of a token sequence, written as safetensors.
 // The stable external checking interface (other checks depend on its flags and output).
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "backend/cpu_v41/backend.h"
 #include "backend/cpu_v41/model.h"
+#if DSINFER_HAVE_CUDA_BACKEND
+#include "backend/cuda_v41/backend.h"
+#endif
 #include "base/file.h"
 #include "base/strings.h"
 #include "cli/commands.h"
@@ -31,12 +37,17 @@ struct ScoreArgs {
   std::string engram_token_map;
 };
 
-// DeepSeek V4.1 on the CPU (cpu_v41::V41CpuModel): whole prompt, chunks, or prefill early exit.
+// DeepSeek V4.1 on the CPU (cpu_v41::V41CpuModel) or, with --device cuda, on the CUDA V4.1
+// backend: whole prompt, chunks, or prefill early exit.
 int run_score_v41(const ScoreArgs& args,
                   const std::vector<int32_t>& ids,
-                  model::Numerics numerics) {
-  if (args.device != "cpu")
-    return fail(unimplemented("V4.1 runs on the CPU only so far (--device cpu)"));
+                  model::Numerics numerics,
+                  const engine::EngineConfig& ec) {
+  const bool gpu = ec.device == engine::Device::kCuda;
+#if !DSINFER_HAVE_CUDA_BACKEND
+  if (gpu)
+    return fail(unimplemented("--device cuda: this build has no CUDA backend"));
+#endif
   if (args.mtp)
     return fail(unimplemented("--mtp: V4.1 has DSpark blocks, not an MTP head"));
   if (args.chunk < 0 || args.keep_rows < 0)
@@ -60,8 +71,41 @@ int run_score_v41(const ScoreArgs& args,
   auto hash = cpu_v41::EngramHashParams::from_config(cfg, std::move(phi));
   if (!hash.ok())
     return fail(hash.status());
-  cpu_v41::V41CpuModel model(cfg, (*ck)->weights(), std::move(hash).value(), numerics);
-  cpu_v41::V41SequenceState st = cpu_v41::make_v41_state(cfg);
+  std::function<Status(
+      std::span<const int32_t>, const cpu_v41::PrefillExit*, cpu_v41::ForwardResult*)>
+      step;
+  std::unique_ptr<cpu_v41::V41CpuModel> model;
+  cpu_v41::V41SequenceState st;
+#if DSINFER_HAVE_CUDA_BACKEND
+  std::unique_ptr<gpu_v41::CudaV41Backend> g;
+  std::unique_ptr<state::PageArena> garena;
+  std::unique_ptr<state::SequenceState> gst;
+  if (gpu) {
+    cpu_v41::V41BackendOptions o;
+    o.numerics = numerics;
+    o.engram_token_map = args.engram_token_map;
+    gpu_v41::CudaV41Options co;
+    co.device = ec.device_ordinal;
+    auto opened = gpu_v41::CudaV41Backend::open(args.model_dir, o, co);
+    if (!opened.ok())
+      return fail(opened.status());
+    g = std::move(opened).value();
+    const state::StateShape& shape = *g->state_shape();
+    garena = state::PageArena::growable(state::default_page_bytes(shape), g->state_storage());
+    gst = std::make_unique<state::SequenceState>(shape, garena.get(), 0);
+    step = [&](std::span<const int32_t> t,
+               const cpu_v41::PrefillExit* e,
+               cpu_v41::ForwardResult* r) { return g->forward_v41(*gst, t, e, r, false); };
+  }
+#endif
+  if (!gpu) {
+    model = std::make_unique<cpu_v41::V41CpuModel>(
+        cfg, (*ck)->weights(), std::move(hash).value(), numerics);
+    st = cpu_v41::make_v41_state(cfg);
+    step = [&](std::span<const int32_t> t,
+               const cpu_v41::PrefillExit* e,
+               cpu_v41::ForwardResult* r) { return model->forward(st, t, e, r); };
+  }
   const int64_t total = static_cast<int64_t>(ids.size());
   const int64_t chunk = args.chunk == 0 ? total : args.chunk;
   cpu_v41::PrefillExit exit{total, args.keep_rows};
@@ -70,11 +114,9 @@ int run_score_v41(const ScoreArgs& args,
   for (int64_t begin = 0; begin < total; begin += chunk) {
     const int64_t n = std::min(chunk, total - begin);
     cpu_v41::ForwardResult r;
-    Status s =
-        model.forward(st,
-                      std::span(ids).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
-                      args.keep_rows > 0 ? &exit : nullptr,
-                      &r);
+    Status s = step(std::span(ids).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
+                    args.keep_rows > 0 ? &exit : nullptr,
+                    &r);
     if (!s.ok())
       return fail(s);
     if (r.placeholder)
@@ -88,16 +130,17 @@ int run_score_v41(const ScoreArgs& args,
                                {f32_tensor("logits", {rows, cfg.vocab_size}, logits)},
                                {{"numerics", model::numerics_name(numerics)},
                                 {"chunk", std::to_string(chunk)},
-                                {"device", "cpu"},
+                                {"device", gpu ? "cuda" : "cpu"},
                                 {"first_position", std::to_string(first_row)},
                                 {"keep_rows", std::to_string(args.keep_rows)}});
   if (!s.ok())
     return fail(s);
   std::fprintf(stderr,
-               "dsinfer score: %lld tokens, V4.1, %s numerics, cpu, chunk %lld%s -> %s (logits of "
+               "dsinfer score: %lld tokens, V4.1, %s numerics, %s, chunk %lld%s -> %s (logits of "
                "positions %lld..%lld)\n",
                static_cast<long long>(total),
                model::numerics_name(numerics),
+               gpu ? "cuda" : "cpu",
                static_cast<long long>(chunk),
                args.keep_rows > 0 ? ", prefill early exit" : "",
                args.output.c_str(),
@@ -125,7 +168,7 @@ int run_score(const ScoreArgs& args) {
     return fail(invalid_argument("--chunk must be >= 1"));
   if (auto text = read_text_file(args.model_dir + "/config.json", uint64_t{1} << 26);
       text.ok() && model_v41::is_v41_config_text(*text)) {
-    return run_score_v41(args, *ids, *numerics);
+    return run_score_v41(args, *ids, *numerics, ec);
   }
   if (args.keep_rows > 0 || !args.engram_token_map.empty())
     return fail(invalid_argument("--keep-rows and --engram-token-map apply to V4.1 checkpoints"));

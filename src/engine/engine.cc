@@ -12,6 +12,7 @@
 #include "spec/measure.h"
 #if DSINFER_HAVE_CUDA_BACKEND
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda_v41/backend.h"
 #include "comm/bootstrap.h"
 #include "comm/nccl_comm.h"
 #endif
@@ -178,15 +179,27 @@ Engine::Engine() = default;
 Engine::~Engine() = default;
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
-  // DeepSeek V4.1 checkpoints: the V4.1 backend opens its own checkpoint (CPU only so far).
+  // DeepSeek V4.1 checkpoints: the V4.1 backends open their own checkpoint.
   if (cpu_v41::is_v41_model_dir(config.model_dir)) {
-    if (config.device != Device::kCpu) {
-      return Status(StatusCode::kUnimplemented,
-                    "DeepSeek V4.1 runs on the CPU only so far (--device cpu)");
-    }
     cpu_v41::V41BackendOptions o;
     o.numerics = config.numerics;
     o.prefill_keep_rows = config.prefill_keep_rows;
+    if (config.device == Device::kCuda) {
+#if DSINFER_HAVE_CUDA_BACKEND
+      if (config.expert_parallel > 0)
+        return unimplemented("--ep: DeepSeek V4.1 runs on one GPU so far");
+      gpu_v41::CudaV41Options co;
+      co.device = config.device_ordinal;
+      auto m = gpu_v41::CudaV41Backend::open(config.model_dir, o, co);
+      if (!m.ok())
+        return m.status();
+      return create(config, nullptr, std::unique_ptr<backend::Model>(std::move(m).value()));
+#else
+      return Status(StatusCode::kUnimplemented,
+                    "--device cuda: this build has no CUDA backend (configure with "
+                    "-DDSINFER_CUDA=ON on a machine with nvcc)");
+#endif
+    }
     auto m = cpu_v41::V41Backend::open(config.model_dir, o);
     if (!m.ok())
       return m.status();

@@ -143,6 +143,8 @@ class V41CpuModel {
   const V41Weights& weights() const { return w_; }
   model::Numerics numerics() const { return numerics_; }
   const EngramStore& engram_store() const { return *engram_; }
+  // The Engram hashing inputs (token map and multipliers) the forward hashes row addresses with.
+  const EngramHashParams& hash_params() const { return hash_; }
 
   // True when the checkpoint has DSpark blocks whose context KV the forward writes (into the
   // state's extra rings, one per block) for every row it runs.

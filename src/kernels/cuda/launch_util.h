@@ -60,10 +60,11 @@ inline Status check_weight(const MatrixRef& w, const char* what) {
       }
       break;
     case WeightFormat::kFp8Block128:
+    case WeightFormat::kFp8Block32:
       if (w.dtype != DType::kF8E4M3 ||
           (w.scale_dtype != DType::kF8E8M0 && w.scale_dtype != DType::kF32)) {
         return invalid_argument(std::string(what) +
-                                ": fp8-block128 needs F8_E4M3 data and E8M0/F32 scales");
+                                ": fp8 block weights need F8_E4M3 data and E8M0/F32 scales");
       }
       if (w.scale == nullptr && w.rows > 0 && w.cols > 0)
         return null_pointer(what);
