@@ -459,6 +459,89 @@ TEST(CudaEngine, BatchEqualsAlone) {
   }
 }
 
+// Issue 17's determinism on the device: one seeded request (top-p and top-k sampling with
+// logprobs, with and without a token mask) gives the same tokens and the same logprobs, bit for
+// bit, alone, in a batch of 64 random others with their own seeds and sampling, and in that batch
+// under a state budget that forces preemption. Batch-invariant forward, sampling on the device,
+// CUDA graphs on.
+TEST(CudaEngine, SeededRequestIsTheSameAloneInABatchOf64AndUnderPreemption) {
+  SKIP_WITHOUT_GPU();
+  auto ckpt = open_model("tests/fixtures/tiny-a/official");
+  ASSERT_TRUE(ckpt);
+  auto make = [&](int64_t budget, int64_t max_tokens, int64_t chunk) {
+    engine::EngineConfig ec;
+    ec.device = engine::Device::kCuda;
+    ec.numerics = model::Numerics::kDeepSeek;
+    ec.batch_invariant = true;
+    ec.state_budget_bytes = budget;
+    ec.scheduler.max_tokens_per_step = max_tokens;
+    ec.scheduler.prefill_chunk = chunk;
+    auto e = engine::Engine::create(ec, ckpt);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? std::move(e).value() : nullptr;
+  };
+  using engine::test_support::Case;
+  auto seeded = [](const Case& c, uint64_t seed) {
+    engine::RequestSpec s;
+    s.prompt = c.prompt;
+    s.max_tokens = c.max_tokens;
+    s.ignore_eos = true;
+    s.sampling.temperature = 0.9f;
+    s.sampling.top_p = 0.95f;
+    s.sampling.top_k = 40;
+    s.sampling.seed = seed;
+    return s;
+  };
+  for (const bool masked : {false, true}) {
+    SCOPED_TRACE(masked ? "masked" : "unmasked");
+    Case target;
+    for (int i = 0; i < 30; ++i) target.prompt.push_back(3 + 7 * i);
+    target.max_tokens = 12;
+    auto target_spec = [&] {
+      engine::RequestSpec s = seeded(target, 0xC0FFEE);
+      s.sampling.logprobs = true;
+      if (masked)
+        s.token_mask = std::make_unique<engine::test_support::PositionalMask>();
+      return s;
+    };
+    auto alone_engine = make(int64_t{64} << 20, 48, 16);
+    ASSERT_TRUE(alone_engine);
+    const engine::RequestId alone_id = *alone_engine->submit(target_spec());
+    alone_engine->run_until_done();
+    const engine::Request* alone = alone_engine->request(alone_id);
+    ASSERT_EQ(alone->output.size(), 12u);
+    ASSERT_EQ(alone->output_logprobs.size(), 12u);
+    auto run_mixed = [&](engine::Engine& e) {
+      std::mt19937 g(99);
+      const auto others = engine::test_support::random_cases(64, 23, 45, 2, 500, 12);
+      engine::RequestId id = 0;
+      for (size_t i = 0; i < others.size(); ++i) {
+        if (i == 32)
+          id = *e.submit(target_spec());
+        engine::RequestSpec s = seeded(others[i], g());
+        s.sampling.temperature = 0.2f + static_cast<float>(g() % 100) / 50.0f;
+        s.sampling.top_k = static_cast<int32_t>(g() % 60);
+        if (g() % 4 == 0)
+          s.token_mask = std::make_unique<engine::test_support::PositionalMask>();
+        EXPECT_TRUE(e.submit(std::move(s)).ok());
+      }
+      while (e.step()) e.check_integrity();
+      const engine::Request* r = e.request(id);
+      EXPECT_EQ(r->output, alone->output);
+      EXPECT_EQ(r->output_logprobs, alone->output_logprobs);  // the logits, bit for bit
+    };
+    auto batch_engine = make(int64_t{256} << 20, 48, 16);
+    ASSERT_TRUE(batch_engine);
+    run_mixed(*batch_engine);
+    // Two sequences' fixed state and 8 pages: the batch must preempt (the device pool's pages).
+    const engine::Footprint& f = batch_engine->footprint();
+    auto tight = make(2 * f.fixed_bytes + 8 * f.page_bytes, 64, 4);
+    ASSERT_TRUE(tight);
+    run_mixed(*tight);
+    EXPECT_GT(tight->stats().preemptions, 0);
+  }
+}
+
 // Sampling on the device (EngineConfig::backend_sampling, the default) against the engine's host
 // sampler on the same logits (batch-invariant forward, so both runs see identical logits): seeded
 // sampling with penalties, greedy, logprobs, a token mask, and top_logprobs (which falls back to
