@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 
 #include "backend/cpu/fast/fast_model.h"
@@ -190,6 +191,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
         return unimplemented("--ep: DeepSeek V4.1 runs on one GPU so far");
       gpu_v41::CudaV41Options co;
       co.device = config.device_ordinal;
+      // Said once per engine until the GPU tests have run on a device (docs/gpu.md).
+      std::fprintf(stderr,
+                   "dsinfer: warning: the DeepSeek V4.1 CUDA backend has not been validated on a "
+                   "GPU yet (docs/gpu.md); --device cpu is the checked path\n");
       auto m = gpu_v41::CudaV41Backend::open(config.model_dir, o, co);
       if (!m.ok())
         return m.status();
