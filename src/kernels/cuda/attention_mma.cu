@@ -64,6 +64,77 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* hi, __nv_bfloat16* lo,
   *reinterpret_cast<uint32_t*>(lo) = l;
 }
 
+// The end of one query for the rows r0 / r1 of a warp (both sink-attention kernels): l summed
+// over the quad, then either the normalised output (one split) or the split's unnormalised
+// accumulators with its m (the running maximum, or the power-of-two reference M of the BF16
+// kernel) and l into part = [nsplit][nq][heads][D + 2].
+template <int D, int NT>
+__device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
+                                             int64_t qi,
+                                             int split,
+                                             int nsplit,
+                                             float* part,
+                                             int half,
+                                             int t,
+                                             int r0,
+                                             int r1,
+                                             float m0,
+                                             float m1,
+                                             float l0,
+                                             float l1,
+                                             const float (&o)[NT][4]) {
+  constexpr int HALF = D / 2;
+  const int64_t heads = p.heads;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  if (nsplit == 1) {
+    const float i0 = 1.0f / l0;
+    const float i1 = 1.0f / l1;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int d = half * HALF + 8 * nt + 2 * t;
+      if (r0 < heads) {
+        float* out = p.out + (qi * heads + r0) * D + d;
+        out[0] = o[nt][0] * i0;
+        out[1] = o[nt][1] * i0;
+      }
+      if (r1 < heads) {
+        float* out = p.out + (qi * heads + r1) * D + d;
+        out[0] = o[nt][2] * i1;
+        out[1] = o[nt][3] * i1;
+      }
+    }
+  } else {
+    // part = [nsplit][nq][heads][D + 2]: the unnormalised accumulators, then m and l.
+    const int64_t stride = D + 2;
+    float* base = part + (static_cast<int64_t>(split) * p.nq + qi) * heads * stride;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int d = half * HALF + 8 * nt + 2 * t;
+      if (r0 < heads) {
+        base[r0 * stride + d] = o[nt][0];
+        base[r0 * stride + d + 1] = o[nt][1];
+      }
+      if (r1 < heads) {
+        base[r1 * stride + d] = o[nt][2];
+        base[r1 * stride + d + 1] = o[nt][3];
+      }
+    }
+    if (half == 0 && t == 0) {
+      if (r0 < heads) {
+        base[r0 * stride + D] = m0;
+        base[r0 * stride + D + 1] = l0;
+      }
+      if (r1 < heads) {
+        base[r1 * stride + D] = m1;
+        base[r1 * stride + D + 1] = l1;
+      }
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(256, 1)
     sink_attention_mma_kernel(SinkAttentionParams p, int hw, int nsplit, float* part) {
@@ -279,54 +350,7 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    if (nsplit == 1) {
-      const float i0 = 1.0f / l0;
-      const float i1 = 1.0f / l1;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int d = half * HALF + 8 * nt + 2 * t;
-        if (r0 < heads) {
-          float* out = p.out + (qi * heads + r0) * D + d;
-          out[0] = o[nt][0] * i0;
-          out[1] = o[nt][1] * i0;
-        }
-        if (r1 < heads) {
-          float* out = p.out + (qi * heads + r1) * D + d;
-          out[0] = o[nt][2] * i1;
-          out[1] = o[nt][3] * i1;
-        }
-      }
-    } else {
-      // part = [nsplit][nq][heads][D + 2]: the unnormalised accumulators, then m and l.
-      const int64_t stride = D + 2;
-      float* base = part + (static_cast<int64_t>(split) * p.nq + qi) * heads * stride;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int d = half * HALF + 8 * nt + 2 * t;
-        if (r0 < heads) {
-          base[r0 * stride + d] = o[nt][0];
-          base[r0 * stride + d + 1] = o[nt][1];
-        }
-        if (r1 < heads) {
-          base[r1 * stride + d] = o[nt][2];
-          base[r1 * stride + d + 1] = o[nt][3];
-        }
-      }
-      if (half == 0 && t == 0) {
-        if (r0 < heads) {
-          base[r0 * stride + D] = m0;
-          base[r0 * stride + D + 1] = l0;
-        }
-        if (r1 < heads) {
-          base[r1 * stride + D] = m1;
-          base[r1 * stride + D + 1] = l1;
-        }
-      }
-    }
+    finish_query<D, NT>(p, qi, split, nsplit, part, half, t, r0, r1, m0, m1, l0, l1, o);
     __syncthreads();  // q smem is rewritten by the next query
   }
 }
@@ -542,54 +566,7 @@ __global__ void __launch_bounds__(256, 1)
       if (more)
         convert_staged();
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    if (nsplit == 1) {
-      const float i0 = 1.0f / l0;
-      const float i1 = 1.0f / l1;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int d = half * HALF + 8 * nt + 2 * t;
-        if (r0 < heads) {
-          float* out = p.out + (qi * heads + r0) * D + d;
-          out[0] = o[nt][0] * i0;
-          out[1] = o[nt][1] * i0;
-        }
-        if (r1 < heads) {
-          float* out = p.out + (qi * heads + r1) * D + d;
-          out[0] = o[nt][2] * i1;
-          out[1] = o[nt][3] * i1;
-        }
-      }
-    } else {
-      // part = [nsplit][nq][heads][D + 2]: the unnormalised accumulators, then M and l.
-      const int64_t stride = D + 2;
-      float* base = part + (static_cast<int64_t>(split) * p.nq + qi) * heads * stride;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int d = half * HALF + 8 * nt + 2 * t;
-        if (r0 < heads) {
-          base[r0 * stride + d] = o[nt][0];
-          base[r0 * stride + d + 1] = o[nt][1];
-        }
-        if (r1 < heads) {
-          base[r1 * stride + d] = o[nt][2];
-          base[r1 * stride + d + 1] = o[nt][3];
-        }
-      }
-      if (half == 0 && t == 0) {
-        if (r0 < heads) {
-          base[r0 * stride + D] = m0;
-          base[r0 * stride + D + 1] = l0;
-        }
-        if (r1 < heads) {
-          base[r1 * stride + D] = m1;
-          base[r1 * stride + D + 1] = l1;
-        }
-      }
-    }
+    finish_query<D, NT>(p, qi, split, nsplit, part, half, t, r0, r1, m0, m1, l0, l1, o);
     __syncthreads();  // q and the staging buffer are rewritten by the next query
   }
 }
