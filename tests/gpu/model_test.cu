@@ -255,10 +255,11 @@ TEST_P(CudaModelTest, RollbackThenDecodeEqualsStraightRun) {
   EXPECT_EQ(got, straight.logits) << "rollback is not exact";
 }
 
-// The prefix cache on the GPU (issue 19): a state image captured from the device pool after half
-// the prompt and restored into a fresh sequence continues bit for bit like the sequence it came
-// from (CudaModel::read_state_pages / write_state_pages under state::capture_state /
-// restore_state), in both numerics.
+// The prefix cache on the GPU (issue 19): a state image captured from the device pool and restored
+// into a fresh sequence continues bit for bit like the sequence it came from
+// (CudaModel::read_state_pages / write_state_pages under state::capture_state / restore_state),
+// in both numerics, for captures after 1 token, inside a ratio-4 compression block (6), at its
+// boundary (8), after half the prompt and one token before its end: all inside the window.
 TEST_P(CudaModelTest, StateImageRestoredFromTheDevicePoolContinuesBitForBit) {
   SKIP_WITHOUT_GPU();
   const ModelCase mc = GetParam();
@@ -272,25 +273,31 @@ TEST_P(CudaModelTest, StateImageRestoredFromTheDevicePoolContinuesBitForBit) {
     ASSERT_TRUE(gm.ok()) << gm.status().to_string();
     gpu::CudaModel& m = **gm;
     const auto ids = random_ids(mc.tokens, cfg.vocab_size, 23);
-    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
-    state::SequenceState a(cfg, arena.get(), 0, 0);
-    backend::ForwardOutputs out;
-    const int64_t half = mc.tokens / 2;
-    ASSERT_TRUE(m.forward(a, {ids.data(), static_cast<size_t>(half)}, {}, &out).ok());
-    auto image = state::capture_state(a, [&](std::span<const int32_t> pages, float* dst) {
-      return m.read_state_pages(*arena, pages, dst);
-    });
-    ASSERT_TRUE(image.ok()) << image.status().to_string();
-    state::SequenceState b(cfg, arena.get(), 1, 0);
-    ASSERT_TRUE(
-        state::restore_state(*image, b, [&](std::span<const int32_t> pages, const float* src) {
-          return m.write_state_pages(*arena, pages, src);
-        }).ok());
-    const std::span<const int32_t> rest(ids.data() + half, static_cast<size_t>(mc.tokens - half));
-    ASSERT_TRUE(m.forward(a, rest, {}, &out).ok());
-    const std::vector<float> want = out.logits;
-    ASSERT_TRUE(m.forward(b, rest, {}, &out).ok());
-    EXPECT_EQ(out.logits, want) << mc.path << (nm == model::Numerics::kDeepSeek ? " deepseek" : "");
+    for (const int64_t split : {int64_t{1}, int64_t{6}, int64_t{8}, mc.tokens / 2, mc.tokens - 1}) {
+      if (split < 1 || split >= mc.tokens)
+        continue;
+      SCOPED_TRACE("capture after " + std::to_string(split) + " tokens");
+      auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
+      state::SequenceState a(cfg, arena.get(), 0, 0);
+      backend::ForwardOutputs out;
+      ASSERT_TRUE(m.forward(a, {ids.data(), static_cast<size_t>(split)}, {}, &out).ok());
+      auto image = state::capture_state(a, [&](std::span<const int32_t> pages, float* dst) {
+        return m.read_state_pages(*arena, pages, dst);
+      });
+      ASSERT_TRUE(image.ok()) << image.status().to_string();
+      state::SequenceState b(cfg, arena.get(), 1, 0);
+      ASSERT_TRUE(
+          state::restore_state(*image, b, [&](std::span<const int32_t> pages, const float* src) {
+            return m.write_state_pages(*arena, pages, src);
+          }).ok());
+      const std::span<const int32_t> rest(ids.data() + split,
+                                          static_cast<size_t>(mc.tokens - split));
+      ASSERT_TRUE(m.forward(a, rest, {}, &out).ok());
+      const std::vector<float> want = out.logits;
+      ASSERT_TRUE(m.forward(b, rest, {}, &out).ok());
+      EXPECT_EQ(out.logits, want) << mc.path
+                                  << (nm == model::Numerics::kDeepSeek ? " deepseek" : "");
+    }
   }
 }
 
