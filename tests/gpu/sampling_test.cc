@@ -19,6 +19,7 @@
 
 #include "sampling/sampler.h"
 #include "test_util.h"
+#include "unit/sampling/shaped_rows.h"
 
 namespace dsinfer::cuda::test {
 namespace {
@@ -276,41 +277,7 @@ TEST_F(GpuTest, SamplingUnderTokenMasksAndRowIndirection) {
   }
 }
 
-// Row shapes for the random-config test: 0 normal, 1 quantised (heavy ties), 2 with -inf, 3 all
-// equal (one bucket: the long-list radix path), 4 two values only, 5 a narrow range around one
-// value with a few outliers, 6 a wide range (weights underflow to 0).
-std::vector<float> make_shaped_row(int64_t vocab, int kind, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 3.0f);
-  std::vector<float> l(static_cast<size_t>(vocab));
-  for (auto& v : l) {
-    const float x = nd(rng);
-    switch (kind) {
-      case 1:
-        v = std::round(x * 2.0f) / 2.0f;
-        break;
-      case 2:
-        v = rng() % 3 == 0 ? -INFINITY : x;
-        break;
-      case 3:
-        v = 0.75f;
-        break;
-      case 4:
-        v = rng() % 2 ? 1.0f : -1.0f;
-        break;
-      case 5:
-        v = rng() % 1000 == 0 ? x * 10.0f : 2.0f + x * 1e-4f;
-        break;
-      case 6:
-        v = x * 200.0f;
-        break;
-      default:
-        v = x;
-        break;
-    }
-  }
-  l[rng() % vocab] = 1.0f;  // at least one finite logit
-  return l;
-}
+using test_support::make_shaped_row;
 
 TEST_F(GpuTest, SamplingRandomConfigsMatchHostAndFullSort) {
   // Random mixes of every option (greedy and sampled, temperature, top-k up to past the

@@ -28,7 +28,7 @@ void emu_sample(const SampleParams& p, int grid) {
 open(sys.argv[2], 'w').write(s)
 PY
 cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
-g++ -std=c++20 -O1 -w -I"$root/tools/cuda_emu" -I"$root/src" -I"$cuda_inc" "$out/sampling_emu.cc" \
+g++ -std=c++20 -O1 -w -I"$root/tools/cuda_emu" -I"$root/src" -I"$root/tests" -I"$cuda_inc" "$out/sampling_emu.cc" \
   "$root/tools/cuda_emu/sampling_emu_test.cc" "$build/src/sampling/libdsinfer_sampling.a" \
   "$build/src/numeric/libdsinfer_numeric.a" "$build/src/base/libdsinfer_base.a" -lpthread \
   -o "$out/sampling_emu_test"

@@ -10,44 +10,12 @@
 
 #include "kernels/cuda/sampling.h"
 #include "sampling/sampler.h"
+#include "unit/sampling/shaped_rows.h"
 
 namespace dsinfer::cuda {
 void emu_sample(const SampleParams& p, int grid);
 }
 using namespace dsinfer;
-
-std::vector<float> make_row(int64_t vocab, int kind, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 3.0f);
-  std::vector<float> l(vocab);
-  for (auto& v : l) {
-    const float x = nd(rng);
-    switch (kind) {
-      case 1:
-        v = std::round(x * 2.0f) / 2.0f;
-        break;
-      case 2:
-        v = rng() % 3 == 0 ? -INFINITY : x;
-        break;
-      case 3:
-        v = 0.75f;
-        break;
-      case 4:
-        v = rng() % 2 ? 1.0f : -1.0f;
-        break;
-      case 5:
-        v = rng() % 100 == 0 ? x * 10.0f : 2.0f + x * 1e-4f;
-        break;
-      case 6:
-        v = x * 200.0f;
-        break;
-      default:
-        v = x;
-        break;
-    }
-  }
-  l[rng() % vocab] = 1.0f;
-  return l;
-}
 
 int main(int argc, char** argv) {
   std::mt19937 rng(argc > 1 ? atoi(argv[1]) : 5);
@@ -69,7 +37,7 @@ int main(int argc, char** argv) {
     std::vector<uint32_t> allowed;
     const int64_t words = (vocab + 31) / 32;
     for (int i = 0; i < n; ++i) {
-      auto l = make_row(vocab, i % 7, rng);
+      auto l = test_support::make_shaped_row(vocab, i % 7, rng, 100);
       logits.insert(logits.end(), l.begin(), l.end());
       sampling::SamplingConfig c;
       const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.0f, 1.5f, 4.0f};
