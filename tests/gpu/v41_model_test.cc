@@ -128,7 +128,12 @@ struct Backends {
   bool ok() const { return cpu && gpu; }
 };
 
-Backends open_both(const std::string& dir, const cpu_v41::V41BackendOptions& o) {
+Backends open_both(const std::string& dir,
+                   model::Numerics nm = model::Numerics::kReference,
+                   int64_t prefill_keep_rows = 0) {
+  cpu_v41::V41BackendOptions o;
+  o.numerics = nm;
+  o.prefill_keep_rows = prefill_keep_rows;
   Backends b;
   auto cpu = cpu_v41::V41Backend::open(dir, o);
   EXPECT_TRUE(cpu.ok()) << cpu.status().to_string();
@@ -164,9 +169,7 @@ class CudaV41ModelTest : public ::testing::TestWithParam<V41Case> {
 TEST_P(CudaV41ModelTest, LogitsMatchCpuV41InBothNumerics) {
   const int64_t T = static_cast<int64_t>(ids_.size());
   for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
-    cpu_v41::V41BackendOptions o;
-    o.numerics = nm;
-    const Backends be = open_both(dir_, o);
+    const Backends be = open_both(dir_, nm);
     ASSERT_TRUE(be.ok());
     const int64_t V = be.vocab;
     std::vector<float> ref;
@@ -207,8 +210,7 @@ TEST_P(CudaV41ModelTest, PrefillEarlyExitMatchesCpu) {
     ASSERT_TRUE(probe.ok()) << probe.status().to_string();
     // The smallest K the backend accepts (window + max backtracking): most of the prompt is
     // outside the kept tail.
-    o.prefill_keep_rows = (*probe)->state_shape()->ring_capacity;
-    const Backends be = open_both(dir_, o);
+    const Backends be = open_both(dir_, nm, (*probe)->state_shape()->ring_capacity);
     ASSERT_TRUE(be.ok());
     const int64_t V = be.vocab;
     for (int64_t chunk : {int64_t{0}, int64_t{7}, int64_t{64}}) {
@@ -231,8 +233,7 @@ TEST_P(CudaV41ModelTest, PrefillEarlyExitMatchesCpu) {
 
 TEST_P(CudaV41ModelTest, RollbackThenContinueMatchesCpu) {
   ASSERT_GE(ids_.size(), 40u);
-  cpu_v41::V41BackendOptions o;
-  const Backends be = open_both(dir_, o);
+  const Backends be = open_both(dir_);
   ASSERT_TRUE(be.ok());
   const int64_t V = be.vocab;
   std::vector<float> ref, got, scratch;
@@ -258,9 +259,7 @@ TEST_P(CudaV41ModelTest, RollbackThenContinueMatchesCpu) {
 TEST_P(CudaV41ModelTest, BatchedForwardMatchesCpuAlone) {
   ASSERT_GE(ids_.size(), 60u);
   for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
-    cpu_v41::V41BackendOptions o;
-    o.numerics = nm;
-    const Backends be = open_both(dir_, o);
+    const Backends be = open_both(dir_, nm);
     ASSERT_TRUE(be.ok());
     const int64_t V = be.vocab;
     // Sequence i: prompt ids_[i .. i + len_i), then 6 decode tokens ids_[i + len_i ...].
@@ -309,8 +308,7 @@ TEST_P(CudaV41ModelTest, BatchedForwardMatchesCpuAlone) {
 // ones through the Markov term), confidences close.
 TEST_P(CudaV41ModelTest, DsparkDraftsMatchCpu) {
   ASSERT_GE(ids_.size(), 50u);
-  cpu_v41::V41BackendOptions o;
-  const Backends be = open_both(dir_, o);
+  const Backends be = open_both(dir_);
   ASSERT_TRUE(be.ok());
   const int32_t block = be.gpu->block_draft_size();
   ASSERT_EQ(block, be.cpu->block_draft_size());
