@@ -17,6 +17,7 @@
 #include "kernels/cuda/v41.h"
 
 namespace dsinfer::gpu_v41 {
+
 int32_t CudaV41Backend::block_draft_size() const {
   const state::StateShape* shape = state_shape();
   if (!dspark_ || weights_->draft.blocks.empty() || shape->max_rollback < 2)
