@@ -25,6 +25,7 @@
 #include "engine/engine.h"
 #include "kernels/cuda/device.h"
 #include "model/checkpoint.h"
+#include "model_test_util.h"
 #include "state/sequence_state.h"
 #include "unit/engine/engine_test_util.h"
 
@@ -33,16 +34,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define SKIP_WITHOUT_GPU()     \
-  if (!cuda::cuda_available()) \
-  GTEST_SKIP() << "no CUDA device on this machine"
-
-// The source tree (fixtures, bundled model): $DSINFER_SOURCE_DIR when set (binaries carried to
-// another machine), else the configure-time path.
-std::string source_path(const std::string& rel) {
-  const char* env = std::getenv("DSINFER_SOURCE_DIR");
-  return std::string(env && *env ? env : DSI_SOURCE_DIR) + "/" + rel;
-}
+using gpu_test::Agreement;
+using gpu_test::compare;
+using gpu_test::source_path;
 
 std::shared_ptr<const model::Checkpoint> open_model(const std::string& rel) {
   static std::map<std::string, std::shared_ptr<const model::Checkpoint>> cache;
@@ -91,48 +85,6 @@ Logits run(backend::Model& m, const std::vector<int32_t>& ids, int64_t chunk, bo
   }
   st.check_integrity();
   return r;
-}
-
-struct Agreement {
-  double max_abs = 0;
-  double mean_abs = 0;
-  int64_t argmax_checked = 0;
-  int64_t argmax_equal = 0;
-};
-
-// Max/mean |a - b| and greedy agreement on rows whose reference margin (top1 - top2) > margin.
-Agreement compare(const std::vector<float>& ref,
-                  const std::vector<float>& got,
-                  int64_t vocab,
-                  double margin) {
-  Agreement a;
-  EXPECT_EQ(ref.size(), got.size());
-  if (ref.size() != got.size() || ref.empty())
-    return a;
-  double sum = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(ref[i]) - got[i]);
-    EXPECT_TRUE(std::isfinite(got[i])) << "element " << i;
-    a.max_abs = std::max(a.max_abs, d);
-    sum += d;
-  }
-  a.mean_abs = sum / static_cast<double>(ref.size());
-  const int64_t rows = static_cast<int64_t>(ref.size()) / vocab;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = ref.data() + r * vocab;
-    const float* y = got.data() + r * vocab;
-    const int64_t top = std::max_element(x, x + vocab) - x;
-    float second = -INFINITY;
-    for (int64_t v = 0; v < vocab; ++v) {
-      if (v != top)
-        second = std::max(second, x[v]);
-    }
-    if (x[top] - second <= margin)
-      continue;
-    ++a.argmax_checked;
-    a.argmax_equal += (std::max_element(y, y + vocab) - y) == top;
-  }
-  return a;
 }
 
 struct ModelCase {

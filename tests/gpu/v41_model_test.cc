@@ -20,7 +20,7 @@
 #include "backend/cpu_v41/backend.h"
 #include "backend/cuda_v41/backend.h"
 #include "engine/engine.h"
-#include "kernels/cuda/device.h"
+#include "model_test_util.h"
 #include "state/sequence_state.h"
 #include "tensor/safetensors.h"
 #include "unit/engine/engine_test_util.h"
@@ -30,14 +30,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define SKIP_WITHOUT_GPU()     \
-  if (!cuda::cuda_available()) \
-  GTEST_SKIP() << "no CUDA device on this machine"
-
-std::string source_path(const std::string& rel) {
-  const char* env = std::getenv("DSINFER_SOURCE_DIR");
-  return std::string(env && *env ? env : DSI_SOURCE_DIR) + "/" + rel;
-}
+using gpu_test::compare;
+using gpu_test::source_path;
 
 // The fixture's prompt (input_ids of reference.safetensors).
 std::vector<int32_t> fixture_ids(const std::string& fixture) {
@@ -93,47 +87,6 @@ void feed(backend::Model& m,
   }
 }
 
-struct Agreement {
-  double max_abs = 0;
-  double mean_abs = 0;
-  int64_t argmax_checked = 0;
-  int64_t argmax_equal = 0;
-};
-
-Agreement compare(const std::vector<float>& ref,
-                  const std::vector<float>& got,
-                  int64_t vocab,
-                  double margin) {
-  Agreement a;
-  EXPECT_EQ(ref.size(), got.size());
-  if (ref.size() != got.size() || ref.empty())
-    return a;
-  double sum = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(ref[i]) - got[i]);
-    EXPECT_TRUE(std::isfinite(got[i])) << "element " << i;
-    a.max_abs = std::max(a.max_abs, d);
-    sum += d;
-  }
-  a.mean_abs = sum / static_cast<double>(ref.size());
-  const int64_t rows = static_cast<int64_t>(ref.size()) / vocab;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = ref.data() + r * vocab;
-    const float* y = got.data() + r * vocab;
-    const int64_t top = std::max_element(x, x + vocab) - x;
-    float second = -INFINITY;
-    for (int64_t v = 0; v < vocab; ++v) {
-      if (v != top)
-        second = std::max(second, x[v]);
-    }
-    if (x[top] - second <= margin)
-      continue;
-    ++a.argmax_checked;
-    a.argmax_equal += (std::max_element(y, y + vocab) - y) == top;
-  }
-  return a;
-}
-
 // The budget (docs/gpu.md, "DeepSeek V4.1"). Both V4.1 numerics store the window KV in FP8 and
 // the compressed KV, index keys and index queries in FP4 (the model's own quantisation points,
 // in `reference` too), and the GPU sums its linears, mHC mixes, Engram gate and attention in
@@ -146,7 +99,7 @@ constexpr double kMeanTol = 0.1;
 constexpr double kArgmaxAgreement = 0.98;
 constexpr double kMargin = 0.05;
 
-void expect_close(const Agreement& a, const std::string& what) {
+void expect_close(const gpu_test::Agreement& a, const std::string& what) {
   std::printf("[cuda-v41-vs-cpu] %s: max|d| %.3g mean|d| %.3g argmax %lld/%lld\n",
               what.c_str(),
               a.max_abs,
@@ -167,37 +120,70 @@ struct V41Case {
   const char* layout;   // checkpoint subfolder
 };
 
-class CudaV41ModelTest : public ::testing::TestWithParam<V41Case> {};
+// Both backends over one checkpoint with the same options (null where opening failed).
+struct Backends {
+  std::unique_ptr<cpu_v41::V41Backend> cpu;
+  std::unique_ptr<gpu_v41::CudaV41Backend> gpu;
+  int64_t vocab = 0;
+  bool ok() const { return cpu && gpu; }
+};
+
+Backends open_both(const std::string& dir,
+                   model::Numerics nm = model::Numerics::kReference,
+                   int64_t prefill_keep_rows = 0) {
+  cpu_v41::V41BackendOptions o;
+  o.numerics = nm;
+  o.prefill_keep_rows = prefill_keep_rows;
+  Backends b;
+  auto cpu = cpu_v41::V41Backend::open(dir, o);
+  EXPECT_TRUE(cpu.ok()) << cpu.status().to_string();
+  if (!cpu.ok())
+    return b;
+  auto gpu = gpu_v41::CudaV41Backend::open(dir, o);
+  EXPECT_TRUE(gpu.ok()) << gpu.status().to_string();
+  if (!gpu.ok())
+    return b;
+  b.cpu = std::move(cpu).value();
+  b.gpu = std::move(gpu).value();
+  b.vocab = b.cpu->config().vocab_size;
+  return b;
+}
+
+// Skips without a GPU or without the case's checkpoint; else its folder and prompt.
+class CudaV41ModelTest : public ::testing::TestWithParam<V41Case> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    vc_ = GetParam();
+    dir_ = source_path(std::string(vc_.fixture) + "/" + vc_.layout);
+    if (!fs::exists(dir_))
+      GTEST_SKIP() << dir_ << " missing";
+    ids_ = fixture_ids(vc_.fixture);
+    ASSERT_FALSE(ids_.empty());
+  }
+  V41Case vc_{};
+  std::string dir_;
+  std::vector<int32_t> ids_;
+};
 
 TEST_P(CudaV41ModelTest, LogitsMatchCpuV41InBothNumerics) {
-  SKIP_WITHOUT_GPU();
-  const V41Case vc = GetParam();
-  const std::string dir = source_path(std::string(vc.fixture) + "/" + vc.layout);
-  if (!fs::exists(dir))
-    GTEST_SKIP() << dir << " missing";
-  const std::vector<int32_t> ids = fixture_ids(vc.fixture);
-  ASSERT_FALSE(ids.empty());
-  const int64_t T = static_cast<int64_t>(ids.size());
+  const int64_t T = static_cast<int64_t>(ids_.size());
   for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
-    cpu_v41::V41BackendOptions o;
-    o.numerics = nm;
-    auto cpu = cpu_v41::V41Backend::open(dir, o);
-    ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-    auto gpu = gpu_v41::CudaV41Backend::open(dir, o);
-    ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
-    const int64_t V = (*cpu)->config().vocab_size;
+    const Backends be = open_both(dir_, nm);
+    ASSERT_TRUE(be.ok());
+    const int64_t V = be.vocab;
     std::vector<float> ref;
     {
-      Seq s = make_seq(**cpu);
-      feed(**cpu, s, ids, 0, T, 0, 0, &ref);
+      Seq s = make_seq(*be.cpu);
+      feed(*be.cpu, s, ids_, 0, T, 0, 0, &ref);
     }
     for (int64_t chunk : {int64_t{0}, int64_t{64}, int64_t{7}, int64_t{1}}) {
       std::vector<float> got;
-      Seq s = make_seq(**gpu);
-      feed(**gpu, s, ids, 0, T, chunk, 0, &got);
+      Seq s = make_seq(*be.gpu);
+      feed(*be.gpu, s, ids_, 0, T, chunk, 0, &got);
       s.st->check_integrity();
       expect_close(compare(ref, got, V, kMargin),
-                   std::string(vc.fixture) + "/" + vc.layout + " " + model::numerics_name(nm) +
+                   std::string(vc_.fixture) + "/" + vc_.layout + " " + model::numerics_name(nm) +
                        " chunk " + std::to_string(chunk));
     }
     // Prefill in chunks of 7, then token-by-token decode (the chunk-1 run above covers decode
@@ -205,112 +191,83 @@ TEST_P(CudaV41ModelTest, LogitsMatchCpuV41InBothNumerics) {
     {
       const int64_t P = T - 8;
       std::vector<float> got;
-      Seq s = make_seq(**gpu);
-      feed(**gpu, s, ids, 0, P, 7, 0, &got);
-      feed(**gpu, s, ids, P, T, 1, 0, &got);
+      Seq s = make_seq(*be.gpu);
+      feed(*be.gpu, s, ids_, 0, P, 7, 0, &got);
+      feed(*be.gpu, s, ids_, P, T, 1, 0, &got);
       expect_close(
           compare(ref, got, V, kMargin),
-          std::string(vc.fixture) + " " + model::numerics_name(nm) + " prefill 7 + decode");
+          std::string(vc_.fixture) + " " + model::numerics_name(nm) + " prefill 7 + decode");
     }
   }
 }
 
 TEST_P(CudaV41ModelTest, PrefillEarlyExitMatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  const V41Case vc = GetParam();
-  const std::string dir = source_path(std::string(vc.fixture) + "/" + vc.layout);
-  if (!fs::exists(dir))
-    GTEST_SKIP() << dir << " missing";
-  const std::vector<int32_t> ids = fixture_ids(vc.fixture);
-  ASSERT_FALSE(ids.empty());
-  const int64_t T = static_cast<int64_t>(ids.size()), P = T - 6;
+  const int64_t T = static_cast<int64_t>(ids_.size()), P = T - 6;
   for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
     cpu_v41::V41BackendOptions o;
     o.numerics = nm;
-    auto probe = cpu_v41::V41Backend::open(dir, o);
+    auto probe = cpu_v41::V41Backend::open(dir_, o);
     ASSERT_TRUE(probe.ok()) << probe.status().to_string();
     // The smallest K the backend accepts (window + max backtracking): most of the prompt is
     // outside the kept tail.
-    o.prefill_keep_rows = (*probe)->state_shape()->ring_capacity;
-    auto cpu = cpu_v41::V41Backend::open(dir, o);
-    ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-    auto gpu = gpu_v41::CudaV41Backend::open(dir, o);
-    ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
-    const int64_t V = (*cpu)->config().vocab_size;
+    const Backends be = open_both(dir_, nm, (*probe)->state_shape()->ring_capacity);
+    ASSERT_TRUE(be.ok());
+    const int64_t V = be.vocab;
     for (int64_t chunk : {int64_t{0}, int64_t{7}, int64_t{64}}) {
       std::vector<float> ref, got;
-      Seq a = make_seq(**cpu);
-      Seq b = make_seq(**gpu);
-      feed(**cpu, a, ids, 0, P, chunk, P, &ref);
-      feed(**gpu, b, ids, 0, P, chunk, P, &got);
+      Seq a = make_seq(*be.cpu);
+      Seq b = make_seq(*be.gpu);
+      feed(*be.cpu, a, ids_, 0, P, chunk, P, &ref);
+      feed(*be.gpu, b, ids_, 0, P, chunk, P, &got);
       // Only the last chunk's row is a prediction; decode steps after the early exit.
       ref.erase(ref.begin(), ref.end() - V);
       got.erase(got.begin(), got.end() - V);
-      feed(**cpu, a, ids, P, T, 1, 0, &ref);
-      feed(**gpu, b, ids, P, T, 1, 0, &got);
+      feed(*be.cpu, a, ids_, P, T, 1, 0, &ref);
+      feed(*be.gpu, b, ids_, P, T, 1, 0, &got);
       expect_close(compare(ref, got, V, kMargin),
-                   std::string(vc.fixture) + " " + model::numerics_name(nm) + " early exit chunk " +
-                       std::to_string(chunk));
+                   std::string(vc_.fixture) + " " + model::numerics_name(nm) +
+                       " early exit chunk " + std::to_string(chunk));
     }
   }
 }
 
 TEST_P(CudaV41ModelTest, RollbackThenContinueMatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  const V41Case vc = GetParam();
-  const std::string dir = source_path(std::string(vc.fixture) + "/" + vc.layout);
-  if (!fs::exists(dir))
-    GTEST_SKIP() << dir << " missing";
-  const std::vector<int32_t> ids = fixture_ids(vc.fixture);
-  ASSERT_GE(ids.size(), 40u);
-  cpu_v41::V41BackendOptions o;
-  auto cpu = cpu_v41::V41Backend::open(dir, o);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  auto gpu = gpu_v41::CudaV41Backend::open(dir, o);
-  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
-  const int64_t V = (*cpu)->config().vocab_size;
+  ASSERT_GE(ids_.size(), 40u);
+  const Backends be = open_both(dir_);
+  ASSERT_TRUE(be.ok());
+  const int64_t V = be.vocab;
   std::vector<float> ref, got, scratch;
-  Seq a = make_seq(**cpu);
-  Seq b = make_seq(**gpu);
+  Seq a = make_seq(*be.cpu);
+  Seq b = make_seq(*be.gpu);
   // 30 tokens, then 5 wrong ones rolled back, then the true continuation.
-  std::vector<int32_t> wrong(ids.begin(), ids.end());
+  std::vector<int32_t> wrong(ids_.begin(), ids_.end());
   for (int i = 30; i < 35; ++i)
-    wrong[static_cast<size_t>(i)] = (ids[static_cast<size_t>(i)] + 1) % V;
-  feed(**cpu, a, ids, 0, 30, 7, 0, &scratch);
-  feed(**gpu, b, ids, 0, 30, 7, 0, &scratch);
-  feed(**gpu, b, wrong, 30, 35, 5, 0, &scratch);
+    wrong[static_cast<size_t>(i)] = (ids_[static_cast<size_t>(i)] + 1) % V;
+  feed(*be.cpu, a, ids_, 0, 30, 7, 0, &scratch);
+  feed(*be.gpu, b, ids_, 0, 30, 7, 0, &scratch);
+  feed(*be.gpu, b, wrong, 30, 35, 5, 0, &scratch);
   ASSERT_TRUE(b.st->rollback(5).ok());
-  feed(**cpu, a, ids, 30, 40, 1, 0, &ref);
-  feed(**gpu, b, ids, 30, 40, 1, 0, &got);
+  feed(*be.cpu, a, ids_, 30, 40, 1, 0, &ref);
+  feed(*be.gpu, b, ids_, 30, 40, 1, 0, &got);
   b.st->check_integrity();
-  expect_close(compare(ref, got, V, kMargin), std::string(vc.fixture) + " rollback");
+  expect_close(compare(ref, got, V, kMargin), std::string(vc_.fixture) + " rollback");
 }
 
 // Several sequences in one forward_batch (their rows side by side in every kernel): prompts of
 // different lengths prefilled together, then decode steps together; each sequence's logits
 // against the CPU V4.1 backend running it alone.
 TEST_P(CudaV41ModelTest, BatchedForwardMatchesCpuAlone) {
-  SKIP_WITHOUT_GPU();
-  const V41Case vc = GetParam();
-  const std::string dir = source_path(std::string(vc.fixture) + "/" + vc.layout);
-  if (!fs::exists(dir))
-    GTEST_SKIP() << dir << " missing";
-  const std::vector<int32_t> ids = fixture_ids(vc.fixture);
-  ASSERT_GE(ids.size(), 60u);
+  ASSERT_GE(ids_.size(), 60u);
   for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
-    cpu_v41::V41BackendOptions o;
-    o.numerics = nm;
-    auto cpu = cpu_v41::V41Backend::open(dir, o);
-    ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-    auto gpu = gpu_v41::CudaV41Backend::open(dir, o);
-    ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
-    const int64_t V = (*cpu)->config().vocab_size;
-    // Sequence i: prompt ids[i .. i + len_i), then 6 decode tokens ids[i + len_i ...].
+    const Backends be = open_both(dir_, nm);
+    ASSERT_TRUE(be.ok());
+    const int64_t V = be.vocab;
+    // Sequence i: prompt ids_[i .. i + len_i), then 6 decode tokens ids_[i + len_i ...].
     const std::vector<int64_t> lens = {37, 5, 50, 1};
     const int64_t steps = 6;
-    const state::StateShape& shape = *(*gpu)->state_shape();
+    const state::StateShape& shape = *be.gpu->state_shape();
     auto arena =
-        state::PageArena::growable(state::default_page_bytes(shape), (*gpu)->state_storage());
+        state::PageArena::growable(state::default_page_bytes(shape), be.gpu->state_storage());
     std::vector<std::unique_ptr<state::SequenceState>> seqs;
     std::vector<std::vector<float>> got(lens.size()), ref(lens.size());
     for (size_t i = 0; i < lens.size(); ++i)
@@ -324,23 +281,23 @@ TEST_P(CudaV41ModelTest, BatchedForwardMatchesCpuAlone) {
             step == 0 ? static_cast<int64_t>(i) : static_cast<int64_t>(i) + lens[i] + step - 1;
         const int64_t n = step == 0 ? lens[i] : 1;
         items[i].state = seqs[i].get();
-        items[i].tokens = std::span<const int32_t>(ids.data() + b, static_cast<size_t>(n));
+        items[i].tokens = std::span<const int32_t>(ids_.data() + b, static_cast<size_t>(n));
         items[i].out = &outs[i];
       }
-      ASSERT_TRUE((*gpu)->forward_batch(items).ok());
+      ASSERT_TRUE(be.gpu->forward_batch(items).ok());
       for (size_t i = 0; i < lens.size(); ++i) {
         ASSERT_TRUE(items[i].status.ok()) << items[i].status.to_string();
         got[i].insert(got[i].end(), outs[i].logits.begin(), outs[i].logits.end());
       }
     }
     for (size_t i = 0; i < lens.size(); ++i) {
-      Seq a = make_seq(**cpu);
+      Seq a = make_seq(*be.cpu);
       const int64_t b = static_cast<int64_t>(i);
-      feed(**cpu, a, ids, b, b + lens[i], 0, 0, &ref[i]);
-      feed(**cpu, a, ids, b + lens[i], b + lens[i] + steps, 1, 0, &ref[i]);
+      feed(*be.cpu, a, ids_, b, b + lens[i], 0, 0, &ref[i]);
+      feed(*be.cpu, a, ids_, b + lens[i], b + lens[i] + steps, 1, 0, &ref[i]);
       seqs[i]->check_integrity();
       expect_close(compare(ref[i], got[i], V, kMargin),
-                   std::string(vc.fixture) + " " + model::numerics_name(nm) + " batched seq " +
+                   std::string(vc_.fixture) + " " + model::numerics_name(nm) + " batched seq " +
                        std::to_string(i));
     }
   }
@@ -350,35 +307,26 @@ TEST_P(CudaV41ModelTest, BatchedForwardMatchesCpuAlone) {
 // equal while the CPU's draft logits have a clear margin (a later draft depends on the earlier
 // ones through the Markov term), confidences close.
 TEST_P(CudaV41ModelTest, DsparkDraftsMatchCpu) {
-  SKIP_WITHOUT_GPU();
-  const V41Case vc = GetParam();
-  const std::string dir = source_path(std::string(vc.fixture) + "/" + vc.layout);
-  if (!fs::exists(dir))
-    GTEST_SKIP() << dir << " missing";
-  const std::vector<int32_t> ids = fixture_ids(vc.fixture);
-  ASSERT_GE(ids.size(), 50u);
-  cpu_v41::V41BackendOptions o;
-  auto cpu = cpu_v41::V41Backend::open(dir, o);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  auto gpu = gpu_v41::CudaV41Backend::open(dir, o);
-  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
-  const int32_t block = (*gpu)->block_draft_size();
-  ASSERT_EQ(block, (*cpu)->block_draft_size());
+  ASSERT_GE(ids_.size(), 50u);
+  const Backends be = open_both(dir_);
+  ASSERT_TRUE(be.ok());
+  const int32_t block = be.gpu->block_draft_size();
+  ASSERT_EQ(block, be.cpu->block_draft_size());
   if (block == 0)
-    GTEST_SKIP() << "no DSpark blocks in " << dir;
-  const int64_t V = (*cpu)->config().vocab_size;
+    GTEST_SKIP() << "no DSpark blocks in " << dir_;
+  const int64_t V = be.vocab;
   int checked = 0, equal = 0;
   for (int64_t len : {int64_t{9}, int64_t{30}, int64_t{49}}) {
     std::vector<float> scratch;
-    Seq a = make_seq(**cpu);
-    Seq b = make_seq(**gpu);
-    feed(**cpu, a, ids, 0, len, 7, 0, &scratch);
-    feed(**gpu, b, ids, 0, len, 7, 0, &scratch);
-    const int32_t anchor = ids[static_cast<size_t>(len)];
+    Seq a = make_seq(*be.cpu);
+    Seq b = make_seq(*be.gpu);
+    feed(*be.cpu, a, ids_, 0, len, 7, 0, &scratch);
+    feed(*be.gpu, b, ids_, 0, len, 7, 0, &scratch);
+    const int32_t anchor = ids_[static_cast<size_t>(len)];
     cpu_v41::DraftOptions dopt;
     dopt.block = block;
     cpu_v41::DraftResult want;
-    ASSERT_TRUE((*cpu)->draft(*a.st, anchor, dopt, &want).ok());
+    ASSERT_TRUE(be.cpu->draft(*a.st, anchor, dopt, &want).ok());
     std::vector<int32_t> toks(static_cast<size_t>(block));
     std::vector<float> conf(static_cast<size_t>(block));
     backend::BlockDraftItem it;
@@ -386,17 +334,12 @@ TEST_P(CudaV41ModelTest, DsparkDraftsMatchCpu) {
     it.anchor = anchor;
     it.tokens = toks.data();
     it.confidence = conf.data();
-    ASSERT_TRUE((*gpu)->block_draft_batch(std::span<backend::BlockDraftItem>(&it, 1), block).ok());
+    ASSERT_TRUE(be.gpu->block_draft_batch(std::span<backend::BlockDraftItem>(&it, 1), block).ok());
     ASSERT_TRUE(it.status.ok()) << it.status.to_string();
     for (int32_t k = 0; k < block; ++k) {
-      const float* row = want.logits.data() + k * V;
-      const int64_t top = std::max_element(row, row + V) - row;
-      float second = -INFINITY;
-      for (int64_t v = 0; v < V; ++v) {
-        if (v != top)
-          second = std::max(second, row[v]);
-      }
-      if (row[top] - second <= kMargin)
+      float margin = 0;
+      gpu_test::top_with_margin(want.logits.data() + k * V, V, &margin);
+      if (margin <= kMargin)
         break;  // a near tie: later drafts may legitimately differ
       ++checked;
       EXPECT_NEAR(conf[static_cast<size_t>(k)], want.confidence[static_cast<size_t>(k)], 2e-2)
@@ -407,8 +350,8 @@ TEST_P(CudaV41ModelTest, DsparkDraftsMatchCpu) {
     }
   }
   std::printf("[cuda-v41-draft] %s/%s: %d/%d clear-margin drafts equal\n",
-              vc.fixture,
-              vc.layout,
+              vc_.fixture,
+              vc_.layout,
               equal,
               checked);
   EXPECT_GE(equal * 10, checked * 9);

@@ -32,6 +32,19 @@ std::vector<float> spread_values(int64_t rows, int64_t len, uint32_t seed) {
   return v;
 }
 
+// launch_top_k over nq rows of scores (ld apart), row q's first count[q] candidates.
+Status top_k(
+    const float* scores, int64_t ld, const int64_t* count, int64_t nq, int64_t k, int32_t* out) {
+  TopKParams p;
+  p.scores = scores;
+  p.ld = ld;
+  p.n = count;
+  p.nq = nq;
+  p.k = k;
+  p.out = out;
+  return launch_top_k(p, nullptr);
+}
+
 class V41OpsTest : public GpuTest {};
 
 TEST_F(V41OpsTest, QuantSimulationsMatchCpuBitForBit) {
@@ -276,14 +289,7 @@ TEST_F(V41OpsTest, TwoLevelSelectionMatchesCpu) {
     bp.cap_bf16 = cap;
     bp.out = blk.get();
     DSI_EXPECT_OK(launch_v41_block_scores(bp, nullptr));
-    TopKParams tp;
-    tp.scores = blk.get();
-    tp.ld = nb;
-    tp.n = dnb.get();
-    tp.nq = nq;
-    tp.k = kb;
-    tp.out = bidx.get();
-    DSI_EXPECT_OK(launch_top_k(tp, nullptr));
+    DSI_EXPECT_OK(top_k(blk.get(), nb, dnb.get(), nq, kb, bidx.get()));
     V41PoolMaskParams mp;
     mp.blocks = bidx.get();
     mp.block_scores = blk.get();
@@ -301,14 +307,7 @@ TEST_F(V41OpsTest, TwoLevelSelectionMatchesCpu) {
     am.nq = nq;
     am.n_keys = G;
     DSI_EXPECT_OK(launch_v41_apply_mask(am, nullptr));
-    TopKParams tk;
-    tk.scores = dscores.get();
-    tk.ld = G;
-    tk.n = dvis.get();
-    tk.nq = nq;
-    tk.k = k;
-    tk.out = idx.get();
-    DSI_EXPECT_OK(launch_top_k(tk, nullptr));
+    DSI_EXPECT_OK(top_k(dscores.get(), G, dvis.get(), nq, k, idx.get()));
     V41DropEmptyParams dp;
     dp.idx = idx.get();
     dp.nq = nq;

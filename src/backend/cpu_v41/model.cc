@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "base/check.h"
+#include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops.h"
 #include "model_v41/engram.h"
 #include "numeric/float_formats.h"
@@ -45,17 +46,6 @@ float e2m1_round(float v) {
     }
   }
   return std::signbit(v) ? -kGrid[pick] : kGrid[pick];
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  }
-  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
 }
 
 float sigmoid(float x) {
@@ -311,7 +301,7 @@ void V41CpuModel::mixes(
   const int64_t mix = c_.hc_mix_dim();
   std::vector<float> mu(static_cast<size_t>(mix));
   for (int64_t k = 0; k < mix; ++k)
-    mu[static_cast<size_t>(k)] = dot(s.fn.data() + k * flat, X, flat) * r;
+    mu[static_cast<size_t>(k)] = cpu::dot8(s.fn.data() + k * flat, X, flat) * r;
   const float eps = static_cast<float>(c_.hc_eps);
   for (int64_t j = 0; j < hc; ++j) {
     pre[j] =
@@ -525,7 +515,7 @@ void V41CpuModel::indexer(int l,
       }
       float s = 0.0f;
       for (int64_t h = 0; h < IH; ++h) {
-        float v = std::max(dot(qt + h * ID, keys.index_key(g), ID), 0.0f);
+        float v = std::max(cpu::dot8(qt + h * ID, keys.index_key(g), ID), 0.0f);
         float wh = hw[static_cast<size_t>(t * IH + h)];
         if (scale) {
           v *= s_scale;
@@ -970,7 +960,7 @@ Status V41CpuModel::draft(const state::SequenceState& st,
     for (int64_t v = 0; v < V; ++v) lk[v] += mk[static_cast<size_t>(v)];
     std::copy_n(out->hidden.data() + k * D, D, conf_in.data());
     std::copy(em.begin(), em.end(), conf_in.begin() + D);
-    const float z = dot(w_.dspark.confidence.data(), conf_in.data(), D + R);
+    const float z = cpu::dot8(w_.dspark.confidence.data(), conf_in.data(), D + R);
     const float zt = std::clamp(z / o.confidence_temperature, -60.0f, 60.0f);
     out->confidence.push_back(sigmoid(zt));
     const std::span<const float> row(lk, static_cast<size_t>(V));

@@ -9,6 +9,9 @@
 #include <set>
 
 #include "backend/cuda/launch_helpers.h"
+#include "backend/cuda/select_device.h"
+#include "backend/cuda/state_pool.h"
+#include "backend/forward_as_batch.h"
 #include "base/check.h"
 #include "base/strings.h"
 #include "device/device_error.h"
@@ -70,17 +73,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
                                                      const model::ModelWeights& weights,
                                                      model::Numerics numerics,
                                                      const CudaModelOptions& options) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return Status(StatusCode::kFailedPrecondition,
-                  "--device cuda: no CUDA device is available on this machine");
-  }
-  if (options.device < 0 || options.device >= count) {
-    return invalid_argument(
-        str_format("CUDA device %d does not exist (%d device(s))", options.device, count));
-  }
-  DSI_RETURN_IF_ERROR(device::check_cuda(cudaSetDevice(options.device), "cudaSetDevice"));
+  DSI_RETURN_IF_ERROR(gpu::select_device(options.device));
   std::unique_ptr<CudaModel> m(new CudaModel(config, numerics, options));
   int64_t expert_first = 0;
   int64_t expert_count = -1;
@@ -131,33 +124,11 @@ void CudaModel::clear_graphs() {
 }
 
 Status CudaModel::ensure_pool(const state::PageArena& arena) {
-  Pool& pool = pools_[&arena];
-  const int64_t need = arena.num_pages();
-  if (pool.pages < need) {
-    // Growable arenas: grow by half again, keeping the contents.
-    const int64_t pages = std::max(need, pool.pages + pool.pages / 2);
-    float* p = nullptr;
-    DSI_RETURN_IF_ERROR(device::check_cuda(
-        cudaMalloc(reinterpret_cast<void**>(&p), static_cast<size_t>(pages * arena.page_bytes())),
-        str_format("cudaMalloc of the state pool (%lld pages of %lld bytes)",
-                   static_cast<long long>(pages),
-                   static_cast<long long>(arena.page_bytes()))
-            .c_str()));
-    if (pool.p) {
-      DSI_RETURN_IF_ERROR(
-          device::check_cuda(cudaMemcpyAsync(p,
-                                             pool.p,
-                                             static_cast<size_t>(pool.pages * arena.page_bytes()),
-                                             cudaMemcpyDeviceToDevice,
-                                             stream_.get()),
-                             "growing the state pool"));
-      DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "growing the state pool"));
-      DSI_RETURN_IF_ERROR(device::check_cuda(cudaFree(pool.p), "cudaFree"));
-    }
-    pool.p = p;
-    pool.pages = pages;
+  StatePool& pool = pools_[&arena];
+  bool grew = false;
+  DSI_RETURN_IF_ERROR(grow_state_pool(&pool, arena, stream_.get(), "state pool", &grew));
+  if (grew)
     clear_graphs();
-  }
   arena_ = &arena;
   pool_ = pool.p;
   return Status();
@@ -193,50 +164,21 @@ Status CudaModel::read_page(int32_t page, std::vector<float>* out) {
 Status CudaModel::copy_pages(const state::PageArena& arena,
                              const std::vector<std::pair<int32_t, int32_t>>& pairs) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
-  const int64_t floats = arena.page_floats();
-  for (const auto& [from, to] : pairs) {
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pool_ + to * floats,
-                                                           pool_ + from * floats,
-                                                           static_cast<size_t>(floats * 4),
-                                                           cudaMemcpyDeviceToDevice,
-                                                           stream_.get()),
-                                           "copying state pages"));
-  }
-  return device::sync_stream(stream_.get(), "copying state pages");
+  return copy_pool_pages(pool_, arena.page_floats(), pairs, stream_.get());
 }
 
 Status CudaModel::read_state_pages(const state::PageArena& arena,
                                    std::span<const int32_t> pages,
                                    float* dst) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
-  const int64_t floats = arena.page_floats();
-  for (size_t i = 0; i < pages.size(); ++i) {
-    DSI_CHECK(pages[i] >= 0, "read_state_pages: page %d", pages[i]);
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(dst + static_cast<int64_t>(i) * floats,
-                                                           pool_ + pages[i] * floats,
-                                                           static_cast<size_t>(floats * 4),
-                                                           cudaMemcpyDeviceToHost,
-                                                           stream_.get()),
-                                           "reading state pages"));
-  }
-  return device::sync_stream(stream_.get(), "reading state pages");
+  return read_pool_pages(pool_, arena.page_floats(), pages, dst, stream_.get());
 }
 
 Status CudaModel::write_state_pages(state::PageArena& arena,
                                     std::span<const int32_t> pages,
                                     const float* src) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
-  const int64_t floats = arena.page_floats();
-  for (size_t i = 0; i < pages.size(); ++i) {
-    DSI_CHECK(pages[i] >= 0, "write_state_pages: page %d", pages[i]);
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pool_ + pages[i] * floats,
-                                                           src + static_cast<int64_t>(i) * floats,
-                                                           static_cast<size_t>(floats * 4),
-                                                           cudaMemcpyHostToDevice,
-                                                           stream_.get()),
-                                           "writing state pages"));
-  }
-  return device::sync_stream(stream_.get(), "writing state pages");
+  return write_pool_pages(pool_, arena.page_floats(), pages, src, stream_.get());
 }
 
 Status CudaModel::mark(size_t i) {
@@ -254,13 +196,7 @@ Status CudaModel::forward(state::SequenceState& st,
                           std::span<const int32_t> tokens,
                           const backend::ForwardOptions& options,
                           backend::ForwardOutputs* out) {
-  backend::ForwardItem item;
-  item.state = &st;
-  item.tokens = tokens;
-  item.options = options;
-  item.out = out;
-  DSI_RETURN_IF_ERROR(forward_batch(std::span<backend::ForwardItem>(&item, 1)));
-  return item.status;
+  return backend::forward_as_batch(*this, st, tokens, options, out);
 }
 
 Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {

@@ -20,6 +20,7 @@
 #include "backend/cuda/device_weights.h"
 #include "backend/cuda/forward_plan.h"
 #include "backend/cuda/host_pack.h"
+#include "backend/cuda/state_pool.h"
 #include "backend/cuda/workspace.h"
 #include "backend/model.h"
 #include "comm/comm.h"
@@ -207,11 +208,7 @@ class CudaModel final : public backend::Model {
   device::Stream stream_;
   std::unique_ptr<Workspace> ws_;
   // The device mirror of each arena this model has seen: pool_/arena_ are the current one.
-  struct Pool {
-    float* p = nullptr;
-    int64_t pages = 0;
-  };
-  std::map<const state::PageArena*, Pool> pools_;
+  std::map<const state::PageArena*, StatePool> pools_;
   const state::PageArena* arena_ = nullptr;
   float* pool_ = nullptr;
   void* pack_dev_ = nullptr;

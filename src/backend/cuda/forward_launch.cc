@@ -307,18 +307,7 @@ Status CudaModel::launch_attention(const DAttention& w,
     DSI_RETURN_IF_ERROR(cuda::launch_bf16x2_linear(p, s));
     return linear(lin(), w.wo_b, z, n, f, q8, s);
   }
-  for (int64_t g = 0; g < groups; ++g) {
-    cuda::LinearParams p;
-    p.w = w.wo_a;
-    p.row_begin = g * olr;
-    p.rows = olr;
-    p.x = o + g * group_in;
-    p.ldx = heads * hd;
-    p.n = n;
-    p.y = z + g * olr;
-    p.ldy = groups * olr;
-    DSI_RETURN_IF_ERROR(cuda::launch_linear(p, s));
-  }
+  DSI_RETURN_IF_ERROR(grouped_linear(w.wo_a, groups, olr, o, heads * hd, group_in, n, z, s));
   return linear(lin(), w.wo_b, z, n, f, q8, s);
 }
 

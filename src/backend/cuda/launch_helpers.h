@@ -143,6 +143,33 @@ inline Status linear(const MatrixRef& w,
   return cuda::launch_linear(p, s);
 }
 
+// The grouped low-rank attention output on the reference tile: for each of `groups` groups g,
+// y[:, g * rows ..] = rows [g * rows, (g + 1) * rows) of w times x[:, g * group_in ..] (x rows ldx
+// apart, y rows groups * rows apart).
+inline Status grouped_linear(const MatrixRef& w,
+                             int64_t groups,
+                             int64_t rows,
+                             const float* x,
+                             int64_t ldx,
+                             int64_t group_in,
+                             int64_t n,
+                             float* y,
+                             cudaStream_t s) {
+  for (int64_t g = 0; g < groups; ++g) {
+    cuda::LinearParams p;
+    p.w = w;
+    p.row_begin = g * rows;
+    p.rows = rows;
+    p.x = x + g * group_in;
+    p.ldx = ldx;
+    p.n = n;
+    p.y = y + g * rows;
+    p.ldy = groups * rows;
+    DSI_RETURN_IF_ERROR(cuda::launch_linear(p, s));
+  }
+  return Status();
+}
+
 inline Status rms_norm(
     float* x, int64_t rows, int64_t dim, const float* w, float eps, cudaStream_t s) {
   cuda::RmsNormParams p;

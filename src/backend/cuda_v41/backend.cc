@@ -6,13 +6,17 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cuda/launch_helpers.h"
+#include "backend/cuda/select_device.h"
 #include "base/check.h"
 #include "base/strings.h"
 #include "device/device_error.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/paged.h"
+#include "kernels/cuda/v41.h"
 
 namespace dsinfer::gpu_v41 {
 
@@ -27,17 +31,7 @@ Result<std::unique_ptr<CudaV41Backend>> CudaV41Backend::open(
     const std::string& dir,
     const cpu_v41::V41BackendOptions& options,
     const CudaV41Options& cuda_options) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return Status(StatusCode::kFailedPrecondition,
-                  "--device cuda: no CUDA device is available on this machine");
-  }
-  if (cuda_options.device < 0 || cuda_options.device >= count) {
-    return invalid_argument(
-        str_format("CUDA device %d does not exist (%d device(s))", cuda_options.device, count));
-  }
-  DSI_RETURN_IF_ERROR(device::check_cuda(cudaSetDevice(cuda_options.device), "cudaSetDevice"));
+  DSI_RETURN_IF_ERROR(gpu::select_device(cuda_options.device));
   std::unique_ptr<CudaV41Backend> b(new CudaV41Backend());
   DSI_ASSIGN_OR_RETURN(b->cpu_, cpu_v41::V41Backend::open(dir, options));
   b->c_ = &b->cpu_->checkpoint().config();
@@ -71,29 +65,9 @@ Status CudaV41Backend::health() const {
 }
 
 Status CudaV41Backend::ensure_pool(const state::PageArena& arena) {
-  Pool& pool = pools_[&arena];
-  const int64_t need = arena.num_pages();
-  if (pool.pages < need) {
-    // Growable arenas: grow by half again, keeping the contents.
-    const int64_t pages = std::max(need, pool.pages + pool.pages / 2);
-    float* p = nullptr;
-    DSI_RETURN_IF_ERROR(device::check_cuda(
-        cudaMalloc(reinterpret_cast<void**>(&p), static_cast<size_t>(pages * arena.page_bytes())),
-        "cudaMalloc of the V4.1 state pool"));
-    if (pool.p) {
-      DSI_RETURN_IF_ERROR(
-          device::check_cuda(cudaMemcpyAsync(p,
-                                             pool.p,
-                                             static_cast<size_t>(pool.pages * arena.page_bytes()),
-                                             cudaMemcpyDeviceToDevice,
-                                             stream_.get()),
-                             "growing the state pool"));
-      DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "growing the state pool"));
-      DSI_RETURN_IF_ERROR(device::check_cuda(cudaFree(pool.p), "cudaFree"));
-    }
-    pool.p = p;
-    pool.pages = pages;
-  }
+  gpu::StatePool& pool = pools_[&arena];
+  bool grew = false;
+  DSI_RETURN_IF_ERROR(gpu::grow_state_pool(&pool, arena, stream_.get(), "V4.1 state pool", &grew));
   pool_ = pool.p;
   page_floats_ = arena.page_floats();
   return Status();
@@ -104,49 +78,21 @@ Status CudaV41Backend::copy_state_pages(const state::PageArena& arena,
   if (pairs.empty())
     return Status();
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
-  for (const auto& [from, to] : pairs) {
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pool_ + to * page_floats_,
-                                                           pool_ + from * page_floats_,
-                                                           static_cast<size_t>(page_floats_ * 4),
-                                                           cudaMemcpyDeviceToDevice,
-                                                           stream_.get()),
-                                           "copying state pages"));
-  }
-  return device::sync_stream(stream_.get(), "copying state pages");
+  return gpu::copy_pool_pages(pool_, page_floats_, pairs, stream_.get());
 }
 
 Status CudaV41Backend::read_state_pages(const state::PageArena& arena,
                                         std::span<const int32_t> pages,
                                         float* dst) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
-  for (size_t i = 0; i < pages.size(); ++i) {
-    DSI_CHECK(pages[i] >= 0, "read_state_pages: page %d", pages[i]);
-    DSI_RETURN_IF_ERROR(
-        device::check_cuda(cudaMemcpyAsync(dst + static_cast<int64_t>(i) * page_floats_,
-                                           pool_ + pages[i] * page_floats_,
-                                           static_cast<size_t>(page_floats_ * 4),
-                                           cudaMemcpyDeviceToHost,
-                                           stream_.get()),
-                           "reading state pages"));
-  }
-  return device::sync_stream(stream_.get(), "reading state pages");
+  return gpu::read_pool_pages(pool_, page_floats_, pages, dst, stream_.get());
 }
 
 Status CudaV41Backend::write_state_pages(state::PageArena& arena,
                                          std::span<const int32_t> pages,
                                          const float* src) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
-  for (size_t i = 0; i < pages.size(); ++i) {
-    DSI_CHECK(pages[i] >= 0, "write_state_pages: page %d", pages[i]);
-    DSI_RETURN_IF_ERROR(
-        device::check_cuda(cudaMemcpyAsync(pool_ + pages[i] * page_floats_,
-                                           src + static_cast<int64_t>(i) * page_floats_,
-                                           static_cast<size_t>(page_floats_ * 4),
-                                           cudaMemcpyHostToDevice,
-                                           stream_.get()),
-                           "writing state pages"));
-  }
-  return device::sync_stream(stream_.get(), "writing state pages");
+  return gpu::write_pool_pages(pool_, page_floats_, pages, src, stream_.get());
 }
 
 template <typename T>
@@ -218,14 +164,79 @@ void CudaV41Backend::end_pass() {
 }
 
 Status CudaV41Backend::rms(float* x, int64_t rows, int64_t dim, const float* weight) {
-  cuda::RmsNormParams p;
+  return gpu::rms_norm(x, rows, dim, weight, static_cast<float>(c_->rms_norm_eps), stream_.get());
+}
+
+Status CudaV41Backend::collapse(const float* x, const float* pi, int64_t n, float* out, bool mean) {
+  cuda::V41CollapseParams p;
+  p.x = x;
+  p.pi = pi;
+  p.n = n;
+  p.hc = c_->hc_mult;
+  p.hidden = c_->hidden_size;
+  p.mean = mean;
+  p.out = out;
+  return cuda::launch_v41_collapse(p, stream_.get());
+}
+
+Status CudaV41Backend::quant(float* x, int64_t rows, int64_t len, cuda::V41Quant kind, bool clamp) {
+  cuda::V41QuantParams p;
   p.x = x;
   p.rows = rows;
-  p.dim = dim;
-  p.weight = weight;
-  p.eps = static_cast<float>(c_->rms_norm_eps);
-  p.out = x;
-  return cuda::launch_rms_norm(p, stream_.get());
+  p.len = len;
+  p.kind = kind;
+  p.clamp_scale = clamp;
+  return cuda::launch_v41_quant(p, stream_.get());
+}
+
+Status CudaV41Backend::gather(
+    const float* local, const int64_t* refs, int64_t n, int64_t width, float* dst) {
+  cuda::GatherRowsParams p;
+  p.local = local;
+  p.src_refs = refs;
+  p.n = n;
+  p.width = width;
+  p.dst = dst;
+  return cuda::launch_gather_rows(p, stream_.get());
+}
+
+Status CudaV41Backend::top_k(
+    const float* scores, int64_t ld, const int64_t* count, int64_t nq, int64_t k, int32_t* out) {
+  cuda::TopKParams p;
+  p.scores = scores;
+  p.ld = ld;
+  p.n = count;
+  p.nq = nq;
+  p.k = k;
+  p.out = out;
+  return cuda::launch_top_k(p, stream_.get());
+}
+
+Status CudaV41Backend::copy_rows(void* dst,
+                                 int64_t dst_pitch,
+                                 const void* src,
+                                 int64_t src_pitch,
+                                 int64_t width,
+                                 int64_t rows,
+                                 const char* what) {
+  return device::check_cuda(cudaMemcpy2DAsync(dst,
+                                              static_cast<size_t>(dst_pitch),
+                                              src,
+                                              static_cast<size_t>(src_pitch),
+                                              static_cast<size_t>(width),
+                                              static_cast<size_t>(rows),
+                                              cudaMemcpyDeviceToDevice,
+                                              stream_.get()),
+                            what);
+}
+
+Status CudaV41Backend::axpy(float* y, const float* add, int64_t n, float div) {
+  cuda::V41AxpyParams p;
+  p.y = y;
+  p.add = add;
+  p.div = div;
+  p.n = n;
+  return cuda::launch_v41_axpy(p, stream_.get());
 }
 
 Status CudaV41Backend::linear(
@@ -258,16 +269,8 @@ Status CudaV41Backend::rope(float* x,
                             const int64_t* pos,
                             const float* inv,
                             bool inverse) {
-  cuda::RopeParams p;
-  p.x = x;
-  p.tokens = tokens;
-  p.heads = heads;
-  p.dim = dim;
-  p.positions = pos;
-  p.inv_freq = inv;
-  p.half = c_->qk_rope_head_dim / 2;
-  p.inverse = inverse;
-  return cuda::launch_rope(p, stream_.get());
+  return gpu::rope(
+      x, tokens, heads, dim, pos, inv, c_->qk_rope_head_dim / 2, inverse, stream_.get());
 }
 
 Status CudaV41Backend::scatter(const float* src,

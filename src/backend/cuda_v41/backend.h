@@ -21,10 +21,12 @@
 #include <vector>
 
 #include "backend/cpu_v41/backend.h"
+#include "backend/cuda/state_pool.h"
 #include "backend/cuda_v41/device_weights.h"
 #include "backend/model.h"
 #include "device/allocator.h"
 #include "device/stream.h"
+#include "kernels/cuda/v41.h"
 
 namespace dsinfer::gpu_v41 {
 
@@ -125,7 +127,70 @@ class CudaV41Backend final : public backend::Model {
                    int64_t block,
                    int32_t* tokens,
                    float* confidence);
+  // The step sequences the forward and the drafter share (steps.cc).
+  // The streams of a chunk: X and Xalt [n, hc, hidden] (kept), the token embeddings copied into
+  // every stream of X, and the carried mix pi [n, hc] (kept) one-hot on stream 0.
+  struct Streams {
+    float* X = nullptr;
+    float* Xalt = nullptr;
+    float* pi = nullptr;
+  };
+  Result<Streams> embed_streams(const int32_t* tokens, int64_t n);
+  // One mHC site: its scratch (pre kept: the next carried mix; the sub-layer's input u and output
+  // F), the mixes of X, u = the collapse of X by the carried mix pi, RMS-normed by `norm`.
+  struct Site {
+    float* pre = nullptr;
+    float* post = nullptr;
+    float* comb = nullptr;
+    float* u = nullptr;
+    float* F = nullptr;
+  };
+  Result<Site> site_in(
+      const DHc& hs, const float* norm, const float* X, const float* pi, int64_t n);
+  // The post step of a site: x_out = post * F + comb-mix of X.
+  Status site_out(const Site& site, const float* X, int64_t n, float* x_out);
+  // The attention's projections of x: the normed query residual q_res, the queries q and the KV
+  // row kv (normed, RoPE'd at pos with inv, kv FP8-simulated as the window stores it).
+  struct Qkv {
+    float* q_res = nullptr;
+    float* q = nullptr;
+    float* kv = nullptr;
+  };
+  Result<Qkv> attn_qkv(
+      const DAttention& a, const float* x, int64_t n, const int64_t* pos, const float* inv);
+  // Sink attention of the queries over their key lists (key_begin / key_refs into the pool and
+  // the local kv), the inverse RoPE on the output; returns it [n, heads, head_dim].
+  Result<float*> attend(const DAttention& a,
+                        const Qkv& t,
+                        int64_t n,
+                        const int64_t* key_begin,
+                        const int64_t* key_refs,
+                        const int64_t* pos,
+                        const float* inv);
+  // The grouped low-rank output: wo_a per group of heads, then wo_b into out.
+  Status attn_out(const DAttention& a, const float* o, int64_t n, float* out);
+
+  // Thin launch wrappers (backend.cc).
   Status rms(float* x, int64_t rows, int64_t dim, const float* weight);
+  // out = the collapse of the streams x by pi (or their mean).
+  Status collapse(const float* x, const float* pi, int64_t n, float* out, bool mean = false);
+  // The storage simulation of a V4.1 record, in place over rows of len.
+  Status quant(float* x, int64_t rows, int64_t len, cuda::V41Quant kind, bool clamp = false);
+  // dst[i] = the row refs[i] of local (local references only), width wide.
+  Status gather(const float* local, const int64_t* refs, int64_t n, int64_t width, float* dst);
+  Status top_k(
+      const float* scores, int64_t ld, const int64_t* count, int64_t nq, int64_t k, int32_t* out);
+  // rows rows of `width` bytes from src (src_pitch bytes apart) into dst (dst_pitch apart), device
+  // to device.
+  Status copy_rows(void* dst,
+                   int64_t dst_pitch,
+                   const void* src,
+                   int64_t src_pitch,
+                   int64_t width,
+                   int64_t rows,
+                   const char* what);
+  // y = y / div + add (add may be null).
+  Status axpy(float* y, const float* add, int64_t n, float div = 1.0f);
   Status linear(const MatrixRef& w, const float* x, int64_t n, float* y, int64_t ldy = 0);
   Status rope(float* x,
               int64_t tokens,
@@ -153,11 +218,7 @@ class CudaV41Backend final : public backend::Model {
   std::vector<device::DeviceBuffer> kept_;
   std::vector<device::PinnedBuffer> staging_;
   int64_t staging_used_ = 0;  // bytes used in staging_.back()
-  struct Pool {
-    float* p = nullptr;
-    int64_t pages = 0;
-  };
-  std::map<const state::PageArena*, Pool> pools_;
+  std::map<const state::PageArena*, gpu::StatePool> pools_;
   float* pool_ = nullptr;
   int64_t page_floats_ = 0;
 };

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cuda/device_weights.h"
 #include "base/status.h"
 #include "model_v41/config.h"
 #include "model_v41/weights.h"
@@ -17,11 +18,8 @@
 
 namespace dsinfer::gpu_v41 {
 
-struct DHc {
-  const float* fn = nullptr;
-  const float* base = nullptr;
-  const float* scale = nullptr;
-};
+// An mHC site's fn / base / scale, as V4's.
+using DHc = gpu::DHyperConn;
 
 struct DAttention {
   MatrixRef wq_a, wq_b, wkv, wo_a, wo_b;

@@ -10,27 +10,13 @@
 #include "backend/cuda_v41/backend.h"
 #include "base/check.h"
 #include "device/device_error.h"
+#include "kernels/cpu/dot.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/v41.h"
 
 namespace dsinfer::gpu_v41 {
-namespace {
-
-// The CPU forward's dot product (8 running partials, then their fixed sum).
-float dot8(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  }
-  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-}  // namespace
 
 int32_t CudaV41Backend::block_draft_size() const {
   const state::StateShape* shape = state_shape();
@@ -73,7 +59,7 @@ Status CudaV41Backend::draft_one(
   const int32_t tok[1] = {anchor};
   DSI_RETURN_IF_ERROR(cpu_v41::check_v41_tokens(c, tok).with_context("draft anchor"));
   DSI_RETURN_IF_ERROR(ensure_pool(*st.arena()));
-  const int64_t hc = c.hc_mult, D = c.hidden_size, H = c.num_attention_heads;
+  const int64_t D = c.hidden_size;
   const int64_t hd = c.head_dim, W = c.sliding_window, V = c.vocab_size;
   const int64_t R = c.dspark_markov_rank;
   const int64_t a_pos = st.num_tokens() - 1;
@@ -86,72 +72,23 @@ Status CudaV41Backend::draft_one(
     for (int64_t t = 0; t < B; ++t) pos[static_cast<size_t>(t)] = a_pos + 1 + t;
     DSI_ASSIGN_OR_RETURN(int32_t * dtok, upload(toks));
     DSI_ASSIGN_OR_RETURN(int64_t * dpos, upload(pos));
-    DSI_ASSIGN_OR_RETURN(float* X, tmp<float>(B * hc * D, true));
-    DSI_ASSIGN_OR_RETURN(float* Xalt, tmp<float>(B * hc * D, true));
-    cuda::EmbedParams ep;
-    ep.table = weights_->embed;
-    ep.tokens = dtok;
-    ep.n = B;
-    ep.copies = hc;
-    ep.out = X;
-    DSI_RETURN_IF_ERROR(cuda::launch_embed(ep, s));
-    std::vector<float> pi_h(static_cast<size_t>(B * hc), 0.0f);
-    for (int64_t t = 0; t < B; ++t) pi_h[static_cast<size_t>(t * hc)] = 1.0f;
-    DSI_ASSIGN_OR_RETURN(float* pi, upload(pi_h));
+    DSI_ASSIGN_OR_RETURN(const Streams streams, embed_streams(dtok, B));
+    float* X = streams.X;
+    float* Xalt = streams.Xalt;
+    float* pi = streams.pi;
     for (size_t b = 0; b < dw.blocks.size(); ++b) {
       const DLayer& w = dw.blocks[b];
       const state::LayerState& ring = st.mtp_layers()[b];
       for (int site = 0; site < 2; ++site) {
-        const DHc& hs = site == 0 ? w.hc_attn : w.hc_ffn;
-        DSI_ASSIGN_OR_RETURN(float* pre, tmp<float>(B * hc, true));
-        DSI_ASSIGN_OR_RETURN(float* post, tmp<float>(B * hc));
-        DSI_ASSIGN_OR_RETURN(float* comb, tmp<float>(B * hc * hc));
-        DSI_ASSIGN_OR_RETURN(float* u, tmp<float>(B * D));
-        DSI_ASSIGN_OR_RETURN(float* F, tmp<float>(B * D));
-        cuda::V41HcMixParams mp;
-        mp.fn = hs.fn;
-        mp.base = hs.base;
-        mp.scale = hs.scale;
-        mp.hc = hc;
-        mp.hidden = D;
-        mp.sinkhorn_iters = c.hc_sinkhorn_iters;
-        mp.hc_eps = static_cast<float>(c.hc_eps);
-        mp.norm_eps = static_cast<float>(c.rms_norm_eps);
-        mp.x = X;
-        mp.n = B;
-        mp.pre = pre;
-        mp.post = post;
-        mp.comb = comb;
-        DSI_RETURN_IF_ERROR(cuda::launch_v41_hc_mix(mp, s));
-        cuda::V41CollapseParams cp;
-        cp.x = X;
-        cp.pi = pi;
-        cp.n = B;
-        cp.hc = hc;
-        cp.hidden = D;
-        cp.out = u;
-        DSI_RETURN_IF_ERROR(cuda::launch_v41_collapse(cp, s));
-        DSI_RETURN_IF_ERROR(rms(u, B, D, site == 0 ? w.attn_norm : w.ffn_norm));
+        DSI_ASSIGN_OR_RETURN(
+            const Site si,
+            site_in(
+                site == 0 ? w.hc_attn : w.hc_ffn, site == 0 ? w.attn_norm : w.ffn_norm, X, pi, B));
         if (site == 0) {
           // Window-only attention (main RoPE): the context KV of positions a-W+1 .. a from this
           // block's ring plus every block row, non-causal inside the block.
           const DAttention& at = w.attn;
-          DSI_ASSIGN_OR_RETURN(float* q_res, tmp<float>(B * c.q_lora_rank));
-          DSI_RETURN_IF_ERROR(linear(at.wq_a, u, B, q_res));
-          DSI_RETURN_IF_ERROR(rms(q_res, B, c.q_lora_rank, at.q_norm));
-          DSI_ASSIGN_OR_RETURN(float* q, tmp<float>(B * H * hd));
-          DSI_ASSIGN_OR_RETURN(float* kv, tmp<float>(B * hd));
-          DSI_RETURN_IF_ERROR(linear(at.wq_b, q_res, B, q));
-          DSI_RETURN_IF_ERROR(linear(at.wkv, u, B, kv));
-          DSI_RETURN_IF_ERROR(rms(kv, B, hd, at.kv_norm));
-          DSI_RETURN_IF_ERROR(rope(q, B, H, hd, dpos, weights_->inv_main, false));
-          DSI_RETURN_IF_ERROR(rope(kv, B, 1, hd, dpos, weights_->inv_main, false));
-          cuda::V41QuantParams qp;
-          qp.x = kv;
-          qp.rows = B;
-          qp.len = hd;
-          qp.kind = cuda::V41Quant::kFp8Window;
-          DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
+          DSI_ASSIGN_OR_RETURN(const Qkv qkv, attn_qkv(at, si.u, B, dpos, weights_->inv_main));
           std::vector<int64_t> keys;
           for (int64_t k = std::max<int64_t>(0, a_pos - W + 1); k <= a_pos; ++k)
             keys.push_back(ring.ring.pool_offset(k % ring.ring_capacity));
@@ -165,63 +102,20 @@ Status CudaV41Backend::draft_one(
           begin.push_back(B * S);
           DSI_ASSIGN_OR_RETURN(int64_t * drefs, upload(refs));
           DSI_ASSIGN_OR_RETURN(int64_t * dbegin, upload(begin));
-          DSI_ASSIGN_OR_RETURN(float* o, tmp<float>(B * H * hd));
-          cuda::SinkAttentionParams ap;
-          ap.q = q;
-          ap.nq = B;
-          ap.heads = H;
-          ap.dim = hd;
-          ap.pool = pool_;
-          ap.local = kv;
-          ap.key_begin = dbegin;
-          ap.key_refs = drefs;
-          ap.sinks = at.sink;
-          ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-          ap.out = o;
-          DSI_RETURN_IF_ERROR(cuda::launch_sink_attention(ap, s));
-          DSI_RETURN_IF_ERROR(rope(o, B, H, hd, dpos, weights_->inv_main, true));
-          const int64_t G = c.o_groups, in_g = H / G * hd, r = c.o_lora_rank;
-          DSI_ASSIGN_OR_RETURN(float* y, tmp<float>(B * G * r));
-          for (int64_t g = 0; g < G; ++g) {
-            cuda::LinearParams lp;
-            lp.w = at.wo_a;
-            lp.row_begin = g * r;
-            lp.rows = r;
-            lp.x = o + g * in_g;
-            lp.ldx = H * hd;
-            lp.n = B;
-            lp.y = y + g * r;
-            lp.ldy = G * r;
-            DSI_RETURN_IF_ERROR(cuda::launch_linear(lp, s));
-          }
-          DSI_RETURN_IF_ERROR(linear(at.wo_b, y, B, F));
+          DSI_ASSIGN_OR_RETURN(const float* o,
+                               attend(at, qkv, B, dbegin, drefs, dpos, weights_->inv_main));
+          DSI_RETURN_IF_ERROR(attn_out(at, o, B, si.F));
         } else {
-          DSI_RETURN_IF_ERROR(moe(w.moe, u, B, c.dspark_num_experts_per_tok, F));
+          DSI_RETURN_IF_ERROR(moe(w.moe, si.u, B, c.dspark_num_experts_per_tok, si.F));
         }
-        pi = pre;
-        cuda::V41HcPostParams pp;
-        pp.hc = hc;
-        pp.hidden = D;
-        pp.n = B;
-        pp.f = F;
-        pp.x = X;
-        pp.post = post;
-        pp.comb = comb;
-        pp.x_out = Xalt;
-        DSI_RETURN_IF_ERROR(cuda::launch_v41_hc_post(pp, s));
+        pi = si.pre;
+        DSI_RETURN_IF_ERROR(site_out(si, X, B, Xalt));
         std::swap(X, Xalt);
       }
     }
     // h_k: the final collapse with the last block's FFN-site pre (the pre-norm hidden).
     DSI_ASSIGN_OR_RETURN(float* hidden, tmp<float>(B * D));
-    cuda::V41CollapseParams cp;
-    cp.x = X;
-    cp.pi = pi;
-    cp.n = B;
-    cp.hc = hc;
-    cp.hidden = D;
-    cp.out = hidden;
-    DSI_RETURN_IF_ERROR(cuda::launch_v41_collapse(cp, s));
+    DSI_RETURN_IF_ERROR(collapse(X, pi, B, hidden));
     DSI_ASSIGN_OR_RETURN(float* hn, tmp<float>(B * D));
     DSI_RETURN_IF_ERROR(device::check_cuda(
         cudaMemcpyAsync(hn, hidden, static_cast<size_t>(B * D * 4), cudaMemcpyDeviceToDevice, s),
@@ -257,19 +151,8 @@ Status CudaV41Backend::draft_one(
       mp.out = em;
       DSI_RETURN_IF_ERROR(cuda::launch_embed(mp, s));
       DSI_RETURN_IF_ERROR(linear(dw.markov_head, em, 1, mk));
-      cuda::V41AxpyParams ap;
-      ap.y = logits + k * V;
-      ap.add = mk;
-      ap.n = V;
-      DSI_RETURN_IF_ERROR(cuda::launch_v41_axpy(ap, s));
-      cuda::TopKParams tp;
-      tp.scores = logits + k * V;
-      tp.ld = V;
-      tp.n = dvocab;
-      tp.nq = 1;
-      tp.k = 1;
-      tp.out = pick;
-      DSI_RETURN_IF_ERROR(cuda::launch_top_k(tp, s));
+      DSI_RETURN_IF_ERROR(axpy(logits + k * V, mk, V));
+      DSI_RETURN_IF_ERROR(top_k(logits + k * V, V, dvocab, 1, 1, pick));
       int32_t d = -1;
       DSI_RETURN_IF_ERROR(device::check_cuda(
           cudaMemcpyAsync(&d, pick, sizeof(int32_t), cudaMemcpyDeviceToHost, s), "DSpark pick"));
@@ -282,7 +165,7 @@ Status CudaV41Backend::draft_one(
         return Status(StatusCode::kInternal, "draft: no token picked");
       std::copy_n(h_host.data() + k * D, D, conf_in.data());
       std::copy(em_host.begin(), em_host.end(), conf_in.begin() + D);
-      const float z = std::clamp(dot8(conf_w.data(), conf_in.data(), D + R), -60.0f, 60.0f);
+      const float z = std::clamp(cpu::dot8(conf_w.data(), conf_in.data(), D + R), -60.0f, 60.0f);
       confidence[k] = 1.0f / (1.0f + std::exp(-z));
       tokens[k] = d;
       prev = d;

@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <tuple>
 
 #include "backend/cuda_v41/backend.h"
+#include "backend/forward_as_batch.h"
 #include "base/check.h"
 #include "device/device_error.h"
 #include "kernels/cuda/attention.h"
@@ -77,13 +77,7 @@ Status CudaV41Backend::forward(state::SequenceState& st,
                                std::span<const int32_t> tokens,
                                const backend::ForwardOptions& options,
                                backend::ForwardOutputs* out) {
-  backend::ForwardItem it;
-  it.state = &st;
-  it.tokens = tokens;
-  it.options = options;
-  it.out = out;
-  DSI_RETURN_IF_ERROR(forward_batch(std::span<backend::ForwardItem>(&it, 1)));
-  return it.status;
+  return backend::forward_as_batch(*this, st, tokens, options, out);
 }
 
 Status CudaV41Backend::forward_batch(std::span<backend::ForwardItem> items) {
@@ -243,18 +237,10 @@ Status CudaV41Backend::run_pass(std::span<Item> items) {
     std::vector<int32_t> toks;
     for (const Item& it : items) toks.insert(toks.end(), it.tokens.begin(), it.tokens.end());
     DSI_ASSIGN_OR_RETURN(int32_t * dtok, upload(toks));
-    DSI_ASSIGN_OR_RETURN(ps.X, tmp<float>(n * hc * D, true));
-    DSI_ASSIGN_OR_RETURN(ps.Xalt, tmp<float>(n * hc * D, true));
-    cuda::EmbedParams ep;
-    ep.table = weights_->embed;
-    ep.tokens = dtok;
-    ep.n = n;
-    ep.copies = hc;
-    ep.out = ps.X;
-    DSI_RETURN_IF_ERROR(cuda::launch_embed(ep, stream_.get()));
-    std::vector<float> pi(static_cast<size_t>(n * hc), 0.0f);
-    for (int64_t t = 0; t < n; ++t) pi[static_cast<size_t>(t * hc)] = 1.0f;
-    DSI_ASSIGN_OR_RETURN(ps.pi, upload(pi));
+    DSI_ASSIGN_OR_RETURN(const Streams streams, embed_streams(dtok, n));
+    ps.X = streams.X;
+    ps.Xalt = streams.Xalt;
+    ps.pi = streams.pi;
     // Engram row addresses of every table, hashed before layer 0 (each sequence's n-grams from
     // its own history); the rows are gathered on the store's helper thread while the first
     // layers' kernels run.
@@ -314,25 +300,10 @@ Status CudaV41Backend::run_pass(std::span<Item> items) {
     DSI_ASSIGN_OR_RETURN(float* pis, tmp<float>(rows * hc));
     DSI_ASSIGN_OR_RETURN(int64_t * dxr, upload(x_refs));
     DSI_ASSIGN_OR_RETURN(int64_t * dpr, upload(pi_refs));
-    for (auto [src, refs, width, dst] :
-         {std::tuple{ps.X, dxr, hc * D, xs}, std::tuple{ps.pi, dpr, hc, pis}}) {
-      cuda::GatherRowsParams gp;
-      gp.local = src;
-      gp.src_refs = refs;
-      gp.n = rows;
-      gp.width = width;
-      gp.dst = dst;
-      DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, stream_.get()));
-    }
+    DSI_RETURN_IF_ERROR(gather(ps.X, dxr, rows, hc * D, xs));
+    DSI_RETURN_IF_ERROR(gather(ps.pi, dpr, rows, hc, pis));
     DSI_ASSIGN_OR_RETURN(float* h, tmp<float>(rows * D));
-    cuda::V41CollapseParams cp;
-    cp.x = xs;
-    cp.pi = pis;
-    cp.n = rows;
-    cp.hc = hc;
-    cp.hidden = D;
-    cp.out = h;
-    DSI_RETURN_IF_ERROR(cuda::launch_v41_collapse(cp, stream_.get()));
+    DSI_RETURN_IF_ERROR(collapse(xs, pis, rows, h));
     DSI_RETURN_IF_ERROR(rms(h, rows, D, weights_->norm));
     DSI_ASSIGN_OR_RETURN(float* logits, tmp<float>(rows * c.vocab_size));
     DSI_RETURN_IF_ERROR(linear(weights_->head, h, rows, logits));
@@ -370,62 +341,30 @@ Status CudaV41Backend::layer(int l, Pass& ps, Shared& sh) {
   const model_v41::V41Config& c = *c_;
   const DLayer& w = weights_->layers[static_cast<size_t>(l)];
   const int64_t hc = c.hc_mult, D = c.hidden_size;
-  cudaStream_t s = stream_.get();
   if (c.layers[static_cast<size_t>(l)].engram)
     DSI_RETURN_IF_ERROR(engram(l, ps));
   if (const int ti = dspark_target_index_[static_cast<size_t>(l)];
       ti >= 0 && !sh.features.empty()) {
     // DSpark target feature: the mean of the streams entering the attention site.
     DSI_ASSIGN_OR_RETURN(float* f, tmp<float>(ps.n * D, true));
-    cuda::V41CollapseParams cp;
-    cp.x = ps.X;
-    cp.n = ps.n;
-    cp.hc = hc;
-    cp.hidden = D;
-    cp.mean = true;
-    cp.out = f;
-    DSI_RETURN_IF_ERROR(cuda::launch_v41_collapse(cp, s));
+    DSI_RETURN_IF_ERROR(collapse(ps.X, nullptr, ps.n, f, true));
     sh.features[static_cast<size_t>(ti)] = f;
     sh.feature_cut[static_cast<size_t>(ti)] = ps.cut;
   }
   for (int site = 0; site < 2; ++site) {
-    const DHc& hs = site == 0 ? w.hc_attn : w.hc_ffn;
     int64_t n = ps.n;
-    DSI_ASSIGN_OR_RETURN(float* pre, tmp<float>(n * hc, true));  // the next carried mix
-    DSI_ASSIGN_OR_RETURN(float* post, tmp<float>(n * hc));
-    DSI_ASSIGN_OR_RETURN(float* comb, tmp<float>(n * hc * hc));
-    DSI_ASSIGN_OR_RETURN(float* u, tmp<float>(n * D));
-    DSI_ASSIGN_OR_RETURN(float* F, tmp<float>(n * D));
-    cuda::V41HcMixParams mp;
-    mp.fn = hs.fn;
-    mp.base = hs.base;
-    mp.scale = hs.scale;
-    mp.hc = hc;
-    mp.hidden = D;
-    mp.sinkhorn_iters = c.hc_sinkhorn_iters;
-    mp.hc_eps = static_cast<float>(c.hc_eps);
-    mp.norm_eps = static_cast<float>(c.rms_norm_eps);
-    mp.x = ps.X;
-    mp.n = n;
-    mp.pre = pre;
-    mp.post = post;
-    mp.comb = comb;
-    DSI_RETURN_IF_ERROR(cuda::launch_v41_hc_mix(mp, s));
-    cuda::V41CollapseParams cp;
-    cp.x = ps.X;
-    cp.pi = ps.pi;
-    cp.n = n;
-    cp.hc = hc;
-    cp.hidden = D;
-    cp.out = u;
-    DSI_RETURN_IF_ERROR(cuda::launch_v41_collapse(cp, s));
-    DSI_RETURN_IF_ERROR(rms(u, n, D, site == 0 ? w.attn_norm : w.ffn_norm));
+    DSI_ASSIGN_OR_RETURN(Site st,
+                         site_in(site == 0 ? w.hc_attn : w.hc_ffn,
+                                 site == 0 ? w.attn_norm : w.ffn_norm,
+                                 ps.X,
+                                 ps.pi,
+                                 n));
     bool compressed_already = false;
     if (site == 0 && ps.exit_active && l == c.yoco_boundary) {
       // The global KV from every row's attention-norm output, then the consumer half continues
       // on the kept suffix only (one sequence; the cut is a pointer offset: rows are
       // token-major).
-      DSI_RETURN_IF_ERROR(compress(l, ps, u));
+      DSI_RETURN_IF_ERROR(compress(l, ps, st.u));
       compressed_already = true;
       Seg& g = ps.segs[0];
       const int64_t keep_from =
@@ -433,11 +372,11 @@ Status CudaV41Backend::layer(int l, Pass& ps, Shared& sh) {
       ps.X += keep_from * hc * D;
       ps.pi += keep_from * hc;
       ps.pos += keep_from;
-      pre += keep_from * hc;
-      post += keep_from * hc;
-      comb += keep_from * hc * hc;
-      u += keep_from * D;
-      F += keep_from * D;
+      st.pre += keep_from * hc;
+      st.post += keep_from * hc;
+      st.comb += keep_from * hc * hc;
+      st.u += keep_from * D;
+      st.F += keep_from * D;
       g.first += keep_from;
       g.n -= keep_from;
       ps.n -= keep_from;
@@ -445,21 +384,12 @@ Status CudaV41Backend::layer(int l, Pass& ps, Shared& sh) {
       n = ps.n;
     }
     if (site == 0) {
-      DSI_RETURN_IF_ERROR(attention(l, ps, u, F, sh, compressed_already));
+      DSI_RETURN_IF_ERROR(attention(l, ps, st.u, st.F, sh, compressed_already));
     } else {
-      DSI_RETURN_IF_ERROR(moe(w.moe, u, n, c.num_experts_per_tok, F));
+      DSI_RETURN_IF_ERROR(moe(w.moe, st.u, n, c.num_experts_per_tok, st.F));
     }
-    ps.pi = pre;
-    cuda::V41HcPostParams pp;
-    pp.hc = hc;
-    pp.hidden = D;
-    pp.n = n;
-    pp.f = F;
-    pp.x = ps.X;
-    pp.post = post;
-    pp.comb = comb;
-    pp.x_out = ps.Xalt;
-    DSI_RETURN_IF_ERROR(cuda::launch_v41_hc_post(pp, s));
+    ps.pi = st.pre;
+    DSI_RETURN_IF_ERROR(site_out(st, ps.X, n, ps.Xalt));
     std::swap(ps.X, ps.Xalt);
   }
   return Status();
@@ -567,12 +497,7 @@ Status CudaV41Backend::compress(int l, const Pass& ps, const float* x) {
     DSI_RETURN_IF_ERROR(linear(a.idx_wk, lat, G, k));
     DSI_RETURN_IF_ERROR(rms(k, G, id, a.idx_k_norm));
     DSI_RETURN_IF_ERROR(rope(k, G, 1, id, dgpos, weights_->inv_compress, false));
-    cuda::V41QuantParams qp;
-    qp.x = k;
-    qp.rows = G;
-    qp.len = id;
-    qp.kind = cuda::V41Quant::kFp4Index;
-    DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
+    DSI_RETURN_IF_ERROR(quant(k, G, id, cuda::V41Quant::kFp4Index));
     std::vector<int64_t> dest;
     for (size_t i = 0; i < ps.segs.size(); ++i) {
       state::LayerState& owner = ps.segs[i].st->layers()[static_cast<size_t>(l)];
@@ -584,13 +509,12 @@ Status CudaV41Backend::compress(int l, const Pass& ps, const float* x) {
     DSI_RETURN_IF_ERROR(scatter(k, G, id, id, dest));
   }
   DSI_RETURN_IF_ERROR(rope(lat, G, 1, hd, dgpos, weights_->inv_compress, false));
-  cuda::V41QuantParams qp;
-  qp.x = lat;
-  qp.rows = G;
-  qp.len = hd;
-  qp.kind = c.use_fp4_sparse_kv ? cuda::V41Quant::kFp4Compressed : cuda::V41Quant::kFp8Window;
-  qp.clamp_scale = deepseek();
-  DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
+  DSI_RETURN_IF_ERROR(
+      quant(lat,
+            G,
+            hd,
+            c.use_fp4_sparse_kv ? cuda::V41Quant::kFp4Compressed : cuda::V41Quant::kFp8Window,
+            deepseek()));
   std::vector<int64_t> dest;
   for (size_t i = 0; i < ps.segs.size(); ++i) {
     state::LayerState& owner = ps.segs[i].st->layers()[static_cast<size_t>(l)];
@@ -640,12 +564,7 @@ Status CudaV41Backend::indexer(
   DSI_RETURN_IF_ERROR(linear(a.idx_wq_b, q_res, n, q));
   DSI_RETURN_IF_ERROR(linear(a.idx_weights_proj, x, n, hw));
   DSI_RETURN_IF_ERROR(rope(q, n, IH, ID, ps.pos, weights_->inv_compress, false));
-  cuda::V41QuantParams qp;
-  qp.x = q;
-  qp.rows = n * IH;
-  qp.len = ID;
-  qp.kind = cuda::V41Quant::kFp4Index;
-  DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
+  DSI_RETURN_IF_ERROR(quant(q, n * IH, ID, cuda::V41Quant::kFp4Index));
   DSI_ASSIGN_OR_RETURN(int64_t * dvis, upload(visible));
   DSI_ASSIGN_OR_RETURN(int64_t * dpb, upload(page_begin));
   DSI_ASSIGN_OR_RETURN(int32_t * dpages, upload(pages));
@@ -691,14 +610,7 @@ Status CudaV41Backend::indexer(
     DSI_RETURN_IF_ERROR(cuda::launch_v41_block_scores(bp, s));
     DSI_ASSIGN_OR_RETURN(int64_t * dnb, upload(std::vector<int64_t>(static_cast<size_t>(n), nb)));
     DSI_ASSIGN_OR_RETURN(int32_t * bidx, tmp<int32_t>(n * kb));
-    cuda::TopKParams tp;
-    tp.scores = blk;
-    tp.ld = nb;
-    tp.n = dnb;
-    tp.nq = n;
-    tp.k = kb;
-    tp.out = bidx;
-    DSI_RETURN_IF_ERROR(cuda::launch_top_k(tp, s));
+    DSI_RETURN_IF_ERROR(top_k(blk, nb, dnb, n, kb, bidx));
     DSI_ASSIGN_OR_RETURN(sh.keep, tmp<uint8_t>(n * G, true));
     cuda::V41PoolMaskParams mp;
     mp.blocks = bidx;
@@ -728,14 +640,7 @@ Status CudaV41Backend::indexer(
   }
   const int64_t k = std::min<int64_t>(c.index_topk, G);
   DSI_ASSIGN_OR_RETURN(sh.topk, tmp<int32_t>(n * k, true));
-  cuda::TopKParams tp;
-  tp.scores = scores;
-  tp.ld = G;
-  tp.n = dvis;
-  tp.nq = n;
-  tp.k = k;
-  tp.out = sh.topk;
-  DSI_RETURN_IF_ERROR(cuda::launch_top_k(tp, s));
+  DSI_RETURN_IF_ERROR(top_k(scores, G, dvis, n, k, sh.topk));
   cuda::V41DropEmptyParams dp;
   dp.idx = sh.topk;
   dp.nq = n;
@@ -752,31 +657,16 @@ Status CudaV41Backend::attention(
   const model_v41::V41Config& c = *c_;
   const V41LayerPlan& plan = c.layers[static_cast<size_t>(l)];
   const DAttention& a = weights_->layers[static_cast<size_t>(l)].attn;
-  const int64_t H = c.num_attention_heads, hd = c.head_dim, W = c.sliding_window;
+  const int64_t hd = c.head_dim, W = c.sliding_window;
   const int64_t n = ps.n;
   cudaStream_t s = stream_.get();
   const float* inv = plan.compress_ratio == 0 ? weights_->inv_main : weights_->inv_compress;
-  DSI_ASSIGN_OR_RETURN(float* q_res, tmp<float>(n * c.q_lora_rank));
-  DSI_RETURN_IF_ERROR(linear(a.wq_a, x, n, q_res));
-  DSI_RETURN_IF_ERROR(rms(q_res, n, c.q_lora_rank, a.q_norm));
-  DSI_ASSIGN_OR_RETURN(float* q, tmp<float>(n * H * hd));
-  DSI_ASSIGN_OR_RETURN(float* kv, tmp<float>(n * hd));
-  DSI_RETURN_IF_ERROR(linear(a.wq_b, q_res, n, q));
-  DSI_RETURN_IF_ERROR(linear(a.wkv, x, n, kv));
-  DSI_RETURN_IF_ERROR(rms(kv, n, hd, a.kv_norm));
-  DSI_RETURN_IF_ERROR(rope(q, n, H, hd, ps.pos, inv, false));
-  DSI_RETURN_IF_ERROR(rope(kv, n, 1, hd, ps.pos, inv, false));
-  cuda::V41QuantParams qp;
-  qp.x = kv;
-  qp.rows = n;
-  qp.len = hd;
-  qp.kind = cuda::V41Quant::kFp8Window;
-  DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
+  DSI_ASSIGN_OR_RETURN(const Qkv qkv, attn_qkv(a, x, n, ps.pos, inv));
   if (plan.compress_ratio > 0) {
     if (plan.kv_owner == l && !compressed_already)
       DSI_RETURN_IF_ERROR(compress(l, ps, x));
     if (plan.topk_source == l)
-      DSI_RETURN_IF_ERROR(indexer(l, ps, x, q_res, sh));
+      DSI_RETURN_IF_ERROR(indexer(l, ps, x, qkv.q_res, sh));
   }
   const bool selected = plan.compress_ratio > 0 && sh.topk != nullptr && sh.topk_k > 0;
   if (selected) {
@@ -827,15 +717,7 @@ Status CudaV41Backend::attention(
   DSI_ASSIGN_OR_RETURN(int64_t * dwin, upload(win));
   DSI_ASSIGN_OR_RETURN(int64_t * dbegin, upload(begin));
   DSI_ASSIGN_OR_RETURN(int64_t * refs, tmp<int64_t>(n * S));
-  DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpy2DAsync(refs,
-                                                           static_cast<size_t>(S * 8),
-                                                           dwin,
-                                                           static_cast<size_t>(W * 8),
-                                                           static_cast<size_t>(W * 8),
-                                                           static_cast<size_t>(n),
-                                                           cudaMemcpyDeviceToDevice,
-                                                           s),
-                                         "V4.1 window key lists"));
+  DSI_RETURN_IF_ERROR(copy_rows(refs, S * 8, dwin, W * 8, W * 8, n, "V4.1 window key lists"));
   if (selected) {
     DSI_ASSIGN_OR_RETURN(int64_t * dsel, upload(sel_begin));
     DSI_ASSIGN_OR_RETURN(int32_t * dpages, upload(pages));
@@ -853,39 +735,10 @@ Status CudaV41Backend::attention(
     rp.out = refs;
     DSI_RETURN_IF_ERROR(cuda::launch_refs_from_indices(rp, s));
   }
-  DSI_ASSIGN_OR_RETURN(float* o, tmp<float>(n * H * hd));
-  cuda::SinkAttentionParams ap;
-  ap.q = q;
-  ap.nq = n;
-  ap.heads = H;
-  ap.dim = hd;
-  ap.pool = pool_;
-  ap.local = kv;
-  ap.key_begin = dbegin;
-  ap.key_refs = refs;
-  ap.sinks = a.sink;
-  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  ap.out = o;
-  DSI_RETURN_IF_ERROR(cuda::launch_sink_attention(ap, s));
-  DSI_RETURN_IF_ERROR(rope(o, n, H, hd, ps.pos, inv, true));
+  DSI_ASSIGN_OR_RETURN(const float* o, attend(a, qkv, n, dbegin, refs, ps.pos, inv));
   // After the attention read the ring (same stream).
-  DSI_RETURN_IF_ERROR(scatter(kv, n, hd, hd, ring_dest));
-  // Grouped low-rank output: wo_a per group of H / o_groups heads, then wo_b.
-  const int64_t G = c.o_groups, in_g = H / G * hd, r = c.o_lora_rank;
-  DSI_ASSIGN_OR_RETURN(float* y, tmp<float>(n * G * r));
-  for (int64_t g = 0; g < G; ++g) {
-    cuda::LinearParams lp;
-    lp.w = a.wo_a;
-    lp.row_begin = g * r;
-    lp.rows = r;
-    lp.x = o + g * in_g;
-    lp.ldx = H * hd;
-    lp.n = n;
-    lp.y = y + g * r;
-    lp.ldy = G * r;
-    DSI_RETURN_IF_ERROR(cuda::launch_linear(lp, s));
-  }
-  return linear(a.wo_b, y, n, out);
+  DSI_RETURN_IF_ERROR(scatter(qkv.kv, n, hd, hd, ring_dest));
+  return attn_out(a, o, n, out);
 }
 
 Status CudaV41Backend::moe(const DMoe& w, const float* x, int64_t n, int64_t k, float* out) {
@@ -895,11 +748,7 @@ Status CudaV41Backend::moe(const DMoe& w, const float* x, int64_t n, int64_t k, 
   DSI_ASSIGN_OR_RETURN(float* logits, tmp<float>(n * E));
   DSI_RETURN_IF_ERROR(linear(w.gate, x, n, logits));
   if (!deepseek() && c.gate_temp != 1.0) {
-    cuda::V41AxpyParams tp;
-    tp.y = logits;
-    tp.div = static_cast<float>(c.gate_temp);
-    tp.n = n * E;
-    DSI_RETURN_IF_ERROR(cuda::launch_v41_axpy(tp, s));
+    DSI_RETURN_IF_ERROR(axpy(logits, nullptr, n * E, static_cast<float>(c.gate_temp)));
   }
   DSI_ASSIGN_OR_RETURN(int32_t * ids, tmp<int32_t>(n * k));
   DSI_ASSIGN_OR_RETURN(float* gates, tmp<float>(n * k));
@@ -972,18 +821,13 @@ Status CudaV41Backend::moe(const DMoe& w, const float* x, int64_t n, int64_t k, 
   sp.h = h;
   sp.y = ys;
   DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
-  cuda::V41AxpyParams ap;
-  ap.y = out;
-  ap.add = ys;
-  ap.n = n * D;
-  return cuda::launch_v41_axpy(ap, s);
+  return axpy(out, ys, n * D);
 }
 
 Status CudaV41Backend::dspark_context(const Pass& ps, const Shared& sh) {
   const model_v41::V41Config& c = *c_;
   const int64_t D = c.hidden_size, hd = c.head_dim;
   const int64_t nt = static_cast<int64_t>(c.dspark_target_layer_ids.size());
-  cudaStream_t s = stream_.get();
   // Rows each block ring keeps (each sequence's last ring-capacity rows).
   std::vector<int64_t> rows, positions;
   for (const Seg& g : ps.segs) {
@@ -1006,22 +850,8 @@ Status CudaV41Backend::dspark_context(const Pass& ps, const Shared& sh) {
     std::vector<int64_t> refs;
     for (int64_t r : rows) refs.push_back(cuda::kv_ref_local((r + shift) * D));
     DSI_ASSIGN_OR_RETURN(int64_t * drefs, upload(refs));
-    cuda::GatherRowsParams gp;
-    gp.local = src;
-    gp.src_refs = drefs;
-    gp.n = m;
-    gp.width = D;
-    gp.dst = one;
-    DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpy2DAsync(f + i * D,
-                                                             static_cast<size_t>(nt * D * 4),
-                                                             one,
-                                                             static_cast<size_t>(D * 4),
-                                                             static_cast<size_t>(D * 4),
-                                                             static_cast<size_t>(m),
-                                                             cudaMemcpyDeviceToDevice,
-                                                             s),
-                                           "DSpark features"));
+    DSI_RETURN_IF_ERROR(gather(src, drefs, m, D, one));
+    DSI_RETURN_IF_ERROR(copy_rows(f + i * D, nt * D * 4, one, D * 4, D * 4, m, "DSpark features"));
   }
   const DDsparkContext& w = weights_->dspark;
   DSI_ASSIGN_OR_RETURN(float* main_x, tmp<float>(m * D));
@@ -1033,12 +863,7 @@ Status CudaV41Backend::dspark_context(const Pass& ps, const Shared& sh) {
     DSI_RETURN_IF_ERROR(linear(w.wkv[b], main_x, m, kv));
     DSI_RETURN_IF_ERROR(rms(kv, m, hd, w.kv_norm[b]));
     DSI_RETURN_IF_ERROR(rope(kv, m, 1, hd, dpos, weights_->inv_main, false));
-    cuda::V41QuantParams qp;
-    qp.x = kv;
-    qp.rows = m;
-    qp.len = hd;
-    qp.kind = cuda::V41Quant::kFp8Window;
-    DSI_RETURN_IF_ERROR(cuda::launch_v41_quant(qp, s));
+    DSI_RETURN_IF_ERROR(quant(kv, m, hd, cuda::V41Quant::kFp8Window));
     std::vector<int64_t> dest;
     for (const Seg& g : ps.segs) {
       if (b >= g.st->mtp_layers().size())

@@ -6,25 +6,11 @@
 #include <numeric>
 
 #include "base/check.h"
+#include "kernels/cpu/dot.h"
 #include "numeric/float_formats.h"
 #include "numeric/quant.h"
 
 namespace dsinfer::cpu {
-
-namespace {
-float dot(const float* a, const float* b, int64_t n) {
-  // Eight partial sums: vectorisable without -ffast-math, and closer to a blocked GEMM's
-  // summation order than one serial chain.
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  }
-  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-}  // namespace
 
 void linear(const MatrixRef& w, const float* x, int64_t n, float* y, bool quantize_activations) {
   linear_rows(w, 0, w.rows, x, n, y, quantize_activations);
@@ -54,7 +40,7 @@ void linear_rows(const MatrixRef& w,
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     w.dequant_row(row_begin + r, row.data());
-    for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot(row.data(), x + t * cols, cols);
+    for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot8(row.data(), x + t * cols, cols);
   }
 }
 
@@ -121,7 +107,7 @@ void attention_with_sink(const float* q,
     std::fill(oh, oh + dim, 0.0f);
     float m = sinks[h];
     for (int64_t j = 0; j < nk; ++j) {
-      logits[j] = dot(qh, keys[j], dim) * scale;
+      logits[j] = dot8(qh, keys[j], dim) * scale;
       m = std::max(m, logits[j]);
     }
     double denom = std::exp(static_cast<double>(sinks[h]) - m);
@@ -158,7 +144,7 @@ void attention_with_sink_bf16(const float* q,
     const float us = sinks[h] * log2e;
     float umax = us;
     for (int64_t j = 0; j < nk; ++j) {
-      u[j] = dot(qb.data(), keys[j], dim) * c;
+      u[j] = dot8(qb.data(), keys[j], dim) * c;
       umax = std::max(umax, u[j]);
     }
     const float m = std::ceil(umax);

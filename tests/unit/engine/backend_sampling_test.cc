@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
+#include "backend/forward_as_batch.h"
 #include "engine/engine.h"
 #include "model/checkpoint.h"
 #include "unit/engine/engine_test_util.h"
@@ -33,13 +34,7 @@ class HostSamplingModel final : public backend::Model {
                  std::span<const int32_t> tokens,
                  const backend::ForwardOptions& options,
                  backend::ForwardOutputs* out) override {
-    backend::ForwardItem it;
-    it.state = &st;
-    it.tokens = tokens;
-    it.options = options;
-    it.out = out;
-    DSI_RETURN_IF_ERROR(forward_batch(std::span<backend::ForwardItem>(&it, 1)));
-    return it.status;
+    return backend::forward_as_batch(*this, st, tokens, options, out);
   }
   Status forward_batch(std::span<backend::ForwardItem> items) override {
     for (backend::ForwardItem& it : items) {

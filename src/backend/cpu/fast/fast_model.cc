@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/forward_as_batch.h"
 #include "base/check.h"
 #include "base/strings.h"
 #include "kernels/cpu/mhc.h"
@@ -84,13 +85,7 @@ Status FastCpuModel::forward(state::SequenceState& st,
                              std::span<const int32_t> tokens,
                              const backend::ForwardOptions& options,
                              backend::ForwardOutputs* out) {
-  backend::ForwardItem item;
-  item.state = &st;
-  item.tokens = tokens;
-  item.options = options;
-  item.out = out;
-  DSI_RETURN_IF_ERROR(forward_batch(std::span<backend::ForwardItem>(&item, 1)));
-  return item.status;
+  return backend::forward_as_batch(*this, st, tokens, options, out);
 }
 
 Status FastCpuModel::forward_batch(std::span<backend::ForwardItem> items) {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "kernels/cpu/dot.h"
 #include "kernels/cpu/fast/thread_pool.h"
 
 namespace dsinfer::cpu::fast {
@@ -53,14 +54,7 @@ void portable_kernel(const W* w,
 }
 
 float portable_dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  }
-  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+  return dot8(a, b, n);
 }
 
 void portable_axpy(float a, const float* x, float* y, int64_t n) {
