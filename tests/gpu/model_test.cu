@@ -440,17 +440,7 @@ TEST(CudaEngine, SeededRequestIsTheSameAloneInABatchOf64AndUnderPreemption) {
     return e.ok() ? std::move(e).value() : nullptr;
   };
   using engine::test_support::Case;
-  auto seeded = [](const Case& c, uint64_t seed) {
-    engine::RequestSpec s;
-    s.prompt = c.prompt;
-    s.max_tokens = c.max_tokens;
-    s.ignore_eos = true;
-    s.sampling.temperature = 0.9f;
-    s.sampling.top_p = 0.95f;
-    s.sampling.top_k = 40;
-    s.sampling.seed = seed;
-    return s;
-  };
+  using engine::test_support::seeded;
   for (const bool masked : {false, true}) {
     SCOPED_TRACE(masked ? "masked" : "unmasked");
     Case target;

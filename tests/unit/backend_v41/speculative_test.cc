@@ -146,28 +146,10 @@ std::vector<Case> mixed_cases(int n, uint32_t seed, int max_out, int max_prompt 
   return engine::test_support::random_cases(n, seed, max_prompt, 3, 90, max_out);
 }
 
-RequestSpec sampled(const Case& c, uint64_t seed) {
-  RequestSpec s = greedy(c);
-  s.sampling.temperature = 0.7f + 0.1f * static_cast<float>(seed % 4);
-  s.sampling.top_k = static_cast<int32_t>(seed % 3 == 0 ? 0 : 5 + seed % 10);
-  s.sampling.top_p = seed % 2 ? 0.9f : 1.0f;
-  s.sampling.min_p = seed % 4 == 1 ? 0.05f : 0.0f;
-  s.sampling.presence_penalty = seed % 5 == 2 ? 0.5f : 0.0f;
-  s.sampling.repetition_penalty = seed % 7 == 4 ? 1.2f : 1.0f;
-  s.sampling.seed = seed;
-  return s;
-}
-
-std::vector<RequestSpec> greedy_specs(const std::vector<Case>& cs) {
-  std::vector<RequestSpec> v;
-  for (const Case& c : cs) v.push_back(greedy(c));
-  return v;
-}
+using engine::test_support::greedy_specs;
 
 std::vector<RequestSpec> sampled_specs(const std::vector<Case>& cs) {
-  std::vector<RequestSpec> v;
-  for (size_t i = 0; i < cs.size(); ++i) v.push_back(sampled(cs[i], 100 + i));
-  return v;
+  return engine::test_support::sampled_specs(cs, 100);
 }
 
 TEST(V41Speculative, OutputsEqualThoseWithoutSpeculation) {

@@ -195,15 +195,7 @@ TEST_P(EngineKernels, SeededSamplingDoesNotDependOnTheBatch) {
   EXPECT_EQ(sample_all(true), sample_all(false));
 }
 
-// A sampled (not greedy) request with a seed.
-RequestSpec seeded(const Case& c, uint64_t seed) {
-  RequestSpec s = greedy(c);
-  s.sampling.temperature = 0.9f;
-  s.sampling.top_p = 0.95f;
-  s.sampling.top_k = 40;
-  s.sampling.seed = seed;
-  return s;
-}
+using test_support::seeded;
 
 using test_support::PositionalMask;
 

@@ -65,6 +65,43 @@ inline RequestSpec greedy(const Case& c) {
   return s;
 }
 
+// Sampled with every filter and penalty, seeded (the settings vary with the seed).
+inline RequestSpec sampled(const Case& c, uint64_t seed) {
+  RequestSpec s = greedy(c);
+  s.sampling.temperature = 0.8f + 0.1f * static_cast<float>(seed % 5);
+  s.sampling.top_k = static_cast<int32_t>(seed % 3 == 0 ? 0 : 20 + seed % 40);
+  s.sampling.top_p = seed % 2 ? 0.9f : 1.0f;
+  s.sampling.min_p = seed % 4 == 1 ? 0.05f : 0.0f;
+  s.sampling.presence_penalty = seed % 5 == 2 ? 0.5f : 0.0f;
+  s.sampling.frequency_penalty = seed % 5 == 3 ? 0.3f : 0.0f;
+  s.sampling.repetition_penalty = seed % 7 == 4 ? 1.2f : 1.0f;
+  s.sampling.seed = seed;
+  return s;
+}
+
+// Top-p / top-k sampling at temperature 0.9 with a seed (the determinism tests).
+inline RequestSpec seeded(const Case& c, uint64_t seed) {
+  RequestSpec s = greedy(c);
+  s.sampling.temperature = 0.9f;
+  s.sampling.top_p = 0.95f;
+  s.sampling.top_k = 40;
+  s.sampling.seed = seed;
+  return s;
+}
+
+inline std::vector<RequestSpec> greedy_specs(const std::vector<Case>& cases) {
+  std::vector<RequestSpec> v;
+  for (const Case& c : cases) v.push_back(greedy(c));
+  return v;
+}
+
+// sampled() for each case, seeds first_seed, first_seed + 1, ...
+inline std::vector<RequestSpec> sampled_specs(const std::vector<Case>& cases, uint64_t first_seed) {
+  std::vector<RequestSpec> v;
+  for (size_t i = 0; i < cases.size(); ++i) v.push_back(sampled(cases[i], first_seed + i));
+  return v;
+}
+
 // Submits every spec, steps the engine to the end (checking its integrity after each step) and
 // returns each request's output; every request must finish.
 inline std::vector<std::vector<int32_t>> run_all(Engine& e, std::vector<RequestSpec> specs) {

@@ -88,30 +88,11 @@ std::vector<Case> mixed_cases(int n, uint32_t seed, int32_t vocab, int max_out) 
   return test_support::random_cases(n, seed, 40, 2, vocab - 2, max_out);
 }
 
-// Sampled with every filter and penalty, seeded.
-RequestSpec sampled(const Case& c, uint64_t seed) {
-  RequestSpec s = greedy(c);
-  s.sampling.temperature = 0.8f + 0.1f * static_cast<float>(seed % 5);
-  s.sampling.top_k = static_cast<int32_t>(seed % 3 == 0 ? 0 : 20 + seed % 40);
-  s.sampling.top_p = seed % 2 ? 0.9f : 1.0f;
-  s.sampling.min_p = seed % 4 == 1 ? 0.05f : 0.0f;
-  s.sampling.presence_penalty = seed % 5 == 2 ? 0.5f : 0.0f;
-  s.sampling.frequency_penalty = seed % 5 == 3 ? 0.3f : 0.0f;
-  s.sampling.repetition_penalty = seed % 7 == 4 ? 1.2f : 1.0f;
-  s.sampling.seed = seed;
-  return s;
-}
-
-std::vector<RequestSpec> greedy_specs(const std::vector<Case>& cases) {
-  std::vector<RequestSpec> v;
-  for (const Case& c : cases) v.push_back(greedy(c));
-  return v;
-}
+using test_support::greedy_specs;
+using test_support::sampled;
 
 std::vector<RequestSpec> sampled_specs(const std::vector<Case>& cases) {
-  std::vector<RequestSpec> v;
-  for (size_t i = 0; i < cases.size(); ++i) v.push_back(sampled(cases[i], 1000 + i));
-  return v;
+  return test_support::sampled_specs(cases, 1000);
 }
 
 class Speculative : public ::testing::TestWithParam<CpuKernels> {};
