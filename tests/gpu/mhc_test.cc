@@ -1,11 +1,15 @@
-// mHC pre (fused RMS-scaled mix + gates + Sinkhorn + collapse), post and head against
-// kernels/cpu/mhc.h, for hc in {1, 3, 4, 16}, awkward hidden sizes and batches incl. empty.
+// mHC pre (mixing partials, optionally after a pending post step, + gates + Sinkhorn + collapse,
+// optionally + RMSNorm), post and head against kernels/cpu/mhc.h (and cpu::rms_norm), for hc in
+// {1, 3, 4, 16}, awkward hidden sizes and batches incl. empty.
 //
 // Tolerance. The scalar per-token work uses the CPU's operations in the same order; what differs
 // is CUDA's expf (<= 2 ulp vs glibc) and the order of the double mixing sums (invisible after the
 // cast to fp32 except at rounding boundaries). Sinkhorn is a contraction, so those ulps stay
-// ulps: post / comb / collapsed are checked at 2e-6 relative (collapsed: relative to
-// sum_j |pre_j x_j|). hc_post uses no transcendental function and the CPU's order: bit-exact.
+// ulps; the RMS factor multiplies the dot products after the sum on the GPU and each x before it
+// on the CPU (one fp32 rounding per term, ~1e-7 relative): post / comb / collapsed are checked at
+// 2e-6 relative (collapsed: relative to sum_j |pre_j x_j|, 3e-6; comb at hc 16: 4e-6). hc_post
+// (alone or applied by the mixing kernel) uses no transcendental function and the CPU's order:
+// bit-exact.
 #include "kernels/cpu/mhc.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +17,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
 #include "kernels/cuda/mhc.h"
 #include "test_util.h"
 
@@ -32,64 +37,120 @@ HcData make_hc(int64_t hc, int64_t hidden, int64_t rows, int64_t n, uint32_t see
   return d;
 }
 
+// collapsed = sum_j pre_j x_j is checked relative to sum_j |pre_j x_j| (pre_j in (eps, 1 + eps)),
+// and after the fused RMSNorm relative to that times |weight| / rms.
+std::vector<double> collapse_tol(const std::vector<float>& x,
+                                 int64_t hc,
+                                 int64_t hidden,
+                                 int64_t n,
+                                 const std::vector<float>* unnormed,
+                                 const std::vector<float>* weight) {
+  std::vector<double> tol(static_cast<size_t>(n * hidden));
+  for (int64_t t = 0; t < n; ++t) {
+    double rinv = 1.0;
+    if (unnormed) {
+      double ss = 0.0;
+      for (int64_t c = 0; c < hidden; ++c) ss += std::pow((*unnormed)[t * hidden + c], 2);
+      rinv = 1.0 / std::sqrt(ss / static_cast<double>(hidden) + 1e-6);
+    }
+    for (int64_t c = 0; c < hidden; ++c) {
+      double m = 0.0;
+      for (int64_t j = 0; j < hc; ++j) m += std::fabs(x[(t * hc + j) * hidden + c]);
+      const double w = weight ? std::fabs((*weight)[c]) : 1.0;
+      tol[t * hidden + c] = 3e-6 * m * rinv * w + 1e-30;
+    }
+  }
+  return tol;
+}
+
+// hc_pre on the GPU against the CPU's hc_post (when a post step is pending) then hc_pre then
+// rms_norm (when a norm weight is given): hidden sizes that take the FP64 tensor-core mixing
+// kernel (hc 4, hidden a multiple of 256) and the generic one, token counts with partial groups.
 TEST_F(GpuTest, HcPreMatchesCpu) {
   uint32_t seed = 1;
   for (int64_t hc : {4, 1, 3, 16}) {
-    for (int64_t hidden : {1, 7, 129, 733, 4096}) {
-      for (int64_t n : {0, 1, 3, 7, 19}) {  // 19: split mixing in 8-token groups with a tail
+    for (int64_t hidden : {1, 7, 129, 256, 733, 4096}) {
+      for (int64_t n : {0, 1, 3, 19, 40}) {  // 19, 40: partial token groups of both kernels
         if (hc == 16 && hidden > 733)
           continue;
-        SCOPED_TRACE("hc_pre hc " + std::to_string(hc) + " hidden " + std::to_string(hidden) +
-                     " n " + std::to_string(n));
-        const int64_t mix = (2 + hc) * hc;
-        const HcData d = make_hc(hc, hidden, mix, n, seed += 5);
-        cpu::HyperConnParams cp;
-        cp.fn = d.fn.data();
-        cp.base = d.base.data();
-        cp.scale = d.scale.data();
-        cp.hc = hc;
-        cp.hidden = hidden;
-        std::vector<float> post(static_cast<size_t>(n * hc)),
-            comb(static_cast<size_t>(n * hc * hc)), col(static_cast<size_t>(n * hidden));
-        std::vector<double> col_mag(col.size());
-        for (int64_t t = 0; t < n; ++t) {
-          cpu::hc_pre(cp,
-                      d.x.data() + t * hc * hidden,
-                      post.data() + t * hc,
-                      comb.data() + t * hc * hc,
-                      col.data() + t * hidden);
-        }
-        DevVec<float> d_fn(d.fn), d_base(d.base), d_scale(d.scale), d_x(d.x);
-        DevVec<float> d_post(post.size()), d_comb(comb.size()), d_col(col.size());
-        // Both mixing paths: one block per token, and split over many blocks (scratch).
-        DevVec<double> d_scratch(static_cast<size_t>(hc_mix_scratch_doubles(n, mix) + 1));
-        for (bool split : {false, true}) {
-          SCOPED_TRACE(split ? "split mixing" : "one block per token");
-          DSI_EXPECT_OK(launch_hc_pre(HcPreParams{.fn = d_fn.get(),
-                                                  .base = d_base.get(),
-                                                  .scale = d_scale.get(),
-                                                  .hc = hc,
-                                                  .hidden = hidden,
-                                                  .x = d_x.get(),
-                                                  .n = n,
-                                                  .post = d_post.get(),
-                                                  .comb = d_comb.get(),
-                                                  .collapsed = d_col.get(),
-                                                  .scratch = split ? d_scratch.get() : nullptr},
-                                      nullptr));
-          sync();
-          expect_rel(post, d_post.download(), 2e-6, 1e-6, "post");
-          expect_rel(comb, d_comb.download(), 2e-6, 1e-6, "comb");
-          // collapsed = sum_j pre_j x_j: relative to sum_j |pre_j x_j| (pre_j in (eps, 1 + eps)).
-          std::vector<double> tol(col.size());
-          for (int64_t t = 0; t < n; ++t) {
-            for (int64_t c = 0; c < hidden; ++c) {
-              double m = 0.0;
-              for (int64_t j = 0; j < hc; ++j) m += std::fabs(d.x[(t * hc + j) * hidden + c]);
-              tol[t * hidden + c] = 2e-6 * m + 1e-30;
+        for (int variant = 0; variant < 3; ++variant) {  // plain, + pending post, + post + norm
+          const bool pending = variant >= 1;
+          const bool norm = variant == 2;
+          SCOPED_TRACE("hc_pre hc " + std::to_string(hc) + " hidden " + std::to_string(hidden) +
+                       " n " + std::to_string(n) + (pending ? " pending post" : "") +
+                       (norm ? " norm" : ""));
+          const int64_t mix = (2 + hc) * hc;
+          const HcData d = make_hc(hc, hidden, mix, n, seed += 5);
+          const std::vector<float> f = normal_floats(static_cast<size_t>(n * hidden), seed + 7);
+          const std::vector<float> ppost = normal_floats(static_cast<size_t>(n * hc), seed + 8);
+          const std::vector<float> pcomb =
+              normal_floats(static_cast<size_t>(n * hc * hc), seed + 9, 0.5f);
+          const std::vector<float> nw = normal_floats(static_cast<size_t>(hidden), seed + 10);
+          // The streams the pre step sees: the pending post's output, or x itself.
+          std::vector<float> xs = d.x;
+          if (pending) {
+            for (int64_t t = 0; t < n; ++t) {
+              cpu::hc_post(hc,
+                           hidden,
+                           f.data() + t * hidden,
+                           d.x.data() + t * hc * hidden,
+                           ppost.data() + t * hc,
+                           pcomb.data() + t * hc * hc,
+                           xs.data() + t * hc * hidden);
             }
           }
-          expect_within(col, d_col.download(), tol, "collapsed");
+          cpu::HyperConnParams cp;
+          cp.fn = d.fn.data();
+          cp.base = d.base.data();
+          cp.scale = d.scale.data();
+          cp.hc = hc;
+          cp.hidden = hidden;
+          std::vector<float> post(static_cast<size_t>(n * hc)),
+              comb(static_cast<size_t>(n * hc * hc)), col(static_cast<size_t>(n * hidden));
+          for (int64_t t = 0; t < n; ++t) {
+            cpu::hc_pre(cp,
+                        xs.data() + t * hc * hidden,
+                        post.data() + t * hc,
+                        comb.data() + t * hc * hc,
+                        col.data() + t * hidden);
+          }
+          const std::vector<float> unnormed = col;
+          if (norm)
+            cpu::rms_norm(unnormed.data(), n, hidden, nw.data(), 1e-6f, col.data());
+          DevVec<float> d_fn(d.fn), d_base(d.base), d_scale(d.scale), d_x(d.x);
+          DevVec<float> d_f(f), d_ppost(ppost), d_pcomb(pcomb), d_nw(nw), d_xout(d.x.size());
+          DevVec<float> d_post(post.size()), d_comb(comb.size()), d_col(col.size());
+          DevVec<double> d_scratch(static_cast<size_t>(hc_mix_scratch_doubles(n, mix) + 1));
+          HcPreParams p{.fn = d_fn.get(),
+                        .base = d_base.get(),
+                        .scale = d_scale.get(),
+                        .hc = hc,
+                        .hidden = hidden,
+                        .x = d_x.get(),
+                        .n = n,
+                        .post = d_post.get(),
+                        .comb = d_comb.get(),
+                        .collapsed = d_col.get(),
+                        .scratch = d_scratch.get()};
+          if (pending) {
+            p.pending = HcPending{.f = d_f.get(),
+                                  .post = d_ppost.get(),
+                                  .comb = d_pcomb.get(),
+                                  .x_out = d_xout.get()};
+          }
+          if (norm)
+            p.norm_weight = d_nw.get();
+          DSI_EXPECT_OK(launch_hc_pre(p, nullptr));
+          sync();
+          if (pending)
+            expect_rel(xs, d_xout.download(), 0.0, 0.0, "pending post output");
+          expect_rel(post, d_post.download(), 2e-6, 1e-6, "post");
+          expect_rel(comb, d_comb.download(), 2e-6, 1e-6, "comb");
+          expect_within(
+              col,
+              d_col.download(),
+              collapse_tol(xs, hc, hidden, n, norm ? &unnormed : nullptr, norm ? &nw : nullptr),
+              "collapsed");
         }
       }
     }
@@ -136,8 +197,8 @@ TEST_F(GpuTest, HcPostIsBitExact) {
 TEST_F(GpuTest, HcHeadMatchesCpu) {
   uint32_t seed = 900;
   for (int64_t hc : {4, 1, 3}) {
-    for (int64_t hidden : {1, 7, 129, 4096}) {
-      for (int64_t n : {0, 1, 3, 7}) {
+    for (int64_t hidden : {1, 7, 129, 256, 4096}) {
+      for (int64_t n : {0, 1, 3, 7, 19}) {
         SCOPED_TRACE("hc_head hc " + std::to_string(hc) + " hidden " + std::to_string(hidden));
         const HcData d = make_hc(hc, hidden, hc, n, seed += 5);
         cpu::HyperHeadParams hp;
@@ -152,8 +213,13 @@ TEST_F(GpuTest, HcHeadMatchesCpu) {
         }
         DevVec<float> d_fn(d.fn), d_base(d.base), d_scale(d.scale), d_x(d.x), d_col(col.size());
         DevVec<double> d_scratch(static_cast<size_t>(hc_mix_scratch_doubles(n, hc) + 1));
-        for (bool split : {false, true}) {
-          SCOPED_TRACE(split ? "split mixing" : "one block per token");
+        const std::vector<float> nw = normal_floats(static_cast<size_t>(hidden), seed + 11);
+        DevVec<float> d_nw(nw);
+        for (bool norm : {false, true}) {
+          SCOPED_TRACE(norm ? "with the final norm" : "collapse only");
+          std::vector<float> want = col;
+          if (norm)
+            cpu::rms_norm(col.data(), n, hidden, nw.data(), 1e-6f, want.data());
           DSI_EXPECT_OK(launch_hc_head(HcHeadParams{.fn = d_fn.get(),
                                                     .base = d_base.get(),
                                                     .scale = d_scale.get(),
@@ -161,19 +227,16 @@ TEST_F(GpuTest, HcHeadMatchesCpu) {
                                                     .hidden = hidden,
                                                     .x = d_x.get(),
                                                     .n = n,
+                                                    .norm_weight = norm ? d_nw.get() : nullptr,
                                                     .collapsed = d_col.get(),
-                                                    .scratch = split ? d_scratch.get() : nullptr},
+                                                    .scratch = d_scratch.get()},
                                        nullptr));
           sync();
-          std::vector<double> tol(col.size());
-          for (int64_t t = 0; t < n; ++t) {
-            for (int64_t c = 0; c < hidden; ++c) {
-              double m = 0.0;
-              for (int64_t j = 0; j < hc; ++j) m += std::fabs(d.x[(t * hc + j) * hidden + c]);
-              tol[t * hidden + c] = 2e-6 * m + 1e-30;
-            }
-          }
-          expect_within(col, d_col.download(), tol, "hc_head");
+          expect_within(
+              want,
+              d_col.download(),
+              collapse_tol(d.x, hc, hidden, n, norm ? &col : nullptr, norm ? &nw : nullptr),
+              "hc_head");
         }
       }
     }
@@ -184,6 +247,10 @@ TEST(GpuOpsArgs, HcValidates) {
   EXPECT_EQ(launch_hc_pre(HcPreParams{.hc = 17, .hidden = 4, .n = 1}, nullptr).code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(launch_hc_post(HcPostParams{.hc = 4, .hidden = 4, .n = 0}, nullptr).ok());
+  float* some = reinterpret_cast<float*>(16);
+  HcPreParams half{.hc = 4, .hidden = 4, .n = 1};
+  half.pending.f = some;  // a pending post step without its other operands
+  EXPECT_EQ(launch_hc_pre(half, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

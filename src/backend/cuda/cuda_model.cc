@@ -648,6 +648,8 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
   DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
   // h_proj(h) + e_proj(e), as the CPU adds them.
   DSI_RETURN_IF_ERROR(linear(lin(), w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true));
+  HcCarry carry;
+  DSI_RETURN_IF_ERROR(alloc_hc_carry(nm, &carry));
   DSI_RETURN_IF_ERROR(launch_layer(w.layer,
                                    c.mtp_layers[0],
                                    plan.layers[0],
@@ -657,7 +659,9 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
                                    pack,
                                    hp,
                                    &xm,
-                                   &xma));
+                                   &xma,
+                                   &carry,
+                                   /*flush=*/true));
   if (streams_out) {
     DSI_RETURN_IF_ERROR(device::check_cuda(
         cudaMemcpyAsync(
@@ -714,6 +718,8 @@ Status CudaModel::launch_all(Launch& L) {
   DSI_RETURN_IF_ERROR(cuda::launch_embed(ep, s));
   DSI_RETURN_IF_ERROR(expand_keys(L.main, pack, hp));
   DSI_RETURN_IF_ERROR(mark(1));
+  HcCarry carry;
+  DSI_RETURN_IF_ERROR(alloc_hc_carry(n, &carry));
   for (size_t l = 0; l < c.layers.size(); ++l) {
     DSI_RETURN_IF_ERROR(launch_layer(weights_->layers[l],
                                      c.layers[l],
@@ -724,7 +730,9 @@ Status CudaModel::launch_all(Launch& L) {
                                      pack,
                                      hp,
                                      &x,
-                                     &xa));
+                                     &xa,
+                                     &carry,
+                                     /*flush=*/l + 1 == c.layers.size()));
     DSI_RETURN_IF_ERROR(mark(2 + l));
   }
 

@@ -139,6 +139,17 @@ class CudaModel final : public backend::Model {
                     const HostPack& hp,
                     float* streams_out,
                     float** logits);
+  // The post step of the last sub-layer, carried to the next sub-layer's mixing kernel
+  // (cuda::HcPending) in one of two buffer sets; launch_layer applies it itself when told the
+  // layer is the last of its stack. Allocated outside the layers' workspace scopes.
+  struct HcCarry {
+    float* f[2] = {};
+    float* post[2] = {};
+    float* comb[2] = {};
+    int next = 0;          // the buffer set of the next sub-layer
+    bool pending = false;  // set 1 - next holds a post step not yet applied to x
+  };
+  Status alloc_hc_carry(int64_t n, HcCarry* carry);
   Status launch_layer(const DLayer& w,
                       const model::LayerPlan& plan,
                       const LayerPass& lp,
@@ -148,7 +159,9 @@ class CudaModel final : public backend::Model {
                       uint8_t* pack,
                       const HostPack& hp,
                       float** x,
-                      float** x_alt);
+                      float** x_alt,
+                      HcCarry* carry,
+                      bool flush);
   Status launch_attention(const DAttention& w,
                           const model::LayerPlan& plan,
                           const LayerPass& lp,

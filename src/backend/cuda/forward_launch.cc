@@ -531,6 +531,17 @@ Status CudaModel::launch_moe(const DMoe& w,
   return cuda::launch_moe_combine(cp, s);
 }
 
+Status CudaModel::alloc_hc_carry(int64_t n, HcCarry* carry) {
+  const int64_t hc = config_.hc_mult;
+  *carry = HcCarry{};
+  for (int b = 0; b < 2; ++b) {
+    DSI_RETURN_IF_ERROR(ws_->get(&carry->f[b], n * config_.hidden_size));
+    DSI_RETURN_IF_ERROR(ws_->get(&carry->post[b], n * hc));
+    DSI_RETURN_IF_ERROR(ws_->get(&carry->comb[b], n * hc * hc));
+  }
+  return Status();
+}
+
 Status CudaModel::launch_layer(const DLayer& w,
                                const model::LayerPlan& plan,
                                const LayerPass& lp,
@@ -540,23 +551,20 @@ Status CudaModel::launch_layer(const DLayer& w,
                                uint8_t* pack,
                                const HostPack& hp,
                                float** x,
-                               float** x_alt) {
+                               float** x_alt,
+                               HcCarry* carry,
+                               bool flush) {
   const auto& c = config_;
   const cudaStream_t s = stream_.get();
   const int64_t hc = c.hc_mult;
   const int64_t hidden = c.hidden_size;
-  // The layer's temporaries are reused by the next layer.
+  // The layer's temporaries are reused by the next layer (the carried post step is not).
   const Workspace::Mark scope = ws_->mark();
   for (int sub = 0; sub < 2; ++sub) {
     const DHyperConn& hw = sub == 0 ? w.hc_attn : w.hc_ffn;
-    float* post = nullptr;
-    float* comb = nullptr;
+    const int b = carry->next;
     float* u = nullptr;
-    float* f = nullptr;
-    DSI_RETURN_IF_ERROR(ws_->get(&post, n * hc));
-    DSI_RETURN_IF_ERROR(ws_->get(&comb, n * hc * hc));
     DSI_RETURN_IF_ERROR(ws_->get(&u, n * hidden));
-    DSI_RETURN_IF_ERROR(ws_->get(&f, n * hidden));
     cuda::HcPreParams pre;
     pre.fn = hw.fn;
     pre.base = hw.base;
@@ -568,30 +576,46 @@ Status CudaModel::launch_layer(const DLayer& w,
     pre.norm_eps = static_cast<float>(c.rms_norm_eps);
     pre.x = *x;
     pre.n = n;
-    pre.post = post;
-    pre.comb = comb;
+    if (carry->pending) {
+      // The previous sub-layer's post step, applied by this one's mixing kernel.
+      pre.pending = cuda::HcPending{.f = carry->f[1 - b],
+                                    .post = carry->post[1 - b],
+                                    .comb = carry->comb[1 - b],
+                                    .x_out = *x_alt};
+    }
+    pre.norm_weight = sub == 0 ? w.attn_norm : w.ffn_norm;
+    pre.post = carry->post[b];
+    pre.comb = carry->comb[b];
     pre.collapsed = u;
-    // The mixing projections split over many blocks (a decode token would run on one).
     DSI_RETURN_IF_ERROR(ws_->get(&pre.scratch, cuda::hc_mix_scratch_doubles(n, (2 + hc) * hc)));
     DSI_RETURN_IF_ERROR(cuda::launch_hc_pre(pre, s));
-    DSI_RETURN_IF_ERROR(rms_norm(
-        u, n, hidden, sub == 0 ? w.attn_norm : w.ffn_norm, static_cast<float>(c.rms_norm_eps), s));
+    if (carry->pending) {
+      std::swap(*x, *x_alt);
+      carry->pending = false;
+    }
+    float* f = carry->f[b];
     if (sub == 0) {
       DSI_RETURN_IF_ERROR(launch_attention(w.attn, plan, lp, n, positions, pack, hp, u, f));
     } else {
       DSI_RETURN_IF_ERROR(launch_moe(w.moe, plan, n, tokens, u, f));
     }
+    carry->pending = true;
+    carry->next = 1 - b;
+  }
+  if (flush) {
+    const int b = 1 - carry->next;
     cuda::HcPostParams po;
     po.hc = hc;
     po.hidden = hidden;
     po.n = n;
-    po.f = f;
+    po.f = carry->f[b];
     po.x = *x;
-    po.post = post;
-    po.comb = comb;
+    po.post = carry->post[b];
+    po.comb = carry->comb[b];
     po.x_out = *x_alt;
     DSI_RETURN_IF_ERROR(cuda::launch_hc_post(po, s));
     std::swap(*x, *x_alt);
+    carry->pending = false;
   }
   ws_->release(scope);
   return Status();
@@ -614,10 +638,9 @@ Status CudaModel::launch_head(
   hp.x = x;
   hp.n = rows;
   hp.collapsed = u;
+  hp.norm_weight = norm;  // the final RMSNorm, fused
   DSI_RETURN_IF_ERROR(ws_->get(&hp.scratch, cuda::hc_mix_scratch_doubles(rows, c.hc_mult)));
   DSI_RETURN_IF_ERROR(cuda::launch_hc_head(hp, s));
-  DSI_RETURN_IF_ERROR(
-      rms_norm(u, rows, c.hidden_size, norm, static_cast<float>(c.rms_norm_eps), s));
   // LM head in fp32. A few rows (decode, last-token logits) stream the BF16 weights with the GEMV,
   // more rows take the tensor cores (linear()); batch-invariant mode keeps the latter for all.
   const MatrixRef& head = weights_->head;

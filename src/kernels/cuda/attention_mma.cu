@@ -571,7 +571,7 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
-constexpr int kMaxSplits = 8;
+constexpr int kMaxSplits = 32;
 
 // Merges the splits of one (query, head) per block, in split order: the split weights
 // exp(m_s - max) / denominator once per row, then the weighted accumulators per dim.

@@ -1,6 +1,17 @@
-// mHC kernels (mhc.h). The per-token scalar work (gates, Sinkhorn) mirrors kernels/cpu/mhc.cc
-// operation by operation with explicit round-to-nearest intrinsics, so the only differences from
-// the CPU are the exp() ulps and the order of the double-precision mixing sums.
+// mHC kernels (mhc.h). The per-token scalar work (gates, Sinkhorn, collapse, post) mirrors
+// kernels/cpu/mhc.cc operation by operation with explicit round-to-nearest intrinsics, so the
+// differences from the CPU are the exp() ulps, the order of the double-precision mixing sums and
+// where the RMS factor is applied (after the dot products here, see mhc.h).
+//
+// Two mixing kernels write the same per-(token, slice) partials:
+// - hc_mix_dmma_kernel (hc = 4, hidden a multiple of 16 * kHcMixSplits, 16-byte aligned rows:
+//   every real V4 shape): slice s = columns [s * hidden / S, (s + 1) * hidden / S) of all four
+//   streams; FP64 tensor-core MMAs (m8n8k4: 8 tokens x 8 mixing rows x 4 columns) on the streams
+//   converted to double once per block, so the double products are exact and summed in double as
+//   the CPU does, in a fixed order per token. It applies a pending post step on the way (the
+//   streams it reads are the post's output, which it writes).
+// - hc_mix_partial_kernel (any shape): contiguous slices of the flattened streams, one warp per
+//   mixing row, staged in shared memory; a pending post runs first as hc_post_kernel.
 #include <algorithm>
 #include <string>
 
@@ -14,77 +25,93 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;
 constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
+constexpr int64_t kSplits = kHcMixSplits;
 
 __device__ __forceinline__ float sigmoidf(float x) {
   return 1.0f / __fadd_rn(1.0f, expf(-x));
 }
 
-// mix[i] = rsqrt(mean(x^2) + eps) * (fn[i] . x) for i < rows, x of width `width` (cpu
-// rms_scaled_mix): one warp per mixing row, double accumulation.
-__device__ void rms_scaled_mix(
-    const float* fn, int rows, const float* x, int64_t width, float eps, float* mix) {
-  __shared__ double scratch[32];
-  double ss = 0.0;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
-  ss = block_sum(ss, scratch);
-  const float r = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(width)) + eps);
-  const int lane = threadIdx.x & 31;
-  for (int i = threadIdx.x >> 5; i < rows; i += blockDim.x >> 5) {
-    const float* w = fn + i * width;
-    double acc = 0.0;
-    for (int64_t c = lane; c < width; c += 32) {
-      acc += static_cast<double>(w[c]) * static_cast<double>(__fmul_rn(x[c], r));
-    }
-    acc = warp_sum(acc);
-    if (lane == 0)
-      mix[i] = static_cast<float>(acc);
-  }
-  __syncthreads();
+// The post step of one element: post_k * f + sum_j comb[j][k] * x_j, in the CPU's order.
+template <int HC>
+__device__ __forceinline__ float post_elem(
+    int hc, float post_k, float f, const float* comb, int k, const float* xj) {
+  float acc = __fmul_rn(post_k, f);
+  const int n = HC > 0 ? HC : hc;
+#pragma unroll
+  for (int j = 0; j < n; ++j) acc = __fadd_rn(acc, __fmul_rn(comb[j * n + k], xj[j]));
+  return acc;
 }
 
-// Split mixing, pass 1: r[t] = rsqrt(mean(x^2) + eps) exactly as rms_scaled_mix computes it,
-// stored in the last double slot of the token's scratch.
-__global__ void hc_rms_kernel(
-    const float* xs, int64_t width, float eps, int64_t n, int rows, double* scratch) {
-  __shared__ double red[32];
-  for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
-    const float* x = xs + t * width;
-    double ss = 0.0;
-#pragma unroll 8  // loads in flight together (one decode token is one block); same sum order
-    for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
-      ss += static_cast<double>(x[i]) * x[i];
-    ss = block_sum(ss, red);
-    if (threadIdx.x == 0) {
-      const float r = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(width)) + eps);
-      scratch[t * (kHcMixSplits * rows + 1) + kHcMixSplits * rows] = r;
+// ---------------------------------------------------------------------------------------------
+// Post: block (column chunk, token); each thread one column of every stream (no index division).
+template <int HC>
+__global__ void hc_post_kernel(HcPostParams p) {
+  const int hc = HC > 0 ? HC : static_cast<int>(p.hc);
+  const int64_t width = hc * p.hidden;
+  for (int64_t t = blockIdx.y; t < p.n; t += gridDim.y) {
+    const float* x = p.x + t * width;
+    const float* comb = p.comb + t * hc * hc;
+    const float* post = p.post + t * hc;
+    float* out = p.x_out + t * width;
+    for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < p.hidden;
+         c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      float xj[HC > 0 ? HC : kMaxHc];
+#pragma unroll
+      for (int j = 0; j < (HC > 0 ? HC : kMaxHc); ++j) {
+        if (j < hc)
+          xj[j] = x[j * p.hidden + c];
+      }
+      const float f = p.f[t * p.hidden + c];
+#pragma unroll
+      for (int k = 0; k < (HC > 0 ? HC : kMaxHc); ++k) {
+        if (k < hc)
+          out[k * p.hidden + c] = post_elem<HC>(hc, post[k], f, comb, k, xj);
+      }
     }
-    __syncthreads();
   }
 }
 
-// Split mixing, pass 2: block (s, g) computes the double partial dot products of every mixing row
-// over column slice s for the kMixTokens tokens of group g, into scratch[t][s][row]. The slice of
-// x * r is staged once in shared memory and each fn value read once per group (fn would otherwise
-// be re-read from L2 for every token); per (token, row) the lane order and the butterfly are
-// those of a warp over one token, so the sums do not depend on the grouping.
+Status post_launch(const HcPostParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(p.hidden, kThreads), 64)),
+                  static_cast<unsigned>(std::min(p.n, kMaxBlocks)));
+  if (p.hc == 4) {
+    hc_post_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    hc_post_kernel<0><<<grid, kThreads, 0, stream>>>(p);
+  }
+  return launched("hc_post launch");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixing partials, any shape. Block (s, g): contiguous slice s of the flattened streams for the
+// kMixTokens tokens of group g; the slice is staged once in shared memory and each fn value read
+// once per group. scratch[t][s][0..rows) = fn_i . x over the slice, [t][s][rows] = sum x^2.
 constexpr int kMixTokens = 8;
 
 __global__ void hc_mix_partial_kernel(
     const float* fn, int rows, const float* xs, int64_t width, int64_t n, double* scratch) {
   extern __shared__ float xr[];  // [kMixTokens][slice]
+  __shared__ double red[32];
   const int lane = threadIdx.x & 31;
-  const int64_t slice = (width + kHcMixSplits - 1) / kHcMixSplits;
+  const int64_t slice = (width + kSplits - 1) / kSplits;
   const int64_t c0 = blockIdx.x * slice;
   const int64_t c1 = min(width, c0 + slice);
-  const int64_t stride = kHcMixSplits * rows + 1;
+  const int64_t stride = kSplits * (rows + 1);
+  double* part = scratch + blockIdx.x * (rows + 1);
   for (int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMixTokens; t0 < n;
        t0 += static_cast<int64_t>(gridDim.y) * kMixTokens) {
     const int count = n - t0 < kMixTokens ? static_cast<int>(n - t0) : kMixTokens;
     for (int j = 0; j < count; ++j) {
-      const float r = static_cast<float>(scratch[(t0 + j) * stride + kHcMixSplits * rows]);
       const float* x = xs + (t0 + j) * width;
-      for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x)
-        xr[j * slice + (c - c0)] = __fmul_rn(x[c], r);
+      double ss = 0.0;
+      for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+        const float v = x[c];
+        xr[j * slice + (c - c0)] = v;
+        ss += static_cast<double>(v) * v;
+      }
+      ss = block_sum(ss, red);
+      if (threadIdx.x == 0)
+        part[(t0 + j) * stride + rows] = ss;
     }
     __syncthreads();
     for (int i = threadIdx.x >> 5; i < rows; i += blockDim.x >> 5) {
@@ -92,7 +119,7 @@ __global__ void hc_mix_partial_kernel(
       double acc[kMixTokens];
 #pragma unroll
       for (int j = 0; j < kMixTokens; ++j) acc[j] = 0.0;
-#pragma unroll 8  // fn loads in flight together; each (token, row) sum keeps its order
+#pragma unroll 8  // fn loads in flight together
       for (int64_t c = c0 + lane; c < c1; c += 32) {
         const double wv = static_cast<double>(w[c]);
 #pragma unroll
@@ -106,7 +133,7 @@ __global__ void hc_mix_partial_kernel(
         if (j < count) {
           const double v = warp_sum(acc[j]);
           if (lane == 0)
-            scratch[(t0 + j) * stride + blockIdx.x * rows + i] = v;
+            part[(t0 + j) * stride + i] = v;
         }
       }
     }
@@ -114,158 +141,210 @@ __global__ void hc_mix_partial_kernel(
   }
 }
 
-// mix[i] = the token's split partials summed in slice order (threads < rows; then a barrier).
-__device__ void gather_mix(const double* scratch, int64_t t, int rows, float* mix) {
-  const double* part = scratch + t * (kHcMixSplits * rows + 1);
-  for (int i = threadIdx.x; i < rows; i += blockDim.x) {
-    double acc = 0.0;
-    for (int64_t s = 0; s < kHcMixSplits; ++s) acc += part[s * rows + i];
-    mix[i] = static_cast<float>(acc);
-  }
-  __syncthreads();
+// ---------------------------------------------------------------------------------------------
+// Mixing partials on FP64 tensor cores, hc = 4. Block (s, g): column slice s (hidden / S columns
+// of each stream) for the kDmmaTokens tokens of group g. Warp w takes 16-column steps w, w + 8,
+// ...; per step lane (g8, q) holds token g8 of each of its two m-tiles and columns c + 4q .. + 3
+// of the four streams, and MMA step (j, i) multiplies column c + 4q + i of stream j (the k index
+// of the m8n8k4 MMA is q) with the same column of fn rows nt * 8 + g8. Each token's sums run in a
+// fixed order (steps, MMA k, warps ascending) whatever the other tokens of its group are.
+constexpr int kDmmaWarps = 8;
+constexpr int kDmmaTokens = 16;  // two m8 tiles per warp
+
+struct DmmaArgs {
+  const float* fn;
+  int rows;
+  int64_t hidden;
+  int64_t n;
+  const float* x;
+  HcPending pending;
+  double* scratch;
+};
+
+__device__ __forceinline__ void dmma(double (&d)[2], double a, double b) {
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a), "d"(b));
 }
 
-// collapsed[c] = sum_j pre[j] * x[j, c], serial over j in fp32 as the CPU.
-__device__ void collapse(const float* pre, int64_t hc, const float* x, int64_t hidden, float* out) {
-  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < hc; ++j) acc = __fadd_rn(acc, __fmul_rn(pre[j], x[j * hidden + c]));
-    out[c] = acc;
-  }
+__device__ __forceinline__ float4 ld4(const float* p) {
+  return __ldg(reinterpret_cast<const float4*>(p));
 }
 
-__global__ void hc_pre_kernel(HcPreParams p) {
-  __shared__ float mix[kMaxMix];
-  __shared__ float pre[kMaxHc];
-  __shared__ float comb_s[kMaxHc * kMaxHc];  // the Sinkhorn iterates in shared memory
-  const int hc = static_cast<int>(p.hc);
-  const int64_t width = p.hc * p.hidden;
-  for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
-    const float* x = p.x + t * width;
-    if (p.scratch != nullptr) {
-      gather_mix(p.scratch, t, (2 + hc) * hc, mix);
-    } else {
-      rms_scaled_mix(p.fn, (2 + hc) * hc, x, width, p.norm_eps, mix);
+__device__ __forceinline__ float elem(const float4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kDmmaWarps * 32) hc_mix_dmma_kernel(DmmaArgs a) {
+  constexpr int kR = NT * 8;
+  __shared__ double red[kDmmaWarps][kDmmaTokens][kR + 1];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g8 = lane >> 2;
+  const int q = lane & 3;
+  const int64_t hidden = a.hidden;
+  const int64_t width = 4 * hidden;
+  const int64_t cps = hidden / kSplits;
+  const int64_t c_base = blockIdx.x * cps;
+  const int steps = static_cast<int>(cps / 16);
+  const bool pend = a.pending.f != nullptr;
+  const int64_t stride = kSplits * (a.rows + 1);
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.y) * kDmmaTokens; t0 < a.n;
+       t0 += static_cast<int64_t>(gridDim.y) * kDmmaTokens) {
+    double acc[2][NT][2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[m][nt][0] = acc[m][nt][1] = 0.0;
     }
-    // Gates: thread j < hc. The comb matrix: thread i = j * hc + k < hc * hc owns element (j, k)
-    // and forms every row / column sum itself in the CPU's order (k, resp. j, ascending), so the
-    // result is the serial loop's, bit for bit, with 2 barriers per normalisation.
-    const int i = threadIdx.x;
-    const bool own = i < hc * hc;
-    const int j = own ? i / hc : 0;
-    const int k = own ? i % hc : 0;
-    const float eps = p.hc_eps;
-    if (i < hc) {
-      pre[i] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(mix[i], p.scale[0]), p.base[i])), eps);
-      p.post[t * hc + i] =
-          2.0f * sigmoidf(__fadd_rn(__fmul_rn(mix[hc + i], p.scale[1]), p.base[hc + i]));
-    }
-    float v = 0.0f;
-    if (own) {
-      v = __fadd_rn(__fmul_rn(mix[2 * hc + i], p.scale[2]), p.base[2 * hc + i]);
-      comb_s[i] = v;
-    }
-    __syncthreads();
-    if (own) {
-      float m = -INFINITY;
-      for (int kk = 0; kk < hc; ++kk) m = fmaxf(m, comb_s[j * hc + kk]);
-      v = expf(__fsub_rn(v, m));
-    }
-    __syncthreads();
-    if (own)
-      comb_s[i] = v;
-    __syncthreads();
-    float sum = 0.0f;
-    if (own) {
-      for (int kk = 0; kk < hc; ++kk) sum = __fadd_rn(sum, comb_s[j * hc + kk]);
-      v = __fadd_rn(__fdiv_rn(v, sum), eps);
-    }
-    __syncthreads();
-    // One normalisation: every owner sums its row (rows) or column, then divides its element.
-    auto normalise = [&](bool rows) {
-      if (own)
-        comb_s[i] = v;
-      __syncthreads();
-      if (own) {
-        float s = 0.0f;
-        for (int q = 0; q < hc; ++q)
-          s = __fadd_rn(s, rows ? comb_s[j * hc + q] : comb_s[q * hc + k]);
-        v = __fdiv_rn(v, s + eps);
+    double ss[2] = {0.0, 0.0};
+    for (int st = warp; st < steps; st += kDmmaWarps) {
+      const int64_t c = c_base + 16 * st + 4 * q;
+      float v[2][4][4];  // [m-tile][stream][column]
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int64_t t = t0 + 8 * m + g8;
+        if (t < a.n) {
+          float4 xv[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) xv[j] = ld4(a.x + t * width + j * hidden + c);
+          if (pend) {
+            const float4 fv = ld4(a.pending.f + t * hidden + c);
+            float comb[16];
+#pragma unroll
+            for (int e = 0; e < 16; ++e) comb[e] = __ldg(a.pending.comb + t * 16 + e);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float pk = __ldg(a.pending.post + t * 4 + k);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const float xj[4] = {
+                    elem(xv[0], i), elem(xv[1], i), elem(xv[2], i), elem(xv[3], i)};
+                v[m][k][i] = post_elem<4>(4, pk, elem(fv, i), comb, k, xj);
+              }
+              *reinterpret_cast<float4*>(a.pending.x_out + t * width + k * hidden + c) =
+                  make_float4(v[m][k][0], v[m][k][1], v[m][k][2], v[m][k][3]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) v[m][j][i] = elem(xv[j], i);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ss[m] += static_cast<double>(v[m][j][i]) * v[m][j][i];
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[m][j][i] = 0.0f;
+          }
+        }
       }
-      __syncthreads();
-    };
-    normalise(false);
-    for (int64_t it = 0; it + 1 < p.sinkhorn_iters; ++it) {
-      normalise(true);
-      normalise(false);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float4 w[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int r = nt * 8 + g8;
+          w[nt] = r < a.rows ? ld4(a.fn + r * width + j * hidden + c) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const double a0 = v[0][j][i];
+          const double a1 = v[1][j][i];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const double b = elem(w[nt], i);
+            dmma(acc[0][nt], a0, b);
+            dmma(acc[1][nt], a1, b);
+          }
+        }
+      }
     }
-    if (own)
-      comb_s[i] = v;
+    // C fragment: lane holds (token g8 of m-tile m, rows nt * 8 + 2q, + 1).
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        red[warp][8 * m + g8][nt * 8 + 2 * q] = acc[m][nt][0];
+        red[warp][8 * m + g8][nt * 8 + 2 * q + 1] = acc[m][nt][1];
+      }
+      double s = ss[m];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (q == 0)
+        red[warp][8 * m + g8][kR] = s;
+    }
     __syncthreads();
-    for (int i = threadIdx.x; i < hc * hc; i += blockDim.x) p.comb[t * hc * hc + i] = comb_s[i];
-    collapse(pre, hc, x, p.hidden, p.collapsed + t * p.hidden);
+    const int per = a.rows + 1;
+    for (int e = threadIdx.x; e < kDmmaTokens * per; e += blockDim.x) {
+      const int tok = e / per;
+      const int r = e % per;
+      const int64_t t = t0 + tok;
+      if (t >= a.n)
+        continue;
+      const int col = r == a.rows ? kR : r;
+      double sum = 0.0;
+#pragma unroll
+      for (int w = 0; w < kDmmaWarps; ++w) sum += red[w][tok][col];
+      a.scratch[t * stride + blockIdx.x * per + r] = sum;
+    }
     __syncthreads();
   }
 }
 
-__global__ void hc_head_kernel(HcHeadParams p) {
-  __shared__ float mix[kMaxHc];
-  __shared__ float pre[kMaxHc];
-  const int hc = static_cast<int>(p.hc);
-  const int64_t width = p.hc * p.hidden;
-  for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
-    const float* x = p.x + t * width;
-    if (p.scratch != nullptr) {
-      gather_mix(p.scratch, t, hc, mix);
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// Pass 1: the partials of every token into scratch, after the pending post step if any.
+Status launch_mix(const float* fn,
+                  int rows,
+                  int64_t hc,
+                  int64_t hidden,
+                  const float* x,
+                  int64_t n,
+                  const HcPending& pending,
+                  double* scratch,
+                  cudaStream_t stream) {
+  const bool dmma_ok = hc == 4 && rows <= 24 && hidden % (16 * kSplits) == 0 && aligned16(fn) &&
+                       aligned16(x) &&
+                       (!pending.set() || (aligned16(pending.f) && aligned16(pending.x_out)));
+  if (dmma_ok) {
+    const DmmaArgs a{fn, rows, hidden, n, x, pending, scratch};
+    const dim3 grid(static_cast<unsigned>(kSplits),
+                    static_cast<unsigned>(std::min(ceil_div(n, kDmmaTokens), kMaxBlocks)));
+    const int nt = (rows + 7) / 8;
+    if (nt == 1) {
+      hc_mix_dmma_kernel<1><<<grid, kDmmaWarps * 32, 0, stream>>>(a);
+    } else if (nt == 2) {
+      hc_mix_dmma_kernel<2><<<grid, kDmmaWarps * 32, 0, stream>>>(a);
     } else {
-      rms_scaled_mix(p.fn, hc, x, width, p.norm_eps, mix);
+      hc_mix_dmma_kernel<3><<<grid, kDmmaWarps * 32, 0, stream>>>(a);
     }
-    if (threadIdx.x < hc) {
-      const int j = threadIdx.x;
-      pre[j] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(mix[j], p.scale[0]), p.base[j])), p.hc_eps);
-    }
-    __syncthreads();
-    collapse(pre, hc, x, p.hidden, p.collapsed + t * p.hidden);
-    __syncthreads();
+    return launched("hc_mix launch");
   }
-}
-
-__global__ void hc_post_kernel(HcPostParams p) {
-  const int64_t per_token = p.hc * p.hidden;
-  const int64_t total = p.n * per_token;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / per_token;
-    const int64_t k = (i % per_token) / p.hidden;
-    const int64_t c = i % p.hidden;
-    const float* comb = p.comb + t * p.hc * p.hc;
-    const float* x = p.x + t * per_token;
-    float acc = __fmul_rn(p.post[t * p.hc + k], p.f[t * p.hidden + c]);
-    for (int64_t j = 0; j < p.hc; ++j) {
-      acc = __fadd_rn(acc, __fmul_rn(comb[j * p.hc + k], x[j * p.hidden + c]));
-    }
-    p.x_out[i] = acc;
+  const float* xs = x;
+  if (pending.set()) {
+    DSI_RETURN_IF_ERROR(post_launch(HcPostParams{.hc = hc,
+                                                 .hidden = hidden,
+                                                 .n = n,
+                                                 .f = pending.f,
+                                                 .x = x,
+                                                 .post = pending.post,
+                                                 .comb = pending.comb,
+                                                 .x_out = pending.x_out},
+                                    stream));
+    xs = pending.x_out;
   }
-}
-
-Status check_hc(int64_t hc, int64_t hidden, int64_t n, const char* what) {
-  DSI_RETURN_IF_ERROR(check_nonneg(what, {hidden, n}));
-  return require(hc > 0 && hc <= kMaxHc, what, "hc_mult must be in [1, 16]");
-}
-
-// The two split-mixing passes (hc_rms_kernel, hc_mix_partial_kernel) into scratch.
-Status split_mix(const float* fn,
-                 int rows,
-                 const float* x,
-                 int64_t width,
-                 float eps,
-                 int64_t n,
-                 double* scratch,
-                 cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(std::min(n, kMaxBlocks));
-  hc_rms_kernel<<<blocks, kThreads, 0, stream>>>(x, width, eps, n, rows, scratch);
-  DSI_RETURN_IF_ERROR(launched("hc_rms launch"));
-  const int64_t slice = (width + kHcMixSplits - 1) / kHcMixSplits;
+  const int64_t width = hc * hidden;
+  const int64_t slice = (width + kSplits - 1) / kSplits;
   const int smem = static_cast<int>(kMixTokens * slice * sizeof(float));
   static const cudaError_t attr = cudaFuncSetAttribute(
       hc_mix_partial_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
@@ -275,32 +354,300 @@ Status split_mix(const float* fn,
   if (smem > 200 * 1024)
     return invalid_argument("hc_mix_partial: hc * hidden too large");
   const auto groups = static_cast<unsigned>(std::min(ceil_div(n, kMixTokens), kMaxBlocks));
-  hc_mix_partial_kernel<<<dim3(static_cast<unsigned>(kHcMixSplits), groups),
-                          kThreads,
-                          smem,
-                          stream>>>(fn, rows, x, width, n, scratch);
+  hc_mix_partial_kernel<<<dim3(static_cast<unsigned>(kSplits), groups), kThreads, smem, stream>>>(
+      fn, rows, xs, width, n, scratch);
   return launched("hc_mix_partial launch");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-token kernels (one block per token).
+
+// mix[i] = r * sum over slices of the token's partials, r = 1 / sqrt(mean(x^2) + eps) as the CPU
+// computes it; one warp (every lane forms r itself from the same loads in the same order).
+__device__ void gather_mix_warp(
+    const double* scratch, int64_t t, int rows, int64_t width, float eps, float* mix) {
+  const int lane = threadIdx.x & 31;
+  const int per = rows + 1;
+  const double* part = scratch + t * kSplits * per;
+  double ss = 0.0;
+#pragma unroll
+  for (int64_t s = 0; s < kSplits; ++s) ss += part[s * per + rows];
+  const float r = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(width)) + eps);
+  for (int i = lane; i < rows; i += 32) {
+    double acc = 0.0;
+#pragma unroll
+    for (int64_t s = 0; s < kSplits; ++s) acc += part[s * per + i];
+    mix[i] = static_cast<float>(static_cast<double>(r) * acc);
+  }
+  __syncwarp();
+}
+
+// out[c] = sum_j pre[j] * x[j, c], serial over j in fp32 as the CPU; then, with a weight, the
+// RMSNorm of the row as rms_norm_kernel computes it (double sum of squares, one block). Up to
+// kCollapsePer values per thread stay in registers, so every load of the row is issued before the
+// first one is waited for (a decode token is one block: its latency is the step's).
+constexpr int kPreThreads = 512;
+constexpr int kCollapsePer = 8;
+
+template <int HC>
+__device__ void collapse_norm(const float* pre,
+                              int hc_rt,
+                              const float* x,
+                              int64_t hidden,
+                              const float* weight,
+                              float eps,
+                              float* out) {
+  __shared__ double red[32];
+  const int hc = HC > 0 ? HC : hc_rt;
+  auto value = [&](int64_t c) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (HC > 0 ? HC : kMaxHc); ++j) {
+      if (j < hc)
+        acc = __fadd_rn(acc, __fmul_rn(pre[j], x[j * hidden + c]));
+    }
+    return acc;
+  };
+  double ss = 0.0;
+  if (hidden <= kCollapsePer * static_cast<int64_t>(blockDim.x)) {
+    float u[kCollapsePer];
+#pragma unroll
+    for (int i = 0; i < kCollapsePer; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      u[i] = c < hidden ? value(c) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kCollapsePer; ++i) ss += static_cast<double>(u[i]) * u[i];
+    float rinv = 1.0f;
+    if (weight != nullptr) {
+      ss = block_sum(ss, red);
+      rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(hidden)) + eps);
+    }
+#pragma unroll
+    for (int i = 0; i < kCollapsePer; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (c < hidden)
+        out[c] = weight != nullptr ? __fmul_rn(weight[c], __fmul_rn(u[i], rinv)) : u[i];
+    }
+    return;
+  }
+#pragma unroll 4
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+    const float acc = value(c);
+    out[c] = acc;
+    ss += static_cast<double>(acc) * acc;
+  }
+  if (weight == nullptr)
+    return;
+  ss = block_sum(ss, red);
+  const float rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(hidden)) + eps);
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x)
+    out[c] = __fmul_rn(weight[c], __fmul_rn(out[c], rinv));  // this thread's own stores
+}
+
+__device__ __noinline__ void collapse_any(const float* pre,
+                                          int hc,
+                                          const float* x,
+                                          int64_t hidden,
+                                          const float* weight,
+                                          float eps,
+                                          float* out) {
+  collapse_norm<0>(pre, hc, x, hidden, weight, eps, out);
+}
+
+// hc 4 inline (every released model), any other hc out of line (its registers stay off the hot
+// path).
+__device__ __forceinline__ void collapse_dispatch(const float* pre,
+                                                  int hc,
+                                                  const float* x,
+                                                  int64_t hidden,
+                                                  const float* weight,
+                                                  float eps,
+                                                  float* out) {
+  if (hc == 4) {
+    collapse_norm<4>(pre, hc, x, hidden, weight, eps, out);
+  } else {
+    collapse_any(pre, hc, x, hidden, weight, eps, out);
+  }
+}
+
+// The Sinkhorn-normalised comb matrix (CPU order) by warp 0 alone: lane e (and e + 32, ...) owns
+// element (j, k) = (e / hc, e % hc) and forms its row / column sums itself in the CPU's order.
+template <int kOwn>  // elements per lane: hc * hc <= 32 * kOwn
+__device__ void sinkhorn_warp(const float* mix, const HcPreParams& p, float* comb_s, float* out) {
+  const int hc = static_cast<int>(p.hc);
+  const int hc2 = hc * hc;
+  const int lane = threadIdx.x & 31;
+  const float eps = p.hc_eps;
+  float v[kOwn];
+#pragma unroll
+  for (int u = 0; u < kOwn; ++u) {
+    const int e = lane + 32 * u;
+    if (e < hc2) {
+      v[u] = __fadd_rn(__fmul_rn(mix[2 * hc + e], p.scale[2]), p.base[2 * hc + e]);
+      comb_s[e] = v[u];
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int u = 0; u < kOwn; ++u) {
+    const int e = lane + 32 * u;
+    if (e < hc2) {
+      const int j = e / hc;
+      float m = -INFINITY;
+      for (int k = 0; k < hc; ++k) m = fmaxf(m, comb_s[j * hc + k]);
+      v[u] = expf(__fsub_rn(v[u], m));
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int u = 0; u < kOwn; ++u) {
+    const int e = lane + 32 * u;
+    if (e < hc2)
+      comb_s[e] = v[u];
+  }
+  __syncwarp();
+#pragma unroll
+  for (int u = 0; u < kOwn; ++u) {
+    const int e = lane + 32 * u;
+    if (e < hc2) {
+      const int j = e / hc;
+      float s = 0.0f;
+      for (int k = 0; k < hc; ++k) s = __fadd_rn(s, comb_s[j * hc + k]);
+      v[u] = __fadd_rn(__fdiv_rn(v[u], s), eps);
+    }
+  }
+  // One normalisation: every owner sums its row (rows) or column, then divides its element.
+  auto normalise = [&](bool rows) {
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < kOwn; ++u) {
+      const int e = lane + 32 * u;
+      if (e < hc2)
+        comb_s[e] = v[u];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < kOwn; ++u) {
+      const int e = lane + 32 * u;
+      if (e < hc2) {
+        const int j = e / hc;
+        const int k = e % hc;
+        float s = 0.0f;
+        for (int i = 0; i < hc; ++i)
+          s = __fadd_rn(s, rows ? comb_s[j * hc + i] : comb_s[i * hc + k]);
+        v[u] = __fdiv_rn(v[u], s + eps);
+      }
+    }
+  };
+  normalise(false);
+  for (int64_t it = 0; it + 1 < p.sinkhorn_iters; ++it) {
+    normalise(true);
+    normalise(false);
+  }
+#pragma unroll
+  for (int u = 0; u < kOwn; ++u) {
+    const int e = lane + 32 * u;
+    if (e < hc2)
+      out[e] = v[u];
+  }
+}
+
+// hc > 5 (tests; no released model): out of line, so that its registers do not weigh on the
+// kernel's hot path.
+__device__ __noinline__ void sinkhorn_warp_wide(const float* mix,
+                                                const HcPreParams& p,
+                                                float* comb_s,
+                                                float* out) {
+  sinkhorn_warp<(kMaxHc * kMaxHc + 31) / 32>(mix, p, comb_s, out);
+}
+
+// Pre step (kHead: the head's collapse, gates only). Block of kPreTokens tokens: warp w forms
+// token w's mix, gates and Sinkhorn (so a prefill runs 16 of those chains per block), then the
+// whole block collapses (and normalises) each token in turn.
+constexpr int kPreTokens = kPreThreads / 32;
+
+template <bool kHead>
+__global__ void __launch_bounds__(kPreThreads, kHead ? 2 : 1)
+    hc_pre_kernel(HcPreParams p, const float* xs) {
+  __shared__ float mix_s[kPreTokens][kMaxMix];
+  __shared__ float comb_s[kPreTokens][kMaxHc * kMaxHc];
+  __shared__ float pre_s[kPreTokens][kMaxHc];
+  const int hc = static_cast<int>(p.hc);
+  const int rows = kHead ? hc : (2 + hc) * hc;
+  const int64_t width = p.hc * p.hidden;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kPreTokens; t0 < p.n;
+       t0 += static_cast<int64_t>(gridDim.x) * kPreTokens) {
+    const int count = p.n - t0 < kPreTokens ? static_cast<int>(p.n - t0) : kPreTokens;
+    if (warp < count) {
+      const int64_t t = t0 + warp;
+      float* mix = mix_s[warp];
+      gather_mix_warp(p.scratch, t, rows, width, p.norm_eps, mix);
+      if (lane < hc) {
+        pre_s[warp][lane] = __fadd_rn(
+            sigmoidf(__fadd_rn(__fmul_rn(mix[lane], p.scale[0]), p.base[lane])), p.hc_eps);
+        if (!kHead)
+          p.post[t * hc + lane] =
+              2.0f * sigmoidf(__fadd_rn(__fmul_rn(mix[hc + lane], p.scale[1]), p.base[hc + lane]));
+      }
+      if (!kHead && hc * hc <= 32) {
+        sinkhorn_warp<1>(mix, p, comb_s[warp], p.comb + t * hc * hc);
+      } else if (!kHead) {
+        sinkhorn_warp_wide(mix, p, comb_s[warp], p.comb + t * hc * hc);
+      }
+    }
+    __syncthreads();
+    for (int j = 0; j < count; ++j) {
+      collapse_dispatch(pre_s[j],
+                        hc,
+                        xs + (t0 + j) * width,
+                        p.hidden,
+                        p.norm_weight,
+                        p.norm_eps,
+                        p.collapsed + (t0 + j) * p.hidden);
+    }
+    __syncthreads();
+  }
+}
+
+Status check_hc(int64_t hc, int64_t hidden, int64_t n, const char* what) {
+  DSI_RETURN_IF_ERROR(check_nonneg(what, {hidden, n}));
+  return require(hc > 0 && hc <= kMaxHc, what, "hc_mult must be in [1, 16]");
+}
+
+Status check_pending(const HcPending& q, const float* x, const char* what) {
+  if (!q.set())
+    return (q.post || q.comb || q.x_out)
+               ? invalid_argument(std::string(what) + ": pending post step half set")
+               : Status();
+  if (!q.post || !q.comb || !q.x_out)
+    return invalid_argument(std::string(what) + ": pending post step half set");
+  return require(q.x_out != x, what, "the pending post's output must not alias x");
 }
 
 }  // namespace
 
 Status launch_hc_pre(const HcPreParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_hc(p.hc, p.hidden, p.n, "hc_pre"));
+  DSI_RETURN_IF_ERROR(check_pending(p.pending, p.x, "hc_pre"));
   if (p.n == 0)
     return Status();
-  if (!p.fn || !p.base || !p.scale || !p.x || !p.post || !p.comb || !p.collapsed)
+  if (!p.fn || !p.base || !p.scale || !p.x || !p.post || !p.comb || !p.collapsed || !p.scratch)
     return null_pointer("hc_pre");
-  if (p.scratch != nullptr) {
-    DSI_RETURN_IF_ERROR(split_mix(p.fn,
-                                  static_cast<int>((2 + p.hc) * p.hc),
-                                  p.x,
-                                  p.hc * p.hidden,
-                                  p.norm_eps,
-                                  p.n,
-                                  p.scratch,
-                                  stream));
-  }
-  hc_pre_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxBlocks)), kThreads, 0, stream>>>(p);
+  DSI_RETURN_IF_ERROR(launch_mix(p.fn,
+                                 static_cast<int>((2 + p.hc) * p.hc),
+                                 p.hc,
+                                 p.hidden,
+                                 p.x,
+                                 p.n,
+                                 p.pending,
+                                 p.scratch,
+                                 stream));
+  const float* xs = p.pending.set() ? p.pending.x_out : p.x;
+  const auto blocks = static_cast<unsigned>(std::min(ceil_div(p.n, kPreTokens), kMaxBlocks));
+  hc_pre_kernel<false><<<blocks, kPreThreads, 0, stream>>>(p, xs);
   return launched("hc_pre launch");
 }
 
@@ -308,28 +655,35 @@ Status launch_hc_head(const HcHeadParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_hc(p.hc, p.hidden, p.n, "hc_head"));
   if (p.n == 0)
     return Status();
-  if (!p.fn || !p.base || !p.scale || !p.x || !p.collapsed)
+  if (!p.fn || !p.base || !p.scale || !p.x || !p.collapsed || !p.scratch)
     return null_pointer("hc_head");
-  if (p.scratch != nullptr) {
-    DSI_RETURN_IF_ERROR(split_mix(
-        p.fn, static_cast<int>(p.hc), p.x, p.hc * p.hidden, p.norm_eps, p.n, p.scratch, stream));
-  }
-  hc_head_kernel<<<static_cast<unsigned>(std::min(p.n, kMaxBlocks)), kThreads, 0, stream>>>(p);
+  DSI_RETURN_IF_ERROR(launch_mix(
+      p.fn, static_cast<int>(p.hc), p.hc, p.hidden, p.x, p.n, HcPending{}, p.scratch, stream));
+  HcPreParams pp;
+  pp.base = p.base;
+  pp.scale = p.scale;
+  pp.hc = p.hc;
+  pp.hidden = p.hidden;
+  pp.hc_eps = p.hc_eps;
+  pp.norm_eps = p.norm_eps;
+  pp.n = p.n;
+  pp.norm_weight = p.norm_weight;
+  pp.collapsed = p.collapsed;
+  pp.scratch = p.scratch;
+  const auto blocks = static_cast<unsigned>(std::min(ceil_div(p.n, kPreTokens), kMaxBlocks));
+  hc_pre_kernel<true><<<blocks, kPreThreads, 0, stream>>>(pp, p.x);
   return launched("hc_head launch");
 }
 
 Status launch_hc_post(const HcPostParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_hc(p.hc, p.hidden, p.n, "hc_post"));
-  const int64_t total = p.n * p.hc * p.hidden;
-  if (total == 0)
+  if (p.n == 0 || p.hidden == 0)
     return Status();
   if (!p.f || !p.x || !p.post || !p.comb || !p.x_out)
     return null_pointer("hc_post");
   if (p.x_out == p.x)
     return invalid_argument("hc_post: x_out must not alias x");
-  const auto blocks = static_cast<unsigned>(std::min(ceil_div(total, kThreads), kMaxBlocks));
-  hc_post_kernel<<<blocks, kThreads, 0, stream>>>(p);
-  return launched("hc_post launch");
+  return post_launch(p, stream);
 }
 
 }  // namespace dsinfer::cuda
