@@ -91,7 +91,7 @@ __global__ void v41_pool_kernel(V41PoolParams p) {
       den += expf(kv_ref_ptr(p.pool, p.local, refs[r])[p.d + c] - m);
     for (int64_t r = 0; r < p.ratio; ++r) {
       const float* row = kv_ref_ptr(p.pool, p.local, refs[r]);
-      num += (expf(row[p.d + c] - m) / den) * row[c];
+      num = __fadd_rn(num, __fmul_rn(expf(row[p.d + c] - m) / den, row[c]));  // no FMA: the CPU's
     }
     p.out[i] = num;
   }
