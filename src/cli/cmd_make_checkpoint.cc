@@ -2,7 +2,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "cli/commands.h"
@@ -35,7 +34,7 @@ Status fit_v41_config_to_tokenizer(const std::string& tokenizer_path, nlohmann::
     return invalid_argument(tokenizer_path + ": vocabulary too small for a V4.1 model");
   nlohmann::json& t = (*config)["text_config"];
   t["vocab_size"] = vocab;
-  // Random weights: every token its own Engram key (engram_token_map.json below).
+  // Random weights: every token its own Engram key (write_v41_streaming's map is the identity).
   t["engram_compressed_vocab_size"] = vocab;
   t["dspark_noise_token_id"] = vocab - 1;
   return Status();
@@ -52,12 +51,11 @@ Status copy_file(const std::string& from, const std::string& to) {
   return Status();
 }
 
-// The tokenizer files beside the checkpoint, and the Engram token map: the identity (each id its
-// own compressed id). A real tokenizer's map comes from tools/reference/v41/engram_token_map.py;
-// with random weights any valid map serves.
-Status write_v41_tokenizer_files(const std::string& tokenizer_path,
-                                 const nlohmann::json& config,
-                                 const std::string& dir) {
+// The tokenizer files beside the checkpoint (the Engram token map is write_v41_streaming's
+// synthetic one: with engram_compressed_vocab_size = vocab_size, the identity. A real tokenizer's
+// map comes from tools/reference/v41/engram_token_map.py; with random weights any valid map
+// serves).
+Status write_v41_tokenizer_files(const std::string& tokenizer_path, const std::string& dir) {
   DSI_RETURN_IF_ERROR(copy_file(tokenizer_path, dir + "/tokenizer.json"));
   const size_t slash = tokenizer_path.find_last_of('/');
   const std::string tc =
@@ -65,15 +63,6 @@ Status write_v41_tokenizer_files(const std::string& tokenizer_path,
       "tokenizer_config.json";
   if (std::ifstream(tc).good())
     DSI_RETURN_IF_ERROR(copy_file(tc, dir + "/tokenizer_config.json"));
-  const int64_t vocab = config["text_config"]["vocab_size"].get<int64_t>();
-  std::ostringstream m;
-  m << "{\"compressed_vocab_size\": " << vocab << ", \"pad_id\": 2, \"token_map\": [";
-  for (int64_t i = 0; i < vocab; ++i) m << (i ? ", " : "") << i;
-  m << "]}\n";
-  std::ofstream out(dir + "/engram_token_map.json", std::ios::binary);
-  out << m.str();
-  if (!out)
-    return io_error("cannot write " + dir + "/engram_token_map.json");
   return Status();
 }
 
@@ -166,7 +155,7 @@ void add_make_checkpoint_command(CLI::App& app, int& exit_code) {
       Status s =
           model_v41::write_v41_streaming(config, args->seed, args->threads, args->out, &stats);
       if (s.ok() && !args->tokenizer.empty())
-        s = write_v41_tokenizer_files(args->tokenizer, config, args->out);
+        s = write_v41_tokenizer_files(args->tokenizer, args->out);
       if (!s.ok()) {
         exit_code = fail(s);
         return;

@@ -1,6 +1,7 @@
 // NumPy SeedSequence + PCG64 + bounded integers, for the Engram hash multipliers.
 #include "model_v41/engram.h"
 
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -150,6 +151,67 @@ Result<std::vector<int32_t>> load_engram_token_map(const std::string& path, cons
                             " (a different tokenizer would rehash every Engram row)");
   }
   return phi;
+}
+
+Result<std::vector<int32_t>> synthetic_engram_token_map(const V41Config& c, uint64_t seed) {
+  const int64_t vocab = c.vocab_size, n = c.engram_compressed_vocab_size;
+  if (n < 1 || n > vocab || vocab > std::numeric_limits<int32_t>::max()) {
+    return invalid_argument("synthetic Engram token map: engram_compressed_vocab_size " +
+                            std::to_string(n) +
+                            " is not in [1, vocab_size = " + std::to_string(vocab) + "]");
+  }
+  // splitmix64 (not <random>, whose distributions differ between standard libraries).
+  uint64_t state = seed ^ 0x656e6772616d5f6dull;  // "engram_m"
+  auto next = [&state] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  // Fisher-Yates order of the ids; the first n in it get raw classes 0..n-1, the others a drawn
+  // class (the modulo bias is irrelevant for random weights).
+  std::vector<int64_t> order(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = i;
+  for (int64_t i = vocab - 1; i > 0; --i) {
+    std::swap(order[static_cast<size_t>(i)],
+              order[static_cast<size_t>(next() % static_cast<uint64_t>(i + 1))]);
+  }
+  std::vector<int64_t> raw(static_cast<size_t>(vocab));
+  for (int64_t r = 0; r < vocab; ++r) {
+    raw[static_cast<size_t>(order[static_cast<size_t>(r)])] =
+        r < n ? r : static_cast<int64_t>(next() % static_cast<uint64_t>(n));
+  }
+  // Renumbered in order of first occurrence (the loader's canonical form).
+  std::vector<int32_t> renum(static_cast<size_t>(n), -1), phi(static_cast<size_t>(vocab));
+  int32_t used = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    int32_t& id = renum[static_cast<size_t>(raw[static_cast<size_t>(i)])];
+    if (id < 0) {
+      id = used++;
+    }
+    phi[static_cast<size_t>(i)] = id;
+  }
+  return phi;
+}
+
+Status write_engram_token_map(const std::string& path,
+                              const std::vector<int32_t>& phi,
+                              const V41Config& c) {
+  if (static_cast<int64_t>(phi.size()) != c.vocab_size || c.engram_pad_token_id < 0 ||
+      c.engram_pad_token_id >= c.vocab_size) {
+    return invalid_argument(path + ": the token map does not fit the config");
+  }
+  const nlohmann::json j = {
+      {"compressed_vocab_size", c.engram_compressed_vocab_size},
+      {"pad_id", phi[static_cast<size_t>(c.engram_pad_token_id)]},
+      {"token_map", phi},
+  };
+  std::ofstream f(path, std::ios::binary);
+  f << j.dump() << "\n";
+  if (!f) {
+    return io_error(path + ": cannot write");
+  }
+  return Status::ok_status();
 }
 
 }  // namespace dsinfer::model_v41

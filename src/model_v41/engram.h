@@ -35,4 +35,17 @@ std::vector<std::vector<int64_t>> engram_multipliers(const V41Config& c);
 // in order of first occurrence.
 Result<std::vector<int32_t>> load_engram_token_map(const std::string& path, const V41Config& c);
 
+// A token map for random-weight checkpoints (no tokenizer to derive phi from): vocab_size ids onto
+// all engram_compressed_vocab_size compressed ids (the first ones, in a seed-shuffled order, get
+// one each; the rest a seed-drawn one), numbered in order of first occurrence so that
+// load_engram_token_map accepts it. Deterministic in (sizes, seed), platform independent. Needs
+// 1 <= engram_compressed_vocab_size <= vocab_size.
+Result<std::vector<int32_t>> synthetic_engram_token_map(const V41Config& c, uint64_t seed);
+
+// Writes phi as engram_token_map.py does: {"compressed_vocab_size", "pad_id" = phi(pad id),
+// "token_map"}.
+Status write_engram_token_map(const std::string& path,
+                              const std::vector<int32_t>& phi,
+                              const V41Config& c);
+
 }  // namespace dsinfer::model_v41

@@ -11,6 +11,7 @@
 
 #include "base/file.h"
 #include "base/strings.h"
+#include "model_v41/engram.h"
 #include "numeric/float_formats.h"
 #include "tensor/safetensors.h"
 
@@ -604,6 +605,11 @@ Status write_v41_streaming(const json& config_json,
   f << index.dump(1) << "\n";
   if (!f) {
     return io_error(dir + "/model.safetensors.index.json: cannot write");
+  }
+  // No tokenizer to derive phi from: a synthetic map, so that the backends can open the directory.
+  if (!c.engram_layer_ids.empty()) {
+    DSI_ASSIGN_OR_RETURN(std::vector<int32_t> phi, synthetic_engram_token_map(c, seed));
+    DSI_RETURN_IF_ERROR(write_engram_token_map(dir + "/engram_token_map.json", phi, c));
   }
   return Status::ok_status();
 }

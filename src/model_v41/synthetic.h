@@ -58,7 +58,9 @@ struct V41StreamStats {
 // Writes an official-layout checkpoint of `config` with random weights streamed to disk: one shard
 // per block (globals, each layer, each DSpark block) + model.safetensors.index.json, every
 // tensor generated row by row from a counter-based hash (independent of `threads`), FP8 tiles and
-// MXFP4 / Engram rows drawn directly as codes with jittered power-of-two scales.
+// MXFP4 / Engram rows drawn directly as codes with jittered power-of-two scales; and, when the
+// config has Engram layers, engram_token_map.json with synthetic_engram_token_map(config, seed)
+// (there is no tokenizer to derive it from; the backends need one to open the directory).
 Status write_v41_streaming(const nlohmann::json& config,
                            uint64_t seed,
                            int threads,

@@ -82,6 +82,10 @@ check "v41 bad schedule is named" contains "$TMP/err.txt" "wrong layer schedule"
 check "v41 make-checkpoint tiny" contains "$TMP/mk.txt" "10 safetensors files"
 "$DSI" inspect --model "$TMP/v41mk" >"$TMP/v41.txt" 2>&1
 check "v41 made checkpoint opens" contains "$TMP/v41.txt" "DSpark blocks loaded"
+check "v41 make-checkpoint writes an Engram token map" test -s "$TMP/v41mk/engram_token_map.json"
+"$DSI" bench --device cpu --model "$TMP/v41mk" --prefill 16 --decode-batch 1 --context 16 \
+  --decode-steps 1 --repeats 1 --output "$TMP/v41mkbench.json" >"$TMP/v41mkbench.txt" 2>&1
+check "v41 made checkpoint benches on the CPU" contains "$TMP/v41mkbench.json" '"decode"'
 "$DSI" make-checkpoint --preset v4.1-flash --layers 3 --out "$TMP/v41x" >"$TMP/err.txt" 2>&1
 check "v41 flash needs both halves" contains "$TMP/err.txt" "both YOCO halves"
 # --tokenizer: a tiny V4.1 sized to a V4 tokenizer, with the tokenizer files and an Engram token

@@ -108,11 +108,9 @@ void expect_close(const gpu_test::Agreement& a, const std::string& what) {
               static_cast<long long>(a.argmax_checked));
   EXPECT_LE(a.max_abs, kMaxTol) << what;
   EXPECT_LE(a.mean_abs, kMeanTol) << what;
-  if (a.argmax_checked > 0) {
-    EXPECT_GE(static_cast<double>(a.argmax_equal) / static_cast<double>(a.argmax_checked),
-              kArgmaxAgreement)
-        << what;
-  }
+  // At least 98% greedy agreement, one disagreement allowed on short runs (as model_test.cu).
+  EXPECT_GE(a.argmax_equal + gpu_test::allowed_disagreements(a, kArgmaxAgreement), a.argmax_checked)
+      << what;
 }
 
 struct V41Case {

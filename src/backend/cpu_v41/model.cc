@@ -123,6 +123,13 @@ void fp4_compressed_quant(float* x, int64_t n, bool clamp_scale) {
       s = std::min(s, 448.0f);
     }
     s = e4m3_round(s);
+    // Unclamped, a scale past E4M3's range (|s| > 464) rounds to NaN: the block is that NaN
+    // (written as is, not through the arithmetic, so the bits do not depend on how the hardware
+    // propagates NaN payloads; the GPU twin writes the same bits).
+    if (std::isnan(s)) {
+      std::fill(x + b, x + b + 16, s);
+      continue;
+    }
     for (int i = 0; i < 16; ++i) x[b + i] = e2m1_round(std::clamp(x[b + i] / s, -6.0f, 6.0f)) * s;
   }
 }

@@ -167,7 +167,7 @@ Status launch_v41_axpy(const V41AxpyParams& p, cudaStream_t stream);
 // Engram gate (V41CpuModel::engram) per token t and stream k: with key K_k = kv[t, k] and value
 // V = kv[t, hc], d = sum_i x_k[i] * qk[k, i] * K_k[i] * rstd(x_k) * rstd(K_k) / sqrt(hidden),
 // g = sigmoid(sign(d) sqrt(max(|d|, 1e-6))), x_k += g V (in place). rstd from sums of squares
-// in double; the d sum is a tree sum (the CPU sums serially).
+// in double; the d sum in double too (the CPU sums its float products serially in float).
 struct V41EngramGateParams {
   float* x = nullptr;         // [n, hc, hidden]
   const float* kv = nullptr;  // [n, hc + 1, hidden]

@@ -1,5 +1,9 @@
 // V4.1's single-pass mHC on the GPU (v41.h): the site mixes, the collapse with the carried mix and
-// the post step, each the twin of V41CpuModel's loops.
+// the post step, each the twin of V41CpuModel's loops. The float arithmetic is written with
+// explicit round-to-nearest intrinsics in the CPU's order (nvcc would otherwise contract a * b + c
+// into one FMA, which the CPU build does not), so the collapse and the post step equal the CPU's
+// bit for bit given the same inputs; the mixes differ from the CPU by the order of the mixing dot
+// products (a block tree here, cpu::dot8 there) and by expf's ulps.
 #include <algorithm>
 #include <cmath>
 
@@ -14,7 +18,7 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 4096;
 
 __device__ __forceinline__ float sigmoidf_cpu(float x) {
-  return 1.0f / (1.0f + expf(-x));
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
 }
 
 // cpu::softmax over n values in place: float exp of x - max, double sum, times float 1 / sum.
@@ -27,7 +31,7 @@ __device__ void softmax_row(float* x, int64_t n) {
     sum += x[i];
   }
   const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  for (int64_t i = 0; i < n; ++i) x[i] = __fmul_rn(x[i], inv);
 }
 
 __global__ void __launch_bounds__(kThreads) v41_hc_mix_kernel(V41HcMixParams p) {
@@ -45,10 +49,11 @@ __global__ void __launch_bounds__(kThreads) v41_hc_mix_kernel(V41HcMixParams p) 
     for (int64_t k = 0; k < mix; ++k) {
       const float* w = p.fn + k * flat;
       float acc = 0.0f;
-      for (int64_t i = threadIdx.x; i < flat; i += blockDim.x) acc += w[i] * x[i];
+      for (int64_t i = threadIdx.x; i < flat; i += blockDim.x)
+        acc = __fadd_rn(acc, __fmul_rn(w[i], x[i]));
       acc = block_sum(acc, fscratch);
       if (threadIdx.x == 0)
-        mu[k] = acc * r;
+        mu[k] = __fmul_rn(acc, r);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -57,28 +62,32 @@ __global__ void __launch_bounds__(kThreads) v41_hc_mix_kernel(V41HcMixParams p) 
       float* post = p.post + t * hc;
       float* comb = p.comb + t * hc * hc;
       for (int64_t j = 0; j < hc; ++j) {
-        pre[j] = sigmoidf_cpu(mu[j] * p.scale[0] + p.base[j]) + eps;
-        post[j] = 2.0f * sigmoidf_cpu(mu[hc + j] * p.scale[1] + p.base[hc + j]);
+        pre[j] = __fadd_rn(sigmoidf_cpu(__fadd_rn(__fmul_rn(mu[j], p.scale[0]), p.base[j])), eps);
+        post[j] = __fmul_rn(
+            2.0f, sigmoidf_cpu(__fadd_rn(__fmul_rn(mu[hc + j], p.scale[1]), p.base[hc + j])));
       }
       for (int64_t j = 0; j < hc; ++j) {
         float* row = comb + j * hc;
         for (int64_t k = 0; k < hc; ++k)
-          row[k] = mu[2 * hc + j * hc + k] * p.scale[2] + p.base[2 * hc + j * hc + k];
+          row[k] = __fadd_rn(__fmul_rn(mu[2 * hc + j * hc + k], p.scale[2]),
+                             p.base[2 * hc + j * hc + k]);
         softmax_row(row, hc);
-        for (int64_t k = 0; k < hc; ++k) row[k] += eps;
+        for (int64_t k = 0; k < hc; ++k) row[k] = __fadd_rn(row[k], eps);
       }
       auto col_norm = [&] {
         for (int64_t k = 0; k < hc; ++k) {
           float sum = 0.0f;
-          for (int64_t j = 0; j < hc; ++j) sum += comb[j * hc + k];
-          for (int64_t j = 0; j < hc; ++j) comb[j * hc + k] /= sum + eps;
+          for (int64_t j = 0; j < hc; ++j) sum = __fadd_rn(sum, comb[j * hc + k]);
+          const float den = __fadd_rn(sum, eps);
+          for (int64_t j = 0; j < hc; ++j) comb[j * hc + k] = __fdiv_rn(comb[j * hc + k], den);
         }
       };
       auto row_norm = [&] {
         for (int64_t j = 0; j < hc; ++j) {
           float sum = 0.0f;
-          for (int64_t k = 0; k < hc; ++k) sum += comb[j * hc + k];
-          for (int64_t k = 0; k < hc; ++k) comb[j * hc + k] /= sum + eps;
+          for (int64_t k = 0; k < hc; ++k) sum = __fadd_rn(sum, comb[j * hc + k]);
+          const float den = __fadd_rn(sum, eps);
+          for (int64_t k = 0; k < hc; ++k) comb[j * hc + k] = __fdiv_rn(comb[j * hc + k], den);
         }
       };
       col_norm();
@@ -99,10 +108,11 @@ __global__ void v41_collapse_kernel(V41CollapseParams p) {
     const float* x = p.x + t * p.hc * p.hidden + c;
     float acc = 0.0f;
     if (p.mean) {
-      for (int64_t j = 0; j < p.hc; ++j) acc += x[j * p.hidden];
-      acc = acc / static_cast<float>(p.hc);
+      for (int64_t j = 0; j < p.hc; ++j) acc = __fadd_rn(acc, x[j * p.hidden]);
+      acc = __fdiv_rn(acc, static_cast<float>(p.hc));
     } else {
-      for (int64_t j = 0; j < p.hc; ++j) acc += p.pi[t * p.hc + j] * x[j * p.hidden];
+      for (int64_t j = 0; j < p.hc; ++j)
+        acc = __fadd_rn(acc, __fmul_rn(p.pi[t * p.hc + j], x[j * p.hidden]));
     }
     p.out[i] = acc;
   }
@@ -119,8 +129,10 @@ __global__ void v41_hc_post_kernel(V41HcPostParams p) {
     const float* comb = p.comb + t * p.hc * p.hc;
     const float* x = p.x + t * per_token + c;
     float acc = 0.0f;
-    for (int64_t j = 0; j < p.hc; ++j) acc += comb[j * p.hc + k] * x[j * p.hidden];
-    p.x_out[i] = p.post[t * p.hc + k] * p.f[t * p.hidden + c] + acc;
+    for (int64_t j = 0; j < p.hc; ++j)
+      acc = __fadd_rn(acc, __fmul_rn(comb[j * p.hc + k], x[j * p.hidden]));
+    // mix_streams' order: the comb mix summed first, then post * f added.
+    p.x_out[i] = __fadd_rn(__fmul_rn(p.post[t * p.hc + k], p.f[t * p.hidden + c]), acc);
   }
 }
 

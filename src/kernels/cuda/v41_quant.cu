@@ -66,6 +66,12 @@ __global__ void v41_quant_kernel(V41QuantParams p, int64_t block) {
       if (p.clamp_scale)
         s = fminf(s, 448.0f);
       s = e4m3_round(s);
+      // A scale past E4M3's range rounds to NaN and the block is NaN, written as the scale's own
+      // NaN bits (the CPU's): the arithmetic below would give the GPU's canonical NaN instead.
+      if (isnan(s)) {
+        for (int64_t j = 0; j < block; ++j) x[j] = s;
+        continue;
+      }
       for (int64_t j = 0; j < block; ++j) x[j] = e2m1_round(clampf(x[j] / s, -6.0f, 6.0f)) * s;
     }
   }
@@ -85,7 +91,7 @@ __global__ void v41_pool_kernel(V41PoolParams p) {
       den += expf(kv_ref_ptr(p.pool, p.local, refs[r])[p.d + c] - m);
     for (int64_t r = 0; r < p.ratio; ++r) {
       const float* row = kv_ref_ptr(p.pool, p.local, refs[r]);
-      num += (expf(row[p.d + c] - m) / den) * row[c];
+      num = __fadd_rn(num, __fmul_rn(expf(row[p.d + c] - m) / den, row[c]));  // no FMA: the CPU's
     }
     p.out[i] = num;
   }

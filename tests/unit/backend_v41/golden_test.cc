@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -258,6 +259,15 @@ TEST(V41Quant, Fp4AndFp8Points) {
   for (int i = 0; i < 16; ++i) y[i] = 4000.0f;
   fp4_compressed_quant(y, 16, /*clamp_scale=*/true);
   EXPECT_FLOAT_EQ(y[0], 448.0f * 6.0f);  // scale clamped at 448
+  // Unclamped, the scale 4000 / 6 > 464 rounds to E4M3's NaN and the whole block is that NaN
+  // (the canonical quiet NaN, whatever the hardware does with NaN payloads).
+  for (int i = 0; i < 16; ++i) y[i] = i == 3 ? -4000.0f : 1.0f;
+  fp4_compressed_quant(y, 16, /*clamp_scale=*/false);
+  for (int i = 0; i < 16; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &y[i], sizeof(bits));
+    EXPECT_EQ(bits, 0x7fc00000u) << i;
+  }
   float z[32] = {};
   z[0] = 1.0f;
   z[1] = 0.0137f;

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "base/strings.h"
+#include "model_v41/engram.h"
 #include "model_v41/synthetic.h"
 #include "tensor/safetensors.h"
 
@@ -274,6 +275,39 @@ TEST(V41Preset, ReducedDepthKeepsBothHalves) {
   EXPECT_FALSE(v41_flash_preset_config(41, false).ok());
 }
 
+// make-checkpoint --preset v4.1-flash's token map (vocab 129280 onto 99092 compressed ids): one
+// the loader accepts, deterministic, and another one for another seed.
+TEST(V41Preset, SyntheticEngramTokenMapLoads) {
+  auto j = v41_flash_preset_config(4, false);
+  ASSERT_TRUE(j.ok());
+  auto c = parse_v41_config(j->dump(), "preset");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_LT(c->engram_compressed_vocab_size, c->vocab_size);
+  auto phi = synthetic_engram_token_map(*c, 5);
+  ASSERT_TRUE(phi.ok()) << phi.status().to_string();
+  const std::string dir = test_dir();
+  const std::string path = dir + "/engram_token_map.json";
+  ASSERT_TRUE(write_engram_token_map(path, *phi, *c).ok());
+  auto loaded = load_engram_token_map(path, *c);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  EXPECT_EQ(*loaded, *phi);
+  std::ifstream in(path);
+  const json m = json::parse(in);
+  EXPECT_EQ(m["compressed_vocab_size"].get<int64_t>(), c->engram_compressed_vocab_size);
+  EXPECT_EQ(m["pad_id"].get<int32_t>(), (*phi)[static_cast<size_t>(c->engram_pad_token_id)]);
+  // Not the identity below the compressed size: ids share compressed ids.
+  EXPECT_NE(std::vector<int32_t>(phi->begin(), phi->begin() + 1000), [] {
+    std::vector<int32_t> id(1000);
+    for (int32_t i = 0; i < 1000; ++i) id[static_cast<size_t>(i)] = i;
+    return id;
+  }());
+  EXPECT_EQ(*synthetic_engram_token_map(*c, 5), *phi);
+  EXPECT_NE(*synthetic_engram_token_map(*c, 6), *phi);
+  V41Config bad = *c;
+  bad.engram_compressed_vocab_size = bad.vocab_size + 1;
+  EXPECT_FALSE(synthetic_engram_token_map(bad, 5).ok());
+}
+
 TEST(V41Preset, StreamingWriterOpens) {
   const std::string dir = test_dir();
   V41StreamStats stats;
@@ -282,6 +316,10 @@ TEST(V41Preset, StreamingWriterOpens) {
   auto ck = V41Checkpoint::open(dir);
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
   EXPECT_TRUE((*ck)->weights().has_dspark);
+  // The backends' Engram token map is written beside it (the tiny config: the identity).
+  auto phi = load_engram_token_map(dir + "/engram_token_map.json", (*ck)->config());
+  ASSERT_TRUE(phi.ok()) << phi.status().to_string();
+  for (size_t i = 0; i < phi->size(); ++i) EXPECT_EQ((*phi)[i], static_cast<int32_t>(i));
   // Deterministic and independent of the thread count.
   const std::string dir1 = dir + "-1";
   V41StreamStats s1;
