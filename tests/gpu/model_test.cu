@@ -104,10 +104,13 @@ constexpr double kRefMaxTolMean = 2e-4;
 // (measured on the CPU alone: perturbing dsv4-mini's embeddings by 1e-6 relative moves its
 // deepseek logits by up to 0.76, mean 0.009, argmax agreement 99.7%, while reference numerics
 // move by 6e-6; docs/gpu.md). Checked statistically: mean, greedy agreement, no blow-up; the
-// quality criterion is the bundled model's perplexity (tools/bench/perplexity.py).
+// quality criterion is the bundled model's perplexity (tools/bench/perplexity.py). Since the BF16
+// attention operands (numerics point 4: each probability rounded to BF16, so an exp2f ulp can move
+// it to the other neighbour) dsv4-mini's 300-token full prefill agrees on 229-230 of 235 rows with
+// a 0.2 margin (H200, 2026-12-02), chunked prefill on 235/235: greedy agreement >= 97%.
 constexpr double kDsMaxTol = 4.0;
 constexpr double kDsMeanTol = 0.1;
-constexpr double kDsArgmaxAgreement = 0.98;
+constexpr double kDsArgmaxAgreement = 0.97;
 // The MTP head reads the main model's final residual streams and then runs one more layer, so an
 // FP8 flip upstream moves it twice: measured up to 5.9 / 0.12 on tiny-a with the few-row kernels
 // (GEMVs, split attention) of the default mode, 0.38 / 0.001 with the fixed-order kernels.
