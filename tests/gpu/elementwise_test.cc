@@ -124,6 +124,71 @@ TEST_F(GpuTest, RmsNormMatchesCpu) {
   }
 }
 
+// RMSNorm with the RoPE of the last 2 * half dims in the same launch (q: rows_per_token heads;
+// the one-warp-per-row kernel at 128..1024 dims, the two-kernel fallback otherwise) against
+// cpu::rms_norm then cpu::rope_apply.
+TEST_F(GpuTest, RmsNormWithRopeMatchesCpu) {
+  uint32_t seed = 150;
+  for (int64_t tokens : {1, 3, 33}) {
+    for (auto [dim, half, heads] : {std::tuple<int64_t, int64_t, int64_t>{512, 32, 8},
+                                    {512, 32, 1},
+                                    {128, 32, 3},
+                                    {1024, 0, 2},
+                                    {256, 64, 2},
+                                    {129, 3, 2}}) {
+      for (bool weighted : {false, true}) {
+        SCOPED_TRACE("rms+rope t" + std::to_string(tokens) + " dim " + std::to_string(dim) +
+                     " half " + std::to_string(half) + " heads " + std::to_string(heads) +
+                     (weighted ? " weighted" : ""));
+        const int64_t rows = tokens * heads;
+        const std::vector<float> x = normal_floats(static_cast<size_t>(rows * dim), seed++, 3.0f);
+        const std::vector<float> w = normal_floats(static_cast<size_t>(dim), seed++);
+        std::vector<int64_t> pos(static_cast<size_t>(tokens));
+        for (int64_t t = 0; t < tokens; ++t) pos[t] = (t * 7919 + seed) % 100000;
+        std::vector<float> inv(static_cast<size_t>(std::max<int64_t>(half, 1)));
+        for (int64_t i = 0; i < half; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / (2.0f * half));
+        std::vector<float> want(x.size());
+        cpu::rms_norm(x.data(), rows, dim, weighted ? w.data() : nullptr, 1e-6f, want.data());
+        if (half > 0) {
+          for (int64_t r = 0; r < rows; ++r)
+            cpu::rope_apply(want.data() + r * dim, dim, inv, pos[r / heads], false);
+        }
+        DevVec<float> d_x(x), d_w(w), d_inv(inv);
+        DevVec<int64_t> d_pos(pos);
+        DSI_EXPECT_OK(launch_rms_norm(RmsNormParams{.x = d_x.get(),
+                                                    .rows = rows,
+                                                    .dim = dim,
+                                                    .weight = weighted ? d_w.get() : nullptr,
+                                                    .eps = 1e-6f,
+                                                    .out = d_x.get(),
+                                                    .rope_positions = d_pos.get(),
+                                                    .rope_inv_freq = d_inv.get(),
+                                                    .rope_half = half,
+                                                    .rope_rows_per_token = heads},
+                                      nullptr));
+        sync();
+        // The norm as RmsNormMatchesCpu; a rotated pair within 2e-6 of its two inputs' size.
+        const std::vector<float> got = d_x.download();
+        std::vector<double> tol(want.size());
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < dim; ++c) {
+            const size_t i = static_cast<size_t>(r * dim + c);
+            const int64_t pc = c - (dim - 2 * half);
+            if (half > 0 && pc >= 0) {
+              const size_t p0 =
+                  static_cast<size_t>(r * dim + (dim - 2 * half) + (pc & ~int64_t{1}));
+              tol[i] = 2e-6 * (std::fabs(want[p0]) + std::fabs(want[p0 + 1])) + 1e-30;
+            } else {
+              tol[i] = 2.4e-7 * std::fabs(want[i]) + 1e-30;
+            }
+          }
+        }
+        expect_within(want, got, tol, "rms+rope");
+      }
+    }
+  }
+}
+
 // ---- RoPE --------------------------------------------------------------------------------------
 
 TEST_F(GpuTest, RopeMatchesCpu) {

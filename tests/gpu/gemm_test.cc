@@ -39,6 +39,7 @@ struct LinearCase {
   bool bf16x2 = false;       // fp8_gemm.h: split x into BF16 halves, then launch_bf16x2_linear
   bool wgmma = false;        // the wgmma path must run (fp8: scratch given; bf16x2: allowed)
   bool split_k = false;      // bf16x2: scratch given, the tile kernel must split K
+  bool hi_only = false;      // bf16x2: x rounded to BF16, split without low halves (one pass)
 };
 
 void run_linear(const LinearCase& c, uint32_t seed) {
@@ -48,13 +49,16 @@ void run_linear(const LinearCase& c, uint32_t seed) {
                " rows [" + std::to_string(c.row_begin) + ", +" + std::to_string(count) + ")" +
                (c.accumulate ? " acc" : "") + (c.tensor_core ? " tensor-core" : "") +
                (c.bf16x2 ? " bf16x2" : "") + (c.wgmma ? " wgmma" : "") +
-               (c.split_k ? " split-k" : ""));
+               (c.split_k ? " split-k" : "") + (c.hi_only ? " hi-only" : ""));
   auto w = make_weight(c.fmt, c.rows, c.cols, seed);
   const int64_t ldx = c.cols + c.ldx_pad;
   const int64_t ldy = count + c.ldy_pad;
   std::vector<float> x = normal_floats(static_cast<size_t>(c.n * ldx), seed + 1);
   for (int64_t t = 0; t < c.n; ++t) {  // rows of very different magnitude
     for (int64_t k = 0; k < ldx; ++k) x[t * ldx + k] = std::ldexp(x[t * ldx + k], (t % 5) * 4 - 8);
+  }
+  if (c.hi_only) {
+    for (float& v : x) v = numeric::round_to_bf16(v);
   }
   std::vector<float> y0 = normal_floats(static_cast<size_t>(c.n * ldy), seed + 2);
   // CPU reference on contiguous copies.
@@ -93,9 +97,10 @@ void run_linear(const LinearCase& c, uint32_t seed) {
     const int64_t ld = bf16_split_ld(c.cols);
     DevVec<uint16_t> d_hi(static_cast<size_t>(std::max<int64_t>(c.n, 1) * ld));
     DevVec<uint16_t> d_lo(static_cast<size_t>(std::max<int64_t>(c.n, 1) * ld));
+    uint16_t* lo = c.hi_only ? nullptr : d_lo.get();
     DSI_EXPECT_OK(launch_split_bf16(
         SplitBf16Params{
-            .x = d_x.get(), .ldx = ldx, .n = c.n, .k = c.cols, .hi = d_hi.get(), .lo = d_lo.get()},
+            .x = d_x.get(), .ldx = ldx, .n = c.n, .k = c.cols, .hi = d_hi.get(), .lo = lo},
         nullptr));
     const int64_t split_floats =
         c.split_k ? bf16x2_linear_scratch_floats(w->dev, count, c.n, 1) : 0;
@@ -106,7 +111,7 @@ void run_linear(const LinearCase& c, uint32_t seed) {
     const Bf16x2LinearParams p{.w = w->dev,
                                .row_begin = c.row_begin,
                                .rows = c.row_count,
-                               .x = Bf16SplitActs{d_hi.get(), d_lo.get(), ld},
+                               .x = Bf16SplitActs{d_hi.get(), lo, ld},
                                .n = c.n,
                                .y = d_y.get(),
                                .ldy = ldy,
@@ -384,6 +389,37 @@ TEST_F(GpuTest, Bf16x2SplitKLinearMatchesCpu) {
     ranged.bf16x2 = true;
     ranged.split_k = true;
     run_linear(ranged, seed += 3);
+  }
+}
+
+// BF16-valued activations (deepseek numerics' attention output into wo_a, numerics point 5):
+// the high halves alone, one MMA per product, on the tile kernel (with and without split-K) and
+// the wgmma path, against the CPU on the same rounded activations.
+TEST_F(GpuTest, Bf16HiOnlyLinearMatchesCpu) {
+  uint32_t seed = 58000;
+  const bool wgmma_built = fp8_linear_scratch_floats(MatrixRef{.format = WeightFormat::kFp8Block128,
+                                                               .dtype = DType::kF8E4M3,
+                                                               .rows = 128,
+                                                               .cols = 128},
+                                                     -1,
+                                                     kFp8Sm90MinRows) > 0;
+  for (Fmt f : {Fmt::kBF16, Fmt::kFp8E8M0}) {
+    for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{17, 736, 9},
+                                 {256, 4096, 64},
+                                 {129, 1024, 1},
+                                 {300, 256, 130}}) {
+      for (int mode = 0; mode < 3; ++mode) {  // tile, tile split-K, wgmma (BF16 weights)
+        if (mode == 2 && (f != Fmt::kBF16 || n < kBf16Sm90MinRows || !wgmma_built))
+          continue;
+        LinearCase c{f, rows, cols, n, false};
+        c.bf16x2 = true;
+        c.hi_only = true;
+        c.split_k = mode == 1 && n < 128;
+        c.wgmma = mode == 2;
+        c.accumulate = (seed & 4) != 0;
+        run_linear(c, seed += 3);
+      }
+    }
   }
 }
 

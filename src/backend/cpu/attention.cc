@@ -7,6 +7,7 @@
 #include "backend/cpu/cpu_model.h"
 #include "base/check.h"
 #include "kernels/cpu/ops.h"
+#include "numeric/float_formats.h"
 #include "numeric/quant.h"
 
 namespace dsinfer::cpu {
@@ -227,6 +228,9 @@ void CpuModel::attention(const model::AttentionWeights& w,
           q.data() + t * heads * hd, heads, hd, keys, w.attn_sink.data(), scale, ot);
     }
     for (int64_t h = 0; h < heads; ++h) rope_apply(ot + h * hd, hd, freqs, pos, true);
+    if (deepseek) {  // BF16 attention output into wo_a (docs/numerics.md, point 5)
+      for (int64_t i = 0; i < heads * hd; ++i) ot[i] = numeric::round_to_bf16(ot[i]);
+    }
   }
   for (int64_t t = 0; t < n; ++t) {
     std::copy(kv.data() + t * hd, kv.data() + (t + 1) * hd, ls.ring_slot(first_pos + t));

@@ -132,14 +132,13 @@ Status CudaModel::launch_attention(const DAttention& w,
   DSI_RETURN_IF_ERROR(linear(lin(), w.wq_a, u, n, qr, q8, s));
   DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
   DSI_RETURN_IF_ERROR(linear(lin(), w.wq_b, qr, n, q, q8, s));
-  DSI_RETURN_IF_ERROR(rms_norm(q, n * heads, hd, nullptr, eps, s));
-  DSI_RETURN_IF_ERROR(rope(q, n, heads, hd, positions, freqs, rd / 2, false, s));
+  DSI_RETURN_IF_ERROR(
+      rms_norm_rope(q, n * heads, hd, nullptr, eps, heads, positions, freqs, rd / 2, s));
   // The shared K=V vector (chunk-local until it is written to the ring after attention).
   float* kv = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
   DSI_RETURN_IF_ERROR(linear(lin(), w.wkv, u, n, kv, q8, s));
-  DSI_RETURN_IF_ERROR(rms_norm(kv, n, hd, w.kv_norm, eps, s));
-  DSI_RETURN_IF_ERROR(rope(kv, n, 1, hd, positions, freqs, rd / 2, false, s));
+  DSI_RETURN_IF_ERROR(rms_norm_rope(kv, n, hd, w.kv_norm, eps, 1, positions, freqs, rd / 2, s));
   if (numerics_ == model::Numerics::kDeepSeek) {
     cuda::QuantSimParams qs;
     qs.x = kv;
@@ -259,14 +258,29 @@ Status CudaModel::launch_attention(const DAttention& w,
   rw.pool = pool_;
   rw.dest_refs = hp.resolve<int64_t>(pack, lp.ring_dest);
   DSI_RETURN_IF_ERROR(cuda::launch_scatter_rows(rw, s));
-  // Grouped output projection: wo_a per group (never quantised), then wo_b.
+  // Grouped output projection: wo_a per group (never quantised), then wo_b. deepseek numerics:
+  // on the attention output rounded to BF16 (docs/numerics.md, point 5), by the hi-only split
+  // on the BF16 path and in place otherwise.
   const int64_t groups = c.o_groups;
   const int64_t olr = c.o_lora_rank;
   const int64_t group_in = heads * hd / groups;
+  const bool bf16_o = numerics_ == model::Numerics::kDeepSeek;
+  auto round_o = [&]() -> Status {
+    if (!bf16_o)
+      return Status();
+    cuda::QuantSimParams qs;
+    qs.x = o;
+    qs.rows = n;
+    qs.len = heads * hd;
+    qs.block = hd;
+    qs.kind = cuda::QuantSim::kBf16;
+    return cuda::launch_quant_sim(qs, s);
+  };
   float* z = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&z, n * groups * olr));
   if (lin().wgmma && n > 0 && n <= cuda::kGemvMaxTokens && cuda::gemv_fp8_supports(w.wo_a) &&
       w.wo_a.cols == group_in && group_in % 4 == 0) {
+    DSI_RETURN_IF_ERROR(round_o());
     // Decode: the FP8 weight streamed once by the GEMV, straight from fp32 o.
     cuda::GemvFp8Params p;
     p.w = w.wo_a;
@@ -284,10 +298,10 @@ Status CudaModel::launch_attention(const DAttention& w,
   }
   if (n > 0 && cuda::bf16x2_gemm_supports(w.wo_a) && w.wo_a.cols == group_in &&
       group_in % 64 == 0) {
-    // o split into BF16 halves once; group g reads its columns [g * group_in, +group_in), all
-    // groups in one launch.
+    // o split into BF16 halves once (deepseek: rounded, the high halves only); group g reads its
+    // columns [g * group_in, +group_in), all groups in one launch.
     cuda::Bf16SplitActs oh;
-    DSI_RETURN_IF_ERROR(split_bf16(ws_.get(), o, n, heads * hd, 0, s, &oh));
+    DSI_RETURN_IF_ERROR(split_bf16(ws_.get(), o, n, heads * hd, 0, s, &oh, bf16_o));
     cuda::Bf16x2LinearParams p;
     // Prefill-sized batches read the BF16 copy (the wgmma path); decode reads the FP8 weight.
     const bool wide = lin().wgmma && n >= cuda::kBf16Sm90MinRows && !w.wo_a_bf16.empty();
@@ -307,6 +321,7 @@ Status CudaModel::launch_attention(const DAttention& w,
     DSI_RETURN_IF_ERROR(cuda::launch_bf16x2_linear(p, s));
     return linear(lin(), w.wo_b, z, n, f, q8, s);
   }
+  DSI_RETURN_IF_ERROR(round_o());
   DSI_RETURN_IF_ERROR(grouped_linear(w.wo_a, groups, olr, o, heads * hd, group_in, n, z, s));
   return linear(lin(), w.wo_b, z, n, f, q8, s);
 }

@@ -41,12 +41,14 @@ inline Status split_bf16(Workspace* ws,
                          int64_t k,
                          int64_t ldx,
                          cudaStream_t s,
-                         cuda::Bf16SplitActs* out) {
+                         cuda::Bf16SplitActs* out,
+                         bool hi_only = false) {  // x rounded to BF16: no low halves
   const int64_t ld = cuda::bf16_split_ld(k);
   uint16_t* hi = nullptr;
   uint16_t* lo = nullptr;
   DSI_RETURN_IF_ERROR(ws->get(&hi, n * ld));
-  DSI_RETURN_IF_ERROR(ws->get(&lo, n * ld));
+  if (!hi_only)
+    DSI_RETURN_IF_ERROR(ws->get(&lo, n * ld));
   cuda::SplitBf16Params q;
   q.x = x;
   q.ldx = ldx;
@@ -179,6 +181,32 @@ inline Status rms_norm(
   p.weight = w;
   p.eps = eps;
   p.out = x;
+  return cuda::launch_rms_norm(p, s);
+}
+
+// rms_norm, then the RoPE of each row's last 2 * half dims (rows_per_token rows per position),
+// in one pass where the kernel can (elementwise.h).
+inline Status rms_norm_rope(float* x,
+                            int64_t rows,
+                            int64_t dim,
+                            const float* w,
+                            float eps,
+                            int64_t rows_per_token,
+                            const int64_t* positions,
+                            const float* inv_freq,
+                            int64_t half,
+                            cudaStream_t s) {
+  cuda::RmsNormParams p;
+  p.x = x;
+  p.rows = rows;
+  p.dim = dim;
+  p.weight = w;
+  p.eps = eps;
+  p.out = x;
+  p.rope_positions = positions;
+  p.rope_inv_freq = inv_freq;
+  p.rope_half = half;
+  p.rope_rows_per_token = rows_per_token;
   return cuda::launch_rms_norm(p, s);
 }
 

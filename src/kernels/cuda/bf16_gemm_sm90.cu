@@ -105,7 +105,8 @@ Status launch_bf16_gemm_sm90(const Bf16GemmSm90Args& a, cudaStream_t stream) {
     return invalid_argument("bf16_gemm_sm90: unsupported shape or alignment");
   for (int64_t g = 0; g < a.groups; ++g) {
     DSI_RETURN_IF_ERROR(run_pass(a, g, a.x_hi, a.accumulate, stream));
-    DSI_RETURN_IF_ERROR(run_pass(a, g, a.x_lo, true, stream));
+    if (a.x_lo != nullptr)  // null: BF16-exact activations, one pass
+      DSI_RETURN_IF_ERROR(run_pass(a, g, a.x_lo, true, stream));
   }
   return Status();
 }

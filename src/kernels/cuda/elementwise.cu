@@ -56,6 +56,60 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
   }
 }
 
+// One warp per row of V * 128 dims (float4 j of lane l at column 128 j + 4 l), the row in
+// registers: sum of squares in double (the lane's values in column order, then the butterfly),
+// the CPU's two roundings per value, then the RoPE pairs of the rotated slice as rope_kernel.
+template <int V>
+__global__ void rms_norm_warp_kernel(RmsNormParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t per_block = blockDim.x >> 5;
+  const int64_t c_rope = p.dim - 2 * p.rope_half;
+  for (int64_t r = blockIdx.x * per_block + (threadIdx.x >> 5); r < p.rows;
+       r += static_cast<int64_t>(gridDim.x) * per_block) {
+    const float* x = p.x + r * p.dim;
+    float4 v[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = *reinterpret_cast<const float4*>(x + 128 * j + 4 * lane);
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      ss += static_cast<double>(v[j].x) * v[j].x;
+      ss += static_cast<double>(v[j].y) * v[j].y;
+      ss += static_cast<double>(v[j].z) * v[j].z;
+      ss += static_cast<double>(v[j].w) * v[j].w;
+    }
+    ss = warp_sum(ss);
+    const float rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(p.dim)) + p.eps);
+    const float pos =
+        p.rope_half > 0 ? static_cast<float>(p.rope_positions[r / p.rope_rows_per_token]) : 0.0f;
+    float* o = p.out + r * p.dim;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t c = 128 * j + 4 * lane;
+      float e[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        e[i] = __fmul_rn(e[i], rinv);
+        if (p.weight)
+          e[i] = __fmul_rn(p.weight[c + i], e[i]);
+      }
+      if (p.rope_half > 0 && c >= c_rope) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float angle = __fmul_rn(pos, p.rope_inv_freq[(c - c_rope) / 2 + h]);
+          const float cs = cosf(angle);
+          const float sn = sinf(angle);
+          const float a = e[2 * h];
+          const float b = e[2 * h + 1];
+          e[2 * h] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+          e[2 * h + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+        }
+      }
+      *reinterpret_cast<float4*>(o + c) = make_float4(e[0], e[1], e[2], e[3]);
+    }
+  }
+}
+
 __global__ void rope_kernel(RopeParams p) {
   const int64_t rows = p.tokens * p.heads;
   const int64_t work = rows * p.half;
@@ -118,8 +172,44 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     return Status();
   if (!p.x || !p.out)
     return null_pointer("rms_norm");
+  const bool rope = p.rope_half > 0;
+  if (rope) {
+    DSI_RETURN_IF_ERROR(require(2 * p.rope_half <= p.dim && p.rope_rows_per_token > 0 &&
+                                    p.rows % p.rope_rows_per_token == 0,
+                                "rms_norm",
+                                "the RoPE slice exceeds the row, or rows are not whole tokens"));
+    if (!p.rope_positions || !p.rope_inv_freq)
+      return null_pointer("rms_norm rope");
+  }
+  const auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
+  const int64_t v = p.dim / 128;  // float4 per lane in the one-warp-per-row kernel
+  if (p.dim % 128 == 0 && (v == 1 || v == 2 || v == 4 || v == 8) && aligned(p.x) &&
+      aligned(p.out) && (!rope || (p.dim - 2 * p.rope_half) % 4 == 0)) {
+    const unsigned grid = grid_1d(ceil_div(p.rows, kThreads / 32));
+    if (v == 1) {
+      rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(p);
+    } else if (v == 2) {
+      rms_norm_warp_kernel<2><<<grid, kThreads, 0, stream>>>(p);
+    } else if (v == 4) {
+      rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+    } else {
+      rms_norm_warp_kernel<8><<<grid, kThreads, 0, stream>>>(p);
+    }
+    return launched("rms_norm launch");
+  }
   rms_norm_kernel<<<grid_1d(p.rows), kThreads, 0, stream>>>(p);
-  return launched("rms_norm launch");
+  DSI_RETURN_IF_ERROR(launched("rms_norm launch"));
+  if (!rope)
+    return Status();
+  RopeParams q;
+  q.x = p.out;
+  q.tokens = p.rows / p.rope_rows_per_token;
+  q.heads = p.rope_rows_per_token;
+  q.dim = p.dim;
+  q.positions = p.rope_positions;
+  q.inv_freq = p.rope_inv_freq;
+  q.half = p.rope_half;
+  return launch_rope(q, stream);
 }
 
 Status launch_rope(const RopeParams& p, cudaStream_t stream) {

@@ -28,13 +28,20 @@ Status launch_embed(const EmbedParams& p, cudaStream_t stream);
 
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * (weight ? weight : 1) over `rows` rows of `dim`, as
 // cpu::rms_norm (sum of squares in double). In place allowed (out == x).
+// Optionally followed by the (forward) RoPE of each row's last 2 * rope_half dims, as launch_rope
+// computes it, row r taking the position of token r / rope_rows_per_token (one pass: rows of up
+// to 1024 dims, a multiple of 128, sit in one warp's registers).
 struct RmsNormParams {
   const float* x = nullptr;  // [rows, dim]
   int64_t rows = 0;
   int64_t dim = 0;
   const float* weight = nullptr;  // [dim] or null
   float eps = 1e-6f;
-  float* out = nullptr;  // [rows, dim]
+  float* out = nullptr;                     // [rows, dim]
+  const int64_t* rope_positions = nullptr;  // [rows / rope_rows_per_token] (with rope_half > 0)
+  const float* rope_inv_freq = nullptr;     // [rope_half]
+  int64_t rope_half = 0;
+  int64_t rope_rows_per_token = 1;
 };
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 

@@ -172,7 +172,8 @@ __global__ void split_bf16_kernel(SplitBf16Params p, int64_t ld) {
     const uint16_t hi = numeric::f32_to_bf16(v);
     const float rest = v - numeric::bf16_to_f32(hi);  // exact
     p.hi[i] = hi;
-    p.lo[i] = numeric::f32_to_bf16(rest);
+    if (p.lo != nullptr)
+      p.lo[i] = numeric::f32_to_bf16(rest);
   }
 }
 
@@ -611,7 +612,7 @@ Status launch_split_bf16(const SplitBf16Params& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(require(q.ldx >= q.k, "split_bf16", "ldx < k"));
   if (q.n == 0 || q.k == 0)
     return Status();
-  if (!q.x || !q.hi || !q.lo)
+  if (!q.x || !q.hi)
     return null_pointer("split_bf16");
   const int64_t ld = bf16_split_ld(q.k);
   const int64_t grid = std::min<int64_t>(ceil_div(q.n * ld, 256), 65535);
@@ -688,7 +689,7 @@ Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream) {
                               "activation rows are too short"));
   if (q.n == 0 || q.rows == 0)
     return Status();
-  if (!q.y || !q.x.hi || !q.x.lo)
+  if (!q.y || !q.x.hi)
     return null_pointer("bf16x2_linear");
 #if DSINFER_HAVE_CUTLASS
   if (bf16x2_linear_uses_wgmma(q))

@@ -119,8 +119,8 @@ Status launch_quantize_expert_h(const Fp8ExpertFfnParams& p, cudaStream_t stream
 // (or wider: a row may be read at a column offset, e.g. one wo_a group, when ld stays >= that).
 struct Bf16SplitActs {
   const uint16_t* hi = nullptr;
-  const uint16_t* lo = nullptr;
-  int64_t ld = 0;  // elements per row, a multiple of 64
+  const uint16_t* lo = nullptr;  // null: the activations are BF16 values (hi alone, one pass)
+  int64_t ld = 0;                // elements per row, a multiple of 64
 };
 
 inline int64_t bf16_split_ld(int64_t k) {
@@ -133,7 +133,7 @@ struct SplitBf16Params {
   int64_t n = 0;
   int64_t k = 0;
   uint16_t* hi = nullptr;  // [n, bf16_split_ld(k)]
-  uint16_t* lo = nullptr;
+  uint16_t* lo = nullptr;  // null: round to BF16 only (hi = bf16(x))
 };
 Status launch_split_bf16(const SplitBf16Params& p, cudaStream_t stream);
 

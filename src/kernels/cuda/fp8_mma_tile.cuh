@@ -211,7 +211,8 @@ __device__ __forceinline__ void load_stage(const TileIo& io, uint8_t* st, int it
     cp_async16(dst, src, bytes);
   }
   uint8_t* xt = st + C::template w_stage_bytes<F, A>();
-  constexpr int kTiles = A == AMode::kBf16x2 ? 2 : 1;
+  // kBf16x2 with io.xb null: BF16-exact activations, the high halves only (no low tile).
+  const int kTiles = A == AMode::kBf16x2 && io.xb != nullptr ? 2 : 1;
   // Only the chunks that hold K (a row may continue with other columns, e.g. the next wo_a group).
   const int64_t x_skip = io.kc0 * kChunk;
   const int64_t x_end = min(io.x_row_bytes - x_skip, (io.k + kChunkK<A> - 1) / kChunkK<A> * kChunk);
@@ -402,8 +403,10 @@ __device__ float* tile_mma(const TileIo& io, uint8_t* smem) {
         for (int j = 0; j < C::NT; ++j) {
           const int t = wn * C::TN + j * 8 + (lane & 7);
           ldmatrix_x2(b[j], xc + swz(t, ks * 2 + ((lane >> 3) & 1)));
-          if constexpr (A == AMode::kBf16x2)
-            ldmatrix_x2(b2[j], xc + C::kXBytes + swz(t, ks * 2 + ((lane >> 3) & 1)));
+          if constexpr (A == AMode::kBf16x2) {
+            if (io.xb != nullptr)
+              ldmatrix_x2(b2[j], xc + C::kXBytes + swz(t, ks * 2 + ((lane >> 3) & 1)));
+          }
         }
         if constexpr (F == WFmt::kFp4) {
 #pragma unroll
@@ -422,7 +425,8 @@ __device__ float* tile_mma(const TileIo& io, uint8_t* smem) {
             } else {
               part[0] = part[1] = part[2] = part[3] = 0.0f;
               mma_bf16(part, a[i], b[j]);
-              mma_bf16(part, a[i], b2[j]);
+              if (io.xb != nullptr)
+                mma_bf16(part, a[i], b2[j]);
             }
             acc[i][j][0] = fmaf(part[0], sw[i][0] * sx[j][0], acc[i][j][0]);
             acc[i][j][1] = fmaf(part[1], sw[i][0] * sx[j][1], acc[i][j][1]);

@@ -359,6 +359,9 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
                                                         sc.logits,
                                                         ot);
       for (int64_t h = 0; h < heads; ++h) rope_rot(ot + h * hd, hd, cs + t * rd, half, true);
+      if (deepseek) {  // BF16 attention output into wo_a (docs/numerics.md, point 5)
+        for (int64_t i = 0; i < heads * hd; ++i) ot[i] = numeric::round_to_bf16(ot[i]);
+      }
     }
   };
   // A row's attention is some 0.1-0.5M multiply-adds: below 8 rows one thread does them all.
