@@ -59,6 +59,8 @@ struct EngineSetup {
   std::shared_ptr<const model::Checkpoint> ckpt;
   std::string speculative = "off";
   CpuKernels kernels = CpuKernels::kFast;
+  model::Numerics numerics = model::Numerics::kReference;
+  bool batch_invariant = false;
   int64_t budget = int64_t{256} << 20;
   SchedulerConfig sc;
 };
@@ -66,6 +68,8 @@ struct EngineSetup {
 std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
   EngineConfig cfg;
   cfg.cpu_kernels = s.kernels;
+  cfg.numerics = s.numerics;
+  cfg.batch_invariant = s.batch_invariant;
   cfg.cpu_threads = 2;
   cfg.state_budget_bytes = s.budget;
   cfg.page_bytes = state::min_page_bytes(s.ckpt->config());
@@ -171,6 +175,57 @@ TEST(Speculative, BundledModelAcceptsMostDraftsAndKeepsGreedyOutputs) {
     // emits well over one token.
     EXPECT_GT(st.acceptance(0), 0.6) << mode << ": " << st.summary();
     EXPECT_GT(st.mean_accepted_length(), 1.8) << mode << ": " << st.summary();
+  }
+}
+
+// The CPU twin of CudaEngine.SpeculativeGreedyEqualsOffAndDraftsAreAccepted
+// (tests/gpu/model_test.cu: the same 12 requests, DeepSeek numerics, a batch-invariant forward),
+// with every verify length up to 5 and auto verifying different lengths per request in one forward:
+// greedy outputs equal those without speculation, and drafts at positions 4 and 5 are both verified
+// and accepted.
+TEST(Speculative, BundledModelDeepAndMixedVerificationsKeepGreedyOutputs) {
+  auto run = [&](const char* mode, EngineStats* stats) {
+    EngineSetup s;
+    s.ckpt = bundled();
+    s.speculative = mode;
+    s.numerics = model::Numerics::kDeepSeek;
+    s.batch_invariant = true;
+    s.sc.prefill_chunk = 32;
+    auto e = make_engine(s);
+    std::mt19937 g(21);
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 12; ++i) {
+      RequestSpec r;
+      const int len = 4 + static_cast<int>(g() % 60);
+      for (int j = 0; j < len; ++j) r.prompt.push_back(static_cast<int32_t>(100 + g() % 3000));
+      r.max_tokens = 8 + static_cast<int64_t>(g() % 24);
+      r.sampling.temperature = 0.0f;
+      r.ignore_eos = true;
+      auto id = e->submit(std::move(r));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    while (e->step()) e->check_integrity();
+    std::vector<std::vector<int32_t>> out;
+    for (RequestId id : ids) out.push_back(e->request(id)->output);
+    if (stats)
+      *stats = e->stats();
+    return out;
+  };
+  const auto off = run("off", nullptr);
+  for (const char* mode : {"fixed:1", "fixed:3", "fixed:4", "fixed:5", "auto"}) {
+    EngineStats st;
+    EXPECT_EQ(run(mode, &st), off) << mode;
+    std::printf("[spec] %s: %s\n", mode, st.spec.summary().c_str());
+    const size_t k = st.spec.verified.size();
+    ASSERT_GE(k, 1u) << mode;
+    EXPECT_GT(st.spec.acceptance(0), 0.5) << mode << ": " << st.spec.summary();
+    if (k >= 4) {
+      // Deep verifications happen and are accepted (auto: its cheap step-time model makes every
+      // draft worth verifying while the acceptance holds).
+      EXPECT_GT(st.spec.verified[k - 1], 0) << mode << ": " << st.spec.summary();
+      EXPECT_GT(st.spec.accepted[3], 0) << mode << ": " << st.spec.summary();
+    }
   }
 }
 
