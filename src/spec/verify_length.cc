@@ -170,9 +170,12 @@ int StepCost::bucket(int64_t b) {
 }
 
 double StepCost::prior_s(int64_t b, int32_t depth) const {
+  // A verification runs the drafter's forward work on top of a plain decode's: never cheaper
+  // than off, whatever the noise of the start-up measurement says.
+  const double off = prior_.off(b);
   if (depth < 0)
-    return prior_.off(b);
-  return prior_.verify(b, 1.0 + depth) + prior_.draft(b, static_cast<double>(depth));
+    return off;
+  return std::max(off, prior_.verify(b, 1.0 + depth) + prior_.draft(b, static_cast<double>(depth)));
 }
 
 double StepCost::correction(int bk, int32_t depth) const {
@@ -238,7 +241,10 @@ int32_t StepCost::best_depth(int64_t b, std::span<const double> accept) const {
   const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
   int32_t best = -1;
   double best_rate = rate(b, -1, accept);
-  for (int32_t d = 0; d <= top; ++d) {
+  // Depth 0 (the drafter's forward work, no drafts) emits what off does at a higher cost: not a
+  // choice. (It was: a start-up model in which noise made it look cheaper than off kept requests
+  // on the drafter's work without ever drafting.)
+  for (int32_t d = 1; d <= top; ++d) {
     const double r = rate(b, d, accept);
     if (r > best_rate) {
       best_rate = r;

@@ -75,8 +75,8 @@ class StepCost {
   // b * E(depth) / step_s(b, depth): the expected emitted tokens per second, where accept[i] is
   // the probability that draft i is accepted given those before were (E(-1) = E(0) = 1).
   double rate(int64_t b, int32_t depth, std::span<const double> accept) const;
-  // The depth in -1..max_k() (capped by accept.size()) with the highest rate. Ties go to the
-  // shallower depth.
+  // The depth, -1 or 1..max_k() (capped by accept.size()), with the highest rate (depth 0 would
+  // emit what -1 does at a higher cost). Ties go to the shallower depth.
   int32_t best_depth(int64_t b, std::span<const double> accept) const;
   // best_depth, except that while a speculating depth next to it (best +- 1, >= 1) has fewer than
   // kExplore measurements in b's bucket, that depth (the deeper first): the start-up model's

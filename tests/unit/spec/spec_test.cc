@@ -175,6 +175,12 @@ TEST(StepCost, CheapVerificationDraftsDeepAndExpensiveTurnsSpeculationOff) {
   EXPECT_EQ(cheap.best_depth(1, std::vector<double>(5, 0.02)), -1);
   // The depth is capped by the acceptance rates given (a request near its end).
   EXPECT_EQ(cheap.best_depth(1, std::vector<double>(2, 0.8)), 2);
+  // A start-up model whose noise made a verification of the pending token alone (depth 0, the
+  // drafter's forward work and no drafts) cheaper than a plain decode: depth 0 is never chosen
+  // over off, and never predicted cheaper.
+  const StepCost noisy(flat_times(1.0, 0.9, 1.0, 0.1, 5), 5);
+  EXPECT_EQ(noisy.best_depth(8, accept), -1);
+  EXPECT_GE(noisy.step_s(8, 0), noisy.step_s(8, -1));
 }
 
 TEST(StepCost, MeasuredStepTimesCorrectTheStartUpModel) {
