@@ -58,46 +58,72 @@ void add(spec::Stats& a, const spec::Stats& b) {
   a.drafted += b.drafted;
 }
 
-// b greedy requests with random prompts (seeded by the batch size and request index, the same in
-// every mode): decode tokens per second from the step after the last prefill to the end.
-Result<Run> run_once(engine::Engine& e, const SpecBenchArgs& a, int64_t b) {
+// Requests measured per (batch size, mode, round): at batch sizes below this, several waves of b
+// requests run one after the other. A greedy continuation is deterministic, and the bundled model
+// often falls into a short cycle whose drafts fail at the same depth every time (batch 1's single
+// prompt did: a 7-token cycle in which the MTP chain never got past depth 3, so the table showed
+// acceptance 0.00 at depths 4 and 5 however many rounds ran); a batch of one request measured a
+// single sequence, not the drafter.
+constexpr int64_t kMinRequests = 16;
+
+// The prompt of request i of wave w at batch size b in round `round` (-1: the warm-up): random
+// tokens, the same in every mode, different in every round, wave and request.
+std::vector<int32_t> bench_prompt(
+    int64_t vocab, int64_t len, int64_t b, int64_t round, int64_t w, int64_t i) {
+  std::seed_seq seq{static_cast<uint32_t>(b),
+                    static_cast<uint32_t>(round + 1),
+                    static_cast<uint32_t>(w),
+                    static_cast<uint32_t>(i)};
+  std::mt19937 g(seq);
+  std::vector<int32_t> p;
+  for (int64_t t = 0; t < len; ++t)
+    p.push_back(static_cast<int32_t>(3 + g() % static_cast<uint32_t>(vocab - 3)));
+  return p;
+}
+
+// Waves of b greedy requests (bench_prompt; at least kMinRequests requests in all): decode tokens
+// per second over each wave's time from the step after its last prefill to its end.
+Result<Run> run_once(engine::Engine& e, const SpecBenchArgs& a, int64_t b, int64_t round) {
   const int64_t vocab = e.model().config().vocab_size;
-  std::vector<engine::RequestId> ids;
-  for (int64_t i = 0; i < b; ++i) {
-    std::mt19937 g(static_cast<uint32_t>(1000 * b + i));
-    engine::RequestSpec s;
-    for (int64_t t = 0; t < a.prompt; ++t)
-      s.prompt.push_back(static_cast<int32_t>(3 + g() % static_cast<uint32_t>(vocab - 3)));
-    s.max_tokens = a.generate;
-    s.sampling.temperature = 0.0f;
-    s.ignore_eos = true;
-    auto id = e.submit(std::move(s));
-    if (!id.ok())
-      return id.status();
-    ids.push_back(*id);
-  }
+  const int64_t waves = (kMinRequests + b - 1) / b;
   const spec::Stats before = e.stats().spec;
-  // Prefill: until every request has its first token.
-  auto all_started = [&] {
+  int64_t tokens = 0;
+  double dt = 0;
+  for (int64_t w = 0; w < waves; ++w) {
+    std::vector<engine::RequestId> ids;
+    for (int64_t i = 0; i < b; ++i) {
+      engine::RequestSpec s;
+      s.prompt = bench_prompt(vocab, a.prompt, b, round, w, i);
+      s.max_tokens = a.generate;
+      s.sampling.temperature = 0.0f;
+      s.ignore_eos = true;
+      auto id = e.submit(std::move(s));
+      if (!id.ok())
+        return id.status();
+      ids.push_back(*id);
+    }
+    // Prefill: until every request has its first token.
+    auto all_started = [&] {
+      for (engine::RequestId id : ids) {
+        const engine::Request* r = e.request(id);
+        if (r->output.empty() && !r->done())
+          return false;
+      }
+      return true;
+    };
+    while (!all_started() && e.step()) {
+    }
+    const int64_t g0 = e.stats().generated_tokens;
+    const double t0 = now_s();
+    while (e.step()) {
+    }
+    dt += now_s() - t0;
+    tokens += e.stats().generated_tokens - g0;
     for (engine::RequestId id : ids) {
       const engine::Request* r = e.request(id);
-      if (r->output.empty() && !r->done())
-        return false;
+      if (r->state != engine::RequestState::kFinished || !r->error.empty())
+        return Status(StatusCode::kInternal, "bench request failed: " + r->error);
     }
-    return true;
-  };
-  while (!all_started() && e.step()) {
-  }
-  const int64_t g0 = e.stats().generated_tokens;
-  const double t0 = now_s();
-  while (e.step()) {
-  }
-  const double dt = now_s() - t0;
-  const int64_t tokens = e.stats().generated_tokens - g0;
-  for (engine::RequestId id : ids) {
-    const engine::Request* r = e.request(id);
-    if (r->state != engine::RequestState::kFinished || !r->error.empty())
-      return Status(StatusCode::kInternal, "bench request failed: " + r->error);
   }
   Run run;
   run.tokens_per_s = dt > 0 ? static_cast<double>(tokens) / dt : 0;
@@ -175,7 +201,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
                    "[bench speculative] auto's step-time model (ms):\n%s",
                    spec::describe((*e)->step_times()).c_str());
     // Warm-up: every weight used once, the fast path's conversions done.
-    auto w = run_once(**e, a, 1);
+    auto w = run_once(**e, a, 1, -1);
     if (!w.ok())
       return fail(w.status());
     engines.push_back(std::move(e).value());
@@ -187,7 +213,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   for (int64_t r = 0; r < a.repeats; ++r) {
     for (size_t bi = 0; bi < nb; ++bi) {
       for (size_t mi = 0; mi < nm; ++mi) {
-        auto run = run_once(*engines[mi], a, a.batch[bi]);
+        auto run = run_once(*engines[mi], a, a.batch[bi], r);
         if (!run.ok())
           return fail(run.status().with_context("--speculative " + (*modes)[mi]));
         tps[bi][mi].push_back(run->tokens_per_s);
@@ -209,6 +235,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   out["prompt_tokens"] = a.prompt;
   out["generated_tokens"] = a.generate;
   out["repeats"] = a.repeats;
+  out["min_requests_per_run"] = kMinRequests;
   json rows = json::array();
   std::string table = str_format("%6s %-8s %10s %7s %13s %s\n",
                                  "batch",

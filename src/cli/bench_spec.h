@@ -3,6 +3,9 @@
 // mean accepted length and the mean verify length, as JSON and a table on stderr. Same
 // checkpoint, same requests (greedy, random prompts), same run for every mode, so that the
 // ratios to `off` are what the run measures; the modes are interleaved over `repeats` rounds.
+// Every measurement covers at least 16 different prompts (waves of b requests at batch sizes
+// below 16), new ones each round: greedy decoding of one prompt is a single deterministic
+// sequence, not a measure of the drafter.
 #pragma once
 
 #include <cstdint>

@@ -326,6 +326,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
         return t.status();
       e->step_times_ = std::move(t).value();
     }
+    e->cost_ = std::make_unique<spec::StepCost>(e->step_times_, e->spec_.k);
   }
   e->memory_ = std::make_unique<Memory>(mc, shape, e->arena_.get(), max_rollback);
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->memory_.get());
@@ -562,8 +563,12 @@ void Engine::run_chunks() {
     sample_masks_.resize(n);
   }
   chunk_k_.assign(n, 0);
+  const double t_step = cost_ ? now_s() : 0.0;
+  step_depth_ = 0;
   if (drafter_ && !plan_drafts())
     return;
+  if (cost_)
+    classify_step();
   items_.clear();
   item_chunk_.clear();
   for (size_t i = 0; i < n; ++i) {
@@ -578,7 +583,9 @@ void Engine::run_chunks() {
               static_cast<long long>(st.num_tokens()),
               static_cast<long long>(c.first_pos));
     if (c.first_pos == 0) {  // (re)computation from the start: speculation starts over
-      r.spec_disabled = false;
+      // Under auto, not at all (not even the drafter's forward work over the prompt) while the
+      // cost model says that speculation does not pay at this batch size.
+      r.spec_disabled = cost_ && auto_depth(static_cast<int64_t>(n)) < 0;
       r.spec_idle_steps = 0;
     }
     const int32_t k = chunk_k_[i];
@@ -618,6 +625,32 @@ void Engine::run_chunks() {
       finish_chunk(plan_.chunks[i], items_[k].status, outs_[i]);
     }
   }
+  if (cost_ && step_b_ > 0)
+    cost_->record(step_b_, step_depth_, now_s() - t_step);
+}
+
+int32_t Engine::auto_depth(int64_t b) {
+  rates_.resize(static_cast<size_t>(spec_.k));
+  for (int32_t d = 0; d < spec_.k; ++d)
+    rates_[static_cast<size_t>(d)] = predictor_->position_rate(d);
+  return cost_->choose(b, rates_);
+}
+
+void Engine::classify_step() {
+  // Steps of decode chunks only (a prefill's time says nothing of a decode step's), all of them
+  // speculating at this step's depth or none of them speculating (then depth -1).
+  step_b_ = 0;
+  int64_t b = 0, off = 0;
+  for (const ScheduledChunk& c : plan_.chunks) {
+    if (!c.samples || c.num_tokens != 1 || c.request->output.empty() || c.request->done())
+      return;
+    ++b;
+    off += c.request->spec_disabled ? 1 : 0;
+  }
+  if (b == 0 || (off != 0 && off != b))
+    return;
+  step_b_ = b;
+  step_depth_ = off == b ? -1 : std::max(step_depth_, 0);
 }
 
 bool Engine::plan_drafts() {
@@ -649,24 +682,20 @@ bool Engine::plan_drafts() {
   // them all, and the confidences choose how many to verify afterwards).
   std::vector<int32_t> want(caps);
   if (automatic) {
-    accept_.resize(draft_chunk_.size());
+    // One depth for the step (before drafting every request's drafts have the same predicted
+    // acceptance, the rate observed at each position): the one with the most expected tokens
+    // per second of measured step time, -1 (no speculation: a plain decode, without the
+    // drafter's forward work) included. A request stops speculating when that is -1 (after 16
+    // such steps while the acceptance rates still lean on their prior); it cannot resume (its
+    // drafter state would be behind), but new requests decide again at their first chunk.
+    const int32_t depth = auto_depth(b);
+    step_depth_ = depth;
     for (size_t j = 0; j < draft_chunk_.size(); ++j) {
-      accept_[j].resize(static_cast<size_t>(caps[j]));
-      for (int32_t d = 0; d < caps[j]; ++d) accept_[j][d] = predictor_->position_rate(d);
-    }
-    const spec::Choice ch = spec::choose_verify_lengths(step_times_, accept_, true);
-    // Never slower than no speculation: a request whose drafts do not pay even against a plain
-    // decode (which skips the drafter's own work) for a while (16 steps; 2 once the observed
-    // acceptance rates are settled) stops drafting.
-    const bool pays = ch.rate() * step_times_.off(b) >= static_cast<double>(b);
-    for (size_t j = 0; j < draft_chunk_.size(); ++j) {
-      want[j] = drafter_->sequential() || ch.k[j] == 0 ? ch.k[j] : caps[j];
+      want[j] = depth < 1 ? 0 : drafter_->sequential() ? std::min(depth, caps[j]) : caps[j];
       Request& r = *plan_.chunks[draft_chunk_[j]].request;
-      if (want[j] > 0 && pays) {
+      if (depth >= 1) {
         r.spec_idle_steps = 0;
-      } else if (++r.spec_idle_steps >= (predictor_->settled() ? 2 : 16)) {
-        // (When the acceptance rates are settled, waiting for evidence is pointless: each
-        // further idle step would pay the drafter's forward work for nothing.)
+      } else if (++r.spec_idle_steps >= (predictor_->settled() ? 1 : 16)) {
         r.spec_disabled = true;
       }
     }
@@ -690,8 +719,8 @@ bool Engine::plan_drafts() {
       return false;
     }
   }
-  // How many of the drafts to verify: all (fixed), or under auto what their confidences make
-  // worth it now that drafting is paid for.
+  // How many of the drafts to verify: all (fixed; auto with a sequential drafter), or under auto
+  // with a block drafter what their confidences make worth it now that drafting is paid for.
   size_t q = 0;
   for (size_t j = 0; j < draft_chunk_.size(); ++j) {
     const size_t i = draft_chunk_[j];
@@ -704,7 +733,11 @@ bool Engine::plan_drafts() {
     }
     chunk_k_[i] = k;
   }
-  if (automatic) {
+  // (A sequential drafter's drafts are all verified: auto chose their number knowing what the
+  // verification costs, and the step times it learns from are those of that depth; cutting the
+  // verification short after paying for the drafts made auto measure cheap steps that emitted
+  // fewer tokens than it counted on.)
+  if (automatic && !drafter_->sequential()) {
     accept_.assign(draft_chunk_.size(), {});
     for (size_t j = 0; j < draft_chunk_.size(); ++j) {
       const size_t i = draft_chunk_[j];
@@ -712,7 +745,14 @@ bool Engine::plan_drafts() {
         accept_[j].push_back(predictor_->calibrated(d, drafts_[i].confidence[d]));
     }
     const spec::Choice ch = spec::choose_verify_lengths(step_times_, accept_, false);
-    for (size_t j = 0; j < draft_chunk_.size(); ++j) chunk_k_[draft_chunk_[j]] = ch.k[j];
+    int64_t sum = 0;
+    for (size_t j = 0; j < draft_chunk_.size(); ++j) {
+      chunk_k_[draft_chunk_[j]] = ch.k[j];
+      sum += ch.k[j];
+    }
+    // The step's depth for its measured time: the mean number verified.
+    if (step_depth_ >= 1)
+      step_depth_ = static_cast<int32_t>((sum + b / 2) / b);
   }
   // Room in the state for the drafts (the scheduler reserved the pending token's); without it
   // the request verifies fewer.

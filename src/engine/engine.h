@@ -178,6 +178,11 @@ class Engine {
   // Speculative decoding: chooses each decode chunk's number of drafts and drafts them
   // (chunk_k_, drafts_); false after a device failure.
   bool plan_drafts();
+  // Auto: the depth the cost model picks for b decoding requests (-1: no speculation).
+  int32_t auto_depth(int64_t b);
+  // Auto: whether this step's wall time goes to the cost model (a step of decode chunks only,
+  // all speculating or none): step_b_ > 0, with its depth in step_depth_.
+  void classify_step();
   // Verifies chunk i's drafts against the target's logits (out), emits the accepted tokens and
   // the target's own next token, and rolls the state back past the first rejected draft.
   void finish_verify(size_t i, backend::ForwardOutputs& out);
@@ -246,6 +251,12 @@ class Engine {
   std::unique_ptr<spec::Drafter> drafter_;
   spec::StepTimes step_times_;
   std::unique_ptr<spec::AcceptancePredictor> predictor_;
+  // Auto: the step-time model corrected by the steps' measured wall times, and this step's
+  // depth (the drafts each speculating request was allowed; -1 none drafted, MTP off).
+  std::unique_ptr<spec::StepCost> cost_;
+  int32_t step_depth_ = 0;
+  int64_t step_b_ = 0;
+  std::vector<double> rates_;        // the acceptance predictor's rate by draft position
   std::vector<int32_t> chunk_k_;     // drafts verified by each chunk of the plan
   std::vector<spec::Draft> drafts_;  // each chunk's drafts
   std::vector<spec::DraftRequest> draft_reqs_;

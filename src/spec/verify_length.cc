@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "base/check.h"
 #include "base/strings.h"
@@ -152,6 +153,117 @@ Choice choose_verify_lengths(const StepTimes& times,
   c.expected_tokens = tokens;
   c.step_s = step_time(total_k);
   return c;
+}
+
+StepCost::StepCost(StepTimes prior, int32_t max_k)
+    : prior_(std::move(prior)),
+      max_k_(std::max(0, std::min(max_k, prior_.max_k()))),
+      delta_(kBuckets, std::vector<double>(static_cast<size_t>(max_k_ + 2), 0.0)),
+      seen_(kBuckets, std::vector<int64_t>(static_cast<size_t>(max_k_ + 2), 0)) {
+  DSI_CHECK(prior_.valid(), "StepCost: invalid step-time model");
+}
+
+int StepCost::bucket(int64_t b) {
+  int i = 0;
+  while (i + 1 < kBuckets && (int64_t{2} << i) <= b) ++i;
+  return i;  // b in [2^i, 2^(i+1)), the last bucket open-ended
+}
+
+double StepCost::prior_s(int64_t b, int32_t depth) const {
+  // A verification runs the drafter's forward work on top of a plain decode's: never cheaper
+  // than off, whatever the noise of the start-up measurement says.
+  const double off = prior_.off(b);
+  if (depth < 0)
+    return off;
+  return std::max(off, prior_.verify(b, 1.0 + depth) + prior_.draft(b, static_cast<double>(depth)));
+}
+
+double StepCost::correction(int bk, int32_t depth) const {
+  const auto& seen = seen_[static_cast<size_t>(bk)];
+  const auto& delta = delta_[static_cast<size_t>(bk)];
+  const int d = depth + 1;
+  const int n = static_cast<int>(seen.size());
+  if (seen[static_cast<size_t>(d)] > 0)
+    return delta[static_cast<size_t>(d)];
+  // Between the nearest measured depths below and above: linear in the depth (the overhead of
+  // sampling and checking grows with the tokens verified); past the last one on either side:
+  // that one's.
+  int lo = d - 1, hi = d + 1;
+  while (lo >= 0 && seen[static_cast<size_t>(lo)] == 0) --lo;
+  while (hi < n && seen[static_cast<size_t>(hi)] == 0) ++hi;
+  if (lo < 0 && hi >= n)
+    return 0.0;
+  if (lo < 0)
+    return delta[static_cast<size_t>(hi)];
+  if (hi >= n)
+    return delta[static_cast<size_t>(lo)];
+  const double f = static_cast<double>(d - lo) / static_cast<double>(hi - lo);
+  return delta[static_cast<size_t>(lo)] +
+         f * (delta[static_cast<size_t>(hi)] - delta[static_cast<size_t>(lo)]);
+}
+
+int64_t StepCost::measured(int64_t b, int32_t depth) const {
+  if (b < 1 || depth < -1 || depth > max_k_)
+    return 0;
+  return seen_[static_cast<size_t>(bucket(b))][static_cast<size_t>(depth + 1)];
+}
+
+void StepCost::record(int64_t b, int32_t depth, double seconds) {
+  if (b < 1 || depth < -1 || depth > max_k_ || !(seconds > 0))
+    return;
+  const size_t bk = static_cast<size_t>(bucket(b));
+  const size_t d = static_cast<size_t>(depth + 1);
+  const double x = seconds - prior_s(b, depth);
+  // The first measurement replaces the prior's 0; then an EWMA (weight 1/8) that follows a
+  // change of load within a few dozen steps while one slow step moves it little.
+  delta_[bk][d] = seen_[bk][d] == 0 ? x : delta_[bk][d] + 0.125 * (x - delta_[bk][d]);
+  ++seen_[bk][d];
+}
+
+double StepCost::step_s(int64_t b, int32_t depth) const {
+  // Never below a tenth of the prior (a burst of noise in the corrections cannot make a step
+  // free).
+  const double p = prior_s(b, depth);
+  return std::max(p + correction(bucket(b), depth), 0.1 * p);
+}
+
+double StepCost::rate(int64_t b, int32_t depth, std::span<const double> accept) const {
+  double tokens = 1.0, reach = 1.0;
+  for (int32_t i = 0; i < depth && i < static_cast<int32_t>(accept.size()); ++i) {
+    reach *= std::clamp(accept[static_cast<size_t>(i)], 0.0, 1.0);
+    tokens += reach;
+  }
+  const double t = step_s(b, depth);
+  return t > 0 ? static_cast<double>(b) * tokens / t : 0.0;
+}
+
+int32_t StepCost::best_depth(int64_t b, std::span<const double> accept) const {
+  const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
+  int32_t best = -1;
+  double best_rate = rate(b, -1, accept);
+  // Depth 0 (the drafter's forward work, no drafts) emits what off does at a higher cost: not a
+  // choice. (It was: a start-up model in which noise made it look cheaper than off kept requests
+  // on the drafter's work without ever drafting.)
+  for (int32_t d = 1; d <= top; ++d) {
+    const double r = rate(b, d, accept);
+    if (r > best_rate) {
+      best_rate = r;
+      best = d;
+    }
+  }
+  return best;
+}
+
+int32_t StepCost::choose(int64_t b, std::span<const double> accept) const {
+  const int32_t best = best_depth(b, accept);
+  if (best < 1)
+    return best;
+  const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
+  for (int32_t d : {best + 1, best - 1}) {
+    if (d >= 1 && d <= top && measured(b, d) < kExplore)
+      return d;
+  }
+  return best;
 }
 
 AcceptancePredictor::AcceptancePredictor(int32_t max_k)

@@ -54,6 +54,50 @@ Choice choose_verify_lengths(const StepTimes& times,
                              std::span<const std::vector<double>> accept,
                              bool draft_cost);
 
+// Auto's cost-aware depth choice: the whole step's wall time as the engine measures it, by batch
+// size bucket (powers of two) and depth (the drafts each request verifies; -1: speculation off, a
+// plain decode without the drafter's forward work), predicted as the start-up model's time for
+// that step (StepTimes: verify + draft, or off) plus a correction learnt online, an EWMA of
+// measured - predicted per (bucket, depth). The correction carries what the start-up model does
+// not see (per-step host work, sampling every verified position, graphs against eager launches);
+// a depth not yet measured in a bucket takes the corrections of the measured depths of that
+// bucket, interpolated linearly in the depth (off counting as depth -1) and held beyond the
+// deepest and shallowest measured, 0 when the bucket has none.
+class StepCost {
+ public:
+  StepCost(StepTimes prior, int32_t max_k);
+  int32_t max_k() const { return max_k_; }
+  // A step of b decoding requests, each verifying `depth` drafts (-1: no drafter at all), took
+  // `seconds` of wall time.
+  void record(int64_t b, int32_t depth, double seconds);
+  // Predicted wall time of such a step.
+  double step_s(int64_t b, int32_t depth) const;
+  // b * E(depth) / step_s(b, depth): the expected emitted tokens per second, where accept[i] is
+  // the probability that draft i is accepted given those before were (E(-1) = E(0) = 1).
+  double rate(int64_t b, int32_t depth, std::span<const double> accept) const;
+  // The depth, -1 or 1..max_k() (capped by accept.size()), with the highest rate (depth 0 would
+  // emit what -1 does at a higher cost). Ties go to the shallower depth.
+  int32_t best_depth(int64_t b, std::span<const double> accept) const;
+  // best_depth, except that while a speculating depth next to it (best +- 1, >= 1) has fewer than
+  // kExplore measurements in b's bucket, that depth (the deeper first): the start-up model's
+  // shape can be wrong where the measured steps would say otherwise, and only steps run at a
+  // depth measure it. Deterministic given what was recorded.
+  int32_t choose(int64_t b, std::span<const double> accept) const;
+  int64_t measured(int64_t b, int32_t depth) const;
+  static constexpr int64_t kExplore = 3;
+
+ private:
+  static constexpr int kBuckets = 16;
+  static int bucket(int64_t b);
+  double prior_s(int64_t b, int32_t depth) const;
+  double correction(int bucket, int32_t depth) const;
+  StepTimes prior_;
+  int32_t max_k_;
+  // [bucket][depth + 1]: EWMA of measured - prior (seconds); count of measurements.
+  std::vector<std::vector<double>> delta_;
+  std::vector<std::vector<int64_t>> seen_;
+};
+
 class AcceptancePredictor {
  public:
   explicit AcceptancePredictor(int32_t max_k);

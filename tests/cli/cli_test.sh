@@ -159,6 +159,13 @@ done
 check "generate: fast and reference CPU kernels give the same greedy output" \
   cmp -s "$TMP/g_fast.txt" "$TMP/g_reference.txt"
 check "generate: greedy output is not empty" test -s "$TMP/g_fast.txt"
+# bench --speculative at batch 1 measures many prompts, not one deterministic greedy sequence
+# (its single prompt fell into a cycle whose drafts never got past depth 3: acceptance 0.00 at
+# depths 4 and 5 in every round).
+"$DSI" bench --device cpu --model "$MINI" --speculative fixed:5 --decode-batch 1 --repeats 1 \
+  --decode-steps 24 --output "$TMP/bench_spec.json" >/dev/null 2>&1
+check "bench --speculative: drafts at depths 4 and 5 are accepted at batch 1" \
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; a=r["acceptance_by_position"]; assert r["batch"]==1 and len(a)==5 and a[3]>0 and a[4]>0, a' "$TMP/bench_spec.json"
 "$DSI" generate --model "$MINI" --prompt x --max-tokens 1 --cpu-kernels turbo >"$TMP/err.txt" 2>&1
 check "generate --cpu-kernels rejects an unknown name" contains "$TMP/err.txt" "--cpu-kernels must be"
 

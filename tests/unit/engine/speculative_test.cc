@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -59,6 +60,9 @@ struct EngineSetup {
   std::shared_ptr<const model::Checkpoint> ckpt;
   std::string speculative = "off";
   CpuKernels kernels = CpuKernels::kFast;
+  model::Numerics numerics = model::Numerics::kReference;
+  bool batch_invariant = false;
+  std::optional<spec::StepTimes> step_times;  // auto: default cheap_verify_times
   int64_t budget = int64_t{256} << 20;
   SchedulerConfig sc;
 };
@@ -66,6 +70,8 @@ struct EngineSetup {
 std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
   EngineConfig cfg;
   cfg.cpu_kernels = s.kernels;
+  cfg.numerics = s.numerics;
+  cfg.batch_invariant = s.batch_invariant;
   cfg.cpu_threads = 2;
   cfg.state_budget_bytes = s.budget;
   cfg.page_bytes = state::min_page_bytes(s.ckpt->config());
@@ -74,7 +80,7 @@ std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
   EXPECT_TRUE(sp.ok());
   cfg.speculative = *sp;
   if (cfg.speculative.mode == spec::Mode::kAuto)
-    cfg.step_times = cheap_verify_times(cfg.speculative.k);
+    cfg.step_times = s.step_times ? *s.step_times : cheap_verify_times(cfg.speculative.k);
   auto e = Engine::create(cfg, s.ckpt);
   EXPECT_TRUE(e.ok()) << e.status().to_string();
   return std::move(e).value();
@@ -172,6 +178,146 @@ TEST(Speculative, BundledModelAcceptsMostDraftsAndKeepsGreedyOutputs) {
     EXPECT_GT(st.acceptance(0), 0.6) << mode << ": " << st.summary();
     EXPECT_GT(st.mean_accepted_length(), 1.8) << mode << ": " << st.summary();
   }
+}
+
+// The CPU twin of CudaEngine.SpeculativeGreedyEqualsOffAndDraftsAreAccepted
+// (tests/gpu/model_test.cu: the same 12 requests, DeepSeek numerics, a batch-invariant forward),
+// with every verify length up to 5 and auto verifying different lengths per request in one forward:
+// greedy outputs equal those without speculation, and drafts at positions 4 and 5 are both verified
+// and accepted.
+TEST(Speculative, BundledModelDeepAndMixedVerificationsKeepGreedyOutputs) {
+  auto run = [&](const char* mode, EngineStats* stats) {
+    EngineSetup s;
+    s.ckpt = bundled();
+    s.speculative = mode;
+    s.numerics = model::Numerics::kDeepSeek;
+    s.batch_invariant = true;
+    s.sc.prefill_chunk = 32;
+    auto e = make_engine(s);
+    std::mt19937 g(21);
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 12; ++i) {
+      RequestSpec r;
+      const int len = 4 + static_cast<int>(g() % 60);
+      for (int j = 0; j < len; ++j) r.prompt.push_back(static_cast<int32_t>(100 + g() % 3000));
+      r.max_tokens = 8 + static_cast<int64_t>(g() % 24);
+      r.sampling.temperature = 0.0f;
+      r.ignore_eos = true;
+      auto id = e->submit(std::move(r));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    while (e->step()) e->check_integrity();
+    std::vector<std::vector<int32_t>> out;
+    for (RequestId id : ids) out.push_back(e->request(id)->output);
+    if (stats)
+      *stats = e->stats();
+    return out;
+  };
+  const auto off = run("off", nullptr);
+  for (const char* mode : {"fixed:1", "fixed:3", "fixed:4", "fixed:5", "auto"}) {
+    EngineStats st;
+    EXPECT_EQ(run(mode, &st), off) << mode;
+    std::printf("[spec] %s: %s\n", mode, st.spec.summary().c_str());
+    const size_t k = st.spec.verified.size();
+    ASSERT_GE(k, 1u) << mode;
+    EXPECT_GT(st.spec.acceptance(0), 0.5) << mode << ": " << st.spec.summary();
+    if (k >= 4) {
+      // Deep verifications happen and are accepted (auto: its cheap step-time model makes every
+      // draft worth verifying while the acceptance holds).
+      EXPECT_GT(st.spec.verified[k - 1], 0) << mode << ": " << st.spec.summary();
+      EXPECT_GT(st.spec.accepted[3], 0) << mode << ": " << st.spec.summary();
+    }
+  }
+}
+
+// Auto with a step-time model in which drafting pays for one request and not for several: a
+// request running alone speculates, requests that start beside it start without the MTP block,
+// so forwards mix an item verifying drafts (with the MTP block) and plain decode items (without
+// it) — what only auto does. Greedy outputs equal those without speculation.
+TEST(Speculative, AutoMixesSpeculatingAndPlainRequestsInOneForward) {
+  const int32_t k = 5;
+  spec::StepTimes t;
+  for (int64_t b : {1, 64}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(b == 1 ? 1.0 : 2.0);
+    t.verify_s.emplace_back();
+    for (int32_t l = 1; l <= k + 1; ++l)
+      t.verify_s.back().push_back(b == 1 ? 1.0 + 0.01 * l : 2.0 + 10.0 * l);
+    t.draft_s.emplace_back();
+    for (int32_t d = 1; d <= k; ++d) t.draft_s.back().push_back(b == 1 ? 0.02 * d : 1.0 * d);
+  }
+  std::mt19937 g(33);
+  struct Req {
+    std::vector<int32_t> prompt;
+    int64_t max_tokens = 0;
+  };
+  std::vector<Req> specs;
+  for (int i = 0; i < 9; ++i) {
+    Req r;
+    const int len = 4 + static_cast<int>(g() % 40);
+    for (int j = 0; j < len; ++j) r.prompt.push_back(static_cast<int32_t>(100 + g() % 3000));
+    r.max_tokens = i == 0 ? 48 : 8 + static_cast<int64_t>(g() % 16);
+    specs.push_back(std::move(r));
+  }
+  int64_t mixed_spec_steps = 0;  // verifications in steps with other requests running
+  auto run = [&](const char* mode, std::vector<bool>* disabled, EngineStats* stats) {
+    EngineSetup s;
+    s.ckpt = bundled();
+    s.speculative = mode;
+    s.numerics = model::Numerics::kDeepSeek;
+    s.batch_invariant = true;
+    s.step_times = t;
+    auto e = make_engine(s);
+    std::vector<RequestId> ids;
+    auto submit = [&](size_t i) {
+      RequestSpec r;
+      r.prompt = specs[i].prompt;
+      r.max_tokens = specs[i].max_tokens;
+      r.sampling.temperature = 0.0f;
+      r.ignore_eos = true;
+      auto id = e->submit(std::move(r));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    };
+    // The first request alone for a few steps, then eight more beside it.
+    submit(0);
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(e->step());
+    for (size_t i = 1; i < specs.size(); ++i) submit(i);
+    if (disabled)
+      disabled->clear();
+    mixed_spec_steps = 0;
+    while (true) {
+      // Whether this step has request 0 beside the others (some of them started, not all done).
+      bool beside = false;
+      for (size_t i = 1; i < ids.size(); ++i) {
+        const Request* r = e->request(ids[i]);
+        beside = beside || (r->num_computed > 0 && !r->done());
+      }
+      const int64_t before = e->stats().spec.spec_steps;
+      if (!e->step())
+        break;
+      e->check_integrity();
+      if (beside)
+        mixed_spec_steps += e->stats().spec.spec_steps - before;
+      if (disabled && disabled->empty() && e->request(ids.back())->num_computed > 0) {
+        for (RequestId id : ids) disabled->push_back(e->request(id)->spec_disabled);
+      }
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (RequestId id : ids) out.push_back(e->request(id)->output);
+    if (stats)
+      *stats = e->stats();
+    return out;
+  };
+  const auto off = run("off", nullptr, nullptr);
+  std::vector<bool> disabled;
+  EngineStats st;
+  EXPECT_EQ(run("auto", &disabled, &st), off);
+  ASSERT_EQ(disabled.size(), specs.size());
+  EXPECT_FALSE(disabled[0]);  // speculating
+  for (size_t i = 1; i < disabled.size(); ++i) EXPECT_TRUE(disabled[i]) << i;
+  EXPECT_GT(mixed_spec_steps, 0) << st.spec.summary();
 }
 
 TEST(Speculative, SharedPromptForksKeepTheirOutputs) {

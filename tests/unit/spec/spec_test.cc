@@ -140,6 +140,106 @@ TEST(VerifyLength, AStepInTheCurveDoesNotStopTheChoiceShort) {
   EXPECT_EQ(choose_verify_lengths(t, low, false).k, std::vector<int32_t>{0});
 }
 
+// A synthetic step-time model for StepCost: off costs `off`, a verification of L tokens with s
+// drafts costs mtp + per_token * (L - 1) + draft * s, the same at every batch size.
+StepTimes flat_times(double off, double mtp, double per_token, double draft, int32_t max_k) {
+  StepTimes t;
+  for (int64_t b : {1, 256}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(off);
+    t.verify_s.emplace_back();
+    for (int32_t l = 1; l <= max_k + 1; ++l) t.verify_s.back().push_back(mtp + per_token * (l - 1));
+    t.draft_s.emplace_back();
+    for (int32_t s = 1; s <= max_k; ++s) t.draft_s.back().push_back(draft * s);
+  }
+  return t;
+}
+
+TEST(StepCost, CheapVerificationDraftsDeepAndExpensiveTurnsSpeculationOff) {
+  const std::vector<double> accept(5, 0.8);
+  // Verifying more tokens costs almost nothing: the deepest depth.
+  const StepCost cheap(flat_times(1.0, 1.05, 0.01, 0.01, 5), 5);
+  EXPECT_EQ(cheap.best_depth(1, accept), 5);
+  // Every verified token costs a full step: speculation off (depth -1, not a depth-0 step that
+  // would still pay for the drafter's forward work).
+  const StepCost costly(flat_times(1.0, 1.1, 1.0, 0.1, 5), 5);
+  EXPECT_EQ(costly.best_depth(1, accept), -1);
+  EXPECT_EQ(costly.choose(1, accept), -1);
+  // In between, the depth with the most tokens per second: E(d) = 1 + .8 + .64 + ..., step
+  // 1 + 0.3 d: d = 2 gives 2.44 / 1.6 = 1.525, d = 1 1.8 / 1.3 = 1.385, d = 3 2.952 / 1.9 =
+  // 1.554, d = 4 3.3616 / 2.2 = 1.528.
+  const StepCost mid(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+  EXPECT_EQ(mid.best_depth(1, accept), 3);
+  for (int32_t d = -1; d <= 5; ++d) EXPECT_GE(mid.rate(1, 3, accept), mid.rate(1, d, accept)) << d;
+  // Few drafts accepted: off even when verification is cheap.
+  EXPECT_EQ(cheap.best_depth(1, std::vector<double>(5, 0.02)), -1);
+  // The depth is capped by the acceptance rates given (a request near its end).
+  EXPECT_EQ(cheap.best_depth(1, std::vector<double>(2, 0.8)), 2);
+  // A start-up model whose noise made a verification of the pending token alone (depth 0, the
+  // drafter's forward work and no drafts) cheaper than a plain decode: depth 0 is never chosen
+  // over off, and never predicted cheaper.
+  const StepCost noisy(flat_times(1.0, 0.9, 1.0, 0.1, 5), 5);
+  EXPECT_EQ(noisy.best_depth(8, accept), -1);
+  EXPECT_GE(noisy.step_s(8, 0), noisy.step_s(8, -1));
+}
+
+TEST(StepCost, MeasuredStepTimesCorrectTheStartUpModel) {
+  const std::vector<double> accept(5, 0.8);
+  // The start-up model says verification is cheap at every batch size.
+  StepCost c(flat_times(1.0, 1.05, 0.01, 0.01, 5), 5);
+  EXPECT_EQ(c.best_depth(16, accept), 5);
+  // The engine measures that at 16 requests a step of depth 5 takes 6x a plain step: there
+  // speculation is turned off, while batch 1 (another bucket, not measured) keeps drafting deep.
+  for (int i = 0; i < 4; ++i) {
+    c.record(16, 5, 6.0);
+    c.record(16, -1, 1.0);
+  }
+  EXPECT_NEAR(c.step_s(16, 5), 6.0, 1e-9);
+  EXPECT_EQ(c.best_depth(16, accept), -1);
+  EXPECT_EQ(c.best_depth(1, accept), 5);
+  EXPECT_EQ(c.measured(16, 5), 4);
+  EXPECT_EQ(c.measured(17, 5), 4);  // same bucket [16, 32)
+  EXPECT_EQ(c.measured(1, 5), 0);
+  // An unmeasured depth of a measured bucket: the corrections of the measured depths around it
+  // (off, -1: 0; 5: 6.0 - 1.15), interpolated (depth 4: its prior 1.05 + 0.04 + 0.04 plus 5/6
+  // of depth 5's correction).
+  EXPECT_NEAR(c.step_s(16, 4), 1.05 + 0.04 + 0.04 + (6.0 - 1.15) * 5 / 6, 1e-9);
+  // A fixed per-step overhead the start-up model missed (2 s on every step at batch 1) makes
+  // deeper drafts pay: with the measured overhead the best depth goes from 1 to deeper.
+  StepCost o(flat_times(1.0, 1.0, 0.5, 0.1, 5), 5);
+  EXPECT_EQ(o.best_depth(1, accept), 1);
+  for (int i = 0; i < 4; ++i) {
+    o.record(1, -1, 3.0);
+    o.record(1, 1, 1.6 + 2.0);
+  }
+  EXPECT_GT(o.best_depth(1, accept), 1);
+  // The EWMA follows a change: after enough cheap measurements the correction is near 0 again.
+  for (int i = 0; i < 200; ++i) o.record(1, 1, 1.6);
+  EXPECT_NEAR(o.step_s(1, 1), 1.6, 1e-6);
+}
+
+TEST(StepCost, ExploresTheDepthsNextToTheBestUntilMeasured) {
+  const std::vector<double> accept(5, 0.8);
+  StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+  ASSERT_EQ(c.best_depth(1, accept), 3);
+  // The deeper neighbour first, kExplore times, then the shallower one, then the best.
+  std::vector<int32_t> seq;
+  for (int i = 0; i < 2 * static_cast<int>(StepCost::kExplore) + 2; ++i) {
+    const int32_t d = c.choose(1, accept);
+    seq.push_back(d);
+    c.record(1, d, c.step_s(1, d));  // measured exactly as predicted
+  }
+  std::vector<int32_t> want;
+  for (int64_t i = 0; i < StepCost::kExplore; ++i) want.push_back(4);
+  for (int64_t i = 0; i < StepCost::kExplore; ++i) want.push_back(2);
+  want.push_back(3);
+  want.push_back(3);
+  EXPECT_EQ(seq, want);
+  // Off is never explored from: a depth <= 0 is the choice as it is.
+  const StepCost off(flat_times(1.0, 1.1, 1.0, 0.1, 5), 5);
+  EXPECT_EQ(off.choose(1, accept), -1);
+}
+
 TEST(AcceptancePredictor, LearnsRatesAndCalibration) {
   AcceptancePredictor p(3);
   EXPECT_NEAR(p.position_rate(0), 0.8, 1e-9);  // the optimistic prior
