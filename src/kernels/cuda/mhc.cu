@@ -567,8 +567,14 @@ __device__ __noinline__ void sinkhorn_warp_wide(const float* mix,
 // whole block collapses (and normalises) each token in turn.
 constexpr int kPreTokens = kPreThreads / 32;
 
-template <bool kHead>
-__global__ void __launch_bounds__(kPreThreads, kHead ? 2 : 1)
+// kSplit (many tokens): the gates and Sinkhorn only, each token's pre written over the start of
+// its (consumed) scratch slot for hc_collapse_kernel, which then runs one block per token.
+__device__ __forceinline__ float* pre_slot(double* scratch, int64_t t, int rows) {
+  return reinterpret_cast<float*>(scratch + t * kSplits * (rows + 1));
+}
+
+template <bool kHead, bool kSplit>
+__global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
     hc_pre_kernel(HcPreParams p, const float* xs) {
   __shared__ float mix_s[kPreTokens][kMaxMix];
   __shared__ float comb_s[kPreTokens][kMaxHc * kMaxHc];
@@ -588,6 +594,8 @@ __global__ void __launch_bounds__(kPreThreads, kHead ? 2 : 1)
       if (lane < hc) {
         pre_s[warp][lane] = __fadd_rn(
             sigmoidf(__fadd_rn(__fmul_rn(mix[lane], p.scale[0]), p.base[lane])), p.hc_eps);
+        if (kSplit)  // gather_mix_warp has read the whole slot (it ends with __syncwarp)
+          pre_slot(p.scratch, t, rows)[lane] = pre_s[warp][lane];
         if (!kHead)
           p.post[t * hc + lane] =
               2.0f * sigmoidf(__fadd_rn(__fmul_rn(mix[hc + lane], p.scale[1]), p.base[hc + lane]));
@@ -598,6 +606,8 @@ __global__ void __launch_bounds__(kPreThreads, kHead ? 2 : 1)
         sinkhorn_warp_wide(mix, p, comb_s[warp], p.comb + t * hc * hc);
       }
     }
+    if (kSplit)
+      continue;  // no barrier needed: each warp's shared rows are its own
     __syncthreads();
     for (int j = 0; j < count; ++j) {
       collapse_dispatch(pre_s[j],
@@ -610,6 +620,41 @@ __global__ void __launch_bounds__(kPreThreads, kHead ? 2 : 1)
     }
     __syncthreads();
   }
+}
+
+template <bool kHead>
+__global__ void __launch_bounds__(kPreThreads, 2)
+    hc_collapse_kernel(HcPreParams p, const float* xs) {
+  __shared__ float pre_s[kMaxHc];
+  const int hc = static_cast<int>(p.hc);
+  const int rows = kHead ? hc : (2 + hc) * hc;
+  const int64_t width = p.hc * p.hidden;
+  for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
+    if (threadIdx.x < hc)
+      pre_s[threadIdx.x] = pre_slot(p.scratch, t, rows)[threadIdx.x];
+    __syncthreads();
+    collapse_dispatch(
+        pre_s, hc, xs + t * width, p.hidden, p.norm_weight, p.norm_eps, p.collapsed + t * p.hidden);
+    __syncthreads();
+  }
+}
+
+// From this many tokens the pre step runs as two kernels (gates, then one block per token for the
+// collapse): the same arithmetic in the same order, so both paths give the same bits.
+constexpr int64_t kPreSplitMinTokens = 64;
+
+template <bool kHead>
+Status launch_pre(const HcPreParams& p, const float* xs, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(std::min(ceil_div(p.n, kPreTokens), kMaxBlocks));
+  if (p.n < kPreSplitMinTokens) {
+    hc_pre_kernel<kHead, false><<<blocks, kPreThreads, 0, stream>>>(p, xs);
+    return launched(kHead ? "hc_head launch" : "hc_pre launch");
+  }
+  hc_pre_kernel<kHead, true><<<blocks, kPreThreads, 0, stream>>>(p, xs);
+  DSI_RETURN_IF_ERROR(launched(kHead ? "hc_head gates launch" : "hc_pre gates launch"));
+  hc_collapse_kernel<kHead>
+      <<<static_cast<unsigned>(std::min(p.n, kMaxBlocks)), kPreThreads, 0, stream>>>(p, xs);
+  return launched(kHead ? "hc_head collapse launch" : "hc_pre collapse launch");
 }
 
 Status check_hc(int64_t hc, int64_t hidden, int64_t n, const char* what) {
@@ -645,10 +690,7 @@ Status launch_hc_pre(const HcPreParams& p, cudaStream_t stream) {
                                  p.pending,
                                  p.scratch,
                                  stream));
-  const float* xs = p.pending.set() ? p.pending.x_out : p.x;
-  const auto blocks = static_cast<unsigned>(std::min(ceil_div(p.n, kPreTokens), kMaxBlocks));
-  hc_pre_kernel<false><<<blocks, kPreThreads, 0, stream>>>(p, xs);
-  return launched("hc_pre launch");
+  return launch_pre<false>(p, p.pending.set() ? p.pending.x_out : p.x, stream);
 }
 
 Status launch_hc_head(const HcHeadParams& p, cudaStream_t stream) {
@@ -670,9 +712,7 @@ Status launch_hc_head(const HcHeadParams& p, cudaStream_t stream) {
   pp.norm_weight = p.norm_weight;
   pp.collapsed = p.collapsed;
   pp.scratch = p.scratch;
-  const auto blocks = static_cast<unsigned>(std::min(ceil_div(p.n, kPreTokens), kMaxBlocks));
-  hc_pre_kernel<true><<<blocks, kPreThreads, 0, stream>>>(pp, p.x);
-  return launched("hc_head launch");
+  return launch_pre<true>(pp, p.x, stream);
 }
 
 Status launch_hc_post(const HcPostParams& p, cudaStream_t stream) {
