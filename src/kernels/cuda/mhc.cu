@@ -553,6 +553,39 @@ __device__ void sinkhorn_warp(const float* mix, const HcPreParams& p, float* com
   }
 }
 
+// hc * hc <= 32 (every released model: hc 4): lane e owns element (j, k) = (e / hc, e % hc) in a
+// register and gathers its row or column with shuffles, summing in the CPU's order (k, resp. j,
+// ascending) exactly as sinkhorn_warp does: the same bits without shared-memory round trips.
+__device__ void sinkhorn_shfl(const float* mix, const HcPreParams& p, float* out) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int hc = static_cast<int>(p.hc);
+  const int e = threadIdx.x & 31;
+  const bool own = e < hc * hc;
+  const int j = e / hc;
+  const int k = e % hc;
+  const float eps = p.hc_eps;
+  float v = own ? __fadd_rn(__fmul_rn(mix[2 * hc + e], p.scale[2]), p.base[2 * hc + e]) : 0.0f;
+  float m = -INFINITY;
+  for (int q = 0; q < hc; ++q) m = fmaxf(m, __shfl_sync(kAll, v, (j * hc + q) & 31));
+  v = own ? expf(__fsub_rn(v, m)) : 0.0f;
+  float s = 0.0f;
+  for (int q = 0; q < hc; ++q) s = __fadd_rn(s, __shfl_sync(kAll, v, (j * hc + q) & 31));
+  v = own ? __fadd_rn(__fdiv_rn(v, s), eps) : 0.0f;
+  auto normalise = [&](bool rows) {
+    float t = 0.0f;
+    for (int q = 0; q < hc; ++q)
+      t = __fadd_rn(t, __shfl_sync(kAll, v, (rows ? j * hc + q : q * hc + k) & 31));
+    v = own ? __fdiv_rn(v, t + eps) : 0.0f;
+  };
+  normalise(false);
+  for (int64_t it = 0; it + 1 < p.sinkhorn_iters; ++it) {
+    normalise(true);
+    normalise(false);
+  }
+  if (own)
+    out[e] = v;
+}
+
 // hc > 5 (tests; no released model): out of line, so that its registers do not weigh on the
 // kernel's hot path.
 __device__ __noinline__ void sinkhorn_warp_wide(const float* mix,
@@ -601,7 +634,7 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
               2.0f * sigmoidf(__fadd_rn(__fmul_rn(mix[hc + lane], p.scale[1]), p.base[hc + lane]));
       }
       if (!kHead && hc * hc <= 32) {
-        sinkhorn_warp<1>(mix, p, comb_s[warp], p.comb + t * hc * hc);
+        sinkhorn_shfl(mix, p, p.comb + t * hc * hc);
       } else if (!kHead) {
         sinkhorn_warp_wide(mix, p, comb_s[warp], p.comb + t * hc * hc);
       }
@@ -640,8 +673,9 @@ __global__ void __launch_bounds__(kPreThreads, 2)
 }
 
 // From this many tokens the pre step runs as two kernels (gates, then one block per token for the
-// collapse): the same arithmetic in the same order, so both paths give the same bits.
-constexpr int64_t kPreSplitMinTokens = 64;
+// collapse; one kernel would collapse its tokens one after another): the same arithmetic in the
+// same order, so both paths give the same bits.
+constexpr int64_t kPreSplitMinTokens = 4;
 
 template <bool kHead>
 Status launch_pre(const HcPreParams& p, const float* xs, cudaStream_t stream) {
