@@ -268,7 +268,13 @@ TEST_F(GpuTest, QuantSimIsBitExact) {
                         Case{QuantSim::kNone, 256, 32, true},
                         Case{QuantSim::kFp4, 1, 32, true},
                         Case{QuantSim::kBf16, 64, 64, false},
-                        Case{QuantSim::kBf16, 333, 64, false}}) {
+                        Case{QuantSim::kBf16, 333, 64, false},
+                        // One warp per row (32 * {1, 2, 4, 8} values, blocks of whole lanes).
+                        Case{QuantSim::kFp8, 256, 128, false},
+                        Case{QuantSim::kFp8, 128, 64, true},
+                        Case{QuantSim::kFp4, 32, 32, true},
+                        Case{QuantSim::kFp4, 256, 32, true},
+                        Case{QuantSim::kBf16, 256, 512, true}}) {
     for (int64_t rows : kRows) {
       SCOPED_TRACE("quant_sim len " + std::to_string(c.len) + " block " + std::to_string(c.block) +
                    (c.hadamard ? " hadamard" : "") + " rows " + std::to_string(rows));

@@ -582,21 +582,24 @@ __global__ void sink_attention_merge_kernel(
   __shared__ float wsplit[kMaxSplits];
   const int64_t stride = dim + 2;
   for (int64_t row = blockIdx.x; row < nq * heads; row += gridDim.x) {
-    if (threadIdx.x == 0) {
-      float mx = -INFINITY;
-      for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, part[(s * nq * heads + row) * stride + dim]);
+    if (threadIdx.x < 32) {
+      // Lane s loads split s's (m, l) (all in flight together); the sums stay in split order.
+      const int s = threadIdx.x;
+      const float* b = part + (static_cast<int64_t>(s) * nq * heads + row) * stride;
+      const float m = s < nsplit ? b[dim] : -INFINITY;
+      const float l = s < nsplit ? b[dim + 1] : 0.0f;
+      const float mx = warp_max(m);
+      const float w =
+          s < nsplit ? (pow2 ? ldexpf(1.0f, static_cast<int>(m - mx)) : expf(m - mx)) : 0.0f;
       float denom = 0.0f;
-      for (int s = 0; s < nsplit; ++s) {
-        const float* b = part + (s * nq * heads + row) * stride;
-        wsplit[s] = pow2 ? ldexpf(1.0f, static_cast<int>(b[dim] - mx)) : expf(b[dim] - mx);
-        denom += b[dim + 1] * wsplit[s];
-      }
-      const float inv = 1.0f / denom;
-      for (int s = 0; s < nsplit; ++s) wsplit[s] *= inv;
+      for (int q = 0; q < nsplit; ++q) denom += __shfl_sync(0xffffffffu, l * w, q);
+      if (s < nsplit)
+        wsplit[s] = w * (1.0f / denom);
     }
     __syncthreads();
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
       float acc = 0.0f;
+#pragma unroll 8
       for (int s = 0; s < nsplit; ++s) acc += part[(s * nq * heads + row) * stride + d] * wsplit[s];
       out[row * dim + d] = acc;
     }

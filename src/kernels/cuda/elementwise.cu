@@ -151,6 +151,66 @@ __global__ void quant_sim_kernel(QuantSimParams p) {
   }
 }
 
+// Rows of 32 * V values, one warp per row, lane l holding values [V l, V l + V) in registers: the
+// Hadamard butterflies of hadamard_block in the same order (stride 1, 2, 4, ...; a + b below, a - b
+// above; strides >= V between lanes by shuffles), its final scale, then each block of `block`
+// values (block / V lanes) rounded as quant_block_warp: the same bits, without the block-wide
+// barriers of one row per block.
+template <int V>
+__global__ void quant_sim_warp_kernel(QuantSimParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t ld = p.ld > 0 ? p.ld : p.len;
+  const int64_t per_block = blockDim.x >> 5;
+  const int lanes_per_block = static_cast<int>(p.block / V);
+  for (int64_t r = blockIdx.x * per_block + (threadIdx.x >> 5); r < p.rows;
+       r += static_cast<int64_t>(gridDim.x) * per_block) {
+    float* x = p.x + r * ld + V * lane;
+    float v[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = x[i];
+    if (p.hadamard) {
+#pragma unroll
+      for (int h = 1; h < V; h <<= 1) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          if ((i & h) == 0) {
+            const float a = v[i];
+            const float b = v[i + h];
+            v[i] = a + b;
+            v[i + h] = a - b;
+          }
+        }
+      }
+      for (int m = 1; m < 32; m <<= 1) {  // element stride V * m
+        const bool upper = (lane & m) != 0;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const float other = __shfl_xor_sync(0xffffffffu, v[i], m);
+          v[i] = upper ? other - v[i] : v[i] + other;
+        }
+      }
+      const float scale = 1.0f / sqrtf(static_cast<float>(p.len));
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = v[i] * scale;
+    }
+    if (p.kind == QuantSim::kBf16) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = quant_value(v[i], 1.0f, p.kind);
+    } else if (p.kind != QuantSim::kNone) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < V; ++i) amax = fmaxf(amax, fabsf(v[i]));
+      for (int m = 1; m < lanes_per_block; m <<= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+      const float s = quant_scale(amax, p.kind);
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = quant_value(v[i], s, p.kind);
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) x[i] = v[i];
+  }
+}
+
 }  // namespace
 
 Status launch_embed(const EmbedParams& p, cudaStream_t stream) {
@@ -238,6 +298,24 @@ Status launch_quant_sim(const QuantSimParams& p, cudaStream_t stream) {
     return Status();
   if (!p.x)
     return null_pointer("quant_sim");
+  // One warp per row where a row is 32, 64, 128 or 256 values whose blocks span whole lanes.
+  const int64_t v = p.len / 32;
+  if (p.len % 32 == 0 && (v == 1 || v == 2 || v == 4 || v == 8) &&
+      (p.kind == QuantSim::kNone || p.kind == QuantSim::kBf16 ||
+       (p.block % v == 0 && p.block / v <= 32 && ((p.block / v) & (p.block / v - 1)) == 0 &&
+        p.len % p.block == 0))) {
+    const unsigned grid = grid_1d(ceil_div(p.rows, kThreads / 32));
+    if (v == 1) {
+      quant_sim_warp_kernel<1><<<grid, kThreads, 0, stream>>>(p);
+    } else if (v == 2) {
+      quant_sim_warp_kernel<2><<<grid, kThreads, 0, stream>>>(p);
+    } else if (v == 4) {
+      quant_sim_warp_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+    } else {
+      quant_sim_warp_kernel<8><<<grid, kThreads, 0, stream>>>(p);
+    }
+    return launched("quant_sim launch");
+  }
   const size_t smem = p.hadamard ? static_cast<size_t>(p.len) * sizeof(float) : 0;
   quant_sim_kernel<<<grid_1d(p.rows), kThreads, smem, stream>>>(p);
   return launched("quant_sim launch");

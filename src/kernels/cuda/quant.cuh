@@ -17,28 +17,39 @@ __device__ __forceinline__ float clamp_sym(float v, float m) {
   return v < -m ? -m : (m < v ? m : v);
 }
 
+// The UE8M0 scale of a block with absolute maximum amax (kFp8 / kFp4; 1 otherwise), and one
+// value rounded through the format with that scale (kBf16: rounded to BF16).
+__device__ __forceinline__ float quant_scale(float amax, QuantSim kind) {
+  if (kind == QuantSim::kFp8)
+    return numeric::pow2_ceil(fmaxf(amax, numeric::kActAmaxFloor) / numeric::kFp8Max);
+  if (kind == QuantSim::kFp4)
+    return numeric::pow2_ceil(fmaxf(amax, numeric::kFp4AmaxFloor) / numeric::kFp4Max);
+  return 1.0f;
+}
+
+__device__ __forceinline__ float quant_value(float x, float s, QuantSim kind) {
+  if (kind == QuantSim::kFp8) {
+    const float q = clamp_sym(x / s, numeric::kFp8Max);
+    return numeric::fp8_e4m3_to_f32(numeric::f32_to_fp8_e4m3(q)) * s;
+  }
+  if (kind == QuantSim::kFp4) {
+    const float q = clamp_sym(x / s, numeric::kFp4Max);
+    return numeric::fp4_e2m1_to_f32(numeric::f32_to_fp4_e2m1(q)) * s;
+  }
+  if (kind == QuantSim::kBf16)
+    return numeric::round_to_bf16(x);
+  return x;
+}
+
 // One warp rounds one block of `len` values at x (global or shared memory) through UE8M0-scaled
-// FP8 E4M3 (kFp8) or FP4 E2M1 (kFp4). Every lane of the warp must call it.
+// FP8 E4M3 (kFp8) or FP4 E2M1 (kFp4), or to BF16. Every lane of the warp must call it.
 __device__ inline void quant_block_warp(float* x, int64_t len, QuantSim kind) {
   const int lane = threadIdx.x & 31;
   float amax = 0.0f;
   for (int64_t i = lane; i < len; i += 32) amax = fmaxf(amax, fabsf(x[i]));
   amax = warp_max(amax);
-  if (kind == QuantSim::kFp8) {
-    const float s = numeric::pow2_ceil(fmaxf(amax, numeric::kActAmaxFloor) / numeric::kFp8Max);
-    for (int64_t i = lane; i < len; i += 32) {
-      const float q = clamp_sym(x[i] / s, numeric::kFp8Max);
-      x[i] = numeric::fp8_e4m3_to_f32(numeric::f32_to_fp8_e4m3(q)) * s;
-    }
-  } else if (kind == QuantSim::kFp4) {
-    const float s = numeric::pow2_ceil(fmaxf(amax, numeric::kFp4AmaxFloor) / numeric::kFp4Max);
-    for (int64_t i = lane; i < len; i += 32) {
-      const float q = clamp_sym(x[i] / s, numeric::kFp4Max);
-      x[i] = numeric::fp4_e2m1_to_f32(numeric::f32_to_fp4_e2m1(q)) * s;
-    }
-  } else if (kind == QuantSim::kBf16) {
-    for (int64_t i = lane; i < len; i += 32) x[i] = numeric::round_to_bf16(x[i]);
-  }
+  const float s = quant_scale(amax, kind);
+  for (int64_t i = lane; i < len; i += 32) x[i] = quant_value(x[i], s, kind);
 }
 
 // The whole block rounds x[0, len) in blocks of `block` values, one warp per block.
