@@ -691,18 +691,34 @@ __global__ void __launch_bounds__(kIThreads)
     const int32_t* pages = p.pages + p.page_begin[qi];
     for (int64_t tile = t0; tile < t1; ++tile) {
       __syncthreads();  // the previous tile's dots and keys are consumed
-      for (int i = threadIdx.x; i < kIk * DI / 2; i += blockDim.x) {
-        const int j = i / (DI / 2);
-        const int c = (i % (DI / 2)) * 2;
-        const int64_t w = tile * kIk + j;
-        float2 v = make_float2(0.0f, 0.0f);
-        if (w < visible) {
-          const float* key = p.pool +
-                             static_cast<int64_t>(pages[w / p.rows_per_page]) * p.page_floats +
-                             (w % p.rows_per_page) * DI;
-          v = *reinterpret_cast<const float2*>(key + c);
+      // kStage loads in flight per thread before their stores (one at a time, each tile waited
+      // for ~30 round trips to memory).
+      constexpr int kPairs = kIk * DI / 2;
+      constexpr int kStage = 8;
+      for (int i0 = threadIdx.x; i0 < kPairs; i0 += kStage * kIThreads) {
+        float2 v[kStage];
+#pragma unroll
+        for (int u = 0; u < kStage; ++u) {
+          const int i = i0 + u * kIThreads;
+          const int j = i / (DI / 2);
+          const int64_t w = tile * kIk + j;
+          v[u] = make_float2(0.0f, 0.0f);
+          if (i < kPairs && w < visible) {
+            const float* key = p.pool +
+                               static_cast<int64_t>(pages[w / p.rows_per_page]) * p.page_floats +
+                               (w % p.rows_per_page) * DI;
+            v[u] = *reinterpret_cast<const float2*>(key + (i % (DI / 2)) * 2);
+          }
         }
-        store_pair(kh + j * SD + c, kl + j * SD + c, v.x, v.y);
+#pragma unroll
+        for (int u = 0; u < kStage; ++u) {
+          const int i = i0 + u * kIThreads;
+          if (i < kPairs) {
+            const int j = i / (DI / 2);
+            const int c = (i % (DI / 2)) * 2;
+            store_pair(kh + j * SD + c, kl + j * SD + c, v[u].x, v[u].y);
+          }
+        }
       }
       __syncthreads();
       float s[8][4];
@@ -741,6 +757,7 @@ __global__ void __launch_bounds__(kIThreads)
         const int64_t w = tile * kIk + threadIdx.x;
         if (w < visible) {
           float sc = 0.0f;
+#pragma unroll 16  // the shared-memory reads ahead of the (ordered) sum
           for (int64_t h = 0; h < heads; ++h) {
             sc = __fadd_rn(sc, __fmul_rn(hwv[h], fmaxf(0.0f, dots[h * kIs + threadIdx.x])));
           }
