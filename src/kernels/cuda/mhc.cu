@@ -150,6 +150,7 @@ __global__ void hc_mix_partial_kernel(
 // fixed order (steps, MMA k, warps ascending) whatever the other tokens of its group are.
 constexpr int kDmmaWarps = 8;
 constexpr int kDmmaTokens = 16;  // two m8 tiles per warp
+constexpr int64_t kDmmaMaxGroups = 64;
 
 struct DmmaArgs {
   const float* fn;
@@ -318,8 +319,11 @@ Status launch_mix(const float* fn,
                        (!pending.set() || (aligned16(pending.f) && aligned16(pending.x_out)));
   if (dmma_ok) {
     const DmmaArgs a{fn, rows, hidden, n, x, pending, scratch};
+    // At most kDmmaMaxGroups token groups per slice: a block then walks several groups and reads
+    // its 96 KB fn slice from L1 after the first (one group per block read it from L2 each time:
+    // as many bytes as the streams themselves).
     const dim3 grid(static_cast<unsigned>(kSplits),
-                    static_cast<unsigned>(std::min(ceil_div(n, kDmmaTokens), kMaxBlocks)));
+                    static_cast<unsigned>(std::min(ceil_div(n, kDmmaTokens), kDmmaMaxGroups)));
     const int nt = (rows + 7) / 8;
     if (nt == 1) {
       hc_mix_dmma_kernel<1><<<grid, kDmmaWarps * 32, 0, stream>>>(a);
