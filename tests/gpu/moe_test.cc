@@ -640,7 +640,9 @@ TEST_F(GpuTest, MoeExpertGemvMatchesCpu) {
     run_moe(n, 7, 2, 384, 256, true, true, 3, seed += 500, true, false, true);
   }
   run_moe(8, 1, 1, 384, 256, false, true, 1, seed += 500, true, false, true);  // all on one
-  run_moe(5, 7, 2, 96, 160, true, true, 3, seed += 500, true, false, true);    // tile fallback
+  // Enough tiles (>= 32) for blocks of several 16-row groups.
+  run_moe(40, 64, 6, 384, 256, false, true, 4, seed += 500, true, false, true);
+  run_moe(5, 7, 2, 96, 160, true, true, 3, seed += 500, true, false, true);  // tile fallback
   if (!small_mode()) {
     run_moe(1, 256, 6, 4096, 2048, false, true, 8, seed += 500, true, false, true);
     run_moe(64, 256, 6, 4096, 2048, false, true, 8, seed += 500, true, false, true);

@@ -339,68 +339,84 @@ __device__ bool tile_prologue(
   return true;
 }
 
+// Each block takes `groups` consecutive 16-row groups of its tile (one prologue, whose scan over
+// the experts costs about as much as streaming one group of w2, for several groups); the rows'
+// arithmetic does not depend on the grouping.
 template <Fmt F>
-__global__ void __launch_bounds__(kWarps * 32) gemv_gate_up_kernel(Fp8ExpertFfnParams p) {
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_gate_up_kernel(Fp8ExpertFfnParams p, int groups) {
   __shared__ int32_t xrow[kTok];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kWarpRows;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kWarpRows;
   Tile tl;
-  if (!tile_prologue(p, r0, p.inter, true, &tl, xrow))
+  if (!tile_prologue(p, first, p.inter, true, &tl, xrow))
     return;  // block-uniform
   const int64_t e = tl.e;
   const int64_t g0 = tl.g0;
   const int count = tl.count;
   const MatrixRef w[2] = {p.w1[e], p.w3[e]};
-  float acc[2][4];
-  stream_rows<F, 2>(w, p.x, xrow, r0, p.hidden / 128, acc);
-  if (!reduce_warps<2>(acc))
-    return;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
   const float lim = p.swiglu_limit;
+  for (int rg = 0; rg < groups; ++rg) {
+    const int64_t r0 = first + rg * kWarpRows;
+    if (r0 >= p.inter)
+      break;  // block-uniform
+    float acc[2][4];
+    stream_rows<F, 2>(w, p.x, xrow, r0, p.hidden / 128, acc);
+    if (reduce_warps<2>(acc)) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int j = 2 * t + (i & 1);
-    if (j >= count)
-      continue;
-    const int64_t row = r0 + g + 8 * (i >> 1);
-    const int64_t pair = g0 + j;
-    float gv = acc[0][i];
-    float v = acc[1][i];
-    if (lim > 0.0f) {
-      gv = fminf(gv, lim);
-      v = v < -lim ? -lim : (lim < v ? lim : v);
+      for (int i = 0; i < 4; ++i) {
+        const int j = 2 * t + (i & 1);
+        if (j >= count)
+          continue;
+        const int64_t row = r0 + g + 8 * (i >> 1);
+        const int64_t pair = g0 + j;
+        float gv = acc[0][i];
+        float v = acc[1][i];
+        if (lim > 0.0f) {
+          gv = fminf(gv, lim);
+          v = v < -lim ? -lim : (lim < v ? lim : v);
+        }
+        const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[pair] : pair] : 1.0f;
+        const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
+        p.h[pair * p.inter + row] = __fmul_rn(__fmul_rn(silu, v), gate);
+      }
     }
-    const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[pair] : pair] : 1.0f;
-    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-    p.h[pair * p.inter + row] = __fmul_rn(__fmul_rn(silu, v), gate);
+    __syncthreads();  // reduce_warps' shared partials are rewritten by the next group
   }
 }
 
 template <Fmt F>
-__global__ void __launch_bounds__(kWarps * 32) gemv_down_kernel(Fp8ExpertFfnParams p) {
+__global__ void __launch_bounds__(kWarps * 32) gemv_down_kernel(Fp8ExpertFfnParams p, int groups) {
   __shared__ int32_t xrow[kTok];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kWarpRows;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kWarpRows;
   Tile tl;
-  if (!tile_prologue(p, r0, p.hidden, false, &tl, xrow))
+  if (!tile_prologue(p, first, p.hidden, false, &tl, xrow))
     return;
   const int64_t e = tl.e;
   const int64_t g0 = tl.g0;
   const int count = tl.count;
   const MatrixRef w[1] = {p.w2[e]};
   const Fp8Acts hq{p.h_codes, p.h_scales, (p.inter + 127) / 128 * 128};  // fp8_acts_ld
-  float acc[1][4];
-  stream_rows<F, 1>(w, hq, xrow, r0, p.inter / 128, acc);
-  if (!reduce_warps<1>(acc))
-    return;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
+  for (int rg = 0; rg < groups; ++rg) {
+    const int64_t r0 = first + rg * kWarpRows;
+    if (r0 >= p.hidden)
+      break;
+    float acc[1][4];
+    stream_rows<F, 1>(w, hq, xrow, r0, p.inter / 128, acc);
+    if (reduce_warps<1>(acc)) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int j = 2 * t + (i & 1);
-    if (j < count)
-      p.y[(g0 + j) * p.hidden + r0 + g + 8 * (i >> 1)] = acc[0][i];
+      for (int i = 0; i < 4; ++i) {
+        const int j = 2 * t + (i & 1);
+        if (j < count)
+          p.y[(g0 + j) * p.hidden + r0 + g + 8 * (i >> 1)] = acc[0][i];
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -438,14 +454,22 @@ __global__ void gemv_check_kernel(
     atomicAdd(bad, count);
 }
 
+// Row groups per block: one for a few tiles (decode at small batches: every block a separate
+// SM's worth of latency), more when the tiles alone give the GPU many blocks.
+constexpr int64_t kGroupedFromTiles = 32;
+
 template <Fmt F>
 Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
-  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kWarpRows)), static_cast<unsigned>(tiles));
-  gemv_gate_up_kernel<F><<<g1, kWarps * 32, 0, s>>>(p);
+  const int gu = tiles >= kGroupedFromTiles ? 2 : 1;
+  const int gd = tiles >= kGroupedFromTiles ? 4 : 1;
+  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kWarpRows * gu)),
+                static_cast<unsigned>(tiles));
+  gemv_gate_up_kernel<F><<<g1, kWarps * 32, 0, s>>>(p, gu);
   DSI_RETURN_IF_ERROR(launched("expert_gemv gate/up launch"));
   DSI_RETURN_IF_ERROR(launch_quantize_expert_h(p, s));
-  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kWarpRows)), static_cast<unsigned>(tiles));
-  gemv_down_kernel<F><<<g2, kWarps * 32, 0, s>>>(p);
+  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kWarpRows * gd)),
+                static_cast<unsigned>(tiles));
+  gemv_down_kernel<F><<<g2, kWarps * 32, 0, s>>>(p, gd);
   return launched("expert_gemv down launch");
 }
 
