@@ -129,15 +129,31 @@ Status CudaModel::launch_attention(const DAttention& w,
   float* q = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&qr, n * c.q_lora_rank));
   DSI_RETURN_IF_ERROR(ws_->get(&q, n * heads * hd));
-  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_a, u, n, qr, q8, s));
+  // u feeds wq_a and wkv, qr feeds wq_b and the indexer's wq_b: each quantised once when both
+  // of its linears take FP8 activations.
+  cuda::Fp8Acts uq;
+  const cuda::Fp8Acts* uqp = nullptr;
+  if (n > 0 && fp8_linear_path(w.wq_a, q8) && fp8_linear_path(w.wkv, q8) &&
+      w.wq_a.cols == w.wkv.cols) {
+    DSI_RETURN_IF_ERROR(quantize_fp8(ws_.get(), u, n, w.wq_a.cols, s, &uq));
+    uqp = &uq;
+  }
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_a, u, n, qr, q8, s, false, uqp));
   DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
-  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_b, qr, n, q, q8, s));
+  cuda::Fp8Acts qrq;
+  const cuda::Fp8Acts* qrqp = nullptr;
+  if (n > 0 && plan.attention == AttentionType::kCsa && fp8_linear_path(w.wq_b, q8) &&
+      fp8_linear_path(w.indexer_wq_b, q8) && w.wq_b.cols == w.indexer_wq_b.cols) {
+    DSI_RETURN_IF_ERROR(quantize_fp8(ws_.get(), qr, n, w.wq_b.cols, s, &qrq));
+    qrqp = &qrq;
+  }
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_b, qr, n, q, q8, s, false, qrqp));
   DSI_RETURN_IF_ERROR(
       rms_norm_rope(q, n * heads, hd, nullptr, eps, heads, positions, freqs, rd / 2, s));
   // The shared K=V vector (chunk-local until it is written to the ring after attention).
   float* kv = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
-  DSI_RETURN_IF_ERROR(linear(lin(), w.wkv, u, n, kv, q8, s));
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wkv, u, n, kv, q8, s, false, uqp));
   DSI_RETURN_IF_ERROR(rms_norm_rope(kv, n, hd, w.kv_norm, eps, 1, positions, freqs, rd / 2, s));
   if (numerics_ == model::Numerics::kDeepSeek) {
     cuda::QuantSimParams qs;
@@ -167,7 +183,7 @@ Status CudaModel::launch_attention(const DAttention& w,
     float* hw = nullptr;
     DSI_RETURN_IF_ERROR(ws_->get(&qi, n * ih * ihd));
     DSI_RETURN_IF_ERROR(ws_->get(&hw, n * ih));
-    DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_wq_b, qr, n, qi, q8, s));
+    DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_wq_b, qr, n, qi, q8, s, false, qrqp));
     DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_weights_proj, u, n, hw, false, s));
     DSI_RETURN_IF_ERROR(rope(qi, n, ih, ihd, positions, freqs, rd / 2, false, s));
     if (numerics_ == model::Numerics::kDeepSeek) {

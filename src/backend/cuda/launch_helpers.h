@@ -73,6 +73,13 @@ struct LinearCtx {
 // (activations quantised once into ws); fp32 activations over BF16 or FP8 weights on the BF16
 // tensor cores (split into BF16 halves); otherwise (MXFP4 or F32 weights unquantised, odd K) the
 // reference tile of gemm.h.
+// Whether linear() runs w on FP8 activations (its first branch).
+inline bool fp8_linear_path(const MatrixRef& w, bool q8) {
+  return q8 && w.format == WeightFormat::kFp8Block128 && cuda::fp8_gemm_supports(w);
+}
+
+// xq (optional): x already quantised by quantize_fp8 over w.cols columns (several linears on the
+// same activations quantise them once).
 inline Status linear(const LinearCtx& ctx,
                      const MatrixRef& w,
                      const float* x,
@@ -80,12 +87,17 @@ inline Status linear(const LinearCtx& ctx,
                      float* y,
                      bool q8,
                      cudaStream_t s,
-                     bool accumulate = false) {
+                     bool accumulate = false,
+                     const cuda::Fp8Acts* xq = nullptr) {
   Workspace* ws = ctx.ws;
-  if (q8 && n > 0 && w.format == WeightFormat::kFp8Block128 && cuda::fp8_gemm_supports(w)) {
+  if (n > 0 && fp8_linear_path(w, q8)) {
     cuda::Fp8LinearParams p;
     p.w = w;
-    DSI_RETURN_IF_ERROR(quantize_fp8(ws, x, n, w.cols, s, &p.x));
+    if (xq != nullptr) {
+      p.x = *xq;
+    } else {
+      DSI_RETURN_IF_ERROR(quantize_fp8(ws, x, n, w.cols, s, &p.x));
+    }
     p.n = n;
     p.y = y;
     p.accumulate = accumulate;
