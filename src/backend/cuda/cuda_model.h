@@ -179,7 +179,8 @@ class CudaModel final : public backend::Model {
                            const int64_t* positions,
                            uint8_t* pack,
                            const HostPack& hp,
-                           const float* u);
+                           const float* u,
+                           const cuda::Bf16SplitActs* us);
   // The pass's attention key lists, expanded on the device (paged.h: launch_expand_keys).
   Status expand_keys(const PassPlan& plan, uint8_t* pack, const HostPack& hp);
   Status fp8_experts(const cuda::ExpertFfnParams& p,

@@ -54,7 +54,8 @@ Status CudaModel::launch_compressor(const DCompressor& w,
                                     const int64_t* positions,
                                     uint8_t* pack,
                                     const HostPack& hp,
-                                    const float* u) {
+                                    const float* u,
+                                    const cuda::Bf16SplitActs* us) {
   const auto& c = config_;
   const cudaStream_t s = stream_.get();
   const bool overlap = plan.attention == AttentionType::kCsa;
@@ -66,9 +67,9 @@ Status CudaModel::launch_compressor(const DCompressor& w,
   DSI_RETURN_IF_ERROR(ws_->get(&kv, n * width));
   DSI_RETURN_IF_ERROR(ws_->get(&score, n * width));
   DSI_RETURN_IF_ERROR(ws_->get(&local, n * 2 * width));
-  DSI_RETURN_IF_ERROR(
-      linear(lin(), w.wkv, u, n, kv, false, s));  // compressor projections stay fp32
-  DSI_RETURN_IF_ERROR(linear(lin(), w.wgate, u, n, score, false, s));
+  // Compressor projections stay fp32 (on u's BF16 halves when the caller split it once).
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wkv, u, n, kv, false, s, false, nullptr, us));
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wgate, u, n, score, false, s, false, nullptr, us));
   cuda::CompressorAppendParams ap;
   ap.kv = kv;
   ap.score = score;
@@ -169,14 +170,33 @@ Status CudaModel::launch_attention(const DAttention& w,
     qs.kind = cuda::QuantSim::kBf16;
     DSI_RETURN_IF_ERROR(cuda::launch_quant_sim(qs, s));
   }
-  // Compressors.
+  // Compressors (and the indexer's weights_proj): u split into BF16 halves once for all of their
+  // BF16x2 linears (prefill sizes; decode takes the GEMVs on fp32 u).
+  cuda::Bf16SplitActs us;
+  const cuda::Bf16SplitActs* usp = nullptr;
   if (plan.attention != AttentionType::kSliding) {
-    DSI_RETURN_IF_ERROR(launch_compressor(w.comp, plan, lp.comp, false, n, positions, pack, hp, u));
+    bool all = bf16x2_linear_path(lin(), w.comp.wkv, n, false) &&
+               bf16x2_linear_path(lin(), w.comp.wgate, n, false);
+    if (plan.attention == AttentionType::kCsa) {
+      all = all && bf16x2_linear_path(lin(), w.index_comp.wkv, n, false) &&
+            bf16x2_linear_path(lin(), w.index_comp.wgate, n, false) &&
+            bf16x2_linear_path(lin(), w.indexer_weights_proj, n, false);
+    }
+    all = all && w.comp.wkv.cols == c.hidden_size && w.comp.wgate.cols == c.hidden_size &&
+          (plan.attention != AttentionType::kCsa ||
+           (w.index_comp.wkv.cols == c.hidden_size && w.index_comp.wgate.cols == c.hidden_size &&
+            w.indexer_weights_proj.cols == c.hidden_size));
+    if (all) {
+      DSI_RETURN_IF_ERROR(split_bf16(ws_.get(), u, n, c.hidden_size, 0, s, &us));
+      usp = &us;
+    }
+    DSI_RETURN_IF_ERROR(
+        launch_compressor(w.comp, plan, lp.comp, false, n, positions, pack, hp, u, usp));
   }
   int64_t* key_refs = hp.resolve<int64_t>(pack, lp.key_refs);
   if (plan.attention == AttentionType::kCsa) {
     DSI_RETURN_IF_ERROR(
-        launch_compressor(w.index_comp, plan, lp.index_comp, true, n, positions, pack, hp, u));
+        launch_compressor(w.index_comp, plan, lp.index_comp, true, n, positions, pack, hp, u, usp));
     const int64_t ih = c.index_n_heads;
     const int64_t ihd = c.index_head_dim;
     float* qi = nullptr;
@@ -184,7 +204,8 @@ Status CudaModel::launch_attention(const DAttention& w,
     DSI_RETURN_IF_ERROR(ws_->get(&qi, n * ih * ihd));
     DSI_RETURN_IF_ERROR(ws_->get(&hw, n * ih));
     DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_wq_b, qr, n, qi, q8, s, false, qrqp));
-    DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_weights_proj, u, n, hw, false, s));
+    DSI_RETURN_IF_ERROR(
+        linear(lin(), w.indexer_weights_proj, u, n, hw, false, s, false, nullptr, usp));
     DSI_RETURN_IF_ERROR(rope(qi, n, ih, ihd, positions, freqs, rd / 2, false, s));
     if (numerics_ == model::Numerics::kDeepSeek) {
       cuda::QuantSimParams qs;

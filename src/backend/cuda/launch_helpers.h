@@ -78,8 +78,17 @@ inline bool fp8_linear_path(const MatrixRef& w, bool q8) {
   return q8 && w.format == WeightFormat::kFp8Block128 && cuda::fp8_gemm_supports(w);
 }
 
-// xq (optional): x already quantised by quantize_fp8 over w.cols columns (several linears on the
-// same activations quantise them once).
+// Whether linear() runs w on BF16 halves of fp32 activations (its third branch).
+inline bool bf16x2_linear_path(const LinearCtx& ctx, const MatrixRef& w, int64_t n, bool q8) {
+  if (n <= 0 || fp8_linear_path(w, q8))
+    return false;
+  if (!q8 && ctx.wgmma && n <= cuda::kGemvMaxTokens && cuda::gemv_supports(w))
+    return false;
+  return !q8 && cuda::bf16x2_gemm_supports(w);
+}
+
+// xq / xs (optional): x already quantised by quantize_fp8, or split by split_bf16, over w.cols
+// columns (several linears on the same activations convert them once).
 inline Status linear(const LinearCtx& ctx,
                      const MatrixRef& w,
                      const float* x,
@@ -88,7 +97,8 @@ inline Status linear(const LinearCtx& ctx,
                      bool q8,
                      cudaStream_t s,
                      bool accumulate = false,
-                     const cuda::Fp8Acts* xq = nullptr) {
+                     const cuda::Fp8Acts* xq = nullptr,
+                     const cuda::Bf16SplitActs* xs = nullptr) {
   Workspace* ws = ctx.ws;
   if (n > 0 && fp8_linear_path(w, q8)) {
     cuda::Fp8LinearParams p;
@@ -120,7 +130,11 @@ inline Status linear(const LinearCtx& ctx,
   if (!q8 && n > 0 && cuda::bf16x2_gemm_supports(w)) {
     cuda::Bf16x2LinearParams p;
     p.w = w;
-    DSI_RETURN_IF_ERROR(split_bf16(ws, x, n, w.cols, 0, s, &p.x));
+    if (xs != nullptr) {
+      p.x = *xs;
+    } else {
+      DSI_RETURN_IF_ERROR(split_bf16(ws, x, n, w.cols, 0, s, &p.x));
+    }
     p.n = n;
     p.y = y;
     p.accumulate = accumulate;
