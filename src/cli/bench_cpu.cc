@@ -209,6 +209,10 @@ int run_cpu_bench(const CpuBenchArgs& a) {
     return run_cpu_bench_v41(a, model_dir);
   if (a.prefill_keep_rows != 0)
     return fail(invalid_argument("--prefill-keep-rows applies to DeepSeek V4.1 checkpoints only"));
+  if (a.engram_placement != "auto" || a.engram_compare) {
+    return fail(invalid_argument(
+        "--engram-placement and --engram-compare apply to DeepSeek V4.1 checkpoints only"));
+  }
   auto ckpt = model::Checkpoint::open(model_dir);
   if (!ckpt.ok())
     return fail(ckpt.status());
@@ -320,6 +324,11 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefill-keep-rows",
                   a->prefill_keep_rows,
                   "DeepSeek V4.1: also time the prefill early exit with the last K rows");
+  cmd->add_option("--engram-placement",
+                  a->engram_placement,
+                  "DeepSeek V4.1: where the Engram tables live: auto (default) | host | mapped "
+                  "(device: --device cuda)");
+  cuda_only->push_back(cmd->add_flag("--engram-compare", only));
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
   cmd->add_option("--state-memory",
                   a->state_memory,

@@ -25,6 +25,11 @@ struct CpuBenchArgs {
   int threads = 0;
   int64_t prefill_keep_rows = 0;  // DeepSeek V4.1: also time the prefill early exit
   int cuda_device = -1;  // DeepSeek V4.1: >= 0 runs the CUDA V4.1 backend on that GPU instead
+  // DeepSeek V4.1: the Engram placement (auto | host | mapped | device), and with engram_compare
+  // (CUDA) each decode batch timed twice in one process, rows gathered on the host then on the
+  // device, with the step-time ratio.
+  std::string engram_placement = "auto";
+  bool engram_compare = false;
   std::string state_memory = "1GiB";  // the budget the state footprint's context is given for
   std::string output;
 };

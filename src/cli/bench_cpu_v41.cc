@@ -1,8 +1,9 @@
 // `dsinfer bench` on a DeepSeek V4.1 checkpoint, `--device cpu` or `--device cuda`: the state
 // sizes (the spec's record layout at this checkpoint's config and at the real V4.1-Flash config,
 // and what the engine's pages hold), prefill and decode speed of the V4.1 CPU or CUDA backend
-// through the engine's backend seam, and with --prefill-keep-rows the prefill early exit's time
-// and layer-row saving in the same run.
+// through the engine's backend seam, with --prefill-keep-rows the prefill early exit's time
+// and layer-row saving in the same run, and with --engram-compare (CUDA) each decode batch timed
+// with the Engram rows gathered on the host and then from tables on the device.
 #include <time.h>
 
 #include <algorithm>
@@ -81,6 +82,7 @@ Result<std::unique_ptr<backend::Model>> open_v41(const CpuBenchArgs& a,
 #if DSINFER_HAVE_CUDA_BACKEND
     gpu_v41::CudaV41Options co;
     co.device = a.cuda_device;
+    co.engram_both = a.engram_compare;
     DSI_ASSIGN_OR_RETURN(auto m, gpu_v41::CudaV41Backend::open(model_dir, o, co));
     return std::unique_ptr<backend::Model>(std::move(m));
 #else
@@ -105,8 +107,16 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
   auto numerics = parse_numerics(a.numerics);
   if (!numerics.ok())
     return fail(numerics.status());
+  const bool gpu = a.cuda_device >= 0;
+  auto placement = parse_engram_placement_flag(a.engram_placement,
+                                               gpu ? engine::Device::kCuda : engine::Device::kCpu);
+  if (!placement.ok())
+    return fail(placement.status());
+  if (a.engram_compare && !gpu)
+    return fail(invalid_argument("--engram-compare needs --device cuda"));
   cpu_v41::V41BackendOptions o;
   o.numerics = *numerics;
+  o.engram.placement = *placement;
   auto opened = open_v41(a, model_dir, o);
   if (!opened.ok())
     return fail(opened.status());
@@ -120,7 +130,8 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
     exit_model = std::move(e).value();
   }
   const model_v41::V41Config& c = v41_config(m);
-  const bool gpu = a.cuda_device >= 0;
+  if (a.engram_compare && c.engram_layer_ids.empty())
+    return fail(invalid_argument("--engram-compare: this checkpoint has no Engram layers"));
   const char* tag = gpu ? "[bench cuda v4.1]" : "[bench cpu v4.1]";
   const int64_t longest = std::max(*std::max_element(a.prefill.begin(), a.prefill.end()),
                                    a.context + a.decode_steps + 1);
@@ -176,6 +187,7 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
   json run;
   run["kernels"] = gpu ? "cuda" : "reference";
   run["backend"] = m.name();
+  run["engram_placement"] = cpu_v41::engram_placement_name(*placement);
   json prefill = json::array();
   for (int64_t len : a.prefill) {
     const auto toks = tokens_for(len, c.vocab_size, static_cast<uint32_t>(len));
@@ -220,20 +232,23 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
   json decode = json::array();
   backend::ForwardOptions last;
   last.last_logits_only = true;
-  backend::ForwardOutputs fo;
   const auto ctx = tokens_for(a.context, c.vocab_size, 17);
-  for (int64_t batch : a.decode_batch) {
+  // One timed decode run of `batch` sequences forked from one prefilled context: seconds per
+  // step, and the logits of the untimed first step (equal inputs in every run).
+  struct DecodeRun {
+    double step_s = 0;
+    std::vector<float> first_logits;
+  };
+  auto run_decode = [&](int64_t batch) -> Result<DecodeRun> {
+    backend::ForwardOutputs fo;
     std::vector<std::unique_ptr<state::SequenceState>> seqs;
     seqs.push_back(std::make_unique<state::SequenceState>(shape, arena.get(), 0));
-    if (Status s = m.forward(*seqs[0], ctx, last, &fo); !s.ok())
-      return fail(s);
+    DSI_RETURN_IF_ERROR(m.forward(*seqs[0], ctx, last, &fo));
     for (int64_t i = 1; i < batch; ++i) {
       seqs.push_back(std::make_unique<state::SequenceState>(shape, arena.get(), i));
       std::vector<std::pair<int32_t, int32_t>> pairs;
-      if (Status s = seqs.back()->fork_from(*seqs[0], &pairs); !s.ok())
-        return fail(s);
-      if (Status s = m.copy_state_pages(*arena, pairs); !s.ok())
-        return fail(s);
+      DSI_RETURN_IF_ERROR(seqs.back()->fork_from(*seqs[0], &pairs));
+      DSI_RETURN_IF_ERROR(m.copy_state_pages(*arena, pairs));
     }
     // One decode step of the whole batch through forward_batch (the CUDA backend runs it as one
     // pass; the CPU backend one sequence after another).
@@ -253,14 +268,63 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
       for (const backend::ForwardItem& it : items) DSI_RETURN_IF_ERROR(it.status);
       return Status();
     };
-    if (Status s = step(0); !s.ok())
-      return fail(s);
+    DecodeRun r;
+    DSI_RETURN_IF_ERROR(step(0));
+    for (const backend::ForwardOutputs& o : outs)
+      r.first_logits.insert(r.first_logits.end(), o.logits.begin(), o.logits.end());
     const double t0 = now_s();
-    for (int64_t k = 0; k < a.decode_steps; ++k) {
-      if (Status s = step(1 + k); !s.ok())
-        return fail(s);
+    for (int64_t k = 0; k < a.decode_steps; ++k) DSI_RETURN_IF_ERROR(step(1 + k));
+    r.step_s = (now_s() - t0) / static_cast<double>(a.decode_steps);
+    return r;
+  };
+#if DSINFER_HAVE_CUDA_BACKEND
+  auto* cuda_m = dynamic_cast<gpu_v41::CudaV41Backend*>(&m);
+#endif
+  for (int64_t batch : a.decode_batch) {
+    if (a.engram_compare) {
+#if DSINFER_HAVE_CUDA_BACKEND
+      // The same decode run twice in this process: rows gathered on the host (the store's
+      // helper thread, then a copy), then from the tables on the device.
+      DecodeRun runs[2];
+      for (int dev = 0; dev < 2; ++dev) {
+        if (Status s = cuda_m->set_engram_on_device(dev == 1); !s.ok())
+          return fail(s);
+        auto r = run_decode(batch);
+        if (!r.ok())
+          return fail(r.status());
+        runs[dev] = std::move(r).value();
+      }
+      const double ratio = runs[0].step_s / runs[1].step_s;
+      const bool same = runs[0].first_logits == runs[1].first_logits;
+      std::fprintf(stderr,
+                   "%s decode batch %lld at %lld context, Engram rows from host: %.3f ms/step, "
+                   "from device: %.3f ms/step, host/device %.3f (%s), logits %s\n",
+                   tag,
+                   static_cast<long long>(batch),
+                   static_cast<long long>(a.context),
+                   runs[0].step_s * 1e3,
+                   runs[1].step_s * 1e3,
+                   ratio,
+                   ratio <= 1.05 ? "within 5%" : "NOT within 5%",
+                   same ? "bit-identical" : "DIFFER");
+      decode.push_back({{"batch", batch},
+                        {"context", a.context},
+                        {"steps", a.decode_steps},
+                        {"step_ms", runs[0].step_s * 1e3},
+                        {"tokens_per_s", static_cast<double>(batch) / runs[0].step_s},
+                        {"engram_compare",
+                         {{"host_step_ms", runs[0].step_s * 1e3},
+                          {"device_step_ms", runs[1].step_s * 1e3},
+                          {"host_over_device", ratio},
+                          {"within_5_percent", ratio <= 1.05},
+                          {"first_step_logits_identical", same}}}});
+      continue;
+#endif
     }
-    const double step_s = (now_s() - t0) / static_cast<double>(a.decode_steps);
+    auto r = run_decode(batch);
+    if (!r.ok())
+      return fail(r.status());
+    const double step_s = r->step_s;
     std::fprintf(stderr,
                  "%s decode batch %lld at %lld context: %.2f ms/step, %.1f tok/s\n",
                  tag,
@@ -278,7 +342,10 @@ int run_cpu_bench_v41(const CpuBenchArgs& a, const std::string& model_dir) {
   out["runs"] = json::array({run});
   out["notes"] =
       gpu ? "The CUDA V4.1 backend runs a decode batch as one eager pass (no CUDA graphs yet; "
-            "docs/gpu.md); decode sequences share one prefilled prefix (forked state)."
+            "docs/gpu.md); decode sequences share one prefilled prefix (forked state). With "
+            "--engram-compare each decode batch runs twice from the same prefix, Engram rows "
+            "gathered on the host (the store's helper thread, then a copy) and then from the "
+            "tables on the device; host_over_device is the step-time ratio (issue 15: <= 1.05)."
           : "V4.1 runs on the reference CPU kernels only (--cpu-kernels is ignored); decode "
             "sequences share one prefilled prefix (forked state).";
   return write_output(out.dump(2), a.output, gpu ? "bench cuda v4.1" : "bench cpu v4.1");

@@ -475,6 +475,16 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefill-keep-rows",
                   a->cpu.prefill_keep_rows,
                   "DeepSeek V4.1: also time the prefill early exit with the last K rows");
+  cmd->add_option("--engram-placement",
+                  a->cpu.engram_placement,
+                  "DeepSeek V4.1: where the Engram tables live: auto (default: host memory while "
+                  "they fit, else mapped; rows gathered on the host) | host | mapped | device "
+                  "(GPU memory, rows gathered on the GPU)");
+  cmd->add_flag("--engram-compare",
+                a->cpu.engram_compare,
+                "DeepSeek V4.1 on CUDA: time each decode batch with the Engram rows gathered on "
+                "the host, then from tables on the device (both in one process), and print the "
+                "host/device step-time ratio (issue 15: within 5%)");
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
   cmd->add_option("--state-memory",
                   a->state_memory,

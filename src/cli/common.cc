@@ -137,6 +137,11 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
                   f->prefill_keep_rows,
                   "DeepSeek V4.1: prefill early exit, the consumer half on the last K prompt rows "
                   "(>= window + 6, e.g. 140; default 0 = exact prefill)");
+  cmd->add_option("--engram-placement",
+                  f->engram_placement,
+                  "DeepSeek V4.1: where the Engram tables live: auto (default: host memory while "
+                  "they fit, else the checkpoint's memory map) | host | mapped | device (GPU "
+                  "memory, rows gathered on the GPU; --device cuda)");
   cmd->add_option("--device", f->device, "cpu | cuda | cuda:N (the CUDA backend needs a GPU)");
   cmd->add_option("--cpu-kernels",
                   f->cpu_kernels,
@@ -214,6 +219,19 @@ Status parse_speculative(const std::string& flag, engine::EngineConfig* config) 
   return Status();
 }
 
+Result<cpu_v41::EngramPlacement> parse_engram_placement_flag(const std::string& s,
+                                                             engine::Device device) {
+  auto p = cpu_v41::parse_engram_placement(s);
+  if (!p.ok())
+    return p.status().with_context("--engram-placement");
+  if (*p == cpu_v41::EngramPlacement::kDevice && device != engine::Device::kCuda) {
+    return invalid_argument(
+        "--engram-placement device needs --device cuda (the CPU backend keeps the tables in host "
+        "memory or reads them from the checkpoint's memory map: host, mapped, auto)");
+  }
+  return *p;
+}
+
 Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   EngineSetup s;
   DSI_ASSIGN_OR_RETURN(s.config.numerics, parse_numerics(f.numerics));
@@ -242,6 +260,8 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   if (f.prefill_keep_rows < 0)
     return invalid_argument("--prefill-keep-rows must be >= 0 (0 = exact prefill)");
   s.config.prefill_keep_rows = f.prefill_keep_rows;
+  DSI_ASSIGN_OR_RETURN(s.config.engram_placement,
+                       parse_engram_placement_flag(f.engram_placement, s.config.device));
   s.config.max_model_len = f.max_model_len;
   s.config.scheduler.max_running = f.max_num_seqs;
   s.config.scheduler.max_tokens_per_step = f.max_tokens_per_step;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_v41/engram_store.h"
 #include "base/status.h"
 #include "engine/engine.h"
 #include "model/numerics.h"
@@ -43,9 +44,10 @@ struct EngineFlags {
   std::string state_memory = "1GiB";
   int64_t max_num_seqs = 64;
   int64_t max_tokens_per_step = 256;
-  int64_t max_model_len = 0;           // 0 = the model's
-  std::string model_version = "auto";  // auto: v4.1 for a V4.1 checkpoint, else v4
-  int64_t prefill_keep_rows = 0;       // V4.1 prefill early exit (0 = exact)
+  int64_t max_model_len = 0;              // 0 = the model's
+  std::string model_version = "auto";     // auto: v4.1 for a V4.1 checkpoint, else v4
+  int64_t prefill_keep_rows = 0;          // V4.1 prefill early exit (0 = exact)
+  std::string engram_placement = "auto";  // V4.1: auto | host | mapped | device
   std::string device = "cpu";
   std::string cpu_kernels = "fast";
   int cpu_threads = 0;
@@ -57,6 +59,10 @@ struct EngineFlags {
 void add_engine_flags(CLI::App* cmd, EngineFlags* f);
 // --speculative (empty: auto where the checkpoint has a drafter, off elsewhere).
 Status parse_speculative(const std::string& flag, engine::EngineConfig* config);
+// --engram-placement: auto | host | mapped | device (device only with a CUDA device); errors
+// name the flag.
+Result<cpu_v41::EngramPlacement> parse_engram_placement_flag(const std::string& s,
+                                                             engine::Device device);
 // "reference" | "fast" (--cpu-kernels).
 Result<engine::CpuKernels> parse_cpu_kernels(const std::string& s);
 

@@ -185,6 +185,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     cpu_v41::V41BackendOptions o;
     o.numerics = config.numerics;
     o.prefill_keep_rows = config.prefill_keep_rows;
+    o.engram.placement = config.engram_placement;
     if (config.device == Device::kCuda) {
 #if DSINFER_HAVE_CUDA_BACKEND
       if (config.expert_parallel > 0)
@@ -212,6 +213,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   }
   if (config.prefill_keep_rows != 0)
     return invalid_argument("--prefill-keep-rows applies to DeepSeek V4.1 checkpoints only");
+  if (config.engram_placement != cpu_v41::EngramPlacement::kAuto)
+    return invalid_argument("--engram-placement applies to DeepSeek V4.1 checkpoints only");
   auto ckpt = model::Checkpoint::open(config.model_dir);
   if (!ckpt.ok())
     return ckpt.status();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
+#include "backend/cpu_v41/engram_store.h"
 #include "base/status.h"
 #include "engine/prefix_cache.h"
 #include "engine/request.h"
@@ -57,6 +58,10 @@ struct EngineConfig {
   int64_t max_model_len = 0;                      // 0 = model's max_position_embeddings
   // DeepSeek V4.1: prefill early exit, the consumer half on the last K prompt rows (0 = exact).
   int64_t prefill_keep_rows = 0;
+  // DeepSeek V4.1: where the Engram tables live (--engram-placement; docs/v41.md). auto: host
+  // memory while they fit, else the checkpoint's memory map, rows gathered on the host; host /
+  // mapped: all of them there; device: GPU memory, rows gathered on the device (--device cuda).
+  cpu_v41::EngramPlacement engram_placement = cpu_v41::EngramPlacement::kAuto;
   int32_t max_top_logprobs = sampling::kDefaultMaxTopLogprobs;  // top_logprobs' upper bound
   SchedulerConfig scheduler;
   // Prefix cache over a KV store (off without a store; off under expert parallelism).

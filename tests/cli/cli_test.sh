@@ -51,6 +51,23 @@ check "v41 generate keep-rows too small" contains "$TMP/err.txt" "window + max b
 rc=$?
 check "v41 placeholder id exits 2" test "$rc" -eq 2
 check "v41 placeholder id is named" contains "$TMP/err.txt" "multimodal placeholder"
+# --engram-placement: the host placements give the same tokens; bad values and `device` off CUDA
+# are named errors.
+"$DSI" generate --model "$V41/official" --prompt-token-ids 0,5,6,7 --max-tokens 3 --temperature 0 \
+  --engram-placement mapped >"$TMP/v41gen3.txt" 2>"$TMP/err.txt"
+check "v41 generate engram mapped" cmp -s "$TMP/v41gen.txt" "$TMP/v41gen3.txt"
+"$DSI" generate --model "$V41/official" --prompt-token-ids 0,5 --engram-placement gpu \
+  >"$TMP/err.txt" 2>&1
+rc=$?
+check "v41 bad engram placement exits 2" test "$rc" -eq 2
+check "v41 bad engram placement is named" contains "$TMP/err.txt" \
+  "--engram-placement: Engram placement must be auto, host, mapped or device, got \`gpu\`"
+"$DSI" generate --model "$V41/official" --prompt-token-ids 0,5 --engram-placement device \
+  >"$TMP/err.txt" 2>&1
+check "v41 engram device needs cuda" contains "$TMP/err.txt" \
+  "--engram-placement device needs --device cuda"
+"$DSI" bench --device cpu --model "$V41/official" --engram-compare >"$TMP/err.txt" 2>&1
+check "v41 bench engram-compare needs cuda" contains "$TMP/err.txt" "needs --device cuda"
 # bench --device cpu on V4.1: the spec's state figures (here and at the real config) and the
 # prefill early exit's saving in the same run.
 "$DSI" bench --device cpu --model "$V41/official" --prefill 40 --decode-batch 2 --context 30 \

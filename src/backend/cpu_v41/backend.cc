@@ -59,6 +59,8 @@ Result<std::unique_ptr<V41Backend>> V41Backend::open(const std::string& dir,
                                                      const V41BackendOptions& options) {
   if (options.prefill_keep_rows < 0)
     return invalid_argument("--prefill-keep-rows must be >= 0 (0 = exact prefill)");
+  if (options.engram.placement == EngramPlacement::kDevice)
+    return engram_device_needs_cuda();
   auto ck = model_v41::V41Checkpoint::open(dir);
   if (!ck.ok())
     return ck.status();

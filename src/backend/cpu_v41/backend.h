@@ -25,8 +25,10 @@ struct V41BackendOptions {
   int64_t prefill_keep_rows = 0;
   // The Engram compressed token map; empty = <model dir>/engram_token_map.json.
   std::string engram_token_map;
-  // Where the Engram tables live: copied to host memory when they fit, else read in place from
-  // the checkpoint's memory map (EngramStore).
+  // Where the Engram tables live (--engram-placement): auto copies them to host memory while
+  // they fit and maps the rest, host copies all, mapped reads them in place from the
+  // checkpoint's memory map (EngramStore); device is the CUDA V4.1 backend's (tables in GPU
+  // memory, gathered there) and this backend refuses it.
   EngramStoreOptions engram;
 };
 

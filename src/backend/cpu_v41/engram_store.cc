@@ -18,6 +18,8 @@ const char* engram_placement_name(EngramPlacement p) {
       return "host";
     case EngramPlacement::kMapped:
       return "mapped";
+    case EngramPlacement::kDevice:
+      return "device";
   }
   return "?";
 }
@@ -29,7 +31,15 @@ Result<EngramPlacement> parse_engram_placement(const std::string& s) {
     return EngramPlacement::kHost;
   if (s == "mapped")
     return EngramPlacement::kMapped;
-  return invalid_argument("Engram placement must be auto, host or mapped, got `" + s + "`");
+  if (s == "device")
+    return EngramPlacement::kDevice;
+  return invalid_argument("Engram placement must be auto, host, mapped or device, got `" + s + "`");
+}
+
+Status engram_device_needs_cuda() {
+  return Status(StatusCode::kFailedPrecondition,
+                "Engram placement `device` needs the CUDA V4.1 backend (--device cuda); on the CPU "
+                "the tables live in host memory (host) or the checkpoint's memory map (mapped)");
 }
 
 namespace {
@@ -45,6 +55,8 @@ Result<std::unique_ptr<EngramStore>> EngramStore::create(const model_v41::V41Con
                                                          const EngramStoreOptions& o) {
   if (o.host_budget_bytes < 0)
     return invalid_argument("Engram host memory budget must be >= 0");
+  if (o.placement == EngramPlacement::kDevice)
+    return engram_device_needs_cuda();
   std::unique_ptr<EngramStore> s(new EngramStore());
   s->dim_ = c.engram_head_dim;
   int64_t budget = o.host_budget_bytes > 0 ? o.host_budget_bytes : physical_memory_bytes() / 2;

@@ -2,7 +2,10 @@
 // table is either copied into host memory owned by the store (kHost; pinned host memory is the
 // CUDA backend's later variant) or read in place from the checkpoint's memory map (kMapped: the
 // ~94 GiB-per-table case that does not fit in RAM; the kernel pages rows in on demand). kAuto
-// copies the tables that fit in the host budget, in layer order, and maps the rest.
+// copies the tables that fit in the host budget, in layer order, and maps the rest. kDevice is
+// the CUDA V4.1 backend's placement (the tables uploaded to GPU memory, gathered there); the store
+// itself refuses it (the CUDA backend opens its store mapped and reads the tables from the map
+// once, at upload).
 //
 // A forward hashes every Engram row address of the chunk before layer 0 and hands them to
 // gather_async(), which dequantises the rows of all Engram layers on a helper thread while the
@@ -22,9 +25,12 @@
 
 namespace dsinfer::cpu_v41 {
 
-enum class EngramPlacement { kAuto, kHost, kMapped };
-const char* engram_placement_name(EngramPlacement p);  // "auto", "host", "mapped"
+enum class EngramPlacement { kAuto, kHost, kMapped, kDevice };
+const char* engram_placement_name(EngramPlacement p);  // "auto", "host", "mapped", "device"
+// The --engram-placement spellings; errors name the value.
 Result<EngramPlacement> parse_engram_placement(const std::string& s);
+// The error of kDevice anywhere but the CUDA V4.1 backend (FailedPrecondition).
+Status engram_device_needs_cuda();
 
 struct EngramStoreOptions {
   EngramPlacement placement = EngramPlacement::kAuto;

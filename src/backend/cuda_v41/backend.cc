@@ -33,7 +33,13 @@ Result<std::unique_ptr<CudaV41Backend>> CudaV41Backend::open(
     const CudaV41Options& cuda_options) {
   DSI_RETURN_IF_ERROR(gpu::select_device(cuda_options.device));
   std::unique_ptr<CudaV41Backend> b(new CudaV41Backend());
-  DSI_ASSIGN_OR_RETURN(b->cpu_, cpu_v41::V41Backend::open(dir, options));
+  // The `device` Engram placement: the CPU backend's store maps the tables (no host copy); they
+  // are read from the map once, by the upload below.
+  cpu_v41::V41BackendOptions cpu_options = options;
+  const bool device_tables = options.engram.placement == cpu_v41::EngramPlacement::kDevice;
+  if (device_tables)
+    cpu_options.engram.placement = cpu_v41::EngramPlacement::kMapped;
+  DSI_ASSIGN_OR_RETURN(b->cpu_, cpu_v41::V41Backend::open(dir, cpu_options));
   b->c_ = &b->cpu_->checkpoint().config();
   b->keep_rows_ = options.prefill_keep_rows;
   const model_v41::V41Config& c = *b->c_;
@@ -42,6 +48,9 @@ Result<std::unique_ptr<CudaV41Backend>> CudaV41Backend::open(
     return invalid_argument("the CUDA V4.1 backend supports hc_mult 1..4");
   b->dspark_ = m.has_dspark();
   DSI_ASSIGN_OR_RETURN(b->weights_, V41DeviceWeights::upload(c, m.weights(), b->dspark_));
+  if (device_tables || cuda_options.engram_both)
+    DSI_RETURN_IF_ERROR(b->weights_->upload_engram_tables(c, m.weights()));
+  b->engram_on_device_ = device_tables;
   b->dspark_target_index_.assign(static_cast<size_t>(c.num_hidden_layers), -1);
   for (size_t i = 0; i < c.dspark_target_layer_ids.size(); ++i) {
     b->dspark_target_index_[static_cast<size_t>(c.dspark_target_layer_ids[i])] =
@@ -58,6 +67,16 @@ CudaV41Backend::~CudaV41Backend() {
   temps_.clear();
   kept_.clear();
   for (auto& [arena, pool] : pools_) (void)cudaFree(pool.p);
+}
+
+Status CudaV41Backend::set_engram_on_device(bool on) {
+  if (on && weights_->engram_tables.size() != c_->engram_layer_ids.size()) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "the Engram tables are not on the device (open the CUDA V4.1 backend with the "
+                  "`device` Engram placement or CudaV41Options::engram_both)");
+  }
+  engram_on_device_ = on;
+  return Status();
 }
 
 Status CudaV41Backend::health() const {

@@ -1,6 +1,7 @@
 // CudaV41Backend: DeepSeek V4.1 behind the engine's backend seam (backend::Model) on one GPU.
 // The checkpoint, its validation, the engine view, the state layout, the Engram hashing and the
-// Engram tables (host memory, cpu_v41::EngramStore) come from the CPU V4.1 backend it opens; the
+// Engram tables (host memory or mapped, cpu_v41::EngramStore) come from the CPU V4.1 backend it
+// opens (with the `device` Engram placement the tables are uploaded and gathered on the GPU); the
 // forward runs on the device over the engine's paged state, mirrored in one device pool (the
 // PageArena hands out page ids only), with the weights uploaded once in their checkpoint formats.
 //
@@ -32,6 +33,10 @@ namespace dsinfer::gpu_v41 {
 
 struct CudaV41Options {
   int device = 0;
+  // Upload the Engram tables to the device whatever the placement (the host placements keep
+  // their store too), so set_engram_on_device can switch the gather per forward: `bench
+  // --engram-compare` times host and device placement in one process.
+  bool engram_both = false;
 };
 
 class CudaV41Backend final : public backend::Model {
@@ -83,6 +88,14 @@ class CudaV41Backend final : public backend::Model {
   model::Numerics numerics() const override { return cpu_->numerics(); }
   const cpu_v41::V41Backend& cpu() const { return *cpu_; }
   int64_t weight_bytes() const { return weights_->bytes(); }
+  // Where the forward takes its Engram rows from: the device tables (gathered by a kernel on the
+  // forward stream) or the host store (gathered on its helper thread, then copied). True from
+  // open with the `device` placement; set_engram_on_device(true) needs the tables uploaded (the
+  // `device` placement or CudaV41Options::engram_both), else FailedPrecondition. Under the
+  // `device` placement the host store is the checkpoint's memory map.
+  bool engram_on_device() const { return engram_on_device_; }
+  Status set_engram_on_device(bool on);
+  int64_t engram_device_bytes() const { return weights_->engram_table_bytes(); }
 
  private:
   CudaV41Backend() = default;
@@ -212,6 +225,7 @@ class CudaV41Backend final : public backend::Model {
   std::vector<int> dspark_target_index_;
   bool dspark_ = false;
   int64_t keep_rows_ = 0;  // prefill early exit: K (0 = exact prefill)
+  bool engram_on_device_ = false;
   device::Stream stream_;
   std::unique_ptr<device::CachingAllocator> alloc_;
   std::vector<device::DeviceBuffer> temps_;

@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "device/device_error.h"
+#include "tensor/dtype.h"
 
 namespace dsinfer::gpu_v41 {
 
@@ -21,6 +22,43 @@ Result<const void*> V41DeviceWeights::copy(const void* src, int64_t n) {
       device::check_cuda(cudaMemcpy(p, src, static_cast<size_t>(n), cudaMemcpyHostToDevice),
                          "copying the V4.1 weights to the device"));
   return static_cast<const void*>(p);
+}
+
+Status V41DeviceWeights::upload_engram_tables(const model_v41::V41Config& c,
+                                              const model_v41::V41Weights& w) {
+  engram_tables.clear();
+  for (int l : c.engram_layer_ids) {
+    const model_v41::LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    if (!lw.has_engram || lw.engram.table.data == nullptr) {
+      return Status(StatusCode::kNotFound,
+                    "missing Engram table for Engram layer " + std::to_string(l) +
+                        " (engram_layer_ids lists it; the checkpoint bound none)");
+    }
+    const model_v41::EngramTable& t = lw.engram.table;
+    DEngramTable d;
+    d.rows = t.rows;
+    d.dim = t.dim;
+    d.fp8 = t.fp8;
+    d.data_dtype = t.data_dtype;
+    const int64_t elem = t.fp8 ? 1 : dtype_size(static_cast<DType>(t.data_dtype));
+    const int64_t data_bytes = t.rows * t.dim * elem;
+    const int64_t scale_bytes = t.fp8 ? t.rows * (t.dim / 32) : 0;
+    const std::string what = "Engram placement device: the table of layer " + std::to_string(l) +
+                             " (" + std::to_string(data_bytes + scale_bytes) + " bytes)";
+    auto data = copy(t.data, data_bytes);
+    if (!data.ok())
+      return data.status().with_context(what);
+    d.data = *data;
+    if (t.fp8) {
+      auto scale = copy(t.scale, scale_bytes);
+      if (!scale.ok())
+        return scale.status().with_context(what);
+      d.scale = static_cast<const uint8_t*>(*scale);
+    }
+    engram_bytes_ += data_bytes + scale_bytes;
+    engram_tables.push_back(d);
+  }
+  return Status();
 }
 
 Status V41DeviceWeights::matrix(const MatrixRef& h, MatrixRef* d) {

@@ -1,9 +1,10 @@
 // V41DeviceWeights: the V4.1 checkpoint on the GPU, every matrix in its checkpoint format (FP8
 // 32x32 blocks, MXFP4 experts, BF16; never expanded) and the small vectors as fp32. The Engram
-// tables are not uploaded: they stay in host memory (cpu_v41::EngramStore) and only the rows a
-// forward reads are copied. Of the DSpark blocks only what the target forward needs to write
-// their context KV (main_proj, main_norm, each block's wkv and kv_norm) and, for drafting on the
-// device, the blocks, the final norm and the Markov head.
+// tables stay in host memory (cpu_v41::EngramStore; only the rows a forward reads are copied)
+// unless upload_engram_tables puts them on the device too (the `device` placement). Of the DSpark
+// blocks only what the target forward needs to write their context KV (main_proj, main_norm, each
+// block's wkv and kv_norm) and, for drafting on the device, the blocks, the final norm and the
+// Markov head.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +54,16 @@ struct DEngram {
   const float* qk = nullptr;  // [hc, hidden]: q_weight * k_weight (the CPU's product)
 };
 
+// An Engram table in device memory, in its checkpoint format (model_v41::EngramTable's).
+struct DEngramTable {
+  const void* data = nullptr;
+  const uint8_t* scale = nullptr;  // fp8: one E8M0 byte per 32 values
+  int64_t rows = 0;
+  int64_t dim = 0;
+  bool fp8 = false;
+  int data_dtype = 0;
+};
+
 struct DLayer {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
@@ -95,6 +106,11 @@ class V41DeviceWeights {
   DDspark draft;  // empty blocks without DSpark
   const float* inv_main = nullptr;
   const float* inv_compress = nullptr;
+  // The Engram tables (one per engram_layer_ids entry, in that order) copied to the device as
+  // the checkpoint stores them; errors name the layer and the bytes asked for.
+  Status upload_engram_tables(const model_v41::V41Config& c, const model_v41::V41Weights& w);
+  std::vector<DEngramTable> engram_tables;  // empty unless uploaded
+  int64_t engram_table_bytes() const { return engram_bytes_; }
   int64_t bytes() const { return bytes_; }
 
  private:
@@ -105,6 +121,7 @@ class V41DeviceWeights {
   Status layer(const model_v41::V41Config& c, const model_v41::LayerWeights& h, DLayer* d);
   std::vector<void*> allocs_;
   int64_t bytes_ = 0;
+  int64_t engram_bytes_ = 0;
 };
 
 }  // namespace dsinfer::gpu_v41

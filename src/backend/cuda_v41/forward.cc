@@ -44,8 +44,11 @@ struct CudaV41Backend::Pass {
   bool exit_active = false;
   int64_t window_floor = 0;
   bool placeholder = false;
-  int64_t cut = 0;  // rows cut at the boundary so far
-  cpu_v41::EngramStore::Pending rows;
+  int64_t cut = 0;                     // rows cut at the boundary so far
+  cpu_v41::EngramStore::Pending rows;  // host placements: the store's gather
+  // Device placement: per table, the row ids on the device ([n * hash_cols], token-major).
+  std::vector<const int64_t*> device_rows;
+  std::vector<int64_t> device_row_count;
 };
 
 // Values passed between layers within one forward (V41CpuModel::Shared).
@@ -242,8 +245,9 @@ Status CudaV41Backend::run_pass(std::span<Item> items) {
     ps.Xalt = streams.Xalt;
     ps.pi = streams.pi;
     // Engram row addresses of every table, hashed before layer 0 (each sequence's n-grams from
-    // its own history); the rows are gathered on the store's helper thread while the first
-    // layers' kernels run.
+    // its own history). Host placements: the rows are gathered on the store's helper thread
+    // while the first layers' kernels run. Device placement: the row ids are uploaded and each
+    // Engram layer gathers its rows from the device table.
     std::vector<std::vector<int64_t>> by_table(c.engram_layer_ids.size());
     if (!c.engram_layer_ids.empty()) {
       const cpu_v41::EngramHashParams& hash = cpu_->v41().hash_params();
@@ -261,7 +265,24 @@ Status CudaV41Backend::run_pass(std::span<Item> items) {
         }
       }
     }
-    ps.rows = cpu_->v41().engram_store().gather_async(std::move(by_table));
+    if (engram_on_device_) {
+      for (size_t li = 0; li < by_table.size(); ++li) {
+        const int64_t rows = weights_->engram_tables[li].rows;
+        for (int64_t r : by_table[li]) {
+          if (r < 0 || r >= rows) {
+            return Status(StatusCode::kInternal,
+                          "Engram row " + std::to_string(r) + " outside the table of layer " +
+                              std::to_string(c.engram_layer_ids[li]) + " (" + std::to_string(rows) +
+                              " rows)");
+          }
+        }
+        DSI_ASSIGN_OR_RETURN(int64_t * drows, upload(by_table[li]));
+        ps.device_rows.push_back(drows);
+        ps.device_row_count.push_back(static_cast<int64_t>(by_table[li].size()));
+      }
+    } else {
+      ps.rows = cpu_->v41().engram_store().gather_async(std::move(by_table));
+    }
     Shared sh;
     bool dspark = dspark_;
     for (const Item& it : items) {
@@ -401,13 +422,37 @@ Status CudaV41Backend::engram(int l, Pass& ps) {
   const int li = c.layers[static_cast<size_t>(l)].engram_index;
   const int64_t hc = c.hc_mult, D = c.hidden_size;
   const int64_t width = c.engram_hash_cols() * c.engram_head_dim;
-  const std::vector<float>& gathered = ps.rows.wait(li);
-  DSI_CHECK(static_cast<int64_t>(gathered.size()) == ps.n * width,
-            "Engram layer %d: %zu gathered values for %lld tokens",
-            l,
-            gathered.size(),
-            static_cast<long long>(ps.n));
-  DSI_ASSIGN_OR_RETURN(float* e, upload(gathered));
+  float* e = nullptr;
+  if (engram_on_device_) {
+    // The rows from the device table (the same values as the store's, bit for bit).
+    const DEngramTable& t = weights_->engram_tables[static_cast<size_t>(li)];
+    const int64_t count = ps.device_row_count[static_cast<size_t>(li)];
+    DSI_CHECK(count * t.dim == ps.n * width,
+              "Engram layer %d: %lld row ids for %lld tokens",
+              l,
+              static_cast<long long>(count),
+              static_cast<long long>(ps.n));
+    DSI_ASSIGN_OR_RETURN(e, tmp<float>(ps.n * width));
+    cuda::V41EngramGatherParams gp;
+    gp.data = t.data;
+    gp.scale = t.scale;
+    gp.fp8 = t.fp8;
+    gp.dtype = t.data_dtype;
+    gp.table_rows = t.rows;
+    gp.dim = t.dim;
+    gp.rows = ps.device_rows[static_cast<size_t>(li)];
+    gp.n = count;
+    gp.out = e;
+    DSI_RETURN_IF_ERROR(cuda::launch_v41_engram_gather(gp, stream_.get()));
+  } else {
+    const std::vector<float>& gathered = ps.rows.wait(li);
+    DSI_CHECK(static_cast<int64_t>(gathered.size()) == ps.n * width,
+              "Engram layer %d: %zu gathered values for %lld tokens",
+              l,
+              gathered.size(),
+              static_cast<long long>(ps.n));
+    DSI_ASSIGN_OR_RETURN(e, upload(gathered));
+  }
   DSI_ASSIGN_OR_RETURN(float* kv, tmp<float>(ps.n * (hc + 1) * D));
   DSI_RETURN_IF_ERROR(linear(w.eng.wkv, e, ps.n, kv));
   cuda::V41EngramGateParams gp;

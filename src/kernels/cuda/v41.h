@@ -7,7 +7,8 @@
 //                  queries, FP4 compressed KV) and the ratio-r compressor pooling;
 //   v41_select.cu  the two-level top-k (candidate blocks of the candidate source, the pool mask
 //                  of the reindex layers, empty selections dropped) and small row utilities;
-//   v41_engram.cu  the Engram gate (per-stream key match and value add).
+//   v41_engram.cu  the Engram gate (per-stream key match and value add) and the gather of
+//                  Engram table rows held in device memory (the `device` placement).
 // Device pointers in, Status out; every launcher validates its params and enqueues on `stream`.
 // Empty shapes launch nothing. fp32 throughout.
 #pragma once
@@ -178,5 +179,24 @@ struct V41EngramGateParams {
   float eps = 1e-20f;
 };
 Status launch_v41_engram_gate(const V41EngramGateParams& p, cudaStream_t stream);
+
+// Rows of an Engram table in device memory, dequantised to fp32 as model_v41::EngramTable::row
+// does on the host (bit-identical): out[i, c] = e4m3(data[rows[i], c]) * e8m0(scale[rows[i],
+// c / 32]) for a scaled FP8 table (a NaN operand comes out with its own bits, the scale's when
+// both are NaN, as the host build's multiply gives it), else the element of `data` (dtype F32,
+// F16, BF16 or F8_E4M3) as fp32. Row ids must lie in [0, table_rows) (the caller checks them on the
+// host).
+struct V41EngramGatherParams {
+  const void* data = nullptr;      // [table_rows, dim] elements of `dtype`
+  const uint8_t* scale = nullptr;  // fp8: [table_rows, dim / 32] E8M0 bytes
+  bool fp8 = false;
+  int dtype = 0;  // DType of `data` when !fp8 (as model_v41::EngramTable::data_dtype)
+  int64_t table_rows = 0;
+  int64_t dim = 0;                // fp8: a multiple of 32
+  const int64_t* rows = nullptr;  // [n]
+  int64_t n = 0;
+  float* out = nullptr;  // [n, dim]
+};
+Status launch_v41_engram_gather(const V41EngramGatherParams& p, cudaStream_t stream);
 
 }  // namespace dsinfer::cuda

@@ -60,6 +60,10 @@ TEST(V41EngramStore, PlacementsAndBudget) {
   EXPECT_FALSE(EngramStore::create(c, ck->weights(), {EngramPlacement::kAuto, -1}).ok());
   EXPECT_FALSE(parse_engram_placement("gpu").ok());
   EXPECT_EQ(*parse_engram_placement("mapped"), EngramPlacement::kMapped);
+  // `device` is the CUDA backend's placement: the store refuses it with a named error.
+  auto device = EngramStore::create(c, ck->weights(), {EngramPlacement::kDevice, 0});
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().code(), StatusCode::kFailedPrecondition);
   // A config that lists an Engram layer the weights do not have: a named error.
   model_v41::V41Config bad = c;
   bad.engram_layer_ids.push_back(0);
