@@ -696,9 +696,11 @@ bool Engine::plan_drafts() {
     for (size_t j = 0; j < draft_chunk_.size(); ++j) {
       want[j] = depth < 1 ? 0 : drafter_->sequential() ? std::min(depth, caps[j]) : caps[j];
       Request& r = *plan_.chunks[draft_chunk_[j]].request;
+      // Depth 0 (StepCost::choose measuring a one-token step while off is unmeasured) keeps
+      // the request speculating: the drafter's forward work runs, only no drafts this step.
       if (depth >= 1) {
         r.spec_idle_steps = 0;
-      } else if (++r.spec_idle_steps >= (predictor_->settled() ? 1 : 16)) {
+      } else if (depth < 0 && ++r.spec_idle_steps >= (predictor_->settled() ? 1 : 16)) {
         r.spec_disabled = true;
       }
     }

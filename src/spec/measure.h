@@ -17,7 +17,10 @@ namespace dsinfer::spec {
 // tokens per sequence and s = 1..max_k draft steps; the minimum of `reps` interleaved rounds. Fewer
 // batch sizes when the arena cannot hold max_batch throwaway sequences, and when the measurement
 // has taken budget_s (a slow backend such as the reference kernels: then also a single round;
-// the larger batch sizes are extrapolated).
+// the larger batch sizes are extrapolated). Each batch size first runs its longest verification,
+// its longest drafting and its plain decode twice untimed, so that even a single round times the
+// steady state the engine's steps see (grown workspace; on CUDA the plain decode replayed from
+// its captured graph, as the engine's plain steps are).
 Result<StepTimes> measure_step_times(backend::Model& model,
                                      Drafter& drafter,
                                      state::PageArena& arena,

@@ -185,6 +185,15 @@ double StepCost::correction(int bk, int32_t depth) const {
   const int n = static_cast<int>(seen.size());
   if (seen[static_cast<size_t>(d)] > 0)
     return delta[static_cast<size_t>(d)];
+  // Off not measured in this bucket: depth 0's correction (measured, or inferred from the
+  // speculating depths). A depth-0 step is the plain decode plus the drafter's forward work,
+  // and the start-up model times that difference; what the engine adds to a step (host work,
+  // sampling the one position) is the same for both. Not the speculating depths' corrections
+  // held down to off: those carry the cost of sampling and checking every verified position,
+  // which made off look as slow as the shallowest measured depth, so that auto, having gone
+  // deep on a start-up model that made speculation look cheap, never tried off again.
+  if (depth < 0)
+    return correction(bk, 0);
   // Between the nearest measured depths below and above: linear in the depth (the overhead of
   // sampling and checking grows with the tokens verified); past the last one on either side:
   // that one's.
@@ -258,6 +267,15 @@ int32_t StepCost::choose(int64_t b, std::span<const double> accept) const {
   const int32_t best = best_depth(b, accept);
   if (best < 1)
     return best;
+  // Off not measured in this bucket (running requests that speculate never run a plain decode)
+  // and not beaten by the best even if a plain step costs no more than the start-up model says:
+  // first depth 0, kExplore times, which measures what off's prediction rests on (the engine's
+  // cost of a one-token step) without stopping speculation.
+  if (measured(b, -1) == 0 && measured(b, 0) < kExplore) {
+    const double off_s = prior_s(b, -1) + std::min(0.0, correction(bucket(b), -1));
+    if (off_s > 0 && rate(b, best, accept) <= static_cast<double>(b) / off_s)
+      return 0;
+  }
   const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
   for (int32_t d : {best + 1, best - 1}) {
     if (d >= 1 && d <= top && measured(b, d) < kExplore)

@@ -62,7 +62,10 @@ Choice choose_verify_lengths(const StepTimes& times,
 // not see (per-step host work, sampling every verified position, graphs against eager launches);
 // a depth not yet measured in a bucket takes the corrections of the measured depths of that
 // bucket, interpolated linearly in the depth (off counting as depth -1) and held beyond the
-// deepest and shallowest measured, 0 when the bucket has none.
+// deepest and shallowest measured, 0 when the bucket has none. Off, unmeasured, takes depth 0's
+// correction (a depth-0 step is a plain decode plus the drafter's forward work, which the
+// start-up model times), never one held down from the speculating depths: theirs carry the cost
+// of every verified position, and made off look too slow ever to be tried.
 class StepCost {
  public:
   StepCost(StepTimes prior, int32_t max_k);
@@ -78,10 +81,14 @@ class StepCost {
   // The depth, -1 or 1..max_k() (capped by accept.size()), with the highest rate (depth 0 would
   // emit what -1 does at a higher cost). Ties go to the shallower depth.
   int32_t best_depth(int64_t b, std::span<const double> accept) const;
-  // best_depth, except that while a speculating depth next to it (best +- 1, >= 1) has fewer than
-  // kExplore measurements in b's bucket, that depth (the deeper first): the start-up model's
-  // shape can be wrong where the measured steps would say otherwise, and only steps run at a
-  // depth measure it. Deterministic given what was recorded.
+  // best_depth, except that when it is >= 1: while off has no measurement in b's bucket, depth 0
+  // fewer than kExplore, and the best would not beat off were a plain step as fast as the
+  // start-up model says, depth 0 (running requests that speculate never run a plain decode, so a
+  // depth-0 step, which keeps them speculating, is what measures off's side; the engine drafts
+  // nothing that step); then while a speculating depth next to the best (best +-
+  // 1, >= 1) has fewer than kExplore measurements, that depth (the deeper first): the start-up
+  // model's shape can be wrong where the measured steps would say otherwise, and only steps run
+  // at a depth measure it. Deterministic given what was recorded.
   int32_t choose(int64_t b, std::span<const double> accept) const;
   int64_t measured(int64_t b, int32_t depth) const;
   static constexpr int64_t kExplore = 3;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -222,22 +223,103 @@ TEST(StepCost, ExploresTheDepthsNextToTheBestUntilMeasured) {
   const std::vector<double> accept(5, 0.8);
   StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
   ASSERT_EQ(c.best_depth(1, accept), 3);
-  // The deeper neighbour first, kExplore times, then the shallower one, then the best.
+  // The deeper neighbour first, kExplore times, then the shallower one, then the best; every
+  // step measured exactly as predicted.
   std::vector<int32_t> seq;
-  for (int i = 0; i < 2 * static_cast<int>(StepCost::kExplore) + 2; ++i) {
-    const int32_t d = c.choose(1, accept);
-    seq.push_back(d);
-    c.record(1, d, c.step_s(1, d));  // measured exactly as predicted
-  }
   std::vector<int32_t> want;
   for (int64_t i = 0; i < StepCost::kExplore; ++i) want.push_back(4);
   for (int64_t i = 0; i < StepCost::kExplore; ++i) want.push_back(2);
   want.push_back(3);
   want.push_back(3);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const int32_t d = c.choose(1, accept);
+    seq.push_back(d);
+    c.record(1, d, c.step_s(1, d));
+  }
   EXPECT_EQ(seq, want);
+  // Measured steps that make the best (5, with depth 3's correction 4.0 - 1.65: 3.69 tokens /
+  // 4.85) no better than off would be at the start-up model's time (1 / 1.0), off not measured:
+  // depth 0 (up to kExplore times while the best stays >= 1) before anything else; off's prediction
+  // then rests on depth 0's measured correction (not on depth 3's, which would make it 1.0 + 2.35)
+  // and turns speculation off (depth 1, the best speculating one: 1.8 / (1.3 + 0.1 + 2.25 / 3) =
+  // 0.84).
+  StepCost p(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+  p.record(1, 3, 4.0);
+  EXPECT_EQ(p.best_depth(1, accept), 5);
+  EXPECT_EQ(p.choose(1, accept), 0);
+  p.record(1, 0, 1.1);  // one is enough here: off is then the best
+  EXPECT_NEAR(p.step_s(1, -1), 1.1, 1e-9);
+  EXPECT_EQ(p.best_depth(1, accept), -1);
+  EXPECT_EQ(p.choose(1, accept), -1);
+  // With off measured, no depth-0 steps.
+  StepCost m(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+  m.record(1, -1, 1.0);
+  m.record(1, 3, 4.0);
+  EXPECT_NE(m.choose(1, accept), 0);
   // Off is never explored from: a depth <= 0 is the choice as it is.
   const StepCost off(flat_times(1.0, 1.1, 1.0, 0.1, 5), 5);
   EXPECT_EQ(off.choose(1, accept), -1);
+}
+
+// The engine under auto, step by step on synthetic timings: each step runs StepCost::choose's
+// depth and records the step's true time. A choice of off (-1) stops speculation for the running
+// requests (Engine::plan_drafts), so from then on every step is a plain decode. Returns the
+// depths run.
+std::vector<int32_t> simulate_auto(StepCost& c,
+                                   int64_t b,
+                                   std::span<const double> accept,
+                                   const std::function<double(int32_t)>& true_s,
+                                   int steps) {
+  std::vector<int32_t> run;
+  bool off = false;
+  for (int i = 0; i < steps; ++i) {
+    const int32_t d = off ? -1 : c.choose(b, accept);
+    off = d < 0;
+    c.record(b, d, true_s(d));
+    run.push_back(d);
+  }
+  return run;
+}
+
+// The H200 pattern (CUDA, batch 16): the start-up model makes verification look nearly free
+// (every depth a little dearer than off: deep drafts win), while the engine's own steps show
+// that a verified position costs much more (host sampling and checking of every position,
+// eager launches) and a plain decode stays cheap. Auto must leave the deep depths for off or
+// depth 1 within a bounded number of steps, not lock into them.
+TEST(StepCost, CheapLookingStartUpModelDoesNotLockAutoIntoDeepDrafts) {
+  const std::vector<double> accept(5, 0.8);
+  const StepTimes prior = flat_times(1.0, 1.1, 0.01, 0.01, 5);
+  // True times at batch 16: off 1.0, a step of depth d >= 0 1.2 + 0.6 d. Tokens per request
+  // and second: off 1.0; d=1 1.8 / 1.8 = 1.0; d=2 2.44 / 2.4 = 1.017; d=3 2.952 / 3.0 = 0.98;
+  // d=5 3.689 / 4.2 = 0.88: depth 2 best by 2%, the deep depths losing.
+  auto expensive = [](int32_t d) { return d < 0 ? 1.0 : 1.2 + 0.6 * d; };
+  StepCost c(prior, 5);
+  ASSERT_EQ(c.best_depth(16, accept), 5);  // the start-up model's pick
+  const std::vector<int32_t> run = simulate_auto(c, 16, accept, expensive, 60);
+  // Bounded: after 20 steps it runs depth <= 2 for good.
+  for (size_t i = 20; i < run.size(); ++i) EXPECT_LE(run[i], 2) << i;
+  // Deep steps (4, 5) are explored a few times, not run for long.
+  EXPECT_LE(std::count_if(run.begin(), run.end(), [](int32_t d) { return d >= 4; }),
+            2 * StepCost::kExplore + 1);
+
+  // Where every depth clearly loses (d=1 1.8 / 2.2 = 0.82 of off), off within a few steps. (It
+  // was depth 1 for good: off's predicted time carried depth 1's correction, which holds the
+  // cost of sampling and checking the verified positions, and off was never tried.)
+  auto costly = [](int32_t d) { return d < 0 ? 1.0 : 1.2 + 1.0 * d; };
+  StepCost c2(prior, 5);
+  const std::vector<int32_t> run2 = simulate_auto(c2, 16, accept, costly, 40);
+  EXPECT_EQ(run2.back(), -1);
+  EXPECT_LE(std::find(run2.begin(), run2.end(), -1) - run2.begin(), 10);
+
+  // Batch 1 on the same start-up model, where the engine's steps show verification is cheap
+  // (a plain step 1.0, a depth-d step 1.25 + 0.05 d): auto keeps speculating deep, without
+  // depth-0 steps (off is never in question).
+  auto cheap = [](int32_t d) { return d < 0 ? 1.0 : 1.25 + 0.05 * d; };
+  StepCost c3(prior, 5);
+  const std::vector<int32_t> run3 = simulate_auto(c3, 1, accept, cheap, 40);
+  EXPECT_EQ(std::count(run3.begin(), run3.end(), -1), 0);
+  EXPECT_EQ(std::count(run3.begin(), run3.end(), 0), 0);
+  for (size_t i = 20; i < run3.size(); ++i) EXPECT_GE(run3[i], 4) << i;
 }
 
 TEST(AcceptancePredictor, LearnsRatesAndCalibration) {
