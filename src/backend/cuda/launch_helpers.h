@@ -198,20 +198,8 @@ inline Status grouped_linear(const MatrixRef& w,
   return Status();
 }
 
-inline Status rms_norm(
-    float* x, int64_t rows, int64_t dim, const float* w, float eps, cudaStream_t s) {
-  cuda::RmsNormParams p;
-  p.x = x;
-  p.rows = rows;
-  p.dim = dim;
-  p.weight = w;
-  p.eps = eps;
-  p.out = x;
-  return cuda::launch_rms_norm(p, s);
-}
-
-// rms_norm, then the RoPE of each row's last 2 * half dims (rows_per_token rows per position),
-// in one pass where the kernel can (elementwise.h).
+// rms_norm in place, then (half > 0) the RoPE of each row's last 2 * half dims (rows_per_token
+// rows per position), in one pass where the kernel can (elementwise.h).
 inline Status rms_norm_rope(float* x,
                             int64_t rows,
                             int64_t dim,
@@ -234,6 +222,11 @@ inline Status rms_norm_rope(float* x,
   p.rope_half = half;
   p.rope_rows_per_token = rows_per_token;
   return cuda::launch_rms_norm(p, s);
+}
+
+inline Status rms_norm(
+    float* x, int64_t rows, int64_t dim, const float* w, float eps, cudaStream_t s) {
+  return rms_norm_rope(x, rows, dim, w, eps, 1, nullptr, nullptr, 0, s);
 }
 
 inline Status rope(float* x,

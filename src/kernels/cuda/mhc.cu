@@ -483,78 +483,53 @@ __device__ void sinkhorn_warp(const float* mix, const HcPreParams& p, float* com
   const int hc2 = hc * hc;
   const int lane = threadIdx.x & 31;
   const float eps = p.hc_eps;
-  float v[kOwn];
-#pragma unroll
-  for (int u = 0; u < kOwn; ++u) {
-    const int e = lane + 32 * u;
-    if (e < hc2) {
-      v[u] = __fadd_rn(__fmul_rn(mix[2 * hc + e], p.scale[2]), p.base[2 * hc + e]);
-      comb_s[e] = v[u];
-    }
-  }
-  __syncwarp();
-#pragma unroll
-  for (int u = 0; u < kOwn; ++u) {
-    const int e = lane + 32 * u;
-    if (e < hc2) {
-      const int j = e / hc;
-      float m = -INFINITY;
-      for (int k = 0; k < hc; ++k) m = fmaxf(m, comb_s[j * hc + k]);
-      v[u] = expf(__fsub_rn(v[u], m));
-    }
-  }
-  __syncwarp();
-#pragma unroll
-  for (int u = 0; u < kOwn; ++u) {
-    const int e = lane + 32 * u;
-    if (e < hc2)
-      comb_s[e] = v[u];
-  }
-  __syncwarp();
-#pragma unroll
-  for (int u = 0; u < kOwn; ++u) {
-    const int e = lane + 32 * u;
-    if (e < hc2) {
-      const int j = e / hc;
-      float s = 0.0f;
-      for (int k = 0; k < hc; ++k) s = __fadd_rn(s, comb_s[j * hc + k]);
-      v[u] = __fadd_rn(__fdiv_rn(v[u], s), eps);
-    }
-  }
-  // One normalisation: every owner sums its row (rows) or column, then divides its element.
-  auto normalise = [&](bool rows) {
-    __syncwarp();
+  float v[kOwn] = {};
+  // f(u, e) for each element e = lane + 32 u this lane owns.
+  auto for_own = [&](auto&& f) {
 #pragma unroll
     for (int u = 0; u < kOwn; ++u) {
       const int e = lane + 32 * u;
       if (e < hc2)
-        comb_s[e] = v[u];
+        f(u, e);
     }
+  };
+  auto publish = [&]() {  // every owner's value into comb_s, between barriers
     __syncwarp();
-#pragma unroll
-    for (int u = 0; u < kOwn; ++u) {
-      const int e = lane + 32 * u;
-      if (e < hc2) {
-        const int j = e / hc;
-        const int k = e % hc;
-        float s = 0.0f;
-        for (int i = 0; i < hc; ++i)
-          s = __fadd_rn(s, rows ? comb_s[j * hc + i] : comb_s[i * hc + k]);
-        v[u] = __fdiv_rn(v[u], s + eps);
-      }
-    }
+    for_own([&](int u, int e) { comb_s[e] = v[u]; });
+    __syncwarp();
+  };
+  for_own([&](int u, int e) {
+    v[u] = __fadd_rn(__fmul_rn(mix[2 * hc + e], p.scale[2]), p.base[2 * hc + e]);
+  });
+  publish();
+  for_own([&](int u, int e) {
+    float m = -INFINITY;
+    for (int k = 0; k < hc; ++k) m = fmaxf(m, comb_s[(e / hc) * hc + k]);
+    v[u] = expf(__fsub_rn(v[u], m));
+  });
+  publish();
+  for_own([&](int u, int e) {
+    float s = 0.0f;
+    for (int k = 0; k < hc; ++k) s = __fadd_rn(s, comb_s[(e / hc) * hc + k]);
+    v[u] = __fadd_rn(__fdiv_rn(v[u], s), eps);
+  });
+  // One normalisation: every owner sums its row (rows) or column, then divides its element.
+  auto normalise = [&](bool rows) {
+    publish();
+    for_own([&](int u, int e) {
+      const int j = e / hc;
+      const int k = e % hc;
+      float s = 0.0f;
+      for (int i = 0; i < hc; ++i) s = __fadd_rn(s, rows ? comb_s[j * hc + i] : comb_s[i * hc + k]);
+      v[u] = __fdiv_rn(v[u], s + eps);
+    });
   };
   normalise(false);
   for (int64_t it = 0; it + 1 < p.sinkhorn_iters; ++it) {
     normalise(true);
     normalise(false);
   }
-#pragma unroll
-  for (int u = 0; u < kOwn; ++u) {
-    const int e = lane + 32 * u;
-    if (e < hc2)
-      out[e] = v[u];
-  }
+  for_own([&](int u, int e) { out[e] = v[u]; });
 }
 
 // hc * hc <= 32 (every released model: hc 4): lane e owns element (j, k) = (e / hc, e % hc) in a
