@@ -547,6 +547,10 @@ void Engine::start_forks(Request& parent, std::span<const float> logits) {
     }
     c->num_computed = parent.num_computed;
     c->state = RequestState::kDecoding;
+    // The forked state carries the parent's drafter state: speculating only if the parent did
+    // (a parent that ran its prompt without the MTP block leaves that state behind).
+    c->spec_disabled = parent.spec_disabled;
+    c->spec_idle_steps = parent.spec_idle_steps;
     fork_logits_.assign(logits.begin(), logits.end());
     accept_token(*c, sample_for(*c, fork_logits_));
   }

@@ -349,6 +349,60 @@ TEST(Speculative, SharedPromptForksKeepTheirOutputs) {
   EXPECT_EQ(run("fixed:3"), run("off"));
 }
 
+// Auto with a step-time model in which drafting never pays: the parent's prompt runs without the
+// MTP block, and its forks (n = 4) must not speculate from that (behind) drafter state either
+// (they did: "MTP state is behind" failed the request, seen through the server's n = 3).
+TEST(Speculative, ForksOfAParentThatDidNotSpeculateDoNotSpeculate) {
+  const int32_t k = 5;  // auto's drafts
+  spec::StepTimes t;
+  for (int64_t b : {1, 64}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(1.0);
+    t.verify_s.emplace_back();
+    for (int32_t l = 1; l <= k + 1; ++l) t.verify_s.back().push_back(1.0 + 10.0 * l);
+    t.draft_s.emplace_back();
+    for (int32_t d = 1; d <= k; ++d) t.draft_s.back().push_back(1.0 * d);
+  }
+  const auto cases = mixed_cases(1, 9, 8192, 24);
+  auto run = [&](const char* mode) {
+    EngineSetup s;
+    s.ckpt = bundled();
+    s.speculative = mode;
+    s.step_times = t;
+    s.kernels = CpuKernels::kReference;  // checks that the MTP state is not behind
+    auto e = make_engine(s);
+    std::vector<RequestId> ids;
+    for (uint64_t i = 0; i < 4; ++i) {
+      RequestSpec r = sampled(cases[0], 900 + i);
+      r.max_tokens = 12;
+      if (i > 0)
+        r.share_prompt_of = ids[0];
+      auto id = e->submit(std::move(r));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    while (e->step()) {
+      e->check_integrity();
+      // A fork speculates exactly when its parent does (the drafter state it inherits).
+      for (size_t i = 1; i < ids.size(); ++i) {
+        const Request* c = e->request(ids[i]);
+        if (c->num_computed > 0 && !c->done()) {
+          EXPECT_EQ(c->spec_disabled, e->request(ids[0])->spec_disabled) << mode;
+        }
+      }
+    }
+    EXPECT_EQ(e->stats().prompt_tokens, static_cast<int64_t>(cases[0].prompt.size())) << "forked";
+    std::vector<std::vector<int32_t>> outs;
+    for (RequestId id : ids) {
+      const Request* r = e->request(id);
+      EXPECT_EQ(r->finish_reason, FinishReason::kLength) << r->error;
+      outs.push_back(r->output);
+    }
+    return outs;
+  };
+  EXPECT_EQ(run("auto"), run("off"));
+}
+
 TEST(Speculative, NoDrafterIsAnErrorWhenAskedForAndOffByDefault) {
   auto tiny_b = open_model("tests/fixtures/tiny-b/official");  // no MTP weights
   EngineConfig cfg;
