@@ -320,6 +320,34 @@ TEST(GpuOpsArgs, RowOpsValidate) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(launch_rope(RopeParams{.tokens = 1, .dim = 4, .half = 3}, nullptr).code(),
             StatusCode::kInvalidArgument);
+  // The fused RoPE: a slice wider than the row, rows that are not whole tokens, no positions.
+  float* some = reinterpret_cast<float*>(16);
+  const int64_t* pos = reinterpret_cast<const int64_t*>(16);
+  EXPECT_EQ(launch_rms_norm(RmsNormParams{.x = some,
+                                          .rows = 2,
+                                          .dim = 8,
+                                          .out = some,
+                                          .rope_positions = pos,
+                                          .rope_inv_freq = some,
+                                          .rope_half = 5},
+                            nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(launch_rms_norm(RmsNormParams{.x = some,
+                                          .rows = 3,
+                                          .dim = 8,
+                                          .out = some,
+                                          .rope_positions = pos,
+                                          .rope_inv_freq = some,
+                                          .rope_half = 2,
+                                          .rope_rows_per_token = 2},
+                            nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(launch_rms_norm(
+                RmsNormParams{.x = some, .rows = 2, .dim = 8, .out = some, .rope_half = 2}, nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(
       launch_quant_sim(QuantSimParams{.rows = 1, .len = 48, .hadamard = true}, nullptr).code(),
       StatusCode::kInvalidArgument);
