@@ -6,7 +6,9 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -35,51 +37,67 @@ using ElementB = cutlass::float_e4m3_t;
 using LayoutA = cutlass::layout::RowMajor;
 using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutD = cutlass::layout::RowMajor;
-using TileShape = Shape<_128, _128, _128>;
 using ClusterShape = Shape<_1, _1, _1>;
 // Activations: one scale per row and 128-K block; weights: one per row and 128-K block.
 using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, 128>;
 using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
 using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
-using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90,
-    cutlass::arch::OpClassTensorOp,
-    TileShape,
-    ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto,
-    float,
-    float,
-    float,
-    LayoutD*,
-    4,
-    float,
-    LayoutD*,
-    4,
-    cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-    cutlass::epilogue::fusion::LinearCombination<float, float>>::CollectiveOp;
+// One grouped GEMM configuration: the tile and the kernel / epilogue schedules.
+template <class TileShape, class KernelSchedule, class EpilogueSchedule>
+struct GroupedGemm {
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90,
+      cutlass::arch::OpClassTensorOp,
+      TileShape,
+      ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto,
+      float,
+      float,
+      float,
+      LayoutD*,
+      4,
+      float,
+      LayoutD*,
+      4,
+      EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<float, float>>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90,
+      cutlass::arch::OpClassTensorOp,
+      ElementA,
+      cute::tuple<LayoutA*, LayoutSFA*>,
+      16,
+      ElementB,
+      cute::tuple<LayoutB*, LayoutSFB*>,
+      16,
+      float,
+      TileShape,
+      ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
 
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90,
-    cutlass::arch::OpClassTensorOp,
-    ElementA,
-    cute::tuple<LayoutA*, LayoutSFA*>,
-    16,
-    ElementB,
-    cute::tuple<LayoutB*, LayoutSFB*>,
-    16,
-    float,
-    TileShape,
-    ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+// 128-row tiles, both consumer warpgroups on one tile (cooperative).
+using Coop128 = GroupedGemm<Shape<_128, _128, _128>,
+                            cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
+                            cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+// 64-row tiles, the two consumer warpgroups on alternate tiles (ping-pong: one's epilogue
+// overlaps the other's main loop). An expert's ~190 rows at 8k tokens fill three 64-row tiles
+// where they leave the second of two 128-row tiles half empty.
+using Ping64 = GroupedGemm<Shape<_64, _128, _128>,
+                           cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise,
+                           cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
 
-using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-using StrideA = typename Kernel::InternalStrideA;
-using StrideB = typename Kernel::InternalStrideB;
-using StrideD = typename Kernel::InternalStrideD;
+using StrideA = typename Coop128::Kernel::InternalStrideA;
+using StrideB = typename Coop128::Kernel::InternalStrideB;
+using StrideD = typename Coop128::Kernel::InternalStrideD;
+static_assert(std::is_same_v<StrideA, typename Ping64::Kernel::InternalStrideA> &&
+              std::is_same_v<StrideB, typename Ping64::Kernel::InternalStrideB> &&
+              std::is_same_v<StrideD, typename Ping64::Kernel::InternalStrideD>);
 using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 
 // The per-expert argument arrays of one grouped GEMM.
@@ -148,15 +166,16 @@ int sm_count() {
   return n;
 }
 
-typename Gemm::Arguments make_args(int64_t ne, const GroupArrays& g) {
+template <class Cfg>
+typename Cfg::Gemm::Arguments make_args(int64_t ne, const GroupArrays& g) {
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
   hw.sm_count = sm_count();
-  typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                {static_cast<int>(ne), g.shapes, nullptr},
-                                {g.a, g.sa, g.b, g.sb, g.sfa, g.lsfa, g.sfb, g.lsfb},
-                                {{}, nullptr, g.sd, g.d, g.sd},
-                                hw};
+  typename Cfg::Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                     {static_cast<int>(ne), g.shapes, nullptr},
+                                     {g.a, g.sa, g.b, g.sb, g.sfa, g.lsfa, g.sfb, g.lsfb},
+                                     {{}, nullptr, g.sd, g.d, g.sd},
+                                     hw};
   auto& f = args.epilogue.thread;
   f.alpha = 1.0f;
   f.beta = 0.0f;
@@ -167,6 +186,25 @@ typename Gemm::Arguments make_args(int64_t ne, const GroupArrays& g) {
   f.dAlpha = {cute::_0{}, cute::_0{}, 0};
   f.dBeta = {cute::_0{}, cute::_0{}, 0};
   return args;
+}
+
+template <class Cfg>
+size_t workspace_bytes(int64_t ne) {
+  return Cfg::Gemm::get_workspace_size(make_args<Cfg>(ne, carve_group_arrays(nullptr, ne)));
+}
+
+// One grouped GEMM over the arrays g, with the CUTLASS workspace ws.
+template <class Cfg>
+Status run_grouped(int64_t ne, const GroupArrays& g, void* ws, cudaStream_t stream) {
+  auto args = make_args<Cfg>(ne, g);
+  typename Cfg::Gemm gemm;
+  if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess)
+    return failed_precondition("moe_sm90: grouped GEMM initialize failed");
+  const cutlass::Status st = gemm.run(stream);
+  DSI_RETURN_IF_ERROR(launched("moe_sm90 grouped GEMM"));
+  if (st != cutlass::Status::kSuccess)
+    return failed_precondition("moe_sm90: grouped GEMM launch failed");
+  return Status();
 }
 
 Scratch carve_scratch(void* base, int64_t ne, int64_t pairs, int64_t hidden, int64_t inter) {
@@ -186,7 +224,7 @@ Scratch carve_scratch(void* base, int64_t ne, int64_t pairs, int64_t hidden, int
   s.g1 = take(static_cast<int64_t>(group_arrays_bytes(ne)));
   s.g2 = take(static_cast<int64_t>(group_arrays_bytes(ne)));
   // The workspace size depends on the group count and the SMs only, not on the pointers.
-  const size_t wsb = Gemm::get_workspace_size(make_args(ne, carve_group_arrays(nullptr, ne)));
+  const size_t wsb = std::max(workspace_bytes<Coop128>(ne), workspace_bytes<Ping64>(ne));
   s.ws = take(static_cast<int64_t>(wsb));
   s.bytes = off;
   return s;
@@ -396,6 +434,21 @@ __global__ void reencode_kernel(const MatrixRef* mats,
   }
 }
 
+// The tile configuration of one launch: 64-row ping-pong tiles while the experts average at
+// most 384 rows (the routed experts of a prefill: a 128-row tile would run half empty on the
+// remainder of ~190 rows, and the epilogue's fp32 rows stall a cooperative tile), 128-row
+// cooperative tiles above (the shared expert). DSINFER_MOE_SM90_TILE=64 or 128 forces one (for
+// measuring one against the other).
+bool use_ping64(const MoeSm90Params& p) {
+  static const int forced = [] {
+    const char* v = std::getenv("DSINFER_MOE_SM90_TILE");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  if (forced == 64 || forced == 128)
+    return forced == 64;
+  return p.num_pairs <= 384 * std::max<int64_t>(p.w.n_experts, 1);
+}
+
 }  // namespace
 
 bool moe_sm90_supports(int64_t hidden, int64_t inter) {
@@ -490,15 +543,11 @@ Status launch_moe_sm90(const MoeSm90Params& p, cudaStream_t stream) {
   const unsigned rows = static_cast<unsigned>(std::min<int64_t>(p.num_pairs, 1 << 20));
   gather_kernel<<<rows, 128, 0, stream>>>(p, s);
   DSI_RETURN_IF_ERROR(launched("moe_sm90 gather"));
+  const bool ping = use_ping64(p);
   for (int pass = 0; pass < 2; ++pass) {
-    auto args = make_args(ne, pass == 0 ? g1 : g2);
-    Gemm gemm;
-    if (gemm.initialize(args, s.ws, stream) != cutlass::Status::kSuccess)
-      return failed_precondition("moe_sm90: grouped GEMM initialize failed");
-    const cutlass::Status st = gemm.run(stream);
-    DSI_RETURN_IF_ERROR(launched("moe_sm90 grouped GEMM"));
-    if (st != cutlass::Status::kSuccess)
-      return failed_precondition("moe_sm90: grouped GEMM launch failed");
+    const GroupArrays& g = pass == 0 ? g1 : g2;
+    DSI_RETURN_IF_ERROR(ping ? run_grouped<Ping64>(ne, g, s.ws, stream)
+                             : run_grouped<Coop128>(ne, g, s.ws, stream));
     if (pass == 0) {
       swiglu_quant_kernel<<<rows, 128, 0, stream>>>(p, s);
       DSI_RETURN_IF_ERROR(launched("moe_sm90 swiglu"));
