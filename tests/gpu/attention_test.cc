@@ -86,16 +86,19 @@ void run_sink_attention(int64_t heads,
                         uint32_t seed,
                         AttnPath path = AttnPath::kMmaSplit,
                         int64_t exact_dims = 0,
-                        bool bf16 = false) {
+                        bool bf16 = false,
+                        bool q16 = false) {
   SCOPED_TRACE("sink attention heads " + std::to_string(heads) + " dim " + std::to_string(dim) +
-               " path " + std::to_string(static_cast<int>(path)) + (bf16 ? " bf16" : ""));
+               " path " + std::to_string(static_cast<int>(path)) + (bf16 ? " bf16" : "") +
+               (q16 ? " q16" : ""));
   if (bf16)
     exact_dims = dim;  // deepseek KV rows: every value BF16-exact
   std::mt19937 rng(seed);
   const int64_t nq = static_cast<int64_t>(key_counts.size());
   const int64_t pool_rows = 9000;
   const int64_t local_rows = 300;
-  const int64_t row_stride = dim + 3;  // rows need not be packed
+  // Rows need not be packed; with q16 (the model's layout) they are, and 16-byte aligned.
+  const int64_t row_stride = q16 ? dim : dim + 3;
   std::vector<float> pool = normal_floats(static_cast<size_t>(pool_rows * row_stride), seed + 1);
   std::vector<float> local = normal_floats(static_cast<size_t>(local_rows * row_stride), seed + 2);
   // Keys whose first exact_dims dims are BF16 values (as FP8-simulated ones are).
@@ -165,10 +168,19 @@ void run_sink_attention(int64_t heads,
     refs.push_back(kKvRefNone);
   DevVec<float> d_pool(pool), d_local(local), d_q(q), d_sinks(sinks), d_out(want.size() + 1, 3.0f);
   DevVec<int64_t> d_begin(begin), d_refs(refs);
+  // q16: q handed over as BF16 bits (what the kernel rounds it to anyway).
+  std::vector<uint16_t> q_bits;
+  for (float v : q) {
+    const float r = numeric::round_to_bf16(v);
+    uint32_t u;
+    std::memcpy(&u, &r, 4);
+    q_bits.push_back(static_cast<uint16_t>(u >> 16));
+  }
+  DevVec<uint16_t> d_q16(q16 ? q_bits : std::vector<uint16_t>{0});
   const int64_t scratch_floats =
       path == AttnPath::kMmaSplit ? sink_attention_scratch_floats(nq, heads, dim) : 0;
   DevVec<float> d_scratch(static_cast<size_t>(std::max<int64_t>(scratch_floats, 1)), 0.0f);
-  DSI_EXPECT_OK(launch_sink_attention(SinkAttentionParams{.q = d_q.get(),
+  DSI_EXPECT_OK(launch_sink_attention(SinkAttentionParams{.q = q16 ? nullptr : d_q.get(),
                                                           .nq = nq,
                                                           .heads = heads,
                                                           .dim = dim,
@@ -183,7 +195,8 @@ void run_sink_attention(int64_t heads,
                                                           .split_scratch = d_scratch.get(),
                                                           .split_scratch_floats = scratch_floats,
                                                           .exact_dims = exact_dims,
-                                                          .bf16_operands = bf16},
+                                                          .bf16_operands = bf16,
+                                                          .q_bf16 = q16 ? d_q16.get() : nullptr},
                                       nullptr));
   sync();
   const std::vector<float> got = d_out.download();
@@ -213,6 +226,17 @@ TEST_F(GpuTest, SinkAttentionMatchesCpu) {
     }
     run_sink_attention(
         64, 512, {1, 31, 32, 33, 0, 64, 65, 128, 640, 700}, seed += 10, path, 0, true);
+    // BF16 q (the model's deepseek path where the wgmma kernel runs): decode-sized with splits,
+    // and more queries than SMs (each block walks several, the next q copied in meanwhile).
+    SinkAttentionParams probe{.heads = 64, .dim = 512, .bf16_operands = true};
+    if (path != AttnPath::kSimple && sink_attention_reads_q_bf16(probe)) {
+      run_sink_attention(
+          64, 512, {1, 31, 32, 33, 0, 64, 65, 128, 640, 700}, seed += 10, path, 0, true, true);
+      std::vector<int64_t> many(300);
+      for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i * 13 % 160);
+      run_sink_attention(64, 512, many, seed += 10, path, 0, true, true);
+      run_sink_attention(17, 512, many, seed += 10, path, 0, true, true);
+    }
     if (!small_mode()) {
       run_sink_attention(2, 512, {8320, 4096}, seed += 10, path, 0, true);
       std::vector<int64_t> many(300);
@@ -631,6 +655,21 @@ TEST(GpuOpsArgs, AttentionValidates) {
   EXPECT_EQ(
       launch_sink_attention(SinkAttentionParams{.nq = 1, .heads = 1, .dim = 513}, nullptr).code(),
       StatusCode::kInvalidArgument);
+  // BF16 q outside the wgmma path's shape (dim 128) is refused, not read as something else.
+  const float* some = reinterpret_cast<const float*>(uintptr_t{256});
+  const int64_t* idx = reinterpret_cast<const int64_t*>(uintptr_t{256});
+  EXPECT_EQ(launch_sink_attention(
+                SinkAttentionParams{.nq = 1,
+                                    .heads = 4,
+                                    .dim = 128,
+                                    .key_begin = idx,
+                                    .sinks = some,
+                                    .out = const_cast<float*>(some),
+                                    .bf16_operands = true,
+                                    .q_bf16 = reinterpret_cast<const uint16_t*>(uintptr_t{256})},
+                nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(launch_top_k(TopKParams{.nq = 1, .k = 4096}, nullptr).code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(launch_top_k(TopKParams{.nq = 0, .k = 8}, nullptr).ok());

@@ -184,6 +184,34 @@ TEST_F(GpuTest, RmsNormWithRopeMatchesCpu) {
           }
         }
         expect_within(want, got, tol, "rms+rope");
+        if (rms_norm_writes_bf16(dim, half)) {  // BF16 output: the RNE of those same rows
+          DevVec<float> d_x2(x);
+          DevVec<uint16_t> d_b(static_cast<size_t>(rows * dim) + 1, 0x7777);
+          DSI_EXPECT_OK(launch_rms_norm(RmsNormParams{.x = d_x2.get(),
+                                                      .rows = rows,
+                                                      .dim = dim,
+                                                      .weight = weighted ? d_w.get() : nullptr,
+                                                      .eps = 1e-6f,
+                                                      .rope_positions = d_pos.get(),
+                                                      .rope_inv_freq = d_inv.get(),
+                                                      .rope_half = half,
+                                                      .rope_rows_per_token = heads,
+                                                      .out_bf16 = d_b.get()},
+                                        nullptr));
+          sync();
+          const std::vector<uint16_t> bits = d_b.download();
+          int64_t bad = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            const float r = numeric::round_to_bf16(got[i]);
+            uint32_t u;
+            std::memcpy(&u, &r, 4);
+            if (bits[i] != static_cast<uint16_t>(u >> 16) && bad++ < 5)
+              ADD_FAILURE() << "bf16 row value " << i << ": " << bits[i] << " vs " << (u >> 16);
+          }
+          EXPECT_EQ(bad, 0);
+          EXPECT_EQ(bits.back(), 0x7777) << "write past the end";
+          EXPECT_EQ(d_x2.download(), x) << "the input was modified";
+        }
       }
     }
   }
@@ -311,6 +339,18 @@ TEST_F(GpuTest, QuantSimIsBitExact) {
       expect_bits(want, d_x.download(), "quant_sim");
     }
   }
+}
+
+TEST(GpuOpsArgs, RmsNormBf16OutputValidates) {
+  float* some = reinterpret_cast<float*>(uintptr_t{256});
+  uint16_t* bits = reinterpret_cast<uint16_t*>(uintptr_t{256});
+  EXPECT_FALSE(rms_norm_writes_bf16(100, 0));
+  EXPECT_FALSE(rms_norm_writes_bf16(512, 3));
+  EXPECT_TRUE(rms_norm_writes_bf16(512, 32));
+  EXPECT_EQ(
+      launch_rms_norm(RmsNormParams{.x = some, .rows = 2, .dim = 100, .out_bf16 = bits}, nullptr)
+          .code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST(GpuOpsArgs, RowOpsValidate) {

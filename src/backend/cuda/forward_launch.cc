@@ -149,8 +149,19 @@ Status CudaModel::launch_attention(const DAttention& w,
     qrqp = &qrq;
   }
   DSI_RETURN_IF_ERROR(linear(lin(), w.wq_b, qr, n, q, q8, s, false, qrqp));
+  // deepseek numerics at the wgmma attention's shape: the q norm writes the BF16 q attention
+  // rounds to anyway (half the bytes written and read, and the attention copies it in unconverted).
+  uint16_t* q16 = nullptr;
+  {
+    cuda::SinkAttentionParams probe;
+    probe.heads = heads;
+    probe.dim = hd;
+    probe.bf16_operands = numerics_ == model::Numerics::kDeepSeek;
+    if (n > 0 && cuda::sink_attention_reads_q_bf16(probe) && cuda::rms_norm_writes_bf16(hd, rd / 2))
+      DSI_RETURN_IF_ERROR(ws_->get(&q16, n * heads * hd));
+  }
   DSI_RETURN_IF_ERROR(
-      rms_norm_rope(q, n * heads, hd, nullptr, eps, heads, positions, freqs, rd / 2, s));
+      rms_norm_rope(q, n * heads, hd, nullptr, eps, heads, positions, freqs, rd / 2, s, q16));
   // The shared K=V vector (chunk-local until it is written to the ring after attention).
   float* kv = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
@@ -267,7 +278,8 @@ Status CudaModel::launch_attention(const DAttention& w,
   float* o = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&o, n * heads * hd));
   cuda::SinkAttentionParams sp;
-  sp.q = q;
+  sp.q = q16 ? nullptr : q;
+  sp.q_bf16 = q16;
   sp.nq = n;
   sp.heads = heads;
   sp.dim = hd;

@@ -199,7 +199,8 @@ inline Status grouped_linear(const MatrixRef& w,
 }
 
 // rms_norm in place, then (half > 0) the RoPE of each row's last 2 * half dims (rows_per_token
-// rows per position), in one pass where the kernel can (elementwise.h).
+// rows per position), in one pass where the kernel can (elementwise.h); with out_bf16 the rows go
+// there as BF16 instead (cuda::rms_norm_writes_bf16).
 inline Status rms_norm_rope(float* x,
                             int64_t rows,
                             int64_t dim,
@@ -209,14 +210,16 @@ inline Status rms_norm_rope(float* x,
                             const int64_t* positions,
                             const float* inv_freq,
                             int64_t half,
-                            cudaStream_t s) {
+                            cudaStream_t s,
+                            uint16_t* out_bf16 = nullptr) {
   cuda::RmsNormParams p;
   p.x = x;
   p.rows = rows;
   p.dim = dim;
   p.weight = w;
   p.eps = eps;
-  p.out = x;
+  p.out = out_bf16 ? nullptr : x;
+  p.out_bf16 = out_bf16;
   p.rope_positions = positions;
   p.rope_inv_freq = inv_freq;
   p.rope_half = half;

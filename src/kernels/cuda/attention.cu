@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/quant.cuh"
@@ -410,8 +411,11 @@ Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream) 
   DSI_RETURN_IF_ERROR(require(p.heads <= kMaxGrid, "sink_attention", "too many heads"));
   if (p.nq == 0 || p.heads == 0 || p.dim == 0)
     return Status();
-  if (!p.q || !p.key_begin || !p.sinks || !p.out)
+  if ((!p.q && !p.q_bf16) || !p.key_begin || !p.sinks || !p.out)
     return null_pointer("sink_attention");
+  if (p.q_bf16 != nullptr && !sink_attention_reads_q_bf16(p))
+    return invalid_argument(
+        "sink_attention: q_bf16 needs the wgmma path (sink_attention_reads_q_bf16)");
   if (sink_attention_mma_supports(p))
     return launch_sink_attention_mma(p, stream);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(std::min(p.nq, kMaxGrid)));
@@ -421,6 +425,12 @@ Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream) 
     sink_attention_kernel<false><<<grid, kAttnWarps * 32, 0, stream>>>(p);
   }
   return launched("sink_attention launch");
+}
+
+bool sink_attention_reads_q_bf16(const SinkAttentionParams& p) {
+  if constexpr (sink_attention_sm90_available())
+    return sink_attention_sm90_supports(p);
+  return false;
 }
 
 Status launch_compressor_append(const CompressorAppendParams& p, cudaStream_t stream) {

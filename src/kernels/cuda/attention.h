@@ -72,8 +72,15 @@ struct SinkAttentionParams {
   // path then keeps q and the key tile in BF16 only and does one MMA per product; exact_dims is
   // not used.
   bool bf16_operands = false;
+  // q already rounded to BF16 (RNE bits, [nq, heads, dim]), read instead of `q` (which may then
+  // be null): half the bytes, copied into shared memory without conversion, the next query's
+  // while this one's keys are processed. Only where sink_attention_reads_q_bf16.
+  const uint16_t* q_bf16 = nullptr;
 };
 Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream);
+// Whether launch_sink_attention takes q_bf16 for these parameters (the wgmma path: bf16_operands,
+// dim 512, heads <= 64, in builds with CUTLASS).
+bool sink_attention_reads_q_bf16(const SinkAttentionParams& p);
 
 // Splits of the key list per query that launch_sink_attention uses for nq queries, and the floats
 // of split_scratch that takes (0 when it does not split).

@@ -28,6 +28,8 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/attention_sm90.h"
+#include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma_sync.cuh"
@@ -62,77 +64,6 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* hi, __nv_bfloat16* lo,
   split_bf16(a, b, &h, &l);
   *reinterpret_cast<uint32_t*>(hi) = h;
   *reinterpret_cast<uint32_t*>(lo) = l;
-}
-
-// The end of one query for the rows r0 / r1 of a warp (both sink-attention kernels): l summed
-// over the quad, then either the normalised output (one split) or the split's unnormalised
-// accumulators with its m (the running maximum, or the power-of-two reference M of the BF16
-// kernel) and l into part = [nsplit][nq][heads][D + 2].
-template <int D, int NT>
-__device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
-                                             int64_t qi,
-                                             int split,
-                                             int nsplit,
-                                             float* part,
-                                             int half,
-                                             int t,
-                                             int r0,
-                                             int r1,
-                                             float m0,
-                                             float m1,
-                                             float l0,
-                                             float l1,
-                                             const float (&o)[NT][4]) {
-  constexpr int HALF = D / 2;
-  const int64_t heads = p.heads;
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  if (nsplit == 1) {
-    const float i0 = 1.0f / l0;
-    const float i1 = 1.0f / l1;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int d = half * HALF + 8 * nt + 2 * t;
-      if (r0 < heads) {
-        float* out = p.out + (qi * heads + r0) * D + d;
-        out[0] = o[nt][0] * i0;
-        out[1] = o[nt][1] * i0;
-      }
-      if (r1 < heads) {
-        float* out = p.out + (qi * heads + r1) * D + d;
-        out[0] = o[nt][2] * i1;
-        out[1] = o[nt][3] * i1;
-      }
-    }
-  } else {
-    // part = [nsplit][nq][heads][D + 2]: the unnormalised accumulators, then m and l.
-    const int64_t stride = D + 2;
-    float* base = part + (static_cast<int64_t>(split) * p.nq + qi) * heads * stride;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int d = half * HALF + 8 * nt + 2 * t;
-      if (r0 < heads) {
-        base[r0 * stride + d] = o[nt][0];
-        base[r0 * stride + d + 1] = o[nt][1];
-      }
-      if (r1 < heads) {
-        base[r1 * stride + d] = o[nt][2];
-        base[r1 * stride + d + 1] = o[nt][3];
-      }
-    }
-    if (half == 0 && t == 0) {
-      if (r0 < heads) {
-        base[r0 * stride + D] = m0;
-        base[r0 * stride + D + 1] = l0;
-      }
-      if (r1 < heads) {
-        base[r1 * stride + D] = m1;
-        base[r1 * stride + D + 1] = l1;
-      }
-    }
-  }
 }
 
 template <int D>
@@ -350,7 +281,7 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    finish_query<D, NT>(p, qi, split, nsplit, part, half, t, r0, r1, m0, m1, l0, l1, o);
+    attn::finish_query<D, NT>(p, qi, split, nsplit, part, half, t, r0, r1, m0, m1, l0, l1, o);
     __syncthreads();  // q smem is rewritten by the next query
   }
 }
@@ -397,12 +328,37 @@ __global__ void __launch_bounds__(256, 1)
   const int lc = threadIdx.x % tpk;
   for (int64_t qi = blockIdx.y; qi < p.nq; qi += gridDim.y) {
     const float* q = p.q + qi * heads * D;
-    for (int i = threadIdx.x; i < rows * HALF; i += nthreads) {
-      const int r = i / HALF;
-      const int c = (i % HALF) * 2;
-      const float2 v =
-          r < heads ? *reinterpret_cast<const float2*>(q + r * D + c) : make_float2(0.0f, 0.0f);
-      *reinterpret_cast<uint32_t*>(qs + r * SD + c) = mma::pack_bf16(v.x, v.y);
+    // q through the key staging buffer, kTk head rows at a time, every thread's copies in flight
+    // together: one memory round trip per kTk rows (a load-then-store loop waited one per
+    // element, which was most of the kernel's time at prefill and at decode).
+    const bool q_aligned = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;  // D % 4 == 0
+    for (int h0 = 0; h0 < rows; h0 += kTk) {
+      for (int i = threadIdx.x; i < kTk * C4; i += nthreads) {
+        const int r = h0 + i / C4;
+        const int c = (i % C4) * 4;
+        float* dst = stage + (i / C4) * D + c;
+        if (r >= heads) {
+          *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        } else if (q_aligned) {
+          mma::cp_async16(dst, q + r * D + c, 16);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mma::cp_async4(dst + e, q + r * D + c + e);
+        }
+      }
+      mma::cp_async_commit();
+      mma::cp_async_wait<0>();
+      __syncthreads();
+      for (int i = threadIdx.x; i < kTk * C4; i += nthreads) {
+        const int r = h0 + i / C4;
+        const int c = (i % C4) * 4;
+        if (r < rows) {
+          const float4 v = *reinterpret_cast<const float4*>(stage + (i / C4) * D + c);
+          *reinterpret_cast<uint2*>(qs + r * SD + c) =
+              make_uint2(mma::pack_bf16(v.x, v.y), mma::pack_bf16(v.z, v.w));
+        }
+      }
+      __syncthreads();  // the staging buffer is reused by the next rows or the first key tile
     }
     const int64_t kb = p.key_begin[qi];
     const int64_t ke = p.key_begin[qi + 1];
@@ -465,7 +421,7 @@ __global__ void __launch_bounds__(256, 1)
     if (t0 < t1) {
       stage_tile(next_ref);
       next_ref = ref_of(t0 + 1);
-      convert_staged();  // also publishes q
+      convert_staged();
     }
     for (int64_t tile = t0; tile < t1; ++tile) {
       const bool more = tile + 1 < t1;
@@ -566,7 +522,7 @@ __global__ void __launch_bounds__(256, 1)
       if (more)
         convert_staged();
     }
-    finish_query<D, NT>(p, qi, split, nsplit, part, half, t, r0, r1, m0, m1, l0, l1, o);
+    attn::finish_query<D, NT>(p, qi, split, nsplit, part, half, t, r0, r1, m0, m1, l0, l1, o);
     __syncthreads();  // q and the staging buffer are rewritten by the next query
   }
 }
@@ -622,9 +578,19 @@ Status launch_attention_d(const SinkAttentionParams& p, cudaStream_t stream) {
                      p.split_scratch_floats < sink_attention_scratch_floats(p.nq, p.heads, D))) {
     nsplit = 1;
   }
-  const dim3 grid(static_cast<unsigned>(nsplit), static_cast<unsigned>(std::min(p.nq, kMaxGridY)));
-  kernel<<<grid, 64 * hw, smem, stream>>>(p, hw, nsplit, p.split_scratch);
-  DSI_RETURN_IF_ERROR(launched("sink_attention_mma launch"));
+  bool launched_sm90 = false;
+  if constexpr (sink_attention_sm90_available()) {  // discarded (not linked) without CUTLASS
+    if (sink_attention_sm90_supports(p)) {
+      DSI_RETURN_IF_ERROR(launch_sink_attention_sm90(p, nsplit, p.split_scratch, stream));
+      launched_sm90 = true;
+    }
+  }
+  if (!launched_sm90) {
+    const dim3 grid(static_cast<unsigned>(nsplit),
+                    static_cast<unsigned>(std::min(p.nq, kMaxGridY)));
+    kernel<<<grid, 64 * hw, smem, stream>>>(p, hw, nsplit, p.split_scratch);
+    DSI_RETURN_IF_ERROR(launched("sink_attention_mma launch"));
+  }
   if (nsplit > 1) {
     const int64_t rows = p.nq * p.heads;
     sink_attention_merge_kernel<<<static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)),

@@ -9,6 +9,7 @@
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/quant.cuh"
 
 namespace dsinfer::cuda {
@@ -82,7 +83,6 @@ __global__ void rms_norm_warp_kernel(RmsNormParams p) {
     const float rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(p.dim)) + p.eps);
     const float pos =
         p.rope_half > 0 ? static_cast<float>(p.rope_positions[r / p.rope_rows_per_token]) : 0.0f;
-    float* o = p.out + r * p.dim;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int64_t c = 128 * j + 4 * lane;
@@ -105,7 +105,12 @@ __global__ void rms_norm_warp_kernel(RmsNormParams p) {
           e[2 * h + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
         }
       }
-      *reinterpret_cast<float4*>(o + c) = make_float4(e[0], e[1], e[2], e[3]);
+      if (p.out_bf16 != nullptr) {
+        *reinterpret_cast<uint2*>(p.out_bf16 + r * p.dim + c) =
+            make_uint2(mma::pack_bf16(e[0], e[1]), mma::pack_bf16(e[2], e[3]));
+      } else {
+        *reinterpret_cast<float4*>(p.out + r * p.dim + c) = make_float4(e[0], e[1], e[2], e[3]);
+      }
     }
   }
 }
@@ -226,11 +231,16 @@ Status launch_embed(const EmbedParams& p, cudaStream_t stream) {
   return launched("embed launch");
 }
 
+bool rms_norm_writes_bf16(int64_t dim, int64_t rope_half) {
+  const int64_t v = dim / 128;
+  return dim % 128 == 0 && (v == 1 || v == 2 || v == 4 || v == 8) && (dim - 2 * rope_half) % 4 == 0;
+}
+
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_shape(p.rows, p.dim, "rms_norm"));
   if (p.rows == 0 || p.dim == 0)
     return Status();
-  if (!p.x || !p.out)
+  if (!p.x || (!p.out && !p.out_bf16))
     return null_pointer("rms_norm");
   const bool rope = p.rope_half > 0;
   if (rope) {
@@ -243,8 +253,13 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   }
   const auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
   const int64_t v = p.dim / 128;  // float4 per lane in the one-warp-per-row kernel
-  if (p.dim % 128 == 0 && (v == 1 || v == 2 || v == 4 || v == 8) && aligned(p.x) &&
-      aligned(p.out) && (!rope || (p.dim - 2 * p.rope_half) % 4 == 0)) {
+  const bool warp_path = rms_norm_writes_bf16(p.dim, rope ? p.rope_half : 0) && aligned(p.x) &&
+                         (p.out_bf16 ? aligned(p.out_bf16) : aligned(p.out));
+  if (p.out_bf16 != nullptr && !warp_path)
+    return invalid_argument(
+        "rms_norm: BF16 output needs dim a multiple of 128 (<= 1024), 16-byte "
+        "aligned rows and a RoPE slice starting at a multiple of 4");
+  if (warp_path) {
     const unsigned grid = grid_1d(ceil_div(p.rows, kThreads / 32));
     if (v == 1) {
       rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(p);

@@ -42,8 +42,12 @@ struct RmsNormParams {
   const float* rope_inv_freq = nullptr;     // [rope_half]
   int64_t rope_half = 0;
   int64_t rope_rows_per_token = 1;
+  // Rows written as BF16 bits (RNE of the fp32 result) here instead of to `out` (which may then
+  // be null); only where rms_norm_writes_bf16 (the one-warp-per-row kernel).
+  uint16_t* out_bf16 = nullptr;
 };
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
+bool rms_norm_writes_bf16(int64_t dim, int64_t rope_half);
 
 // Interleaved (GPT-J) RoPE on the last 2*half dims of each row, as cpu::rope_apply: row (t, h)
 // at x + (t * heads + h) * ld is rotated by positions[t] (inverse: by -positions[t]).
