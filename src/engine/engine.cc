@@ -323,8 +323,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
         return invalid_argument("step-time model does not match --speculative auto's drafts");
       e->step_times_ = *config.step_times;
     } else {
-      auto t = spec::measure_step_times(
-          *e->model_, *e->drafter_, *e->arena_, std::min<int64_t>(sc.max_running, 256), e->spec_.k);
+      auto t = spec::measure_step_times(*e->model_,
+                                        *e->drafter_,
+                                        *e->arena_,
+                                        std::min<int64_t>(sc.max_running, 256),
+                                        e->spec_.k,
+                                        config.backend_sampling && e->model_->can_sample());
       if (!t.ok())
         return t.status();
       e->step_times_ = std::move(t).value();
@@ -626,7 +630,7 @@ void Engine::run_chunks() {
   for (size_t k = 0; k < items_.size(); ++k) {
     const size_t i = item_chunk_[k];
     if (drafter_ && items_[k].status.ok() && plan_.chunks[i].samples &&
-        !plan_.chunks[i].request->output.empty()) {
+        !plan_.chunks[i].request->output.empty() && !outs_[i].sampled) {
       finish_verify(i, outs_[i]);
     } else {
       finish_chunk(plan_.chunks[i], items_[k].status, outs_[i]);
@@ -885,10 +889,13 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
 
 bool Engine::prepare_backend_sample(const ScheduledChunk& c, size_t slot) {
   Request& r = *c.request;
-  // The host needs the logits for top_logprobs, for verifying drafts (finish_verify) and for
-  // the first token of the choices that share this request's prompt (start_forks).
-  if (!config_.backend_sampling || !model_->can_sample() || !c.samples || drafter_ ||
-      r.spec.sampling.top_logprobs > 0 || (r.output.empty() && pending_forks_.count(r.id) > 0)) {
+  // The host needs the logits for top_logprobs, for verifying drafts (finish_verify: a chunk
+  // with drafts) and for the first token of the choices that share this request's prompt
+  // (start_forks). A decode chunk without drafts samples in the backend whether or not the
+  // engine speculates: auto's off steps (and depth-0 steps) cost what `--speculative off`'s do.
+  if (!config_.backend_sampling || !model_->can_sample() || !c.samples ||
+      (drafter_ && chunk_k_[slot] != 0) || r.spec.sampling.top_logprobs > 0 ||
+      (r.output.empty() && pending_forks_.count(r.id) > 0)) {
     return false;
   }
   backend::SampleRequest& q = sample_reqs_[slot];

@@ -24,6 +24,7 @@ Result<StepTimes> measure_step_times(backend::Model& model,
                                      state::PageArena& arena,
                                      int64_t max_batch,
                                      int32_t max_k,
+                                     bool backend_sampling,
                                      int reps,
                                      double budget_s) {
   const auto& mc = model.config();
@@ -91,6 +92,10 @@ Result<StepTimes> measure_step_times(backend::Model& model,
   greedy.temperature = 0.0f;
   const sampling::PenaltyState no_penalty;
   sampling::SamplerScratch sampler_scratch;
+  // Steps without drafts as the engine runs them with backend sampling: greedy in the backend.
+  backend::SampleRequest device_greedy;
+  device_greedy.config = &greedy;
+  device_greedy.penalties = &no_penalty;
   StepTimes t;
   std::vector<Draft> drafts(seqs.size());
   std::vector<DraftRequest> reqs;
@@ -118,6 +123,8 @@ Result<StepTimes> measure_step_times(backend::Model& model,
     };
     backend::ForwardOptions plain;  // a plain decode: no drafter
     plain.last_logits_only = true;
+    if (backend_sampling)
+      plain.sample = &device_greedy;
     {
       // Untimed, so that every timed call is the steady state the engine's steps see, even when
       // the budget leaves a single round: the longest verification and drafting first (a backend
@@ -153,6 +160,8 @@ Result<StepTimes> measure_step_times(backend::Model& model,
       for (int32_t len = 1; len <= max_k + 1; ++len) {  // verification of len - 1 drafts
         backend::ForwardOptions o = spec_opts;
         o.last_logits_only = len == 1;
+        if (len == 1 && backend_sampling)  // depth 0: no drafts, sampled where a plain step is
+          o.sample = &device_greedy;
         const double t0 = now_s();
         DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), len), o));
         sample_rows(b);

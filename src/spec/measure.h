@@ -20,12 +20,15 @@ namespace dsinfer::spec {
 // the larger batch sizes are extrapolated). Each batch size first runs its longest verification,
 // its longest drafting and its plain decode twice untimed, so that even a single round times the
 // steady state the engine's steps see (grown workspace; on CUDA the plain decode replayed from
-// its captured graph, as the engine's plain steps are).
+// its captured graph, as the engine's plain steps are). backend_sampling: the engine samples
+// steps without drafts in the backend (Engine::prepare_backend_sample), so off and depth 0 are
+// timed that way (only the token comes back); otherwise every returned row is sampled on the host.
 Result<StepTimes> measure_step_times(backend::Model& model,
                                      Drafter& drafter,
                                      state::PageArena& arena,
                                      int64_t max_batch,
                                      int32_t max_k,
+                                     bool backend_sampling = false,
                                      int reps = 4,
                                      double budget_s = 2.0);
 

@@ -15,6 +15,7 @@
 #include "backend/forward_as_batch.h"
 #include "engine/engine.h"
 #include "model/checkpoint.h"
+#include "spec/config.h"
 #include "unit/engine/engine_test_util.h"
 
 namespace dsinfer::engine {
@@ -57,6 +58,10 @@ class HostSamplingModel final : public backend::Model {
     return Status();
   }
   bool can_sample() const override { return true; }
+  bool can_draft() const override { return cpu_.can_draft(); }
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
+    return cpu_.mtp_draft_batch(items);
+  }
   const char* name() const override { return "cpu+sampling"; }
   const model::ModelConfig& config() const override { return cpu_.config(); }
   model::Numerics numerics() const override { return cpu_.numerics(); }
@@ -184,6 +189,75 @@ TEST(BackendSampling, EqualsSamplingInTheEngineUnderPreemption) {
   EXPECT_GT(tight.preemptions, 0);
   EXPECT_GT(tight.sampled_rows, 0);
   EXPECT_EQ(tight.outputs, roomy.outputs);
+}
+
+// Speculation with in-backend sampling: a chunk that verifies drafts needs every position's
+// logits on the host, but a decode chunk without drafts (auto's off and depth-0 steps, a fixed
+// request's last tokens where no draft could be emitted) samples in the backend as it would
+// without speculation, so that auto's off costs what --speculative off does. Outputs equal the
+// non-speculative engine's either way.
+struct SpecRun {
+  std::vector<std::vector<int32_t>> outputs;
+  int64_t sampled_rows = 0;
+  int64_t spec_steps = 0;
+};
+
+SpecRun run_speculative(const std::string& mode, std::vector<RequestSpec> specs) {
+  EngineConfig cfg;
+  cfg.state_budget_bytes = int64_t{64} << 20;
+  cfg.page_bytes = state::min_page_bytes(fixture()->config());
+  cfg.backend_sampling = true;
+  auto sp = spec::parse_config(mode);
+  EXPECT_TRUE(sp.ok());
+  cfg.speculative = *sp;
+  if (cfg.speculative.mode == spec::Mode::kAuto) {
+    // A step-time model in which verifying never pays: auto turns speculation off.
+    spec::StepTimes t;
+    for (int64_t b : {1, 64}) {
+      t.batch.push_back(b);
+      t.off_s.push_back(1.0);
+      t.verify_s.emplace_back();
+      for (int32_t l = 1; l <= cfg.speculative.k + 1; ++l)
+        t.verify_s.back().push_back(l == 1 ? 1.2 : 10.0 * l);
+      t.draft_s.emplace_back();
+      for (int32_t st = 1; st <= cfg.speculative.k; ++st) t.draft_s.back().push_back(5.0 * st);
+    }
+    cfg.step_times = t;
+  }
+  auto probe = std::make_unique<HostSamplingModel>(*fixture());
+  HostSamplingModel* model = probe.get();
+  auto e = Engine::create(cfg, fixture(), std::move(probe));
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  SpecRun r;
+  r.outputs = test_support::run_all(**e, std::move(specs));
+  r.sampled_rows = model->sampled_rows;
+  r.spec_steps = (*e)->stats().spec.spec_steps;
+  return r;
+}
+
+TEST(BackendSampling, SpeculatingEngineSamplesChunksWithoutDraftsInTheBackend) {
+  const auto cases = test_support::random_cases(8, 21, 30, 2, 500, 12);
+  for (bool seeded : {false, true}) {
+    SCOPED_TRACE(seeded ? "seeded" : "greedy");
+    auto specs = [&] {
+      return seeded ? test_support::sampled_specs(cases, 500) : test_support::greedy_specs(cases);
+    };
+    const SpecRun off = run_speculative("off", specs());
+    const SpecRun fixed = run_speculative("fixed:2", specs());
+    const SpecRun automatic = run_speculative("auto", specs());
+    EXPECT_EQ(fixed.outputs, off.outputs);
+    EXPECT_EQ(automatic.outputs, off.outputs);
+    EXPECT_GT(off.sampled_rows, 0);
+    // fixed: verifications sample on the host; the steps where no draft fits (a request's last
+    // token) in the backend.
+    EXPECT_GT(fixed.spec_steps, 0);
+    EXPECT_GT(fixed.sampled_rows, 0);
+    EXPECT_LT(fixed.sampled_rows, off.sampled_rows);
+    // auto, where verifying never pays: no verification, every decode step sampled in the
+    // backend as with speculation off.
+    EXPECT_EQ(automatic.spec_steps, 0);
+    EXPECT_EQ(automatic.sampled_rows, off.sampled_rows);
+  }
 }
 
 }  // namespace

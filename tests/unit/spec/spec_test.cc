@@ -452,7 +452,7 @@ TEST(MeasureStepTimes, MeasuresEveryBatchSizeAndLength) {
   cpu::CpuModel model(mc, fixture()->weights(), model::Numerics::kReference);
   auto arena = state::PageArena::growable(state::default_page_bytes(mc));
   MtpDrafter drafter(&model, 2);
-  auto t = measure_step_times(model, drafter, *arena, 3, 2, 1);
+  auto t = measure_step_times(model, drafter, *arena, 3, 2, false, 1);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_TRUE(t->valid());
   EXPECT_EQ(t->batch, (std::vector<int64_t>{1, 2, 3}));
