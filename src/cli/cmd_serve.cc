@@ -53,6 +53,7 @@ struct ServeArgs {
   // Prefix cache and KV store (docs/kv-store.md).
   bool prefix_cache = false;
   std::string kv_host_bytes = "2GiB";
+  std::string kv_device_bytes = "auto";
   std::string kv_store;
   std::string kv_store_bytes = "64GiB";
   std::string kv_retention = "chat";
@@ -151,17 +152,30 @@ int run_serve(const ServeArgs& a) {
     if (!store.ok())
       return fail(store.status());
     engine::PrefixCacheConfig& pc = setup->config.prefix_cache;
+    if (a.kv_device_bytes == "auto") {
+      pc.device_bytes = setup->config.state_budget_bytes / 4;
+    } else if (a.kv_device_bytes == "0") {
+      pc.device_bytes = 0;
+    } else {
+      auto dev = parse_bytes("--kv-device-bytes", a.kv_device_bytes);
+      if (!dev.ok())
+        return fail(dev.status());
+      pc.device_bytes = *dev;
+    }
     pc.store = std::shared_ptr<kvstore::KvStore>(std::move(store).value());
     pc.block = a.kv_block;
     pc.interval = a.kv_interval;
     pc.default_retention = *cls;
     pc.salt = model_cache_salt(model_dir);
     const kvstore::StoreStats st = pc.store->stats();
-    DSI_LOG_INFO("prefix cache on: host RAM %s, SSD %s (%lld entries found), default retention %s",
-                 a.kv_host_bytes.c_str(),
-                 a.kv_store.empty() ? "off" : (a.kv_store + " " + a.kv_store_bytes).c_str(),
-                 static_cast<long long>(st.entries),
-                 a.kv_retention.c_str());
+    DSI_LOG_INFO(
+        "prefix cache on: device %s, host RAM %s, SSD %s (%lld entries found), default "
+        "retention %s",
+        human_bytes(static_cast<uint64_t>(pc.device_bytes)).c_str(),
+        a.kv_host_bytes.c_str(),
+        a.kv_store.empty() ? "off" : (a.kv_store + " " + a.kv_store_bytes).c_str(),
+        static_cast<long long>(st.entries),
+        a.kv_retention.c_str());
   }
 
   auto tok = tokenizer::Tokenizer::load(model_dir + "/tokenizer.json");
@@ -339,6 +353,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                 "Reuse stored prompt state across requests (host RAM tier; see --kv-store)");
   cmd->add_option(
       "--kv-host-bytes", a->kv_host_bytes, "Host RAM budget of the prefix cache (default 2GiB)");
+  cmd->add_option("--kv-device-bytes",
+                  a->kv_device_bytes,
+                  "State memory the prefix cache's device tier may keep stored prompts in "
+                  "(default auto: a quarter of --state-memory; 0 = none); they give way to "
+                  "running requests");
   cmd->add_option("--kv-store",
                   a->kv_store,
                   "Directory of the SSD tier of the prefix cache (implies --prefix-cache); "

@@ -29,13 +29,21 @@ class Engine::Memory : public MemoryHooks {
          state::PageArena* arena,
          int64_t max_rollback)
       : config_(config), shape_(shape), arena_(arena), max_rollback_(max_rollback) {}
+  // A fresh sequence of this engine's layout.
+  std::unique_ptr<state::SequenceState> make(int64_t id) const {
+    return shape_ ? std::make_unique<state::SequenceState>(*shape_, arena_, id)
+                  : std::make_unique<state::SequenceState>(config_, arena_, id, max_rollback_);
+  }
   bool admit(Request& r) override {
     if (states_.count(r.id))
       return true;
-    auto st = shape_ ? std::make_unique<state::SequenceState>(*shape_, arena_, r.id)
-                     : std::make_unique<state::SequenceState>(config_, arena_, r.id, max_rollback_);
-    if (!st->ok())
-      return false;  // its pages go back to the arena with it
+    auto st = make(r.id);
+    while (!st->ok()) {
+      st.reset();  // its pages go back to the arena with it
+      if (!make_room || !make_room())
+        return false;
+      st = make(r.id);
+    }
     state::SequenceState& ref = *st;
     states_.emplace(r.id, std::move(st));
     if (on_admit)
@@ -44,12 +52,19 @@ class Engine::Memory : public MemoryHooks {
   }
   // Called with each newly allocated state (the prefix cache restores into it).
   std::function<void(Request&, state::SequenceState&)> on_admit;
+  // Frees pages held for something other than requests (the prefix cache's device tier) when a
+  // request needs them; false when there is nothing left to free.
+  std::function<bool()> make_room;
   bool reserve(Request& r, int64_t n) override {
     auto it = states_.find(r.id);
     DSI_CHECK(it != states_.end(),
               "reserve for request %lld without state",
               static_cast<long long>(r.id));
-    return it->second->reserve(n);
+    while (!it->second->reserve(n)) {
+      if (!make_room || !make_room())
+        return false;
+    }
+    return true;
   }
   void release(Request& r) override { states_.erase(r.id); }
   state::SequenceState& state(RequestId id) {
@@ -381,6 +396,18 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
       e->memory_->on_admit = [self](Request& r, state::SequenceState& st) {
         self->cache_restore(r, st);
       };
+      if (pc.device_bytes < 0)
+        return invalid_argument("prefix cache: the device tier's bytes must be >= 0");
+      if (pc.device_bytes > 0) {
+        Memory* mem = e->memory_.get();
+        e->device_tier_ = std::make_unique<DeviceTier>(
+            pc.device_bytes,
+            [mem](int64_t id) { return mem->make(id); },
+            e->model_.get(),
+            e->arena_.get());
+        DeviceTier* tier = e->device_tier_.get();
+        e->memory_->make_room = [tier] { return tier->evict_one(); };
+      }
     }
   }
   e->t0_ = 0;
@@ -997,6 +1024,10 @@ bool Engine::step() {
   }
   scheduler_->plan(plan_);
   stats_.preemptions += static_cast<int64_t>(plan_.preempted.size());
+  if (!pending_fault_.ok()) {  // a state admitted without its contents (cache_restore)
+    fail_all(model_->health().ok() ? pending_fault_ : model_->health());
+    return false;
+  }
   if (plan_.chunks.empty()) {
     // Nothing fits even with every sequence preempted: fail the oldest waiting request instead
     // of spinning (submit() rejects what can never fit, so this is a last resort).
@@ -1104,6 +1135,31 @@ void Engine::cache_restore(Request& r, state::SequenceState& st) {
   r.cached_tokens = 0;
   if (r.cache_len == 0 || !store_)
     return;
+  auto hit = [&] {
+    r.num_computed = r.cache_len;
+    r.cached_tokens = r.cache_len;
+    ++stats_.cache_hits;
+    stats_.cached_prompt_tokens += r.cache_len;
+  };
+  const int64_t sp = cache_layout_.save_point;
+  if (sp > 0 && (r.cache_len % sp != 0 || r.cache_len > static_cast<int64_t>(r.spec.prompt.size()) -
+                                                            cache_layout_.replay_rows)) {
+    ++stats_.cache_restore_failures;  // not a save point bounded replay can resume from
+    return;
+  }
+  // A unit still in the device tier: a page copy inside the arena, no host image (and no store
+  // hit counted). A miss there (no pages for the copy) falls back to the store's image.
+  if (device_tier_ && device_tier_->contains(r.cache_key)) {
+    const Status d = device_tier_->restore(r.cache_key, r.cache_len, st);
+    if (d.ok()) {
+      hit();
+      return;
+    }
+    if (d.code() != StatusCode::kNotFound) {
+      pending_fault_ = d;  // st holds pages without their contents: step() fails everything
+      return;
+    }
+  }
   auto payload = store_->get(r.cache_key, config_.prefix_cache.promote_wait_ms);
   Status s = payload ? Status() : not_found("the cached unit is gone");
   if (s.ok()) {
@@ -1111,11 +1167,6 @@ void Engine::cache_restore(Request& r, state::SequenceState& st) {
     if (!n.ok() || *n != r.cache_len)
       s = data_loss("the cached unit has another length");
   }
-  const int64_t sp = cache_layout_.save_point;
-  if (s.ok() && sp > 0 &&
-      (r.cache_len % sp != 0 ||
-       r.cache_len > static_cast<int64_t>(r.spec.prompt.size()) - cache_layout_.replay_rows))
-    s = data_loss("the cached unit is not a save point bounded replay can resume from");
   if (s.ok()) {
     s = state::restore_state(
         *payload,
@@ -1129,10 +1180,7 @@ void Engine::cache_restore(Request& r, state::SequenceState& st) {
     ++stats_.cache_restore_failures;  // a miss: the prompt is computed from the start
     return;
   }
-  r.num_computed = r.cache_len;
-  r.cached_tokens = r.cache_len;
-  ++stats_.cache_hits;
-  stats_.cached_prompt_tokens += r.cache_len;
+  hit();
 }
 
 void Engine::cache_store(Request& r, const state::SequenceState& st) {
@@ -1149,12 +1197,14 @@ void Engine::cache_store(Request& r, const state::SequenceState& st) {
     ++stats_.cache_store_failures;
     return;
   }
-  cache_put(r, n, std::move(image).value());
+  const std::optional<kvstore::Key128> key = cache_put(r, n, std::move(image).value());
+  if (key && device_tier_)
+    device_tier_->put(*key, st);  // best effort: running requests keep their pages first
 }
 
-void Engine::cache_put(Request& r, int64_t n, std::string image) {
+std::optional<kvstore::Key128> Engine::cache_put(Request& r, int64_t n, std::string image) {
   if (n < config_.prefix_cache.min_tokens || n == r.cached_tokens)
-    return;
+    return std::nullopt;
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = r.token_at(i);
   kvstore::EntryMeta meta;
@@ -1163,8 +1213,10 @@ void Engine::cache_put(Request& r, int64_t n, std::string image) {
   meta.tail.assign(tokens.begin() + base, tokens.end());
   meta.num_tokens = n;
   meta.retention = r.spec.cache_retention.value_or(config_.prefix_cache.default_retention);
+  const kvstore::Key128 key = meta.key;
   store_->put(std::move(meta), std::move(image));
   ++stats_.cache_units_stored;
+  return key;
 }
 
 const Request* Engine::request(RequestId id) const {
@@ -1191,6 +1243,8 @@ EngineStats Engine::stats() const {
   s.state_bytes_fixed = footprint_.fixed_bytes;
   s.state_bytes_per_token = footprint_.bytes_per_token;
   s.state_max_context = footprint_.max_context_tokens;
+  if (device_tier_)
+    s.device_tier = device_tier_->stats();
   return s;
 }
 
@@ -1225,6 +1279,8 @@ Footprint state_footprint(const backend::Model& m,
 void Engine::check_integrity() const {
   scheduler_->check_integrity();
   arena_->check_integrity();
+  if (device_tier_)
+    device_tier_->check_integrity();
   for (const auto& [id, st] : memory_->states()) {
     st->check_integrity();
     auto it = requests_.find(id);

@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_model.h"
 #include "backend/cpu_v41/engram_store.h"
 #include "base/status.h"
+#include "engine/device_tier.h"
 #include "engine/prefix_cache.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -100,7 +101,8 @@ struct EngineStats {
   int64_t cache_restore_failures = 0;  // a unit found at submit() but not usable at admission
   int64_t cache_units_stored = 0;
   int64_t cache_store_failures = 0;
-  spec::Config speculative;  // in effect (off when the checkpoint or backend has no drafter)
+  DeviceTierStats device_tier;  // the prefix cache's device tier (hits there never reach the store)
+  spec::Config speculative;     // in effect (off when the checkpoint or backend has no drafter)
   spec::Stats spec;
 };
 
@@ -210,8 +212,8 @@ class Engine {
   void cache_lookup(Request& r);
   void cache_restore(Request& r, state::SequenceState& st);
   void cache_store(Request& r, const state::SequenceState& st);
-  // Stores a captured image of r's first n tokens.
-  void cache_put(Request& r, int64_t n, std::string image);
+  // Stores a captured image of r's first n tokens; the unit's key (none when not stored).
+  std::optional<kvstore::Key128> cache_put(Request& r, int64_t n, std::string image);
   // Where r's prefill pauses next to store a unit (-1: nowhere).
   int64_t next_snapshot(const Request& r) const;
   // Bounded replay (cache_layout_.save_point > 0): whether a save point of r at n tokens is
@@ -245,6 +247,10 @@ class Engine {
   std::vector<std::pair<int32_t, int32_t>> fork_pairs_;
   EngineStats stats_;
   std::shared_ptr<kvstore::KvStore> store_;  // null: no prefix cache
+  std::unique_ptr<DeviceTier> device_tier_;  // null: no device tier
+  // A device-tier restore whose page copy failed left a state without its contents: the step
+  // fails every request (a device fault) before anything runs on it.
+  Status pending_fault_;
   std::unique_ptr<PrefixKeys> prefix_keys_;
   backend::PrefixCacheLayout cache_layout_;  // how this backend's states are stored
   // Bounded replay: the latest save point of a running request after its prompt's repeat

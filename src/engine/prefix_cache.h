@@ -35,6 +35,9 @@ struct PrefixCacheConfig {
   int64_t interval = 512;
   int64_t promote_wait_ms = 100;  // bound on waiting for an SSD entry at admission
   kvstore::RetentionClass default_retention = kvstore::RetentionClass::kChat;
+  // The device tier (engine/device_tier.h): bytes of the state arena that stored units may keep
+  // (0: none; they yield to running requests).
+  int64_t device_bytes = 0;
 };
 
 class PrefixKeys {

@@ -398,6 +398,10 @@ void EngineLoop::publish() {
     g.cache_restore_failures = st.cache_restore_failures;
     g.cache_units_stored = st.cache_units_stored;
     g.kv = kv->stats();
+    g.device_hits = st.device_tier.hits;
+    g.device_entries = st.device_tier.entries;
+    g.device_bytes = st.device_tier.bytes;
+    g.device_evictions = st.device_tier.evictions;
   }
   if (st.speculative.mode != spec::Mode::kOff) {
     g.spec_verified = st.spec.verified;

@@ -196,15 +196,17 @@ void render_prefix_cache(const EngineGauges& g, std::string* out) {
          "dsinfer_prefix_cache_hits_total",
          "counter",
          "Requests started from a stored unit, by the tier it was served from.");
-  for (int t = 0; t < 2; ++t) {
-    *out += std::string("dsinfer_prefix_cache_hits_total{tier=\"") + tiers[t] + "\"} " +
-            std::to_string(kv.hits[t]) + "\n";
+  // The device tier (state memory) sits above the store's host RAM and SSD tiers.
+  const int64_t hits[3] = {g.device_hits, kv.hits[0], kv.hits[1]};
+  const char* all_tiers[3] = {"device", "host", "ssd"};
+  for (int t = 0; t < 3; ++t) {
+    *out += std::string("dsinfer_prefix_cache_hits_total{tier=\"") + all_tiers[t] + "\"} " +
+            std::to_string(hits[t]) + "\n";
   }
   header(out, "dsinfer_prefix_cache_hit_rate", "gauge", "Hits per lookup, by tier.");
-  for (int t = 0; t < 2; ++t) {
-    const double rate =
-        g.cache_lookups > 0 ? static_cast<double>(kv.hits[t]) / g.cache_lookups : 0.0;
-    *out += std::string("dsinfer_prefix_cache_hit_rate{tier=\"") + tiers[t] + "\"} " +
+  for (int t = 0; t < 3; ++t) {
+    const double rate = g.cache_lookups > 0 ? static_cast<double>(hits[t]) / g.cache_lookups : 0.0;
+    *out += std::string("dsinfer_prefix_cache_hit_rate{tier=\"") + all_tiers[t] + "\"} " +
             std::to_string(rate) + "\n";
   }
   header(out,
@@ -222,6 +224,22 @@ void render_prefix_cache(const EngineGauges& g, std::string* out) {
   sample(out, "dsinfer_prefix_cache_restore_failures_total", g.cache_restore_failures);
   header(out, "dsinfer_prefix_cache_units_stored_total", "counter", "Units stored.");
   sample(out, "dsinfer_prefix_cache_units_stored_total", g.cache_units_stored);
+  header(out,
+         "dsinfer_prefix_cache_device_entries",
+         "gauge",
+         "Units kept in the device tier (state memory).");
+  sample(out, "dsinfer_prefix_cache_device_entries", g.device_entries);
+  header(out,
+         "dsinfer_prefix_cache_device_bytes",
+         "gauge",
+         "State memory held by the device tier's units.");
+  sample(out, "dsinfer_prefix_cache_device_bytes", g.device_bytes);
+  header(out,
+         "dsinfer_prefix_cache_device_evictions_total",
+         "counter",
+         "Units evicted from the device tier (for its budget or for running requests; the "
+         "host and SSD tiers keep them).");
+  sample(out, "dsinfer_prefix_cache_device_evictions_total", g.device_evictions);
   header(out, "dsinfer_kv_store_entries", "gauge", "Entries in the KV store.");
   sample(out, "dsinfer_kv_store_entries", kv.entries);
   header(out, "dsinfer_kv_store_bytes", "gauge", "KV store bytes by tier and retention class.");

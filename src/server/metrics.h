@@ -50,6 +50,11 @@ struct EngineGauges {
   int64_t cache_restore_failures = 0;
   int64_t cache_units_stored = 0;
   kvstore::StoreStats kv;
+  // The device tier above the store (engine/device_tier.h; zeros when off).
+  int64_t device_hits = 0;
+  int64_t device_entries = 0;
+  int64_t device_bytes = 0;
+  int64_t device_evictions = 0;
   // Speculative decoding (empty when off): drafts verified and accepted per draft position
   // (index 0 = the first draft), decode request-steps by the number of drafts verified (index k),
   // and the request-steps that verified drafts with the tokens they emitted.

@@ -1,6 +1,7 @@
 """Prefix cache and the SSD KV store through `dsinfer serve` (--kv-store): each protocol reports
 the cached prompt tokens in its own usage field and a cached start gives the same greedy output;
-/metrics shows hits per tier, bytes per tier and class; a restart keeps the SSD hits; kill -9 of
+/metrics shows hits per tier (device by default, host without a device tier), bytes per tier and
+class; a restart keeps the SSD hits; kill -9 of
 a server that is writing entries leaves a store that the next server serves from without error;
 a bad X-DSInfer-Retention header is a 400.
 """
@@ -72,7 +73,9 @@ class KvStore(harness.unittest.TestCase):
                 self.assertEqual(cached2, n - 1, p)  # all but the last prompt token
                 self.assertEqual(out2, out, p)       # same greedy output from the cached start
                 first[p] = out
-            m = s.wait_metric(lambda m: m['dsinfer_prefix_cache_hits_total{tier="host"}'] >= 3)
+            # Served from the device tier (state memory) by default; the store has them too.
+            m = s.wait_metric(lambda m: m['dsinfer_prefix_cache_hits_total{tier="device"}'] >= 3)
+            self.assertGreater(m['dsinfer_prefix_cache_device_bytes'], 0)
             self.assertGreater(m['dsinfer_kv_store_bytes{tier="host",class="chat"}'], 0)
             s.wait_metric(lambda m: m['dsinfer_kv_store_bytes{tier="ssd",class="chat"}'] > 0)
             # Agent-class entries are accounted apart.
@@ -95,6 +98,17 @@ class KvStore(harness.unittest.TestCase):
             n, cached, _ = usage(paths[0], post(s, paths[0], "What is note7?",
                                                 headers={"X-DSInfer-Cache-Tenant": "other"}))
             self.assertEqual(cached, 0)
+
+    def test_host_tier_without_device_tier(self):
+        with harness.Server(*self.args, "--kv-device-bytes", "0", scripted=False) as s:
+            p = "/v1/chat/completions"
+            n, cached, out = usage(p, post(s, p, "What is note9?"))
+            n2, cached2, out2 = usage(p, post(s, p, "What is note9?"))
+            self.assertEqual(cached2, n - 1)
+            self.assertEqual(out2, out)
+            m = s.wait_metric(lambda m: m['dsinfer_prefix_cache_hits_total{tier="host"}'] >= 1)
+            self.assertEqual(m['dsinfer_prefix_cache_hits_total{tier="device"}'], 0)
+            self.assertEqual(m['dsinfer_prefix_cache_device_entries'], 0)
 
     def test_kill_dash_nine_while_writing(self):
         s = harness.Server(*self.args, scripted=False)

@@ -116,7 +116,8 @@ def trace(args):
 def run(args, conversations, cached):
     store = tempfile.mkdtemp(prefix="dsinfer-replay-") if cached else None
     extra = ["--kv-store", store, "--kv-store-bytes", args.kv_store_bytes] if cached else []
-    stats = {"prompt": 0, "cached": 0, "ttft": [], "requests": 0, "hits_host": 0, "hits_ssd": 0,
+    stats = {"prompt": 0, "cached": 0, "ttft": [], "requests": 0, "hits_device": 0,
+             "hits_host": 0, "hits_ssd": 0,
              "lookups": 0, "restore_failures": 0, "corrupt": 0, "evictions_ssd": 0}
     histories = [[{"role": "system", "content": s}] for s, _ in conversations]
     lock = threading.Lock()
@@ -127,6 +128,7 @@ def run(args, conversations, cached):
         if not cached:
             return
         m = server.metrics()
+        stats["hits_device"] += m.get('dsinfer_prefix_cache_hits_total{tier="device"}', 0)
         stats["hits_host"] += m.get('dsinfer_prefix_cache_hits_total{tier="host"}', 0)
         stats["hits_ssd"] += m.get('dsinfer_prefix_cache_hits_total{tier="ssd"}', 0)
         stats["lookups"] += m.get("dsinfer_prefix_cache_lookups_total", 0)
@@ -205,15 +207,16 @@ def main():
         results[name] = run(args, conversations, cached)
     print(f"trace: {args.conversations} conversations x {args.turns} turns, seed {args.seed}, "
           f"max_tokens {args.max_tokens}, concurrency {args.concurrency}")
-    print("| run | requests | prompt tokens | computed | cached | host hits | SSD hits | "
-          "TTFT p50 (s) | TTFT p99 (s) | wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | requests | prompt tokens | computed | cached | device hits | host hits | "
+          "SSD hits | TTFT p50 (s) | TTFT p99 (s) | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, s in results.items():
         lookups = max(1, s["lookups"])
-        hits = (f"{s['hits_host'] / lookups:.1%}", f"{s['hits_ssd'] / lookups:.1%}") \
-            if s["lookups"] else ("-", "-")
+        hits = (f"{s['hits_device'] / lookups:.1%}", f"{s['hits_host'] / lookups:.1%}",
+                f"{s['hits_ssd'] / lookups:.1%}") if s["lookups"] else ("-", "-", "-")
         print(f"| {name} | {s['requests']} | {s['prompt']} | {s['prompt'] - s['cached']} | "
               f"{s['cached']} ({s['cached'] / max(1, s['prompt']):.1%}) | {hits[0]} | {hits[1]} | "
+              f"{hits[2]} | "
               f"{pct(s['ttft'], 50):.3f} | {pct(s['ttft'], 99):.3f} | {s['wall_s']:.0f} |")
     k = results["kv-store"]
     print(f"SSD tier after the run: {k.get('store_bytes', 0) / 2**20:.1f} MiB; SSD evictions "

@@ -207,9 +207,12 @@ std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::Checkpoint> ckp
                                     std::shared_ptr<kvstore::KvStore> store,
                                     int64_t block = 16,
                                     const std::string& salt = "test-model-v1",
-                                    int64_t interval = 0) {
+                                    int64_t interval = 0,
+                                    int64_t device_bytes = 0,
+                                    int64_t state_bytes = int64_t{64} << 20) {
   EngineConfig cfg;
-  cfg.state_budget_bytes = int64_t{64} << 20;
+  cfg.state_budget_bytes = state_bytes;
+  cfg.prefix_cache.device_bytes = device_bytes;
   cfg.page_bytes = state::min_page_bytes(ckpt->config());
   cfg.scheduler.prefill_chunk = 32;
   cfg.prefix_cache.store = std::move(store);
@@ -397,6 +400,73 @@ TEST(PrefixCache, RandomTraceStaysWithinBudgetsAndMatchesUncached) {
   EXPECT_GT(hits, 5);
   EXPECT_GT(store->stats().evictions[0] + store->stats().evictions[1], 0);
   fs::remove_all(dir);
+}
+
+// The device tier: units kept as whole sequences in the state arena are forked into the next
+// turn's state (no host image, no store hit), with outputs bit-identical to the uncached engine;
+// a unit evicted from it is still served by the host tier.
+TEST(PrefixCache, DeviceTierServesHitsIdenticallyAndFallsBackToHost) {
+  auto ckpt = fixture();
+  auto plain = make_engine(ckpt, nullptr);
+  std::vector<Turn> expected;
+  const auto prompts = conversation_prompts(*plain, 4, 31, &expected);
+  auto store = open_store("");
+  auto cached = make_engine(ckpt, store, 16, "test-model-v1", 0, int64_t{32} << 20);
+  for (size_t t = 0; t < prompts.size(); ++t) {
+    SCOPED_TRACE("turn " + std::to_string(t));
+    const Turn got = run(*cached, prompts[t], 6);
+    EXPECT_EQ(got.output, expected[t].output);
+    EXPECT_EQ(got.logprobs, expected[t].logprobs);  // bit-equal floats
+    if (t > 0) {
+      EXPECT_EQ(got.cached, static_cast<int64_t>(prompts[t - 1].size() + 5));
+    }
+  }
+  EngineStats st = cached->stats();
+  EXPECT_EQ(st.device_tier.hits, 3);
+  EXPECT_GT(st.device_tier.entries, 0);
+  EXPECT_GT(st.device_tier.bytes, 0);
+  EXPECT_EQ(store->stats().hits[0] + store->stats().hits[1], 0) << "served from the device";
+  // A device tier too small for any unit: every hit comes from the host tier, identically.
+  auto small_store = open_store("");
+  auto small = make_engine(ckpt, small_store, 16, "test-model-v1", 0, 1);
+  for (size_t t = 0; t < prompts.size(); ++t) {
+    const Turn got = run(*small, prompts[t], 6);
+    EXPECT_EQ(got.output, expected[t].output);
+    EXPECT_EQ(got.logprobs, expected[t].logprobs);
+  }
+  st = small->stats();
+  EXPECT_EQ(st.device_tier.entries, 0);
+  EXPECT_EQ(st.device_tier.hits, 0);
+  EXPECT_GT(st.device_tier.rejected, 0);
+  EXPECT_EQ(small_store->stats().hits[0], 3);
+}
+
+// The device tier gives its pages to running requests: under a state budget that cannot hold
+// the tier's units and the running requests together, nobody is preempted for the tier, every
+// output equals the uncached engine's, and the tier is evicted instead.
+TEST(PrefixCache, DeviceTierYieldsStateMemoryToRequests) {
+  auto ckpt = fixture();
+  const auto& mc = ckpt->config();
+  const int64_t page = state::min_page_bytes(mc);
+  auto plain = make_engine(ckpt, nullptr);
+  // Units of ~20-60 tokens; a state budget of 3 sequences' fixed state plus a few pages.
+  const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 0);
+  const int64_t budget = (3 * fixed + 12) * page;
+  auto cached = make_engine(ckpt, open_store(""), 8, "test-model-v1", 8, budget, budget);
+  const int64_t vocab = mc.vocab_size;
+  std::mt19937 g(8);
+  for (int i = 0; i < 12; ++i) {
+    const auto prompt = random_tokens(10 + g() % 40, vocab, 300 + static_cast<uint32_t>(i));
+    const Turn want = run(*plain, prompt, 4);
+    const Turn got = run(*cached, prompt, 4);
+    EXPECT_EQ(got.output, want.output) << "request " << i;
+    EXPECT_EQ(got.logprobs, want.logprobs) << "request " << i;
+  }
+  const EngineStats st = cached->stats();
+  EXPECT_GT(st.device_tier.puts, 0);
+  EXPECT_GT(st.device_tier.evictions, 0);
+  EXPECT_LE(st.device_tier.bytes, budget);
+  EXPECT_EQ(st.preemptions, 0);
 }
 
 // A disk that is full: every write fails after creating a partial file.
