@@ -457,8 +457,6 @@ __global__ void __launch_bounds__(256, 1)
       }
       __syncthreads();
       // u = (half 0 + half 1) * scale * log2 e, masked.
-      float mx0 = -INFINITY;
-      float mx1 = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
@@ -469,37 +467,15 @@ __global__ void __launch_bounds__(256, 1)
           const float b = sx[r1 * kSx + c] + sx[(rows + r1) * kSx + c];
           s[nt][e] = ok ? a * c2 : -INFINITY;
           s[nt][2 + e] = ok ? b * c2 : -INFINITY;
-          mx0 = fmaxf(mx0, s[nt][e]);
-          mx1 = fmaxf(mx1, s[nt][2 + e]);
         }
       }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float n0 = fmaxf(m0, ceilf(mx0));
-      const float n1 = fmaxf(m1, ceilf(mx1));
-      const float c0 = ldexpf(1.0f, static_cast<int>(m0 - n0));  // exact powers of two
-      const float c1 = ldexpf(1.0f, static_cast<int>(m1 - n1));
-      m0 = n0;
-      m1 = n1;
-      l0 *= c0;
-      l1 *= c1;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        s[nt][0] = exp2f(s[nt][0] - m0);
-        s[nt][1] = exp2f(s[nt][1] - m0);
-        s[nt][2] = exp2f(s[nt][2] - m1);
-        s[nt][3] = exp2f(s[nt][3] - m1);
-        l0 += s[nt][0] + s[nt][1];  // the denominator takes the unrounded probabilities
-        l1 += s[nt][2] + s[nt][3];
-      }
+      const float2 cf = attn::softmax_pow2_step(s, m0, m1, l0, l1);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
-        o[i][0] *= c0;
-        o[i][1] *= c0;
-        o[i][2] *= c1;
-        o[i][3] *= c1;
+        o[i][0] *= cf.x;
+        o[i][1] *= cf.x;
+        o[i][2] *= cf.y;
+        o[i][3] *= cf.y;
       }
       // P.V: the probabilities rounded to BF16 are the A fragments (key groups 2kk, 2kk + 1).
 #pragma unroll

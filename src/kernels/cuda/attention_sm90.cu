@@ -309,8 +309,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 2. u = (half 0 + half 1) * scale * log2 e, masked; the online softmax.
       const float* other = sx + (half ^ 1) * kRows * kSx;
       const int* vt = valid + buf * kTk;
-      float mx0 = -INFINITY;
-      float mx1 = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int c = 8 * nt + 2 * t;
@@ -322,39 +320,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         s[4 * nt + 1] = ok.y != 0 ? (s[4 * nt + 1] + oa.y) * c2 : -INFINITY;
         s[4 * nt + 2] = ok.x != 0 ? (s[4 * nt + 2] + ob.x) * c2 : -INFINITY;
         s[4 * nt + 3] = ok.y != 0 ? (s[4 * nt + 3] + ob.y) * c2 : -INFINITY;
-        mx0 = fmaxf(mx0, fmaxf(s[4 * nt], s[4 * nt + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
       }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float n0 = fmaxf(m0, ceilf(mx0));
-      const float n1 = fmaxf(m1, ceilf(mx1));
-      const float c0 = ldexpf(1.0f, static_cast<int>(m0 - n0));  // exact powers of two
-      const float c1 = ldexpf(1.0f, static_cast<int>(m1 - n1));
-      m0 = n0;
-      m1 = n1;
-      l0 *= c0;
-      l1 *= c1;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        s[4 * nt] = exp2f(s[4 * nt] - m0);
-        s[4 * nt + 1] = exp2f(s[4 * nt + 1] - m0);
-        s[4 * nt + 2] = exp2f(s[4 * nt + 2] - m1);
-        s[4 * nt + 3] = exp2f(s[4 * nt + 3] - m1);
-        l0 += s[4 * nt] + s[4 * nt + 1];  // the denominator takes the unrounded probabilities
-        l1 += s[4 * nt + 2] + s[4 * nt + 3];
-      }
+      const float2 cf =
+          attn::softmax_pow2_step(reinterpret_cast<float(&)[4][4]>(s), m0, m1, l0, l1);
       // Rescaling by exact powers of two, skipped (warp-uniformly) where no row's maximum moved:
       // after the first tiles of a long list that is most tiles.
-      if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) {
+      if (__any_sync(0xffffffffu, cf.x != 1.0f || cf.y != 1.0f)) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
-          o[4 * i] *= c0;
-          o[4 * i + 1] *= c0;
-          o[4 * i + 2] *= c1;
-          o[4 * i + 3] *= c1;
+          o[4 * i] *= cf.x;
+          o[4 * i + 1] *= cf.x;
+          o[4 * i + 2] *= cf.y;
+          o[4 * i + 3] *= cf.y;
         }
       }
       // 3. P.V: the probabilities rounded to BF16 are the A registers (keys 16 kk .. 16 kk + 15).

@@ -81,4 +81,42 @@ __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
   }
 }
 
+// The online-softmax step of the BF16-operand kernels over one 32-key tile, for the rows r0 / r1
+// of a thread: s[nt][0..1] (row r0) and s[nt][2..3] (row r1) hold u = logit * log2 e, -inf where
+// masked. Takes the quad's row maxima, moves the integer reference M to max(M, ceil(max u)),
+// replaces s by the probabilities 2^(u - M) and rescales and adds them to l (unrounded). Returns
+// the exact power-of-two factors (r0, r1) that rescale the accumulators.
+__device__ __forceinline__ float2
+softmax_pow2_step(float (&s)[4][4], float& m0, float& m1, float& l0, float& l1) {
+  float mx0 = -INFINITY;
+  float mx1 = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+    mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  const float n0 = fmaxf(m0, ceilf(mx0));
+  const float n1 = fmaxf(m1, ceilf(mx1));
+  const float c0 = ldexpf(1.0f, static_cast<int>(m0 - n0));  // exact powers of two
+  const float c1 = ldexpf(1.0f, static_cast<int>(m1 - n1));
+  m0 = n0;
+  m1 = n1;
+  l0 *= c0;
+  l1 *= c1;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    s[nt][0] = exp2f(s[nt][0] - m0);
+    s[nt][1] = exp2f(s[nt][1] - m0);
+    s[nt][2] = exp2f(s[nt][2] - m1);
+    s[nt][3] = exp2f(s[nt][3] - m1);
+    l0 += s[nt][0] + s[nt][1];  // the denominator takes the unrounded probabilities
+    l1 += s[nt][2] + s[nt][3];
+  }
+  return make_float2(c0, c1);
+}
+
 }  // namespace dsinfer::cuda::attn
