@@ -184,6 +184,9 @@ int run_spec_bench(const SpecBenchArgs& a) {
   if (!budget.ok())
     return fail(budget.status());
   base.state_budget_bytes = *budget;
+  if (a.forced_acceptance < 0 || a.forced_acceptance > 1)
+    return fail(invalid_argument("--forced-acceptance must be in [0, 1]"));
+  base.forced_acceptance = a.forced_acceptance;
   const int64_t max_b = *std::max_element(a.batch.begin(), a.batch.end());
   base.scheduler.max_running = max_b;
   base.scheduler.max_tokens_per_step = std::max<int64_t>(256, max_b * 8);
@@ -236,6 +239,8 @@ int run_spec_bench(const SpecBenchArgs& a) {
   out["generated_tokens"] = a.generate;
   out["repeats"] = a.repeats;
   out["min_requests_per_run"] = kMinRequests;
+  // Forced: the drafts' acceptance is injected (step costs real, tokens not the model's).
+  out["forced_acceptance"] = a.forced_acceptance;
   json rows = json::array();
   std::string table = str_format("%6s %-8s %10s %7s %13s %s\n",
                                  "batch",

@@ -54,6 +54,7 @@ struct BenchArgs {
   std::string profile_range;  // "prefill" | "decode": cudaProfilerStart/Stop around those runs
   std::vector<int64_t> op_tokens = {1, 16, 64, 256, 1024, 8192};
   std::vector<std::string> speculative;  // --speculative: the modes (cli/bench_spec.h)
+  double forced_acceptance = 0;          // --forced-acceptance (with --speculative)
   std::string state_memory = "1GiB";     // the budget the state footprint's context is given for
   // --device cpu (cli/bench_cpu.h): the CPU run's own defaults unless the flags were given.
   CpuBenchArgs cpu;
@@ -514,6 +515,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                       "compare (off, fixed:K, auto; `all` = off,fixed:1..5,auto), decode tokens/s "
                       "per batch size (default 1,16,64) with acceptance by draft position")
           ->delimiter(',');
+  cmd->add_option("--forced-acceptance",
+                  a->forced_acceptance,
+                  "With --speculative: accept each verified draft with this probability whatever "
+                  "the target says (a trained-like acceptance for random-weight checkpoints whose "
+                  "drafter accepts nothing; step costs are real, tokens are not the model's)");
   cmd->callback([=, &exit_code] {
     if (o_spec->count() > 0) {
       SpecBenchArgs s;
@@ -523,6 +529,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
         s.cpu_kernels = a->cpu.kernels.front();
       s.cpu_threads = a->cpu.threads;
       s.modes = a->speculative;
+      s.forced_acceptance = a->forced_acceptance;
       if (o_batch->count() > 0)
         s.batch = a->decode_batch;
       if (o_steps->count() > 0)

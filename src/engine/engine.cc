@@ -333,6 +333,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
                    human_bytes(static_cast<uint64_t>(config.state_budget_bytes)).c_str(),
                    human_bytes(static_cast<uint64_t>(one * page_bytes)).c_str()));
   }
+  if (config.forced_acceptance < 0 || config.forced_acceptance > 1)
+    return invalid_argument("forced acceptance must be in [0, 1]");
   if (e->spec_.mode == spec::Mode::kAuto) {
     if (config.step_times) {
       if (!config.step_times->valid() || config.step_times->max_k() != e->spec_.k)
@@ -828,7 +830,10 @@ void Engine::finish_verify(size_t i, backend::ForwardOutputs& out) {
   int32_t emitted = 0;
   for (int32_t p = 0; p <= k; ++p) {
     const std::span<float> logits(out.logits.data() + p * vocab, static_cast<size_t>(vocab));
-    const sampling::SampleResult sr = sample_for(r, logits);
+    sampling::SampleResult sr = sample_for(r, logits);
+    if (p < k && config_.forced_acceptance > 0 &&
+        std::generate_canonical<double, 53>(forced_rng_) < config_.forced_acceptance)
+      sr.token = d.tokens[p];  // benchmarks only (EngineConfig::forced_acceptance)
     const bool match = p < k && sr.token == d.tokens[p];
     if (p < k) {
       predictor_->record(p, d.confidence[p], match);

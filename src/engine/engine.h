@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,11 @@ struct EngineConfig {
   spec::Config speculative;
   // auto: the step-time model; when unset, measured on the backend when the engine is created.
   std::optional<spec::StepTimes> step_times;
+  // Benchmarks only (`bench --speculative --forced-acceptance P`): each verified draft is accepted
+  // with probability P in (0, 1] whatever the target says, and emitted as it was drafted; every
+  // step's work (drafting, verification, sampling, rollback) is real, the tokens are not the
+  // model's. For models whose drafter accepts nothing (random weights). 0: off.
+  double forced_acceptance = 0;
 };
 
 // The backend for config.device (CPU reference or CUDA); errors say why a device is unusable.
@@ -246,6 +252,7 @@ class Engine {
   std::vector<float> fork_logits_;
   std::vector<std::pair<int32_t, int32_t>> fork_pairs_;
   EngineStats stats_;
+  std::mt19937_64 forced_rng_{0x5eed};       // EngineConfig::forced_acceptance's draws
   std::shared_ptr<kvstore::KvStore> store_;  // null: no prefix cache
   std::unique_ptr<DeviceTier> device_tier_;  // null: no device tier
   // A device-tier restore whose page copy failed left a state without its contents: the step

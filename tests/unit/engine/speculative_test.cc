@@ -403,6 +403,44 @@ TEST(Speculative, ForksOfAParentThatDidNotSpeculateDoNotSpeculate) {
   EXPECT_EQ(run("auto"), run("off"));
 }
 
+// bench --forced-acceptance: each draft accepted with the given probability whatever the target
+// says (the tiny fixture's MTP block accepts almost nothing), emitted as drafted; the counters
+// see it like any acceptance.
+TEST(Speculative, ForcedAcceptanceAcceptsDraftsAtTheGivenRate) {
+  const auto cases = mixed_cases(8, 41, 512, 40);
+  for (double p : {1.0, 0.5}) {
+    SCOPED_TRACE("forced acceptance " + std::to_string(p));
+    EngineSetup s;
+    s.ckpt = fixture();
+    s.speculative = "fixed:3";
+    EngineConfig cfg;
+    cfg.cpu_kernels = s.kernels;
+    cfg.cpu_threads = 2;
+    cfg.state_budget_bytes = s.budget;
+    cfg.page_bytes = state::min_page_bytes(s.ckpt->config());
+    cfg.speculative = *spec::parse_config(s.speculative);
+    cfg.forced_acceptance = p;
+    auto e = Engine::create(cfg, s.ckpt);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    const auto out = run_all(**e, greedy_specs(cases));
+    for (size_t i = 0; i < cases.size(); ++i)
+      EXPECT_EQ(out[i].size(), static_cast<size_t>(cases[i].max_tokens));
+    const spec::Stats st = (*e)->stats().spec;
+    ASSERT_GT(st.verified[0], 20);
+    for (size_t j = 0; j < 3; ++j) {
+      if (p == 1.0) {
+        EXPECT_EQ(st.acceptance(j), 1.0) << j;
+      } else if (st.verified[j] >= 10) {
+        EXPECT_NEAR(st.acceptance(j), p, 0.25) << j;
+      }
+    }
+  }
+  EngineConfig bad;
+  bad.model_dir = std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official";
+  bad.forced_acceptance = 1.5;
+  EXPECT_EQ(Engine::create(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(Speculative, NoDrafterIsAnErrorWhenAskedForAndOffByDefault) {
   auto tiny_b = open_model("tests/fixtures/tiny-b/official");  // no MTP weights
   EngineConfig cfg;
