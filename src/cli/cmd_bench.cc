@@ -406,17 +406,30 @@ int run_bench(const BenchArgs& a) {
     m.set_cuda_graphs(!a.no_cuda_graphs);
     const model::ForwardCost cost =
         model::decode_cost(cfg, (*ckpt)->weights(), batch, a.context + warm);
-    json row = {{"batch", batch},
-                {"context", a.context},
-                {"steps", a.decode_steps},
-                {"step_ms", step_s * 1e3},
-                {"tokens_per_s", static_cast<double>(batch) / step_s},
-                {"cuda_graph_replays", after.graph_replays - before.graph_replays},
-                {"step_ms_by_sampling", sampling_ms},
-                {"bytes_per_step", cost.bytes()},
-                {"achieved_bytes_per_s", cost.bytes() / step_s},
-                {"flops_per_step", cost.flops()},
-                {"per_layer_eager", per_layer(cfg, prof)}};
+    json row = {
+        {"batch", batch},
+        {"context", a.context},
+        {"steps", a.decode_steps},
+        {"step_ms", step_s * 1e3},
+        {"tokens_per_s", static_cast<double>(batch) / step_s},
+        {"cuda_graph_replays", after.graph_replays - before.graph_replays},
+        // The GPU's idle time between the timed steps (CudaModelStats::decode_idle_ms).
+        {"gpu_idle_ms_per_step",
+         after.decode_gaps > before.decode_gaps
+             ? (after.decode_idle_ms - before.decode_idle_ms) /
+                   static_cast<double>(after.decode_gaps - before.decode_gaps)
+             : 0.0},
+        {"gpu_idle_fraction",
+         after.decode_gpu_ms + after.decode_idle_ms > before.decode_gpu_ms + before.decode_idle_ms
+             ? (after.decode_idle_ms - before.decode_idle_ms) /
+                   (after.decode_gpu_ms - before.decode_gpu_ms + after.decode_idle_ms -
+                    before.decode_idle_ms)
+             : 0.0},
+        {"step_ms_by_sampling", sampling_ms},
+        {"bytes_per_step", cost.bytes()},
+        {"achieved_bytes_per_s", cost.bytes() / step_s},
+        {"flops_per_step", cost.flops()},
+        {"per_layer_eager", per_layer(cfg, prof)}};
     if (copy_bw > 0)
       row["fraction_of_copy_bandwidth"] = cost.bytes() / step_s / copy_bw;
     if (fp8_peak > 0)
@@ -424,14 +437,15 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(stderr,
                  "[bench] decode batch %lld at %lld context: %.3f ms/step, %.1f tok/s (tokens "
                  "chosen on the device; top-p on the device %.3f ms, logits to the host %.3f "
-                 "ms, top-p on the host %.3f ms)\n",
+                 "ms, top-p on the host %.3f ms; GPU idle between steps %.1f%%)\n",
                  static_cast<long long>(batch),
                  static_cast<long long>(a.context),
                  step_s * 1e3,
                  static_cast<double>(batch) / step_s,
                  sampling_ms["device_top_p"].get<double>(),
                  sampling_ms["logits_to_host"].get<double>(),
-                 sampling_ms["logits_to_host_top_p"].get<double>());
+                 sampling_ms["logits_to_host_top_p"].get<double>(),
+                 100.0 * row["gpu_idle_fraction"].get<double>());
     decode.push_back(row);
   }
   out["decode"] = decode;

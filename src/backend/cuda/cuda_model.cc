@@ -57,6 +57,10 @@ CudaModel::CudaModel(const model::ModelConfig& config,
 CudaModel::~CudaModel() {
   clear_graphs();
   for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : {fwd_start_, fwd_end_, prev_end_}) {
+    if (e)
+      (void)cudaEventDestroy(e);
+  }
   for (auto& [arena, pool] : pools_) {
     const cudaError_t err = cudaFree(pool.p);
     DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
@@ -190,6 +194,26 @@ Status CudaModel::mark(size_t i) {
     events_.push_back(e);
   }
   return device::check_cuda(cudaEventRecord(events_[i], stream_.get()), "cudaEventRecord");
+}
+
+// After a forward's final synchronisation: its GPU time and, when the forward before it was a
+// decode forward too, the idle gap between them (CudaModelStats). Measurement only: a failing
+// event call leaves the figures out, never the forward.
+void CudaModel::account_decode_gap(bool decode) {
+  if (!decode || !fwd_start_ || !fwd_end_ || !prev_end_) {
+    have_prev_end_ = false;
+    return;
+  }
+  float busy = 0.0f;
+  if (cudaEventElapsedTime(&busy, fwd_start_, fwd_end_) == cudaSuccess)
+    stats_.decode_gpu_ms += busy;
+  float idle = 0.0f;
+  if (have_prev_end_ && cudaEventElapsedTime(&idle, prev_end_, fwd_start_) == cudaSuccess) {
+    stats_.decode_idle_ms += idle;
+    ++stats_.decode_gaps;
+  }
+  std::swap(prev_end_, fwd_end_);
+  have_prev_end_ = true;
 }
 
 Status CudaModel::forward(state::SequenceState& st,
@@ -452,6 +476,14 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
 
   // One transfer of the plan.
   L->pack.layout(decode);
+  if (!fwd_start_) {  // timing events for CudaModelStats::decode_idle_ms (none: not measured)
+    for (cudaEvent_t* e : {&fwd_start_, &fwd_end_, &prev_end_}) {
+      if (cudaEventCreate(e) != cudaSuccess)
+        *e = nullptr;
+    }
+  }
+  if (fwd_start_)
+    (void)cudaEventRecord(fwd_start_, stream_.get());
   DSI_RETURN_IF_ERROR(upload_pack(L->pack, &L->dev));
   stats_.host_plan_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now() - plan_start)
@@ -547,7 +579,10 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
                                                            stream_.get()),
                                            "copying MTP logits"));
   }
+  if (fwd_end_)
+    (void)cudaEventRecord(fwd_end_, stream_.get());
   DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "forward"));
+  account_decode_gap(decode);
   spare_pack_ = std::move(L->pack);
   if (profiling_now_) {
     profiling_now_ = false;

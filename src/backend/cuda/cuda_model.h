@@ -62,6 +62,13 @@ struct CudaModelStats {
   // Host time spent planning forwards (key lists, page tables, the pack) until the plan's copy
   // is enqueued: the part of a forward the GPU waits for (issue 13's step loop hides it).
   int64_t host_plan_ns = 0;
+  // Decode forwards on the device (timing events on the stream: from the plan's upload to the
+  // last result copy) and the GPU's idle time between consecutive decode forwards, end of one to
+  // start of the next: the host's share of a decode step that the GPU waits for (issue 13's
+  // step-loop target). In milliseconds; decode_gaps counts the gaps measured.
+  double decode_gpu_ms = 0;
+  double decode_idle_ms = 0;
+  int64_t decode_gaps = 0;
   int64_t weight_bytes = 0;
   int64_t pool_bytes = 0;
   int64_t workspace_bytes = 0;
@@ -248,6 +255,13 @@ class CudaModel final : public backend::Model {
   HostPack spare_pack_;       // the plan pack's storage, kept from forward to forward
   bool profiling_now_ = false;
   std::vector<cudaEvent_t> events_;
+  // CudaModelStats::decode_gpu_ms / decode_idle_ms: this forward's start and end, and the end of
+  // the previous decode forward (when the forward before this one was a decode forward).
+  cudaEvent_t fwd_start_ = nullptr;
+  cudaEvent_t fwd_end_ = nullptr;
+  cudaEvent_t prev_end_ = nullptr;
+  bool have_prev_end_ = false;
+  void account_decode_gap(bool decode);
   std::vector<float> profile_ms_;
 };
 
