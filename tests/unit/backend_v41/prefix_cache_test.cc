@@ -258,7 +258,8 @@ std::unique_ptr<Engine> make_engine(bool cache,
                                     int64_t keep_rows,
                                     int64_t chunk,
                                     int64_t budget = int64_t{256} << 20,
-                                    int64_t page_bytes = 0) {
+                                    int64_t page_bytes = 0,
+                                    int64_t device_bytes = 0) {
   EngineConfig cfg;
   cfg.model_dir = kTiny;
   cfg.state_budget_bytes = budget;
@@ -269,6 +270,7 @@ std::unique_ptr<Engine> make_engine(bool cache,
   if (cache) {
     cfg.prefix_cache.store = host_store();
     cfg.prefix_cache.interval = 256;
+    cfg.prefix_cache.device_bytes = device_bytes;
   }
   auto e = Engine::create(cfg);
   EXPECT_TRUE(e.ok()) << e.status().to_string();
@@ -318,9 +320,13 @@ bool same(const Out& a, const Out& b) {
 TEST(V41PrefixCache, EngineHitsEqualTheUncachedRunAtEveryKindOfHit) {
   const auto base = random_tokens(520, 21);
   auto prefix = [&](int64_t n) { return std::vector<int32_t>(base.begin(), base.begin() + n); };
-  for (int64_t chunk : {1, 7, 64}) {
-    SCOPED_TRACE("chunk " + std::to_string(chunk));
-    auto cached = make_engine(true, kKeep, chunk);
+  // The last pass keeps units in the device tier too (whole states forked in the arena: hits
+  // served from there must equal the bounded replay's as well).
+  for (int64_t pass : {1, 7, 64, -7}) {
+    const int64_t chunk = pass < 0 ? -pass : pass;
+    const int64_t device_bytes = pass < 0 ? int64_t{64} << 20 : 0;
+    SCOPED_TRACE("chunk " + std::to_string(chunk) + (device_bytes ? " device tier" : ""));
+    auto cached = make_engine(true, kKeep, chunk, int64_t{256} << 20, 0, device_bytes);
     auto plain = make_engine(false, kKeep, chunk);
     ASSERT_TRUE(cached && plain);
     struct Step {
@@ -342,6 +348,9 @@ TEST(V41PrefixCache, EngineHitsEqualTheUncachedRunAtEveryKindOfHit) {
     const auto st = cached->stats();
     EXPECT_EQ(st.cache_hits, 4);
     EXPECT_EQ(st.cache_restore_failures, 0);
+    // Units held until their request ends (bounded replay's last save point) are stored from
+    // their captured image only: those hits come from the host tier.
+    EXPECT_EQ(st.device_tier.hits > 0, device_bytes > 0);
     EXPECT_EQ(st.prompt_tokens + st.cached_prompt_tokens, plain->stats().prompt_tokens);
   }
 }
