@@ -117,12 +117,7 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-    const int64_t kb = p.key_begin[qi];
-    const int64_t ke = p.key_begin[qi + 1];
-    const int64_t tiles = (ke - kb + kTk - 1) / kTk;
-    const int64_t per = (tiles + nsplit - 1) / nsplit;
-    const int64_t t0 = split * per;
-    const int64_t t1 = min(tiles, t0 + per);
+    const auto [kb, ke, t0, t1] = attn::split_range(p, qi, split, nsplit, kTk);
     // Row state of rows r0 / r1: the sink seeds the running max (finite, so masked keys give
     // exp(-inf) = 0), and its mass 1 = exp(sink - sink) is counted once, on split 0 (lane t = 0
     // of the quad holds it; l is summed over the quad at the end).
@@ -209,8 +204,6 @@ __global__ void __launch_bounds__(256, 1)
       }
       __syncthreads();
       // Full logits (half 0 + half 1, fixed order), masked, scaled.
-      float mx0 = -INFINITY;
-      float mx1 = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
@@ -221,37 +214,15 @@ __global__ void __launch_bounds__(256, 1)
           const float b = sx[r1 * kSx + c] + sx[(rows + r1) * kSx + c];
           s[nt][e] = ok ? a * p.scale : -INFINITY;
           s[nt][2 + e] = ok ? b * p.scale : -INFINITY;
-          mx0 = fmaxf(mx0, s[nt][e]);
-          mx1 = fmaxf(mx1, s[nt][2 + e]);
         }
       }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float n0 = fmaxf(m0, mx0);
-      const float n1 = fmaxf(m1, mx1);
-      const float c0 = expf(m0 - n0);
-      const float c1 = expf(m1 - n1);
-      m0 = n0;
-      m1 = n1;
-      l0 *= c0;
-      l1 *= c1;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        s[nt][0] = expf(s[nt][0] - m0);
-        s[nt][1] = expf(s[nt][1] - m0);
-        s[nt][2] = expf(s[nt][2] - m1);
-        s[nt][3] = expf(s[nt][3] - m1);
-        l0 += s[nt][0] + s[nt][1];
-        l1 += s[nt][2] + s[nt][3];
-      }
+      const float2 cf = attn::softmax_step<false>(s, m0, m1, l0, l1);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
-        o[i][0] *= c0;
-        o[i][1] *= c0;
-        o[i][2] *= c1;
-        o[i][3] *= c1;
+        o[i][0] *= cf.x;
+        o[i][1] *= cf.x;
+        o[i][2] *= cf.y;
+        o[i][3] *= cf.y;
       }
       // P.V: the score fragments of key groups 2kk, 2kk+1 are the A fragment of k-step kk.
 #pragma unroll
@@ -360,12 +331,7 @@ __global__ void __launch_bounds__(256, 1)
       }
       __syncthreads();  // the staging buffer is reused by the next rows or the first key tile
     }
-    const int64_t kb = p.key_begin[qi];
-    const int64_t ke = p.key_begin[qi + 1];
-    const int64_t tiles = (ke - kb + kTk - 1) / kTk;
-    const int64_t per = (tiles + nsplit - 1) / nsplit;
-    const int64_t t0 = split * per;
-    const int64_t t1 = min(tiles, t0 + per);
+    const auto [kb, ke, t0, t1] = attn::split_range(p, qi, split, nsplit, kTk);
     // This thread's key reference of a tile (loaded one tile ahead of its use).
     auto ref_of = [&](int64_t tile) -> int64_t {
       const int64_t idx = kb + tile * kTk + lj;
@@ -469,7 +435,7 @@ __global__ void __launch_bounds__(256, 1)
           s[nt][2 + e] = ok ? b * c2 : -INFINITY;
         }
       }
-      const float2 cf = attn::softmax_pow2_step(s, m0, m1, l0, l1);
+      const float2 cf = attn::softmax_step<true>(s, m0, m1, l0, l1);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
         o[i][0] *= cf.x;

@@ -194,12 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         store4(sq, kQChunk, i >> 7, (i & 127) * 4, v[u]);
       }
     }
-    const int64_t kb = p.key_begin[qi];
-    const int64_t ke = p.key_begin[qi + 1];
-    const int64_t tiles = (ke - kb + kTk - 1) / kTk;
-    const int64_t per = (tiles + nsplit - 1) / nsplit;
-    const int64_t t0 = split * per;
-    const int64_t t1 = min(tiles, t0 + per);
+    const auto [kb, ke, t0, t1] = attn::split_range(p, qi, split, nsplit, kTk);
     auto ref_of = [&](int64_t tile, int slot) -> int64_t {
       const int64_t idx = kb + tile * kTk + kr + 16 * slot;
       return tile < t1 && idx < ke ? p.key_refs[idx] : kKvRefNone;
@@ -322,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         s[4 * nt + 3] = ok.y != 0 ? (s[4 * nt + 3] + ob.y) * c2 : -INFINITY;
       }
       const float2 cf =
-          attn::softmax_pow2_step(reinterpret_cast<float(&)[4][4]>(s), m0, m1, l0, l1);
+          attn::softmax_step<true>(reinterpret_cast<float(&)[4][4]>(s), m0, m1, l0, l1);
       // Rescaling by exact powers of two, skipped (warp-uniformly) where no row's maximum moved:
       // after the first tiles of a long list that is most tiles.
       if (__any_sync(0xffffffffu, cf.x != 1.0f || cf.y != 1.0f)) {

@@ -81,13 +81,33 @@ __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
   }
 }
 
-// The online-softmax step of the BF16-operand kernels over one 32-key tile, for the rows r0 / r1
-// of a thread: s[nt][0..1] (row r0) and s[nt][2..3] (row r1) hold u = logit * log2 e, -inf where
-// masked. Takes the quad's row maxima, moves the integer reference M to max(M, ceil(max u)),
-// replaces s by the probabilities 2^(u - M) and rescales and adds them to l (unrounded). Returns
-// the exact power-of-two factors (r0, r1) that rescale the accumulators.
+// Query qi's key tiles [t0, t1) that key split `split` of nsplit takes (tiles of `tile` keys),
+// and its key list [kb, ke).
+struct SplitRange {
+  int64_t kb, ke, t0, t1;
+};
+__device__ __forceinline__ SplitRange
+split_range(const SinkAttentionParams& p, int64_t qi, int split, int nsplit, int tile) {
+  SplitRange r;
+  r.kb = p.key_begin[qi];
+  r.ke = p.key_begin[qi + 1];
+  const int64_t tiles = (r.ke - r.kb + tile - 1) / tile;
+  const int64_t per = (tiles + nsplit - 1) / nsplit;
+  r.t0 = split * per;
+  r.t1 = min(tiles, r.t0 + per);
+  return r;
+}
+
+// The online-softmax step over one 32-key tile, for the rows r0 / r1 of a thread: s[nt][0..1]
+// (row r0) and s[nt][2..3] (row r1) hold the scaled logits, -inf where masked. Takes the quad's
+// row maxima, moves the running reference m, replaces s by the probabilities and rescales and
+// adds them to l. kPow2 (the BF16-operand kernels): s holds u = logit * log2 e, the reference is
+// the integer max(m, ceil(max u)) and the probabilities 2^(u - m), so the rescale factors are
+// exact powers of two; otherwise m = max(m, max s) and the probabilities exp(s - m). Returns the
+// factors (r0, r1) that rescale the accumulators.
+template <bool kPow2>
 __device__ __forceinline__ float2
-softmax_pow2_step(float (&s)[4][4], float& m0, float& m1, float& l0, float& l1) {
+softmax_step(float (&s)[4][4], float& m0, float& m1, float& l0, float& l1) {
   float mx0 = -INFINITY;
   float mx1 = -INFINITY;
 #pragma unroll
@@ -99,20 +119,21 @@ softmax_pow2_step(float (&s)[4][4], float& m0, float& m1, float& l0, float& l1) 
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-  const float n0 = fmaxf(m0, ceilf(mx0));
-  const float n1 = fmaxf(m1, ceilf(mx1));
-  const float c0 = ldexpf(1.0f, static_cast<int>(m0 - n0));  // exact powers of two
-  const float c1 = ldexpf(1.0f, static_cast<int>(m1 - n1));
+  const float n0 = fmaxf(m0, kPow2 ? ceilf(mx0) : mx0);
+  const float n1 = fmaxf(m1, kPow2 ? ceilf(mx1) : mx1);
+  const float c0 = kPow2 ? ldexpf(1.0f, static_cast<int>(m0 - n0)) : expf(m0 - n0);
+  const float c1 = kPow2 ? ldexpf(1.0f, static_cast<int>(m1 - n1)) : expf(m1 - n1);
   m0 = n0;
   m1 = n1;
   l0 *= c0;
   l1 *= c1;
+  auto prob = [](float v, float m) { return kPow2 ? exp2f(v - m) : expf(v - m); };
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt) {
-    s[nt][0] = exp2f(s[nt][0] - m0);
-    s[nt][1] = exp2f(s[nt][1] - m0);
-    s[nt][2] = exp2f(s[nt][2] - m1);
-    s[nt][3] = exp2f(s[nt][3] - m1);
+    s[nt][0] = prob(s[nt][0], m0);
+    s[nt][1] = prob(s[nt][1], m0);
+    s[nt][2] = prob(s[nt][2], m1);
+    s[nt][3] = prob(s[nt][3], m1);
     l0 += s[nt][0] + s[nt][1];  // the denominator takes the unrounded probabilities
     l1 += s[nt][2] + s[nt][3];
   }
