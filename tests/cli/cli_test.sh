@@ -183,6 +183,15 @@ check "generate: greedy output is not empty" test -s "$TMP/g_fast.txt"
   --decode-steps 24 --output "$TMP/bench_spec.json" >/dev/null 2>&1
 check "bench --speculative: drafts at depths 4 and 5 are accepted at batch 1" \
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; a=r["acceptance_by_position"]; assert r["batch"]==1 and len(a)==5 and a[3]>0 and a[4]>0, a' "$TMP/bench_spec.json"
+"$DSI" bench --device cpu --model "$FIX" --speculative fixed:2 --forced-acceptance 1.5 \
+  >"$TMP/err.txt" 2>&1
+check "bench --forced-acceptance out of [0, 1] is refused" \
+  contains "$TMP/err.txt" "--forced-acceptance must be in"
+if "$DSI" serve --help >/dev/null 2>&1; then
+  "$DSI" serve --model "$FIX" --prefix-cache --kv-device-bytes lots >"$TMP/err.txt" 2>&1
+  check "serve --kv-device-bytes rejects a size it cannot parse" \
+    contains "$TMP/err.txt" "--kv-device-bytes: cannot parse size"
+fi
 "$DSI" generate --model "$MINI" --prompt x --max-tokens 1 --cpu-kernels turbo >"$TMP/err.txt" 2>&1
 check "generate --cpu-kernels rejects an unknown name" contains "$TMP/err.txt" "--cpu-kernels must be"
 

@@ -65,6 +65,7 @@ struct EngineSetup {
   std::optional<spec::StepTimes> step_times;  // auto: default cheap_verify_times
   int64_t budget = int64_t{256} << 20;
   SchedulerConfig sc;
+  double forced_acceptance = 0;
 };
 
 std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
@@ -81,6 +82,7 @@ std::unique_ptr<Engine> make_engine(const EngineSetup& s) {
   cfg.speculative = *sp;
   if (cfg.speculative.mode == spec::Mode::kAuto)
     cfg.step_times = s.step_times ? *s.step_times : cheap_verify_times(cfg.speculative.k);
+  cfg.forced_acceptance = s.forced_acceptance;
   auto e = Engine::create(cfg, s.ckpt);
   EXPECT_TRUE(e.ok()) << e.status().to_string();
   return std::move(e).value();
@@ -413,19 +415,12 @@ TEST(Speculative, ForcedAcceptanceAcceptsDraftsAtTheGivenRate) {
     EngineSetup s;
     s.ckpt = fixture();
     s.speculative = "fixed:3";
-    EngineConfig cfg;
-    cfg.cpu_kernels = s.kernels;
-    cfg.cpu_threads = 2;
-    cfg.state_budget_bytes = s.budget;
-    cfg.page_bytes = state::min_page_bytes(s.ckpt->config());
-    cfg.speculative = *spec::parse_config(s.speculative);
-    cfg.forced_acceptance = p;
-    auto e = Engine::create(cfg, s.ckpt);
-    ASSERT_TRUE(e.ok()) << e.status().to_string();
-    const auto out = run_all(**e, greedy_specs(cases));
+    s.forced_acceptance = p;
+    auto e = make_engine(s);
+    const auto out = run_all(*e, greedy_specs(cases));
     for (size_t i = 0; i < cases.size(); ++i)
       EXPECT_EQ(out[i].size(), static_cast<size_t>(cases[i].max_tokens));
-    const spec::Stats st = (*e)->stats().spec;
+    const spec::Stats st = e->stats().spec;
     ASSERT_GT(st.verified[0], 20);
     for (size_t j = 0; j < 3; ++j) {
       if (p == 1.0) {
