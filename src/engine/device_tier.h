@@ -56,7 +56,6 @@ class DeviceTier {
   Status restore(const kvstore::Key128& key, int64_t num_tokens, state::SequenceState& dst);
   // Frees the least recently used entry's pages; false when there is none.
   bool evict_one();
-  bool contains(const kvstore::Key128& key) const { return entries_.count(key) > 0; }
   DeviceTierStats stats() const;
   // Every entry's state is consistent and the bytes add up.
   void check_integrity() const;

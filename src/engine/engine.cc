@@ -1155,7 +1155,7 @@ void Engine::cache_restore(Request& r, state::SequenceState& st) {
   }
   // A unit still in the device tier: a page copy inside the arena, no host image (and no store
   // hit counted). A miss there (no pages for the copy) falls back to the store's image.
-  if (device_tier_ && device_tier_->contains(r.cache_key)) {
+  if (device_tier_) {
     const Status d = device_tier_->restore(r.cache_key, r.cache_len, st);
     if (d.ok()) {
       hit();
