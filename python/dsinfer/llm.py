@@ -30,8 +30,9 @@ class LLM:
             its Engram token map (engram_token_map.json) must be beside it.
         device: "cpu", "cuda" or "cuda:N" (CUDA needs a package built with CUDA, see
             docs/python.md).
-        numerics: "reference" (fp32, no activation quantisation) or "deepseek" (DeepSeek's
-            FP8/FP4 quantisation points).
+        numerics: "auto" ("deepseek" on CUDA, "reference" on the CPU), "reference" (fp32, no
+            activation quantisation) or "deepseek" (DeepSeek's FP8/FP4 quantisation points,
+            the path the CUDA kernels are built for).
         state_memory: the sequence-state memory budget: bytes, or a size such as "1GiB".
         max_num_seqs: sequences running at once.
         max_tokens_per_step: token budget of one engine step (chunked prefill).
@@ -53,7 +54,7 @@ class LLM:
         model: Optional[str] = None,
         device: str = "cpu",
         *,
-        numerics: str = "reference",
+        numerics: str = "auto",
         state_memory: Union[str, int] = "1GiB",
         max_num_seqs: int = 64,
         max_tokens_per_step: int = 256,

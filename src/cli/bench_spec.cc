@@ -175,6 +175,10 @@ int run_spec_bench(const SpecBenchArgs& a) {
   base.model_dir = resolve_model_dir(a.model_dir);
   if (Status s = parse_device(a.device, &base); !s.ok())
     return fail(s);
+  auto numerics = resolve_numerics(a.numerics, base.device);
+  if (!numerics.ok())
+    return fail(numerics.status());
+  base.numerics = *numerics;
   auto kernels = parse_cpu_kernels(a.cpu_kernels);
   if (!kernels.ok())
     return fail(kernels.status());
@@ -234,6 +238,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   out["device"] = a.device;
   out["model"] = base.model_dir;
   out["backend"] = engines[0]->model().name();
+  out["numerics"] = model::numerics_name(base.numerics);
   out["hardware_threads"] = std::thread::hardware_concurrency();
   out["prompt_tokens"] = a.prompt;
   out["generated_tokens"] = a.generate;

@@ -20,6 +20,7 @@ struct SpecBenchArgs {
   std::string model_dir;
   std::string device = "cpu";
   std::string cpu_kernels = "fast";
+  std::string numerics = "auto";  // resolve_numerics: deepseek on CUDA, reference on the CPU
   int cpu_threads = 0;
   // "off", "fixed:K", "auto"; "all" = off, fixed:1..5, auto.
   std::vector<std::string> modes = {"all"};

@@ -544,6 +544,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       s.cpu_threads = a->cpu.threads;
       s.modes = a->speculative;
       s.forced_acceptance = a->forced_acceptance;
+      if (o_numerics->count() > 0)
+        s.numerics = a->numerics;
       if (o_batch->count() > 0)
         s.batch = a->decode_batch;
       if (o_steps->count() > 0)

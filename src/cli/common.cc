@@ -68,6 +68,17 @@ Result<model::Numerics> parse_numerics(const std::string& s) {
   return invalid_argument("--numerics must be `reference` or `deepseek`, got `" + s + "`");
 }
 
+Result<model::Numerics> resolve_numerics(const std::string& s, engine::Device device) {
+  if (s.empty() || s == "auto")
+    return device == engine::Device::kCuda ? model::Numerics::kDeepSeek
+                                           : model::Numerics::kReference;
+  auto n = parse_numerics(s);
+  if (!n.ok())
+    return invalid_argument("--numerics must be `auto`, `reference` or `deepseek`, got `" + s +
+                            "`");
+  return n;
+}
+
 Result<int64_t> parse_bytes(const std::string& flag, const std::string& s) {
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
@@ -120,7 +131,10 @@ std::string resolve_model_dir(const std::string& flag) {
 void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option(
       "--model", f->model_dir, "Model directory (default: $DSINFER_MODEL or the bundled model)");
-  cmd->add_option("--numerics", f->numerics, "reference | deepseek");
+  cmd->add_option("--numerics",
+                  f->numerics,
+                  "auto (default: deepseek on --device cuda, reference on cpu) | reference | "
+                  "deepseek");
   cmd->add_option("--state-memory", f->state_memory, "Sequence-state memory budget (default 1GiB)");
   cmd->add_option("--max-num-seqs", f->max_num_seqs, "Sequences running at once (default 64)");
   cmd->add_option("--max-tokens-per-step",
@@ -234,9 +248,9 @@ Result<cpu_v41::EngramPlacement> parse_engram_placement_flag(const std::string& 
 
 Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   EngineSetup s;
-  DSI_ASSIGN_OR_RETURN(s.config.numerics, parse_numerics(f.numerics));
   DSI_ASSIGN_OR_RETURN(s.config.state_budget_bytes, parse_bytes("--state-memory", f.state_memory));
   DSI_RETURN_IF_ERROR(parse_device(f.device, &s.config));
+  DSI_ASSIGN_OR_RETURN(s.config.numerics, resolve_numerics(f.numerics, s.config.device));
   DSI_ASSIGN_OR_RETURN(s.config.cpu_kernels, parse_cpu_kernels(f.cpu_kernels));
   if (f.cpu_threads < 0)
     return invalid_argument("--cpu-threads must be >= 0");

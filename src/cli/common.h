@@ -26,6 +26,9 @@ int write_output(const std::string& text, const std::string& path, const char* t
 // "0,17,42" -> ids; errors name the offending item.
 Result<std::vector<int32_t>> parse_token_ids(const std::string& csv);
 Result<model::Numerics> parse_numerics(const std::string& s);
+// --numerics of the engine commands: "auto" (or empty) is deepseek on CUDA (the production
+// FP8/FP4 path the GPU kernels are built for) and reference on the CPU; else parse_numerics.
+Result<model::Numerics> resolve_numerics(const std::string& s, engine::Device device);
 // "512MiB", "2GiB", "8MB", "4096" -> bytes; errors name `flag`.
 Result<int64_t> parse_bytes(const std::string& flag, const std::string& s);
 // "cpu" | "cuda" | "cuda:N" -> the engine's device and ordinal.
@@ -40,7 +43,7 @@ inline constexpr const char* kBundledModel = "models/dsv4-mini";
 // The model and engine flags that `generate` and `serve` share.
 struct EngineFlags {
   std::string model_dir;
-  std::string numerics = "reference";
+  std::string numerics = "auto";  // resolve_numerics: deepseek on CUDA, reference on the CPU
   std::string state_memory = "1GiB";
   int64_t max_num_seqs = 64;
   int64_t max_tokens_per_step = 256;

@@ -192,6 +192,18 @@ if "$DSI" serve --help >/dev/null 2>&1; then
   check "serve --kv-device-bytes rejects a size it cannot parse" \
     contains "$TMP/err.txt" "--kv-device-bytes: cannot parse size"
 fi
+# --numerics auto (the default) is reference on the CPU (deepseek on CUDA: the GPU kernels' path).
+"$DSI" generate --model "$FIX" --prompt-token-ids 0,5,6,7 --max-tokens 4 --temperature 0 \
+  --numerics auto >"$TMP/n_auto.txt" 2>/dev/null
+"$DSI" generate --model "$FIX" --prompt-token-ids 0,5,6,7 --max-tokens 4 --temperature 0 \
+  --numerics reference >"$TMP/n_ref.txt" 2>/dev/null
+check "generate --numerics auto is reference on the CPU" cmp -s "$TMP/n_auto.txt" "$TMP/n_ref.txt"
+check "generate --numerics auto output is not empty" test -s "$TMP/n_auto.txt"
+"$DSI" generate --model "$FIX" --prompt x --max-tokens 1 --numerics fp3 >"$TMP/err.txt" 2>&1
+check "generate --numerics rejects an unknown name" \
+  contains "$TMP/err.txt" "--numerics must be \`auto\`, \`reference\` or \`deepseek\`"
+check "bench --speculative reports its numerics" \
+  python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["numerics"]=="reference"' "$TMP/bench_spec.json"
 "$DSI" generate --model "$MINI" --prompt x --max-tokens 1 --cpu-kernels turbo >"$TMP/err.txt" 2>&1
 check "generate --cpu-kernels rejects an unknown name" contains "$TMP/err.txt" "--cpu-kernels must be"
 

@@ -174,7 +174,7 @@ def test_bad_prompts_raise_engine_message(llm):
 
 
 def test_bad_engine_flags_raise_engine_message(model_dir):
-    with pytest.raises(ValueError, match="--numerics must be `reference` or `deepseek`"):
+    with pytest.raises(ValueError, match="--numerics must be `auto`, `reference` or `deepseek`"):
         LLM(model=model_dir, numerics="fp3")
     with pytest.raises(ValueError, match="--state-memory: cannot parse size"):
         LLM(model=model_dir, state_memory="lots")
