@@ -297,6 +297,8 @@ TEST_F(GpuTest, QuantSimIsBitExact) {
                         Case{QuantSim::kFp4, 1, 32, true},
                         Case{QuantSim::kBf16, 64, 64, false},
                         Case{QuantSim::kBf16, 333, 64, false},
+                        // The decode attention output: one long row over the whole grid.
+                        Case{QuantSim::kBf16, 32768, 512, false},
                         // One warp per row (32 * {1, 2, 4, 8} values, blocks of whole lanes).
                         Case{QuantSim::kFp8, 256, 128, false},
                         Case{QuantSim::kFp8, 128, 64, true},

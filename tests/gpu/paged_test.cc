@@ -15,7 +15,7 @@ namespace {
 
 TEST_F(GpuTest, ScatterAndGatherRowsByReference) {
   std::mt19937 g(3);
-  for (int64_t width : {1, 7, 128, 513}) {
+  for (int64_t width : {1, 7, 128, 513, 2049, 16384}) {  // 2049, 16384: several slabs
     for (int64_t n : {0, 1, 5, 70}) {
       const int64_t ld = width + 3;
       const int64_t slots = 2 * n + 4;

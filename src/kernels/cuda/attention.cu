@@ -9,6 +9,7 @@
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quant.cuh"
 
 namespace dsinfer::cuda {
@@ -136,6 +137,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sink_attention_kernel(SinkAtt
 // ---- compressor ---------------------------------------------------------------------------------
 
 __global__ void compressor_append_kernel(CompressorAppendParams p) {
+  pdl_begin();
   const int64_t row = 2 * p.width;
   const int64_t total = p.n * row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -160,6 +162,7 @@ constexpr int kPoolThreads = 256;
 // One block per entry; one thread per channel runs the CPU's softmax (float exp, double sum,
 // float reciprocal) and weighted sum (serial fp32) over the candidates.
 __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(CompressorPoolParams p) {
+  pdl_begin();
   __shared__ float e[kMaxAttnDim];
   __shared__ double scratch[32];
   const int64_t m = p.ratio;
@@ -250,6 +253,7 @@ constexpr int kScoreThreads = 128;
 // One thread per (query, block): the CPU's serial loops with explicit round-to-nearest ops, so
 // the scores are bit-identical and the top-k selection can be compared exactly.
 __global__ void __launch_bounds__(kScoreThreads) indexer_scores_kernel(IndexerScoreParams p) {
+  pdl_begin();
   extern __shared__ float sh[];
   float* qs = sh;                    // [heads * dim]
   float* hw = sh + p.heads * p.dim;  // [heads]
@@ -297,6 +301,7 @@ __device__ __forceinline__ uint32_t ordered_key(float f) {
 }
 
 __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(TopKParams p) {
+  pdl_begin();
   __shared__ unsigned hist[256];
   __shared__ uint64_t keys[kMaxTopK];
   __shared__ unsigned sel_count;
@@ -441,7 +446,7 @@ Status launch_compressor_append(const CompressorAppendParams& p, cudaStream_t st
   if (!p.kv || !p.score || !p.ape || !p.positions || !p.dest_refs)
     return null_pointer("compressor_append");
   const int64_t blocks = std::min(ceil_div(p.n * 2 * p.width, 256), kMaxGrid);
-  compressor_append_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
+  launch_pdl(compressor_append_kernel, static_cast<unsigned>(blocks), 256, 0, stream, p);
   return launched("compressor_append launch");
 }
 
@@ -460,10 +465,12 @@ Status launch_compressor_pool(const CompressorPoolParams& p, cudaStream_t stream
     return Status();
   if (!p.token_refs || !p.block || !p.norm_weight || !p.out || (p.rope_half > 0 && !p.inv_freq))
     return null_pointer("compressor_pool");
-  compressor_pool_kernel<<<static_cast<unsigned>(std::min(p.n_entries, kMaxGrid)),
-                           kPoolThreads,
-                           0,
-                           stream>>>(p);
+  launch_pdl(compressor_pool_kernel,
+             static_cast<unsigned>(std::min(p.n_entries, kMaxGrid)),
+             kPoolThreads,
+             0,
+             stream,
+             p);
   return launched("compressor_pool launch");
 }
 
@@ -492,7 +499,7 @@ Status launch_indexer_scores(const IndexerScoreParams& p, cudaStream_t stream) {
   if (gx > 0x7fffffff)
     return invalid_argument("indexer_scores: too many blocks");
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(std::min(p.nq, kMaxGrid)));
-  indexer_scores_kernel<<<grid, kScoreThreads, smem, stream>>>(p);
+  launch_pdl(indexer_scores_kernel, grid, kScoreThreads, smem, stream, p);
   return launched("indexer_scores launch");
 }
 
@@ -503,7 +510,8 @@ Status launch_top_k(const TopKParams& p, cudaStream_t stream) {
     return Status();
   if (!p.scores || !p.n || !p.out)
     return null_pointer("top_k");
-  top_k_kernel<<<static_cast<unsigned>(std::min(p.nq, kMaxGrid)), kTopKThreads, 0, stream>>>(p);
+  launch_pdl(
+      top_k_kernel, static_cast<unsigned>(std::min(p.nq, kMaxGrid)), kTopKThreads, 0, stream, p);
   return launched("top_k launch");
 }
 

@@ -33,6 +33,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -69,6 +70,7 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* hi, __nv_bfloat16* lo,
 template <int D>
 __global__ void __launch_bounds__(256, 1)
     sink_attention_mma_kernel(SinkAttentionParams p, int hw, int nsplit, float* part) {
+  pdl_begin();
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int SD = attn_sd(D);
   constexpr int HALF = D / 2;
@@ -268,6 +270,7 @@ __host__ __device__ constexpr size_t attn_bf16_smem_bytes(int dim, int rows) {
 template <int D>
 __global__ void __launch_bounds__(256, 1)
     sink_attention_bf16_kernel(SinkAttentionParams p, int hw, int nsplit, float* part) {
+  pdl_begin();
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int SD = attn_sd(D);
   constexpr int HALF = D / 2;
@@ -472,36 +475,83 @@ __global__ void __launch_bounds__(256, 1)
 constexpr int kMaxSplits = 32;
 
 // Merges the splits of one (query, head) per block, in split order: the split weights
-// exp(m_s - max) / denominator once per row, then the weighted accumulators per dim.
+// exp(m_s - max) / denominator once per row, then the weighted accumulators per dim. Each thread
+// owns kMergeDims dims of a kMergeThreads * kMergeDims slab and keeps a chunk of splits' values in
+// flight: the first chunk is loaded before the weights are formed, the next while the current one
+// is summed (a decode step merges 64 heads x 32 splits: one load round trip per value cost 18 us).
 // pow2 (BF16 operands): m is an integer base-2 reference, and the split weights are exact
 // powers of two.
-__global__ void sink_attention_merge_kernel(
+constexpr int kMergeThreads = 128;
+constexpr int kMergeDims = 4;
+constexpr int kMergeChunk = 8;
+
+__global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(
     const float* part, int64_t nq, int64_t heads, int64_t dim, int nsplit, bool pow2, float* out) {
-  __shared__ float wsplit[kMaxSplits];
+  pdl_begin();
+  __shared__ float wraw[kMaxSplits];
+  __shared__ float lw[kMaxSplits];
   const int64_t stride = dim + 2;
+  const int64_t plane = nq * heads * stride;  // one split's rows
+  constexpr int64_t kSlab = kMergeThreads * kMergeDims;
   for (int64_t row = blockIdx.x; row < nq * heads; row += gridDim.x) {
+    const float* prow = part + row * stride;
+    float v[kMergeChunk][kMergeDims];
+    auto load_chunk = [&](int64_t d0, int s0) {
+#pragma unroll
+      for (int c = 0; c < kMergeChunk; ++c)
+#pragma unroll
+        for (int k = 0; k < kMergeDims; ++k) {
+          const int64_t d = d0 + threadIdx.x + k * kMergeThreads;
+          v[c][k] = s0 + c < nsplit && d < dim ? prow[(s0 + c) * plane + d] : 0.0f;
+        }
+    };
+    load_chunk(0, 0);
     if (threadIdx.x < 32) {
-      // Lane s loads split s's (m, l) (all in flight together); the sums stay in split order.
+      // Lane s loads split s's (m, l) (all in flight together).
       const int s = threadIdx.x;
-      const float* b = part + (static_cast<int64_t>(s) * nq * heads + row) * stride;
-      const float m = s < nsplit ? b[dim] : -INFINITY;
-      const float l = s < nsplit ? b[dim + 1] : 0.0f;
+      const float m = s < nsplit ? prow[s * plane + dim] : -INFINITY;
+      const float l = s < nsplit ? prow[s * plane + dim + 1] : 0.0f;
       const float mx = warp_max(m);
       const float w =
           s < nsplit ? (pow2 ? ldexpf(1.0f, static_cast<int>(m - mx)) : expf(m - mx)) : 0.0f;
-      float denom = 0.0f;
-      for (int q = 0; q < nsplit; ++q) denom += __shfl_sync(0xffffffffu, l * w, q);
-      if (s < nsplit)
-        wsplit[s] = w * (1.0f / denom);
+      if (s < nsplit) {
+        wraw[s] = w;
+        lw[s] = l * w;
+      }
     }
     __syncthreads();
-    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-      float acc = 0.0f;
-#pragma unroll 8
-      for (int s = 0; s < nsplit; ++s) acc += part[(s * nq * heads + row) * stride + d] * wsplit[s];
-      out[row * dim + d] = acc;
+    float denom = 0.0f;  // in split order, every thread alike
+    for (int q = 0; q < nsplit; ++q) denom += lw[q];
+    const float inv = 1.0f / denom;
+    for (int64_t d0 = 0; d0 < dim; d0 += kSlab) {
+      if (d0 > 0)
+        load_chunk(d0, 0);
+      float acc[kMergeDims] = {};
+      for (int s0 = 0; s0 < nsplit; s0 += kMergeChunk) {
+        float cur[kMergeChunk][kMergeDims];
+#pragma unroll
+        for (int c = 0; c < kMergeChunk; ++c)
+#pragma unroll
+          for (int k = 0; k < kMergeDims; ++k) cur[c][k] = v[c][k];
+        if (s0 + kMergeChunk < nsplit)
+          load_chunk(d0, s0 + kMergeChunk);
+#pragma unroll
+        for (int c = 0; c < kMergeChunk; ++c) {
+          if (s0 + c < nsplit) {
+            const float ws = wraw[s0 + c] * inv;
+#pragma unroll
+            for (int k = 0; k < kMergeDims; ++k) acc[k] += cur[c][k] * ws;
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kMergeDims; ++k) {
+        const int64_t d = d0 + threadIdx.x + k * kMergeThreads;
+        if (d < dim)
+          out[row * dim + d] = acc[k];
+      }
     }
-    __syncthreads();
+    __syncthreads();  // wraw / lw are rewritten by the next row
   }
 }
 
@@ -530,15 +580,23 @@ Status launch_attention_d(const SinkAttentionParams& p, cudaStream_t stream) {
   if (!launched_sm90) {
     const dim3 grid(static_cast<unsigned>(nsplit),
                     static_cast<unsigned>(std::min(p.nq, kMaxGridY)));
-    kernel<<<grid, 64 * hw, smem, stream>>>(p, hw, nsplit, p.split_scratch);
+    launch_pdl(kernel, grid, 64 * hw, smem, stream, p, hw, nsplit, p.split_scratch);
     DSI_RETURN_IF_ERROR(launched("sink_attention_mma launch"));
   }
   if (nsplit > 1) {
     const int64_t rows = p.nq * p.heads;
-    sink_attention_merge_kernel<<<static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)),
-                                  128,
-                                  0,
-                                  stream>>>(p.split_scratch, p.nq, p.heads, D, nsplit, bf16, p.out);
+    launch_pdl(sink_attention_merge_kernel,
+               static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)),
+               kMergeThreads,
+               0,
+               stream,
+               p.split_scratch,
+               p.nq,
+               p.heads,
+               D,
+               nsplit,
+               bf16,
+               p.out);
     DSI_RETURN_IF_ERROR(launched("sink_attention_merge launch"));
   }
   return Status();
@@ -558,6 +616,7 @@ __host__ __device__ constexpr size_t indexer_smem_bytes(int dim) {
 template <int DI, bool kSplit>
 __global__ void __launch_bounds__(kIThreads)
     indexer_scores_mma_kernel(IndexerScoreParams p, int tiles_per_block) {
+  pdl_begin();
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int SD = attn_sd(DI);
   constexpr int KS = DI / 16;
@@ -692,7 +751,7 @@ Status launch_indexer_di(const IndexerScoreParams& p, cudaStream_t stream) {
   if (gx > 0x7fffffff)
     return invalid_argument("indexer_scores: too many blocks");
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(std::min(p.nq, kMaxGridY)));
-  indexer_scores_mma_kernel<DI, kSplit><<<grid, kIThreads, smem, stream>>>(p, tpb);
+  launch_pdl(indexer_scores_mma_kernel<DI, kSplit>, grid, kIThreads, smem, stream, p, tpb);
   return launched("indexer_scores_mma launch");
 }
 

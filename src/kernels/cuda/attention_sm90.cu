@@ -35,6 +35,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -134,6 +135,7 @@ __device__ __forceinline__ void copy_q16(const SinkAttentionParams& p, int64_t q
 template <bool kQ16>
 __global__ void __launch_bounds__(kThreads, 1)
     sink_attention_sm90_kernel(SinkAttentionParams p, int nsplit, float* part) {
+  pdl_begin();
   extern __shared__ uint8_t smem_raw[];
   // 1024-byte alignment for the swizzle atoms.
   const uint32_t raw = mma::smem_u32(smem_raw);
@@ -402,7 +404,7 @@ Status launch_kernel(const SinkAttentionParams& p, int nsplit, float* part, cuda
   // previous one); otherwise one block per query.
   const int64_t gy = kQ16 ? std::max<int64_t>(1, sm_count() / nsplit) : kMaxGridY;
   const dim3 grid(static_cast<unsigned>(nsplit), static_cast<unsigned>(std::min(p.nq, gy)));
-  sink_attention_sm90_kernel<kQ16><<<grid, kThreads, smem, stream>>>(p, nsplit, part);
+  launch_pdl(sink_attention_sm90_kernel<kQ16>, grid, kThreads, smem, stream, p, nsplit, part);
   return launched("sink_attention_sm90 launch");
 }
 

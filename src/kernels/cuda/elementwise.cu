@@ -10,6 +10,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quant.cuh"
 
 namespace dsinfer::cuda {
@@ -23,6 +24,7 @@ unsigned grid_1d(int64_t work) {
 }
 
 __global__ void embed_kernel(EmbedParams p) {
+  pdl_begin();
   const int64_t cols = p.table.cols;
   for (int64_t t = blockIdx.y; t < p.n; t += gridDim.y) {
     const int32_t tok = p.tokens[t];
@@ -37,6 +39,7 @@ __global__ void embed_kernel(EmbedParams p) {
 }
 
 __global__ void rms_norm_kernel(RmsNormParams p) {
+  pdl_begin();
   __shared__ double scratch[32];
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const float* x = p.x + r * p.dim;
@@ -62,6 +65,7 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
 // the CPU's two roundings per value, then the RoPE pairs of the rotated slice as rope_kernel.
 template <int V>
 __global__ void rms_norm_warp_kernel(RmsNormParams p) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t per_block = blockDim.x >> 5;
   const int64_t c_rope = p.dim - 2 * p.rope_half;
@@ -116,6 +120,7 @@ __global__ void rms_norm_warp_kernel(RmsNormParams p) {
 }
 
 __global__ void rope_kernel(RopeParams p) {
+  pdl_begin();
   const int64_t rows = p.tokens * p.heads;
   const int64_t work = rows * p.half;
   const int64_t ld = p.ld > 0 ? p.ld : p.dim;
@@ -138,6 +143,7 @@ __global__ void rope_kernel(RopeParams p) {
 constexpr int64_t kMaxHadamard = 4096;
 
 __global__ void quant_sim_kernel(QuantSimParams p) {
+  pdl_begin();
   extern __shared__ float sh[];
   const int64_t ld = p.ld > 0 ? p.ld : p.len;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -156,6 +162,20 @@ __global__ void quant_sim_kernel(QuantSimParams p) {
   }
 }
 
+// kBf16 without the Hadamard: every value rounded on its own, so rows of any length spread over
+// the whole grid (the attention output at decode is one row of heads * head_dim values, which one
+// block of quant_sim_kernel walked alone).
+__global__ void quant_bf16_kernel(QuantSimParams p) {
+  pdl_begin();
+  const int64_t ld = p.ld > 0 ? p.ld : p.len;
+  const int64_t total = p.rows * p.len;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float* x = p.x + (i / p.len) * ld + i % p.len;
+    *x = quant_value(*x, 1.0f, QuantSim::kBf16);
+  }
+}
+
 // Rows of 32 * V values, one warp per row, lane l holding values [V l, V l + V) in registers: the
 // Hadamard butterflies of hadamard_block in the same order (stride 1, 2, 4, ...; a + b below, a - b
 // above; strides >= V between lanes by shuffles), its final scale, then each block of `block`
@@ -163,6 +183,7 @@ __global__ void quant_sim_kernel(QuantSimParams p) {
 // barriers of one row per block.
 template <int V>
 __global__ void quant_sim_warp_kernel(QuantSimParams p) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t ld = p.ld > 0 ? p.ld : p.len;
   const int64_t per_block = blockDim.x >> 5;
@@ -227,7 +248,7 @@ Status launch_embed(const EmbedParams& p, cudaStream_t stream) {
     return null_pointer("embed");
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(p.table.cols, kThreads), 1024)),
                   static_cast<unsigned>(std::min<int64_t>(p.n, kMaxBlocks)));
-  embed_kernel<<<grid, kThreads, 0, stream>>>(p);
+  launch_pdl(embed_kernel, grid, kThreads, 0, stream, p);
   return launched("embed launch");
 }
 
@@ -262,17 +283,17 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (warp_path) {
     const unsigned grid = grid_1d(ceil_div(p.rows, kThreads / 32));
     if (v == 1) {
-      rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(rms_norm_warp_kernel<1>, grid, kThreads, 0, stream, p);
     } else if (v == 2) {
-      rms_norm_warp_kernel<2><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(rms_norm_warp_kernel<2>, grid, kThreads, 0, stream, p);
     } else if (v == 4) {
-      rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(rms_norm_warp_kernel<4>, grid, kThreads, 0, stream, p);
     } else {
-      rms_norm_warp_kernel<8><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(rms_norm_warp_kernel<8>, grid, kThreads, 0, stream, p);
     }
     return launched("rms_norm launch");
   }
-  rms_norm_kernel<<<grid_1d(p.rows), kThreads, 0, stream>>>(p);
+  launch_pdl(rms_norm_kernel, grid_1d(p.rows), kThreads, 0, stream, p);
   DSI_RETURN_IF_ERROR(launched("rms_norm launch"));
   if (!rope)
     return Status();
@@ -295,7 +316,12 @@ Status launch_rope(const RopeParams& p, cudaStream_t stream) {
     return Status();
   if (!p.x || !p.positions || !p.inv_freq)
     return null_pointer("rope");
-  rope_kernel<<<grid_1d(ceil_div(p.tokens * p.heads * p.half, kThreads)), kThreads, 0, stream>>>(p);
+  launch_pdl(rope_kernel,
+             grid_1d(ceil_div(p.tokens * p.heads * p.half, kThreads)),
+             kThreads,
+             0,
+             stream,
+             p);
   return launched("rope launch");
 }
 
@@ -313,6 +339,11 @@ Status launch_quant_sim(const QuantSimParams& p, cudaStream_t stream) {
     return Status();
   if (!p.x)
     return null_pointer("quant_sim");
+  if (p.kind == QuantSim::kBf16 && !p.hadamard) {
+    launch_pdl(
+        quant_bf16_kernel, grid_1d(ceil_div(p.rows * p.len, kThreads)), kThreads, 0, stream, p);
+    return launched("quant_sim bf16 launch");
+  }
   // One warp per row where a row is 32, 64, 128 or 256 values whose blocks span whole lanes.
   const int64_t v = p.len / 32;
   if (p.len % 32 == 0 && (v == 1 || v == 2 || v == 4 || v == 8) &&
@@ -321,18 +352,18 @@ Status launch_quant_sim(const QuantSimParams& p, cudaStream_t stream) {
         p.len % p.block == 0))) {
     const unsigned grid = grid_1d(ceil_div(p.rows, kThreads / 32));
     if (v == 1) {
-      quant_sim_warp_kernel<1><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(quant_sim_warp_kernel<1>, grid, kThreads, 0, stream, p);
     } else if (v == 2) {
-      quant_sim_warp_kernel<2><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(quant_sim_warp_kernel<2>, grid, kThreads, 0, stream, p);
     } else if (v == 4) {
-      quant_sim_warp_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(quant_sim_warp_kernel<4>, grid, kThreads, 0, stream, p);
     } else {
-      quant_sim_warp_kernel<8><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(quant_sim_warp_kernel<8>, grid, kThreads, 0, stream, p);
     }
     return launched("quant_sim launch");
   }
   const size_t smem = p.hadamard ? static_cast<size_t>(p.len) * sizeof(float) : 0;
-  quant_sim_kernel<<<grid_1d(p.rows), kThreads, smem, stream>>>(p);
+  launch_pdl(quant_sim_kernel, grid_1d(p.rows), kThreads, smem, stream, p);
   return launched("quant_sim launch");
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe_gemv.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -33,6 +34,7 @@ constexpr int64_t kMaxGridY = 65535;
 // ---- activation quantisation: one warp per 1x128 block ----------------------------------------
 
 __global__ void quantize_fp8_kernel(QuantizeFp8Params p, int64_t ld, int64_t blocks_per_row) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t total = p.n * blocks_per_row;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
@@ -170,6 +172,7 @@ __device__ __forceinline__ void split_one(float v, uint16_t* hi, uint16_t* lo) {
 }
 
 __global__ void split_bf16_kernel(SplitBf16Params p, int64_t ld, bool vec) {
+  pdl_begin();
   for (int64_t t = blockIdx.y; t < p.n; t += gridDim.y) {
     const float* x = p.x + t * p.ldx;
     for (int64_t c = 4 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x); c < ld;
@@ -499,7 +502,7 @@ Status launch_quantize_fp8(const QuantizeFp8Params& p, cudaStream_t stream) {
   const int64_t ld = fp8_acts_ld(p.k);
   const int64_t blocks = ld / 128;
   const int64_t grid = std::min<int64_t>(ceil_div(p.n * blocks, 8), 65535);
-  quantize_fp8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(q, ld, blocks);
+  launch_pdl(quantize_fp8_kernel, static_cast<unsigned>(grid), 256, 0, stream, q, ld, blocks);
   return launched("quantize_fp8 launch");
 }
 
@@ -640,7 +643,7 @@ Status launch_split_bf16(const SplitBf16Params& p, cudaStream_t stream) {
   const bool vec = (reinterpret_cast<uintptr_t>(q.x) & 15u) == 0 && q.ldx % 4 == 0;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(ld, 4 * 256), 64)),
                   static_cast<unsigned>(std::min<int64_t>(q.n, 65535)));
-  split_bf16_kernel<<<grid, 256, 0, stream>>>(q, ld, vec);
+  launch_pdl(split_bf16_kernel, grid, 256, 0, stream, q, ld, vec);
   return launched("split_bf16 launch");
 }
 

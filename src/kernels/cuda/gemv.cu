@@ -9,6 +9,7 @@
 #include "kernels/cuda/fp8_mma_tile.cuh"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -26,6 +27,7 @@ __device__ __forceinline__ float bf16_hi(uint32_t v) {
 template <int N, int R>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_bf16_kernel(GemvParams p, int64_t ldx, int64_t ldy) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
   if (r0 >= p.w.rows)
@@ -99,10 +101,12 @@ template <int N>
 Status launch_n(const GemvParams& p, int64_t ldx, int64_t ldy, cudaStream_t s) {
   if (p.w.rows < 4096) {
     const int64_t blocks = ceil_div(p.w.rows, kWarps);
-    gemv_bf16_kernel<N, 1><<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(p, ldx, ldy);
+    launch_pdl(
+        gemv_bf16_kernel<N, 1>, static_cast<unsigned>(blocks), kWarps * 32, 0, s, p, ldx, ldy);
   } else {
     const int64_t blocks = ceil_div(p.w.rows, kRows * kWarps);
-    gemv_bf16_kernel<N, kRows><<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(p, ldx, ldy);
+    launch_pdl(
+        gemv_bf16_kernel<N, kRows>, static_cast<unsigned>(blocks), kWarps * 32, 0, s, p, ldx, ldy);
   }
   return launched("gemv_bf16 launch");
 }
@@ -124,6 +128,7 @@ __device__ __forceinline__ void e4m3x4_to_f32(uint32_t v, float* out) {
 template <int N>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_fp8_kernel(GemvFp8Params p, int64_t rows, int64_t ldx, int64_t ldy) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t total = p.groups * rows;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
@@ -207,7 +212,8 @@ template <int N>
 Status launch_fp8_n(
     const GemvFp8Params& p, int64_t rows, int64_t ldx, int64_t ldy, cudaStream_t s) {
   const int64_t blocks = ceil_div(p.groups * rows, kRows * kWarps);
-  gemv_fp8_kernel<N><<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(p, rows, ldx, ldy);
+  launch_pdl(
+      gemv_fp8_kernel<N>, static_cast<unsigned>(blocks), kWarps * 32, 0, s, p, rows, ldx, ldy);
   return launched("gemv_fp8 launch");
 }
 
@@ -227,6 +233,7 @@ struct Fp8GemvArgs {
 };
 
 __global__ void __launch_bounds__(kMmaWarps * 32) fp8_gemv_kernel(Fp8GemvArgs a) {
+  pdl_begin();
   __shared__ float red[kMmaWarps][8][8];  // [warp][token][row]
   const Fp8GemvParams& p = a.p;
   const int lane = threadIdx.x & 31;
@@ -295,6 +302,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) fp8_gemv_kernel(Fp8GemvArgs a)
 
 // y (+)= sum over splits of the partials, in split order.
 __global__ void fp8_gemv_reduce_kernel(Fp8GemvArgs a) {
+  pdl_begin();
   const Fp8GemvParams& p = a.p;
   const int64_t total = p.n * a.rows;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -393,14 +401,16 @@ Status launch_fp8_gemv(const Fp8GemvParams& p, cudaStream_t stream) {
     return invalid_argument("fp8_gemv: scratch too small for the K split");
   }
   const dim3 grid(static_cast<unsigned>(rows / 8), static_cast<unsigned>(a.splits));
-  fp8_gemv_kernel<<<grid, kMmaWarps * 32, 0, stream>>>(a);
+  launch_pdl(fp8_gemv_kernel, grid, kMmaWarps * 32, 0, stream, a);
   DSI_RETURN_IF_ERROR(launched("fp8_gemv launch"));
   if (a.splits > 1) {
     const int64_t total = p.n * rows;
-    fp8_gemv_reduce_kernel<<<static_cast<unsigned>(std::min<int64_t>(ceil_div(total, 256), 1024)),
-                             256,
-                             0,
-                             stream>>>(a);
+    launch_pdl(fp8_gemv_reduce_kernel,
+               static_cast<unsigned>(std::min<int64_t>(ceil_div(total, 256), 1024)),
+               256,
+               0,
+               stream,
+               a);
     DSI_RETURN_IF_ERROR(launched("fp8_gemv reduce launch"));
   }
   return Status();

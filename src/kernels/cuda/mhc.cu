@@ -18,6 +18,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mhc.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -46,6 +47,7 @@ __device__ __forceinline__ float post_elem(
 // Post: block (column chunk, token); each thread one column of every stream (no index division).
 template <int HC>
 __global__ void hc_post_kernel(HcPostParams p) {
+  pdl_begin();
   const int hc = HC > 0 ? HC : static_cast<int>(p.hc);
   const int64_t width = hc * p.hidden;
   for (int64_t t = blockIdx.y; t < p.n; t += gridDim.y) {
@@ -75,9 +77,9 @@ Status post_launch(const HcPostParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(p.hidden, kThreads), 64)),
                   static_cast<unsigned>(std::min(p.n, kMaxBlocks)));
   if (p.hc == 4) {
-    hc_post_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(hc_post_kernel<4>, grid, kThreads, 0, stream, p);
   } else {
-    hc_post_kernel<0><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(hc_post_kernel<0>, grid, kThreads, 0, stream, p);
   }
   return launched("hc_post launch");
 }
@@ -90,6 +92,7 @@ constexpr int kMixTokens = 8;
 
 __global__ void hc_mix_partial_kernel(
     const float* fn, int rows, const float* xs, int64_t width, int64_t n, double* scratch) {
+  pdl_begin();
   extern __shared__ float xr[];  // [kMixTokens][slice]
   __shared__ double red[32];
   const int lane = threadIdx.x & 31;
@@ -178,6 +181,7 @@ __device__ __forceinline__ float elem(const float4& v, int i) {
 
 template <int NT>
 __global__ void __launch_bounds__(kDmmaWarps * 32) hc_mix_dmma_kernel(DmmaArgs a) {
+  pdl_begin();
   constexpr int kR = NT * 8;
   __shared__ double red[kDmmaWarps][kDmmaTokens][kR + 1];
   const int lane = threadIdx.x & 31;
@@ -326,11 +330,11 @@ Status launch_mix(const float* fn,
                     static_cast<unsigned>(std::min(ceil_div(n, kDmmaTokens), kDmmaMaxGroups)));
     const int nt = (rows + 7) / 8;
     if (nt == 1) {
-      hc_mix_dmma_kernel<1><<<grid, kDmmaWarps * 32, 0, stream>>>(a);
+      launch_pdl(hc_mix_dmma_kernel<1>, grid, kDmmaWarps * 32, 0, stream, a);
     } else if (nt == 2) {
-      hc_mix_dmma_kernel<2><<<grid, kDmmaWarps * 32, 0, stream>>>(a);
+      launch_pdl(hc_mix_dmma_kernel<2>, grid, kDmmaWarps * 32, 0, stream, a);
     } else {
-      hc_mix_dmma_kernel<3><<<grid, kDmmaWarps * 32, 0, stream>>>(a);
+      launch_pdl(hc_mix_dmma_kernel<3>, grid, kDmmaWarps * 32, 0, stream, a);
     }
     return launched("hc_mix launch");
   }
@@ -358,8 +362,17 @@ Status launch_mix(const float* fn,
   if (smem > 200 * 1024)
     return invalid_argument("hc_mix_partial: hc * hidden too large");
   const auto groups = static_cast<unsigned>(std::min(ceil_div(n, kMixTokens), kMaxBlocks));
-  hc_mix_partial_kernel<<<dim3(static_cast<unsigned>(kSplits), groups), kThreads, smem, stream>>>(
-      fn, rows, xs, width, n, scratch);
+  launch_pdl(hc_mix_partial_kernel,
+             dim3(static_cast<unsigned>(kSplits), groups),
+             kThreads,
+             smem,
+             stream,
+             fn,
+             rows,
+             xs,
+             width,
+             n,
+             scratch);
   return launched("hc_mix_partial launch");
 }
 
@@ -535,9 +548,13 @@ __device__ void sinkhorn_warp(const float* mix, const HcPreParams& p, float* com
 // hc * hc <= 32 (every released model: hc 4): lane e owns element (j, k) = (e / hc, e % hc) in a
 // register and gathers its row or column with shuffles, summing in the CPU's order (k, resp. j,
 // ascending) exactly as sinkhorn_warp does: the same bits without shared-memory round trips.
+// HC > 0: hc known at compile time (4 in every released model), the loops unrolled so that each
+// row or column gather issues its shuffles together (the chain of 2 * sinkhorn_iters
+// normalisations is the decode step's latency for this kernel).
+template <int HC>
 __device__ void sinkhorn_shfl(const float* mix, const HcPreParams& p, float* out) {
   constexpr unsigned kAll = 0xffffffffu;
-  const int hc = static_cast<int>(p.hc);
+  const int hc = HC > 0 ? HC : static_cast<int>(p.hc);
   const int e = threadIdx.x & 31;
   const bool own = e < hc * hc;
   const int j = e / hc;
@@ -545,15 +562,23 @@ __device__ void sinkhorn_shfl(const float* mix, const HcPreParams& p, float* out
   const float eps = p.hc_eps;
   float v = own ? __fadd_rn(__fmul_rn(mix[2 * hc + e], p.scale[2]), p.base[2 * hc + e]) : 0.0f;
   float m = -INFINITY;
-  for (int q = 0; q < hc; ++q) m = fmaxf(m, __shfl_sync(kAll, v, (j * hc + q) & 31));
+#pragma unroll
+  for (int q = 0; q < (HC > 0 ? HC : kMaxHc); ++q)
+    if (q < hc)
+      m = fmaxf(m, __shfl_sync(kAll, v, (j * hc + q) & 31));
   v = own ? expf(__fsub_rn(v, m)) : 0.0f;
   float s = 0.0f;
-  for (int q = 0; q < hc; ++q) s = __fadd_rn(s, __shfl_sync(kAll, v, (j * hc + q) & 31));
+#pragma unroll
+  for (int q = 0; q < (HC > 0 ? HC : kMaxHc); ++q)
+    if (q < hc)
+      s = __fadd_rn(s, __shfl_sync(kAll, v, (j * hc + q) & 31));
   v = own ? __fadd_rn(__fdiv_rn(v, s), eps) : 0.0f;
   auto normalise = [&](bool rows) {
     float t = 0.0f;
-    for (int q = 0; q < hc; ++q)
-      t = __fadd_rn(t, __shfl_sync(kAll, v, (rows ? j * hc + q : q * hc + k) & 31));
+#pragma unroll
+    for (int q = 0; q < (HC > 0 ? HC : kMaxHc); ++q)
+      if (q < hc)
+        t = __fadd_rn(t, __shfl_sync(kAll, v, (rows ? j * hc + q : q * hc + k) & 31));
     v = own ? __fdiv_rn(v, t + eps) : 0.0f;
   };
   normalise(false);
@@ -588,6 +613,7 @@ __device__ __forceinline__ float* pre_slot(double* scratch, int64_t t, int rows)
 template <bool kHead, bool kSplit>
 __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
     hc_pre_kernel(HcPreParams p, const float* xs) {
+  pdl_begin();
   __shared__ float mix_s[kPreTokens][kMaxMix];
   __shared__ float comb_s[kPreTokens][kMaxHc * kMaxHc];
   __shared__ float pre_s[kPreTokens][kMaxHc];
@@ -596,6 +622,11 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
   const int64_t width = p.hc * p.hidden;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
+  // Two roles when gridDim.y is 2 (few tokens, !kHead): blocks y = 1 run the Sinkhorn alone while
+  // blocks y = 0 form the gates and collapse, so that the step waits for the longer of the two
+  // chains instead of their sum (the comb matrix is read only by the next post step).
+  const bool sinkhorn_role = !kHead && !kSplit && gridDim.y > 1 && blockIdx.y == 1;
+  const bool sinkhorn_here = !kHead && (gridDim.y == 1 || sinkhorn_role);
   for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kPreTokens; t0 < p.n;
        t0 += static_cast<int64_t>(gridDim.x) * kPreTokens) {
     const int count = p.n - t0 < kPreTokens ? static_cast<int>(p.n - t0) : kPreTokens;
@@ -603,7 +634,7 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
       const int64_t t = t0 + warp;
       float* mix = mix_s[warp];
       gather_mix_warp(p.scratch, t, rows, width, p.norm_eps, mix);
-      if (lane < hc) {
+      if (lane < hc && !sinkhorn_role) {
         pre_s[warp][lane] = __fadd_rn(
             sigmoidf(__fadd_rn(__fmul_rn(mix[lane], p.scale[0]), p.base[lane])), p.hc_eps);
         if (kSplit)  // gather_mix_warp has read the whole slot (it ends with __syncwarp)
@@ -612,13 +643,15 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
           p.post[t * hc + lane] =
               2.0f * sigmoidf(__fadd_rn(__fmul_rn(mix[hc + lane], p.scale[1]), p.base[hc + lane]));
       }
-      if (!kHead && hc * hc <= 32) {
-        sinkhorn_shfl(mix, p, p.comb + t * hc * hc);
-      } else if (!kHead) {
+      if (sinkhorn_here && hc == 4) {
+        sinkhorn_shfl<4>(mix, p, p.comb + t * hc * hc);
+      } else if (sinkhorn_here && hc * hc <= 32) {
+        sinkhorn_shfl<0>(mix, p, p.comb + t * hc * hc);
+      } else if (sinkhorn_here) {
         sinkhorn_warp_wide(mix, p, comb_s[warp], p.comb + t * hc * hc);
       }
     }
-    if (kSplit)
+    if (kSplit || sinkhorn_role)
       continue;  // no barrier needed: each warp's shared rows are its own
     __syncthreads();
     for (int j = 0; j < count; ++j) {
@@ -637,6 +670,7 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
 template <bool kHead>
 __global__ void __launch_bounds__(kPreThreads, 2)
     hc_collapse_kernel(HcPreParams p, const float* xs) {
+  pdl_begin();
   __shared__ float pre_s[kMaxHc];
   const int hc = static_cast<int>(p.hc);
   const int rows = kHead ? hc : (2 + hc) * hc;
@@ -660,13 +694,19 @@ template <bool kHead>
 Status launch_pre(const HcPreParams& p, const float* xs, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(std::min(ceil_div(p.n, kPreTokens), kMaxBlocks));
   if (p.n < kPreSplitMinTokens) {
-    hc_pre_kernel<kHead, false><<<blocks, kPreThreads, 0, stream>>>(p, xs);
+    const dim3 grid(blocks, kHead ? 1 : 2);  // !kHead: the Sinkhorn on blocks of its own
+    launch_pdl(hc_pre_kernel<kHead, false>, grid, kPreThreads, 0, stream, p, xs);
     return launched(kHead ? "hc_head launch" : "hc_pre launch");
   }
-  hc_pre_kernel<kHead, true><<<blocks, kPreThreads, 0, stream>>>(p, xs);
+  launch_pdl(hc_pre_kernel<kHead, true>, blocks, kPreThreads, 0, stream, p, xs);
   DSI_RETURN_IF_ERROR(launched(kHead ? "hc_head gates launch" : "hc_pre gates launch"));
-  hc_collapse_kernel<kHead>
-      <<<static_cast<unsigned>(std::min(p.n, kMaxBlocks)), kPreThreads, 0, stream>>>(p, xs);
+  launch_pdl(hc_collapse_kernel<kHead>,
+             static_cast<unsigned>(std::min(p.n, kMaxBlocks)),
+             kPreThreads,
+             0,
+             stream,
+             p,
+             xs);
   return launched(kHead ? "hc_head collapse launch" : "hc_pre collapse launch");
 }
 

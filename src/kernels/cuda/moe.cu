@@ -6,6 +6,7 @@
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -23,6 +24,7 @@ __device__ __forceinline__ float router_score(float x, RouterScoring f) {
 }
 
 __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRouteParams p) {
+  pdl_begin();
   __shared__ float sc[kRouteWarps][kMaxExperts];
   __shared__ float biased[kRouteWarps][kMaxExperts];
   __shared__ int32_t sel[kRouteWarps][kMaxExpertsPerToken];
@@ -121,6 +123,7 @@ size_t group_smem_bytes(int64_t ne) {
 }
 
 __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p) {
+  pdl_begin();
   extern __shared__ __align__(8) uint8_t group_smem[];
   const int64_t pairs = p.n * p.k;
   const int64_t ne = p.n_experts;
@@ -274,6 +277,7 @@ __global__ void __launch_bounds__(kGemmThreads) expert_down_kernel(ExpertFfnPara
 // --------------------------------------------------------------
 
 __global__ void moe_combine_kernel(MoeCombineParams p) {
+  pdl_begin();
   __shared__ int32_t order[kMaxExpertsPerToken];
   __shared__ int count;
   for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
@@ -323,7 +327,7 @@ Status launch_moe_route(const MoeRouteParams& p, cudaStream_t stream) {
   if (!p.logits || !p.expert_ids || !p.weights || (p.tid2eid && !p.tokens))
     return null_pointer("moe_route");
   const int64_t blocks = std::min(ceil_div(p.n, kRouteWarps), kMaxGrid);
-  moe_route_kernel<<<static_cast<unsigned>(blocks), kRouteWarps * 32, 0, stream>>>(p);
+  launch_pdl(moe_route_kernel, static_cast<unsigned>(blocks), kRouteWarps * 32, 0, stream, p);
   return launched("moe_route launch");
 }
 
@@ -342,7 +346,7 @@ Status launch_moe_group(const MoeGroupParams& p, cudaStream_t stream) {
             moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
         "moe_group smem attribute"));
   }
-  moe_group_kernel<<<1, kGroupThreads, smem, stream>>>(p);
+  launch_pdl(moe_group_kernel, 1, kGroupThreads, smem, stream, p);
   return launched("moe_group launch");
 }
 
@@ -381,7 +385,7 @@ Status launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
   const int64_t slices =
       std::clamp<int64_t>(2048 / p.n, 1, std::min<int64_t>(ceil_div(p.hidden, 256), 32));
   const dim3 grid(static_cast<unsigned>(std::min(p.n, kMaxGrid)), static_cast<unsigned>(slices));
-  moe_combine_kernel<<<grid, 256, 0, stream>>>(p);
+  launch_pdl(moe_combine_kernel, grid, 256, 0, stream, p);
   return launched("moe_combine launch");
 }
 

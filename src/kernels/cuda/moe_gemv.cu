@@ -6,6 +6,7 @@
 #include "kernels/cuda/fp8_mma_tile.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe_gemv.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -186,6 +187,12 @@ __device__ __forceinline__ void accumulate(
   acc[3] = fmaf(c[3], fb * x.s1, acc[3]);
 }
 
+constexpr int kScanPer = 16;
+// Blocks per SM the gate/up kernel is compiled for: registers <= 65536 / (128 * 4) = 128, so 16
+// warps per SM keep their next K block in flight (156 registers and 12 warps without the bound).
+constexpr int kGateUpMinBlocks = 4;
+constexpr int kDownMinBlocks = 5;  // one matrix: <= 102 registers
+
 // Block-wide: tile ty of the grouped pairs (each expert's pairs cut into kTok-pair tiles, experts
 // ascending) -> found[0..2] = expert, first grouped pair, the expert's end; false past the last.
 __device__ bool find_tile(const Fp8ExpertFfnParams& p, int64_t ty, int64_t* found) {
@@ -201,13 +208,27 @@ __device__ bool find_tile(const Fp8ExpertFfnParams& p, int64_t ty, int64_t* foun
         found[2] = p.num_pairs;
       }
     } else {
-      // Lane l sums the tiles of experts [lo, hi); a scan over the lanes finds ty's lane.
+      // Lane l sums the tiles of experts [lo, hi); a scan over the lanes finds ty's lane. The
+      // lane's boundaries are loaded together (up to kScanPer experts per lane: 512 experts),
+      // not one dependent load per expert: this prologue is latency every block pays first.
       const int64_t per = (p.n_experts + 31) / 32;
       const int64_t lo = imin(lane * per, p.n_experts);
       const int64_t hi = imin(lo + per, p.n_experts);
+      int64_t b[kScanPer + 1];
+      const bool held = per <= kScanPer;
+      if (held) {
+#pragma unroll
+        for (int k = 0; k <= kScanPer; ++k) b[k] = lo + k <= hi ? p.expert_begin[lo + k] : 0;
+      }
       int64_t tiles = 0;
-      for (int64_t e = lo; e < hi; ++e)
-        tiles += (p.expert_begin[e + 1] - p.expert_begin[e] + kTok - 1) / kTok;
+      if (held) {
+#pragma unroll
+        for (int k = 0; k < kScanPer; ++k)
+          tiles += lo + k < hi ? (b[k + 1] - b[k] + kTok - 1) / kTok : 0;
+      } else {
+        for (int64_t e = lo; e < hi; ++e)
+          tiles += (p.expert_begin[e + 1] - p.expert_begin[e] + kTok - 1) / kTok;
+      }
       int64_t incl = tiles;
 #pragma unroll
       for (int off = 1; off < 32; off <<= 1) {
@@ -217,17 +238,23 @@ __device__ bool find_tile(const Fp8ExpertFfnParams& p, int64_t ty, int64_t* foun
       }
       if (ty >= incl - tiles && ty < incl) {
         int64_t local = ty - (incl - tiles);
-        for (int64_t e = lo; e < hi; ++e) {
-          const int64_t b = p.expert_begin[e];
-          const int64_t end = p.expert_begin[e + 1];
-          const int64_t te = (end - b + kTok - 1) / kTok;
-          if (local < te) {
+        // Expert e's tiles: local < its count finds it (block-uniform over the lane's range).
+        auto visit = [&](int64_t e, int64_t bb, int64_t end) {
+          const int64_t te = (end - bb + kTok - 1) / kTok;
+          if (local >= 0 && local < te) {
             found[0] = e;
-            found[1] = b + local * kTok;
+            found[1] = bb + local * kTok;
             found[2] = end;
-            break;
           }
           local -= te;
+        };
+        if (held) {
+#pragma unroll
+          for (int k = 0; k < kScanPer; ++k)
+            if (lo + k < hi)
+              visit(lo + k, b[k], b[k + 1]);
+        } else {
+          for (int64_t e = lo; e < hi; ++e) visit(e, p.expert_begin[e], p.expert_begin[e + 1]);
         }
       }
     }
@@ -343,8 +370,9 @@ __device__ bool tile_prologue(
 // the experts costs about as much as streaming one group of w2, for several groups); the rows'
 // arithmetic does not depend on the grouping.
 template <Fmt F>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kGateUpMinBlocks)
     gemv_gate_up_kernel(Fp8ExpertFfnParams p, int groups) {
+  pdl_begin();
   __shared__ int32_t xrow[kTok];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kWarpRows;
   Tile tl;
@@ -388,7 +416,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <Fmt F>
-__global__ void __launch_bounds__(kWarps * 32) gemv_down_kernel(Fp8ExpertFfnParams p, int groups) {
+__global__ void __launch_bounds__(kWarps * 32, kDownMinBlocks)
+    gemv_down_kernel(Fp8ExpertFfnParams p, int groups) {
+  pdl_begin();
   __shared__ int32_t xrow[kTok];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kWarpRows;
   Tile tl;
@@ -464,12 +494,12 @@ Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
   const int gd = tiles >= kGroupedFromTiles ? 4 : 1;
   const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kWarpRows * gu)),
                 static_cast<unsigned>(tiles));
-  gemv_gate_up_kernel<F><<<g1, kWarps * 32, 0, s>>>(p, gu);
+  launch_pdl(gemv_gate_up_kernel<F>, g1, kWarps * 32, 0, s, p, gu);
   DSI_RETURN_IF_ERROR(launched("expert_gemv gate/up launch"));
   DSI_RETURN_IF_ERROR(launch_quantize_expert_h(p, s));
   const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kWarpRows * gd)),
                 static_cast<unsigned>(tiles));
-  gemv_down_kernel<F><<<g2, kWarps * 32, 0, s>>>(p, gd);
+  launch_pdl(gemv_down_kernel<F>, g2, kWarps * 32, 0, s, p, gd);
   return launched("expert_gemv down launch");
 }
 

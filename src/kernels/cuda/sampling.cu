@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/sampling.h"
 #include "numeric/counter_rng.h"
 
@@ -229,6 +230,7 @@ __device__ void scan_counts(SampleSmem& sm) {
 }
 
 __global__ void __launch_bounds__(kThreads) sample_sort_kernel(SampleParams p) {
+  pdl_begin();
   __shared__ SampleSmem sm;
   const int tid = threadIdx.x;
   const int64_t vocab = p.vocab;
@@ -632,6 +634,7 @@ __device__ __forceinline__ double weight(float l, double inv_t, double m) {
 // Workspace per request (request_bytes): masses (uint64), weights (double), work logits (float),
 // the descents' list (int32) and bucket ids (uint16), each [vocab].
 __global__ void __launch_bounds__(kSelThreads) sample_select_kernel(SampleParams p) {
+  pdl_begin();
   __shared__ SelectSmem sm;
   const int64_t vocab = p.vocab;
   for_each_request(p, sm, [&](const SamplingRequest& c, const float* work, char* ws) -> int32_t {
@@ -780,9 +783,9 @@ Status launch_sample(const SampleParams& p, cudaStream_t stream) {
                               "workspace must be 8-byte aligned"));
   const auto grid = static_cast<unsigned>(std::min(p.n, kMaxGrid));
   if (p.full_sort) {
-    sample_sort_kernel<<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(sample_sort_kernel, grid, kThreads, 0, stream, p);
   } else {
-    sample_select_kernel<<<grid, kSelThreads, 0, stream>>>(p);
+    launch_pdl(sample_select_kernel, grid, kSelThreads, 0, stream, p);
   }
   return launched("sample launch");
 }

@@ -1,0 +1,63 @@
+// Programmatic dependent launch (PDL, sm_90): a kernel launched by launch_pdl may be scheduled
+// while the kernel before it in the stream is still running, so that its launch and block start-up
+// overlap that kernel's tail instead of following it (a decode step is ~175 small dependent
+// kernels, each gap paid once per kernel).
+//
+// The contract that keeps it correct: every kernel launched by launch_pdl calls pdl_begin() as the
+// first statement of its body, before it reads anything an earlier kernel wrote or writes anything
+// an earlier kernel reads. pdl_begin waits until every prerequisite grid has completed and its
+// memory is visible (griddepcontrol.wait), then lets the next kernel be scheduled
+// (griddepcontrol.launch_dependents). Because every block waits before it can finish, a kernel
+// launched this way never completes before its predecessor, so ordering stays transitive along
+// the stream. tools/check_pdl.py checks the contract over the sources (run by test.sh).
+//
+// DSINFER_PDL=0 in the environment launches the same kernels without the attribute (plain stream
+// order; pdl_begin is then a no-op wait): an A/B switch and a way out.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace dsinfer::cuda {
+
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DSINFER_PDL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute
+// (where enabled). Errors are left for the caller's launched() check (cudaGetLastError).
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...),
+                dim3 grid,
+                dim3 block,
+                size_t smem,
+                cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...);
+}
+
+}  // namespace dsinfer::cuda
