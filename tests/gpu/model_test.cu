@@ -26,6 +26,7 @@
 #include "kernels/cuda/device.h"
 #include "model/checkpoint.h"
 #include "model_test_util.h"
+#include "spec/verify_length.h"
 #include "state/sequence_state.h"
 #include "unit/engine/engine_test_util.h"
 
@@ -559,6 +560,22 @@ TEST(CudaEngine, DeviceSamplingEqualsHostSampling) {
   }
 }
 
+// A step-time model for auto (verify_length.h) independent of this GPU's timings: verification of
+// L tokens costs 1 + slope * L off-steps' time, drafting 0.02 per step. slope 0.01: drafting pays
+// and auto drafts; slope 10: it never pays and auto disables speculation per request.
+spec::StepTimes fixed_step_times(int32_t max_k, double slope) {
+  spec::StepTimes t;
+  for (int64_t b : {1, 64}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(1.0);
+    t.verify_s.emplace_back();
+    for (int32_t l = 1; l <= max_k + 1; ++l) t.verify_s.back().push_back(1.0 + slope * l);
+    t.draft_s.emplace_back();
+    for (int32_t s = 1; s <= max_k; ++s) t.draft_s.back().push_back(0.02 * s);
+  }
+  return t;
+}
+
 // Speculative decoding on CUDA (the MTP block drafting on the device, mtp_draft.cc; verification
 // through the batched forward): greedy outputs equal the same requests without speculation on the
 // bundled model (batch-invariant forward, so a position's logits do not depend on the chunk that
@@ -570,42 +587,47 @@ TEST(CudaEngine, SpeculativeGreedyEqualsOffAndDraftsAreAccepted) {
   auto ckpt = open_model("models/dsv4-mini");
   if (!ckpt)
     GTEST_SKIP() << "models/dsv4-mini is not here";
-  auto run = [&](const char* mode, engine::EngineStats* stats, bool graphs = true) {
-    engine::EngineConfig ec;
-    ec.device = engine::Device::kCuda;
-    ec.numerics = model::Numerics::kDeepSeek;
-    ec.batch_invariant = true;
-    ec.cuda_graphs = graphs;
-    ec.state_budget_bytes = int64_t{512} << 20;
-    ec.scheduler.prefill_chunk = 32;
-    auto sp = spec::parse_config(mode);
-    EXPECT_TRUE(sp.ok());
-    ec.speculative = *sp;
-    auto e = engine::Engine::create(ec, ckpt);
-    EXPECT_TRUE(e.ok()) << e.status().to_string();
-    EXPECT_EQ((*e)->speculative().mode, sp->mode) << mode;
-    std::mt19937 g(21);
-    std::vector<engine::RequestId> ids;
-    for (int i = 0; i < 12; ++i) {
-      engine::RequestSpec s;
-      const int len = 4 + static_cast<int>(g() % 60);
-      for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(100 + g() % 3000));
-      s.max_tokens = 8 + static_cast<int64_t>(g() % 24);
-      s.sampling.temperature = 0.0f;
-      s.ignore_eos = true;
-      auto id = (*e)->submit(std::move(s));
-      EXPECT_TRUE(id.ok()) << id.status().to_string();
-      ids.push_back(*id);
-    }
-    while ((*e)->step()) (*e)->check_integrity();
-    std::vector<std::vector<int32_t>> out;
-    for (engine::RequestId id : ids) out.push_back((*e)->request(id)->output);
-    if (stats)
-      *stats = (*e)->stats();
-    return out;
-  };
+  // slope < 0: auto measures its step-time model on the GPU (its choices then depend on timing).
+  auto run =
+      [&](const char* mode, engine::EngineStats* stats, bool graphs = true, double slope = 0.01) {
+        engine::EngineConfig ec;
+        ec.device = engine::Device::kCuda;
+        ec.numerics = model::Numerics::kDeepSeek;
+        ec.batch_invariant = true;
+        ec.cuda_graphs = graphs;
+        ec.state_budget_bytes = int64_t{512} << 20;
+        ec.scheduler.prefill_chunk = 32;
+        auto sp = spec::parse_config(mode);
+        EXPECT_TRUE(sp.ok());
+        ec.speculative = *sp;
+        if (sp->mode == spec::Mode::kAuto && slope >= 0)
+          ec.step_times = fixed_step_times(sp->k, slope);
+        auto e = engine::Engine::create(ec, ckpt);
+        EXPECT_TRUE(e.ok()) << e.status().to_string();
+        EXPECT_EQ((*e)->speculative().mode, sp->mode) << mode;
+        std::mt19937 g(21);
+        std::vector<engine::RequestId> ids;
+        for (int i = 0; i < 12; ++i) {
+          engine::RequestSpec s;
+          const int len = 4 + static_cast<int>(g() % 60);
+          for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(100 + g() % 3000));
+          s.max_tokens = 8 + static_cast<int64_t>(g() % 24);
+          s.sampling.temperature = 0.0f;
+          s.ignore_eos = true;
+          auto id = (*e)->submit(std::move(s));
+          EXPECT_TRUE(id.ok()) << id.status().to_string();
+          ids.push_back(*id);
+        }
+        while ((*e)->step()) (*e)->check_integrity();
+        std::vector<std::vector<int32_t>> out;
+        for (engine::RequestId id : ids) out.push_back((*e)->request(id)->output);
+        if (stats)
+          *stats = (*e)->stats();
+        return out;
+      };
   const auto off = run("off", nullptr);
-  // auto once more with every step eager: tells a graph replay fault from a verification one.
+  // auto (a step-time model in which drafting pays) once more with every step eager: tells a graph
+  // replay fault from a verification one.
   for (const char* mode : {"fixed:1", "fixed:3", "fixed:4", "fixed:5", "auto", "auto-eager"}) {
     SCOPED_TRACE(mode);
     engine::EngineStats st;
@@ -621,6 +643,18 @@ TEST(CudaEngine, SpeculativeGreedyEqualsOffAndDraftsAreAccepted) {
                 rate0,
                 static_cast<long long>(st.spec.verified[0]));
     EXPECT_GT(rate0, 0.5);
+  }
+  // auto where drafting never pays (every request's speculation disabled: its decode chunks
+  // sampled in the backend like off's), and auto on the model it measures here: whatever it
+  // chooses, the greedy tokens are off's.
+  for (const double slope : {10.0, -1.0}) {
+    SCOPED_TRACE(slope < 0 ? "auto, measured step times" : "auto, drafting never pays");
+    engine::EngineStats st;
+    EXPECT_EQ(run("auto", &st, true, slope), off);
+    if (slope > 0) {
+      ASSERT_FALSE(st.spec.verified.empty());
+      EXPECT_EQ(st.spec.verified[0], 0);
+    }
   }
 }
 
