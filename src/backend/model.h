@@ -201,6 +201,30 @@ class Model {
       std::copy(src + i * n, src + (i + 1) * n, arena.page(pages[i]));
     return Status();
   }
+  // Asynchronous reads of state pages, so that the prefix cache's captures never hold up the
+  // step loop. begin_read_state_pages starts copying `pages` into `dst` (the layout of
+  // read_state_pages) and returns a ticket. poll_state_read answers at once: true when the copy
+  // is done (dst holds the pages), false while it is still running, an error when it failed (dst
+  // must not be used). After true or an error the ticket is spent. wait_state_read blocks until
+  // the copy ends (for shutdown, never inside the step loop) and spends the ticket the same way.
+  // Until the ticket is spent the caller keeps `pages` allocated and unwritten and `dst` alive.
+  // async_state_reads() says whether the copy really runs in the background; where it does not
+  // (the default, host-storage arenas) begin is the synchronous read and every ticket is done.
+  virtual bool async_state_reads() const { return false; }
+  virtual Result<int64_t> begin_read_state_pages(const state::PageArena& arena,
+                                                 std::span<const int32_t> pages,
+                                                 float* dst) {
+    DSI_RETURN_IF_ERROR(read_state_pages(arena, pages, dst));
+    return int64_t{0};
+  }
+  virtual Result<bool> poll_state_read(int64_t ticket) {
+    (void)ticket;
+    return true;
+  }
+  virtual Status wait_state_read(int64_t ticket) {
+    (void)ticket;
+    return Status();
+  }
   // A latched unrecoverable device error (OK for the CPU).
   virtual Status health() const { return Status(); }
   // Expert parallelism over several processes (one per GPU): every rank's forward_batch runs the

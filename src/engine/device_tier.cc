@@ -50,7 +50,7 @@ bool DeviceTier::put(const kvstore::Key128& key, const state::SequenceState& st)
     return false;
   }
   const int64_t held = copy->bytes().total();
-  entries_[key] = Entry{std::move(copy), held, ++clock_};
+  entries_[key] = Entry{std::shared_ptr<state::SequenceState>(std::move(copy)), held, ++clock_};
   bytes_ += held;
   ++stats_.puts;
   return true;
@@ -71,6 +71,14 @@ Status DeviceTier::restore(const kvstore::Key128& key,
   it->second.last_use = ++clock_;
   ++stats_.hits;
   return Status();
+}
+
+std::shared_ptr<const state::SequenceState> DeviceTier::share(const kvstore::Key128& key,
+                                                              int64_t num_tokens) const {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.st->num_tokens() != num_tokens)
+    return nullptr;
+  return it->second.st;
 }
 
 DeviceTierStats DeviceTier::stats() const {

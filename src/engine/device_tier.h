@@ -54,7 +54,13 @@ class DeviceTier {
   // left fresh. Any other error is the backend's page copy failing after the fork: dst then has
   // pages without their contents and must not be used.
   Status restore(const kvstore::Key128& key, int64_t num_tokens, state::SequenceState& dst);
-  // Frees the least recently used entry's pages; false when there is none.
+  // The state of key's entry when it holds num_tokens tokens (null otherwise), shared: the prefix
+  // cache's asynchronous capture reads its pages, which stay allocated while the caller holds
+  // it, also when the entry is evicted or replaced meanwhile.
+  std::shared_ptr<const state::SequenceState> share(const kvstore::Key128& key,
+                                                    int64_t num_tokens) const;
+  // Frees the least recently used entry's pages (not before a capture still holding them lets
+  // go of them: share); false when there is none.
   bool evict_one();
   DeviceTierStats stats() const;
   // Every entry's state is consistent and the bytes add up.
@@ -62,7 +68,7 @@ class DeviceTier {
 
  private:
   struct Entry {
-    std::unique_ptr<state::SequenceState> st;
+    std::shared_ptr<state::SequenceState> st;
     int64_t bytes = 0;
     uint64_t last_use = 0;
   };

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
+#include <unordered_map>
 
 #include "backend/cpu/fast/fast_model.h"
 #include "backend/cpu_v41/backend.h"
@@ -192,7 +194,24 @@ Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
 }
 
 Engine::Engine() = default;
-Engine::~Engine() = default;
+// A prefix-cache capture whose pages are being read to host memory (begin_capture).
+struct Engine::PendingCapture {
+  // A fork of the request's state (the device tier's entry or a fork of its own): its pages stay
+  // allocated and unwritten while this holds it, whatever happens to the request or the tier.
+  std::shared_ptr<const state::SequenceState> st;
+  std::vector<int32_t> pages;  // state::image_pages(*st): what is being copied
+  std::vector<float> host;     // their contents, once the copy is done
+  int64_t ticket = 0;
+  kvstore::EntryMeta meta;  // the store entry, taken from the request when the capture began
+};
+
+// Sequence ids of the capture forks: apart from requests, the device tier and the step-time
+// measurement.
+constexpr int64_t kCaptureIdBase = int64_t{5} << 60;
+
+Engine::~Engine() {
+  drain_captures();
+}
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   // DeepSeek V4.1 checkpoints: the V4.1 backends open their own checkpoint.
@@ -1014,6 +1033,7 @@ void Engine::accept_token(Request& r, const sampling::SampleResult& sr) {
 }
 
 bool Engine::step() {
+  poll_captures();
   if (!failure_.ok())
     return false;
   if (scheduler_->idle()) {
@@ -1026,7 +1046,7 @@ bool Engine::step() {
         fail_all(model_->health().ok() ? s : model_->health());
       ++stats_.steps;
     }
-    return false;
+    return !captures_.empty();  // polled again next step
   }
   scheduler_->plan(plan_);
   stats_.preemptions += static_cast<int64_t>(plan_.preempted.size());
@@ -1047,7 +1067,7 @@ bool Engine::step() {
   }
   run_chunks();
   ++stats_.steps;
-  return !scheduler_->idle();
+  return !scheduler_->idle() || !captures_.empty();
 }
 
 void Engine::run_until_done() {
@@ -1193,6 +1213,9 @@ void Engine::cache_store(Request& r, const state::SequenceState& st) {
   const int64_t n = st.num_tokens();
   if (!r.spec.use_cache || n < config_.prefix_cache.min_tokens || n == r.cached_tokens)
     return;
+  bool tier_tried = false;
+  if (model_->async_state_reads() && begin_capture(r, st, &tier_tried))
+    return;
   auto image = state::capture_state(
       st,
       [this](std::span<const int32_t> pages, float* dst) {
@@ -1204,11 +1227,101 @@ void Engine::cache_store(Request& r, const state::SequenceState& st) {
     return;
   }
   const std::optional<kvstore::Key128> key = cache_put(r, n, std::move(image).value());
-  if (key && device_tier_)
+  if (key && device_tier_ && !tier_tried)
     device_tier_->put(*key, st);  // best effort: running requests keep their pages first
 }
 
-std::optional<kvstore::Key128> Engine::cache_put(Request& r, int64_t n, std::string image) {
+bool Engine::begin_capture(Request& r, const state::SequenceState& st, bool* tier_tried) {
+  const int64_t n = st.num_tokens();
+  // capture_state's own checks, before anything is forked.
+  if (!state::image_pages(st, cache_layout_.image).ok()) {
+    ++stats_.cache_store_failures;
+    return true;
+  }
+  std::optional<kvstore::EntryMeta> meta = unit_meta(r, n);
+  if (!meta)
+    return true;
+  std::shared_ptr<const state::SequenceState> copy;
+  if (device_tier_) {
+    *tier_tried = true;
+    if (device_tier_->put(meta->key, st))  // best effort, as in the synchronous path
+      copy = device_tier_->share(meta->key, n);
+  }
+  if (!copy) {
+    // No device tier, or no room in it: a fork that lives only until its pages are copied.
+    std::shared_ptr<state::SequenceState> fork = memory_->make(kCaptureIdBase + next_capture_id_++);
+    std::vector<std::pair<int32_t, int32_t>> pairs;
+    if (!fork || !fork->ok() || !fork->fork_from(st, &pairs).ok() ||
+        !model_->copy_state_pages(*arena_, pairs).ok())
+      return false;  // running requests keep their pages: capture synchronously instead
+    copy = std::move(fork);
+  }
+  auto c = std::make_unique<PendingCapture>();
+  c->st = std::move(copy);
+  auto pages = state::image_pages(*c->st, cache_layout_.image);
+  if (!pages.ok()) {
+    ++stats_.cache_store_failures;
+    return true;
+  }
+  c->pages = std::move(pages).value();
+  c->host.resize(c->pages.size() * static_cast<size_t>(arena_->page_floats()));
+  auto ticket = model_->begin_read_state_pages(*arena_, c->pages, c->host.data());
+  if (!ticket.ok())
+    return false;  // e.g. the backend's staging is full: capture synchronously instead
+  c->ticket = *ticket;
+  c->meta = std::move(*meta);
+  ++stats_.cache_async_captures;
+  captures_.push_back(std::move(c));
+  return true;
+}
+
+void Engine::poll_captures() {
+  for (size_t i = 0; i < captures_.size();) {
+    const Result<bool> done = model_->poll_state_read(captures_[i]->ticket);
+    if (done.ok() && !*done) {
+      ++i;
+      continue;
+    }
+    end_capture(*captures_[i], done.status());
+    captures_.erase(captures_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+}
+
+void Engine::end_capture(PendingCapture& c, const Status& copied) {
+  if (!copied.ok()) {
+    ++stats_.cache_store_failures;  // nothing stored: a later lookup misses
+    return;
+  }
+  // The image from the copied pages: capture_state's reads are served from c.host.
+  const size_t pf = static_cast<size_t>(arena_->page_floats());
+  std::unordered_map<int32_t, size_t> slot;
+  for (size_t i = 0; i < c.pages.size(); ++i) slot.emplace(c.pages[i], i);
+  auto image = state::capture_state(
+      *c.st,
+      [&](std::span<const int32_t> pages, float* dst) {
+        for (size_t i = 0; i < pages.size(); ++i) {
+          auto it = slot.find(pages[i]);
+          if (it == slot.end())
+            return failed_precondition("a captured state read a page that was not copied");
+          std::memcpy(dst + i * pf, c.host.data() + it->second * pf, pf * sizeof(float));
+        }
+        return Status();
+      },
+      cache_layout_.image);
+  if (!image.ok()) {
+    ++stats_.cache_store_failures;
+    return;
+  }
+  store_->put(std::move(c.meta), std::move(image).value());
+  ++stats_.cache_units_stored;
+}
+
+void Engine::drain_captures() {
+  for (auto& c : captures_) end_capture(*c, model_->wait_state_read(c->ticket));
+  captures_.clear();
+}
+
+std::optional<kvstore::EntryMeta> Engine::unit_meta(const Request& r, int64_t n) const {
   if (n < config_.prefix_cache.min_tokens || n == r.cached_tokens)
     return std::nullopt;
   std::vector<int32_t> tokens(static_cast<size_t>(n));
@@ -1219,8 +1332,15 @@ std::optional<kvstore::Key128> Engine::cache_put(Request& r, int64_t n, std::str
   meta.tail.assign(tokens.begin() + base, tokens.end());
   meta.num_tokens = n;
   meta.retention = r.spec.cache_retention.value_or(config_.prefix_cache.default_retention);
-  const kvstore::Key128 key = meta.key;
-  store_->put(std::move(meta), std::move(image));
+  return meta;
+}
+
+std::optional<kvstore::Key128> Engine::cache_put(Request& r, int64_t n, std::string image) {
+  std::optional<kvstore::EntryMeta> meta = unit_meta(r, n);
+  if (!meta)
+    return std::nullopt;
+  const kvstore::Key128 key = meta->key;
+  store_->put(std::move(*meta), std::move(image));
   ++stats_.cache_units_stored;
   return key;
 }
@@ -1251,6 +1371,7 @@ EngineStats Engine::stats() const {
   s.state_max_context = footprint_.max_context_tokens;
   if (device_tier_)
     s.device_tier = device_tier_->stats();
+  s.cache_captures_pending = static_cast<int64_t>(captures_.size());
   return s;
 }
 
@@ -1287,6 +1408,20 @@ void Engine::check_integrity() const {
   arena_->check_integrity();
   if (device_tier_)
     device_tier_->check_integrity();
+  // A capture's pages stay its fork's, unchanged, until the copy is done: never freed, reused or
+  // grown into by another sequence.
+  for (const auto& c : captures_) {
+    c->st->check_integrity();
+    auto pages = state::image_pages(*c->st, cache_layout_.image);
+    DSI_CHECK(pages.ok() && *pages == c->pages,
+              "a pending capture's state changed during its copy");
+    for (int32_t p : c->pages) {
+      DSI_CHECK(arena_->owner(p).sequence == c->st->id(),
+                "page %d of a pending capture is owned by sequence %lld",
+                p,
+                static_cast<long long>(arena_->owner(p).sequence));
+    }
+  }
   for (const auto& [id, st] : memory_->states()) {
     st->check_integrity();
     auto it = requests_.find(id);

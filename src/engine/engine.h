@@ -106,7 +106,11 @@ struct EngineStats {
   int64_t cache_hits = 0;              // admissions that started from a stored unit
   int64_t cache_restore_failures = 0;  // a unit found at submit() but not usable at admission
   int64_t cache_units_stored = 0;
-  int64_t cache_store_failures = 0;
+  int64_t cache_store_failures = 0;  // a capture that failed (its unit is not stored)
+  // Captures whose pages were read to host memory in the background (async_state_reads
+  // backends), and those still being read.
+  int64_t cache_async_captures = 0;
+  int64_t cache_captures_pending = 0;
   DeviceTierStats device_tier;  // the prefix cache's device tier (hits there never reach the store)
   spec::Config speculative;     // in effect (off when the checkpoint or backend has no drafter)
   spec::Stats spec;
@@ -178,6 +182,9 @@ class Engine {
   // Speculative decoding in effect, and auto's step-time model (empty unless auto).
   const spec::Config& speculative() const { return spec_; }
   const spec::StepTimes& step_times() const { return step_times_; }
+  // Prefix-cache captures whose page copy is still running (their units are not in the store
+  // yet; step() polls them and stores those that finished).
+  int64_t pending_captures() const { return static_cast<int64_t>(captures_.size()); }
   // Runs every integrity checker (scheduler, arena, sequence states); aborts on violation.
   void check_integrity() const;
   double now_s() const;
@@ -220,6 +227,23 @@ class Engine {
   void cache_store(Request& r, const state::SequenceState& st);
   // Stores a captured image of r's first n tokens; the unit's key (none when not stored).
   std::optional<kvstore::Key128> cache_put(Request& r, int64_t n, std::string image);
+  // The store entry of r's first n tokens (none when that unit is not stored: too short, or
+  // what r was restored from).
+  std::optional<kvstore::EntryMeta> unit_meta(const Request& r, int64_t n) const;
+  // Asynchronous capture (backend::Model::async_state_reads): forks st (into the device tier,
+  // else a fork held for the copy only), starts reading the fork's pages to host memory and
+  // returns true; the unit is stored by poll_captures once the copy is done. False when it
+  // cannot start (no pages for the fork, no staging): cache_store then captures synchronously.
+  // *tier_tried: st was offered to the device tier already.
+  struct PendingCapture;
+  bool begin_capture(Request& r, const state::SequenceState& st, bool* tier_tried);
+  // Stores the units of the captures whose copy finished, drops those whose copy failed; never
+  // waits.
+  void poll_captures();
+  // Stores c's unit when its copy succeeded (`copied` OK), else counts a store failure.
+  void end_capture(PendingCapture& c, const Status& copied);
+  // Waits for every pending capture and ends it (shutdown).
+  void drain_captures();
   // Where r's prefill pauses next to store a unit (-1: nowhere).
   int64_t next_snapshot(const Request& r) const;
   // Bounded replay (cache_layout_.save_point > 0): whether a save point of r at n tokens is
@@ -263,6 +287,9 @@ class Engine {
   // Bounded replay: the latest save point of a running request after its prompt's repeat
   // point, captured there and stored when the request ends (its length, its image).
   std::map<RequestId, std::pair<int64_t, std::string>> held_units_;
+  // Asynchronous captures in flight, oldest first; sequence ids for their forks.
+  std::vector<std::unique_ptr<PendingCapture>> captures_;
+  int64_t next_capture_id_ = 0;
   double t0_ = 0;
   // Speculative decoding.
   spec::Config spec_;

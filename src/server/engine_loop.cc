@@ -168,8 +168,15 @@ void EngineLoop::run() {
     bool stopping = false;
     {
       std::unique_lock<std::mutex> l(mu_);
-      if (active_.empty())
-        cv_.wait(l, [&] { return !inbox_.empty() || stop_; });
+      if (active_.empty()) {
+        // Prefix-cache captures still copying in the background are polled every millisecond
+        // (their units reach the store before the next turn of a conversation looks them up).
+        auto woken = [&] { return !inbox_.empty() || stop_; };
+        if (engine_->pending_captures() > 0)
+          cv_.wait_for(l, std::chrono::milliseconds(1), woken);
+        else
+          cv_.wait(l, woken);
+      }
       cmds.swap(inbox_);
       stopping = stop_;
     }
@@ -215,6 +222,8 @@ void EngineLoop::run() {
       if (step_delay_s_ > 0)
         std::this_thread::sleep_for(std::chrono::duration<double>(step_delay_s_));
     } else {
+      if (engine_->pending_captures() > 0)
+        engine_->step();  // no request to run: only polls the captures
       publish();
     }
   }

@@ -129,6 +129,7 @@ int64_t min_page_bytes(const StateShape& s);
 int64_t default_page_bytes(const StateShape& s);
 
 class SequenceState;
+struct ImageAccess;
 
 // Moves arena page contents to and from host memory: `pages.size() * page_floats` floats, in the
 // order of `pages`. A host-storage arena copies directly; a device-mirrored one goes through the
@@ -167,6 +168,11 @@ Status restore_state(std::string_view image,
                      SequenceState& st,
                      const PageWriter& write,
                      const ImageOptions& options = {});
+// The arena pages capture_state(st, ..., options) reads, each once, in the order of their first
+// read; the same errors as capture_state when st cannot be captured. A caller that copies these
+// pages elsewhere (asynchronously, before st changes) can later serve capture_state's reads from
+// that copy.
+Result<std::vector<int32_t>> image_pages(const SequenceState& st, const ImageOptions& options = {});
 // Token count recorded in an image (data_loss when it is not one).
 Result<int64_t> state_image_tokens(std::string_view image);
 
@@ -243,9 +249,7 @@ class SequenceState {
   void check_integrity() const;
 
  private:
-  friend Result<std::string> capture_state(const SequenceState&,
-                                           const PageReader&,
-                                           const ImageOptions&);
+  friend struct ImageAccess;  // capture_state and image_pages (state_image.cc)
   friend Status restore_state(std::string_view,
                               SequenceState&,
                               const PageWriter&,

@@ -16,6 +16,7 @@
 // has exactly one image version, so that a restored image captures back to the same bytes.
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 #include "base/bytes.h"
 #include "base/check.h"
@@ -106,15 +107,21 @@ bool all_zero_bits(const float* x, int64_t n) {
 class Capturer {
  public:
   Capturer(const PageArena& arena, const PageReader& read, std::string* out)
-      : page_floats_(arena.page_bytes() / 4), read_(read), out_(out) {}
+      : page_floats_(arena.page_bytes() / 4), read_(&read), out_(out) {}
+  // A capturer that only lists the pages a capture reads, in the order it reads them.
+  explicit Capturer(std::vector<int32_t>* pages) : pages_(pages) {}
   // Appends rows `row_of(i)` for i in [0, n) of `rows`; rows with !written(i) (slots the sequence
   // has not written: their pages may hold an earlier sequence's data) as zeros.
   template <typename RowOf, typename Written = AllWritten>
   Status rows(const PagedRows& rows, int64_t n, RowOf row_of, Written written = {}) {
     if (n <= 0)
       return Status();
+    if (pages_) {
+      pages_->insert(pages_->end(), rows.pages().begin(), rows.pages().end());
+      return Status();
+    }
     buf_.resize(static_cast<size_t>(rows.num_pages() * page_floats_));
-    DSI_RETURN_IF_ERROR(read_(rows.pages(), buf_.data()));
+    DSI_RETURN_IF_ERROR((*read_)(rows.pages(), buf_.data()));
     const int64_t rpp = rows.rows_per_page();
     const size_t bytes = static_cast<size_t>(rows.width()) * 4;
     for (int64_t i = 0; i < n; ++i) {
@@ -130,9 +137,10 @@ class Capturer {
   }
 
  private:
-  int64_t page_floats_;
-  const PageReader& read_;
-  std::string* out_;
+  int64_t page_floats_ = 0;
+  const PageReader* read_ = nullptr;
+  std::string* out_ = nullptr;
+  std::vector<int32_t>* pages_ = nullptr;  // listing only
   std::vector<float> buf_;
 };
 
@@ -270,9 +278,21 @@ bool ring_stored(const ImageOptions& o, size_t i) {
 }
 }  // namespace
 
-Result<std::string> capture_state(const SequenceState& st,
-                                  const PageReader& read,
-                                  const ImageOptions& options) {
+// capture_state's body over a capturer that either builds the image or lists its pages (a
+// friend of SequenceState).
+struct ImageAccess {
+  template <typename C>
+  static Status capture(const SequenceState& st,
+                        C& c,
+                        const ImageOptions& options,
+                        std::string& out);
+};
+
+template <typename C>
+Status ImageAccess::capture(const SequenceState& st,
+                            C& c,
+                            const ImageOptions& options,
+                            std::string& out) {
   if (st.mtp_num_tokens_ != 0)
     return unimplemented("state images of sequences whose MTP block ran are not supported");
   if (st.num_tokens_ < 1)
@@ -297,7 +317,7 @@ Result<std::string> capture_state(const SequenceState& st,
     }
   }
   const uint32_t version = image_version(st, options);
-  std::string out(kMagic, sizeof(kMagic));
+  out.assign(kMagic, sizeof(kMagic));
   append_pod(out, version);
   append_pod(out, st.num_tokens_);
   append_pod(out, st.mtp_num_tokens_);
@@ -327,7 +347,6 @@ Result<std::string> capture_state(const SequenceState& st,
   if (version == kVersionPartial && st.history_capacity() > 0) {
     for (int64_t p = st.history_begin(); p < st.num_tokens_; ++p) append_pod(out, st.token(p));
   }
-  Capturer c(*st.arena_, read, &out);
   size_t i = 0;
   for (const auto* v : {&st.layers_, &st.mtp_layers_}) {
     const int64_t written = ring_written(st, v == &st.layers_);
@@ -341,7 +360,31 @@ Result<std::string> capture_state(const SequenceState& st,
         [](int64_t i) { return i; },
         final_written(st.final_positions_)));
   }
+  return Status();
+}
+
+Result<std::string> capture_state(const SequenceState& st,
+                                  const PageReader& read,
+                                  const ImageOptions& options) {
+  std::string out;
+  Capturer c(*st.arena(), read, &out);
+  DSI_RETURN_IF_ERROR(ImageAccess::capture(st, c, options, out));
   return out;
+}
+
+Result<std::vector<int32_t>> image_pages(const SequenceState& st, const ImageOptions& options) {
+  std::vector<int32_t> listed;
+  std::string head;  // the image without its rows
+  Capturer c(&listed);
+  DSI_RETURN_IF_ERROR(ImageAccess::capture(st, c, options, head));
+  // Each page once, in the order of its first read.
+  std::vector<int32_t> pages;
+  std::unordered_set<int32_t> seen;
+  for (int32_t p : listed) {
+    if (seen.insert(p).second)
+      pages.push_back(p);
+  }
+  return pages;
 }
 
 Result<int64_t> state_image_tokens(std::string_view image) {

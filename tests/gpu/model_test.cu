@@ -24,6 +24,7 @@
 #include "comm/nccl_comm.h"
 #include "engine/engine.h"
 #include "kernels/cuda/device.h"
+#include "kvstore/store.h"
 #include "model/checkpoint.h"
 #include "model_test_util.h"
 #include "spec/verify_length.h"
@@ -257,6 +258,90 @@ TEST_P(CudaModelTest, StateImageRestoredFromTheDevicePoolContinuesBitForBit) {
   }
 }
 
+// The prefix cache's background capture on the GPU (issue 19): a fork of the sequence (as the
+// engine's device tier or capture fork holds it) is read to host memory with
+// begin_read_state_pages on the side stream while the original sequence goes on computing, polled
+// to completion without a stream synchronisation, turned into an image (capture_state served
+// from the copied pages) that equals the synchronous capture byte for byte, restored, and
+// continued bit for bit.
+TEST_P(CudaModelTest, StateImageCapturedInTheBackgroundContinuesBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const ModelCase mc = GetParam();
+  if (!fs::exists(source_path(mc.path)))
+    GTEST_SKIP() << mc.path << " missing";
+  auto ckpt = open_model(mc.path);
+  ASSERT_TRUE(ckpt);
+  const auto& cfg = ckpt->config();
+  for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
+    auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), nm);
+    ASSERT_TRUE(gm.ok()) << gm.status().to_string();
+    gpu::CudaModel& m = **gm;
+    ASSERT_TRUE(m.async_state_reads());
+    const auto ids = random_ids(mc.tokens, cfg.vocab_size, 29);
+    for (const int64_t split : {int64_t{1}, int64_t{6}, int64_t{8}, mc.tokens / 2, mc.tokens - 1}) {
+      if (split < 1 || split >= mc.tokens)
+        continue;
+      SCOPED_TRACE("capture after " + std::to_string(split) + " tokens");
+      auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
+      state::SequenceState a(cfg, arena.get(), 0, 0);
+      backend::ForwardOutputs out;
+      ASSERT_TRUE(m.forward(a, {ids.data(), static_cast<size_t>(split)}, {}, &out).ok());
+      // The fork whose pages the capture reads; its page copy is queued, not waited for here.
+      state::SequenceState fork(cfg, arena.get(), 2, 0);
+      std::vector<std::pair<int32_t, int32_t>> pairs;
+      ASSERT_TRUE(fork.fork_from(a, &pairs).ok());
+      ASSERT_TRUE(m.copy_state_pages(*arena, pairs).ok());
+      auto pages = state::image_pages(fork);
+      ASSERT_TRUE(pages.ok()) << pages.status().to_string();
+      const size_t pf = static_cast<size_t>(arena->page_floats());
+      std::vector<float> host(pages->size() * pf);
+      auto ticket = m.begin_read_state_pages(*arena, *pages, host.data());
+      ASSERT_TRUE(ticket.ok()) << ticket.status().to_string();
+      EXPECT_EQ(m.state_reads_in_flight(), 1);
+      // The step loop goes on: the original sequence computes the rest of the prompt meanwhile.
+      const std::span<const int32_t> rest(ids.data() + split,
+                                          static_cast<size_t>(mc.tokens - split));
+      ASSERT_TRUE(m.forward(a, rest, {}, &out).ok());
+      const std::vector<float> want = out.logits;
+      int64_t polls = 0;
+      for (;;) {
+        auto done = m.poll_state_read(*ticket);
+        ASSERT_TRUE(done.ok()) << done.status().to_string();
+        ++polls;
+        if (*done)
+          break;
+        ASSERT_LT(polls, int64_t{1} << 32) << "the background read never finished";
+      }
+      EXPECT_EQ(m.state_reads_in_flight(), 0);
+      std::map<int32_t, size_t> slot;
+      for (size_t i = 0; i < pages->size(); ++i) slot[(*pages)[i]] = i;
+      auto image = state::capture_state(fork, [&](std::span<const int32_t> p, float* dst) {
+        for (size_t i = 0; i < p.size(); ++i) {
+          auto it = slot.find(p[i]);
+          if (it == slot.end())
+            return Status(StatusCode::kInternal, "page not copied");
+          std::copy_n(host.data() + it->second * pf, pf, dst + i * pf);
+        }
+        return Status();
+      });
+      ASSERT_TRUE(image.ok()) << image.status().to_string();
+      auto sync_image = state::capture_state(fork, [&](std::span<const int32_t> p, float* dst) {
+        return m.read_state_pages(*arena, p, dst);
+      });
+      ASSERT_TRUE(sync_image.ok()) << sync_image.status().to_string();
+      EXPECT_TRUE(*image == *sync_image) << "the background copy differs from the synchronous one";
+      state::SequenceState b(cfg, arena.get(), 1, 0);
+      ASSERT_TRUE(
+          state::restore_state(*image, b, [&](std::span<const int32_t> p, const float* src) {
+            return m.write_state_pages(*arena, p, src);
+          }).ok());
+      ASSERT_TRUE(m.forward(b, rest, {}, &out).ok());
+      EXPECT_EQ(out.logits, want) << mc.path
+                                  << (nm == model::Numerics::kDeepSeek ? " deepseek" : "");
+    }
+  }
+}
+
 TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
   SKIP_WITHOUT_GPU();
   const ModelCase mc = GetParam();
@@ -362,6 +447,83 @@ INSTANTIATE_TEST_SUITE_P(Models,
                                n.begin(), n.end(), [](char ch) { return !std::isalnum(ch); }, '_');
                            return n;
                          });
+
+// The engine's prefix cache on CUDA with background captures: a conversation's turns give the
+// same tokens and logprobs as the uncached engine, with and without the device tier; captures
+// are pending after a turn ends, the units reach the store once step() has polled them, and the
+// next turn hits them.
+TEST(CudaEngine, PrefixCacheWithBackgroundCapturesEqualsUncached) {
+  SKIP_WITHOUT_GPU();
+  auto ckpt = open_model("tests/fixtures/tiny-a/official");
+  ASSERT_TRUE(ckpt);
+  auto make = [&](std::shared_ptr<kvstore::KvStore> store, int64_t device_bytes) {
+    engine::EngineConfig ec;
+    ec.device = engine::Device::kCuda;
+    ec.numerics = model::Numerics::kReference;
+    ec.state_budget_bytes = int64_t{256} << 20;
+    ec.scheduler.prefill_chunk = 16;
+    ec.prefix_cache.store = std::move(store);
+    ec.prefix_cache.block = 16;
+    ec.prefix_cache.min_tokens = 4;
+    ec.prefix_cache.promote_wait_ms = 5000;
+    ec.prefix_cache.device_bytes = device_bytes;
+    auto e = engine::Engine::create(ec, ckpt);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return std::move(e).value();
+  };
+  auto run = [](engine::Engine& e, const std::vector<int32_t>& prompt, int64_t* cached) {
+    engine::RequestSpec s;
+    s.prompt = prompt;
+    s.max_tokens = 6;
+    s.sampling.temperature = 0.0f;
+    s.ignore_eos = true;
+    auto id = e.submit(std::move(s));
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    while (!e.request(*id)->done()) {
+      e.step();
+      e.check_integrity();
+    }
+    const engine::Request* r = e.request(*id);
+    std::pair<std::vector<int32_t>, std::vector<float>> got{r->output, r->output_logprobs};
+    if (cached)
+      *cached = r->cached_tokens;
+    e.release(*id);
+    return got;
+  };
+  for (const int64_t device_bytes : {int64_t{0}, int64_t{32} << 20}) {
+    SCOPED_TRACE("device tier bytes " + std::to_string(device_bytes));
+    auto plain = make(nullptr, 0);
+    kvstore::KvStoreOptions o;
+    o.host_bytes = int64_t{64} << 20;
+    auto store = kvstore::KvStore::open(o);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    auto cached = make(std::shared_ptr<kvstore::KvStore>(std::move(store).value()), device_bytes);
+    std::vector<int32_t> ctx = random_ids(23, ckpt->config().vocab_size, 61);
+    for (int turn = 0; turn < 4; ++turn) {
+      SCOPED_TRACE("turn " + std::to_string(turn));
+      const auto want = run(*plain, ctx, nullptr);
+      int64_t hit = 0;
+      const auto got = run(*cached, ctx, &hit);
+      EXPECT_EQ(got.first, want.first);
+      EXPECT_EQ(got.second, want.second);  // bit-equal floats
+      if (turn > 0) {
+        EXPECT_GT(hit, 0);
+      }
+      // Let the background captures land before the next turn looks its prefix up.
+      for (int64_t i = 0; cached->pending_captures() > 0; ++i) {
+        cached->step();
+        ASSERT_LT(i, int64_t{1} << 32) << "a background capture never finished";
+      }
+      ctx.insert(ctx.end(), want.first.begin(), want.first.end());
+      const auto more = random_ids(5 + 7 * turn, ckpt->config().vocab_size, 70 + turn);
+      ctx.insert(ctx.end(), more.begin(), more.end());
+    }
+    const engine::EngineStats st = cached->stats();
+    EXPECT_GT(st.cache_async_captures, 0);
+    EXPECT_EQ(st.cache_store_failures, 0);
+    EXPECT_EQ(st.cache_restore_failures, 0);
+  }
+}
 
 // The engine on CUDA: a batch of mixed greedy requests gives the same tokens as each alone.
 TEST(CudaEngine, BatchEqualsAlone) {

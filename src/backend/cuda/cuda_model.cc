@@ -55,6 +55,7 @@ CudaModel::CudaModel(const model::ModelConfig& config,
     : config_(config), numerics_(numerics), options_(options) {}
 
 CudaModel::~CudaModel() {
+  (void)reads_.drain();  // no background read may outlive the pools
   clear_graphs();
   for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : {fwd_start_, fwd_end_, prev_end_}) {
@@ -129,6 +130,8 @@ void CudaModel::clear_graphs() {
 
 Status CudaModel::ensure_pool(const state::PageArena& arena) {
   StatePool& pool = pools_[&arena];
+  if (pool.pages < arena.num_pages())
+    DSI_RETURN_IF_ERROR(reads_.drain());  // the pool is about to move
   bool grew = false;
   DSI_RETURN_IF_ERROR(grow_state_pool(&pool, arena, stream_.get(), "state pool", &grew));
   if (grew)
@@ -168,6 +171,7 @@ Status CudaModel::read_page(int32_t page, std::vector<float>* out) {
 Status CudaModel::copy_pages(const state::PageArena& arena,
                              const std::vector<std::pair<int32_t, int32_t>>& pairs) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
+  reads_.check_not_reading(pairs, "copy_state_pages");
   return copy_pool_pages(pool_, arena.page_floats(), pairs, stream_.get());
 }
 
@@ -182,7 +186,15 @@ Status CudaModel::write_state_pages(state::PageArena& arena,
                                     std::span<const int32_t> pages,
                                     const float* src) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
+  reads_.check_not_reading(pages, "write_state_pages");
   return write_pool_pages(pool_, arena.page_floats(), pages, src, stream_.get());
+}
+
+Result<int64_t> CudaModel::begin_read_state_pages(const state::PageArena& arena,
+                                                  std::span<const int32_t> pages,
+                                                  float* dst) {
+  DSI_RETURN_IF_ERROR(ensure_pool(arena));
+  return reads_.begin(pool_, arena.page_floats(), pages, dst, stream_.get());
 }
 
 Status CudaModel::mark(size_t i) {

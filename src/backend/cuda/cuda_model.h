@@ -121,6 +121,15 @@ class CudaModel final : public backend::Model {
   Status write_state_pages(state::PageArena& arena,
                            std::span<const int32_t> pages,
                            const float* src) override;
+  // The same reads in the background (gpu::AsyncPageReads: a side stream ordered after the
+  // forward stream, pinned staging, completion polled with an event).
+  bool async_state_reads() const override { return true; }
+  Result<int64_t> begin_read_state_pages(const state::PageArena& arena,
+                                         std::span<const int32_t> pages,
+                                         float* dst) override;
+  Result<bool> poll_state_read(int64_t ticket) override { return reads_.poll(ticket); }
+  Status wait_state_read(int64_t ticket) override { return reads_.wait(ticket); }
+  int64_t state_reads_in_flight() const { return reads_.in_flight(); }
   // Per-layer timing of eager forwards (CUDA events between the embedding, every decoder layer,
   // the MTP block and the head). Off by default; graph replays are not profiled.
   void set_profile(bool on) { profile_ = on; }
@@ -232,6 +241,7 @@ class CudaModel final : public backend::Model {
   std::map<const state::PageArena*, StatePool> pools_;
   const state::PageArena* arena_ = nullptr;
   float* pool_ = nullptr;
+  AsyncPageReads reads_;  // drained before a pool moves or is freed
   void* pack_dev_ = nullptr;
   int64_t pack_cap_ = 0;
   device::PinnedBuffer pinned_;

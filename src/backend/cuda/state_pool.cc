@@ -1,6 +1,7 @@
 #include "backend/cuda/state_pool.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/check.h"
 #include "base/strings.h"
@@ -90,6 +91,204 @@ Status write_pool_pages(float* pool,
                            "writing state pages"));
   }
   return device::sync_stream(s, "writing state pages");
+}
+
+AsyncPageReads::AsyncPageReads(int64_t staging_limit) : limit_(staging_limit) {}
+
+AsyncPageReads::~AsyncPageReads() {
+  // Nothing may still write into staging or read the pool after this; a failed device only
+  // makes these calls return errors, which are ignored here.
+  for (auto& r : reads_) {
+    if (r->done) {
+      if (!r->ended)
+        (void)cudaEventSynchronize(r->done);
+      (void)cudaEventDestroy(r->done);
+    }
+  }
+  reads_.clear();
+  for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
+  if (ordered_)
+    (void)cudaEventDestroy(ordered_);
+}
+
+Result<device::PinnedBuffer> AsyncPageReads::take_staging(size_t bytes) {
+  // The smallest free buffer that holds the read.
+  size_t best = free_staging_.size();
+  for (size_t i = 0; i < free_staging_.size(); ++i) {
+    if (free_staging_[i].size() >= bytes &&
+        (best == free_staging_.size() || free_staging_[i].size() < free_staging_[best].size()))
+      best = i;
+  }
+  if (best < free_staging_.size()) {
+    device::PinnedBuffer b = std::move(free_staging_[best]);
+    free_staging_.erase(free_staging_.begin() + static_cast<std::ptrdiff_t>(best));
+    return b;
+  }
+  // A new one within the limit, giving back free buffers too small to serve this read.
+  while (staged_ + static_cast<int64_t>(bytes) > limit_ && !free_staging_.empty()) {
+    staged_ -= static_cast<int64_t>(free_staging_.back().size());
+    free_staging_.pop_back();
+  }
+  if (staged_ + static_cast<int64_t>(bytes) > limit_)
+    return Status(StatusCode::kResourceExhausted,
+                  str_format("background page reads: %lld bytes of pinned staging in use, limit "
+                             "%lld",
+                             static_cast<long long>(staged_),
+                             static_cast<long long>(limit_)));
+  DSI_ASSIGN_OR_RETURN(device::PinnedBuffer b, device::PinnedBuffer::allocate(bytes));
+  staged_ += static_cast<int64_t>(b.size());
+  return b;
+}
+
+Result<int64_t> AsyncPageReads::begin(const float* pool,
+                                      int64_t page_floats,
+                                      std::span<const int32_t> pages,
+                                      float* dst,
+                                      cudaStream_t compute) {
+  if (!side_.valid()) {
+    DSI_ASSIGN_OR_RETURN(side_, device::Stream::create(/*non_blocking=*/true));
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaEventCreateWithFlags(&ordered_, cudaEventDisableTiming), "cudaEventCreate"));
+  }
+  const size_t page_bytes = static_cast<size_t>(page_floats) * sizeof(float);
+  auto r = std::make_unique<Read>();
+  r->pages.assign(pages.begin(), pages.end());
+  r->dst = dst;
+  r->bytes = pages.size() * page_bytes;
+  if (!free_events_.empty()) {
+    r->done = free_events_.back();
+    free_events_.pop_back();
+  } else {
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming), "cudaEventCreate"));
+  }
+  auto staging = take_staging(std::max<size_t>(r->bytes, 1));
+  if (!staging.ok()) {
+    free_events_.push_back(r->done);
+    return staging.status();
+  }
+  r->staging = std::move(staging).value();
+  auto fail = [&](const Status& s) {
+    free_events_.push_back(r->done);  // never recorded, or recorded before the failure
+    free_staging_.push_back(std::move(r->staging));
+    return s;
+  };
+  Status s = device::check_cuda(cudaEventRecord(ordered_, compute), "cudaEventRecord");
+  if (s.ok())
+    s = device::check_cuda(cudaStreamWaitEvent(side_.get(), ordered_, 0), "cudaStreamWaitEvent");
+  // Runs of consecutive pages in one copy each.
+  char* host = r->staging.as<char>();
+  for (size_t i = 0; s.ok() && i < pages.size();) {
+    DSI_CHECK(pages[i] >= 0, "begin_read_state_pages: page %d", pages[i]);
+    size_t j = i + 1;
+    while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
+    s = device::check_cuda(cudaMemcpyAsync(host + i * page_bytes,
+                                           pool + static_cast<int64_t>(pages[i]) * page_floats,
+                                           (j - i) * page_bytes,
+                                           cudaMemcpyDeviceToHost,
+                                           side_.get()),
+                           "reading state pages in the background");
+    i = j;
+  }
+  if (s.ok())
+    s = device::check_cuda(cudaEventRecord(r->done, side_.get()), "cudaEventRecord");
+  if (!s.ok()) {
+    // Copies already queued may still run: wait for them before the staging is reused.
+    (void)cudaStreamSynchronize(side_.get());
+    return fail(s);
+  }
+  r->ticket = ++next_;
+  reads_.push_back(std::move(r));
+  return next_;
+}
+
+void AsyncPageReads::end(Read& r, cudaError_t q) {
+  if (q == cudaSuccess) {
+    if (r.bytes > 0)
+      std::memcpy(r.dst, r.staging.get(), r.bytes);
+    r.result = Status();
+  } else {
+    r.result = device::check_cuda(q, "reading state pages in the background");
+  }
+  r.ended = true;
+  free_events_.push_back(r.done);
+  r.done = nullptr;
+  free_staging_.push_back(std::move(r.staging));
+}
+
+Result<bool> AsyncPageReads::spend(size_t i) {
+  const Status s = reads_[i]->result;
+  reads_.erase(reads_.begin() + static_cast<std::ptrdiff_t>(i));
+  if (!s.ok())
+    return s;
+  return true;
+}
+
+Result<bool> AsyncPageReads::poll(int64_t ticket) {
+  for (size_t i = 0; i < reads_.size(); ++i) {
+    Read& r = *reads_[i];
+    if (r.ticket != ticket)
+      continue;
+    if (!r.ended) {
+      const cudaError_t q = cudaEventQuery(r.done);
+      if (q == cudaErrorNotReady)
+        return false;
+      end(r, q);
+    }
+    return spend(i);
+  }
+  return Status(StatusCode::kInvalidArgument, "background page reads: unknown ticket");
+}
+
+Status AsyncPageReads::wait(int64_t ticket) {
+  for (size_t i = 0; i < reads_.size(); ++i) {
+    Read& r = *reads_[i];
+    if (r.ticket != ticket)
+      continue;
+    if (!r.ended)
+      end(r, cudaEventSynchronize(r.done));
+    return spend(i).status();
+  }
+  return Status(StatusCode::kInvalidArgument, "background page reads: unknown ticket");
+}
+
+Status AsyncPageReads::drain() {
+  Status first;
+  for (auto& r : reads_) {
+    if (r->ended)
+      continue;
+    end(*r, cudaEventSynchronize(r->done));
+    if (first.ok() && !r->result.ok())
+      first = r->result;
+  }
+  return first;
+}
+
+void AsyncPageReads::check_not_reading(std::span<const int32_t> pages, const char* what) const {
+  for (const auto& r : reads_) {
+    if (r->ended)
+      continue;
+    for (int32_t p : pages) {
+      DSI_CHECK(std::find(r->pages.begin(), r->pages.end(), p) == r->pages.end(),
+                "%s: page %d is being read in the background",
+                what,
+                p);
+    }
+  }
+}
+
+void AsyncPageReads::check_not_reading(const std::vector<std::pair<int32_t, int32_t>>& pairs,
+                                       const char* what) const {
+  for (const auto& r : reads_) {
+    if (r->ended)
+      continue;
+    for (const auto& [from, to] : pairs) {
+      DSI_CHECK(std::find(r->pages.begin(), r->pages.end(), to) == r->pages.end(),
+                "%s: page %d is being read in the background",
+                what,
+                to);
+    }
+  }
 }
 
 }  // namespace dsinfer::gpu

@@ -62,6 +62,7 @@ Result<std::unique_ptr<CudaV41Backend>> CudaV41Backend::open(
 }
 
 CudaV41Backend::~CudaV41Backend() {
+  (void)reads_.drain();  // no background read may outlive the pools
   if (stream_.valid())
     (void)cudaStreamSynchronize(stream_.get());
   temps_.clear();
@@ -85,6 +86,8 @@ Status CudaV41Backend::health() const {
 
 Status CudaV41Backend::ensure_pool(const state::PageArena& arena) {
   gpu::StatePool& pool = pools_[&arena];
+  if (pool.pages < arena.num_pages())
+    DSI_RETURN_IF_ERROR(reads_.drain());  // the pool is about to move
   bool grew = false;
   DSI_RETURN_IF_ERROR(gpu::grow_state_pool(&pool, arena, stream_.get(), "V4.1 state pool", &grew));
   pool_ = pool.p;
@@ -97,6 +100,7 @@ Status CudaV41Backend::copy_state_pages(const state::PageArena& arena,
   if (pairs.empty())
     return Status();
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
+  reads_.check_not_reading(pairs, "copy_state_pages");
   return gpu::copy_pool_pages(pool_, page_floats_, pairs, stream_.get());
 }
 
@@ -111,7 +115,15 @@ Status CudaV41Backend::write_state_pages(state::PageArena& arena,
                                          std::span<const int32_t> pages,
                                          const float* src) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
+  reads_.check_not_reading(pages, "write_state_pages");
   return gpu::write_pool_pages(pool_, page_floats_, pages, src, stream_.get());
+}
+
+Result<int64_t> CudaV41Backend::begin_read_state_pages(const state::PageArena& arena,
+                                                       std::span<const int32_t> pages,
+                                                       float* dst) {
+  DSI_RETURN_IF_ERROR(ensure_pool(arena));
+  return reads_.begin(pool_, page_floats_, pages, dst, stream_.get());
 }
 
 template <typename T>

@@ -78,6 +78,13 @@ class CudaV41Backend final : public backend::Model {
   Status write_state_pages(state::PageArena& arena,
                            std::span<const int32_t> pages,
                            const float* src) override;
+  // Background reads (gpu::AsyncPageReads), as CudaModel's.
+  bool async_state_reads() const override { return true; }
+  Result<int64_t> begin_read_state_pages(const state::PageArena& arena,
+                                         std::span<const int32_t> pages,
+                                         float* dst) override;
+  Result<bool> poll_state_read(int64_t ticket) override { return reads_.poll(ticket); }
+  Status wait_state_read(int64_t ticket) override { return reads_.wait(ticket); }
   Status health() const override;
   // The DSpark drafter on the device (dspark_draft.cc): greedy drafts and their confidences, as
   // the CPU backend's; blocks of up to max backtracking - 1 tokens; 0 without DSpark blocks.
@@ -233,6 +240,7 @@ class CudaV41Backend final : public backend::Model {
   std::vector<device::PinnedBuffer> staging_;
   int64_t staging_used_ = 0;  // bytes used in staging_.back()
   std::map<const state::PageArena*, gpu::StatePool> pools_;
+  gpu::AsyncPageReads reads_;  // drained before a pool moves or is freed
   float* pool_ = nullptr;
   int64_t page_floats_ = 0;
 };
