@@ -324,22 +324,52 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(TopKParams p) {
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
       __syncthreads();
-      for (int64_t i = tid; i < n; i += blockDim.x) {
-        const uint32_t u = ordered_key(s[i]);
-        if ((u & mask) == prefix)
-          atomicAdd(&hist[(u >> shift) & 255u], 1u);
+      // Keys of one warp share their top digits (a row of scores of similar magnitude): lanes
+      // with the same digit add once per group (its lowest lane), not one atomic each on one
+      // counter.
+      for (int64_t base = 0; base < n; base += blockDim.x) {
+        const int64_t i = base + tid;
+        const uint32_t u = i < n ? ordered_key(s[i]) : 0u;
+        const bool in = i < n && (u & mask) == prefix;
+        const unsigned d = in ? (u >> shift) & 255u : 256u;  // 256: not counted
+        const unsigned peers = __match_any_sync(0xffffffffu, d);
+        if (in && (tid & 31) == __ffs(peers) - 1)
+          atomicAdd(&hist[d], static_cast<unsigned>(__popc(peers)));
       }
       __syncthreads();
-      if (tid == 0) {
-        unsigned above = 0;
-        int dgt = 255;
-        for (; dgt > 0; --dgt) {
-          if (above + hist[dgt] >= remaining)
-            break;
-          above += hist[dgt];
+      if (tid < 32) {
+        // The largest digit whose count, with every larger digit's, reaches `remaining` (the
+        // digit of the remaining-th largest key), by warp 0: lane l owns digits 255 - 8 l down to
+        // 248 - 8 l; an inclusive scan over the lanes counts the keys down to each lane's range.
+        const int lane = tid;
+        unsigned cnt[8];
+        unsigned own = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          cnt[j] = hist[255 - 8 * lane - j];
+          own += cnt[j];
         }
-        prefix_s = prefix | (static_cast<uint32_t>(dgt) << shift);
-        remaining_s = remaining - above;
+        unsigned incl = own;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const unsigned v = __shfl_up_sync(0xffffffffu, incl, off);
+          if (lane >= off)
+            incl += v;
+        }
+        unsigned above = incl - own;                   // keys in the digits above this lane's
+        if (above < remaining && remaining <= incl) {  // exactly one lane
+          int dgt = 248 - 8 * lane;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            if (above + cnt[j] >= remaining) {
+              dgt = 255 - 8 * lane - j;
+              break;
+            }
+            above += cnt[j];
+          }
+          prefix_s = prefix | (static_cast<uint32_t>(dgt) << shift);
+          remaining_s = remaining - above;
+        }
       }
       __syncthreads();
       prefix = prefix_s;
