@@ -157,7 +157,10 @@ __global__ void compressor_append_kernel(CompressorAppendParams p) {
   }
 }
 
-constexpr int kPoolThreads = 256;
+// Threads of a pooling block: one per channel (up to kMaxAttnDim), so that each thread's serial
+// softmax over the candidates covers one channel (a decode step pools one entry per layer on one
+// block: with 256 threads for 512 channels, 25 us at HCA's 128 candidates).
+constexpr int kPoolThreads = kMaxAttnDim;
 
 // One block per entry; one thread per channel runs the CPU's softmax (float exp, double sum,
 // float reciprocal) and weighted sum (serial fp32) over the candidates.
@@ -495,9 +498,11 @@ Status launch_compressor_pool(const CompressorPoolParams& p, cudaStream_t stream
     return Status();
   if (!p.token_refs || !p.block || !p.norm_weight || !p.out || (p.rope_half > 0 && !p.inv_freq))
     return null_pointer("compressor_pool");
+  const int threads =
+      static_cast<int>(std::clamp<int64_t>(ceil_div(p.d, 32) * 32, 64, kPoolThreads));
   launch_pdl(compressor_pool_kernel,
              static_cast<unsigned>(std::min(p.n_entries, kMaxGrid)),
-             kPoolThreads,
+             threads,
              0,
              stream,
              p);
