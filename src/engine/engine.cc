@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <thread>
 #include <unordered_map>
 
 #include "backend/cpu/fast/fast_model.h"
@@ -1075,6 +1076,11 @@ void Engine::run_until_done() {
     const Result<bool> more = step_all_ranks();
     if (!more.ok() || !*more)
       return;
+    // Only background captures left (their page copies run on the device): wait a little
+    // before polling them again instead of spinning a core. Lockstep ranks never wait here (an
+    // idle rank still serves the others' passes, and step_all_ranks ends when no rank has work).
+    if (!model_->lockstep() && scheduler_->idle() && !captures_.empty())
+      std::this_thread::sleep_for(std::chrono::microseconds(150));
   }
 }
 

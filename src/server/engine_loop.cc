@@ -406,11 +406,16 @@ void EngineLoop::publish() {
     g.computed_prompt_tokens = st.prompt_tokens;
     g.cache_restore_failures = st.cache_restore_failures;
     g.cache_units_stored = st.cache_units_stored;
+    g.cache_store_failures = st.cache_store_failures;
+    g.cache_async_captures = st.cache_async_captures;
+    g.cache_captures_pending = st.cache_captures_pending;
     g.kv = kv->stats();
     g.device_hits = st.device_tier.hits;
     g.device_entries = st.device_tier.entries;
     g.device_bytes = st.device_tier.bytes;
     g.device_evictions = st.device_tier.evictions;
+    g.device_puts = st.device_tier.puts;
+    g.device_rejected = st.device_tier.rejected;
   }
   if (st.speculative.mode != spec::Mode::kOff) {
     g.spec_verified = st.spec.verified;

@@ -225,6 +225,21 @@ void render_prefix_cache(const EngineGauges& g, std::string* out) {
   header(out, "dsinfer_prefix_cache_units_stored_total", "counter", "Units stored.");
   sample(out, "dsinfer_prefix_cache_units_stored_total", g.cache_units_stored);
   header(out,
+         "dsinfer_prefix_cache_store_failures_total",
+         "counter",
+         "Captures that failed (a page copy or the image assembly): their units are not stored.");
+  sample(out, "dsinfer_prefix_cache_store_failures_total", g.cache_store_failures);
+  header(out,
+         "dsinfer_prefix_cache_async_captures_total",
+         "counter",
+         "Captures whose device-to-host page copy ran in the background (async_state_reads).");
+  sample(out, "dsinfer_prefix_cache_async_captures_total", g.cache_async_captures);
+  header(out,
+         "dsinfer_prefix_cache_captures_pending",
+         "gauge",
+         "Background captures still copying (their units are not in the store yet).");
+  sample(out, "dsinfer_prefix_cache_captures_pending", g.cache_captures_pending);
+  header(out,
          "dsinfer_prefix_cache_device_entries",
          "gauge",
          "Units kept in the device tier (state memory).");
@@ -240,6 +255,14 @@ void render_prefix_cache(const EngineGauges& g, std::string* out) {
          "Units evicted from the device tier (for its budget or for running requests; the "
          "host and SSD tiers keep them).");
   sample(out, "dsinfer_prefix_cache_device_evictions_total", g.device_evictions);
+  header(
+      out, "dsinfer_prefix_cache_device_puts_total", "counter", "Units put into the device tier.");
+  sample(out, "dsinfer_prefix_cache_device_puts_total", g.device_puts);
+  header(out,
+         "dsinfer_prefix_cache_device_rejected_total",
+         "counter",
+         "Device-tier puts that did not fit (larger than its budget, or no free pages).");
+  sample(out, "dsinfer_prefix_cache_device_rejected_total", g.device_rejected);
   header(out, "dsinfer_kv_store_entries", "gauge", "Entries in the KV store.");
   sample(out, "dsinfer_kv_store_entries", kv.entries);
   header(out, "dsinfer_kv_store_bytes", "gauge", "KV store bytes by tier and retention class.");

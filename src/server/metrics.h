@@ -49,12 +49,17 @@ struct EngineGauges {
   int64_t computed_prompt_tokens = 0;  // prefilled (recomputation included)
   int64_t cache_restore_failures = 0;
   int64_t cache_units_stored = 0;
+  int64_t cache_store_failures = 0;    // captures that failed (their units are not stored)
+  int64_t cache_async_captures = 0;    // captures whose page copy ran in the background
+  int64_t cache_captures_pending = 0;  // background captures not finished yet
   kvstore::StoreStats kv;
   // The device tier above the store (engine/device_tier.h; zeros when off).
   int64_t device_hits = 0;
   int64_t device_entries = 0;
   int64_t device_bytes = 0;
   int64_t device_evictions = 0;
+  int64_t device_puts = 0;      // units put into the device tier
+  int64_t device_rejected = 0;  // puts that did not fit (larger than the budget, no free pages)
   // Speculative decoding (empty when off): drafts verified and accepted per draft position
   // (index 0 = the first draft), decode request-steps by the number of drafts verified (index k),
   // and the request-steps that verified drafts with the tokens they emitted.

@@ -111,6 +111,12 @@ TEST(EngineLoop, PrefixCacheReportsCachedTokensAndMetrics) {
   EXPECT_NE(m.find("dsinfer_prefix_cache_hit_rate{tier=\"host\"} 0.5"), std::string::npos) << m;
   EXPECT_NE(m.find("dsinfer_kv_store_bytes{tier=\"host\",class=\"chat\"} "), std::string::npos);
   EXPECT_NE(m.find("dsinfer_kv_store_expirations_total 0\n"), std::string::npos);
+  // The CPU backend captures synchronously: no background captures, none pending.
+  EXPECT_NE(m.find("dsinfer_prefix_cache_async_captures_total 0\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("dsinfer_prefix_cache_captures_pending 0\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("dsinfer_prefix_cache_store_failures_total 0\n"), std::string::npos) << m;
+  EXPECT_GT(metrics.gauges().cache_units_stored, 0);
+  EXPECT_EQ(metrics.gauges().cache_captures_pending, 0);
   loop.stop();
 }
 

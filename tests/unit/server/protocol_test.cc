@@ -411,6 +411,47 @@ TEST(ServerMetrics, PrometheusExposition) {
   EXPECT_EQ(text.find("dsinfer_spec_"), std::string::npos) << "no speculative metrics when off";
 }
 
+TEST(ServerMetrics, PrefixCacheCaptures) {
+  Metrics m;
+  EngineGauges g;
+  g.prefix_cache = true;
+  g.cache_lookups = 9;
+  g.cache_units_stored = 7;
+  g.cache_store_failures = 2;
+  g.cache_async_captures = 5;
+  g.cache_captures_pending = 3;
+  g.device_puts = 6;
+  g.device_rejected = 1;
+  m.set_gauges(g);
+  const std::string text = m.render();
+  for (const char* line : {
+           "# TYPE dsinfer_prefix_cache_store_failures_total counter\n",
+           "dsinfer_prefix_cache_store_failures_total 2\n",
+           "# TYPE dsinfer_prefix_cache_async_captures_total counter\n",
+           "dsinfer_prefix_cache_async_captures_total 5\n",
+           "# TYPE dsinfer_prefix_cache_captures_pending gauge\n",
+           "dsinfer_prefix_cache_captures_pending 3\n",
+           "# TYPE dsinfer_prefix_cache_device_puts_total counter\n",
+           "dsinfer_prefix_cache_device_puts_total 6\n",
+           "# TYPE dsinfer_prefix_cache_device_rejected_total counter\n",
+           "dsinfer_prefix_cache_device_rejected_total 1\n",
+           "dsinfer_prefix_cache_units_stored_total 7\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+  }
+  for (const char* name : {"dsinfer_prefix_cache_store_failures_total",
+                           "dsinfer_prefix_cache_async_captures_total",
+                           "dsinfer_prefix_cache_captures_pending",
+                           "dsinfer_prefix_cache_device_puts_total",
+                           "dsinfer_prefix_cache_device_rejected_total"}) {
+    EXPECT_NE(text.find(std::string("# HELP ") + name + " "), std::string::npos) << name;
+  }
+  // Without a prefix cache none of them is rendered.
+  Metrics off;
+  off.set_gauges(EngineGauges{});
+  EXPECT_EQ(off.render().find("dsinfer_prefix_cache_"), std::string::npos);
+}
+
 TEST(ServerMetrics, SpeculativeDecoding) {
   Metrics m;
   EngineGauges g;
