@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/elementwise.h"
 #include "numeric/quant.h"
 #include "test_util.h"
 
@@ -251,6 +252,114 @@ TEST_F(GpuTest, SinkAttentionMatchesCpu) {
       run_sink_attention(64, 512, many, seed += 10, path);
     }
   }
+}
+
+// The BF16 output of the wgmma kernel (out_bf16: the deepseek path's wo_a input) equals, bit for
+// bit, its fp32 output turned back by launch_rope (inverse) and rounded by launch_quant_sim
+// (kBf16): the unfused path the model takes where the fused one does not apply. Real heads and
+// width, keys masked and at tile edges, positions up to 128k (cosf / sinf's slow reduction), a
+// padded output row (out_bf16_ld > heads * dim), BF16 q or fp32 q.
+void run_sink_attention_bf16_out(int64_t heads,
+                                 const std::vector<int64_t>& key_counts,
+                                 uint32_t seed,
+                                 bool q16) {
+  SCOPED_TRACE("sink attention bf16 out heads " + std::to_string(heads) + (q16 ? " q16" : ""));
+  constexpr int64_t dim = 512;
+  constexpr int64_t rope_half = 32;
+  std::mt19937 rng(seed);
+  const int64_t nq = static_cast<int64_t>(key_counts.size());
+  const int64_t pool_rows = 4000;
+  std::vector<float> pool = normal_floats(static_cast<size_t>(pool_rows * dim), seed + 1);
+  for (float& v : pool) v = numeric::round_to_bf16(v);  // deepseek KV rows: BF16-exact
+  std::vector<float> q = normal_floats(static_cast<size_t>(nq * heads * dim), seed + 3, 1.5f);
+  std::vector<uint16_t> q_bits;
+  for (float v : q) q_bits.push_back(numeric::f32_to_bf16(v));
+  std::vector<float> sinks = normal_floats(static_cast<size_t>(heads), seed + 4, 2.0f);
+  std::vector<float> inv_freq(rope_half);
+  for (int64_t i = 0; i < rope_half; ++i)
+    inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / (2 * rope_half));
+  std::vector<int64_t> positions(static_cast<size_t>(nq));
+  for (int64_t qi = 0; qi < nq; ++qi) positions[qi] = static_cast<int64_t>(rng() % 131072);
+  std::vector<int64_t> begin{0};
+  std::vector<int64_t> refs;
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    for (int64_t j = 0; j < key_counts[qi]; ++j) {
+      refs.push_back(rng() % 9 == 0 ? kKvRefNone
+                                    : kv_ref_pool(static_cast<int64_t>(rng() % pool_rows) * dim));
+    }
+    begin.push_back(static_cast<int64_t>(refs.size()));
+  }
+  if (refs.empty())
+    refs.push_back(kKvRefNone);
+  DevVec<float> d_pool(pool), d_q(q), d_sinks(sinks), d_freq(inv_freq);
+  DevVec<uint16_t> d_q16(q_bits);
+  DevVec<int64_t> d_begin(begin), d_refs(refs), d_pos(positions);
+  const int64_t width = heads * dim;
+  const int64_t ld = width + 64;
+  DevVec<float> d_out(static_cast<size_t>(nq * width), 0.0f);
+  DevVec<uint16_t> d_out16(static_cast<size_t>(nq * ld + 2), uint16_t{0x7fc1});
+  SinkAttentionParams sp{.q = q16 ? nullptr : d_q.get(),
+                         .nq = nq,
+                         .heads = heads,
+                         .dim = dim,
+                         .pool = d_pool.get(),
+                         .key_begin = d_begin.get(),
+                         .key_refs = d_refs.get(),
+                         .sinks = d_sinks.get(),
+                         .scale = 1.0f / std::sqrt(static_cast<float>(dim)),
+                         .out = d_out.get(),
+                         .bf16_operands = true,
+                         .q_bf16 = q16 ? d_q16.get() : nullptr};
+  DSI_EXPECT_OK(launch_sink_attention(sp, nullptr));
+  DSI_EXPECT_OK(launch_rope(RopeParams{.x = d_out.get(),
+                                       .tokens = nq,
+                                       .heads = heads,
+                                       .dim = dim,
+                                       .positions = d_pos.get(),
+                                       .inv_freq = d_freq.get(),
+                                       .half = rope_half,
+                                       .inverse = true},
+                            nullptr));
+  DSI_EXPECT_OK(launch_quant_sim(
+      QuantSimParams{.x = d_out.get(), .rows = nq, .len = width, .kind = QuantSim::kBf16},
+      nullptr));
+  sp.out = nullptr;
+  sp.out_bf16 = d_out16.get();
+  sp.out_bf16_ld = ld;
+  sp.positions = d_pos.get();
+  sp.inv_freq = d_freq.get();
+  sp.rope_half = rope_half;
+  ASSERT_TRUE(sink_attention_writes_bf16(sp));
+  DSI_EXPECT_OK(launch_sink_attention(sp, nullptr));
+  sync();
+  const std::vector<float> want = d_out.download();
+  const std::vector<uint16_t> got = d_out16.download();
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    for (int64_t i = 0; i < width; ++i) {
+      const uint16_t w = numeric::f32_to_bf16(want[qi * width + i]);
+      ASSERT_EQ(got[qi * ld + i], w) << "query " << qi << " value " << i;
+    }
+    for (int64_t i = width; i < ld; ++i)
+      ASSERT_EQ(got[qi * ld + i], 0x7fc1) << "query " << qi << " wrote into the row's padding";
+  }
+}
+
+TEST_F(GpuTest, SinkAttentionBf16OutputEqualsRopeAndRounding) {
+  SinkAttentionParams probe{.nq = 300,
+                            .heads = 64,
+                            .dim = 512,
+                            .bf16_operands = true,
+                            .out_bf16_ld = 64 * 512,
+                            .positions = reinterpret_cast<const int64_t*>(16),
+                            .inv_freq = reinterpret_cast<const float*>(16),
+                            .rope_half = 32};
+  if (!sink_attention_writes_bf16(probe))
+    GTEST_SKIP() << "no wgmma attention in this build";
+  std::vector<int64_t> many(300);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i * 13 % 700);
+  run_sink_attention_bf16_out(64, many, 71, true);
+  run_sink_attention_bf16_out(64, many, 72, false);
+  run_sink_attention_bf16_out(17, {1, 31, 32, 33, 0, 64, 65, 128, 640, 700}, 73, true);
 }
 
 // ---- compressor --------------------------------------------------------------------------------
@@ -670,6 +779,31 @@ TEST(GpuOpsArgs, AttentionValidates) {
                 nullptr)
                 .code(),
             StatusCode::kInvalidArgument);
+  // BF16 output where the wgmma kernel does not run (dim 128), with a row shorter than the
+  // heads' values, or with RoPE dims but no tables: refused.
+  auto* out16 = reinterpret_cast<uint16_t*>(uintptr_t{256});
+  SinkAttentionParams bf{.q = some,
+                         .nq = 300,
+                         .heads = 64,
+                         .dim = 512,
+                         .key_begin = idx,
+                         .sinks = some,
+                         .bf16_operands = true,
+                         .out_bf16 = out16,
+                         .out_bf16_ld = 64 * 512,
+                         .positions = idx,
+                         .inv_freq = some,
+                         .rope_half = 32};
+  for (int bad = 0; bad < 3; ++bad) {
+    SinkAttentionParams p = bf;
+    if (bad == 0)
+      p.dim = 128;
+    if (bad == 1)
+      p.out_bf16_ld = 64 * 512 - 2;
+    if (bad == 2)
+      p.inv_freq = nullptr;
+    EXPECT_EQ(launch_sink_attention(p, nullptr).code(), StatusCode::kInvalidArgument) << bad;
+  }
   EXPECT_EQ(launch_top_k(TopKParams{.nq = 1, .k = 4096}, nullptr).code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(launch_top_k(TopKParams{.nq = 0, .k = 8}, nullptr).ok());

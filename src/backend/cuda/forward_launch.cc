@@ -275,8 +275,17 @@ Status CudaModel::launch_attention(const DAttention& w,
     DSI_RETURN_IF_ERROR(cuda::launch_refs_from_indices(rp, s));
   }
   // Sink attention over window + compressed keys, inverse RoPE on the output.
+  const int64_t groups = c.o_groups;
+  const int64_t olr = c.o_lora_rank;
+  const int64_t group_in = heads * hd / groups;
+  const bool bf16_o = numerics_ == model::Numerics::kDeepSeek;
+  // Decode batches: wo_a as a GEMV on fp32 o; larger ones: the BF16 path on o's BF16 copy.
+  const bool gemv_o = lin().wgmma && n > 0 && n <= cuda::kGemvMaxTokens &&
+                      cuda::gemv_fp8_supports(w.wo_a) && w.wo_a.cols == group_in &&
+                      group_in % 4 == 0;
+  const bool bf16x2_o = !gemv_o && n > 0 && cuda::bf16x2_gemm_supports(w.wo_a) &&
+                        w.wo_a.cols == group_in && group_in % 64 == 0;
   float* o = nullptr;
-  DSI_RETURN_IF_ERROR(ws_->get(&o, n * heads * hd));
   cuda::SinkAttentionParams sp;
   sp.q = q16 ? nullptr : q;
   sp.q_bf16 = q16;
@@ -298,8 +307,28 @@ Status CudaModel::launch_attention(const DAttention& w,
       options_.batch_invariant ? 0 : cuda::sink_attention_scratch_floats(n, heads, hd);
   if (sp.split_scratch_floats > 0)
     DSI_RETURN_IF_ERROR(ws_->get(&sp.split_scratch, sp.split_scratch_floats));
+  // deepseek numerics on the BF16 path: the attention writes o's BF16 copy itself, the inverse
+  // RoPE applied first (no fp32 o, no separate RoPE or split pass).
+  cuda::Bf16SplitActs oh;
+  if (bf16_o && bf16x2_o) {
+    sp.out_bf16_ld = cuda::bf16_split_ld(heads * hd);
+    sp.positions = positions;
+    sp.inv_freq = freqs;
+    sp.rope_half = rd / 2;
+    if (cuda::sink_attention_writes_bf16(sp)) {
+      uint16_t* hi = nullptr;
+      DSI_RETURN_IF_ERROR(ws_->get(&hi, n * sp.out_bf16_ld));
+      sp.out_bf16 = hi;
+      oh = cuda::Bf16SplitActs{hi, nullptr, sp.out_bf16_ld};
+    }
+  }
+  if (sp.out_bf16 == nullptr) {
+    DSI_RETURN_IF_ERROR(ws_->get(&o, n * heads * hd));
+    sp.out = o;
+  }
   DSI_RETURN_IF_ERROR(cuda::launch_sink_attention(sp, s));
-  DSI_RETURN_IF_ERROR(rope(o, n, heads, hd, positions, freqs, rd / 2, true, s));
+  if (o != nullptr)
+    DSI_RETURN_IF_ERROR(rope(o, n, heads, hd, positions, freqs, rd / 2, true, s));
   cuda::ScatterRowsParams rw;
   rw.src = kv;
   rw.n = n;
@@ -310,10 +339,6 @@ Status CudaModel::launch_attention(const DAttention& w,
   // Grouped output projection: wo_a per group (never quantised), then wo_b. deepseek numerics:
   // on the attention output rounded to BF16 (docs/numerics.md, point 5), by the hi-only split
   // on the BF16 path and in place otherwise.
-  const int64_t groups = c.o_groups;
-  const int64_t olr = c.o_lora_rank;
-  const int64_t group_in = heads * hd / groups;
-  const bool bf16_o = numerics_ == model::Numerics::kDeepSeek;
   auto round_o = [&]() -> Status {
     if (!bf16_o)
       return Status();
@@ -327,8 +352,7 @@ Status CudaModel::launch_attention(const DAttention& w,
   };
   float* z = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&z, n * groups * olr));
-  if (lin().wgmma && n > 0 && n <= cuda::kGemvMaxTokens && cuda::gemv_fp8_supports(w.wo_a) &&
-      w.wo_a.cols == group_in && group_in % 4 == 0) {
+  if (gemv_o) {
     DSI_RETURN_IF_ERROR(round_o());
     // Decode: the FP8 weight streamed once by the GEMV, straight from fp32 o.
     cuda::GemvFp8Params p;
@@ -345,12 +369,12 @@ Status CudaModel::launch_attention(const DAttention& w,
     DSI_RETURN_IF_ERROR(cuda::launch_gemv_fp8(p, s));
     return linear(lin(), w.wo_b, z, n, f, q8, s);
   }
-  if (n > 0 && cuda::bf16x2_gemm_supports(w.wo_a) && w.wo_a.cols == group_in &&
-      group_in % 64 == 0) {
-    // o split into BF16 halves once (deepseek: rounded, the high halves only); group g reads its
-    // columns [g * group_in, +group_in), all groups in one launch.
-    cuda::Bf16SplitActs oh;
-    DSI_RETURN_IF_ERROR(split_bf16(ws_.get(), o, n, heads * hd, 0, s, &oh, bf16_o));
+  if (bf16x2_o) {
+    // o split into BF16 halves once (deepseek: rounded, the high halves only, unless the
+    // attention wrote them); group g reads its columns [g * group_in, +group_in), all groups in
+    // one launch.
+    if (o != nullptr)
+      DSI_RETURN_IF_ERROR(split_bf16(ws_.get(), o, n, heads * hd, 0, s, &oh, bf16_o));
     cuda::Bf16x2LinearParams p;
     // Prefill-sized batches read the BF16 copy (the wgmma path); decode reads the FP8 weight.
     const bool wide = lin().wgmma && n >= cuda::kBf16Sm90MinRows && !w.wo_a_bf16.empty();

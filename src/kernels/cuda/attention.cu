@@ -449,11 +449,15 @@ Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream) 
   DSI_RETURN_IF_ERROR(require(p.heads <= kMaxGrid, "sink_attention", "too many heads"));
   if (p.nq == 0 || p.heads == 0 || p.dim == 0)
     return Status();
-  if ((!p.q && !p.q_bf16) || !p.key_begin || !p.sinks || !p.out)
+  if ((!p.q && !p.q_bf16) || !p.key_begin || !p.sinks || (!p.out && !p.out_bf16))
     return null_pointer("sink_attention");
   if (p.q_bf16 != nullptr && !sink_attention_reads_q_bf16(p))
     return invalid_argument(
         "sink_attention: q_bf16 needs the wgmma path (sink_attention_reads_q_bf16)");
+  if (p.out_bf16 != nullptr && !sink_attention_writes_bf16(p))
+    return invalid_argument(
+        "sink_attention: out_bf16 needs a tensor-core path without key splits, out_bf16_ld >= "
+        "heads * dim, 2 * rope_half <= dim and the RoPE tables (sink_attention_writes_bf16)");
   if (sink_attention_mma_supports(p))
     return launch_sink_attention_mma(p, stream);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(std::min(p.nq, kMaxGrid)));
@@ -463,6 +467,18 @@ Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream) 
     sink_attention_kernel<false><<<grid, kAttnWarps * 32, 0, stream>>>(p);
   }
   return launched("sink_attention launch");
+}
+
+bool sink_attention_writes_bf16(const SinkAttentionParams& p) {
+  const bool one_block_per_query =
+      sink_attention_splits(p.nq) == 1 || p.split_scratch == nullptr ||
+      p.split_scratch_floats < sink_attention_scratch_floats(p.nq, p.heads, p.dim);
+  bool sm90 = false;
+  if constexpr (sink_attention_sm90_available())
+    sm90 = sink_attention_mma_supports(p) && sink_attention_sm90_supports(p);
+  return sm90 && one_block_per_query && p.out_bf16_ld >= p.heads * p.dim && p.rope_half >= 0 &&
+         2 * p.rope_half <= p.dim &&
+         (p.rope_half == 0 || (p.positions != nullptr && p.inv_freq != nullptr));
 }
 
 bool sink_attention_reads_q_bf16(const SinkAttentionParams& p) {

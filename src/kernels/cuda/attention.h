@@ -76,8 +76,23 @@ struct SinkAttentionParams {
   // be null): half the bytes, copied into shared memory without conversion, the next query's
   // while this one's keys are processed. Only where sink_attention_reads_q_bf16.
   const uint16_t* q_bf16 = nullptr;
+  // BF16 output (only where sink_attention_writes_bf16): each head's last 2 * rope_half dims turned
+  // back by RoPE at the query's position (launch_rope's inverse: the same fp32 operations), then
+  // every value rounded to BF16 (RNE) into out_bf16 = [nq, out_bf16_ld] (head h at h * dim), `out`
+  // unused (may be null). What the deepseek path feeds wo_a, written by the attention itself
+  // instead of fp32 out + the inverse RoPE + the BF16 split (8k prefill: a 1 GiB fp32 round trip
+  // per layer).
+  uint16_t* out_bf16 = nullptr;
+  int64_t out_bf16_ld = 0;             // >= heads * dim
+  const int64_t* positions = nullptr;  // [nq]
+  const float* inv_freq = nullptr;     // [rope_half]
+  int64_t rope_half = 0;
 };
 Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream);
+// Whether launch_sink_attention takes out_bf16 for these parameters: the wgmma path
+// (sink_attention_reads_q_bf16's conditions, builds with CUTLASS) when each query is one block
+// (no key splits: prefill-sized nq, or no split scratch).
+bool sink_attention_writes_bf16(const SinkAttentionParams& p);
 // Whether launch_sink_attention takes q_bf16 for these parameters (the wgmma path: bf16_operands,
 // dim 512, heads <= 64, in builds with CUTLASS).
 bool sink_attention_reads_q_bf16(const SinkAttentionParams& p);

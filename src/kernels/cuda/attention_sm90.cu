@@ -356,20 +356,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_async_smem();
       __syncthreads();  // the next tile stored; this tile's and the exchange's readers done
     }
-    attn::finish_query<kD, 32>(p,
-                               qi,
-                               split,
-                               nsplit,
-                               part,
-                               half,
-                               t,
-                               r0,
-                               r1,
-                               m0,
-                               m1,
-                               l0,
-                               l1,
-                               reinterpret_cast<const float(&)[32][4]>(o));
+    attn::finish_query<kD, 32, true>(p,
+                                     qi,
+                                     split,
+                                     nsplit,
+                                     part,
+                                     half,
+                                     t,
+                                     r0,
+                                     r1,
+                                     m0,
+                                     m1,
+                                     l0,
+                                     l1,
+                                     reinterpret_cast<const float(&)[32][4]>(o));
     __syncthreads();  // q is rewritten by the next query
   }
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention.h"
+#include "numeric/float_formats.h"
 
 namespace dsinfer::cuda::attn {
 
@@ -14,7 +15,9 @@ namespace dsinfer::cuda::attn {
 // over the quad, then either the normalised output (one split) or the split's unnormalised
 // accumulators with its m (the running maximum, or the power-of-two reference M of the BF16
 // kernel) and l into part = [nsplit][nq][heads][D + 2].
-template <int D, int NT>
+// kBf16Out: the kernel may be asked for out_bf16 (the wgmma kernel; the mma.sync kernels would
+// spill at dim 512 with that epilogue compiled in).
+template <int D, int NT, bool kBf16Out = false>
 __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
                                              int64_t qi,
                                              int split,
@@ -35,7 +38,43 @@ __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  if (nsplit == 1) {
+  if (kBf16Out && nsplit == 1 && p.out_bf16 != nullptr) {
+    // Normalised, the RoPE dims turned back (rope_kernel's inverse, same operations), BF16.
+    const float i0 = 1.0f / l0;
+    const float i1 = 1.0f / l1;
+    const int64_t rope_from = D - 2 * p.rope_half;
+    const float pos = p.rope_half > 0 ? static_cast<float>(p.positions[qi]) : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int d = half * HALF + 8 * nt + 2 * t;
+      float a0 = o[nt][0] * i0;
+      float b0 = o[nt][1] * i0;
+      float a1 = o[nt][2] * i1;
+      float b1 = o[nt][3] * i1;
+      if (d >= rope_from) {
+        const float angle = __fmul_rn(pos, p.inv_freq[(d - rope_from) / 2]);
+        const float c = cosf(angle);
+        const float sn = -sinf(angle);
+        const float ra0 = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
+        const float rb0 = __fadd_rn(__fmul_rn(a0, sn), __fmul_rn(b0, c));
+        const float ra1 = __fsub_rn(__fmul_rn(a1, c), __fmul_rn(b1, sn));
+        const float rb1 = __fadd_rn(__fmul_rn(a1, sn), __fmul_rn(b1, c));
+        a0 = ra0;
+        b0 = rb0;
+        a1 = ra1;
+        b1 = rb1;
+      }
+      uint16_t* row = p.out_bf16 + qi * p.out_bf16_ld + d;
+      if (r0 < heads) {
+        *reinterpret_cast<uint32_t*>(row + r0 * D) =
+            numeric::f32_to_bf16(a0) | (uint32_t{numeric::f32_to_bf16(b0)} << 16);
+      }
+      if (r1 < heads) {
+        *reinterpret_cast<uint32_t*>(row + r1 * D) =
+            numeric::f32_to_bf16(a1) | (uint32_t{numeric::f32_to_bf16(b1)} << 16);
+      }
+    }
+  } else if (nsplit == 1) {
     const float i0 = 1.0f / l0;
     const float i1 = 1.0f / l1;
 #pragma unroll
