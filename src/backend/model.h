@@ -45,6 +45,8 @@ struct ForwardOutputs {
   // With ForwardOptions::sample: the sampled token (logprob set when config->logprobs).
   bool sampled = false;
   sampling::SampleResult sample;
+  // With ForwardOptions::sample_rows: every row's pick, in row order ([n]; logits then empty).
+  std::vector<sampling::SampleResult> row_samples;
 };
 
 struct ForwardOptions {
@@ -58,6 +60,10 @@ struct ForwardOptions {
   // With want_logits and last_logits_only, on a backend whose can_sample() is true: sample the
   // last position in the backend (SampleRequest) instead of returning its logits.
   const SampleRequest* sample = nullptr;
+  // With want_logits and not last_logits_only, on a backend whose can_sample() is true: sample
+  // every row of the chunk in the backend, row i with sample_rows[i] (one per token), instead of
+  // returning the logits (a speculative verification: only the picks come back). No masks.
+  std::span<const SampleRequest> sample_rows;
 };
 
 // One sequence's chunk in a batched forward. `status` reports a per-item failure (bad token id,

@@ -622,6 +622,8 @@ void Engine::run_chunks() {
   if (sample_reqs_.size() < n) {
     sample_reqs_.resize(n);
     sample_masks_.resize(n);
+    verify_reqs_.resize(n);
+    verify_pens_.resize(n);
   }
   chunk_k_.assign(n, 0);
   const double t_step = cost_ ? now_s() : 0.0;
@@ -666,6 +668,8 @@ void Engine::run_chunks() {
     outs_[i].sampled = false;
     if (k == 0 && prepare_backend_sample(c, i))
       item.options.sample = &sample_reqs_[i];
+    else if (k > 0 && prepare_backend_verify(c, i, k))
+      item.options.sample_rows = verify_reqs_[i];
     item.out = &outs_[i];
     items_.push_back(item);
     item_chunk_.push_back(i);
@@ -835,10 +839,13 @@ void Engine::finish_verify(size_t i, backend::ForwardOutputs& out) {
   const int32_t k = chunk_k_[i];
   const spec::Draft& d = drafts_[i];
   const int64_t vocab = model_->config().vocab_size;
-  DSI_CHECK(static_cast<int64_t>(out.logits.size()) == (k + 1) * vocab,
-            "verification of %d drafts got %zu logits",
+  const bool in_backend = !out.row_samples.empty();  // prepare_backend_verify
+  DSI_CHECK(in_backend ? static_cast<int32_t>(out.row_samples.size()) == k + 1
+                       : static_cast<int64_t>(out.logits.size()) == (k + 1) * vocab,
+            "verification of %d drafts got %zu logits and %zu picks",
             k,
-            out.logits.size());
+            out.logits.size(),
+            out.row_samples.size());
   r.num_computed += 1 + k;
   // Each position's token is sampled from the target's logits exactly as without speculation
   // (same penalties, mask, seed and absolute-position counter); a draft is accepted when it is
@@ -849,8 +856,13 @@ void Engine::finish_verify(size_t i, backend::ForwardOutputs& out) {
   int32_t accepted = 0;
   int32_t emitted = 0;
   for (int32_t p = 0; p <= k; ++p) {
-    const std::span<float> logits(out.logits.data() + p * vocab, static_cast<size_t>(vocab));
-    sampling::SampleResult sr = sample_for(r, logits);
+    // In the backend, position p was sampled as if drafts 0..p-1 were accepted, which they are
+    // when the loop gets here: the pick sample_for would make now.
+    sampling::SampleResult sr =
+        in_backend
+            ? out.row_samples[static_cast<size_t>(p)]
+            : sample_for(
+                  r, std::span<float>(out.logits.data() + p * vocab, static_cast<size_t>(vocab)));
     if (p < k && config_.forced_acceptance > 0 &&
         std::generate_canonical<double, 53>(forced_rng_) < config_.forced_acceptance)
       sr.token = d.tokens[p];  // benchmarks only (EngineConfig::forced_acceptance)
@@ -973,6 +985,38 @@ bool Engine::prepare_backend_sample(const ScheduledChunk& c, size_t slot) {
       if (any)
         q.allowed = bits;
     }
+  }
+  return true;
+}
+
+bool Engine::prepare_backend_verify(const ScheduledChunk& c, size_t slot, int32_t k) {
+  Request& r = *c.request;
+  // Host sampling where the next position's mask depends on the grammar accepting this one's
+  // token, where top_logprobs need the logits, and in forced-acceptance benchmarks (its tokens
+  // replace the picks; keep the path they measure as it was).
+  if (!config_.backend_sampling || !model_->can_sample() || !c.samples || k < 1 ||
+      r.spec.token_mask || r.spec.sampling.top_logprobs > 0 || r.output.empty() ||
+      config_.forced_acceptance > 0)
+    return false;
+  const sampling::SamplingConfig& cfg = r.spec.sampling;
+  const bool penalised = cfg.repetition_penalty != 1.0f || cfg.presence_penalty != 0.0f ||
+                         cfg.frequency_penalty != 0.0f;
+  const spec::Draft& d = drafts_[slot];
+  std::vector<sampling::PenaltyState>& pens = verify_pens_[slot];
+  if (penalised) {
+    pens.resize(static_cast<size_t>(k));
+    for (int32_t p = 1; p <= k; ++p) {
+      pens[static_cast<size_t>(p - 1)] = p == 1 ? r.penalties : pens[static_cast<size_t>(p - 2)];
+      pens[static_cast<size_t>(p - 1)].add_output(d.tokens[p - 1]);
+    }
+  }
+  std::vector<backend::SampleRequest>& q = verify_reqs_[slot];
+  q.assign(static_cast<size_t>(k + 1), backend::SampleRequest{});
+  for (int32_t p = 0; p <= k; ++p) {
+    backend::SampleRequest& e = q[static_cast<size_t>(p)];
+    e.config = &cfg;
+    e.penalties = penalised && p > 0 ? &pens[static_cast<size_t>(p - 1)] : &r.penalties;
+    e.step = static_cast<uint64_t>(r.num_tokens() + p);  // as sample_for after p accepted tokens
   }
   return true;
 }

@@ -213,6 +213,11 @@ class Engine {
   // Whether chunk c's token is sampled in the backend (ForwardOptions::sample); if so, fills
   // sample_reqs_[slot] (and the mask in sample_masks_[slot]) for it.
   bool prepare_backend_sample(const ScheduledChunk& c, size_t slot);
+  // Whether verification chunk c (k drafts) samples every position in the backend
+  // (ForwardOptions::sample_rows: only the picks come back, not (k + 1) rows of logits); if so,
+  // fills verify_reqs_[slot]: position p sampled as finish_verify would on the host after drafts
+  // 0..p-1 were accepted (its step, and its penalties with those drafts added).
+  bool prepare_backend_verify(const ScheduledChunk& c, size_t slot, int32_t k);
   // Samples r's next token from `logits` (scratch), under its TokenMask when it has one.
   sampling::SampleResult sample_for(Request& r, std::span<float> logits);
   // Forks `parent`'s prompt state into the requests waiting to share it, each sampling its first
@@ -270,6 +275,8 @@ class Engine {
   std::vector<uint32_t> mask_bits_;  // a request's TokenMask for the token being sampled
   // In-backend sampling: one request and token mask per chunk of the plan.
   std::vector<backend::SampleRequest> sample_reqs_;
+  std::vector<std::vector<backend::SampleRequest>> verify_reqs_;  // [slot][position]
+  std::vector<std::vector<sampling::PenaltyState>> verify_pens_;  // [slot][position - 1]
   std::vector<std::vector<uint32_t>> sample_masks_;
   // share_prompt_of: requests waiting for their parent's prompt state, by parent id.
   std::map<RequestId, std::vector<Request*>> pending_forks_;

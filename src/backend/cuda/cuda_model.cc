@@ -248,6 +248,7 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
       it.out->mtp_logits.clear();
       it.out->mtp_count = 0;
       it.out->sampled = false;
+      it.out->row_samples.clear();
     }
     DSI_CHECK(seen.insert(it.state).second,
               "sequence %lld twice in one batch",
@@ -275,6 +276,18 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
         q && (!q->config || q->config->top_logprobs > 0)) {
       it.status = invalid_argument("in-backend sampling needs a config without top_logprobs");
       continue;
+    }
+    if (!it.options.sample_rows.empty()) {
+      bool ok = it.options.want_logits && !it.options.last_logits_only &&
+                it.options.sample == nullptr && it.options.sample_rows.size() == it.tokens.size();
+      for (const backend::SampleRequest& q : it.options.sample_rows)
+        ok = ok && q.config && q.config->top_logprobs == 0 && q.penalties && q.allowed.empty();
+      if (!ok) {
+        it.status = invalid_argument(
+            "in-backend sampling of every row needs all rows' logits, one request per token, "
+            "configs without top_logprobs and no masks");
+        continue;
+      }
     }
     if (it.options.run_mtp && weights_->mtp.empty()) {
       it.status = failed_precondition("MTP requested but the checkpoint has no MTP weights");
@@ -556,6 +569,12 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
       const int64_t row = decode ? s.begin + s.n - 1 : head_first[active[k]];
       sample_slot[active[k]] = static_cast<int64_t>(sample_rows.size());
       sample_rows.push_back({it.options.sample, row});
+    } else if (!it.options.sample_rows.empty()) {  // every row (checked above: all its logits)
+      const SeqSpan& s = spans[k];
+      const int64_t from = decode ? s.begin : head_first[active[k]];
+      sample_slot[active[k]] = static_cast<int64_t>(sample_rows.size());
+      for (int64_t j = 0; j < s.n; ++j)
+        sample_rows.push_back({&it.options.sample_rows[static_cast<size_t>(j)], from + j});
     } else {
       host_logits = true;
     }
@@ -609,7 +628,13 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   for (size_t k = 0; k < active.size(); ++k) {
     backend::ForwardItem& it = items[active[k]];
     const SeqSpan& s = spans[k];
-    if (it.out && sample_slot[active[k]] >= 0) {
+    if (it.out && sample_slot[active[k]] >= 0 && !it.options.sample_rows.empty()) {
+      const auto first = static_cast<size_t>(sample_slot[active[k]]);
+      it.out->row_samples.clear();
+      for (int64_t j = 0; j < s.n; ++j)
+        it.out->row_samples.push_back(sampler_.result(first + static_cast<size_t>(j)));
+      it.out->logits.clear();
+    } else if (it.out && sample_slot[active[k]] >= 0) {
       it.out->sampled = true;
       it.out->sample = sampler_.result(static_cast<size_t>(sample_slot[active[k]]));
       it.out->logits.clear();

@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -39,9 +40,43 @@ class HostSamplingModel final : public backend::Model {
   }
   Status forward_batch(std::span<backend::ForwardItem> items) override {
     for (backend::ForwardItem& it : items) {
-      if (it.out)
+      if (it.out) {
         it.out->sampled = false;
+        it.out->row_samples.clear();
+      }
       it.status = cpu_.forward(*it.state, it.tokens, it.options, it.out);
+      if (it.status.ok() && it.out && !it.options.sample_rows.empty()) {
+        // Every row (a verification): as CudaModel, only the picks come back.
+        EXPECT_TRUE(it.options.want_logits && !it.options.last_logits_only);
+        EXPECT_EQ(it.options.sample_rows.size(), it.tokens.size());
+        const auto vocab = static_cast<size_t>(cpu_.config().vocab_size);
+        // Row j's penalties are row 0's with the drafts before it (tokens 1..j) added, and its
+        // RNG step row 0's + j: the state the host would sample row j in once they are accepted.
+        const backend::SampleRequest& q0 = it.options.sample_rows[0];
+        std::unordered_map<int32_t, int32_t> counts = q0.penalties->output_counts();
+        for (size_t j = 0; j < it.options.sample_rows.size(); ++j) {
+          const backend::SampleRequest& q = it.options.sample_rows[j];
+          EXPECT_EQ(q.config->top_logprobs, 0);
+          EXPECT_TRUE(q.allowed.empty());
+          EXPECT_EQ(q.step, q0.step + j);
+          if (j > 0)
+            ++counts[it.tokens[j]];
+          const sampling::SamplingConfig& c = *q.config;
+          if (c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f ||
+              c.repetition_penalty != 1.0f) {
+            EXPECT_EQ(q.penalties->output_counts(), counts) << "row " << j;
+            ++penalised_verify_rows;
+          }
+          std::vector<float> row(
+              it.out->logits.begin() + static_cast<std::ptrdiff_t>(j * vocab),
+              it.out->logits.begin() + static_cast<std::ptrdiff_t>((j + 1) * vocab));
+          it.out->row_samples.push_back(
+              sampling::sample(row, *q.config, *q.penalties, q.step, scratch_, q.allowed));
+          ++verify_rows;
+        }
+        it.out->logits.clear();
+        continue;
+      }
       const backend::SampleRequest* q = it.options.sample;
       if (!it.status.ok() || !q || !it.out)
         continue;
@@ -68,6 +103,8 @@ class HostSamplingModel final : public backend::Model {
 
   int64_t sampled_rows = 0;
   int64_t masked_rows = 0;
+  int64_t verify_rows = 0;  // rows of verifications sampled here (ForwardOptions::sample_rows)
+  int64_t penalised_verify_rows = 0;
 
  private:
   cpu::CpuModel cpu_;
@@ -199,14 +236,19 @@ TEST(BackendSampling, EqualsSamplingInTheEngineUnderPreemption) {
 struct SpecRun {
   std::vector<std::vector<int32_t>> outputs;
   int64_t sampled_rows = 0;
+  int64_t verify_rows = 0;
+  int64_t penalised_verify_rows = 0;
   int64_t spec_steps = 0;
 };
 
-SpecRun run_speculative(const std::string& mode, std::vector<RequestSpec> specs) {
+SpecRun run_speculative(const std::string& mode,
+                        std::vector<RequestSpec> specs,
+                        bool backend_sampling = true,
+                        std::shared_ptr<const model::Checkpoint> ckpt = fixture()) {
   EngineConfig cfg;
   cfg.state_budget_bytes = int64_t{64} << 20;
-  cfg.page_bytes = state::min_page_bytes(fixture()->config());
-  cfg.backend_sampling = true;
+  cfg.page_bytes = state::min_page_bytes(ckpt->config());
+  cfg.backend_sampling = backend_sampling;
   auto sp = spec::parse_config(mode);
   EXPECT_TRUE(sp.ok());
   cfg.speculative = *sp;
@@ -224,13 +266,15 @@ SpecRun run_speculative(const std::string& mode, std::vector<RequestSpec> specs)
     }
     cfg.step_times = t;
   }
-  auto probe = std::make_unique<HostSamplingModel>(*fixture());
+  auto probe = std::make_unique<HostSamplingModel>(*ckpt);
   HostSamplingModel* model = probe.get();
-  auto e = Engine::create(cfg, fixture(), std::move(probe));
+  auto e = Engine::create(cfg, ckpt, std::move(probe));
   EXPECT_TRUE(e.ok()) << e.status().to_string();
   SpecRun r;
   r.outputs = test_support::run_all(**e, std::move(specs));
   r.sampled_rows = model->sampled_rows;
+  r.verify_rows = model->verify_rows;
+  r.penalised_verify_rows = model->penalised_verify_rows;
   r.spec_steps = (*e)->stats().spec.spec_steps;
   return r;
 }
@@ -248,15 +292,54 @@ TEST(BackendSampling, SpeculatingEngineSamplesChunksWithoutDraftsInTheBackend) {
     EXPECT_EQ(fixed.outputs, off.outputs);
     EXPECT_EQ(automatic.outputs, off.outputs);
     EXPECT_GT(off.sampled_rows, 0);
-    // fixed: verifications sample on the host; the steps where no draft fits (a request's last
-    // token) in the backend.
+    // fixed: verifications sample every position in the backend (sample_rows), the steps
+    // where no draft fits (a request's last token) their one row (sample).
     EXPECT_GT(fixed.spec_steps, 0);
     EXPECT_GT(fixed.sampled_rows, 0);
     EXPECT_LT(fixed.sampled_rows, off.sampled_rows);
+    EXPECT_GT(fixed.verify_rows, 0);
+    EXPECT_EQ(off.verify_rows, 0);
     // auto, where verifying never pays: no verification, every decode step sampled in the
     // backend as with speculation off.
     EXPECT_EQ(automatic.spec_steps, 0);
     EXPECT_EQ(automatic.sampled_rows, off.sampled_rows);
+  }
+}
+
+// Verification sampled in the backend (ForwardOptions::sample_rows) against the engine's own
+// host sampling of the same verifications: position p is drawn with its step and with the drafts
+// before it added to the penalties, so every output is identical, greedy and seeded (with
+// presence, frequency and repetition penalties strong enough to move the picks), for 2 and 5
+// drafts, with more drafts than tokens left. On the bundled model, whose MTP drafts are mostly
+// accepted, so that the positions after accepted drafts (and their penalties) are exercised.
+// Without backend sampling no row goes through sample_rows.
+TEST(BackendSampling, VerificationRowsSampledInTheBackendEqualHostVerification) {
+  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  const std::shared_ptr<const model::Checkpoint> mini(std::move(opened).value());
+  const auto cases = test_support::random_cases(4, 33, 12, 2, 3000, 12);
+  for (bool seeded : {false, true}) {
+    SCOPED_TRACE(seeded ? "seeded" : "greedy");
+    auto specs = [&] {
+      auto v = seeded ? test_support::sampled_specs(cases, 700) : test_support::greedy_specs(cases);
+      for (size_t i = 0; i < v.size(); i += 2) {
+        v[i].sampling.presence_penalty = 1.5f;
+        v[i].sampling.frequency_penalty = 0.5f;
+        v[i].sampling.repetition_penalty = 1.5f;
+      }
+      return v;
+    };
+    for (const char* mode : {"fixed:2", "fixed:5"}) {
+      SCOPED_TRACE(mode);
+      const SpecRun host = run_speculative(mode, specs(), false, mini);
+      const SpecRun dev = run_speculative(mode, specs(), true, mini);
+      EXPECT_EQ(dev.outputs, host.outputs);
+      EXPECT_EQ(host.verify_rows, 0);
+      EXPECT_GT(dev.verify_rows, 0);
+      EXPECT_GT(dev.penalised_verify_rows, 0);
+      EXPECT_GT(dev.spec_steps, 0);
+      EXPECT_EQ(dev.spec_steps, host.spec_steps);
+    }
   }
 }
 
