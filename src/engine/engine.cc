@@ -992,11 +992,10 @@ bool Engine::prepare_backend_sample(const ScheduledChunk& c, size_t slot) {
 bool Engine::prepare_backend_verify(const ScheduledChunk& c, size_t slot, int32_t k) {
   Request& r = *c.request;
   // Host sampling where the next position's mask depends on the grammar accepting this one's
-  // token, where top_logprobs need the logits, and in forced-acceptance benchmarks (its tokens
-  // replace the picks; keep the path they measure as it was).
+  // token and where top_logprobs need the logits. (Forced acceptance, benchmarks only, emits the
+  // draft in place of a pick: the next position's row was sampled assuming exactly that.)
   if (!config_.backend_sampling || !model_->can_sample() || !c.samples || k < 1 ||
-      r.spec.token_mask || r.spec.sampling.top_logprobs > 0 || r.output.empty() ||
-      config_.forced_acceptance > 0)
+      r.spec.token_mask || r.spec.sampling.top_logprobs > 0 || r.output.empty())
     return false;
   const sampling::SamplingConfig& cfg = r.spec.sampling;
   const bool penalised = cfg.repetition_penalty != 1.0f || cfg.presence_penalty != 0.0f ||

@@ -244,8 +244,10 @@ struct SpecRun {
 SpecRun run_speculative(const std::string& mode,
                         std::vector<RequestSpec> specs,
                         bool backend_sampling = true,
-                        std::shared_ptr<const model::Checkpoint> ckpt = fixture()) {
+                        std::shared_ptr<const model::Checkpoint> ckpt = fixture(),
+                        double forced_acceptance = 0) {
   EngineConfig cfg;
+  cfg.forced_acceptance = forced_acceptance;
   cfg.state_budget_bytes = int64_t{64} << 20;
   cfg.page_bytes = state::min_page_bytes(ckpt->config());
   cfg.backend_sampling = backend_sampling;
@@ -341,6 +343,13 @@ TEST(BackendSampling, VerificationRowsSampledInTheBackendEqualHostVerification) 
       EXPECT_EQ(dev.spec_steps, host.spec_steps);
     }
   }
+  // bench --forced-acceptance: the emitted draft is what the next position's row assumed.
+  const SpecRun host = run_speculative(
+      "fixed:3", test_support::greedy_specs(cases), false, mini, /*forced_acceptance=*/0.6);
+  const SpecRun dev = run_speculative(
+      "fixed:3", test_support::greedy_specs(cases), true, mini, /*forced_acceptance=*/0.6);
+  EXPECT_EQ(dev.outputs, host.outputs);
+  EXPECT_GT(dev.verify_rows, 0);
 }
 
 }  // namespace
