@@ -186,7 +186,9 @@ class Model {
   // Prefix cache (state::capture_state / restore_state): copies the contents of arena pages to
   // host memory (`dst`: pages.size() * page_floats floats, in the order of `pages`) and back.
   // Host-storage arenas are copied here; a backend whose pages live on the device overrides
-  // both (the CUDA backend: a device<->host copy out of its page pool).
+  // both (the CUDA backend: a device<->host copy out of its page pool). A write may return
+  // before the device has the pages, provided everything the backend runs afterwards (forwards,
+  // page copies, reads) sees them; `src` is free again on return.
   virtual Status read_state_pages(const state::PageArena& arena,
                                   std::span<const int32_t> pages,
                                   float* dst) {

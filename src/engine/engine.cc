@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -194,21 +196,39 @@ Result<std::unique_ptr<backend::Model>> create_model(const EngineConfig& config,
   return invalid_argument("unknown device");
 }
 
-Engine::Engine() = default;
 // A prefix-cache capture whose pages are being read to host memory (begin_capture).
 struct Engine::PendingCapture {
   // A fork of the request's state (the device tier's entry or a fork of its own): its pages stay
   // allocated and unwritten while this holds it, whatever happens to the request or the tier.
   std::shared_ptr<const state::SequenceState> st;
-  std::vector<int32_t> pages;  // state::image_pages(*st): what is being copied
-  std::vector<float> host;     // their contents, once the copy is done
+  // What the image needs, as plain data: its head and row sources (state::plan_image, taken
+  // when the capture began) and the copied pages (plan.pages, filled once the copy is done).
+  // end_capture hands both to the store's worker, which assembles the image without st.
+  struct Copy {
+    state::ImagePlan plan;
+    std::vector<float> host;
+  };
+  std::shared_ptr<Copy> copy;
   int64_t ticket = 0;
   kvstore::EntryMeta meta;  // the store entry, taken from the request when the capture began
+};
+
+// The images being assembled on the store's worker (end_capture) and their outcomes, shared with
+// the worker's jobs; stats() adds the outcomes to the loop's own counts.
+struct Engine::Assemblies {
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t in_flight = 0;
+  int64_t stored = 0;
+  int64_t failed = 0;
+  StoreObserver observer;
 };
 
 // Sequence ids of the capture forks: apart from requests, the device tier and the step-time
 // measurement.
 constexpr int64_t kCaptureIdBase = int64_t{5} << 60;
+
+Engine::Engine() : assemblies_(std::make_shared<Assemblies>()) {}
 
 Engine::~Engine() {
   drain_captures();
@@ -1307,14 +1327,15 @@ bool Engine::begin_capture(Request& r, const state::SequenceState& st, bool* tie
   }
   auto c = std::make_unique<PendingCapture>();
   c->st = std::move(copy);
-  auto pages = state::image_pages(*c->st, cache_layout_.image);
-  if (!pages.ok()) {
+  auto plan = state::plan_image(*c->st, cache_layout_.image);
+  if (!plan.ok()) {
     ++stats_.cache_store_failures;
     return true;
   }
-  c->pages = std::move(pages).value();
-  c->host.resize(c->pages.size() * static_cast<size_t>(arena_->page_floats()));
-  auto ticket = model_->begin_read_state_pages(*arena_, c->pages, c->host.data());
+  c->copy = std::make_shared<PendingCapture::Copy>();
+  c->copy->plan = std::move(plan).value();
+  c->copy->host.resize(c->copy->plan.pages.size() * static_cast<size_t>(arena_->page_floats()));
+  auto ticket = model_->begin_read_state_pages(*arena_, c->copy->plan.pages, c->copy->host.data());
   if (!ticket.ok())
     return false;  // e.g. the backend's staging is full: capture synchronously instead
   c->ticket = *ticket;
@@ -1341,33 +1362,48 @@ void Engine::end_capture(PendingCapture& c, const Status& copied) {
     ++stats_.cache_store_failures;  // nothing stored: a later lookup misses
     return;
   }
-  // The image from the copied pages: capture_state's reads are served from c.host.
-  const size_t pf = static_cast<size_t>(arena_->page_floats());
-  std::unordered_map<int32_t, size_t> slot;
-  for (size_t i = 0; i < c.pages.size(); ++i) slot.emplace(c.pages[i], i);
-  auto image = state::capture_state(
-      *c.st,
-      [&](std::span<const int32_t> pages, float* dst) {
-        for (size_t i = 0; i < pages.size(); ++i) {
-          auto it = slot.find(pages[i]);
-          if (it == slot.end())
-            return failed_precondition("a captured state read a page that was not copied");
-          std::memcpy(dst + i * pf, c.host.data() + it->second * pf, pf * sizeof(float));
-        }
-        return Status();
-      },
-      cache_layout_.image);
-  if (!image.ok()) {
-    ++stats_.cache_store_failures;
-    return;
+  // The image is assembled and stored on the store's worker, from plain data only (the fork
+  // stays here and goes when c does); the outcome is counted there.
+  {
+    std::lock_guard<std::mutex> l(assemblies_->mu);
+    ++assemblies_->in_flight;
   }
-  store_->put(std::move(c.meta), std::move(image).value());
-  ++stats_.cache_units_stored;
+  const kvstore::Key128 key = c.meta.key;
+  store_->put_built(
+      std::move(c.meta),
+      [copy = std::move(c.copy), a = assemblies_, key]() -> Result<std::string> {
+        auto image = state::assemble_image(copy->plan, copy->host);
+        StoreObserver observer;
+        {
+          std::lock_guard<std::mutex> l(a->mu);
+          observer = a->observer;
+        }
+        if (image.ok() && observer)
+          observer(key, *image);
+        return image;
+      },
+      [a = assemblies_](const Status& s) {
+        std::lock_guard<std::mutex> l(a->mu);
+        ++(s.ok() ? a->stored : a->failed);
+        --a->in_flight;
+        a->cv.notify_all();
+      });
 }
 
 void Engine::drain_captures() {
   for (auto& c : captures_) end_capture(*c, model_->wait_state_read(c->ticket));
   captures_.clear();
+  wait_stored_captures();
+}
+
+void Engine::wait_stored_captures() {
+  std::unique_lock<std::mutex> l(assemblies_->mu);
+  assemblies_->cv.wait(l, [&] { return assemblies_->in_flight == 0; });
+}
+
+void Engine::set_store_observer(StoreObserver observer) {
+  std::lock_guard<std::mutex> l(assemblies_->mu);
+  assemblies_->observer = std::move(observer);
 }
 
 std::optional<kvstore::EntryMeta> Engine::unit_meta(const Request& r, int64_t n) const {
@@ -1389,6 +1425,13 @@ std::optional<kvstore::Key128> Engine::cache_put(Request& r, int64_t n, std::str
   if (!meta)
     return std::nullopt;
   const kvstore::Key128 key = meta->key;
+  StoreObserver observer;
+  {
+    std::lock_guard<std::mutex> l(assemblies_->mu);
+    observer = assemblies_->observer;
+  }
+  if (observer)
+    observer(key, image);
   store_->put(std::move(*meta), std::move(image));
   ++stats_.cache_units_stored;
   return key;
@@ -1420,7 +1463,10 @@ EngineStats Engine::stats() const {
   s.state_max_context = footprint_.max_context_tokens;
   if (device_tier_)
     s.device_tier = device_tier_->stats();
-  s.cache_captures_pending = static_cast<int64_t>(captures_.size());
+  std::lock_guard<std::mutex> l(assemblies_->mu);
+  s.cache_units_stored += assemblies_->stored;
+  s.cache_store_failures += assemblies_->failed;
+  s.cache_captures_pending = static_cast<int64_t>(captures_.size()) + assemblies_->in_flight;
   return s;
 }
 
@@ -1462,9 +1508,9 @@ void Engine::check_integrity() const {
   for (const auto& c : captures_) {
     c->st->check_integrity();
     auto pages = state::image_pages(*c->st, cache_layout_.image);
-    DSI_CHECK(pages.ok() && *pages == c->pages,
+    DSI_CHECK(pages.ok() && *pages == c->copy->plan.pages,
               "a pending capture's state changed during its copy");
-    for (int32_t p : c->pages) {
+    for (int32_t p : c->copy->plan.pages) {
       DSI_CHECK(arena_->owner(p).sequence == c->st->id(),
                 "page %d of a pending capture is owned by sequence %lld",
                 p,

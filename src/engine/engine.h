@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -110,7 +111,7 @@ struct EngineStats {
   // Captures whose pages were read to host memory in the background (async_state_reads
   // backends), and those still being read.
   int64_t cache_async_captures = 0;
-  int64_t cache_captures_pending = 0;
+  int64_t cache_captures_pending = 0;  // copying, or their images being assembled
   DeviceTierStats device_tier;  // the prefix cache's device tier (hits there never reach the store)
   spec::Config speculative;     // in effect (off when the checkpoint or backend has no drafter)
   spec::Stats spec;
@@ -185,6 +186,16 @@ class Engine {
   // Prefix-cache captures whose page copy is still running (their units are not in the store
   // yet; step() polls them and stores those that finished).
   int64_t pending_captures() const { return static_cast<int64_t>(captures_.size()); }
+  // A capture whose copy finished has its image assembled and stored on the store's worker
+  // thread (counted in stats() once stored); this blocks until every such image is stored or
+  // has failed (tests; the destructor does it after waiting for the copies). Never called by
+  // the step loop.
+  void wait_stored_captures();
+  // Called with each prefix-cache unit's key and image just before it is stored, on the thread
+  // that built the image: the store's worker for background captures, the caller of step() for
+  // synchronous ones (tests).
+  using StoreObserver = std::function<void(const kvstore::Key128& key, std::string_view image)>;
+  void set_store_observer(StoreObserver observer);
   // Runs every integrity checker (scheduler, arena, sequence states); aborts on violation.
   void check_integrity() const;
   double now_s() const;
@@ -245,10 +256,12 @@ class Engine {
   // Stores the units of the captures whose copy finished, drops those whose copy failed; never
   // waits.
   void poll_captures();
-  // Stores c's unit when its copy succeeded (`copied` OK), else counts a store failure.
+  // When c's copy succeeded (`copied` OK), hands the copied pages and the image plan to the
+  // store's worker, which assembles and stores the image; else counts a store failure.
   void end_capture(PendingCapture& c, const Status& copied);
-  // Waits for every pending capture and ends it (shutdown).
+  // Waits for every pending capture, ends it and waits until its image is stored (shutdown).
   void drain_captures();
+  struct Assemblies;
   // Where r's prefill pauses next to store a unit (-1: nowhere).
   int64_t next_snapshot(const Request& r) const;
   // Bounded replay (cache_layout_.save_point > 0): whether a save point of r at n tokens is
@@ -297,6 +310,7 @@ class Engine {
   // Asynchronous captures in flight, oldest first; sequence ids for their forks.
   std::vector<std::unique_ptr<PendingCapture>> captures_;
   int64_t next_capture_id_ = 0;
+  std::shared_ptr<Assemblies> assemblies_;  // images assembled off the step loop
   double t0_ = 0;
   // Speculative decoding.
   spec::Config spec_;

@@ -184,7 +184,7 @@ std::optional<Match> KvStore::match(std::span<const Key128> anchors,
 }
 
 void KvStore::enqueue(Job j) {
-  jobs_.push_back(j);
+  jobs_.push_back(std::move(j));
   cv_.notify_one();
 }
 
@@ -196,7 +196,7 @@ void KvStore::prefetch(const Key128& key) {
   Entry& e = it->second;
   if (!e.host && e.on_ssd && !e.promoting) {
     e.promoting = true;
-    enqueue({Job::Kind::kPromote, key});
+    enqueue({Job::Kind::kPromote, key, {}});
   }
 }
 
@@ -208,7 +208,7 @@ std::shared_ptr<const std::string> KvStore::get(const Key128& key, int64_t wait_
   if (!it->second.host && it->second.on_ssd && wait_ms > 0) {
     if (!it->second.promoting) {
       it->second.promoting = true;
-      enqueue({Job::Kind::kPromote, key});
+      enqueue({Job::Kind::kPromote, key, {}});
     }
     done_cv_.wait_for(l, std::chrono::milliseconds(wait_ms), [&] {
       auto e = entries_.find(key);
@@ -360,8 +360,27 @@ void KvStore::put(EntryMeta meta, std::string payload) {
   ++stats_.puts;
   if (!opts_.dir.empty()) {
     stored.writing = true;
-    enqueue({Job::Kind::kWrite, key});
+    enqueue({Job::Kind::kWrite, key, {}});
   }
+}
+
+void KvStore::put_built(EntryMeta meta,
+                        PayloadBuilder build,
+                        std::function<void(const Status&)> done) {
+  Job j;
+  j.kind = Job::Kind::kRun;
+  j.key = meta.key;
+  // Shared, so that the job stays copyable without copying what the builder holds.
+  auto m = std::make_shared<EntryMeta>(std::move(meta));
+  j.run = [this, m, build = std::move(build), done = std::move(done)] {
+    Result<std::string> payload = build();
+    if (payload.ok())
+      put(std::move(*m), std::move(payload).value());
+    if (done)
+      done(payload.status());
+  };
+  std::lock_guard<std::mutex> l(mu_);
+  enqueue(std::move(j));
 }
 
 void KvStore::do_write(const Key128& key) {
@@ -525,7 +544,7 @@ void KvStore::worker() {
       }
       continue;
     }
-    const Job j = jobs_.front();
+    const Job j = std::move(jobs_.front());
     jobs_.pop_front();
     ++busy_;
     l.unlock();
@@ -538,6 +557,9 @@ void KvStore::worker() {
         break;
       case Job::Kind::kCollect:
         collect();
+        break;
+      case Job::Kind::kRun:
+        j.run();
         break;
     }
     l.lock();

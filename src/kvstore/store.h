@@ -103,6 +103,15 @@ class KvStore {
   // times, size and checksums are set here). Replaces an entry of the same key. The SSD copy is
   // written asynchronously.
   void put(EntryMeta meta, std::string payload);
+  // put() of a payload that the worker thread builds first (work the caller's thread should not
+  // do: the engine's prefix cache assembles state images there). `build` runs on the worker,
+  // after the jobs queued before it; its payload is then put(), or on an error nothing is
+  // stored. `done` (optional) runs on the worker with build's outcome once the put is over. Jobs
+  // queued before the store is destroyed still run.
+  using PayloadBuilder = std::function<Result<std::string>()>;
+  void put_built(EntryMeta meta,
+                 PayloadBuilder build,
+                 std::function<void(const Status&)> done = nullptr);
   // Removes expired entries now; returns how many.
   int64_t collect();
   // Blocks until the worker has nothing queued (tests, shutdown).
@@ -124,8 +133,9 @@ class KvStore {
     uint64_t last_use = 0;
   };
   struct Job {
-    enum class Kind { kWrite, kPromote, kCollect } kind = Kind::kWrite;
+    enum class Kind { kWrite, kPromote, kCollect, kRun } kind = Kind::kWrite;
     Key128 key;
+    std::function<void()> run;  // kRun
   };
   explicit KvStore(KvStoreOptions options);
   void rescan();

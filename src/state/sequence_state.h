@@ -173,6 +173,25 @@ Status restore_state(std::string_view image,
 // pages elsewhere (asynchronously, before st changes) can later serve capture_state's reads from
 // that copy.
 Result<std::vector<int32_t>> image_pages(const SequenceState& st, const ImageOptions& options = {});
+// A capture split in two (the prefix cache's background captures): plan_image reads only st's
+// metadata, at once, and lists the pages the capture reads; assemble_image later builds the
+// image from a copy of those pages, on any thread, without st. The result is capture_state's
+// image byte for byte as st was when planned, provided the copied pages hold what they held then.
+struct ImageSegment {
+  int32_t page = -1;   // index into ImagePlan::pages; -1: zeros
+  int64_t offset = 0;  // first float within that page
+  int64_t floats = 0;  // length
+};
+struct ImagePlan {
+  std::string head;                    // the image up to its rows
+  std::vector<int32_t> pages;          // image_pages(st, options)
+  std::vector<ImageSegment> segments;  // the rows, in image order
+  int64_t page_floats = 0;
+  size_t image_bytes = 0;  // the whole image
+};
+Result<ImagePlan> plan_image(const SequenceState& st, const ImageOptions& options = {});
+// `pages`: plan.pages.size() * plan.page_floats floats, the planned pages in that order.
+Result<std::string> assemble_image(const ImagePlan& plan, std::span<const float> pages);
 // Token count recorded in an image (data_loss when it is not one).
 Result<int64_t> state_image_tokens(std::string_view image);
 

@@ -16,7 +16,7 @@
 // has exactly one image version, so that a restored image captures back to the same bytes.
 #include <algorithm>
 #include <cstring>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "base/bytes.h"
 #include "base/check.h"
@@ -108,8 +108,10 @@ class Capturer {
  public:
   Capturer(const PageArena& arena, const PageReader& read, std::string* out)
       : page_floats_(arena.page_bytes() / 4), read_(&read), out_(out) {}
-  // A capturer that only lists the pages a capture reads, in the order it reads them.
-  explicit Capturer(std::vector<int32_t>* pages) : pages_(pages) {}
+  // A capturer that only plans a capture: lists the pages it reads, in the order it reads them,
+  // and (with `segments`) where each of its rows comes from.
+  explicit Capturer(std::vector<int32_t>* pages, std::vector<ImageSegment>* segments = nullptr)
+      : pages_(pages), segments_(segments) {}
   // Appends rows `row_of(i)` for i in [0, n) of `rows`; rows with !written(i) (slots the sequence
   // has not written: their pages may hold an earlier sequence's data) as zeros.
   template <typename RowOf, typename Written = AllWritten>
@@ -118,6 +120,8 @@ class Capturer {
       return Status();
     if (pages_) {
       pages_->insert(pages_->end(), rows.pages().begin(), rows.pages().end());
+      if (segments_)
+        plan_rows(rows, n, row_of, written);
       return Status();
     }
     buf_.resize(static_cast<size_t>(rows.num_pages() * page_floats_));
@@ -137,10 +141,35 @@ class Capturer {
   }
 
  private:
+  // Planning: one segment per row (zeros, or `width` floats of an arena page), merged with the
+  // previous one where they continue each other.
+  template <typename RowOf, typename Written>
+  void plan_rows(const PagedRows& rows, int64_t n, RowOf row_of, Written written) {
+    const int64_t rpp = rows.rows_per_page();
+    for (int64_t i = 0; i < n; ++i) {
+      ImageSegment g;
+      g.floats = rows.width();
+      if (written(i)) {
+        const int64_t row = row_of(i);
+        g.page = rows.pages()[static_cast<size_t>(row / rpp)];
+        g.offset = (row % rpp) * rows.width();
+      }
+      if (!segments_->empty()) {
+        ImageSegment& b = segments_->back();
+        if (b.page == g.page && (g.page < 0 || b.offset + b.floats == g.offset)) {
+          b.floats += g.floats;
+          continue;
+        }
+      }
+      segments_->push_back(g);
+    }
+  }
+
   int64_t page_floats_ = 0;
   const PageReader* read_ = nullptr;
   std::string* out_ = nullptr;
-  std::vector<int32_t>* pages_ = nullptr;  // listing only
+  std::vector<int32_t>* pages_ = nullptr;  // planning only
+  std::vector<ImageSegment>* segments_ = nullptr;
   std::vector<float> buf_;
 };
 
@@ -372,19 +401,67 @@ Result<std::string> capture_state(const SequenceState& st,
   return out;
 }
 
-Result<std::vector<int32_t>> image_pages(const SequenceState& st, const ImageOptions& options) {
+namespace {
+// The planning capture: the head, the pages in the order of their first read and (with
+// `segments`) the rows' sources, their page ids replaced by indices into `pages`.
+Status plan(const SequenceState& st,
+            const ImageOptions& options,
+            std::string* head,
+            std::vector<int32_t>* pages,
+            std::vector<ImageSegment>* segments) {
   std::vector<int32_t> listed;
-  std::string head;  // the image without its rows
-  Capturer c(&listed);
-  DSI_RETURN_IF_ERROR(ImageAccess::capture(st, c, options, head));
+  Capturer c(&listed, segments);
+  DSI_RETURN_IF_ERROR(ImageAccess::capture(st, c, options, *head));
   // Each page once, in the order of its first read.
-  std::vector<int32_t> pages;
-  std::unordered_set<int32_t> seen;
+  std::unordered_map<int32_t, int32_t> slot;
   for (int32_t p : listed) {
-    if (seen.insert(p).second)
-      pages.push_back(p);
+    if (slot.emplace(p, static_cast<int32_t>(pages->size())).second)
+      pages->push_back(p);
   }
+  if (segments) {
+    for (ImageSegment& g : *segments) {
+      if (g.page >= 0)
+        g.page = slot.at(g.page);
+    }
+  }
+  return Status();
+}
+}  // namespace
+
+Result<std::vector<int32_t>> image_pages(const SequenceState& st, const ImageOptions& options) {
+  std::string head;
+  std::vector<int32_t> pages;
+  DSI_RETURN_IF_ERROR(plan(st, options, &head, &pages, nullptr));
   return pages;
+}
+
+Result<ImagePlan> plan_image(const SequenceState& st, const ImageOptions& options) {
+  ImagePlan p;
+  p.page_floats = st.arena()->page_bytes() / 4;
+  DSI_RETURN_IF_ERROR(plan(st, options, &p.head, &p.pages, &p.segments));
+  p.image_bytes = p.head.size();
+  for (const ImageSegment& g : p.segments) p.image_bytes += static_cast<size_t>(g.floats) * 4;
+  return p;
+}
+
+Result<std::string> assemble_image(const ImagePlan& plan, std::span<const float> pages) {
+  const size_t pf = static_cast<size_t>(plan.page_floats);
+  if (pages.size() != plan.pages.size() * pf)
+    return invalid_argument(str_format(
+        "assemble_image: %zu floats for %zu pages of %zu", pages.size(), plan.pages.size(), pf));
+  std::string out;
+  out.reserve(plan.image_bytes);
+  out.append(plan.head);
+  for (const ImageSegment& g : plan.segments) {
+    const size_t bytes = static_cast<size_t>(g.floats) * 4;
+    if (g.page < 0) {
+      out.append(bytes, '\0');
+      continue;
+    }
+    const float* src = pages.data() + static_cast<size_t>(g.page) * pf + g.offset;
+    out.append(reinterpret_cast<const char*>(src), bytes);
+  }
+  return out;
 }
 
 Result<int64_t> state_image_tokens(std::string_view image) {

@@ -258,6 +258,89 @@ TEST_P(CudaModelTest, StateImageRestoredFromTheDevicePoolContinuesBitForBit) {
   }
 }
 
+// Promotion without waiting (issue 19): write_state_pages stages the image's pages in pinned
+// memory and queues the host -> device copies on the forward stream without synchronising, so a
+// forward issued right after the restore (no synchronisation in between) must already see them.
+// Staging rings far smaller than the restores (one page per buffer: every restore wraps the ring
+// many times, and waits for busy buffers; a few pages per buffer) and the default ring, for more
+// restores than the ring has buffers: each restore followed at once by its forward, then several
+// restores in a row before their forwards. Every continuation equals the original's bit for bit.
+TEST_P(CudaModelTest, StateImageRestoredWithoutWaitingContinuesBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const ModelCase mc = GetParam();
+  if (!fs::exists(source_path(mc.path)))
+    GTEST_SKIP() << mc.path << " missing";
+  auto ckpt = open_model(mc.path);
+  ASSERT_TRUE(ckpt);
+  const auto& cfg = ckpt->config();
+  const int64_t page_bytes = state::default_page_bytes(cfg);
+  struct Ring {
+    int slots;
+    int64_t slot_bytes;
+  };
+  for (const Ring ring : {Ring{2, 1}, Ring{3, 4 * page_bytes}, Ring{4, int64_t{16} << 20}}) {
+    SCOPED_TRACE("ring of " + std::to_string(ring.slots) + " x " + std::to_string(ring.slot_bytes) +
+                 " bytes");
+    gpu::CudaModelOptions o;
+    o.promote_staging_slots = ring.slots;
+    o.promote_staging_slot_bytes = ring.slot_bytes;
+    auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), model::Numerics::kDeepSeek, o);
+    ASSERT_TRUE(gm.ok()) << gm.status().to_string();
+    gpu::CudaModel& m = **gm;
+    const auto ids = random_ids(mc.tokens, cfg.vocab_size, 31);
+    for (const int64_t split : {int64_t{6}, mc.tokens / 2}) {
+      if (split < 1 || split >= mc.tokens)
+        continue;
+      SCOPED_TRACE("restore after " + std::to_string(split) + " tokens");
+      auto arena = state::PageArena::growable(page_bytes, m.state_storage());
+      state::SequenceState a(cfg, arena.get(), 0, 0);
+      backend::ForwardOutputs out;
+      ASSERT_TRUE(m.forward(a, {ids.data(), static_cast<size_t>(split)}, {}, &out).ok());
+      auto image = state::capture_state(a, [&](std::span<const int32_t> pages, float* dst) {
+        return m.read_state_pages(*arena, pages, dst);
+      });
+      ASSERT_TRUE(image.ok()) << image.status().to_string();
+      const std::span<const int32_t> rest(ids.data() + split,
+                                          static_cast<size_t>(mc.tokens - split));
+      ASSERT_TRUE(m.forward(a, rest, {}, &out).ok());
+      const std::vector<float> want = out.logits;
+      auto restore = [&](state::SequenceState& st) {
+        // The source buffer is scribbled over after each write returns: the staging owns the
+        // pages from then on.
+        return state::restore_state(*image, st, [&](std::span<const int32_t> p, const float* src) {
+          const Status s = m.write_state_pages(*arena, p, src);
+          std::fill_n(const_cast<float*>(src), p.size() * arena->page_floats(), -1.0f);
+          return s;
+        });
+      };
+      const int restores = 2 * ring.slots + 3;
+      int64_t id = 1;
+      // Each restore followed at once by its forward.
+      for (int r = 0; r < restores; ++r) {
+        state::SequenceState b(cfg, arena.get(), id++, 0);
+        ASSERT_TRUE(restore(b).ok());
+        EXPECT_LE(m.state_writes_in_flight(), ring.slots);
+        ASSERT_TRUE(m.forward(b, rest, {}, &out).ok());
+        EXPECT_EQ(out.logits, want) << mc.path << " restore " << r;
+      }
+      // Several restores queued before any of their forwards.
+      std::vector<std::unique_ptr<state::SequenceState>> bs;
+      for (int r = 0; r < restores; ++r) {
+        bs.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), id++, 0));
+        ASSERT_TRUE(restore(*bs.back()).ok());
+      }
+      for (int r = 0; r < restores; ++r) {
+        ASSERT_TRUE(m.forward(*bs[static_cast<size_t>(r)], rest, {}, &out).ok());
+        EXPECT_EQ(out.logits, want) << mc.path << " queued restore " << r;
+      }
+    }
+    std::printf("[ring %d x %lld bytes: %lld waits for a busy staging buffer]\n",
+                ring.slots,
+                static_cast<long long>(ring.slot_bytes),
+                static_cast<long long>(m.state_write_waits()));
+  }
+}
+
 // The prefix cache's background capture on the GPU (issue 19): a fork of the sequence (as the
 // engine's device tier or capture fork holds it) is read to host memory with
 // begin_read_state_pages on the side stream while the original sequence goes on computing, polled

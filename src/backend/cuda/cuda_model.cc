@@ -52,10 +52,14 @@ struct CudaModel::Launch {
 CudaModel::CudaModel(const model::ModelConfig& config,
                      model::Numerics numerics,
                      CudaModelOptions options)
-    : config_(config), numerics_(numerics), options_(options) {}
+    : config_(config),
+      numerics_(numerics),
+      options_(options),
+      writes_(options.promote_staging_slots, options.promote_staging_slot_bytes) {}
 
 CudaModel::~CudaModel() {
   (void)reads_.drain();  // no background read may outlive the pools
+  (void)writes_.drain();
   clear_graphs();
   for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : {fwd_start_, fwd_end_, prev_end_}) {
@@ -187,7 +191,8 @@ Status CudaModel::write_state_pages(state::PageArena& arena,
                                     const float* src) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
   reads_.check_not_reading(pages, "write_state_pages");
-  return write_pool_pages(pool_, arena.page_floats(), pages, src, stream_.get());
+  // Queued on the compute stream without waiting: the next forward reads the pages after it.
+  return writes_.write(pool_, arena.page_floats(), pages, src, stream_.get());
 }
 
 Result<int64_t> CudaModel::begin_read_state_pages(const state::PageArena& arena,

@@ -51,6 +51,9 @@ struct CudaModelOptions {
   // layer by layer while moe_fp8_reserve_bytes of device memory stay free.
   bool moe_fp8_copy = true;
   int64_t moe_fp8_reserve_bytes = int64_t{8} << 30;
+  // write_state_pages' pinned staging ring (gpu::AsyncPageWrites): buffers and bytes per buffer.
+  int promote_staging_slots = 4;
+  int64_t promote_staging_slot_bytes = int64_t{16} << 20;
 };
 
 struct CudaModelStats {
@@ -114,7 +117,9 @@ class CudaModel final : public backend::Model {
     return copy_pages(arena, pairs);
   }
   // The prefix cache's page transfers (backend::Model): device pool pages to and from host
-  // memory, in the order of `pages`, on the forward stream (synchronous on return).
+  // memory, in the order of `pages`, on the forward stream. Reads are synchronous on return;
+  // writes are staged in pinned memory and queued without waiting (gpu::AsyncPageWrites), ahead
+  // of the next forward by stream order, `src` free again on return.
   Status read_state_pages(const state::PageArena& arena,
                           std::span<const int32_t> pages,
                           float* dst) override;
@@ -130,6 +135,10 @@ class CudaModel final : public backend::Model {
   Result<bool> poll_state_read(int64_t ticket) override { return reads_.poll(ticket); }
   Status wait_state_read(int64_t ticket) override { return reads_.wait(ticket); }
   int64_t state_reads_in_flight() const { return reads_.in_flight(); }
+  // write_state_pages' staging ring: buffers whose copies are still running, and how often a
+  // write had to wait for one (the ring wrapped onto copies not done yet).
+  int64_t state_writes_in_flight() { return writes_.in_flight(); }
+  int64_t state_write_waits() const { return writes_.waits(); }
   // Per-layer timing of eager forwards (CUDA events between the embedding, every decoder layer,
   // the MTP block and the head). Off by default; graph replays are not profiled.
   void set_profile(bool on) { profile_ = on; }
@@ -242,6 +251,9 @@ class CudaModel final : public backend::Model {
   const state::PageArena* arena_ = nullptr;
   float* pool_ = nullptr;
   AsyncPageReads reads_;  // drained before a pool moves or is freed
+  // write_state_pages: queued on stream_ without waiting (stream order protects the pool,
+  // including its growth, which copies on stream_); drained before the pools are freed.
+  AsyncPageWrites writes_;
   void* pack_dev_ = nullptr;
   int64_t pack_cap_ = 0;
   device::PinnedBuffer pinned_;

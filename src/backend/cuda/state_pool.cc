@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "base/check.h"
 #include "base/strings.h"
@@ -75,25 +76,75 @@ Status read_pool_pages(const float* pool,
   return device::sync_stream(s, "reading state pages");
 }
 
-Status write_pool_pages(float* pool,
-                        int64_t page_floats,
-                        std::span<const int32_t> pages,
-                        const float* src,
-                        cudaStream_t s) {
-  for (size_t i = 0; i < pages.size(); ++i) {
-    DSI_CHECK(pages[i] >= 0, "write_state_pages: page %d", pages[i]);
-    DSI_RETURN_IF_ERROR(
-        device::check_cuda(cudaMemcpyAsync(pool + pages[i] * page_floats,
-                                           src + static_cast<int64_t>(i) * page_floats,
-                                           static_cast<size_t>(page_floats * 4),
-                                           cudaMemcpyHostToDevice,
-                                           s),
-                           "writing state pages"));
-  }
-  return device::sync_stream(s, "writing state pages");
+StagingPool::~StagingPool() {
+  for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
 }
 
-AsyncPageReads::AsyncPageReads(int64_t staging_limit) : limit_(staging_limit) {}
+Result<device::PinnedBuffer> StagingPool::take(size_t bytes) {
+  // The smallest free buffer that holds the copy.
+  size_t best = free_.size();
+  for (size_t i = 0; i < free_.size(); ++i) {
+    if (free_[i].size() >= bytes && (best == free_.size() || free_[i].size() < free_[best].size()))
+      best = i;
+  }
+  if (best < free_.size()) {
+    device::PinnedBuffer b = std::move(free_[best]);
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+    return b;
+  }
+  // A new one within the limit, giving back free buffers too small to serve this copy.
+  while (held_ + static_cast<int64_t>(bytes) > limit_ && !free_.empty()) {
+    held_ -= static_cast<int64_t>(free_.back().size());
+    free_.pop_back();
+  }
+  if (held_ + static_cast<int64_t>(bytes) > limit_)
+    return Status(StatusCode::kResourceExhausted,
+                  str_format("background page copies: %lld bytes of pinned staging in use, limit "
+                             "%lld",
+                             static_cast<long long>(held_),
+                             static_cast<long long>(limit_)));
+  DSI_ASSIGN_OR_RETURN(device::PinnedBuffer b, device::PinnedBuffer::allocate(bytes));
+  held_ += static_cast<int64_t>(b.size());
+  return b;
+}
+
+Result<cudaEvent_t> StagingPool::take_event() {
+  if (!free_events_.empty()) {
+    cudaEvent_t e = free_events_.back();
+    free_events_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+  return e;
+}
+
+Status queue_page_copies(float* pool,
+                         int64_t page_floats,
+                         std::span<const int32_t> pages,
+                         float* host,
+                         bool to_host,
+                         cudaStream_t s,
+                         const char* what) {
+  const size_t page_bytes = static_cast<size_t>(page_floats) * sizeof(float);
+  char* h = reinterpret_cast<char*>(host);
+  for (size_t i = 0; i < pages.size();) {
+    DSI_CHECK(pages[i] >= 0, "%s: page %d", what, pages[i]);
+    size_t j = i + 1;
+    while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
+    float* d = pool + static_cast<int64_t>(pages[i]) * page_floats;
+    const size_t bytes = (j - i) * page_bytes;
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        to_host ? cudaMemcpyAsync(h + i * page_bytes, d, bytes, cudaMemcpyDeviceToHost, s)
+                : cudaMemcpyAsync(d, h + i * page_bytes, bytes, cudaMemcpyHostToDevice, s),
+        what));
+    i = j;
+  }
+  return Status();
+}
+
+AsyncPageReads::AsyncPageReads(int64_t staging_limit) : staging_(staging_limit) {}
 
 AsyncPageReads::~AsyncPageReads() {
   // Nothing may still write into staging or read the pool after this; a failed device only
@@ -106,38 +157,8 @@ AsyncPageReads::~AsyncPageReads() {
     }
   }
   reads_.clear();
-  for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
   if (ordered_)
     (void)cudaEventDestroy(ordered_);
-}
-
-Result<device::PinnedBuffer> AsyncPageReads::take_staging(size_t bytes) {
-  // The smallest free buffer that holds the read.
-  size_t best = free_staging_.size();
-  for (size_t i = 0; i < free_staging_.size(); ++i) {
-    if (free_staging_[i].size() >= bytes &&
-        (best == free_staging_.size() || free_staging_[i].size() < free_staging_[best].size()))
-      best = i;
-  }
-  if (best < free_staging_.size()) {
-    device::PinnedBuffer b = std::move(free_staging_[best]);
-    free_staging_.erase(free_staging_.begin() + static_cast<std::ptrdiff_t>(best));
-    return b;
-  }
-  // A new one within the limit, giving back free buffers too small to serve this read.
-  while (staged_ + static_cast<int64_t>(bytes) > limit_ && !free_staging_.empty()) {
-    staged_ -= static_cast<int64_t>(free_staging_.back().size());
-    free_staging_.pop_back();
-  }
-  if (staged_ + static_cast<int64_t>(bytes) > limit_)
-    return Status(StatusCode::kResourceExhausted,
-                  str_format("background page reads: %lld bytes of pinned staging in use, limit "
-                             "%lld",
-                             static_cast<long long>(staged_),
-                             static_cast<long long>(limit_)));
-  DSI_ASSIGN_OR_RETURN(device::PinnedBuffer b, device::PinnedBuffer::allocate(bytes));
-  staged_ += static_cast<int64_t>(b.size());
-  return b;
 }
 
 Result<int64_t> AsyncPageReads::begin(const float* pool,
@@ -155,41 +176,29 @@ Result<int64_t> AsyncPageReads::begin(const float* pool,
   r->pages.assign(pages.begin(), pages.end());
   r->dst = dst;
   r->bytes = pages.size() * page_bytes;
-  if (!free_events_.empty()) {
-    r->done = free_events_.back();
-    free_events_.pop_back();
-  } else {
-    DSI_RETURN_IF_ERROR(device::check_cuda(
-        cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming), "cudaEventCreate"));
-  }
-  auto staging = take_staging(std::max<size_t>(r->bytes, 1));
+  DSI_ASSIGN_OR_RETURN(r->done, staging_.take_event());
+  auto staging = staging_.take(std::max<size_t>(r->bytes, 1));
   if (!staging.ok()) {
-    free_events_.push_back(r->done);
+    staging_.give_event(r->done);
     return staging.status();
   }
   r->staging = std::move(staging).value();
   auto fail = [&](const Status& s) {
-    free_events_.push_back(r->done);  // never recorded, or recorded before the failure
-    free_staging_.push_back(std::move(r->staging));
+    staging_.give_event(r->done);  // never recorded, or recorded before the failure
+    staging_.give(std::move(r->staging));
     return s;
   };
   Status s = device::check_cuda(cudaEventRecord(ordered_, compute), "cudaEventRecord");
   if (s.ok())
     s = device::check_cuda(cudaStreamWaitEvent(side_.get(), ordered_, 0), "cudaStreamWaitEvent");
-  // Runs of consecutive pages in one copy each.
-  char* host = r->staging.as<char>();
-  for (size_t i = 0; s.ok() && i < pages.size();) {
-    DSI_CHECK(pages[i] >= 0, "begin_read_state_pages: page %d", pages[i]);
-    size_t j = i + 1;
-    while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
-    s = device::check_cuda(cudaMemcpyAsync(host + i * page_bytes,
-                                           pool + static_cast<int64_t>(pages[i]) * page_floats,
-                                           (j - i) * page_bytes,
-                                           cudaMemcpyDeviceToHost,
-                                           side_.get()),
-                           "reading state pages in the background");
-    i = j;
-  }
+  if (s.ok())
+    s = queue_page_copies(const_cast<float*>(pool),
+                          page_floats,
+                          pages,
+                          r->staging.as<float>(),
+                          /*to_host=*/true,
+                          side_.get(),
+                          "reading state pages in the background");
   if (s.ok())
     s = device::check_cuda(cudaEventRecord(r->done, side_.get()), "cudaEventRecord");
   if (!s.ok()) {
@@ -211,9 +220,9 @@ void AsyncPageReads::end(Read& r, cudaError_t q) {
     r.result = device::check_cuda(q, "reading state pages in the background");
   }
   r.ended = true;
-  free_events_.push_back(r.done);
+  staging_.give_event(r.done);
   r.done = nullptr;
-  free_staging_.push_back(std::move(r.staging));
+  staging_.give(std::move(r.staging));
 }
 
 Result<bool> AsyncPageReads::spend(size_t i) {
@@ -289,6 +298,124 @@ void AsyncPageReads::check_not_reading(const std::vector<std::pair<int32_t, int3
                 to);
     }
   }
+}
+
+AsyncPageWrites::AsyncPageWrites(int slots, int64_t slot_bytes)
+    : slots_(std::max(slots, 1)),
+      slot_bytes_(std::max<int64_t>(slot_bytes, 1)),
+      // Every slot may grow to one page above slot_bytes (a page larger than a slot).
+      staging_(std::numeric_limits<int64_t>::max()) {}
+
+AsyncPageWrites::~AsyncPageWrites() {
+  // The staging must not be freed under a copy still reading it; errors are ignored here.
+  for (Slot& slot : ring_) {
+    if (slot.done) {
+      if (slot.recorded)
+        (void)cudaEventSynchronize(slot.done);
+      staging_.give_event(slot.done);
+    }
+  }
+}
+
+Status AsyncPageWrites::reclaim(Slot& slot) {
+  if (slot.recorded) {
+    cudaError_t q = cudaEventQuery(slot.done);
+    if (q == cudaErrorNotReady) {
+      // The ring wrapped onto copies still running: the only wait on this path.
+      ++waits_;
+      q = cudaEventSynchronize(slot.done);
+    }
+    DSI_RETURN_IF_ERROR(device::check_cuda(q, "writing state pages"));
+    slot.recorded = false;
+  }
+  slot.used = 0;
+  return Status();
+}
+
+Status AsyncPageWrites::write(float* pool,
+                              int64_t page_floats,
+                              std::span<const int32_t> pages,
+                              const float* src,
+                              cudaStream_t compute) {
+  const size_t page_bytes = static_cast<size_t>(page_floats) * sizeof(float);
+  const size_t cap = std::max(static_cast<size_t>(slot_bytes_), page_bytes);
+  for (size_t i = 0; i < pages.size();) {
+    if (ring_.empty())
+      ring_.emplace_back();
+    Slot* slot = &ring_[cur_];
+    if (slot->buf.size() - std::min(slot->buf.size(), slot->used) < page_bytes) {
+      // No room for another page here: on to the next buffer of the ring (a new one while the
+      // ring is not full), which must be done with its earlier copies.
+      if (slot->buf.size() > 0) {
+        if (ring_.size() < static_cast<size_t>(slots_)) {
+          ring_.emplace_back();
+          cur_ = ring_.size() - 1;
+        } else {
+          cur_ = (cur_ + 1) % ring_.size();
+        }
+        slot = &ring_[cur_];
+      }
+      DSI_RETURN_IF_ERROR(reclaim(*slot));
+      if (slot->buf.size() < cap) {
+        if (slot->buf.size() > 0)
+          staging_.release(std::move(slot->buf));  // pages larger than the slots: grown
+        DSI_ASSIGN_OR_RETURN(slot->buf, staging_.take(cap));
+      }
+      if (!slot->done) {
+        DSI_ASSIGN_OR_RETURN(slot->done, staging_.take_event());
+      }
+    }
+    // As many whole pages as the buffer still holds.
+    const size_t n = std::min(pages.size() - i, (slot->buf.size() - slot->used) / page_bytes);
+    char* host = slot->buf.as<char>() + slot->used;
+    std::memcpy(host, src + i * static_cast<size_t>(page_floats), n * page_bytes);
+    Status s = queue_page_copies(pool,
+                                 page_floats,
+                                 pages.subspan(i, n),
+                                 reinterpret_cast<float*>(host),
+                                 /*to_host=*/false,
+                                 compute,
+                                 "writing state pages");
+    if (s.ok())
+      s = device::check_cuda(cudaEventRecord(slot->done, compute), "cudaEventRecord");
+    if (!s.ok()) {
+      // Copies queued before the failure may still read this or other buffers: let them end
+      // before anything is refilled (an error path only).
+      (void)cudaStreamSynchronize(compute);
+      for (Slot& o : ring_) {
+        o.recorded = false;
+        o.used = 0;
+      }
+      return s;
+    }
+    slot->recorded = true;
+    slot->used += n * page_bytes;
+    i += n;
+  }
+  return Status();
+}
+
+Status AsyncPageWrites::drain() {
+  Status first;
+  for (Slot& slot : ring_) {
+    if (!slot.recorded)
+      continue;
+    const Status s = device::check_cuda(cudaEventSynchronize(slot.done), "writing state pages");
+    slot.recorded = false;
+    slot.used = 0;
+    if (first.ok() && !s.ok())
+      first = s;
+  }
+  return first;
+}
+
+int64_t AsyncPageWrites::in_flight() {
+  int64_t n = 0;
+  for (Slot& slot : ring_) {
+    if (slot.recorded && cudaEventQuery(slot.done) == cudaErrorNotReady)
+      ++n;
+  }
+  return n;
 }
 
 }  // namespace dsinfer::gpu

@@ -63,6 +63,7 @@ Result<std::unique_ptr<CudaV41Backend>> CudaV41Backend::open(
 
 CudaV41Backend::~CudaV41Backend() {
   (void)reads_.drain();  // no background read may outlive the pools
+  (void)writes_.drain();
   if (stream_.valid())
     (void)cudaStreamSynchronize(stream_.get());
   temps_.clear();
@@ -116,7 +117,8 @@ Status CudaV41Backend::write_state_pages(state::PageArena& arena,
                                          const float* src) {
   DSI_RETURN_IF_ERROR(ensure_pool(arena));
   reads_.check_not_reading(pages, "write_state_pages");
-  return gpu::write_pool_pages(pool_, page_floats_, pages, src, stream_.get());
+  // Queued on the compute stream without waiting: the next forward reads the pages after it.
+  return writes_.write(pool_, page_floats_, pages, src, stream_.get());
 }
 
 Result<int64_t> CudaV41Backend::begin_read_state_pages(const state::PageArena& arena,

@@ -75,6 +75,7 @@ class CudaV41Backend final : public backend::Model {
   Status read_state_pages(const state::PageArena& arena,
                           std::span<const int32_t> pages,
                           float* dst) override;
+  // Queued on the forward stream without waiting (gpu::AsyncPageWrites), as CudaModel's.
   Status write_state_pages(state::PageArena& arena,
                            std::span<const int32_t> pages,
                            const float* src) override;
@@ -240,7 +241,8 @@ class CudaV41Backend final : public backend::Model {
   std::vector<device::PinnedBuffer> staging_;
   int64_t staging_used_ = 0;  // bytes used in staging_.back()
   std::map<const state::PageArena*, gpu::StatePool> pools_;
-  gpu::AsyncPageReads reads_;  // drained before a pool moves or is freed
+  gpu::AsyncPageReads reads_;    // drained before a pool moves or is freed
+  gpu::AsyncPageWrites writes_;  // write_state_pages, queued on stream_ without waiting
   float* pool_ = nullptr;
   int64_t page_floats_ = 0;
 };

@@ -3,13 +3,17 @@
 // that read has finished. Here the backend is the CPU reference whose reads finish only when the
 // test says so, and copy the pages only then: a page reused before the read finished would put
 // another sequence's data into the image, and the next turn's output would differ from the
-// uncached engine's.
+// uncached engine's. The image itself is assembled on the store's worker thread.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <span>
+#include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -266,11 +270,13 @@ void check_pending_then_stored(int64_t device_bytes) {
   EXPECT_GT(e.pending_captures(), 0);
   for (int32_t p : held) EXPECT_GE(e.arena().owner(p).sequence, 0) << "page " << p << " freed";
 
-  // The copies finish: the next step stores the units and lets the pages go.
+  // The copies finish: the next step hands their pages to the store's worker, which assembles
+  // and stores the units, and lets the pages go.
   s.model->finish_reads(true);
   e.step();
   e.check_integrity();
   EXPECT_EQ(e.pending_captures(), 0);
+  e.wait_stored_captures();
   EXPECT_GT(e.stats().cache_units_stored, 0);
   EXPECT_EQ(s.store->stats().puts, e.stats().cache_units_stored);
   EXPECT_EQ(e.stats().cache_store_failures, 0);
@@ -337,6 +343,81 @@ TEST(AsyncCapture, ShutdownDrainsPendingCopies) {
   expect_same(second, c.second_want);
   EXPECT_GT(second.cached, 0);
   s.model->finish_reads(true);
+}
+
+// Every unit stored by a rig: its image and the thread that assembled it.
+struct Seen {
+  std::mutex mu;
+  std::map<std::string, std::pair<std::string, std::thread::id>> units;  // by key (hex)
+};
+std::shared_ptr<Seen> observe(Engine& e) {
+  auto seen = std::make_shared<Seen>();
+  e.set_store_observer([seen](const kvstore::Key128& key, std::string_view image) {
+    std::lock_guard<std::mutex> l(seen->mu);
+    seen->units[key.hex()] = {std::string(image), std::this_thread::get_id()};
+  });
+  return seen;
+}
+
+// (6) The image of a background capture is assembled off the step loop's thread (the store's
+// worker), from the copied pages only, and is byte for byte the image the synchronous capture
+// takes of the same request; the store holds exactly that. Shutdown with the copies still
+// running stores every unit, assembled off the loop thread too.
+void check_assembled_off_the_loop(int64_t device_bytes) {
+  const Conversation c = conversation(59);
+  const std::thread::id loop = std::this_thread::get_id();
+  // The synchronous capture (the backend refuses background reads).
+  Rig sync = make(device_bytes);
+  sync.model->refuse = true;
+  auto want = observe(*sync.engine);
+  expect_same(finish(*sync.engine, submit(*sync.engine, c.first)), c.first_want);
+  ASSERT_FALSE(want->units.empty());
+  for (const auto& [key, unit] : want->units) EXPECT_EQ(unit.second, loop) << key;
+
+  auto check = [&](Seen& got, kvstore::KvStore& store) {
+    std::lock_guard<std::mutex> l(got.mu);
+    ASSERT_EQ(got.units.size(), want->units.size());
+    for (const auto& [key, unit] : got.units) {
+      auto w = want->units.find(key);
+      ASSERT_NE(w, want->units.end()) << key;
+      EXPECT_TRUE(unit.first == w->second.first) << "image of " << key << " differs";
+      EXPECT_NE(unit.second, loop) << "image of " << key << " assembled on the loop thread";
+    }
+    EXPECT_EQ(store.stats().puts, static_cast<int64_t>(want->units.size()));
+  };
+
+  // Background captures, stored while the loop runs.
+  {
+    Rig s = make(device_bytes);
+    auto got = observe(*s.engine);
+    Engine& e = *s.engine;
+    expect_same(finish(e, submit(e, c.first)), c.first_want);
+    ASSERT_GT(e.pending_captures(), 0);
+    s.model->finish_reads(true);
+    e.step();
+    e.wait_stored_captures();
+    EXPECT_EQ(e.stats().cache_captures_pending, 0);
+    EXPECT_EQ(e.stats().cache_units_stored, static_cast<int64_t>(want->units.size()));
+    EXPECT_EQ(e.stats().cache_store_failures, 0);
+    check(*got, *s.store);
+  }
+  // Background captures still copying at shutdown: the destructor stores them all.
+  {
+    Rig s = make(device_bytes);
+    auto got = observe(*s.engine);
+    expect_same(finish(*s.engine, submit(*s.engine, c.first)), c.first_want);
+    ASSERT_GT(s.engine->pending_captures(), 0);
+    s.engine.reset();
+    check(*got, *s.store);
+  }
+}
+
+TEST(AsyncCapture, ImageAssembledOffTheLoopEqualsTheSynchronousCapture) {
+  check_assembled_off_the_loop(0);
+}
+
+TEST(AsyncCapture, FromTheDeviceTierImageAssembledOffTheLoop) {
+  check_assembled_off_the_loop(int64_t{32} << 20);
 }
 
 // A backend that cannot start a read (no staging): the capture is taken synchronously, as

@@ -130,6 +130,16 @@ inline state::PageReader host_page_reader(const state::PageArena& a) {
     return Status();
   };
 }
+// The image as the engine's background captures build it: planned from the state, its pages
+// copied out (here at once), then assembled from the copy alone (state::plan_image,
+// state::assemble_image). It must equal capture_state's byte for byte.
+inline Result<std::string> planned_image(const state::SequenceState& st,
+                                         const state::ImageOptions& options = {}) {
+  DSI_ASSIGN_OR_RETURN(state::ImagePlan plan, state::plan_image(st, options));
+  std::vector<float> copy(plan.pages.size() * static_cast<size_t>(plan.page_floats));
+  DSI_RETURN_IF_ERROR(host_page_reader(*st.arena())(plan.pages, copy.data()));
+  return state::assemble_image(plan, copy);
+}
 inline state::PageWriter host_page_writer(state::PageArena& a) {
   return [&a](std::span<const int32_t> pages, const float* src) {
     const size_t n = static_cast<size_t>(a.page_floats());

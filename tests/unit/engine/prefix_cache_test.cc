@@ -79,6 +79,9 @@ void check_boundaries(const model::Checkpoint& ckpt, int64_t len, const std::vec
     forward(model, a, head);
     auto image = state::capture_state(a, test_support::host_page_reader(*arena_a));
     ASSERT_TRUE(image.ok()) << image.status().to_string();
+    auto planned = test_support::planned_image(a);
+    ASSERT_TRUE(planned.ok()) << planned.status().to_string();
+    EXPECT_TRUE(*planned == *image) << "planned and assembled image differs";
     auto tokens_in = state::state_image_tokens(*image);
     ASSERT_TRUE(tokens_in.ok());
     EXPECT_EQ(*tokens_in, n);

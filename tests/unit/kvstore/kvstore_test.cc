@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "kvstore/store.h"
 
@@ -137,6 +138,52 @@ TEST(KvStore, HostTierMatchAndGet) {
   const Key128 anchors[1] = {u.meta.anchor};
   EXPECT_FALSE((*s)->match(anchors, other, 1000, 2).has_value());
   EXPECT_EQ((*s)->stats().hits[0], 1);
+}
+
+// put_built: the payload is built on the worker thread, not the caller's; a failed build stores
+// nothing; `done` reports each outcome; jobs still queued when the store is destroyed run.
+TEST(KvStore, PutBuiltBuildsOnTheWorker) {
+  const std::string dir = temp_dir("put_built");
+  auto s = KvStore::open(opts(dir));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> built{0}, ok{0}, failed{0};
+  std::atomic<bool> on_caller{false};
+  auto done = [&](const Status& st) { ++(st.ok() ? ok : failed); };
+  Unit u = make_unit(3, 1000);
+  (*s)->put_built(
+      u.meta,
+      [&, payload = u.payload]() -> Result<std::string> {
+        on_caller = on_caller || std::this_thread::get_id() == caller;
+        ++built;
+        return payload;
+      },
+      done);
+  Unit bad = make_unit(4, 1000);
+  (*s)->put_built(
+      bad.meta,
+      [&]() -> Result<std::string> {
+        on_caller = on_caller || std::this_thread::get_id() == caller;
+        return Status(StatusCode::kInternal, "injected build failure");
+      },
+      done);
+  (*s)->wait_idle();
+  EXPECT_FALSE(on_caller);
+  EXPECT_EQ(built, 1);
+  EXPECT_EQ(ok, 1);
+  EXPECT_EQ(failed, 1);
+  EXPECT_TRUE(get_exact(**s, u));
+  EXPECT_FALSE(find(**s, bad).has_value());
+  EXPECT_EQ((*s)->stats().puts, 1);
+  // Queued just before the store goes: still built and stored (on disk, for the next open).
+  Unit late = make_unit(5, 1000);
+  (*s)->put_built(
+      late.meta, [payload = late.payload]() -> Result<std::string> { return payload; }, done);
+  s->reset();
+  EXPECT_EQ(ok, 2);
+  auto again = KvStore::open(opts(dir));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(get_exact(**again, late));
 }
 
 TEST(KvStore, TwoPhaseWriteRestartRescanAndSsdHit) {
