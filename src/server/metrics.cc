@@ -32,6 +32,12 @@ void sample(std::string* out, const std::string& name, int64_t v) {
   *out += '\n';
 }
 
+// One unlabelled integer metric: its HELP and TYPE lines and its sample.
+void metric(std::string* out, const char* name, const char* type, const char* help, int64_t v) {
+  header(out, name, type, help);
+  sample(out, name, v);
+}
+
 // Label values are route names and reasons chosen by the server; escape anyway.
 std::string label_value(std::string_view v) {
   std::string s;
@@ -190,8 +196,11 @@ namespace {
 void render_prefix_cache(const EngineGauges& g, std::string* out) {
   const kvstore::StoreStats& kv = g.kv;
   const char* tiers[2] = {"host", "ssd"};
-  header(out, "dsinfer_prefix_cache_lookups_total", "counter", "Prefix-cache lookups (requests).");
-  sample(out, "dsinfer_prefix_cache_lookups_total", g.cache_lookups);
+  metric(out,
+         "dsinfer_prefix_cache_lookups_total",
+         "counter",
+         "Prefix-cache lookups (requests).",
+         g.cache_lookups);
   header(out,
          "dsinfer_prefix_cache_hits_total",
          "counter",
@@ -217,54 +226,58 @@ void render_prefix_cache(const EngineGauges& g, std::string* out) {
           std::to_string(g.cached_prompt_tokens) + "\n";
   *out += "dsinfer_prefix_cache_prompt_tokens_total{kind=\"computed\"} " +
           std::to_string(g.computed_prompt_tokens) + "\n";
-  header(out,
+  metric(out,
          "dsinfer_prefix_cache_restore_failures_total",
          "counter",
-         "Units found at submission but unusable at admission (gone, corrupt): computed instead.");
-  sample(out, "dsinfer_prefix_cache_restore_failures_total", g.cache_restore_failures);
-  header(out, "dsinfer_prefix_cache_units_stored_total", "counter", "Units stored.");
-  sample(out, "dsinfer_prefix_cache_units_stored_total", g.cache_units_stored);
-  header(out,
+         "Units found at submission but unusable at admission (gone, corrupt): computed instead.",
+         g.cache_restore_failures);
+  metric(out,
+         "dsinfer_prefix_cache_units_stored_total",
+         "counter",
+         "Units stored.",
+         g.cache_units_stored);
+  metric(out,
          "dsinfer_prefix_cache_store_failures_total",
          "counter",
-         "Captures that failed (a page copy or the image assembly): their units are not stored.");
-  sample(out, "dsinfer_prefix_cache_store_failures_total", g.cache_store_failures);
-  header(out,
+         "Captures that failed (a page copy or the image assembly): their units are not stored.",
+         g.cache_store_failures);
+  metric(out,
          "dsinfer_prefix_cache_async_captures_total",
          "counter",
-         "Captures whose device-to-host page copy ran in the background (async_state_reads).");
-  sample(out, "dsinfer_prefix_cache_async_captures_total", g.cache_async_captures);
-  header(out,
+         "Captures whose device-to-host page copy ran in the background (async_state_reads).",
+         g.cache_async_captures);
+  metric(out,
          "dsinfer_prefix_cache_captures_pending",
          "gauge",
-         "Background captures still copying (their units are not in the store yet).");
-  sample(out, "dsinfer_prefix_cache_captures_pending", g.cache_captures_pending);
-  header(out,
+         "Background captures still copying (their units are not in the store yet).",
+         g.cache_captures_pending);
+  metric(out,
          "dsinfer_prefix_cache_device_entries",
          "gauge",
-         "Units kept in the device tier (state memory).");
-  sample(out, "dsinfer_prefix_cache_device_entries", g.device_entries);
-  header(out,
+         "Units kept in the device tier (state memory).",
+         g.device_entries);
+  metric(out,
          "dsinfer_prefix_cache_device_bytes",
          "gauge",
-         "State memory held by the device tier's units.");
-  sample(out, "dsinfer_prefix_cache_device_bytes", g.device_bytes);
-  header(out,
+         "State memory held by the device tier's units.",
+         g.device_bytes);
+  metric(out,
          "dsinfer_prefix_cache_device_evictions_total",
          "counter",
          "Units evicted from the device tier (for its budget or for running requests; the "
-         "host and SSD tiers keep them).");
-  sample(out, "dsinfer_prefix_cache_device_evictions_total", g.device_evictions);
-  header(
-      out, "dsinfer_prefix_cache_device_puts_total", "counter", "Units put into the device tier.");
-  sample(out, "dsinfer_prefix_cache_device_puts_total", g.device_puts);
-  header(out,
+         "host and SSD tiers keep them).",
+         g.device_evictions);
+  metric(out,
+         "dsinfer_prefix_cache_device_puts_total",
+         "counter",
+         "Units put into the device tier.",
+         g.device_puts);
+  metric(out,
          "dsinfer_prefix_cache_device_rejected_total",
          "counter",
-         "Device-tier puts that did not fit (larger than its budget, or no free pages).");
-  sample(out, "dsinfer_prefix_cache_device_rejected_total", g.device_rejected);
-  header(out, "dsinfer_kv_store_entries", "gauge", "Entries in the KV store.");
-  sample(out, "dsinfer_kv_store_entries", kv.entries);
+         "Device-tier puts that did not fit (larger than its budget, or no free pages).",
+         g.device_rejected);
+  metric(out, "dsinfer_kv_store_entries", "gauge", "Entries in the KV store.", kv.entries);
   header(out, "dsinfer_kv_store_bytes", "gauge", "KV store bytes by tier and retention class.");
   for (int t = 0; t < 2; ++t) {
     for (int c = 0; c < static_cast<int>(kvstore::RetentionClass::kCount); ++c) {
@@ -278,24 +291,33 @@ void render_prefix_cache(const EngineGauges& g, std::string* out) {
     *out += std::string("dsinfer_kv_store_evictions_total{tier=\"") + tiers[t] + "\"} " +
             std::to_string(kv.evictions[t]) + "\n";
   }
-  header(out, "dsinfer_kv_store_expirations_total", "counter", "Entries removed by retention.");
-  sample(out, "dsinfer_kv_store_expirations_total", kv.expirations);
-  header(out, "dsinfer_kv_store_expired_bytes_total", "counter", "Bytes removed by retention.");
-  sample(out, "dsinfer_kv_store_expired_bytes_total", kv.expired_bytes);
-  header(out, "dsinfer_kv_store_demotions_total", "counter", "Entries written to SSD.");
-  sample(out, "dsinfer_kv_store_demotions_total", kv.demotions);
-  header(out, "dsinfer_kv_store_promotions_total", "counter", "Entries read back from SSD.");
-  sample(out, "dsinfer_kv_store_promotions_total", kv.promotions);
-  header(out,
+  metric(out,
+         "dsinfer_kv_store_expirations_total",
+         "counter",
+         "Entries removed by retention.",
+         kv.expirations);
+  metric(out,
+         "dsinfer_kv_store_expired_bytes_total",
+         "counter",
+         "Bytes removed by retention.",
+         kv.expired_bytes);
+  metric(
+      out, "dsinfer_kv_store_demotions_total", "counter", "Entries written to SSD.", kv.demotions);
+  metric(out,
+         "dsinfer_kv_store_promotions_total",
+         "counter",
+         "Entries read back from SSD.",
+         kv.promotions);
+  metric(out,
          "dsinfer_kv_store_write_errors_total",
          "counter",
-         "Failed SSD writes (entry kept in RAM only).");
-  sample(out, "dsinfer_kv_store_write_errors_total", kv.write_errors);
-  header(out,
+         "Failed SSD writes (entry kept in RAM only).",
+         kv.write_errors);
+  metric(out,
          "dsinfer_kv_store_corrupt_total",
          "counter",
-         "Entries found corrupt, truncated or missing (each a miss).");
-  sample(out, "dsinfer_kv_store_corrupt_total", kv.corrupt);
+         "Entries found corrupt, truncated or missing (each a miss).",
+         kv.corrupt);
 }
 }  // namespace
 
