@@ -34,24 +34,10 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
 }
 
 // The CPU reference forward with page reads that run "in the background" until finish_reads.
-class ControlledReads final : public backend::Model {
+class ControlledReads final : public test_support::CpuBackedModel {
  public:
-  explicit ControlledReads(const model::Checkpoint& ckpt)
-      : cpu_(ckpt.config(), ckpt.weights(), model::Numerics::kReference) {}
-  Status forward(state::SequenceState& st,
-                 std::span<const int32_t> tokens,
-                 const backend::ForwardOptions& options,
-                 backend::ForwardOutputs* out) override {
-    return backend::forward_as_batch(*this, st, tokens, options, out);
-  }
-  Status forward_batch(std::span<backend::ForwardItem> items) override {
-    for (backend::ForwardItem& it : items)
-      it.status = cpu_.forward(*it.state, it.tokens, it.options, it.out);
-    return Status();
-  }
+  using CpuBackedModel::CpuBackedModel;
   const char* name() const override { return "cpu+controlled-reads"; }
-  const model::ModelConfig& config() const override { return cpu_.config(); }
-  model::Numerics numerics() const override { return cpu_.numerics(); }
 
   bool async_state_reads() const override { return true; }
   Result<int64_t> begin_read_state_pages(const state::PageArena& arena,
@@ -128,7 +114,6 @@ class ControlledReads final : public backend::Model {
     r.done = true;
     r.result = s;
   }
-  cpu::CpuModel cpu_;
   std::map<int64_t, Read> reads_;
   int64_t next_ = 0;
 };

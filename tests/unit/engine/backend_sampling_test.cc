@@ -28,16 +28,9 @@ std::shared_ptr<const model::Checkpoint> fixture() {
 
 // The CPU reference forward; ForwardOptions::sample honoured with the host sampler on the
 // item's logits (which then do not come back), as a device backend would.
-class HostSamplingModel final : public backend::Model {
+class HostSamplingModel final : public test_support::CpuBackedModel {
  public:
-  explicit HostSamplingModel(const model::Checkpoint& ckpt)
-      : cpu_(ckpt.config(), ckpt.weights(), model::Numerics::kReference) {}
-  Status forward(state::SequenceState& st,
-                 std::span<const int32_t> tokens,
-                 const backend::ForwardOptions& options,
-                 backend::ForwardOutputs* out) override {
-    return backend::forward_as_batch(*this, st, tokens, options, out);
-  }
+  using CpuBackedModel::CpuBackedModel;
   Status forward_batch(std::span<backend::ForwardItem> items) override {
     for (backend::ForwardItem& it : items) {
       if (it.out) {
@@ -98,8 +91,6 @@ class HostSamplingModel final : public backend::Model {
     return cpu_.mtp_draft_batch(items);
   }
   const char* name() const override { return "cpu+sampling"; }
-  const model::ModelConfig& config() const override { return cpu_.config(); }
-  model::Numerics numerics() const override { return cpu_.numerics(); }
 
   int64_t sampled_rows = 0;
   int64_t masked_rows = 0;
@@ -107,7 +98,6 @@ class HostSamplingModel final : public backend::Model {
   int64_t penalised_verify_rows = 0;
 
  private:
-  cpu::CpuModel cpu_;
   sampling::SamplerScratch scratch_;
 };
 

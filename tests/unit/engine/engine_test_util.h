@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_model.h"
+#include "backend/forward_as_batch.h"
 #include "engine/engine.h"
 #include "engine/request.h"
 #include "model/checkpoint.h"
@@ -31,6 +33,30 @@ inline std::shared_ptr<const model::Checkpoint> tiny_fixture() {
   }();
   return ckpt;
 }
+
+// The CPU reference forward behind backend::Model, for test backends that change one part of a
+// backend's behaviour (in-backend sampling, background page reads, ...) and override it.
+class CpuBackedModel : public backend::Model {
+ public:
+  explicit CpuBackedModel(const model::Checkpoint& ckpt)
+      : cpu_(ckpt.config(), ckpt.weights(), model::Numerics::kReference) {}
+  Status forward(state::SequenceState& st,
+                 std::span<const int32_t> tokens,
+                 const backend::ForwardOptions& options,
+                 backend::ForwardOutputs* out) override {
+    return backend::forward_as_batch(*this, st, tokens, options, out);
+  }
+  Status forward_batch(std::span<backend::ForwardItem> items) override {
+    for (backend::ForwardItem& it : items)
+      it.status = cpu_.forward(*it.state, it.tokens, it.options, it.out);
+    return Status();
+  }
+  const model::ModelConfig& config() const override { return cpu_.config(); }
+  model::Numerics numerics() const override { return cpu_.numerics(); }
+
+ protected:
+  cpu::CpuModel cpu_;
+};
 
 // A request of the engine tests: a prompt and how many tokens to generate.
 struct Case {
