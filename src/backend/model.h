@@ -28,6 +28,9 @@ namespace dsinfer::backend {
 struct SampleRequest {
   const sampling::SamplingConfig* config = nullptr;  // top_logprobs must be 0
   const sampling::PenaltyState* penalties = nullptr;
+  // Output tokens counted on top of `penalties` (a verification's drafts before this position:
+  // the penalties it is sampled under once they are accepted), without copying the state.
+  std::span<const int32_t> extra_output;
   uint64_t step = 0;  // the RNG counter (the engine: the token's absolute position)
   // Structured outputs: the token mask (sampling::sample's `allowed`); it must allow at least
   // one token of the vocabulary. Empty: no mask.

@@ -643,7 +643,6 @@ void Engine::run_chunks() {
     sample_reqs_.resize(n);
     sample_masks_.resize(n);
     verify_reqs_.resize(n);
-    verify_pens_.resize(n);
   }
   chunk_k_.assign(n, 0);
   const double t_step = cost_ ? now_s() : 0.0;
@@ -1017,24 +1016,14 @@ bool Engine::prepare_backend_verify(const ScheduledChunk& c, size_t slot, int32_
   if (!config_.backend_sampling || !model_->can_sample() || !c.samples || k < 1 ||
       r.spec.token_mask || r.spec.sampling.top_logprobs > 0 || r.output.empty())
     return false;
-  const sampling::SamplingConfig& cfg = r.spec.sampling;
-  const bool penalised = cfg.repetition_penalty != 1.0f || cfg.presence_penalty != 0.0f ||
-                         cfg.frequency_penalty != 0.0f;
   const spec::Draft& d = drafts_[slot];
-  std::vector<sampling::PenaltyState>& pens = verify_pens_[slot];
-  if (penalised) {
-    pens.resize(static_cast<size_t>(k));
-    for (int32_t p = 1; p <= k; ++p) {
-      pens[static_cast<size_t>(p - 1)] = p == 1 ? r.penalties : pens[static_cast<size_t>(p - 2)];
-      pens[static_cast<size_t>(p - 1)].add_output(d.tokens[p - 1]);
-    }
-  }
   std::vector<backend::SampleRequest>& q = verify_reqs_[slot];
   q.assign(static_cast<size_t>(k + 1), backend::SampleRequest{});
   for (int32_t p = 0; p <= k; ++p) {
     backend::SampleRequest& e = q[static_cast<size_t>(p)];
-    e.config = &cfg;
-    e.penalties = penalised && p > 0 ? &pens[static_cast<size_t>(p - 1)] : &r.penalties;
+    e.config = &r.spec.sampling;
+    e.penalties = &r.penalties;
+    e.extra_output = std::span<const int32_t>(d.tokens.data(), static_cast<size_t>(p));
     e.step = static_cast<uint64_t>(r.num_tokens() + p);  // as sample_for after p accepted tokens
   }
   return true;

@@ -227,7 +227,7 @@ class Engine {
   // Whether verification chunk c (k drafts) samples every position in the backend
   // (ForwardOptions::sample_rows: only the picks come back, not (k + 1) rows of logits); if so,
   // fills verify_reqs_[slot]: position p sampled as finish_verify would on the host after drafts
-  // 0..p-1 were accepted (its step, and its penalties with those drafts added).
+  // 0..p-1 were accepted (its step, and those drafts as extra output for the penalties).
   bool prepare_backend_verify(const ScheduledChunk& c, size_t slot, int32_t k);
   // Samples r's next token from `logits` (scratch), under its TokenMask when it has one.
   sampling::SampleResult sample_for(Request& r, std::span<float> logits);
@@ -289,7 +289,6 @@ class Engine {
   // In-backend sampling: one request and token mask per chunk of the plan.
   std::vector<backend::SampleRequest> sample_reqs_;
   std::vector<std::vector<backend::SampleRequest>> verify_reqs_;  // [slot][position]
-  std::vector<std::vector<sampling::PenaltyState>> verify_pens_;  // [slot][position - 1]
   std::vector<std::vector<uint32_t>> sample_masks_;
   // share_prompt_of: requests waiting for their parent's prompt state, by parent id.
   std::map<RequestId, std::vector<Request*>> pending_forks_;

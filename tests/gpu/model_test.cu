@@ -740,6 +740,53 @@ TEST(CudaEngine, SeededRequestIsTheSameAloneInABatchOf64AndUnderPreemption) {
   }
 }
 
+// Speculative verification sampled on the device (ForwardOptions::sample_rows: every position
+// under the request's penalties plus the drafts before it, DeviceSampler's extra_output) against
+// the engine verifying on the host from copied logits: the same tokens, greedy and seeded with
+// presence, frequency and repetition penalties, on the bundled model (its drafts mostly accepted).
+TEST(CudaEngine, SpeculativeVerificationSampledOnTheDeviceEqualsHost) {
+  SKIP_WITHOUT_GPU();
+  auto ckpt = open_model("models/dsv4-mini");
+  if (!ckpt)
+    GTEST_SKIP() << "models/dsv4-mini is not here";
+  auto run = [&](bool device_sampling) {
+    engine::EngineConfig ec;
+    ec.device = engine::Device::kCuda;
+    ec.numerics = model::Numerics::kDeepSeek;
+    ec.backend_sampling = device_sampling;
+    ec.batch_invariant = true;
+    ec.state_budget_bytes = int64_t{512} << 20;
+    ec.speculative = *spec::parse_config("fixed:3");
+    auto e = engine::Engine::create(ec, ckpt);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    std::mt19937 g(41);
+    std::vector<engine::RequestId> ids;
+    for (int i = 0; i < 12; ++i) {
+      engine::RequestSpec s;
+      const int len = 4 + static_cast<int>(g() % 40);
+      for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(100 + g() % 3000));
+      s.max_tokens = 8 + static_cast<int64_t>(g() % 16);
+      s.ignore_eos = true;
+      s.sampling.seed = 300 + i;
+      s.sampling.temperature = i % 3 == 0 ? 0.0f : 0.8f;
+      if (i % 2 == 1) {
+        s.sampling.presence_penalty = 1.5f;
+        s.sampling.frequency_penalty = 0.5f;
+        s.sampling.repetition_penalty = 1.5f;
+      }
+      auto id = (*e)->submit(std::move(s));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    while ((*e)->step()) (*e)->check_integrity();
+    std::vector<std::vector<int32_t>> out;
+    for (engine::RequestId id : ids) out.push_back((*e)->request(id)->output);
+    EXPECT_GT((*e)->stats().spec.spec_steps, 0);
+    return out;
+  };
+  EXPECT_EQ(run(true), run(false));
+}
+
 // Sampling on the device (EngineConfig::backend_sampling, the default) against the engine's host
 // sampler on the same logits (batch-invariant forward, so both runs see identical logits): seeded
 // sampling with penalties, greedy, logprobs, a token mask, and top_logprobs (which falls back to

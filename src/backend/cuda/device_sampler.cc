@@ -78,12 +78,36 @@ Status DeviceSampler::launch(const float* logits,
     DSI_CHECK(q.config != nullptr && q.config->top_logprobs == 0,
               "device sampling needs a config without top_logprobs");
     if (q.penalties && has_penalties(*q.config)) {
+      // extra_output (at most a verification's drafts) merged in: each token once in the list.
+      std::vector<std::pair<int32_t, int32_t>> extra;  // (token, count)
+      for (int32_t tok : q.extra_output) {
+        auto e =
+            std::find_if(extra.begin(), extra.end(), [&](const auto& x) { return x.first == tok; });
+        if (e == extra.end())
+          extra.emplace_back(tok, 1);
+        else
+          ++e->second;
+      }
+      std::vector<bool> merged(extra.size(), false);
       const auto& out = q.penalties->output_counts();
       for (const auto& [tok, seen] : q.penalties->seen()) {
         (void)seen;
         const auto it = out.find(tok);
+        int32_t count = it == out.end() ? 0 : it->second;
+        for (size_t e = 0; e < extra.size(); ++e) {
+          if (extra[e].first == tok) {
+            count += extra[e].second;
+            merged[e] = true;
+          }
+        }
         pen_token_.push_back(tok);
-        pen_count_.push_back(it == out.end() ? 0 : it->second);
+        pen_count_.push_back(count);
+      }
+      for (size_t e = 0; e < extra.size(); ++e) {
+        if (!merged[e]) {
+          pen_token_.push_back(extra[e].first);
+          pen_count_.push_back(extra[e].second);
+        }
       }
     }
     pen_begin_.push_back(static_cast<int64_t>(pen_token_.size()));

@@ -9,7 +9,6 @@
 #include <memory>
 #include <random>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -43,28 +42,31 @@ class HostSamplingModel final : public test_support::CpuBackedModel {
         EXPECT_TRUE(it.options.want_logits && !it.options.last_logits_only);
         EXPECT_EQ(it.options.sample_rows.size(), it.tokens.size());
         const auto vocab = static_cast<size_t>(cpu_.config().vocab_size);
-        // Row j's penalties are row 0's with the drafts before it (tokens 1..j) added, and its
-        // RNG step row 0's + j: the state the host would sample row j in once they are accepted.
+        // Row j is sampled under the request's penalties with the drafts before it (tokens
+        // 1..j) as extra output, and at row 0's RNG step + j: the state the host samples row j
+        // in once they are accepted. The device sampler merges extra_output into its penalty
+        // list; here a copy of the state takes them.
         const backend::SampleRequest& q0 = it.options.sample_rows[0];
-        std::unordered_map<int32_t, int32_t> counts = q0.penalties->output_counts();
         for (size_t j = 0; j < it.options.sample_rows.size(); ++j) {
           const backend::SampleRequest& q = it.options.sample_rows[j];
           EXPECT_EQ(q.config->top_logprobs, 0);
           EXPECT_TRUE(q.allowed.empty());
           EXPECT_EQ(q.step, q0.step + j);
-          if (j > 0)
-            ++counts[it.tokens[j]];
+          EXPECT_EQ(q.penalties, q0.penalties);
+          EXPECT_EQ(std::vector<int32_t>(q.extra_output.begin(), q.extra_output.end()),
+                    std::vector<int32_t>(it.tokens.begin() + 1,
+                                         it.tokens.begin() + 1 + static_cast<std::ptrdiff_t>(j)))
+              << "row " << j;
+          sampling::PenaltyState pen = *q.penalties;
+          for (int32_t tok : q.extra_output) pen.add_output(tok);
           const sampling::SamplingConfig& c = *q.config;
           if (c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f ||
-              c.repetition_penalty != 1.0f) {
-            EXPECT_EQ(q.penalties->output_counts(), counts) << "row " << j;
+              c.repetition_penalty != 1.0f)
             ++penalised_verify_rows;
-          }
           std::vector<float> row(
               it.out->logits.begin() + static_cast<std::ptrdiff_t>(j * vocab),
               it.out->logits.begin() + static_cast<std::ptrdiff_t>((j + 1) * vocab));
-          it.out->row_samples.push_back(
-              sampling::sample(row, *q.config, *q.penalties, q.step, scratch_, q.allowed));
+          it.out->row_samples.push_back(sampling::sample(row, c, pen, q.step, scratch_, q.allowed));
           ++verify_rows;
         }
         it.out->logits.clear();
