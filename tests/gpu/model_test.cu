@@ -425,6 +425,103 @@ TEST_P(CudaModelTest, StateImageCapturedInTheBackgroundContinuesBitForBit) {
   }
 }
 
+// ForwardOptions::sample_rows on CUDA: every row of a chunk sampled on the device equals the
+// host sampler on the same chunk's copied logits (greedy rows, and a row with drafts as
+// extra_output under penalties); requests for every row that are malformed (one request short,
+// with last_logits_only, with a mask) fail their own item with invalid_argument while the item
+// beside them is computed.
+TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
+  SKIP_WITHOUT_GPU();
+  const ModelCase mc = GetParam();
+  if (!fs::exists(source_path(mc.path)))
+    GTEST_SKIP() << mc.path << " missing";
+  auto ckpt = open_model(mc.path);
+  ASSERT_TRUE(ckpt);
+  const auto& cfg = ckpt->config();
+  gpu::CudaModelOptions o;
+  o.batch_invariant = true;  // the batched chunks' logits equal the reference chunk's
+  auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), model::Numerics::kDeepSeek, o);
+  ASSERT_TRUE(gm.ok()) << gm.status().to_string();
+  gpu::CudaModel& m = **gm;
+  auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
+  const auto ids = random_ids(12, cfg.vocab_size, 57);
+  const std::vector<int32_t> chunk(ids.begin(), ids.begin() + 4);
+  sampling::SamplingConfig greedy;
+  greedy.temperature = 0.0f;
+  sampling::SamplingConfig penalised;
+  penalised.temperature = 0.7f;
+  penalised.seed = 5;
+  penalised.presence_penalty = 2.0f;
+  penalised.repetition_penalty = 1.5f;
+  sampling::PenaltyState pen;
+  pen.add_prompt(ids);
+  // The reference: the chunk's logits on the host.
+  state::SequenceState ref(cfg, arena.get(), 0, 0);
+  backend::ForwardOutputs ref_out;
+  ASSERT_TRUE(m.forward(ref, chunk, {}, &ref_out).ok());
+  const size_t vocab = static_cast<size_t>(cfg.vocab_size);
+  std::vector<backend::SampleRequest> rows(chunk.size());
+  std::vector<sampling::SampleResult> want;
+  sampling::SamplerScratch scratch;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    rows[j].config = j % 2 ? &penalised : &greedy;
+    rows[j].penalties = &pen;
+    rows[j].extra_output = std::span<const int32_t>(chunk.data() + 1, j);
+    rows[j].step = 100 + j;
+    sampling::PenaltyState p = pen;
+    for (int32_t t : rows[j].extra_output) p.add_output(t);
+    std::vector<float> row(ref_out.logits.begin() + static_cast<std::ptrdiff_t>(j * vocab),
+                           ref_out.logits.begin() + static_cast<std::ptrdiff_t>((j + 1) * vocab));
+    want.push_back(sampling::sample(row, *rows[j].config, p, rows[j].step, scratch));
+  }
+  state::SequenceState a(cfg, arena.get(), 1, 0);
+  state::SequenceState b(cfg, arena.get(), 2, 0);
+  backend::ForwardOutputs out_a, out_b;
+  std::vector<backend::ForwardItem> items(2);
+  items[0].state = &a;
+  items[0].tokens = chunk;
+  items[0].options.sample_rows = rows;
+  items[0].out = &out_a;
+  items[1].state = &b;
+  items[1].tokens = chunk;
+  items[1].out = &out_b;
+  ASSERT_TRUE(m.forward_batch(items).ok());
+  ASSERT_TRUE(items[0].status.ok()) << items[0].status.to_string();
+  ASSERT_EQ(out_a.row_samples.size(), rows.size());
+  EXPECT_TRUE(out_a.logits.empty());
+  for (size_t j = 0; j < rows.size(); ++j)
+    EXPECT_EQ(out_a.row_samples[j].token, want[j].token) << "row " << j;
+  EXPECT_EQ(out_b.logits, ref_out.logits);
+  // Malformed: each fails its item only.
+  const uint32_t mask[1] = {1u};
+  for (int bad = 0; bad < 3; ++bad) {
+    SCOPED_TRACE("bad request " + std::to_string(bad));
+    std::vector<backend::SampleRequest> r = rows;
+    state::SequenceState c(cfg, arena.get(), 10 + bad, 0);
+    state::SequenceState d(cfg, arena.get(), 20 + bad, 0);
+    std::vector<backend::ForwardItem> it(2);
+    it[0].state = &c;
+    it[0].tokens = chunk;
+    if (bad == 0)
+      r.pop_back();
+    if (bad == 1)
+      it[0].options.last_logits_only = true;
+    if (bad == 2)
+      r[1].allowed = mask;
+    it[0].options.sample_rows = r;
+    backend::ForwardOutputs oc, od;
+    it[0].out = &oc;
+    it[1].state = &d;
+    it[1].tokens = chunk;
+    it[1].out = &od;
+    ASSERT_TRUE(m.forward_batch(it).ok());
+    EXPECT_EQ(it[0].status.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.num_tokens(), 0);
+    EXPECT_TRUE(it[1].status.ok());
+    EXPECT_EQ(od.logits, ref_out.logits);
+  }
+}
+
 TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
   SKIP_WITHOUT_GPU();
   const ModelCase mc = GetParam();
