@@ -194,50 +194,53 @@ int run_spec_bench(const SpecBenchArgs& a) {
   const int64_t max_b = *std::max_element(a.batch.begin(), a.batch.end());
   base.scheduler.max_running = max_b;
   base.scheduler.max_tokens_per_step = std::max<int64_t>(256, max_b * 8);
-  // One engine per mode, for every batch size and round (auto measures its step-time model once).
-  std::vector<std::unique_ptr<engine::Engine>> engines;
-  for (const std::string& m : *modes) {
+  // One engine at a time (each holds its own copy of the weights: a multi-GiB checkpoint does not
+  // fit several times), every batch size and round on it, then the next mode.
+  const size_t nb = a.batch.size(), nm = modes->size();
+  // [batch][mode]: each round's tokens/s and the summed speculation counters.
+  std::vector<std::vector<std::vector<double>>> tps(nb, std::vector<std::vector<double>>(nm));
+  std::vector<std::vector<spec::Stats>> stats(nb, std::vector<spec::Stats>(nm));
+  std::vector<spec::Mode> kinds(nm, spec::Mode::kOff);
+  std::string backend_name;
+  for (size_t mi = 0; mi < nm; ++mi) {
+    const std::string& m = (*modes)[mi];
     engine::EngineConfig cfg = base;
     cfg.speculative = *spec::parse_config(m);
     std::fprintf(stderr, "[bench speculative] %s: starting the engine...\n", m.c_str());
     auto e = engine::Engine::create(cfg);
     if (!e.ok())
       return fail(e.status().with_context("--speculative " + m));
-    if ((*e)->speculative().mode == spec::Mode::kAuto)
+    engine::Engine& eng = **e;
+    kinds[mi] = eng.speculative().mode;
+    backend_name = eng.model().name();
+    if (kinds[mi] == spec::Mode::kAuto)
       std::fprintf(stderr,
                    "[bench speculative] auto's step-time model (ms):\n%s",
-                   spec::describe((*e)->step_times()).c_str());
+                   spec::describe(eng.step_times()).c_str());
     // Warm-up: every weight used once, the fast path's conversions done.
-    auto w = run_once(**e, a, 1, -1);
+    auto w = run_once(eng, a, 1, -1);
     if (!w.ok())
       return fail(w.status());
-    engines.push_back(std::move(e).value());
-  }
-  // [batch][mode]: each round's tokens/s and the summed speculation counters.
-  const size_t nb = a.batch.size(), nm = modes->size();
-  std::vector<std::vector<std::vector<double>>> tps(nb, std::vector<std::vector<double>>(nm));
-  std::vector<std::vector<spec::Stats>> stats(nb, std::vector<spec::Stats>(nm));
-  for (int64_t r = 0; r < a.repeats; ++r) {
-    for (size_t bi = 0; bi < nb; ++bi) {
-      for (size_t mi = 0; mi < nm; ++mi) {
-        auto run = run_once(*engines[mi], a, a.batch[bi], r);
+    for (int64_t r = 0; r < a.repeats; ++r) {
+      for (size_t bi = 0; bi < nb; ++bi) {
+        auto run = run_once(eng, a, a.batch[bi], r);
         if (!run.ok())
-          return fail(run.status().with_context("--speculative " + (*modes)[mi]));
+          return fail(run.status().with_context("--speculative " + m));
         tps[bi][mi].push_back(run->tokens_per_s);
         add(stats[bi][mi], run->spec);
         std::fprintf(stderr,
                      "[bench speculative] round %lld batch %lld %s: %.1f tokens/s\n",
                      static_cast<long long>(r + 1),
                      static_cast<long long>(a.batch[bi]),
-                     (*modes)[mi].c_str(),
+                     m.c_str(),
                      run->tokens_per_s);
       }
     }
-  }
+  }  // the engine and its weights go here, before the next mode's
   json out;
   out["device"] = a.device;
   out["model"] = base.model_dir;
-  out["backend"] = engines[0]->model().name();
+  out["backend"] = backend_name;
   out["numerics"] = model::numerics_name(base.numerics);
   out["hardware_threads"] = std::thread::hardware_concurrency();
   out["prompt_tokens"] = a.prompt;
@@ -258,7 +261,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
     // The ratio to `off` of this batch size, when off was measured.
     double off = 0;
     for (size_t mi = 0; mi < nm; ++mi) {
-      if (engines[mi]->speculative().mode == spec::Mode::kOff)
+      if (kinds[mi] == spec::Mode::kOff)
         off = median(tps[bi][mi]);
     }
     for (size_t mi = 0; mi < nm; ++mi) {

@@ -312,8 +312,15 @@ int run_bench(const BenchArgs& a) {
                  "[bench] decode batch %lld: prefilling %lld tokens...\n",
                  static_cast<long long>(batch),
                  static_cast<long long>(a.context));
-    if (Status s = m.forward(*seqs[0], ctx_toks, last, &fo); !s.ok())
-      return fail(s);
+    // In chunks, as the engine's chunked prefill does: one forward over a 128k context would
+    // size the forward workspace (activations, scores) for all its tokens at once.
+    constexpr int64_t kContextChunk = 8192;
+    for (int64_t at = 0; at < a.context; at += kContextChunk) {
+      const int64_t n = std::min(kContextChunk, a.context - at);
+      const std::span<const int32_t> chunk(ctx_toks.data() + at, static_cast<size_t>(n));
+      if (Status s = m.forward(*seqs[0], chunk, last, &fo); !s.ok())
+        return fail(s);
+    }
     std::vector<std::pair<int32_t, int32_t>> pairs;
     for (int64_t i = 1; i < batch; ++i) {
       seqs.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, 0));
