@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -640,13 +641,71 @@ TEST_F(GpuTest, MoeExpertGemvMatchesCpu) {
     run_moe(n, 7, 2, 384, 256, true, true, 3, seed += 500, true, false, true);
   }
   run_moe(8, 1, 1, 384, 256, false, true, 1, seed += 500, true, false, true);  // all on one
-  // Enough tiles (>= 32) for blocks of several 16-row groups.
+  // Enough tiles (>= 32) for the whole-row form (each warp 16 rows over all of K).
   run_moe(40, 64, 6, 384, 256, false, true, 4, seed += 500, true, false, true);
   run_moe(5, 7, 2, 96, 160, true, true, 3, seed += 500, true, false, true);  // tile fallback
   if (!small_mode()) {
     run_moe(1, 256, 6, 4096, 2048, false, true, 8, seed += 500, true, false, true);
     run_moe(64, 256, 6, 4096, 2048, false, true, 8, seed += 500, true, false, true);
   }
+}
+
+// The GEMVs fold an MXFP4 128-block's scales into FP16 relative to its first 32-block: the check
+// counts the row blocks with a scale more than 13 binades from it (either side) or the NaN code.
+TEST_F(GpuTest, MoeExpertGemvCheckCountsScalesOutOfRange) {
+  const int64_t hidden = 256, inter = 128;
+  // The check over two experts, after `edit` rewrote some of W1 / W2's scales on the host.
+  auto count = [&](uint32_t seed, const std::function<void(ExpertSet&)>& edit) -> int {
+    ExpertSet ex = make_experts(Fmt::kMxfp4, 2, 2, hidden, inter, seed);
+    edit(ex);
+    for (const TestWeight* c : {ex.w1[0], ex.w2[1]}) {
+      auto* w = const_cast<TestWeight*>(c);
+      w->d_scale = DevVec<uint8_t>(w->scale);
+      w->dev.scale = w->d_scale.get();
+    }
+    auto up = [](const TestWeight* a, const TestWeight* b) {
+      std::vector<uint8_t> v(2 * sizeof(MatrixRef));
+      std::memcpy(v.data(), &a->dev, sizeof(MatrixRef));
+      std::memcpy(v.data() + sizeof(MatrixRef), &b->dev, sizeof(MatrixRef));
+      return DevVec<uint8_t>(v);
+    };
+    DevVec<uint8_t> d1 = up(ex.w1[0], ex.w1[1]), d3 = up(ex.w3[0], ex.w3[1]),
+                    d2 = up(ex.w2[0], ex.w2[1]);
+    DevVec<int> bad(1, 0);
+    const Status st = launch_expert_gemv_check(reinterpret_cast<const MatrixRef*>(d1.get()),
+                                               reinterpret_cast<const MatrixRef*>(d3.get()),
+                                               reinterpret_cast<const MatrixRef*>(d2.get()),
+                                               2,
+                                               hidden,
+                                               inter,
+                                               bad.get(),
+                                               nullptr);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    sync();
+    return bad.download()[0];
+  };
+  struct Case {
+    int offset;  // of the 32-block that moves, from the first
+    int which;   // that 32-block (1..3)
+    int bad;     // row blocks the check must count
+  };
+  for (const Case c : {Case{13, 3, 0}, Case{-13, 1, 0}, Case{14, 2, 1}, Case{-14, 3, 1}}) {
+    SCOPED_TRACE("offset " + std::to_string(c.offset) + " at 32-block " + std::to_string(c.which));
+    // Row 5 of expert 1's W2, its K block 0: first scale 120, one of the others moved.
+    EXPECT_EQ(count(5190 + c.offset,
+                    [&](ExpertSet& ex) {
+                      auto& sc = const_cast<TestWeight*>(ex.w2[1])->scale;
+                      for (int j = 0; j < 4; ++j) sc[5 * (inter / 32) + j] = 120;
+                      sc[5 * (inter / 32) + c.which] = static_cast<uint8_t>(120 + c.offset);
+                    }),
+              c.bad);
+  }
+  // The NaN code anywhere in a block counts it.
+  EXPECT_EQ(count(5250,
+                  [&](ExpertSet& ex) {
+                    const_cast<TestWeight*>(ex.w1[0])->scale[2 * (hidden / 32) + 6] = 255;
+                  }),
+            1);
 }
 
 // The grouped wgmma experts (moe_sm90.h) against the same CPU reference: one token per expert,

@@ -15,8 +15,9 @@ constexpr int kWarps = 4;      // per block, each a quarter of K of the block's 
 constexpr int kWarpRows = 16;  // rows per block (the MMA's M)
 constexpr int kTok = static_cast<int>(kExpertGemvTokens);
 constexpr int64_t kMaxGridY = 65535;
-// The largest spread of the four E8M0 exponents of a 128-block that the FP16 weights absorb.
-constexpr int kMaxSpread = 26;
+// How far (in binades) the E8M0 exponents of a 128-block's 32-blocks may lie from its first one:
+// the FP16 weights absorb the difference (|o| <= 13 keeps every E2M1 value a normal FP16).
+constexpr int kMaxOffset = 13;
 
 enum class Fmt { kFp4, kFp8 };
 
@@ -57,10 +58,6 @@ __device__ __forceinline__ void fp4_lut(int o, uint32_t* lut0, uint32_t* lut1) {
   const uint32_t d = static_cast<uint32_t>(o * 4);  // the exponent field starts at bit 2
   *lut0 = 0x3E3C3800u + d * 0x01010100u;            // |E2M1| 0, 0.5, 1, 1.5 (0 stays 0)
   *lut1 = 0x46444240u + d * 0x01010101u;            // 2, 3, 4, 6
-}
-
-__device__ __forceinline__ float pow2(int e) {
-  return e >= -126 && e <= 127 ? __int_as_float((e + 127) << 23) : scalbnf(1.0f, e);
 }
 
 // One lane's share of rows g and g + 8 of a warp's 16 rows for one 128-wide K block: the 32
@@ -107,15 +104,17 @@ __device__ __forceinline__ void block_mma(
     const WFrag<F>& f, const uint32_t (&xb)[16], int t, float (&c)[4], float* fa, float* fb) {
   c[0] = c[1] = c[2] = c[3] = 0.0f;
   if constexpr (F == Fmt::kFp4) {
+    // Relative to the block's first 32-block (e0): |e - e0| <= 13, counted at load time by
+    // expert_gemv_check. Scale 2^(e0 - 127) as a float: E8M0 0 is 2^-127 (subnormal).
     uint32_t lut[2][2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const uint32_t s = f.s[i];
-      const uint32_t m2 = __vmaxu4(s, s >> 8);
-      const int emax = static_cast<int>(__vmaxu4(m2, m2 >> 16) & 0xFFu);
+      const int e0 = static_cast<int>(s & 0xFFu);
       const int e = static_cast<int>((s >> (8 * t)) & 0xFFu);
-      fp4_lut(e - emax + 13, &lut[i][0], &lut[i][1]);
-      (i == 0 ? *fa : *fb) = pow2(emax - 140);
+      fp4_lut(e - e0, &lut[i][0], &lut[i][1]);
+      const float scale = __int_as_float(e0 != 0 ? e0 << 23 : 0x00400000);
+      (i == 0 ? *fa : *fb) = scale;
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -263,12 +262,12 @@ __device__ bool find_tile(const Fp8ExpertFfnParams& p, int64_t ty, int64_t* foun
   return found[0] >= 0;
 }
 
-// Warp w of the block: K blocks [kb0, kb1), a contiguous quarter, of its 16 rows; M matrices
-// (gate/up: w1 and w3 on the same x; down: w2) into acc[m][4]. The loads of the next K block
-// fly while this one computes.
-template <Fmt F, int M>
+// Warp w of the block: the K blocks of its 16 rows (Whole: all of them; else a contiguous
+// quarter, the block's other warps taking the other quarters of the same rows); M matrices
+// (gate/up: w1 and w3 on the same x; down: w2) into acc[m][4].
+template <Fmt F, int M, bool Whole>
 __device__ __forceinline__ void stream_rows(const MatrixRef (&w)[M],
-                                            const Fp8Acts& x,
+                                            const Fp8Acts& x_acts,
                                             const int32_t* xrow,
                                             int64_t r0,
                                             int64_t kbs,
@@ -276,40 +275,62 @@ __device__ __forceinline__ void stream_rows(const MatrixRef (&w)[M],
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int64_t per = (kbs + kWarps - 1) / kWarps;
-  const int64_t kb0 = imin(kbs, (threadIdx.x >> 5) * per);
-  const int64_t kb1 = imin(kbs, kb0 + per);
+  int64_t kb0 = 0, n = kbs;
+  if constexpr (!Whole) {
+    const int64_t per = (kbs + kWarps - 1) / kWarps;
+    kb0 = imin(kbs, (threadIdx.x >> 5) * per);
+    n = imin(kbs, kb0 + per) - kb0;
+  }
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[m][i] = 0.0f;
-  if (kb0 >= kb1)
+  if (n <= 0)
     return;
-  WFrag<F> f[M];
-  XFrag xf;
+  // Two register sets used in turn (no copies between them): while one K block computes, the
+  // other's loads are in flight.
+  WFrag<F> fa[M], fb[M];
+  XFrag xa, xb;
+  auto load = [&](int64_t j, WFrag<F>(&f)[M], XFrag& x) {
+    const int64_t kb = kb0 + j;
 #pragma unroll
-  for (int m = 0; m < M; ++m) load_w(w[m], r0, g, t, kb0, &f[m]);
-  load_x(x, xrow, g, t, kb0, &xf);
-  for (int64_t kb = kb0; kb < kb1; ++kb) {
-    WFrag<F> nf[M];
-    XFrag nx = xf;
-#pragma unroll
-    for (int m = 0; m < M; ++m) nf[m] = f[m];
-    if (kb + 1 < kb1) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) load_w(w[m], r0, g, t, kb + 1, &nf[m]);
-      load_x(x, xrow, g, t, kb + 1, &nx);
-    }
-    uint32_t xb[16];
-    x_f16(xf, xb);
+    for (int m = 0; m < M; ++m) load_w(w[m], r0, g, t, kb, &f[m]);
+    load_x(x_acts, xrow, g, t, kb, &x);
+  };
+  auto compute = [&](const WFrag<F>(&f)[M], const XFrag& x) {
+    uint32_t xh[16];
+    x_f16(x, xh);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      float c[4], fa, fb;
-      block_mma(f[m], xb, t, c, &fa, &fb);
-      accumulate(c, fa, fb, xf, acc[m]);
-      f[m] = nf[m];
+      float c[4], sa, sb;
+      block_mma(f[m], xh, t, c, &sa, &sb);
+      accumulate(c, sa, sb, x, acc[m]);
     }
-    xf = nx;
+  };
+  load(0, fa, xa);
+  if constexpr (F == Fmt::kFp8) {
+    // FP8 rows hold twice the registers: one set plus the next block's loads (copied over).
+    for (int64_t j = 0; j < n; ++j) {
+      if (j + 1 < n)
+        load(j + 1, fb, xb);
+      compute(fa, xa);
+#pragma unroll
+      for (int m = 0; m < M; ++m) fa[m] = fb[m];
+      xa = xb;
+    }
+    return;
+  }
+  if (n > 1)
+    load(1, fb, xb);
+  for (int64_t j = 0; j < n; j += 2) {
+    compute(fa, xa);
+    if (j + 2 < n)
+      load(j + 2, fa, xa);
+    if (j + 1 < n) {
+      compute(fb, xb);
+      if (j + 3 < n)
+        load(j + 3, fb, xb);
+    }
   }
 }
 
@@ -369,12 +390,19 @@ __device__ bool tile_prologue(
 // Each block takes `groups` consecutive 16-row groups of its tile (one prologue, whose scan over
 // the experts costs about as much as streaming one group of w2, for several groups); the rows'
 // arithmetic does not depend on the grouping.
-template <Fmt F>
+// Rows of one row group: 16 (the block's warps split K) or 64 (Whole: each warp its own 16 rows
+// over all of K, no reduction between warps).
+template <bool Whole>
+__host__ __device__ constexpr int64_t group_rows() {
+  return Whole ? kWarps * kWarpRows : kWarpRows;
+}
+
+template <Fmt F, bool Whole>
 __global__ void __launch_bounds__(kWarps * 32, kGateUpMinBlocks)
     gemv_gate_up_kernel(Fp8ExpertFfnParams p, int groups) {
   pdl_begin();
   __shared__ int32_t xrow[kTok];
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kWarpRows;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * group_rows<Whole>();
   Tile tl;
   if (!tile_prologue(p, first, p.inter, true, &tl, xrow))
     return;  // block-uniform
@@ -386,41 +414,51 @@ __global__ void __launch_bounds__(kWarps * 32, kGateUpMinBlocks)
   const int g = lane >> 2;
   const int t = lane & 3;
   const float lim = p.swiglu_limit;
+  auto store = [&](const float(&acc)[2][4], int64_t r0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = 2 * t + (i & 1);
+      if (j >= count)
+        continue;
+      const int64_t row = r0 + g + 8 * (i >> 1);
+      const int64_t pair = g0 + j;
+      float gv = acc[0][i];
+      float v = acc[1][i];
+      if (lim > 0.0f) {
+        gv = fminf(gv, lim);
+        v = v < -lim ? -lim : (lim < v ? lim : v);
+      }
+      const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[pair] : pair] : 1.0f;
+      const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
+      p.h[pair * p.inter + row] = __fmul_rn(__fmul_rn(silu, v), gate);
+    }
+  };
   for (int rg = 0; rg < groups; ++rg) {
-    const int64_t r0 = first + rg * kWarpRows;
-    if (r0 >= p.inter)
+    const int64_t base = first + rg * group_rows<Whole>();
+    if (base >= p.inter)
       break;  // block-uniform
     float acc[2][4];
-    stream_rows<F, 2>(w, p.x, xrow, r0, p.hidden / 128, acc);
-    if (reduce_warps<2>(acc)) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int j = 2 * t + (i & 1);
-        if (j >= count)
-          continue;
-        const int64_t row = r0 + g + 8 * (i >> 1);
-        const int64_t pair = g0 + j;
-        float gv = acc[0][i];
-        float v = acc[1][i];
-        if (lim > 0.0f) {
-          gv = fminf(gv, lim);
-          v = v < -lim ? -lim : (lim < v ? lim : v);
-        }
-        const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[pair] : pair] : 1.0f;
-        const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-        p.h[pair * p.inter + row] = __fmul_rn(__fmul_rn(silu, v), gate);
+    if constexpr (Whole) {
+      const int64_t r0 = base + (threadIdx.x >> 5) * kWarpRows;
+      if (r0 < p.inter) {  // warp-uniform
+        stream_rows<F, 2, true>(w, p.x, xrow, r0, p.hidden / 128, acc);
+        store(acc, r0);
       }
+    } else {
+      stream_rows<F, 2, false>(w, p.x, xrow, base, p.hidden / 128, acc);
+      if (reduce_warps<2>(acc))
+        store(acc, base);
+      __syncthreads();  // reduce_warps' shared partials are rewritten by the next group
     }
-    __syncthreads();  // reduce_warps' shared partials are rewritten by the next group
   }
 }
 
-template <Fmt F>
+template <Fmt F, bool Whole>
 __global__ void __launch_bounds__(kWarps * 32, kDownMinBlocks)
     gemv_down_kernel(Fp8ExpertFfnParams p, int groups) {
   pdl_begin();
   __shared__ int32_t xrow[kTok];
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kWarpRows;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * group_rows<Whole>();
   Tile tl;
   if (!tile_prologue(p, first, p.hidden, false, &tl, xrow))
     return;
@@ -432,21 +470,31 @@ __global__ void __launch_bounds__(kWarps * 32, kDownMinBlocks)
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
+  auto store = [&](const float(&acc)[1][4], int64_t r0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = 2 * t + (i & 1);
+      if (j < count)
+        p.y[(g0 + j) * p.hidden + r0 + g + 8 * (i >> 1)] = acc[0][i];
+    }
+  };
   for (int rg = 0; rg < groups; ++rg) {
-    const int64_t r0 = first + rg * kWarpRows;
-    if (r0 >= p.hidden)
+    const int64_t base = first + rg * group_rows<Whole>();
+    if (base >= p.hidden)
       break;
     float acc[1][4];
-    stream_rows<F, 1>(w, hq, xrow, r0, p.inter / 128, acc);
-    if (reduce_warps<1>(acc)) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int j = 2 * t + (i & 1);
-        if (j < count)
-          p.y[(g0 + j) * p.hidden + r0 + g + 8 * (i >> 1)] = acc[0][i];
+    if constexpr (Whole) {
+      const int64_t r0 = base + (threadIdx.x >> 5) * kWarpRows;
+      if (r0 < p.hidden) {
+        stream_rows<F, 1, true>(w, hq, xrow, r0, p.inter / 128, acc);
+        store(acc, r0);
       }
+    } else {
+      stream_rows<F, 1, false>(w, hq, xrow, base, p.inter / 128, acc);
+      if (reduce_warps<1>(acc))
+        store(acc, base);
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
@@ -468,17 +516,11 @@ __global__ void gemv_check_kernel(
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint8_t* b = s + (i / kbs) * (w.cols / 32) + (i % kbs) * 4;
-    int hi = 0;
-    int lo = 255;
-    bool nan = false;
+    bool out = false;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int v = b[j];
-      nan |= v == 255;
-      hi = max(hi, v);
-      lo = min(lo, v);
-    }
-    count += nan || hi - lo > kMaxSpread;
+    for (int j = 0; j < 4; ++j)
+      out |= b[j] == 255 || abs(static_cast<int>(b[j]) - b[0]) > kMaxOffset;
+    count += out;
   }
   if (count > 0)
     atomicAdd(bad, count);
@@ -488,19 +530,31 @@ __global__ void gemv_check_kernel(
 // SM's worth of latency), more when the tiles alone give the GPU many blocks.
 constexpr int64_t kGroupedFromTiles = 32;
 
-template <Fmt F>
-Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
-  const int gu = tiles >= kGroupedFromTiles ? 2 : 1;
-  const int gd = tiles >= kGroupedFromTiles ? 4 : 1;
-  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kWarpRows * gu)),
+// From this many tiles (pairs in 8-token tiles, per expert) each warp takes whole rows: the
+// GPU has enough blocks without splitting K, and the warps skip the reduction's barriers (which
+// held a quarter of the warps' cycles at batch 64). Below, four warps share each row's K.
+constexpr int64_t kWholeRowsFromTiles = 32;
+
+template <Fmt F, bool Whole>
+Status launch_mode(const Fp8ExpertFfnParams& p, int64_t tiles, int gu, int gd, cudaStream_t s) {
+  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, group_rows<Whole>() * gu)),
                 static_cast<unsigned>(tiles));
-  launch_pdl(gemv_gate_up_kernel<F>, g1, kWarps * 32, 0, s, p, gu);
+  launch_pdl(gemv_gate_up_kernel<F, Whole>, g1, kWarps * 32, 0, s, p, gu);
   DSI_RETURN_IF_ERROR(launched("expert_gemv gate/up launch"));
   DSI_RETURN_IF_ERROR(launch_quantize_expert_h(p, s));
-  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kWarpRows * gd)),
+  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, group_rows<Whole>() * gd)),
                 static_cast<unsigned>(tiles));
-  launch_pdl(gemv_down_kernel<F>, g2, kWarps * 32, 0, s, p, gd);
+  launch_pdl(gemv_down_kernel<F, Whole>, g2, kWarps * 32, 0, s, p, gd);
   return launched("expert_gemv down launch");
+}
+
+template <Fmt F>
+Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
+  if (tiles >= kWholeRowsFromTiles)
+    return launch_mode<F, true>(p, tiles, 1, 1, s);
+  const int gu = tiles >= kGroupedFromTiles ? 2 : 1;
+  const int gd = tiles >= kGroupedFromTiles ? 4 : 1;
+  return launch_mode<F, false>(p, tiles, gu, gd, s);
 }
 
 }  // namespace
