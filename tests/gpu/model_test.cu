@@ -628,6 +628,44 @@ INSTANTIATE_TEST_SUITE_P(Models,
                            return n;
                          });
 
+// A drafting engine runs the MTP pass on every forward only to keep the MTP layer's state
+// (want_mtp_logits = false): then the MTP head and the copy of its logits are skipped, and the
+// state is the same — a later forward that asks for the MTP logits gets them bit for bit as when
+// every forward asked.
+TEST(CudaModelMtp, PassWithoutLogitsKeepsTheSameState) {
+  SKIP_WITHOUT_GPU();
+  auto ckpt = open_model("tests/fixtures/tiny-a/official");
+  ASSERT_TRUE(ckpt);
+  ASSERT_TRUE(ckpt->has_mtp());
+  const auto& cfg = ckpt->config();
+  auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), model::Numerics::kDeepSeek);
+  ASSERT_TRUE(gm.ok()) << gm.status().to_string();
+  const auto ids = random_ids(48, cfg.vocab_size, 19);
+  // Chunks of 8; `want` says which chunks ask for MTP logits. Returns the last chunk's.
+  auto run_chunks = [&](const std::vector<bool>& want) {
+    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), (*gm)->state_storage());
+    state::SequenceState st(cfg, arena.get(), 0, 0);
+    backend::ForwardOutputs out;
+    for (size_t c = 0; c < want.size(); ++c) {
+      backend::ForwardOptions o;
+      o.run_mtp = true;
+      o.want_mtp_logits = want[c];
+      const Status s = (*gm)->forward(st, std::span<const int32_t>(ids.data() + 8 * c, 8), o, &out);
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      EXPECT_GT(out.mtp_count, 0) << "chunk " << c;
+      EXPECT_EQ(out.mtp_logits.size(),
+                want[c] ? static_cast<size_t>(out.mtp_count * cfg.vocab_size) : size_t{0})
+          << "chunk " << c;
+    }
+    st.check_integrity();
+    return out.mtp_logits;
+  };
+  const std::vector<float> all = run_chunks({true, true, true, true, true, true});
+  const std::vector<float> last = run_chunks({false, false, false, false, false, true});
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(last, all);
+}
+
 // The engine's prefix cache on CUDA with background captures: a conversation's turns give the
 // same tokens and logprobs as the uncached engine, with and without the device tier; captures
 // are pending after a turn ends, the units reach the store once step() has polled them, and the

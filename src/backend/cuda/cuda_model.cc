@@ -42,6 +42,7 @@ struct CudaModel::Launch {
   int32_t head_src = -1;    // [head_rows] refs into the final x (local)
   int32_t final_dest = -1;  // [N] final-stream rows kept for MTP (pool refs or none)
   bool has_mtp = false;
+  bool mtp_head = false;  // some item wants the MTP pass's logits (a drafting engine does not)
   PassPlan mtp;
   int32_t mtp_src = -1;        // [Nm] refs: final streams (pool) or rows of x (local)
   int32_t mtp_broadcast = -1;  // [Nm * hc] local refs into the e_proj output
@@ -482,6 +483,14 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   }
   if (!mspans.empty()) {
     L->has_mtp = true;
+    // The MTP pass keeps the MTP layer's state for later drafting; its head (a second pass over
+    // the LM head's weights) and the copy of its logits (rows x vocab floats: 66 MB for 128 rows
+    // of V4's vocabulary) only when an item asks for them (scoring), not for speculation.
+    for (size_t k = 0; k < active.size(); ++k) {
+      const backend::ForwardItem& it = items[active[k]];
+      L->mtp_head = L->mtp_head || (it.options.run_mtp && it.options.want_mtp_logits &&
+                                    it.out != nullptr && mcount[active[k]] > 0);
+    }
     plan_pass(ctx, mspans, mtokens, mrows, L->pack, &L->mtp);
     L->mtp_src = L->pack.add(msrc);
     std::vector<int64_t> bcast;
@@ -591,7 +600,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   // Outputs, through pinned memory kept from call to call (a batch-64 decode step returns 33 MB
   // of logits: pageable copies and fresh pages cost more than the step's kernels).
   const int64_t main_floats = host_logits ? L->head_rows * c.vocab_size : 0;
-  const int64_t mtp_floats = mrows * c.vocab_size;
+  const int64_t mtp_floats = L->mtp_head ? mrows * c.vocab_size : 0;
   const size_t out_bytes = static_cast<size_t>(main_floats + mtp_floats) * sizeof(float);
   if (logits_pinned_.size() < out_bytes) {
     DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "pinned logits"));
@@ -654,7 +663,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
       if (it.out) {
         it.out->mtp_first_pos = mfirst[active[k]];
         it.out->mtp_count = m;
-        if (m > 0) {
+        it.out->mtp_logits.clear();
+        if (m > 0 && it.options.want_mtp_logits) {
           const float* src = mtp_logits + mrow[active[k]] * c.vocab_size;
           it.out->mtp_logits.assign(src, src + m * c.vocab_size);
         }
@@ -745,6 +755,8 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
             streams_out, xm, static_cast<size_t>(nm * width) * 4, cudaMemcpyDeviceToDevice, s),
         "copying the MTP streams"));
   }
+  if (logits == nullptr)
+    return Status();  // the MTP layer's state only (no draft head)
   DSI_RETURN_IF_ERROR(ws_->get(logits, nm * c.vocab_size));
   return launch_head(w.hc_head, w.norm, xm, nm, *logits);
 }
@@ -814,8 +826,14 @@ Status CudaModel::launch_all(Launch& L) {
   }
 
   if (L.has_mtp) {
-    DSI_RETURN_IF_ERROR(
-        launch_mtp(L.mtp, L.mtp_src, L.mtp_broadcast, x, pack, hp, nullptr, &L.mtp_logits));
+    DSI_RETURN_IF_ERROR(launch_mtp(L.mtp,
+                                   L.mtp_src,
+                                   L.mtp_broadcast,
+                                   x,
+                                   pack,
+                                   hp,
+                                   nullptr,
+                                   L.mtp_head ? &L.mtp_logits : nullptr));
   }
 
   DSI_RETURN_IF_ERROR(mark(2 + c.layers.size()));
