@@ -616,6 +616,95 @@ TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
   }
 }
 
+// Speculative verification shapes as fixed-shape steps (CudaModelOptions::max_graph_tokens):
+// every sequence L tokens (the pending token and L - 1 drafts) with every row's logits and the
+// MTP pass without its head, as a drafting engine runs them, replayed from graphs and bit for bit
+// equal to eager launches (batch-invariant kernels, so the padding rows change nothing) — L = 2,
+// 3 and 1, five sequences (padded to 8 x L rows), some rounds rolling a sequence back (its MTP
+// pass is then not L rows: that step runs eagerly). A last forward asking for the MTP logits
+// finds the same MTP state either way.
+TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const ModelCase mc = GetParam();
+  if (!fs::exists(source_path(mc.path)))
+    GTEST_SKIP() << mc.path << " missing";
+  auto ckpt = open_model(mc.path);
+  ASSERT_TRUE(ckpt);
+  if (!ckpt->has_mtp())
+    GTEST_SKIP() << mc.path << " has no MTP block";
+  const auto& cfg = ckpt->config();
+  const int kSeqs = 5;
+  const int kRounds = 18;
+  auto steps = [&](gpu::CudaModel& m, std::vector<std::vector<float>>* logits) {
+    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
+    std::vector<std::unique_ptr<state::SequenceState>> st;
+    for (int i = 0; i < kSeqs; ++i)
+      st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, 4));
+    std::vector<backend::ForwardOutputs> outs(kSeqs);
+    std::vector<std::vector<int32_t>> toks;
+    for (int i = 0; i < kSeqs; ++i)
+      toks.push_back(random_ids(5 + 7 * i, cfg.vocab_size, 300 + static_cast<uint32_t>(i)));
+    std::mt19937 g(5);
+    for (int round = 0; round <= kRounds; ++round) {
+      const bool last = round == kRounds;
+      std::vector<backend::ForwardItem> items(kSeqs);
+      for (int i = 0; i < kSeqs; ++i) {
+        items[i].state = st[i].get();
+        items[i].tokens = toks[i];
+        items[i].options.last_logits_only = round == 0;
+        items[i].options.run_mtp = true;
+        items[i].options.want_mtp_logits = last;
+        items[i].out = &outs[i];
+      }
+      Status s = m.forward_batch(items);
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      for (int i = 0; i < kSeqs; ++i) {
+        EXPECT_TRUE(items[i].status.ok()) << items[i].status.to_string();
+        logits->push_back(outs[i].logits);
+        if (last)
+          logits->push_back(outs[i].mtp_logits);
+      }
+      // Next round: L tokens per sequence (2, 3, 1, ...). After a round of L >= 2 (a
+      // verification), every other time one sequence rolls its last token back (a rejected
+      // draft; the kept final streams reach back that far only after such a round).
+      const std::vector<int64_t> lens{2, 3, 1};
+      if (round >= 1 && lens[static_cast<size_t>((round - 1) % 3)] >= 2 && round % 2 == 1)
+        EXPECT_TRUE(st[static_cast<size_t>(round % kSeqs)]->rollback(1).ok());
+      const int64_t len = lens[static_cast<size_t>(round % 3)];
+      for (int i = 0; i < kSeqs; ++i)
+        toks[i] = random_ids(len, cfg.vocab_size, static_cast<uint32_t>(g()));
+    }
+    for (auto& q : st) q->check_integrity();
+  };
+  auto make = [&](bool graphs) {
+    auto m = gpu::CudaModel::create(
+        cfg,
+        ckpt->weights(),
+        model::Numerics::kDeepSeek,
+        gpu::CudaModelOptions{.cuda_graphs = graphs, .batch_invariant = true});
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return std::move(m).value();
+  };
+  auto eager = make(false);
+  auto graphs = make(true);
+  std::vector<std::vector<float>> le, lg;
+  steps(*eager, &le);
+  steps(*graphs, &lg);
+  ASSERT_EQ(le.size(), lg.size());
+  for (size_t i = 0; i < le.size(); ++i) {
+    ASSERT_FALSE(le[i].empty()) << "output " << i;
+    EXPECT_EQ(le[i], lg[i]) << "output " << i;
+  }
+  const gpu::CudaModelStats gs = graphs->stats();
+  std::printf("[graphs] %s verification shapes: %lld forwards, %lld captures, %lld replays\n",
+              mc.path,
+              static_cast<long long>(gs.forwards),
+              static_cast<long long>(gs.graph_captures),
+              static_cast<long long>(gs.graph_replays));
+  EXPECT_GT(gs.graph_replays, kRounds / 3);
+  EXPECT_EQ(eager->stats().graph_replays, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models,
                          CudaModelTest,
                          ::testing::Values(ModelCase{"tests/fixtures/tiny-a/official", 80},

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -85,6 +86,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
                                                      const CudaModelOptions& options) {
   DSI_RETURN_IF_ERROR(gpu::select_device(options.device));
   std::unique_ptr<CudaModel> m(new CudaModel(config, numerics, options));
+  if (const char* v = std::getenv("DSINFER_GRAPH_TOKENS"); v != nullptr && *v != '\0')
+    m->options_.max_graph_tokens = std::max<int64_t>(1, std::atoll(v));
   int64_t expert_first = 0;
   int64_t expert_count = -1;
   if (options.comm != nullptr) {
@@ -386,13 +389,29 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   ++stats_.forwards;
   const auto plan_start = std::chrono::steady_clock::now();
 
-  bool decode =
-      options_.cuda_graphs && static_cast<int64_t>(active.size()) <= options_.max_graph_batch;
-  decode_step_ = true;  // kernel choices of decode steps must not depend on graphs (moe_sm90)
+  // Fixed-shape steps: every sequence the same number of tokens L (a decode step: 1; a
+  // speculative verification: the pending token and its drafts), the MTP pass run by all or none
+  // of them. Their kernels are the decode steps' (no host round trip: moe_sm90 stays off), and
+  // they are graph-replayed when the MTP pass, if any, is one of L rows per sequence whose
+  // logits nobody asked for (a drafting engine's steady state).
+  const int64_t L0 = static_cast<int64_t>(items[active[0]].tokens.size());
+  const bool mtp0 = items[active[0]].options.run_mtp;
+  bool uniform = L0 >= 1 && L0 <= std::max<int64_t>(options_.max_graph_tokens, 1);
+  bool mtp_graphable = true;
   for (size_t i : active) {
-    decode_step_ = decode_step_ && items[i].tokens.size() == 1 && !items[i].options.run_mtp;
+    const backend::ForwardItem& it = items[i];
+    uniform = uniform && static_cast<int64_t>(it.tokens.size()) == L0 && it.options.run_mtp == mtp0;
+    if (it.options.run_mtp) {
+      const int64_t m = it.state->num_tokens() + L0 - 1 - it.state->mtp_num_tokens();
+      mtp_graphable = mtp_graphable && m == L0 && !(it.out && it.options.want_mtp_logits);
+    }
   }
-  decode = decode && decode_step_;
+  // A function of the batch's shape only, not of whether graphs are on: eager and replayed steps
+  // run the same kernels (bit-identical).
+  decode_step_ = uniform && (!mtp0 || mtp_graphable);
+  const bool decode = options_.cuda_graphs &&
+                      static_cast<int64_t>(active.size()) <= options_.max_graph_batch &&
+                      decode_step_;
   // Spans of the main pass.
   std::vector<SeqSpan> spans;
   std::vector<int32_t> tokens;
@@ -408,8 +427,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     tokens.insert(tokens.end(), it.tokens.begin(), it.tokens.end());
     rows += s.n;
   }
-  if (decode)
-    rows = pow2_at_least(rows);
+  if (decode)  // padded to a power of two of sequences (L rows each): few shapes to capture
+    rows = pow2_at_least(static_cast<int64_t>(active.size())) * L0;
   tokens.resize(static_cast<size_t>(rows), 0);
 
   auto L = std::make_unique<Launch>();
@@ -483,6 +502,15 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   }
   if (!mspans.empty()) {
     L->has_mtp = true;
+    // A fixed-shape step's MTP pass is L rows per sequence (checked above), padded as the main
+    // pass: padding rows read row 0 of the main pass and write nothing.
+    const int64_t mplan = decode ? rows : mrows;
+    DSI_CHECK(mplan >= mrows,
+              "fixed-shape MTP pass of %lld rows in %lld",
+              static_cast<long long>(mrows),
+              static_cast<long long>(mplan));
+    mtokens.resize(static_cast<size_t>(mplan), 0);
+    msrc.resize(static_cast<size_t>(mplan), local_ref(0));
     // The MTP pass keeps the MTP layer's state for later drafting; its head (a second pass over
     // the LM head's weights) and the copy of its logits (rows x vocab floats: 66 MB for 128 rows
     // of V4's vocabulary) only when an item asks for them (scoring), not for speculation.
@@ -491,10 +519,10 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
       L->mtp_head = L->mtp_head || (it.options.run_mtp && it.options.want_mtp_logits &&
                                     it.out != nullptr && mcount[active[k]] > 0);
     }
-    plan_pass(ctx, mspans, mtokens, mrows, L->pack, &L->mtp);
+    plan_pass(ctx, mspans, mtokens, mplan, L->pack, &L->mtp);
     L->mtp_src = L->pack.add(msrc);
     std::vector<int64_t> bcast;
-    for (int64_t r = 0; r < mrows; ++r) {
+    for (int64_t r = 0; r < mplan; ++r) {
       for (int64_t j = 0; j < c.hc_mult; ++j) bcast.push_back(local_ref(r * c.hidden_size));
     }
     L->mtp_broadcast = L->pack.add(bcast);
@@ -536,6 +564,10 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     key.push_back(rows);
     key.push_back(reinterpret_cast<int64_t>(pool_));
     for (const LayerPass& lp : L->main.layers) key.push_back(lp.visible_room);
+    key.push_back(L->has_mtp ? L->mtp.rows : 0);
+    if (L->has_mtp) {
+      for (const LayerPass& lp : L->mtp.layers) key.push_back(lp.visible_room);
+    }
     auto g = graphs_.find(key);
     if (g == graphs_.end() && seen_[key]++ >= 1) {
       // Second time this shape: capture it (the first eager run sized the workspace).
@@ -654,7 +686,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
       it.out->logits.clear();
     } else if (it.out && it.options.want_logits) {
       const int64_t nrows = it.options.last_logits_only ? 1 : s.n;
-      const int64_t from = decode ? s.begin : head_first[active[k]];
+      // Fixed shape: the head ran over every row (the item's last one when only it is wanted).
+      const int64_t from = decode ? s.begin + s.n - nrows : head_first[active[k]];
       const float* src = logits + from * c.vocab_size;
       it.out->logits.assign(src, src + nrows * c.vocab_size);
     }

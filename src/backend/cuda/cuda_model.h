@@ -43,6 +43,11 @@ struct CudaModelOptions {
   std::shared_ptr<comm::Comm> comm;
   bool cuda_graphs = true;        // replay decode steps from CUDA graphs
   int64_t max_graph_batch = 256;  // decode batches above this run eagerly
+  // Forwards where every sequence has the same number of tokens, up to this many (speculative
+  // verifications: the pending token + its drafts, with the MTP pass when every item runs it
+  // without its logits), are fixed-shape steps too: graph-replayed and on the kernels of decode
+  // steps. 1: single-token steps only. DSINFER_GRAPH_TOKENS in the environment overrides it.
+  int64_t max_graph_tokens = 8;
   // Every linear on the kernels whose summation order is the same at every batch size, so a
   // token's logits do not depend on what else is in the batch (no wgmma GEMMs: slower prefill).
   bool batch_invariant = false;
