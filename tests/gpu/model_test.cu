@@ -617,12 +617,12 @@ TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
 }
 
 // Speculative verification shapes as fixed-shape steps (CudaModelOptions::max_graph_tokens):
-// every sequence L tokens (the pending token and L - 1 drafts) with every row's logits and the
-// MTP pass without its head, as a drafting engine runs them, replayed from graphs and bit for bit
-// equal to eager launches (batch-invariant kernels, so the padding rows change nothing) — L = 2,
-// 3 and 1, five sequences (padded to 8 x L rows), some rounds rolling a sequence back (its MTP
-// pass is then not L rows: that step runs eagerly). A last forward asking for the MTP logits
-// finds the same MTP state either way.
+// every sequence L tokens (the pending token and L - 1 drafts of the MTP block) with every row's
+// logits and the MTP pass without its head, as a drafting engine runs them; verifications and
+// drafting steps replayed from graphs and bit for bit equal to eager launches (batch-invariant
+// kernels, so the padding rows change nothing), drafts and their probabilities included — L = 2,
+// 3 and 1, five sequences (padded to 8), some rounds rolling a sequence back. A last forward
+// asking for the MTP logits finds the same MTP state either way.
 TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
   SKIP_WITHOUT_GPU();
   const ModelCase mc = GetParam();
@@ -664,15 +664,37 @@ TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
         if (last)
           logits->push_back(outs[i].mtp_logits);
       }
-      // Next round: L tokens per sequence (2, 3, 1, ...). After a round of L >= 2 (a
-      // verification), every other time one sequence rolls its last token back (a rejected
-      // draft; the kept final streams reach back that far only after such a round).
+      // Next round: L tokens per sequence (2, 3, 1, ...): a pending token and, from L = 2, its
+      // L - 1 drafts from the MTP block (a drafting call, its steps graph-replayed too), as the
+      // engine verifies them. After a round of L >= 2, every other time one sequence first rolls
+      // its last token back (a rejected draft; the kept final streams reach back that far only
+      // after such a round).
       const std::vector<int64_t> lens{2, 3, 1};
       if (round >= 1 && lens[static_cast<size_t>((round - 1) % 3)] >= 2 && round % 2 == 1)
         EXPECT_TRUE(st[static_cast<size_t>(round % kSeqs)]->rollback(1).ok());
       const int64_t len = lens[static_cast<size_t>(round % 3)];
-      for (int i = 0; i < kSeqs; ++i)
-        toks[i] = random_ids(len, cfg.vocab_size, static_cast<uint32_t>(g()));
+      std::vector<backend::DraftItem> drafts(kSeqs);
+      std::vector<std::vector<int32_t>> dtok(kSeqs, std::vector<int32_t>(4, 0));
+      std::vector<std::vector<float>> dprob(kSeqs, std::vector<float>(4, 0.0f));
+      for (int i = 0; i < kSeqs; ++i) {
+        const int32_t pending = static_cast<int32_t>(g() % static_cast<uint32_t>(cfg.vocab_size));
+        toks[i] = {pending};
+        drafts[i].state = st[i].get();
+        drafts[i].next_token = pending;
+        drafts[i].num_steps = static_cast<int32_t>(len - 1);
+        drafts[i].tokens = dtok[i].data();
+        drafts[i].probs = dprob[i].data();
+      }
+      if (len >= 2) {
+        EXPECT_TRUE(m.mtp_draft_batch(drafts).ok());
+        for (int i = 0; i < kSeqs; ++i) {
+          EXPECT_TRUE(drafts[i].status.ok()) << drafts[i].status.to_string();
+          toks[i].insert(toks[i].end(), dtok[i].begin(), dtok[i].begin() + (len - 1));
+          std::vector<float> d(dprob[i].begin(), dprob[i].begin() + (len - 1));
+          for (int64_t j = 0; j < len - 1; ++j) d.push_back(static_cast<float>(dtok[i][j]));
+          logits->push_back(d);
+        }
+      }
     }
     for (auto& q : st) q->check_integrity();
   };

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <set>
 
 #include "backend/cuda/launch_helpers.h"
@@ -21,17 +22,6 @@
 #include "kernels/cuda/paged.h"
 
 namespace dsinfer::gpu {
-
-namespace {
-int64_t local_ref(int64_t elem_offset) {
-  return -2 - elem_offset;
-}
-int64_t pow2_at_least(int64_t v) {
-  int64_t b = 1;
-  while (b < v) b *= 2;
-  return b;
-}
-}  // namespace
 
 // Everything launch_all needs: the plan (array ids into the pack) and, after the launches, the
 // device addresses of the outputs.
@@ -377,6 +367,44 @@ Status CudaModel::run_empty_pass() {
   return device::sync_stream(stream_.get(), "empty expert-parallel pass");
 }
 
+Status CudaModel::run_fixed_shape(const std::vector<int64_t>& key,
+                                  const std::function<Status()>& launch,
+                                  float** out0,
+                                  float** out1,
+                                  bool profile_eager) {
+  auto g = graphs_.find(key);
+  if (g == graphs_.end() && seen_[key]++ >= 1) {
+    // Second time this shape: capture it (the first eager run sized the workspace).
+    cudaGraph_t graph = nullptr;
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeRelaxed), "graph capture"));
+    Status ls = launch();
+    const cudaError_t end = cudaStreamEndCapture(stream_.get(), &graph);
+    DSI_RETURN_IF_ERROR(ls);
+    DSI_RETURN_IF_ERROR(device::check_cuda(end, "graph capture"));
+    Graph rec;
+    const cudaError_t inst = cudaGraphInstantiate(&rec.exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    DSI_RETURN_IF_ERROR(device::check_cuda(inst, "graph instantiation"));
+    rec.logits = out0 ? *out0 : nullptr;
+    rec.mtp_logits = out1 ? *out1 : nullptr;
+    g = graphs_.emplace(key, rec).first;
+    ++stats_.graph_captures;
+  }
+  if (g == graphs_.end()) {
+    profiling_now_ = profile_eager && profile_;
+    return launch();
+  }
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaGraphLaunch(g->second.exec, stream_.get()), "graph launch"));
+  if (out0)
+    *out0 = g->second.logits;
+  if (out1)
+    *out1 = g->second.mtp_logits;
+  ++stats_.graph_replays;
+  return Status();
+}
+
 Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
                             const std::vector<size_t>& active) {
   const auto& c = config_;
@@ -392,18 +420,25 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   // Fixed-shape steps: every sequence the same number of tokens L (a decode step: 1; a
   // speculative verification: the pending token and its drafts), the MTP pass run by all or none
   // of them. Their kernels are the decode steps' (no host round trip: moe_sm90 stays off), and
-  // they are graph-replayed when the MTP pass, if any, is one of L rows per sequence whose
-  // logits nobody asked for (a drafting engine's steady state).
+  // they are graph-replayed when the MTP pass, if any, has as many rows for every sequence and
+  // nobody asked for its logits (a drafting engine's steady state).
   const int64_t L0 = static_cast<int64_t>(items[active[0]].tokens.size());
   const bool mtp0 = items[active[0]].options.run_mtp;
   bool uniform = L0 >= 1 && L0 <= std::max<int64_t>(options_.max_graph_tokens, 1);
+  // The MTP pass covers the positions whose next token this forward brings: L after a plain
+  // step, L - 1 after a drafting call (the block consumed the pending token); the same count for
+  // every sequence, or the step runs eagerly.
   bool mtp_graphable = true;
+  int64_t m0 = -1;
   for (size_t i : active) {
     const backend::ForwardItem& it = items[i];
     uniform = uniform && static_cast<int64_t>(it.tokens.size()) == L0 && it.options.run_mtp == mtp0;
     if (it.options.run_mtp) {
       const int64_t m = it.state->num_tokens() + L0 - 1 - it.state->mtp_num_tokens();
-      mtp_graphable = mtp_graphable && m == L0 && !(it.out && it.options.want_mtp_logits);
+      if (m0 < 0)
+        m0 = m;
+      mtp_graphable =
+          mtp_graphable && m == m0 && m >= 0 && m <= L0 && !(it.out && it.options.want_mtp_logits);
     }
   }
   // A function of the batch's shape only, not of whether graphs are on: eager and replayed steps
@@ -502,9 +537,9 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   }
   if (!mspans.empty()) {
     L->has_mtp = true;
-    // A fixed-shape step's MTP pass is L rows per sequence (checked above), padded as the main
+    // A fixed-shape step's MTP pass is m0 rows per sequence (checked above), padded as the main
     // pass: padding rows read row 0 of the main pass and write nothing.
-    const int64_t mplan = decode ? rows : mrows;
+    const int64_t mplan = decode ? rows / L0 * m0 : mrows;
     DSI_CHECK(mplan >= mrows,
               "fixed-shape MTP pass of %lld rows in %lld",
               static_cast<long long>(mrows),
@@ -568,35 +603,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     if (L->has_mtp) {
       for (const LayerPass& lp : L->mtp.layers) key.push_back(lp.visible_room);
     }
-    auto g = graphs_.find(key);
-    if (g == graphs_.end() && seen_[key]++ >= 1) {
-      // Second time this shape: capture it (the first eager run sized the workspace).
-      cudaGraph_t graph = nullptr;
-      DSI_RETURN_IF_ERROR(device::check_cuda(
-          cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeRelaxed), "graph capture"));
-      Status ls = launch_all(*L);
-      const cudaError_t end = cudaStreamEndCapture(stream_.get(), &graph);
-      DSI_RETURN_IF_ERROR(ls);
-      DSI_RETURN_IF_ERROR(device::check_cuda(end, "graph capture"));
-      Graph rec;
-      const cudaError_t inst = cudaGraphInstantiate(&rec.exec, graph, 0);
-      (void)cudaGraphDestroy(graph);
-      DSI_RETURN_IF_ERROR(device::check_cuda(inst, "graph instantiation"));
-      rec.logits = L->logits;
-      rec.mtp_logits = L->mtp_logits;
-      g = graphs_.emplace(key, rec).first;
-      ++stats_.graph_captures;
-    }
-    if (g != graphs_.end()) {
-      DSI_RETURN_IF_ERROR(
-          device::check_cuda(cudaGraphLaunch(g->second.exec, stream_.get()), "graph launch"));
-      L->logits = g->second.logits;
-      L->mtp_logits = g->second.mtp_logits;
-      ++stats_.graph_replays;
-    } else {
-      profiling_now_ = profile_;
-      DSI_RETURN_IF_ERROR(launch_all(*L));
-    }
+    DSI_RETURN_IF_ERROR(run_fixed_shape(
+        key, [&] { return launch_all(*L); }, &L->logits, &L->mtp_logits, /*profile_eager=*/true));
   } else {
     profiling_now_ = profile_;
     DSI_RETURN_IF_ERROR(launch_all(*L));

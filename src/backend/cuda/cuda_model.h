@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -156,6 +157,14 @@ class CudaModel final : public backend::Model {
 
   Status run_empty_pass();
   Status run_batch(std::span<backend::ForwardItem> items, const std::vector<size_t>& active);
+  // Runs `launch` on stream_ as a fixed-shape step: replayed from the graph captured for `key`
+  // (captured the second time the key comes), else eagerly (profiled when profile_eager). out0 /
+  // out1: where the launches leave their outputs (recorded with a capture, restored on replay).
+  Status run_fixed_shape(const std::vector<int64_t>& key,
+                         const std::function<Status()>& launch,
+                         float** out0,
+                         float** out1,
+                         bool profile_eager);
   Status ensure_pool(const state::PageArena& arena);
   Status ensure_device_buffer(void** buf, int64_t* cap, int64_t bytes, const char* what);
   Status launch_all(Launch& L);

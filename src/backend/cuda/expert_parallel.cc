@@ -19,10 +19,6 @@
 namespace dsinfer::gpu {
 namespace {
 
-int64_t local_ref(int64_t elem_offset) {
-  return -2 - elem_offset;
-}
-
 template <typename T>
 Status to_device(const std::vector<T>& v, T* dst, cudaStream_t s) {
   if (v.empty())

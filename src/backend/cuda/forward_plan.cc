@@ -11,9 +11,6 @@ namespace {
 using model::AttentionType;
 
 constexpr int64_t kNone = -1;
-int64_t local_ref(int64_t elem_offset) {
-  return -2 - elem_offset;
-}
 
 state::LayerState& layer_state(const SeqSpan& s, size_t layer) {
   return s.mtp ? s.st->mtp_layers()[0] : s.st->layers()[layer];

@@ -67,6 +67,19 @@ struct PassPlan {
   std::vector<LayerPass> layers;
 };
 
+// A reference to element `elem_offset` of the pass's local buffer (pool offsets are >= 0, -1 is
+// none): the encoding every key / row reference list of the plan uses.
+inline int64_t local_ref(int64_t elem_offset) {
+  return -2 - elem_offset;
+}
+
+// Fixed-shape steps pad their sequences to a power of two.
+inline int64_t pow2_at_least(int64_t v) {
+  int64_t b = 1;
+  while (b < v) b *= 2;
+  return b;
+}
+
 struct PlanContext {
   const model::ModelConfig* config = nullptr;
   int64_t page_floats = 0;

@@ -16,12 +16,6 @@
 
 namespace dsinfer::gpu {
 
-namespace {
-int64_t local_ref(int64_t elem_offset) {
-  return -2 - elem_offset;
-}
-}  // namespace
-
 bool CudaModel::can_draft() const {
   return !weights_->mtp.empty() && options_.comm == nullptr;
 }
@@ -52,7 +46,14 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
     return Status();
   DSI_RETURN_IF_ERROR(ensure_pool(*arena));
   const int64_t n = static_cast<int64_t>(active.size());
-  const size_t stream_bytes = static_cast<size_t>(n * width) * sizeof(float);
+  // Each step a fixed-shape pass (one row per sequence, padded to a power of two) replayed from
+  // a graph, as the decode steps are; the rows beyond the sequences read row 0 and write nothing.
+  const bool fixed = options_.cuda_graphs && n <= options_.max_graph_batch;
+  // The kernels of decode steps (no host round trip inside a capture: moe_sm90 off), whether or
+  // not graphs are on, so that eager and replayed drafts are the same.
+  decode_step_ = n <= options_.max_graph_batch;
+  const int64_t n_rows = fixed ? pow2_at_least(n) : n;
+  const size_t stream_bytes = static_cast<size_t>(n_rows * width) * sizeof(float);
   DSI_RETURN_IF_ERROR(ensure_device_buffer(
       &draft_streams_[0], &draft_cap_[0], static_cast<int64_t>(stream_bytes), "cudaMalloc (MTP)"));
   DSI_RETURN_IF_ERROR(ensure_device_buffer(
@@ -94,19 +95,23 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
       }
     }
     const int64_t rows = static_cast<int64_t>(now.size());
+    const int64_t plan_rows = fixed ? pow2_at_least(rows) : rows;
+    tokens.resize(static_cast<size_t>(plan_rows), 0);
+    src.resize(static_cast<size_t>(plan_rows), local_ref(0));
     HostPack pack;
     PassPlan plan;
     PlanContext ctx;
     ctx.config = &c;
     ctx.page_floats = arena->page_floats();
-    plan_pass(ctx, spans, tokens, rows, pack, &plan);
+    ctx.fixed_shape = fixed;
+    plan_pass(ctx, spans, tokens, plan_rows, pack, &plan);
     const int32_t src_id = pack.add(src);
     std::vector<int64_t> bcast;
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = 0; r < plan_rows; ++r) {
       for (int64_t j = 0; j < c.hc_mult; ++j) bcast.push_back(local_ref(r * c.hidden_size));
     }
     const int32_t bcast_id = pack.add(bcast);
-    pack.layout(false);
+    pack.layout(fixed);
     uint8_t* dev = nullptr;
     DSI_RETURN_IF_ERROR(upload_pack(pack, &dev));
     DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
@@ -116,7 +121,20 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
     float* in = static_cast<float*>(draft_streams_[step % 2]);
     float* out = static_cast<float*>(draft_streams_[(step + 1) % 2]);
     float* logits = nullptr;
-    DSI_RETURN_IF_ERROR(launch_mtp(plan, src_id, bcast_id, in, dev, pack, out, &logits));
+    auto launch = [&] { return launch_mtp(plan, src_id, bcast_id, in, dev, pack, out, &logits); };
+    if (fixed) {
+      // Keyed apart from the forwards' graphs: a marker, the step's buffer pair, the layout.
+      std::vector<int64_t> key{-7, step % 2};
+      const std::vector<int64_t> layout = pack.layout_key();
+      key.insert(key.end(), layout.begin(), layout.end());
+      key.push_back(plan_rows);
+      key.push_back(reinterpret_cast<int64_t>(pool_));
+      key.push_back(reinterpret_cast<int64_t>(in));
+      for (const LayerPass& lp : plan.layers) key.push_back(lp.visible_room);
+      DSI_RETURN_IF_ERROR(run_fixed_shape(key, launch, &logits, nullptr, /*profile_eager=*/false));
+    } else {
+      DSI_RETURN_IF_ERROR(launch());
+    }
     std::vector<DeviceSampler::Row> srows;
     for (int64_t k = 0; k < rows; ++k) {
       sreq[static_cast<size_t>(k)].config = &greedy;
