@@ -34,6 +34,9 @@ class DeviceSampler {
   Status launch(const float* logits, int64_t vocab, std::span<const Row> rows, cudaStream_t stream);
   // Row i's result (after the stream synchronized); logprob only when its config asks for it.
   sampling::SampleResult result(size_t i) const;
+  // The last launch's picked tokens on the device ([rows], int32; valid in stream order after
+  // it): what chained work (the next drafting step's embedding) reads without a round trip.
+  const int32_t* device_tokens() const { return static_cast<const int32_t*>(out_dev_); }
 
   // The host blob's layout for n rows, p penalty entries and m masks of `words` words (tests).
   struct Layout {

@@ -64,13 +64,22 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   greedy.logprobs = true;  // the draft's probability under the block's softmax
   const sampling::PenaltyState no_penalties;
   std::vector<backend::SampleRequest> sreq(active.size());
+  for (backend::SampleRequest& q : sreq) {
+    q.config = &greedy;
+    q.penalties = &no_penalties;
+  }
   std::vector<int64_t> row_of(items.size(), -1);  // item -> its row in the previous step
-  for (int32_t step = 0; step < max_steps; ++step) {
-    std::vector<size_t> now;
-    for (size_t i : active) {
-      if (items[i].num_steps > step)
-        now.push_back(i);
-    }
+  // One step's pass over the sequences `now` into pack: step 0 starts from the main model's final
+  // streams of each sequence's last position with its pending token, step s from the streams of
+  // step s - 1 (row row_of[item] of `in`) with the previous draft (token: chained steps leave 0,
+  // overwritten on the device by the previous step's pick before this step runs).
+  auto plan_step = [&](int32_t step,
+                       const std::vector<size_t>& now,
+                       bool chained,
+                       HostPack& pack,
+                       PassPlan* plan,
+                       int32_t* src_id,
+                       int32_t* bcast_id) {
     std::vector<SeqSpan> spans;
     std::vector<int32_t> tokens;
     std::vector<int64_t> src;
@@ -85,7 +94,7 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
       sp.begin = static_cast<int64_t>(k);
       sp.mtp = true;
       spans.push_back(sp);
-      tokens.push_back(step == 0 ? it.next_token : it.tokens[step - 1]);
+      tokens.push_back(step == 0 ? it.next_token : chained ? 0 : it.tokens[step - 1]);
       if (step == 0) {
         const int64_t r = st.final_streams_row(pos0);
         DSI_CHECK(r >= 0, "final streams of position %lld are gone", static_cast<long long>(pos0));
@@ -98,57 +107,128 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
     const int64_t plan_rows = fixed ? pow2_at_least(rows) : rows;
     tokens.resize(static_cast<size_t>(plan_rows), 0);
     src.resize(static_cast<size_t>(plan_rows), local_ref(0));
-    HostPack pack;
-    PassPlan plan;
     PlanContext ctx;
     ctx.config = &c;
     ctx.page_floats = arena->page_floats();
     ctx.fixed_shape = fixed;
-    plan_pass(ctx, spans, tokens, plan_rows, pack, &plan);
-    const int32_t src_id = pack.add(src);
+    plan_pass(ctx, spans, tokens, plan_rows, pack, plan);
+    *src_id = pack.add(src);
     std::vector<int64_t> bcast;
     for (int64_t r = 0; r < plan_rows; ++r) {
       for (int64_t j = 0; j < c.hc_mult; ++j) bcast.push_back(local_ref(r * c.hidden_size));
     }
-    const int32_t bcast_id = pack.add(bcast);
+    *bcast_id = pack.add(bcast);
+  };
+  // One step's launch (graph-replayed when fixed): its logits stay in the workspace.
+  auto run_step = [&](int32_t step,
+                      const std::vector<int64_t>& key_head,
+                      const PassPlan& plan,
+                      int32_t src_id,
+                      int32_t bcast_id,
+                      uint8_t* dev,
+                      const HostPack& pack,
+                      float** logits) -> Status {
+    ws_->reset();
+    float* in = static_cast<float*>(draft_streams_[step % 2]);
+    float* out = static_cast<float*>(draft_streams_[(step + 1) % 2]);
+    auto launch = [&] { return launch_mtp(plan, src_id, bcast_id, in, dev, pack, out, logits); };
+    if (!fixed)
+      return launch();
+    // Keyed apart from the forwards' graphs (a negative marker first), then the step's buffers,
+    // the plan's layout and shape.
+    std::vector<int64_t> key = key_head;
+    key.push_back(step);
+    const std::vector<int64_t> layout = pack.layout_key();
+    key.insert(key.end(), layout.begin(), layout.end());
+    key.push_back(plan.rows);
+    key.push_back(reinterpret_cast<int64_t>(pool_));
+    key.push_back(reinterpret_cast<int64_t>(in));
+    for (const LayerPass& lp : plan.layers) key.push_back(lp.visible_room);
+    return run_fixed_shape(key, launch, logits, nullptr, /*profile_eager=*/false);
+  };
+
+  // Every sequence drafting the same number of steps (fixed:K, auto's one depth per step): all
+  // steps planned into one upload, each step's picks copied on the device into the next step's
+  // tokens, one synchronisation for the call.
+  bool same_steps = max_steps >= 2;
+  for (size_t i : active) same_steps = same_steps && items[i].num_steps == max_steps;
+  if (same_steps) {
+    for (size_t k = 0; k < active.size(); ++k) row_of[active[k]] = static_cast<int64_t>(k);
+    while (draft_samplers_.size() < static_cast<size_t>(max_steps))
+      draft_samplers_.push_back(std::make_unique<DeviceSampler>());
+    HostPack pack;
+    std::vector<PassPlan> plans(static_cast<size_t>(max_steps));
+    std::vector<int32_t> src_ids(plans.size()), bcast_ids(plans.size());
+    for (int32_t step = 0; step < max_steps; ++step) {
+      const size_t s = static_cast<size_t>(step);
+      plan_step(step, active, true, pack, &plans[s], &src_ids[s], &bcast_ids[s]);
+    }
     pack.layout(fixed);
     uint8_t* dev = nullptr;
     DSI_RETURN_IF_ERROR(upload_pack(pack, &dev));
     DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
     if (moved)
       clear_graphs();
-    ws_->reset();
-    float* in = static_cast<float*>(draft_streams_[step % 2]);
-    float* out = static_cast<float*>(draft_streams_[(step + 1) % 2]);
-    float* logits = nullptr;
-    auto launch = [&] { return launch_mtp(plan, src_id, bcast_id, in, dev, pack, out, &logits); };
-    if (fixed) {
-      // Keyed apart from the forwards' graphs: a marker, the step's buffer pair, the layout.
-      std::vector<int64_t> key{-7, step % 2};
-      const std::vector<int64_t> layout = pack.layout_key();
-      key.insert(key.end(), layout.begin(), layout.end());
-      key.push_back(plan_rows);
-      key.push_back(reinterpret_cast<int64_t>(pool_));
-      key.push_back(reinterpret_cast<int64_t>(in));
-      for (const LayerPass& lp : plan.layers) key.push_back(lp.visible_room);
-      DSI_RETURN_IF_ERROR(run_fixed_shape(key, launch, &logits, nullptr, /*profile_eager=*/false));
-    } else {
-      DSI_RETURN_IF_ERROR(launch());
-    }
     std::vector<DeviceSampler::Row> srows;
-    for (int64_t k = 0; k < rows; ++k) {
-      sreq[static_cast<size_t>(k)].config = &greedy;
-      sreq[static_cast<size_t>(k)].penalties = &no_penalties;
-      srows.push_back({&sreq[static_cast<size_t>(k)], k});
+    for (int64_t k = 0; k < n; ++k) srows.push_back({&sreq[static_cast<size_t>(k)], k});
+    for (int32_t step = 0; step < max_steps; ++step) {
+      const size_t s = static_cast<size_t>(step);
+      float* logits = nullptr;
+      DSI_RETURN_IF_ERROR(
+          run_step(step, {-8, max_steps}, plans[s], src_ids[s], bcast_ids[s], dev, pack, &logits));
+      DeviceSampler& sampler = *draft_samplers_[s];
+      DSI_RETURN_IF_ERROR(sampler.launch(logits, c.vocab_size, srows, stream_.get()));
+      if (step + 1 < max_steps) {
+        int32_t* next = pack.resolve<int32_t>(dev, plans[s + 1].tokens);
+        DSI_RETURN_IF_ERROR(
+            device::check_cuda(cudaMemcpyAsync(next,
+                                               sampler.device_tokens(),
+                                               static_cast<size_t>(n) * sizeof(int32_t),
+                                               cudaMemcpyDeviceToDevice,
+                                               stream_.get()),
+                               "chaining the drafts"));
+      }
     }
-    DSI_RETURN_IF_ERROR(sampler_.launch(logits, c.vocab_size, srows, stream_.get()));
     DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
-    for (size_t k = 0; k < now.size(); ++k) {
-      backend::DraftItem& it = items[now[k]];
-      const sampling::SampleResult r = sampler_.result(k);
-      it.tokens[step] = r.token;
-      it.probs[step] = std::exp(r.logprob);
-      row_of[now[k]] = static_cast<int64_t>(k);
+    for (int32_t step = 0; step < max_steps; ++step) {
+      const DeviceSampler& sampler = *draft_samplers_[static_cast<size_t>(step)];
+      for (size_t k = 0; k < active.size(); ++k) {
+        const sampling::SampleResult r = sampler.result(k);
+        items[active[k]].tokens[step] = r.token;
+        items[active[k]].probs[step] = std::exp(r.logprob);
+      }
+    }
+  } else {
+    // Steps of different lengths: one step at a time, its picks read back before the next.
+    for (int32_t step = 0; step < max_steps; ++step) {
+      std::vector<size_t> now;
+      for (size_t i : active) {
+        if (items[i].num_steps > step)
+          now.push_back(i);
+      }
+      HostPack pack;
+      PassPlan plan;
+      int32_t src_id = -1, bcast_id = -1;
+      plan_step(step, now, false, pack, &plan, &src_id, &bcast_id);
+      pack.layout(fixed);
+      uint8_t* dev = nullptr;
+      DSI_RETURN_IF_ERROR(upload_pack(pack, &dev));
+      DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
+      if (moved)
+        clear_graphs();
+      float* logits = nullptr;
+      DSI_RETURN_IF_ERROR(run_step(step, {-7}, plan, src_id, bcast_id, dev, pack, &logits));
+      std::vector<DeviceSampler::Row> srows;
+      for (size_t k = 0; k < now.size(); ++k) srows.push_back({&sreq[k], static_cast<int64_t>(k)});
+      DSI_RETURN_IF_ERROR(sampler_.launch(logits, c.vocab_size, srows, stream_.get()));
+      DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
+      for (size_t k = 0; k < now.size(); ++k) {
+        backend::DraftItem& it = items[now[k]];
+        const sampling::SampleResult r = sampler_.result(k);
+        it.tokens[step] = r.token;
+        it.probs[step] = std::exp(r.logprob);
+        row_of[now[k]] = static_cast<int64_t>(k);
+      }
     }
   }
   // The block has consumed next_token; what the later steps wrote lies beyond it (the
