@@ -685,8 +685,29 @@ TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
         drafts[i].tokens = dtok[i].data();
         drafts[i].probs = dprob[i].data();
       }
-      if (len >= 2) {
+      if (len >= 3) {
+        // Drafting one step at a time (sequence 0 drafting fewer steps than the others) gives
+        // the others the drafts of the chained steps below: drafted first this way, then the
+        // MTP state put back one position behind.
+        std::vector<backend::DraftItem> single = drafts;
+        std::vector<std::vector<int32_t>> stok(kSeqs, std::vector<int32_t>(4, 0));
+        std::vector<std::vector<float>> sprob(kSeqs, std::vector<float>(4, 0.0f));
+        for (int i = 0; i < kSeqs; ++i) {
+          single[i].tokens = stok[i].data();
+          single[i].probs = sprob[i].data();
+        }
+        single[0].num_steps = 1;
+        EXPECT_TRUE(m.mtp_draft_batch(single).ok());
+        for (int i = 0; i < kSeqs; ++i) st[i]->set_mtp_num_tokens(st[i]->num_tokens() - 1);
         EXPECT_TRUE(m.mtp_draft_batch(drafts).ok());
+        for (int i = 1; i < kSeqs; ++i) {
+          EXPECT_EQ(stok[i], dtok[i]) << "sequence " << i << " round " << round;
+          EXPECT_EQ(sprob[i], dprob[i]) << "sequence " << i << " round " << round;
+        }
+      } else if (len == 2) {
+        EXPECT_TRUE(m.mtp_draft_batch(drafts).ok());
+      }
+      if (len >= 2) {
         for (int i = 0; i < kSeqs; ++i) {
           EXPECT_TRUE(drafts[i].status.ok()) << drafts[i].status.to_string();
           toks[i].insert(toks[i].end(), dtok[i].begin(), dtok[i].begin() + (len - 1));
