@@ -89,6 +89,13 @@ Logits run(backend::Model& m, const std::vector<int32_t>& ids, int64_t chunk, bo
   return r;
 }
 
+// One batched forward that must succeed, batch and items alike.
+void forward_ok(backend::Model& m, std::vector<backend::ForwardItem>& items) {
+  const Status s = m.forward_batch(items);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  for (const backend::ForwardItem& it : items) EXPECT_TRUE(it.status.ok()) << it.status.to_string();
+}
+
 struct ModelCase {
   const char* path;
   int64_t tokens;
@@ -554,10 +561,8 @@ TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
         items[i].options.last_logits_only = true;
         items[i].out = &outs[i];
       }
-      Status s = m.forward_batch(items);
-      EXPECT_TRUE(s.ok()) << s.to_string();
+      forward_ok(m, items);
       for (int i = 0; i < kSeqs; ++i) {
-        EXPECT_TRUE(items[i].status.ok()) << items[i].status.to_string();
         const auto& l = outs[i].logits;
         step_logits->push_back(l);
         const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
@@ -656,10 +661,8 @@ TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
         items[i].options.want_mtp_logits = last;
         items[i].out = &outs[i];
       }
-      Status s = m.forward_batch(items);
-      EXPECT_TRUE(s.ok()) << s.to_string();
+      forward_ok(m, items);
       for (int i = 0; i < kSeqs; ++i) {
-        EXPECT_TRUE(items[i].status.ok()) << items[i].status.to_string();
         logits->push_back(outs[i].logits);
         if (last)
           logits->push_back(outs[i].mtp_logits);

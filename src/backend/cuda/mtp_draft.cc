@@ -119,6 +119,16 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
     }
     *bcast_id = pack.add(bcast);
   };
+  // The plan on the device, and the workspace in one piece before anything is launched (a move
+  // drops the captured graphs).
+  auto upload = [&](HostPack& pack, uint8_t** dev) -> Status {
+    pack.layout(fixed);
+    DSI_RETURN_IF_ERROR(upload_pack(pack, dev));
+    DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
+    if (moved)
+      clear_graphs();
+    return Status();
+  };
   // One step's launch (graph-replayed when fixed): its logits stay in the workspace.
   auto run_step = [&](int32_t step,
                       const std::vector<int64_t>& key_head,
@@ -163,12 +173,8 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
       const size_t s = static_cast<size_t>(step);
       plan_step(step, active, true, pack, &plans[s], &src_ids[s], &bcast_ids[s]);
     }
-    pack.layout(fixed);
     uint8_t* dev = nullptr;
-    DSI_RETURN_IF_ERROR(upload_pack(pack, &dev));
-    DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
-    if (moved)
-      clear_graphs();
+    DSI_RETURN_IF_ERROR(upload(pack, &dev));
     std::vector<DeviceSampler::Row> srows;
     for (int64_t k = 0; k < n; ++k) srows.push_back({&sreq[static_cast<size_t>(k)], k});
     for (int32_t step = 0; step < max_steps; ++step) {
@@ -210,12 +216,8 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
       PassPlan plan;
       int32_t src_id = -1, bcast_id = -1;
       plan_step(step, now, false, pack, &plan, &src_id, &bcast_id);
-      pack.layout(fixed);
       uint8_t* dev = nullptr;
-      DSI_RETURN_IF_ERROR(upload_pack(pack, &dev));
-      DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
-      if (moved)
-        clear_graphs();
+      DSI_RETURN_IF_ERROR(upload(pack, &dev));
       float* logits = nullptr;
       DSI_RETURN_IF_ERROR(run_step(step, {-7}, plan, src_id, bcast_id, dev, pack, &logits));
       std::vector<DeviceSampler::Row> srows;

@@ -16,6 +16,7 @@
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/swiglu.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -295,15 +296,8 @@ __global__ void __launch_bounds__(C::kThreads) fp8_gate_up_kernel(Fp8ExpertFfnPa
     const int64_t r = r0 + i;
     if (g >= g_end || r >= p.inter)
       continue;
-    float gv = red[j * C::BM + i];
-    float v = red[j * C::BM + i + kHalf];
-    if (lim > 0.0f) {
-      gv = fminf(gv, lim);
-      v = v < -lim ? -lim : (lim < v ? lim : v);
-    }
     const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[g] : g] : 1.0f;
-    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-    p.h[g * p.inter + r] = __fmul_rn(__fmul_rn(silu, v), gate);
+    p.h[g * p.inter + r] = swiglu_gated(red[j * C::BM + i], red[j * C::BM + i + kHalf], lim, gate);
   }
 }
 

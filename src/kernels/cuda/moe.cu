@@ -7,6 +7,7 @@
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/swiglu.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -237,14 +238,7 @@ __global__ void __launch_bounds__(kGemmThreads) expert_gate_up_kernel(ExpertFfnP
     const int64_t r = r0 + gemm_tile_row(j);
     if (r >= p.inter)
       continue;
-    float gv = a[j];
-    float v = u[j];
-    if (lim > 0.0f) {
-      gv = fminf(gv, lim);
-      v = v < -lim ? -lim : (lim < v ? lim : v);
-    }
-    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-    p.h[g * p.inter + r] = __fmul_rn(__fmul_rn(silu, v), gate);
+    p.h[g * p.inter + r] = swiglu_gated(a[j], u[j], lim, gate);
   }
 }
 

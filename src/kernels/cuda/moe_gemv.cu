@@ -7,6 +7,7 @@
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/swiglu.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -422,15 +423,8 @@ __global__ void __launch_bounds__(kWarps * 32, kGateUpMinBlocks)
         continue;
       const int64_t row = r0 + g + 8 * (i >> 1);
       const int64_t pair = g0 + j;
-      float gv = acc[0][i];
-      float v = acc[1][i];
-      if (lim > 0.0f) {
-        gv = fminf(gv, lim);
-        v = v < -lim ? -lim : (lim < v ? lim : v);
-      }
       const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[pair] : pair] : 1.0f;
-      const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-      p.h[pair * p.inter + row] = __fmul_rn(__fmul_rn(silu, v), gate);
+      p.h[pair * p.inter + row] = swiglu_gated(acc[0][i], acc[1][i], lim, gate);
     }
   };
   for (int rg = 0; rg < groups; ++rg) {

@@ -24,6 +24,7 @@
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe_sm90.h"
+#include "kernels/cuda/swiglu.cuh"
 #include "numeric/float_formats.h"
 
 namespace dsinfer::cuda {
@@ -340,14 +341,7 @@ __global__ void swiglu_quant_kernel(MoeSm90Params p, Scratch s) {
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float gv = h[i];
-        float v = u[i];
-        if (lim > 0.0f) {
-          gv = fminf(gv, lim);
-          v = v < -lim ? -lim : (lim < v ? lim : v);
-        }
-        const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-        h[i] = __fmul_rn(__fmul_rn(silu, v), gate);
+        h[i] = swiglu_gated(h[i], u[i], lim, gate);
         amax = fmaxf(amax, fabsf(h[i]));
       }
       amax = warp_max(amax);
