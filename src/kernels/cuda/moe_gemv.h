@@ -12,9 +12,9 @@
 // block's sum is then scaled by the activation scale (and the FP8 block scale) and added in K
 // order. MXFP4's per-32 E8M0 scales are folded into the FP16 weights relative to the 128-block's
 // first 32-block (exact while the other three lie within 13 binades of it, which
-// expert_gemv_check counts at load time), that first scale into the block's factor. Products are exact; only the fp32
-// summation order differs from the CPU and from the tile kernels, and a token's result does not
-// depend on the other pairs of its tile.
+// expert_gemv_check counts at load time), that first scale into the block's factor. Products are
+// exact; only the fp32 summation order differs from the CPU and from the tile kernels, and a
+// token's result does not depend on the other pairs of its tile.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,8 +38,9 @@ inline constexpr int64_t kExpertGemvSingleMaxPairs = 64;
 bool expert_gemv_supports(int64_t hidden, int64_t inter);
 
 // Counts into *bad (device int, added to) the (row, 128-block) pairs of MXFP4 experts where an
-// E8M0 scale lies more than 13 binades from the block's first (or is the NaN code): where the count is 0 the GEMV
-// path is exact for these experts. FP8 experts need no check. w1/w3/w2: device arrays.
+// E8M0 scale lies more than 13 binades from the block's first (or is the NaN code): where the
+// count is 0 the GEMV path is exact for these experts. FP8 experts need no check. w1/w3/w2:
+// device arrays.
 Status launch_expert_gemv_check(const MatrixRef* w1,
                                 const MatrixRef* w3,
                                 const MatrixRef* w2,
