@@ -47,15 +47,23 @@ Status copy_pool_pages(float* pool,
                        int64_t page_floats,
                        const std::vector<std::pair<int32_t, int32_t>>& pairs,
                        cudaStream_t s) {
-  for (const auto& [from, to] : pairs) {
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pool + to * page_floats,
-                                                           pool + from * page_floats,
-                                                           static_cast<size_t>(page_floats * 4),
-                                                           cudaMemcpyDeviceToDevice,
-                                                           s),
-                                           "copying state pages"));
+  for (size_t i = 0; i < pairs.size();) {
+    const auto [from, to] = pairs[i];
+    size_t run = 1;
+    while (i + run < pairs.size() && pairs[i + run].first == from + static_cast<int32_t>(run) &&
+           pairs[i + run].second == to + static_cast<int32_t>(run))
+      ++run;
+    // A run's source and destination pages do not overlap (fork_from's destinations are fresh).
+    DSI_RETURN_IF_ERROR(
+        device::check_cuda(cudaMemcpyAsync(pool + to * page_floats,
+                                           pool + from * page_floats,
+                                           static_cast<size_t>(page_floats) * 4 * run,
+                                           cudaMemcpyDeviceToDevice,
+                                           s),
+                           "copying state pages"));
+    i += run;
   }
-  return device::sync_stream(s, "copying state pages");
+  return Status();
 }
 
 Status read_pool_pages(const float* pool,

@@ -30,7 +30,10 @@ struct StatePool {
 Status grow_state_pool(
     StatePool* pool, const state::PageArena& arena, cudaStream_t s, const char* what, bool* grew);
 
-// Page copies within the pool (pairs of from, to), each page page_floats floats; s synced after.
+// Page copies within the pool (pairs of from, to), each page page_floats floats, queued on s
+// without waiting: every reader and writer of the pool works in s's order (forwards, page reads
+// and writes, the next copies), so a fork's copy overlaps the forward still running. Runs of
+// consecutive pairs are one copy each.
 Status copy_pool_pages(float* pool,
                        int64_t page_floats,
                        const std::vector<std::pair<int32_t, int32_t>>& pairs,
