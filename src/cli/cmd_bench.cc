@@ -44,6 +44,7 @@ struct BenchArgs {
   std::vector<int64_t> prefill = {1024, 8192};
   std::vector<int64_t> decode_batch = {1, 64};
   int64_t context = 8192;
+  int64_t long_context = 0;  // > 0: also batch 1 at this context, and its step's ratio
   int64_t decode_steps = 32;
   int64_t repeats = 2;
   std::string output;
@@ -123,6 +124,10 @@ int run_bench(const BenchArgs& a) {
   engine::EngineConfig ec;
   if (Status s = parse_device(a.device, &ec); !s.ok())
     return fail(s);
+  if (a.long_context > 0 && (ec.device == engine::Device::kCpu ||
+                             cpu_v41::is_v41_model_dir(resolve_model_dir(a.model_dir)))) {
+    return fail(invalid_argument("--long-context: the V4 CUDA bench only"));
+  }
   if (ec.device == engine::Device::kCpu)
     return run_cpu_bench_from(a);
   auto numerics = parse_numerics(a.numerics);
@@ -136,8 +141,9 @@ int run_bench(const BenchArgs& a) {
     if (v < 1)
       return fail(invalid_argument("--decode-batch sizes must be >= 1"));
   }
-  if (a.context < 1 || a.decode_steps < 1 || a.repeats < 1)
-    return fail(invalid_argument("--context, --decode-steps and --repeats must be >= 1"));
+  if (a.context < 1 || a.decode_steps < 1 || a.repeats < 1 || a.long_context < 0)
+    return fail(invalid_argument(
+        "--context, --decode-steps and --repeats must be >= 1, --long-context >= 0"));
   const std::string model_dir = resolve_model_dir(a.model_dir);
   if (cpu_v41::is_v41_model_dir(model_dir)) {
     // DeepSeek V4.1: the V4.1 bench (bench_cpu_v41.cc) on the CUDA V4.1 backend, with this
@@ -225,8 +231,15 @@ int run_bench(const BenchArgs& a) {
   const int64_t max_tokens = std::max(*std::max_element(a.prefill.begin(), a.prefill.end()),
                                       a.context + kDecodeRuns * a.decode_steps + 16);
   const int64_t max_batch = *std::max_element(a.decode_batch.begin(), a.decode_batch.end());
+  // The long-context run is one sequence (batch 1): room for it once, beside the batches'.
+  const int64_t long_pages =
+      a.long_context > 0
+          ? state::SequenceState::pages_for(
+                cfg, page_bytes, a.long_context + kDecodeRuns * a.decode_steps + 16, 0)
+          : 0;
   const int64_t pages =
-      state::SequenceState::pages_for(cfg, page_bytes, max_tokens, 0) * (max_batch + 1) + 64;
+      state::SequenceState::pages_for(cfg, page_bytes, max_tokens, 0) * (max_batch + 1) +
+      long_pages + 64;
   auto arena = state::PageArena::with_budget(pages * page_bytes, page_bytes, m.state_storage());
   out["state_bytes_reserved"] = pages * page_bytes;
   {
@@ -235,10 +248,11 @@ int run_bench(const BenchArgs& a) {
       return fail(st.status());
     out["state"] = *st;
   }
-  if (cfg.max_position_embeddings < max_tokens) {
-    return fail(invalid_argument(str_format("the model's context (%lld) is below %lld tokens",
-                                            static_cast<long long>(cfg.max_position_embeddings),
-                                            static_cast<long long>(max_tokens))));
+  if (cfg.max_position_embeddings < std::max(max_tokens, a.long_context)) {
+    return fail(
+        invalid_argument(str_format("the model's context (%lld) is below %lld tokens",
+                                    static_cast<long long>(cfg.max_position_embeddings),
+                                    static_cast<long long>(std::max(max_tokens, a.long_context)))));
   }
 
   // Prefill: one sequence from an empty state, one forward, logits of the last token.
@@ -304,19 +318,24 @@ int run_bench(const BenchArgs& a) {
   // Decode: one sequence prefilled to the context, forked into the batch (identical prefixes;
   // decode cost does not depend on the content), then timed steps of one token per sequence.
   json decode = json::array();
-  for (int64_t batch : a.decode_batch) {
+  // (batch, context) runs: every batch size at --context, then batch 1 at --long-context.
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t b : a.decode_batch) runs.emplace_back(b, a.context);
+  if (a.long_context > 0)
+    runs.emplace_back(1, a.long_context);
+  for (const auto& [batch, context] : runs) {
     std::vector<std::unique_ptr<state::SequenceState>> seqs;
     seqs.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), 0, 0));
-    const auto ctx_toks = random_tokens(a.context, cfg.vocab_size, 17);
+    const auto ctx_toks = random_tokens(context, cfg.vocab_size, 17);
     std::fprintf(stderr,
                  "[bench] decode batch %lld: prefilling %lld tokens...\n",
                  static_cast<long long>(batch),
-                 static_cast<long long>(a.context));
+                 static_cast<long long>(context));
     // In chunks, as the engine's chunked prefill does: one forward over a 128k context would
     // size the forward workspace (activations, scores) for all its tokens at once.
     constexpr int64_t kContextChunk = 8192;
-    for (int64_t at = 0; at < a.context; at += kContextChunk) {
-      const int64_t n = std::min(kContextChunk, a.context - at);
+    for (int64_t at = 0; at < context; at += kContextChunk) {
+      const int64_t n = std::min(kContextChunk, context - at);
       const std::span<const int32_t> chunk(ctx_toks.data() + at, static_cast<size_t>(n));
       if (Status s = m.forward(*seqs[0], chunk, last, &fo); !s.ok())
         return fail(s);
@@ -412,10 +431,10 @@ int run_bench(const BenchArgs& a) {
     m.set_profile(false);
     m.set_cuda_graphs(!a.no_cuda_graphs);
     const model::ForwardCost cost =
-        model::decode_cost(cfg, (*ckpt)->weights(), batch, a.context + warm);
+        model::decode_cost(cfg, (*ckpt)->weights(), batch, context + warm);
     json row = {
         {"batch", batch},
-        {"context", a.context},
+        {"context", context},
         {"steps", a.decode_steps},
         {"step_ms", step_s * 1e3},
         {"tokens_per_s", static_cast<double>(batch) / step_s},
@@ -446,7 +465,7 @@ int run_bench(const BenchArgs& a) {
                  "chosen on the device; top-p on the device %.3f ms, logits to the host %.3f "
                  "ms, top-p on the host %.3f ms; GPU idle between steps %.1f%%)\n",
                  static_cast<long long>(batch),
-                 static_cast<long long>(a.context),
+                 static_cast<long long>(context),
                  step_s * 1e3,
                  static_cast<double>(batch) / step_s,
                  sampling_ms["device_top_p"].get<double>(),
@@ -456,6 +475,27 @@ int run_bench(const BenchArgs& a) {
     decode.push_back(row);
   }
   out["decode"] = decode;
+  if (a.long_context > 0) {
+    // Issue 13's long-context target: the batch-1 step at --long-context against --context's,
+    // timed in this run (the last row is the long one; a batch-1 row at --context if any).
+    const json& lr = decode.back();
+    double base = 0;
+    for (const json& r : decode) {
+      if (r["batch"] == 1 && r["context"] == a.context)
+        base = r["step_ms"].get<double>();
+    }
+    json lc = {{"context", a.long_context}, {"step_ms", lr["step_ms"]}};
+    if (base > 0) {
+      lc["ratio_to_context_step"] = lr["step_ms"].get<double>() / base;
+      std::fprintf(stderr,
+                   "[bench] batch 1 at %lld context: %.3f ms/step = %.3fx the step at %lld\n",
+                   static_cast<long long>(a.long_context),
+                   lr["step_ms"].get<double>(),
+                   lr["step_ms"].get<double>() / base,
+                   static_cast<long long>(a.context));
+    }
+    out["long_context"] = lc;
+  }
   out["notes"] =
       "fractions: prefill FLOPs (weights applied per token x2, attention q.k+p.v, indexer) / "
       "FP8 GEMM peak; decode bytes (dense weights once, routed experts as the expected distinct "
@@ -485,6 +525,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
           ->delimiter(',');
   CLI::Option* o_context = cmd->add_option(
       "--context", a->context, "Context length of the decode runs (default 8192; cpu 128)");
+  cmd->add_option("--long-context",
+                  a->long_context,
+                  "Also decode batch 1 at this context and report its step against --context's "
+                  "batch-1 step (e.g. 131072)");
   CLI::Option* o_steps =
       cmd->add_option("--decode-steps", a->decode_steps, "Timed decode steps (default 32; cpu 8)");
   CLI::Option* o_repeats =

@@ -153,6 +153,8 @@ check "bench --device cpu compares fast and reference" \
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert [r["kernels"] for r in d["runs"]]==["fast","reference"] and d["speedups"][0]["decode"][1]["batch"]==2' "$TMP/bench_cpu.json"
 "$DSI" bench --model "$FIX" --device cpu --cpu-kernels turbo >"$TMP/err.txt" 2>&1
 check "bench --cpu-kernels rejects an unknown name" contains "$TMP/err.txt" "--cpu-kernels must be"
+"$DSI" bench --model "$FIX" --device cpu --long-context 4096 >"$TMP/err.txt" 2>&1
+check "bench --long-context on the CPU says it is the CUDA bench's" contains "$TMP/err.txt" "the V4 CUDA bench only"
 
 # --ep: expert parallelism needs CUDA; serve --ep is not built yet (clear errors, no ranks start).
 "$DSI" generate --model "$FIX" --prompt-token-ids 0,5 --max-tokens 2 --ep 2 >"$TMP/err.txt" 2>&1
