@@ -156,6 +156,11 @@ class Model {
   virtual int32_t text_prompt_bos() const { return -1; }
   // Whether forward honours ForwardOptions::sample (otherwise it returns logits as usual).
   virtual bool can_sample() const { return false; }
+  // True when steps whose sequences all feed the same number of tokens run much cheaper than
+  // mixed ones (CUDA: replayed from graphs): a speculating engine then drafts and verifies the
+  // same number of drafts for every sequence, also past a request's max_tokens near its end (the
+  // tokens past it are never emitted), instead of fewer for those requests.
+  virtual bool prefers_uniform_steps() const { return false; }
   // MTP drafting for several sequences (per-item errors in item.status). Backends without it
   // report can_draft() false and the engine does not speculate.
   virtual bool can_draft() const { return false; }

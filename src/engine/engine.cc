@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -749,10 +750,13 @@ bool Engine::plan_drafts() {
     Request& r = *c.request;
     if (r.done() || !c.samples || c.num_tokens != 1 || r.output.empty() || r.spec_disabled)
       continue;
-    // Drafts beyond max_tokens or the context limit could never be emitted.
-    const int64_t left = std::min(r.spec.max_tokens - static_cast<int64_t>(r.output.size()),
-                                  max_model_len_ - r.num_tokens()) -
-                         1;
+    // Drafts beyond max_tokens or the context limit could never be emitted. Beyond max_tokens
+    // they are still made and verified on a backend that prefers uniform steps (finish_verify
+    // stops emitting at max_tokens): every sequence of the step verifies as many, one shape.
+    const int64_t out_left = model_->prefers_uniform_steps()
+                                 ? std::numeric_limits<int64_t>::max()
+                                 : r.spec.max_tokens - static_cast<int64_t>(r.output.size());
+    const int64_t left = std::min(out_left, max_model_len_ - r.num_tokens()) - 1;
     const int32_t cap = static_cast<int32_t>(std::min<int64_t>(spec_.k, left));
     draft_chunk_.push_back(i);
     caps.push_back(std::max(cap, 0));

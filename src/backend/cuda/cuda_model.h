@@ -102,6 +102,9 @@ class CudaModel final : public backend::Model {
   Status health() const override;
   // ForwardOptions::sample: sampled on the device (DeviceSampler, kernels/cuda/sampling.h).
   bool can_sample() const override { return true; }
+  bool prefers_uniform_steps() const override {
+    return options_.cuda_graphs && options_.max_graph_tokens > 1;
+  }
   // V4's MTP block drafting on the device (mtp_draft.cc); not under expert parallelism.
   bool can_draft() const override;
   Status mtp_draft_batch(std::span<backend::DraftItem> items) override;

@@ -344,5 +344,48 @@ TEST(BackendSampling, VerificationRowsSampledInTheBackendEqualHostVerification) 
   EXPECT_GT(dev.verify_rows, 0);
 }
 
+// A backend that prefers uniform steps (Model::prefers_uniform_steps, as CUDA with graphs): a
+// speculating engine drafts and verifies as many drafts for every sequence, also past a request's
+// max_tokens near its end (those tokens are never emitted), so that its steps keep one shape.
+// Outputs equal speculation off on the same backend, and every verification is of k drafts.
+class UniformStepsModel final : public test_support::CpuBackedModel {
+ public:
+  using CpuBackedModel::CpuBackedModel;
+  bool prefers_uniform_steps() const override { return true; }
+  bool can_draft() const override { return cpu_.can_draft(); }
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
+    return cpu_.mtp_draft_batch(items);
+  }
+  const char* name() const override { return "cpu+uniform"; }
+};
+
+TEST(BackendSampling, UniformStepsVerifyAsManyDraftsPastMaxTokens) {
+  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  const std::shared_ptr<const model::Checkpoint> mini(std::move(opened).value());
+  const auto cases = test_support::random_cases(6, 77, 10, 2, 3000, 9);
+  auto run = [&](const char* mode, EngineStats* stats) {
+    EngineConfig cfg;
+    cfg.state_budget_bytes = int64_t{64} << 20;
+    cfg.page_bytes = state::min_page_bytes(mini->config());
+    cfg.speculative = *spec::parse_config(mode);
+    auto e = Engine::create(cfg, mini, std::make_unique<UniformStepsModel>(*mini));
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    auto out = test_support::run_all(**e, test_support::greedy_specs(cases));
+    *stats = (*e)->stats();
+    return out;
+  };
+  EngineStats off_stats, spec_stats;
+  const auto off = run("off", &off_stats);
+  const auto spec = run("fixed:3", &spec_stats);
+  EXPECT_EQ(spec, off);
+  for (size_t i = 0; i < cases.size(); ++i)
+    EXPECT_EQ(static_cast<int64_t>(spec[i].size()), cases[i].max_tokens) << "request " << i;
+  const auto& vl = spec_stats.spec.verify_len;
+  ASSERT_EQ(vl.size(), 4u);
+  EXPECT_GT(vl[3], 0);
+  EXPECT_EQ(vl[1] + vl[2], 0) << spec_stats.spec.summary();
+}
+
 }  // namespace
 }  // namespace dsinfer::engine
