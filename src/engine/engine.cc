@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -312,6 +313,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   e->model_ = std::move(model);
   // Speculative decoding: the checkpoint's drafter, where this backend can run it.
   e->spec_ = config.speculative;
+  if (const char* v = std::getenv("DSINFER_SPEC_TRACE"); v != nullptr && v[0] == '1')
+    e->trace_spec_ = true;
   // The reference CPU kernels are the oracle, not a fast path: speculation only when asked for.
   if (e->spec_.defaulted && config.device == Device::kCpu &&
       config.cpu_kernels == CpuKernels::kReference)
@@ -852,6 +855,20 @@ bool Engine::plan_drafts() {
     state::SequenceState& st = memory_->state(r.id);
     while (chunk_k_[i] > 0 && !st.reserve(1 + chunk_k_[i])) --chunk_k_[i];
     ++stats_.spec.verify_len[static_cast<size_t>(chunk_k_[i])];
+  }
+  if (trace_spec_) {
+    std::string line = str_format("[spec-trace] step %lld: %lld drafting, depth %d |",
+                                  static_cast<long long>(stats_.steps),
+                                  static_cast<long long>(b),
+                                  step_depth_);
+    for (size_t j = 0; j < draft_chunk_.size(); ++j) {
+      const Request& r = *plan_.chunks[draft_chunk_[j]].request;
+      line += str_format(" %lld:%d%s",
+                         static_cast<long long>(r.id),
+                         chunk_k_[draft_chunk_[j]],
+                         r.spec_disabled ? "x" : "");
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
   }
   return true;
 }

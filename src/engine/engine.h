@@ -313,6 +313,9 @@ class Engine {
   double t0_ = 0;
   // Speculative decoding.
   spec::Config spec_;
+  // DSINFER_SPEC_TRACE=1: one stderr line per speculating step (batch, depth, each request's
+  // drafts verified and whether it stopped speculating), for tracing auto's choices.
+  bool trace_spec_ = false;
   std::unique_ptr<spec::Drafter> drafter_;
   spec::StepTimes step_times_;
   std::unique_ptr<spec::AcceptancePredictor> predictor_;
