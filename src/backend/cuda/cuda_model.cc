@@ -599,6 +599,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     key.push_back(rows);
     key.push_back(reinterpret_cast<int64_t>(pool_));
     for (const LayerPass& lp : L->main.layers) key.push_back(lp.visible_room);
+    key.push_back(L0);  // tokens per sequence (rows alone would let 2 x 4 replay 8 x 1's graph)
     key.push_back(L->has_mtp ? L->mtp.rows : 0);
     if (L->has_mtp) {
       for (const LayerPass& lp : L->mtp.layers) key.push_back(lp.visible_room);
