@@ -10,6 +10,24 @@
 
 namespace dsinfer::gpu {
 
+namespace {
+
+// Calls copy(first, count) for each maximal run of indices [first, first + count) of [0, n) in
+// which follows(i) holds for every i after the first (index i continues the pages of i - 1): one
+// cudaMemcpyAsync per run of consecutive pages instead of one per page.
+template <class Follows, class Copy>
+Status for_each_run(size_t n, Follows follows, Copy copy) {
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && follows(j)) ++j;
+    DSI_RETURN_IF_ERROR(copy(i, j - i));
+    i = j;
+  }
+  return Status();
+}
+
+}  // namespace
+
 Status grow_state_pool(
     StatePool* pool, const state::PageArena& arena, cudaStream_t s, const char* what, bool* grew) {
   *grew = false;
@@ -47,23 +65,22 @@ Status copy_pool_pages(float* pool,
                        int64_t page_floats,
                        const std::vector<std::pair<int32_t, int32_t>>& pairs,
                        cudaStream_t s) {
-  for (size_t i = 0; i < pairs.size();) {
-    const auto [from, to] = pairs[i];
-    size_t run = 1;
-    while (i + run < pairs.size() && pairs[i + run].first == from + static_cast<int32_t>(run) &&
-           pairs[i + run].second == to + static_cast<int32_t>(run))
-      ++run;
-    // A run's source and destination pages do not overlap (fork_from's destinations are fresh).
-    DSI_RETURN_IF_ERROR(
-        device::check_cuda(cudaMemcpyAsync(pool + to * page_floats,
-                                           pool + from * page_floats,
-                                           static_cast<size_t>(page_floats) * 4 * run,
-                                           cudaMemcpyDeviceToDevice,
-                                           s),
-                           "copying state pages"));
-    i += run;
-  }
-  return Status();
+  const size_t page_bytes = static_cast<size_t>(page_floats) * sizeof(float);
+  // A run's source and destination pages do not overlap (fork_from's destinations are fresh).
+  return for_each_run(
+      pairs.size(),
+      [&](size_t i) {
+        return pairs[i].first == pairs[i - 1].first + 1 &&
+               pairs[i].second == pairs[i - 1].second + 1;
+      },
+      [&](size_t i, size_t count) {
+        return device::check_cuda(cudaMemcpyAsync(pool + pairs[i].second * page_floats,
+                                                  pool + pairs[i].first * page_floats,
+                                                  count * page_bytes,
+                                                  cudaMemcpyDeviceToDevice,
+                                                  s),
+                                  "copying state pages");
+      });
 }
 
 Status read_pool_pages(const float* pool,
@@ -71,16 +88,13 @@ Status read_pool_pages(const float* pool,
                        std::span<const int32_t> pages,
                        float* dst,
                        cudaStream_t s) {
-  for (size_t i = 0; i < pages.size(); ++i) {
-    DSI_CHECK(pages[i] >= 0, "read_state_pages: page %d", pages[i]);
-    DSI_RETURN_IF_ERROR(
-        device::check_cuda(cudaMemcpyAsync(dst + static_cast<int64_t>(i) * page_floats,
-                                           pool + pages[i] * page_floats,
-                                           static_cast<size_t>(page_floats * 4),
-                                           cudaMemcpyDeviceToHost,
-                                           s),
-                           "reading state pages"));
-  }
+  DSI_RETURN_IF_ERROR(queue_page_copies(const_cast<float*>(pool),
+                                        page_floats,
+                                        pages,
+                                        dst,
+                                        /*to_host=*/true,
+                                        s,
+                                        "reading state pages"));
   return device::sync_stream(s, "reading state pages");
 }
 
@@ -137,19 +151,18 @@ Status queue_page_copies(float* pool,
                          const char* what) {
   const size_t page_bytes = static_cast<size_t>(page_floats) * sizeof(float);
   char* h = reinterpret_cast<char*>(host);
-  for (size_t i = 0; i < pages.size();) {
-    DSI_CHECK(pages[i] >= 0, "%s: page %d", what, pages[i]);
-    size_t j = i + 1;
-    while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
-    float* d = pool + static_cast<int64_t>(pages[i]) * page_floats;
-    const size_t bytes = (j - i) * page_bytes;
-    DSI_RETURN_IF_ERROR(device::check_cuda(
-        to_host ? cudaMemcpyAsync(h + i * page_bytes, d, bytes, cudaMemcpyDeviceToHost, s)
-                : cudaMemcpyAsync(d, h + i * page_bytes, bytes, cudaMemcpyHostToDevice, s),
-        what));
-    i = j;
-  }
-  return Status();
+  return for_each_run(
+      pages.size(),
+      [&](size_t i) { return pages[i] == pages[i - 1] + 1; },
+      [&](size_t i, size_t count) {
+        DSI_CHECK(pages[i] >= 0, "%s: page %d", what, pages[i]);
+        float* d = pool + static_cast<int64_t>(pages[i]) * page_floats;
+        const size_t bytes = count * page_bytes;
+        return device::check_cuda(
+            to_host ? cudaMemcpyAsync(h + i * page_bytes, d, bytes, cudaMemcpyDeviceToHost, s)
+                    : cudaMemcpyAsync(d, h + i * page_bytes, bytes, cudaMemcpyHostToDevice, s),
+            what);
+      });
 }
 
 AsyncPageReads::AsyncPageReads(int64_t staging_limit) : staging_(staging_limit) {}
