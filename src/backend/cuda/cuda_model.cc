@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -76,8 +77,18 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
                                                      const CudaModelOptions& options) {
   DSI_RETURN_IF_ERROR(gpu::select_device(options.device));
   std::unique_ptr<CudaModel> m(new CudaModel(config, numerics, options));
-  if (const char* v = std::getenv("DSINFER_GRAPH_TOKENS"); v != nullptr && *v != '\0')
-    m->options_.max_graph_tokens = std::max<int64_t>(1, std::atoll(v));
+  if (const char* v = std::getenv("DSINFER_GRAPH_TOKENS"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const long long t = std::strtoll(v, &end, 10);
+    if (*end == '\0' && t >= 1 && t <= 64)
+      m->options_.max_graph_tokens = t;
+    else
+      std::fprintf(
+          stderr,
+          "dsinfer: warning: DSINFER_GRAPH_TOKENS=%s is not a number in 1..64; using %lld\n",
+          v,
+          static_cast<long long>(m->options_.max_graph_tokens));
+  }
   int64_t expert_first = 0;
   int64_t expert_count = -1;
   if (options.comm != nullptr) {
