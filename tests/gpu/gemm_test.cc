@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -510,6 +511,57 @@ TEST_F(GpuTest, Bf16x2GroupedLinearEqualsPerGroupLaunches) {
     }
     sync();
     EXPECT_EQ(d_all.download(), d_one.download()) << "n " << n;
+  }
+}
+
+// The wgmma path's paired halves (bf16_gemm_sm90.h: hi and lo's rows as one GEMM, then an add)
+// equal its two passes bit for bit, with and without accumulation, one group and several (one
+// batched launch), at the decode batch sizes that take it (16..64 rows: 2n fits one tile).
+TEST_F(GpuTest, Bf16x2WgmmaPairedHalvesEqualTwoPasses) {
+  for (int64_t groups : {1, 4}) {
+    for (int64_t n : {kBf16Sm90WideMinRows, int64_t{40}, int64_t{64}}) {
+      for (bool acc : {false, true}) {
+        SCOPED_TRACE("groups " + std::to_string(groups) + " n " + std::to_string(n) +
+                     (acc ? " acc" : ""));
+        const int64_t rows = kBf16Sm90WideMinWeightRows / groups + 4 * groups, k = 192;
+        auto w = make_weight(Fmt::kBF16, groups * rows, k, 4242 + static_cast<uint32_t>(n));
+        const int64_t ldx = groups * k;
+        const std::vector<float> x = normal_floats(static_cast<size_t>(n * ldx), 17);
+        DevVec<float> d_x(x);
+        const int64_t ld = bf16_split_ld(ldx);
+        DevVec<uint16_t> d_halves(static_cast<size_t>(2 * n * ld));
+        uint16_t* hi = d_halves.get();
+        uint16_t* lo = hi + n * ld;  // adjacent, as split_bf16 allocates them
+        DSI_EXPECT_OK(launch_split_bf16(
+            SplitBf16Params{.x = d_x.get(), .n = n, .k = ldx, .hi = hi, .lo = lo}, nullptr));
+        const std::vector<float> y0 = normal_floats(static_cast<size_t>(n * groups * rows), 18);
+        DevVec<float> d_two(y0), d_paired(y0);
+        Bf16x2LinearParams p{.w = w->dev,
+                             .rows = rows,
+                             .x = {hi, lo, ld},
+                             .n = n,
+                             .y = d_two.get(),
+                             .ldy = groups * rows,
+                             .accumulate = acc,
+                             .groups = groups,
+                             .group_x = k,
+                             .group_y = rows};
+        ASSERT_TRUE(bf16x2_linear_uses_wgmma(p)) << "the wgmma path does not run";
+        DSI_EXPECT_OK(launch_bf16x2_linear(p, nullptr));  // no scratch: two passes
+        const int64_t floats = bf16x2_linear_scratch_floats(w->dev, rows, n, groups);
+        ASSERT_GE(floats, 2 * n * rows * groups) << "no room for the paired halves";
+        DevVec<float> d_scratch(static_cast<size_t>(floats));
+        p.y = d_paired.get();
+        p.scratch = d_scratch.get();
+        p.scratch_floats = floats;
+        DSI_EXPECT_OK(launch_bf16x2_linear(p, nullptr));
+        sync();
+        const std::vector<float> two = d_two.download(), paired = d_paired.download();
+        ASSERT_EQ(two.size(), paired.size());
+        EXPECT_EQ(0, std::memcmp(two.data(), paired.data(), two.size() * sizeof(float)));
+        EXPECT_NE(two, y0);
+      }
+    }
   }
 }
 

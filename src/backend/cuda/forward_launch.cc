@@ -376,9 +376,6 @@ Status CudaModel::launch_attention(const DAttention& w,
     if (o != nullptr)
       DSI_RETURN_IF_ERROR(split_bf16(ws_.get(), o, n, heads * hd, 0, s, &oh, bf16_o));
     cuda::Bf16x2LinearParams p;
-    // Prefill-sized batches read the BF16 copy (the wgmma path); decode reads the FP8 weight.
-    const bool wide = lin().wgmma && n >= cuda::kBf16Sm90MinRows && !w.wo_a_bf16.empty();
-    p.w = wide ? w.wo_a_bf16 : w.wo_a;
     p.rows = olr;
     p.x = oh;
     p.n = n;
@@ -388,6 +385,11 @@ Status CudaModel::launch_attention(const DAttention& w,
     p.group_x = group_in;
     p.group_y = olr;
     p.wgmma = lin().wgmma;
+    // The BF16 copy where it takes the wgmma path (every group in one launch; from 16 rows),
+    // else the FP8 weight on the fixed-order kernel.
+    p.w = w.wo_a_bf16;
+    if (w.wo_a_bf16.empty() || !cuda::bf16x2_linear_uses_wgmma(p))
+      p.w = w.wo_a;
     p.scratch_floats = p.wgmma ? cuda::bf16x2_linear_scratch_floats(p.w, olr, n, groups) : 0;
     if (p.scratch_floats > 0)
       DSI_RETURN_IF_ERROR(ws_->get(&p.scratch, p.scratch_floats));

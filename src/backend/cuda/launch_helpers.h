@@ -34,7 +34,8 @@ inline Status quantize_fp8(
   return Status();
 }
 
-// x [n, k] (rows ldx apart; 0: k) split into BF16 halves taken from ws (fp8_gemm.h).
+// x [n, k] (rows ldx apart; 0: k) split into BF16 halves taken from ws (fp8_gemm.h), the low
+// halves' rows right after the high halves' (the wgmma path reads both as one 2n-row operand).
 inline Status split_bf16(Workspace* ws,
                          const float* x,
                          int64_t n,
@@ -46,9 +47,9 @@ inline Status split_bf16(Workspace* ws,
   const int64_t ld = cuda::bf16_split_ld(k);
   uint16_t* hi = nullptr;
   uint16_t* lo = nullptr;
-  DSI_RETURN_IF_ERROR(ws->get(&hi, n * ld));
+  DSI_RETURN_IF_ERROR(ws->get(&hi, (hi_only ? 1 : 2) * n * ld));
   if (!hi_only)
-    DSI_RETURN_IF_ERROR(ws->get(&lo, n * ld));
+    lo = hi + n * ld;
   cuda::SplitBf16Params q;
   q.x = x;
   q.ldx = ldx;

@@ -1,6 +1,9 @@
 // The many-row BF16x2 linears on Hopper's wgmma (bf16_gemm_sm90.h), from CUTLASS's SM90 TMA
-// warp-specialised GEMM: y = W hi (+ y) then y += W lo, one launch pair per group. Only compiled
+// warp-specialised GEMM: y = W hi (+ y) then y += W lo, each pass one batched launch over the
+// groups (or one GEMM over both halves' rows and an add, bf16_gemm_sm90.h). Only compiled
 // with CUTLASS (DSINFER_HAVE_CUTLASS).
+#include <algorithm>
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -57,21 +60,29 @@ using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
 using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-// y[:, g * group_y + r] (+)= sum_c w[g * rows + r, c] x[:, g * group_x + c] for one group g.
-Status run_pass(
-    const Bf16GemmSm90Args& a, int64_t g, const uint16_t* x, bool accumulate, cudaStream_t s) {
-  const int m = static_cast<int>(a.n);
-  const int n = static_cast<int>(a.rows);
-  const int k = static_cast<int>(a.k);
-  const auto stride_a = make_stride(static_cast<int64_t>(a.x_ld), Int<1>{}, int64_t{0});
-  const auto stride_b = make_stride(static_cast<int64_t>(a.w_ld), Int<1>{}, int64_t{0});
-  const auto stride_d = make_stride(static_cast<int64_t>(a.ldy), Int<1>{}, int64_t{0});
-  float* y = a.y + g * a.group_y;
+// For every group g (the batch mode L): y[t * ldy + g * batch_y + r] (+)=
+// sum_c w[g * rows + r, c] x[t * x_ld + g * group_x + c] over m rows t of x.
+Status run_gemm(const Bf16GemmSm90Args& a,
+                const uint16_t* x,
+                int64_t m,
+                float* y,
+                int64_t ldy,
+                int64_t batch_y,
+                bool accumulate,
+                cudaStream_t s) {
+  const auto stride_a =
+      make_stride(static_cast<int64_t>(a.x_ld), Int<1>{}, static_cast<int64_t>(a.group_x));
+  const auto stride_b =
+      make_stride(static_cast<int64_t>(a.w_ld), Int<1>{}, static_cast<int64_t>(a.rows * a.w_ld));
+  const auto stride_d = make_stride(ldy, Int<1>{}, batch_y);
   typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
-                                {m, n, k, 1},
-                                {reinterpret_cast<const ElementAB*>(x + g * a.group_x),
+                                {static_cast<int>(m),
+                                 static_cast<int>(a.rows),
+                                 static_cast<int>(a.k),
+                                 static_cast<int>(a.groups)},
+                                {reinterpret_cast<const ElementAB*>(x),
                                  stride_a,
-                                 reinterpret_cast<const ElementAB*>(a.w + g * a.rows * a.w_ld),
+                                 reinterpret_cast<const ElementAB*>(a.w),
                                  stride_b},
                                 {{}, y, stride_d, y, stride_d}};
   args.epilogue.thread.alpha = 1.0f;
@@ -90,6 +101,41 @@ Status run_pass(
   return Status();
 }
 
+// y (+)= hi + lo from the paired GEMM's rows: part[g][t] (W hi) and part[g][n + t] (W lo), added
+// as the two passes would (hi onto y first, then lo onto that). Four outputs per thread.
+__global__ void pair_add_kernel(const float* part,
+                                float* y,
+                                int64_t n,
+                                int64_t rows,
+                                int64_t ldy,
+                                int64_t group_y,
+                                int64_t groups,
+                                bool accumulate) {
+  const int64_t quads = rows / 4;
+  const int64_t total = groups * n * quads;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t q = i % quads;
+    const int64_t t = (i / quads) % n;
+    const int64_t g = i / (quads * n);
+    const float4 hi = *reinterpret_cast<const float4*>(part + ((g * 2 * n + t) * rows + 4 * q));
+    const float4 lo = *reinterpret_cast<const float4*>(part + ((g * 2 * n + n + t) * rows + 4 * q));
+    float4* out = reinterpret_cast<float4*>(y + t * ldy + g * group_y + 4 * q);
+    float4 v = hi;
+    if (accumulate) {
+      const float4 y0 = *out;
+      v = make_float4(hi.x + y0.x, hi.y + y0.y, hi.z + y0.z, hi.w + y0.w);
+    }
+    *out = make_float4(lo.x + v.x, lo.y + v.y, lo.z + v.z, lo.w + v.w);
+  }
+}
+
+bool pairs(const Bf16GemmSm90Args& a) {
+  return a.pair_scratch != nullptr && a.x_lo != nullptr && a.x_lo == a.x_hi + a.n * a.x_ld &&
+         bf16_gemm_sm90_pair_floats(a.n, a.rows, a.groups) > 0 && a.ldy % 4 == 0 &&
+         a.group_y % 4 == 0 && (reinterpret_cast<uintptr_t>(a.pair_scratch) & 15u) == 0;
+}
+
 }  // namespace
 
 bool bf16_gemm_sm90_supports(const Bf16GemmSm90Args& a) {
@@ -103,11 +149,18 @@ bool bf16_gemm_sm90_supports(const Bf16GemmSm90Args& a) {
 Status launch_bf16_gemm_sm90(const Bf16GemmSm90Args& a, cudaStream_t stream) {
   if (!bf16_gemm_sm90_supports(a))
     return invalid_argument("bf16_gemm_sm90: unsupported shape or alignment");
-  for (int64_t g = 0; g < a.groups; ++g) {
-    DSI_RETURN_IF_ERROR(run_pass(a, g, a.x_hi, a.accumulate, stream));
-    if (a.x_lo != nullptr)  // null: BF16-exact activations, one pass
-      DSI_RETURN_IF_ERROR(run_pass(a, g, a.x_lo, true, stream));
+  if (pairs(a)) {
+    DSI_RETURN_IF_ERROR(
+        run_gemm(a, a.x_hi, 2 * a.n, a.pair_scratch, a.rows, 2 * a.n * a.rows, false, stream));
+    const int64_t total = a.groups * a.n * (a.rows / 4);
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 8192));
+    pair_add_kernel<<<blocks, 256, 0, stream>>>(
+        a.pair_scratch, a.y, a.n, a.rows, a.ldy, a.group_y, a.groups, a.accumulate);
+    return launched("bf16_gemm_sm90 pair add launch");
   }
+  DSI_RETURN_IF_ERROR(run_gemm(a, a.x_hi, a.n, a.y, a.ldy, a.group_y, a.accumulate, stream));
+  if (a.x_lo != nullptr)  // null: BF16-exact activations, one pass
+    DSI_RETURN_IF_ERROR(run_gemm(a, a.x_lo, a.n, a.y, a.ldy, a.group_y, true, stream));
   return Status();
 }
 

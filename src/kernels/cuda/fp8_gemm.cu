@@ -643,6 +643,12 @@ Status launch_split_bf16(const SplitBf16Params& p, cudaStream_t stream) {
 
 #if DSINFER_HAVE_CUTLASS
 namespace {
+// Whether n token rows over `groups` x `rows` weight rows are worth the wgmma path.
+bool bf16_sm90_shape(int64_t rows, int64_t n, int64_t groups) {
+  return n >= kBf16Sm90MinRows ||
+         (n >= kBf16Sm90WideMinRows && rows * groups >= kBf16Sm90WideMinWeightRows);
+}
+
 Bf16GemmSm90Args bf16_sm90_args(const Bf16x2LinearParams& q) {
   const int64_t rows = q.rows < 0 ? q.w.rows - q.row_begin : q.rows;
   Bf16GemmSm90Args a;
@@ -660,6 +666,9 @@ Bf16GemmSm90Args bf16_sm90_args(const Bf16x2LinearParams& q) {
   a.groups = q.groups;
   a.group_x = q.group_x;
   a.group_y = q.group_y;
+  // Paired halves (one GEMM over hi and lo's rows) where the caller's scratch holds them.
+  if (q.scratch != nullptr && q.scratch_floats >= bf16_gemm_sm90_pair_floats(q.n, rows, q.groups))
+    a.pair_scratch = q.scratch;
   return a;
 }
 }  // namespace
@@ -668,12 +677,11 @@ Bf16GemmSm90Args bf16_sm90_args(const Bf16x2LinearParams& q) {
 bool bf16x2_linear_uses_wgmma(const Bf16x2LinearParams& p) {
 #if DSINFER_HAVE_CUTLASS
   // From kBf16Sm90MinRows rows; from kBf16Sm90WideMinRows when the weight alone gives the
-  // 128-row tiles enough blocks (the LM head at decode batches).
+  // 128-row tiles enough blocks (the LM head at decode batches: all groups in one launch, e.g.
+  // wo_a's 8 x 1024 rows).
   const int64_t rows = p.rows < 0 ? p.w.rows - p.row_begin : p.rows;
-  const bool enough = p.n >= kBf16Sm90MinRows || (p.n >= kBf16Sm90WideMinRows &&
-                                                  rows * p.groups >= kBf16Sm90WideMinWeightRows);
-  return p.wgmma && enough && p.w.format == WeightFormat::kFloat && p.w.dtype == DType::kBF16 &&
-         bf16_gemm_sm90_supports(bf16_sm90_args(p));
+  return p.wgmma && bf16_sm90_shape(rows, p.n, p.groups) && p.w.format == WeightFormat::kFloat &&
+         p.w.dtype == DType::kBF16 && bf16_gemm_sm90_supports(bf16_sm90_args(p));
 #else
   (void)p;
   return false;
@@ -683,7 +691,14 @@ bool bf16x2_linear_uses_wgmma(const Bf16x2LinearParams& p) {
 int64_t bf16x2_linear_scratch_floats(const MatrixRef& w, int64_t rows, int64_t n, int64_t groups) {
   if (n <= 0 || rows <= 0 || groups <= 0)
     return 0;
-  return dense_split_floats<AMode::kBf16x2>(rows, n, groups, w.cols);
+  const int64_t split = dense_split_floats<AMode::kBf16x2>(rows, n, groups, w.cols);
+#if DSINFER_HAVE_CUTLASS
+  // The wgmma path's paired halves (bf16_gemm_sm90.h), where its shape rule would take it.
+  if (w.format == WeightFormat::kFloat && w.dtype == DType::kBF16 &&
+      bf16_sm90_shape(rows, n, groups))
+    return std::max(split, bf16_gemm_sm90_pair_floats(n, rows, groups));
+#endif
+  return split;
 }
 
 Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream) {

@@ -167,10 +167,11 @@ Status launch_bf16x2_linear(const Bf16x2LinearParams& p, cudaStream_t stream);
 // Scratch floats launch_bf16x2_linear may use for `rows` output rows per group over w (0: none).
 int64_t bf16x2_linear_scratch_floats(const MatrixRef& w, int64_t rows, int64_t n, int64_t groups);
 inline constexpr int64_t kBf16Sm90MinRows = 128;
-// Weights of at least kBf16Sm90WideMinWeightRows output rows (the LM head) take the wgmma path
-// from kBf16Sm90WideMinRows rows: their 128-row tiles alone fill the GPU.
-inline constexpr int64_t kBf16Sm90WideMinRows = 64;
-inline constexpr int64_t kBf16Sm90WideMinWeightRows = 32768;
+// Weights of at least kBf16Sm90WideMinWeightRows output rows over all groups (the LM head; wo_a's
+// 8 x 1024) take the wgmma path from kBf16Sm90WideMinRows rows: their 128-row tiles alone give
+// at least 64 blocks, each streaming its rows once (the token rows fit one tile).
+inline constexpr int64_t kBf16Sm90WideMinRows = 16;
+inline constexpr int64_t kBf16Sm90WideMinWeightRows = 8192;
 // Whether launch_bf16x2_linear(p) takes the wgmma path.
 bool bf16x2_linear_uses_wgmma(const Bf16x2LinearParams& p);
 
