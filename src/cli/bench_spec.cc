@@ -14,6 +14,7 @@
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "spec/config.h"
+#include "tokenizer/tokenizer.h"
 
 namespace dsinfer::cli {
 namespace {
@@ -66,25 +67,60 @@ void add(spec::Stats& a, const spec::Stats& b) {
 // single sequence, not the drafter.
 constexpr int64_t kMinRequests = 16;
 
+// Where the prompts come from: random token ids, or windows of a tokenized text.
+struct PromptSource {
+  int64_t vocab = 0;
+  std::vector<int32_t> text;  // empty: random ids
+};
+
 // The prompt of request i of wave w at batch size b in round `round` (-1: the warm-up): random
-// tokens, the same in every mode, different in every round, wave and request.
+// tokens (or a window of the text at a random offset), the same in every mode, different in
+// every round, wave and request.
 std::vector<int32_t> bench_prompt(
-    int64_t vocab, int64_t len, int64_t b, int64_t round, int64_t w, int64_t i) {
+    const PromptSource& src, int64_t len, int64_t b, int64_t round, int64_t w, int64_t i) {
   std::seed_seq seq{static_cast<uint32_t>(b),
                     static_cast<uint32_t>(round + 1),
                     static_cast<uint32_t>(w),
                     static_cast<uint32_t>(i)};
-  std::mt19937 g(seq);
+  std::mt19937 g(seq);  // (the random ids are those of earlier tables)
+  if (!src.text.empty()) {
+    const uint64_t starts = static_cast<uint64_t>(src.text.size()) - static_cast<uint64_t>(len) + 1;
+    const uint64_t r = (static_cast<uint64_t>(g()) << 32) | g();
+    const auto at = src.text.begin() + static_cast<int64_t>(r % starts);
+    return std::vector<int32_t>(at, at + len);
+  }
   std::vector<int32_t> p;
   for (int64_t t = 0; t < len; ++t)
-    p.push_back(static_cast<int32_t>(3 + g() % static_cast<uint32_t>(vocab - 3)));
+    p.push_back(static_cast<int32_t>(3 + g() % static_cast<uint32_t>(src.vocab - 3)));
   return p;
+}
+
+// --prompt-text: the file tokenized with the model's tokenizer.json (no special tokens).
+Result<std::vector<int32_t>> load_prompt_text(const std::string& path,
+                                              const std::string& model_dir,
+                                              int64_t prompt_len) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return not_found("--prompt-text: cannot open " + path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto tok = tokenizer::Tokenizer::load(model_dir + "/tokenizer.json");
+  if (!tok.ok())
+    return tok.status().with_context("--prompt-text needs the model's tokenizer.json");
+  auto ids = (*tok)->encode(text, false);
+  if (!ids.ok())
+    return ids.status().with_context("--prompt-text " + path);
+  if (static_cast<int64_t>(ids->size()) < prompt_len)
+    return invalid_argument(str_format("--prompt-text %s: %zu tokens, fewer than a prompt (%lld)",
+                                       path.c_str(),
+                                       ids->size(),
+                                       static_cast<long long>(prompt_len)));
+  return std::move(ids).value();
 }
 
 // Waves of b greedy requests (bench_prompt; at least kMinRequests requests in all): decode tokens
 // per second over each wave's time from the step after its last prefill to its end.
-Result<Run> run_once(engine::Engine& e, const SpecBenchArgs& a, int64_t b, int64_t round) {
-  const int64_t vocab = e.model().config().vocab_size;
+Result<Run> run_once(
+    engine::Engine& e, const SpecBenchArgs& a, const PromptSource& src, int64_t b, int64_t round) {
   const int64_t waves = (kMinRequests + b - 1) / b;
   const spec::Stats before = e.stats().spec;
   int64_t tokens = 0;
@@ -93,7 +129,7 @@ Result<Run> run_once(engine::Engine& e, const SpecBenchArgs& a, int64_t b, int64
     std::vector<engine::RequestId> ids;
     for (int64_t i = 0; i < b; ++i) {
       engine::RequestSpec s;
-      s.prompt = bench_prompt(vocab, a.prompt, b, round, w, i);
+      s.prompt = bench_prompt(src, a.prompt, b, round, w, i);
       s.max_tokens = a.generate;
       s.sampling.temperature = 0.0f;
       s.ignore_eos = true;
@@ -191,6 +227,18 @@ int run_spec_bench(const SpecBenchArgs& a) {
   if (a.forced_acceptance < 0 || a.forced_acceptance > 1)
     return fail(invalid_argument("--forced-acceptance must be in [0, 1]"));
   base.forced_acceptance = a.forced_acceptance;
+  PromptSource prompts;
+  if (!a.prompt_text.empty()) {
+    auto text = load_prompt_text(a.prompt_text, base.model_dir, a.prompt);
+    if (!text.ok())
+      return fail(text.status());
+    prompts.text = std::move(text).value();
+    std::fprintf(stderr,
+                 "[bench speculative] prompts: windows of %lld tokens of %s (%zu tokens)\n",
+                 static_cast<long long>(a.prompt),
+                 a.prompt_text.c_str(),
+                 prompts.text.size());
+  }
   const int64_t max_b = *std::max_element(a.batch.begin(), a.batch.end());
   base.scheduler.max_running = max_b;
   base.scheduler.max_tokens_per_step = std::max<int64_t>(256, max_b * 8);
@@ -212,6 +260,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
       return fail(e.status().with_context("--speculative " + m));
     engine::Engine& eng = **e;
     kinds[mi] = eng.speculative().mode;
+    prompts.vocab = eng.model().config().vocab_size;
     backend_name = eng.model().name();
     if (kinds[mi] == spec::Mode::kAuto)
       std::fprintf(stderr,
@@ -221,13 +270,13 @@ int run_spec_bench(const SpecBenchArgs& a) {
     // the workspace grown and each shape's CUDA graphs captured before anything is timed (auto's
     // start-up measurement does that for its engine; the others would pay it in round 1).
     for (int64_t b : a.batch) {
-      auto w = run_once(eng, a, b, -1);
+      auto w = run_once(eng, a, prompts, b, -1);
       if (!w.ok())
         return fail(w.status());
     }
     for (int64_t r = 0; r < a.repeats; ++r) {
       for (size_t bi = 0; bi < nb; ++bi) {
-        auto run = run_once(eng, a, a.batch[bi], r);
+        auto run = run_once(eng, a, prompts, a.batch[bi], r);
         if (!run.ok())
           return fail(run.status().with_context("--speculative " + m));
         tps[bi][mi].push_back(run->tokens_per_s);

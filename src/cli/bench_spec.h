@@ -1,7 +1,8 @@
 // `dsinfer bench --speculative MODES`: decode tokens/s through the engine for each speculative
 // mode (off, fixed:K, auto) at each batch size, with the acceptance rate per draft position, the
 // mean accepted length and the mean verify length, as JSON and a table on stderr. Same
-// checkpoint, same requests (greedy, random prompts), same run for every mode, so that the
+// checkpoint, same requests (greedy; random token ids, or windows of a text with --prompt-text),
+// same run for every mode, so that the
 // ratios to `off` are what the run measures; the modes are interleaved over `repeats` rounds.
 // Every measurement covers at least 16 different prompts (waves of b requests at batch sizes
 // below 16), new ones each round: greedy decoding of one prompt is a single deterministic
@@ -25,7 +26,10 @@ struct SpecBenchArgs {
   // "off", "fixed:K", "auto"; "all" = off, fixed:1..5, auto.
   std::vector<std::string> modes = {"all"};
   std::vector<int64_t> batch = {1, 16, 64};
-  int64_t prompt = 32;                  // prompt tokens per request
+  int64_t prompt = 32;  // prompt tokens per request
+  // A text file: prompts are windows of `prompt` tokens of it (the model's tokenizer.json) at
+  // seeded offsets instead of random token ids (natural text: the drafter's real acceptance).
+  std::string prompt_text;
   int64_t generate = 48;                // tokens generated per request
   int64_t repeats = 3;                  // rounds over every (batch, mode)
   std::string state_memory = "512MiB";  // per engine (one engine per mode, all alive at once)

@@ -56,6 +56,7 @@ struct BenchArgs {
   std::vector<int64_t> op_tokens = {1, 16, 64, 256, 1024, 8192};
   std::vector<std::string> speculative;  // --speculative: the modes (cli/bench_spec.h)
   double forced_acceptance = 0;          // --forced-acceptance (with --speculative)
+  std::string prompt_text;               // --prompt-text (with --speculative)
   std::string state_memory = "1GiB";     // the budget the state footprint's context is given for
   // --device cpu (cli/bench_cpu.h): the CPU run's own defaults unless the flags were given.
   CpuBenchArgs cpu;
@@ -580,6 +581,12 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                       "compare (off, fixed:K, auto; `all` = off,fixed:1..5,auto), decode tokens/s "
                       "per batch size (default 1,16,64) with acceptance by draft position")
           ->delimiter(',');
+  cmd->add_option("--prompt-text",
+                  a->prompt_text,
+                  "With --speculative: prompts are windows of this text file (tokenized with the "
+                  "model's tokenizer.json) instead of random token ids, for the drafter's "
+                  "acceptance on natural text")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--forced-acceptance",
                   a->forced_acceptance,
                   "With --speculative: accept each verified draft with this probability whatever "
@@ -595,6 +602,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       s.cpu_threads = a->cpu.threads;
       s.modes = a->speculative;
       s.forced_acceptance = a->forced_acceptance;
+      s.prompt_text = a->prompt_text;
       if (o_numerics->count() > 0)
         s.numerics = a->numerics;
       if (o_batch->count() > 0)
