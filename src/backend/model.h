@@ -161,6 +161,9 @@ class Model {
   // same number of drafts for every sequence, also past a request's max_tokens near its end (the
   // tokens past it are never emitted), instead of fewer for those requests.
   virtual bool prefers_uniform_steps() const { return false; }
+  // How many forwards and drafting steps so far ran a shape for the first times (CUDA: eagerly,
+  // then captured into a graph): one-time costs that a step-time measurement must not count.
+  virtual int64_t shape_warmups() const { return 0; }
   // MTP drafting for several sequences (per-item errors in item.status). Backends without it
   // report can_draft() false and the engine does not speculate.
   virtual bool can_draft() const { return false; }

@@ -650,6 +650,7 @@ void Engine::run_chunks() {
   }
   chunk_k_.assign(n, 0);
   const double t_step = cost_ ? now_s() : 0.0;
+  const int64_t warmups = cost_ ? model_->shape_warmups() : 0;
   step_depth_ = 0;
   if (drafter_ && !plan_drafts())
     return;
@@ -713,7 +714,9 @@ void Engine::run_chunks() {
       finish_chunk(plan_.chunks[i], items_[k].status, outs_[i]);
     }
   }
-  if (cost_ && step_b_ > 0)
+  // (Not a step that ran a shape for the first times: its eager launches and graph capture
+  // are one-time costs, and counted they taught auto that a depth costs far more than it does.)
+  if (cost_ && step_b_ > 0 && model_->shape_warmups() == warmups)
     cost_->record(step_b_, step_depth_, now_s() - t_step);
 }
 

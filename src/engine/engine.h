@@ -183,6 +183,8 @@ class Engine {
   // Speculative decoding in effect, and auto's step-time model (empty unless auto).
   const spec::Config& speculative() const { return spec_; }
   const spec::StepTimes& step_times() const { return step_times_; }
+  // Auto's step-cost model (null unless auto): what the measured steps taught it.
+  const spec::StepCost* step_cost() const { return cost_.get(); }
   // Prefix-cache captures whose page copy is still running (their units are not in the store
   // yet; step() polls them and stores those that finished).
   int64_t pending_captures() const { return static_cast<int64_t>(captures_.size()); }

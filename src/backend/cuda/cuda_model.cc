@@ -384,6 +384,8 @@ Status CudaModel::run_fixed_shape(const std::vector<int64_t>& key,
                                   float** out1,
                                   bool profile_eager) {
   auto g = graphs_.find(key);
+  if (g == graphs_.end())
+    ++stats_.shape_warmups;
   if (g == graphs_.end() && seen_[key]++ >= 1) {
     // Second time this shape: capture it (the first eager run sized the workspace).
     cudaGraph_t graph = nullptr;

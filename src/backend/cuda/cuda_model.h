@@ -66,7 +66,8 @@ struct CudaModelStats {
   int64_t forwards = 0;
   int64_t graph_replays = 0;
   int64_t graph_captures = 0;
-  int64_t moe_fp8_layers = 0;   // layers with the re-encoded experts (CudaModelOptions)
+  int64_t shape_warmups = 0;   // fixed-shape runs before their graph replays (Model::shape_warmups)
+  int64_t moe_fp8_layers = 0;  // layers with the re-encoded experts (CudaModelOptions)
   int64_t moe_gemv_layers = 0;  // routed expert sets the decode GEMVs may run (moe_gemv.h)
   // Host time spent planning forwards (key lists, page tables, the pack) until the plan's copy
   // is enqueued: the part of a forward the GPU waits for (issue 13's step loop hides it).
@@ -102,6 +103,7 @@ class CudaModel final : public backend::Model {
   Status health() const override;
   // ForwardOptions::sample: sampled on the device (DeviceSampler, kernels/cuda/sampling.h).
   bool can_sample() const override { return true; }
+  int64_t shape_warmups() const override { return stats_.shape_warmups; }
   bool prefers_uniform_steps() const override {
     return options_.cuda_graphs && options_.max_graph_tokens > 1;
   }

@@ -6,9 +6,12 @@
 // the fallbacks (top_logprobs, shared-prompt choices) and preemption.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -385,6 +388,75 @@ TEST(BackendSampling, UniformStepsVerifyAsManyDraftsPastMaxTokens) {
   ASSERT_EQ(vl.size(), 4u);
   EXPECT_GT(vl[3], 0);
   EXPECT_EQ(vl[1] + vl[2], 0) << spec_stats.spec.summary();
+}
+
+// Auto learns step times from the steps it measures, but not from a step that ran a shape for
+// the first times (Model::shape_warmups: CUDA's eager run and graph capture): a backend whose
+// first two runs of each (batch, tokens per sequence) shape take 300 ms longer leaves auto's
+// predicted step times where the steady steps put them (it once measured the captures and
+// verified 3.4 drafts on average at batch 16, where verifying 1 was best).
+class WarmupModel final : public test_support::CpuBackedModel {
+ public:
+  using CpuBackedModel::CpuBackedModel;
+  bool prefers_uniform_steps() const override { return true; }
+  bool can_draft() const override { return cpu_.can_draft(); }
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
+    return cpu_.mtp_draft_batch(items);
+  }
+  Status forward_batch(std::span<backend::ForwardItem> items) override {
+    const std::pair<size_t, size_t> shape{items.size(), items.empty() ? 0 : items[0].tokens.size()};
+    if (seen_[shape]++ < 2) {
+      ++warmups_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    return CpuBackedModel::forward_batch(items);
+  }
+  int64_t shape_warmups() const override { return warmups_; }
+  const char* name() const override { return "cpu+warmups"; }
+
+ private:
+  std::map<std::pair<size_t, size_t>, int> seen_;
+  int64_t warmups_ = 0;
+};
+
+TEST(BackendSampling, AutoDoesNotLearnFromShapeWarmups) {
+  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  const std::shared_ptr<const model::Checkpoint> mini(std::move(opened).value());
+  EngineConfig cfg;
+  cfg.state_budget_bytes = int64_t{64} << 20;
+  cfg.page_bytes = state::min_page_bytes(mini->config());
+  cfg.speculative = *spec::parse_config("auto");
+  // A start-up model in which every step costs 1 ms (drafting free): deeper always pays.
+  spec::StepTimes t;
+  for (int64_t b : {1, 64}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(1e-3);
+    t.verify_s.emplace_back(static_cast<size_t>(cfg.speculative.k + 1), 1e-3);
+    t.draft_s.emplace_back(static_cast<size_t>(cfg.speculative.k), 0.0);
+  }
+  cfg.step_times = t;
+  auto model = std::make_unique<WarmupModel>(*mini);
+  const WarmupModel* m = model.get();
+  auto e = Engine::create(cfg, mini, std::move(model));
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  auto cases = test_support::random_cases(1, 5, 8, 2, 3000, 1);
+  cases[0].max_tokens = 24;
+  test_support::run_all(**e, test_support::greedy_specs(cases));
+  EXPECT_GT(m->shape_warmups(), 0);
+  const spec::StepCost* cost = (*e)->step_cost();
+  ASSERT_NE(cost, nullptr);
+  int64_t measured = 0;
+  for (int64_t b = 1; b <= 1; ++b) {
+    for (int32_t d = -1; d <= cost->max_k(); ++d) {
+      measured += cost->measured(b, d);
+      // A reference CPU step of the mini model takes up to ~0.15 s; a counted warm-up adds 0.3.
+      if (cost->measured(b, d) > 0) {
+        EXPECT_LT(cost->step_s(b, d), 0.25) << "batch " << b << " depth " << d;
+      }
+    }
+  }
+  EXPECT_GT(measured, 0);
 }
 
 }  // namespace
