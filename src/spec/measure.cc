@@ -96,6 +96,22 @@ Result<StepTimes> measure_step_times(backend::Model& model,
   backend::SampleRequest device_greedy;
   device_greedy.config = &greedy;
   device_greedy.penalties = &no_penalty;
+  // Verifications as the engine runs them with backend sampling: every row picked in the
+  // backend (ForwardOptions::sample_rows), only the picks back; else every row's logits back
+  // and sampled on the host.
+  const bool device_rows = backend_sampling && model.can_sample();
+  const std::vector<backend::SampleRequest> device_rows_greedy(static_cast<size_t>(max_k + 1),
+                                                               device_greedy);
+  auto verify_opts = [&](int32_t len) {
+    backend::ForwardOptions o = spec_opts;
+    o.last_logits_only = len == 1;
+    if (len == 1 && backend_sampling)  // depth 0: no drafts, sampled where a plain step is
+      o.sample = &device_greedy;
+    else if (len > 1 && device_rows)
+      o.sample_rows = std::span<const backend::SampleRequest>(device_rows_greedy.data(),
+                                                              static_cast<size_t>(len));
+    return o;
+  };
   StepTimes t;
   std::vector<Draft> drafts(seqs.size());
   std::vector<DraftRequest> reqs;
@@ -110,9 +126,10 @@ Result<StepTimes> measure_step_times(backend::Model& model,
     double off = 1e30;
     std::vector<double> verify(static_cast<size_t>(max_k + 1), 1e30);
     std::vector<double> draft(static_cast<size_t>(max_k), 1e30);
-    // The host's share of a step: with a drafter the engine samples every returned row on the
-    // host (each verified position), which costs about as much as the GPU's forward at batch 64
-    // on the H200 (~4 ms for 192 rows of 129,280 logits): timed with the forward, greedy.
+    // The host's share of a step: without backend sampling the engine samples every returned
+    // row on the host (each verified position), which costs about as much as the GPU's forward
+    // at batch 64 on the H200 (~4 ms for 192 rows of 129,280 logits): timed with the forward,
+    // greedy (nothing to do where the rows were picked in the backend).
     auto sample_rows = [&](size_t nb) {
       for (size_t i = 0; i < nb; ++i) {
         std::vector<float>& lg = outs[i].logits;
@@ -128,12 +145,33 @@ Result<StepTimes> measure_step_times(backend::Model& model,
     {
       // Untimed, so that every timed call is the steady state the engine's steps see, even when
       // the budget leaves a single round: the longest verification and drafting first (a backend
-      // grows its workspace on a new size, which can drop its captured graphs), then the plain
-      // decode twice (the CUDA backend runs a new decode shape eagerly once, captures it as a
-      // graph the second time and replays it from then on, as it does for the engine's plain
-      // steps; timing the eager first run made off look as costly as a verification).
+      // grows its workspace on a new size, which can drop its captured graphs), then every
+      // verification length, drafting depth and the plain decode twice (the CUDA backend runs a
+      // new shape eagerly once, captures it as a graph the second time and replays it from then
+      // on, as it does for the engine's steps; timing the eager runs made off look as costly as
+      // a verification, and a verification twice as costly as it is).
       DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), tail.size()), spec_opts));
       DSI_RETURN_IF_ERROR(rollback(b, max_k + 1));
+      for (int w = 0; w < 2; ++w) {
+        for (int32_t len = 1; len <= max_k + 1; ++len) {
+          DSI_RETURN_IF_ERROR(run(b,
+                                  std::span<const int32_t>(tail.data(), static_cast<size_t>(len)),
+                                  verify_opts(len)));
+          DSI_RETURN_IF_ERROR(rollback(b, len));
+        }
+        for (int32_t st = 1; st <= max_k; ++st) {
+          reqs.assign(b, DraftRequest{});
+          for (size_t i = 0; i < b; ++i) {
+            reqs[i].state = seqs[i].get();
+            reqs[i].next_token = tail[0];
+            reqs[i].max_drafts = st;
+            reqs[i].out = &drafts[i];
+          }
+          DSI_RETURN_IF_ERROR(drafter.draft(reqs));
+          for (const auto& q : reqs) DSI_RETURN_IF_ERROR(q.status);
+          DSI_RETURN_IF_ERROR(rollback(b, 0));
+        }
+      }
       reqs.assign(b, DraftRequest{});
       for (size_t i = 0; i < b; ++i) {
         reqs[i].state = seqs[i].get();
@@ -158,10 +196,7 @@ Result<StepTimes> measure_step_times(backend::Model& model,
         DSI_RETURN_IF_ERROR(rollback(b, 1));
       }
       for (int32_t len = 1; len <= max_k + 1; ++len) {  // verification of len - 1 drafts
-        backend::ForwardOptions o = spec_opts;
-        o.last_logits_only = len == 1;
-        if (len == 1 && backend_sampling)  // depth 0: no drafts, sampled where a plain step is
-          o.sample = &device_greedy;
+        const backend::ForwardOptions o = verify_opts(len);
         const double t0 = now_s();
         DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), len), o));
         sample_rows(b);
