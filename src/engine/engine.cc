@@ -751,6 +751,25 @@ bool Engine::plan_drafts() {
   draft_chunk_.clear();
   accept_.clear();
   std::vector<int32_t> caps;
+  if (spec_.mode == spec::Mode::kAuto && model_->prefers_uniform_steps()) {
+    // One kind of decode step on a backend that prefers uniform steps: once a running request
+    // stopped speculating, the others stop too (a plain decode beside verifications, or beside
+    // the drafter's forward work, is a mixed step, run without the backend's graphs: auto at
+    // batch 64 once ran 48 plain decodes beside 16 verifications at 0.83x off).
+    bool any_off = false;
+    for (const ScheduledChunk& c : plan_.chunks) {
+      const Request& r = *c.request;
+      any_off |=
+          !r.done() && c.samples && c.num_tokens == 1 && !r.output.empty() && r.spec_disabled;
+    }
+    if (any_off) {
+      for (const ScheduledChunk& c : plan_.chunks) {
+        Request& r = *c.request;
+        if (!r.done() && c.samples && c.num_tokens == 1 && !r.output.empty())
+          r.spec_disabled = true;
+      }
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     const ScheduledChunk& c = plan_.chunks[i];
     Request& r = *c.request;

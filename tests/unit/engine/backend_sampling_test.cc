@@ -459,5 +459,70 @@ TEST(BackendSampling, AutoDoesNotLearnFromShapeWarmups) {
   EXPECT_GT(measured, 0);
 }
 
+// Auto on a backend that prefers uniform steps keeps each decode step one kind: requests that
+// arrive while a running one has stopped speculating stop too, instead of verifying beside its
+// plain decodes (a mixed step, which CUDA runs without its graphs). Verifying never pays at
+// batch 1 and always at batch 2: A alone stops speculating; C and D then start together.
+class MixedStepProbe final : public test_support::CpuBackedModel {
+ public:
+  using CpuBackedModel::CpuBackedModel;
+  bool prefers_uniform_steps() const override { return true; }
+  bool can_draft() const override { return cpu_.can_draft(); }
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
+    return cpu_.mtp_draft_batch(items);
+  }
+  Status forward_batch(std::span<backend::ForwardItem> items) override {
+    bool plain = false, verify = false;
+    for (const backend::ForwardItem& it : items) {
+      plain |= it.tokens.size() == 1 && !it.options.run_mtp;
+      verify |= it.tokens.size() > 1 && it.options.want_logits && !it.options.last_logits_only;
+    }
+    mixed += plain && verify ? 1 : 0;
+    verifications += verify ? 1 : 0;
+    return CpuBackedModel::forward_batch(items);
+  }
+  const char* name() const override { return "cpu+mixed-probe"; }
+  int64_t mixed = 0;
+  int64_t verifications = 0;
+};
+
+TEST(BackendSampling, AutoKeepsUniformStepsWhenARequestStopsSpeculating) {
+  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  const std::shared_ptr<const model::Checkpoint> mini(std::move(opened).value());
+  EngineConfig cfg;
+  cfg.state_budget_bytes = int64_t{64} << 20;
+  cfg.page_bytes = state::min_page_bytes(mini->config());
+  cfg.speculative = *spec::parse_config("auto");
+  spec::StepTimes t;
+  for (int64_t b : {1, 2}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(1.0);
+    t.verify_s.emplace_back();
+    t.draft_s.emplace_back();
+    for (int32_t l = 1; l <= cfg.speculative.k + 1; ++l)
+      t.verify_s.back().push_back(b == 1 ? (l == 1 ? 1.2 : 10.0 * l) : 1.0);
+    for (int32_t st = 1; st <= cfg.speculative.k; ++st)
+      t.draft_s.back().push_back(b == 1 ? 5.0 * st : 0.0);
+  }
+  cfg.step_times = t;
+  auto model = std::make_unique<MixedStepProbe>(*mini);
+  const MixedStepProbe* m = model.get();
+  auto e = Engine::create(cfg, mini, std::move(model));
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  auto cases = test_support::random_cases(3, 9, 6, 2, 3000, 1);
+  cases[0].max_tokens = 30;
+  cases[1].max_tokens = cases[2].max_tokens = 12;
+  auto specs = test_support::greedy_specs(cases);
+  auto a = (*e)->submit(std::move(specs[0]));
+  ASSERT_TRUE(a.ok());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE((*e)->step());
+  EXPECT_TRUE((*e)->request(*a)->spec_disabled) << "A alone (verifying never pays) speculates";
+  ASSERT_TRUE((*e)->submit(std::move(specs[1])).ok());
+  ASSERT_TRUE((*e)->submit(std::move(specs[2])).ok());
+  while ((*e)->step()) (*e)->check_integrity();
+  EXPECT_EQ(m->mixed, 0) << "plain decodes beside verifications";
+}
+
 }  // namespace
 }  // namespace dsinfer::engine
