@@ -270,6 +270,9 @@ __global__ void __launch_bounds__(kGemmThreads) expert_down_kernel(ExpertFfnPara
 // ---- combine: blocks per token x column slice
 // --------------------------------------------------------------
 
+// Slots the vectorised combine keeps in registers (V4: 6 per token); more take the scalar loop.
+constexpr int kCombineVecSlots = 8;
+
 __global__ void moe_combine_kernel(MoeCombineParams p) {
   pdl_begin();
   __shared__ int32_t order[kMaxExpertsPerToken];
@@ -293,6 +296,47 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
     }
     __syncthreads();
     // blockIdx.y slices the columns: a lone decode token still spreads over many blocks.
+    const bool aligned = ((reinterpret_cast<uintptr_t>(p.y) | reinterpret_cast<uintptr_t>(p.out) |
+                           reinterpret_cast<uintptr_t>(p.shared)) &
+                          15u) == 0;
+    if (aligned && p.hidden % 4 == 0 && count <= kCombineVecSlots) {
+      // Four columns per thread, every slot's row loaded before the sums (the scalar loop
+      // waited for each load in turn); the same sums in the same order.
+      const int64_t quads = p.hidden / 4;
+      int64_t rows[kCombineVecSlots];
+#pragma unroll
+      for (int j = 0; j < kCombineVecSlots; ++j)
+        rows[j] = j < count ? p.pair_pos[t * p.k + order[j]] : 0;
+      for (int64_t q = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; q < quads;
+           q += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+        float4 yv[kCombineVecSlots];
+#pragma unroll
+        for (int j = 0; j < kCombineVecSlots; ++j) {
+          if (j < count)
+            yv[j] = __ldg(reinterpret_cast<const float4*>(p.y + rows[j] * p.hidden) + q);
+        }
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (p.shared) {
+          const float4 sv = __ldg(reinterpret_cast<const float4*>(p.shared + t * p.hidden) + q);
+          acc = make_float4(__fadd_rn(0.0f, sv.x),
+                            __fadd_rn(0.0f, sv.y),
+                            __fadd_rn(0.0f, sv.z),
+                            __fadd_rn(0.0f, sv.w));
+        }
+#pragma unroll
+        for (int j = 0; j < kCombineVecSlots; ++j) {
+          if (j < count) {
+            acc.x = __fadd_rn(acc.x, yv[j].x);
+            acc.y = __fadd_rn(acc.y, yv[j].y);
+            acc.z = __fadd_rn(acc.z, yv[j].z);
+            acc.w = __fadd_rn(acc.w, yv[j].w);
+          }
+        }
+        reinterpret_cast<float4*>(p.out + t * p.hidden)[q] = acc;
+      }
+      __syncthreads();
+      continue;
+    }
     for (int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; c < p.hidden;
          c += static_cast<int64_t>(gridDim.y) * blockDim.x) {
       float acc = 0.0f;
