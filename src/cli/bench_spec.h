@@ -32,6 +32,7 @@ struct SpecBenchArgs {
   std::string prompt_text;
   int64_t generate = 48;                // tokens generated per request
   int64_t repeats = 3;                  // rounds over every (batch, mode)
+  int64_t warmup = 3;                   // untimed rounds first, per mode (steady state)
   std::string state_memory = "512MiB";  // per engine (one engine per mode, all alive at once)
   double forced_acceptance = 0;         // EngineConfig::forced_acceptance (0: the drafter's own)
   std::string output;

@@ -57,6 +57,7 @@ struct BenchArgs {
   std::vector<std::string> speculative;  // --speculative: the modes (cli/bench_spec.h)
   double forced_acceptance = 0;          // --forced-acceptance (with --speculative)
   std::string prompt_text;               // --prompt-text (with --speculative)
+  int64_t spec_warmup = 3;               // --warmup (with --speculative)
   std::string state_memory = "1GiB";     // the budget the state footprint's context is given for
   // --device cpu (cli/bench_cpu.h): the CPU run's own defaults unless the flags were given.
   CpuBenchArgs cpu;
@@ -581,6 +582,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                       "compare (off, fixed:K, auto; `all` = off,fixed:1..5,auto), decode tokens/s "
                       "per batch size (default 1,16,64) with acceptance by draft position")
           ->delimiter(',');
+  cmd->add_option("--warmup",
+                  a->spec_warmup,
+                  "With --speculative: untimed rounds per mode before the timed ones (default 3: "
+                  "every shape's CUDA graphs captured and auto's exploration done, as in a "
+                  "serving engine's steady state)");
   cmd->add_option("--prompt-text",
                   a->prompt_text,
                   "With --speculative: prompts are windows of this text file (tokenized with the "
@@ -603,6 +609,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       s.modes = a->speculative;
       s.forced_acceptance = a->forced_acceptance;
       s.prompt_text = a->prompt_text;
+      s.warmup = a->spec_warmup;
       if (o_numerics->count() > 0)
         s.numerics = a->numerics;
       if (o_batch->count() > 0)

@@ -181,18 +181,20 @@ check "generate: greedy output is not empty" test -s "$TMP/g_fast.txt"
 # bench --speculative at batch 1 measures many prompts, not one deterministic greedy sequence
 # (its single prompt fell into a cycle whose drafts never got past depth 3: acceptance 0.00 at
 # depths 4 and 5 in every round).
-"$DSI" bench --device cpu --model "$MINI" --speculative fixed:5 --decode-batch 1 --repeats 1 \
+"$DSI" bench --device cpu --model "$MINI" --speculative fixed:5 --decode-batch 1 --repeats 1 --warmup 1 \
   --decode-steps 24 --output "$TMP/bench_spec.json" >/dev/null 2>&1
 check "bench --speculative: drafts at depths 4 and 5 are accepted at batch 1" \
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; a=r["acceptance_by_position"]; assert r["batch"]==1 and len(a)==5 and a[3]>0 and a[4]>0, a' "$TMP/bench_spec.json"
 # --prompt-text: prompts are windows of a tokenized text (natural text: the drafter's acceptance).
 "$DSI" bench --device cpu --model "$MINI" --speculative fixed:2 --decode-batch 1 --repeats 1 \
-  --decode-steps 8 --prompt-text "$SRC/tools/train/data.py" --output "$TMP/bench_text.json" \
+  --warmup 1 --decode-steps 8 --prompt-text "$SRC/tools/train/data.py" --output "$TMP/bench_text.json" \
   >"$TMP/bench_text.txt" 2>&1
 check "bench --prompt-text takes its prompts from the text" \
   contains "$TMP/bench_text.txt" "prompts: windows of 32 tokens of .*tools/train/data.py"
 check "bench --prompt-text measures acceptance" \
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; assert r["acceptance_by_position"][0]>0, r' "$TMP/bench_text.json"
+"$DSI" bench --device cpu --model "$FIX" --speculative fixed:2 --warmup 0 >"$TMP/err.txt" 2>&1
+check "bench --speculative --warmup 0 is refused" contains "$TMP/err.txt" "--warmup >= 1"
 printf 'def f' >"$TMP/short.txt"
 "$DSI" bench --device cpu --model "$MINI" --speculative fixed:2 --prompt-text "$TMP/short.txt" \
   >"$TMP/err.txt" 2>&1
