@@ -20,6 +20,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -153,6 +154,51 @@ MoeInputs make_inputs(const RouteCase& c, uint32_t seed) {
   in.tokens.resize(static_cast<size_t>(c.n));
   for (auto& t : in.tokens) t = static_cast<int32_t>(rng() % vocab);
   return in;
+}
+
+// Grouping over several blocks (MoeGroupParams::chunk_counts: prefill-sized pair counts) gives
+// the one block's slots exactly: expert begins, pair order within each expert (ascending index),
+// every pair's slot, invalid ids (-1, out of range) left ungrouped; pair counts around the chunk
+// size, skewed and uniform experts.
+TEST_F(GpuTest, MoeGroupOverSeveralBlocksEqualsOneBlock) {
+  for (int64_t ne : {8, 256}) {
+    for (int64_t n : {int64_t{1}, kMoeGroupChunk / 6, kMoeGroupChunk / 6 + 1, int64_t{8192}}) {
+      const int64_t k = 6, pairs = n * k;
+      std::mt19937 g(static_cast<uint32_t>(n * 31 + ne));
+      std::vector<int32_t> ids(static_cast<size_t>(pairs));
+      for (int64_t i = 0; i < pairs; ++i) {
+        const uint32_t r = g() % 100;
+        ids[static_cast<size_t>(i)] = r == 0   ? -1
+                                      : r == 1 ? static_cast<int32_t>(ne)
+                                      : r < 40 ? static_cast<int32_t>(g() % 3)  // skewed
+                                               : static_cast<int32_t>(g() % ne);
+      }
+      DevVec<int32_t> d_ids(ids);
+      using Groups = std::tuple<std::vector<int64_t>, std::vector<int32_t>, std::vector<int32_t>>;
+      auto run = [&](bool several, Groups* out) {
+        DevVec<int64_t> begin(static_cast<size_t>(ne + 1), -7);
+        DevVec<int32_t> src(static_cast<size_t>(pairs), -7), pos(static_cast<size_t>(pairs), -7);
+        DevVec<int32_t> scratch(static_cast<size_t>(moe_group_scratch_ints(pairs, ne)));
+        DSI_EXPECT_OK(
+            launch_moe_group(MoeGroupParams{.expert_ids = d_ids.get(),
+                                            .n = n,
+                                            .k = k,
+                                            .n_experts = ne,
+                                            .expert_begin = begin.get(),
+                                            .pair_src = src.get(),
+                                            .pair_pos = pos.get(),
+                                            .chunk_counts = several ? scratch.get() : nullptr},
+                             nullptr));
+        sync();
+        *out = Groups(begin.download(), src.download(), pos.download());
+      };
+      SCOPED_TRACE("experts " + std::to_string(ne) + " tokens " + std::to_string(n));
+      Groups one, several;
+      run(false, &one);
+      run(true, &several);
+      EXPECT_EQ(several, one);
+    }
+  }
 }
 
 TEST_F(GpuTest, MoeRouteMatchesCpu) {

@@ -573,6 +573,7 @@ Status CudaModel::launch_moe(const DMoe& w,
   gp.expert_begin = expert_begin;
   gp.pair_src = pair_src;
   gp.pair_pos = pair_pos;
+  DSI_RETURN_IF_ERROR(ws_->get(&gp.chunk_counts, cuda::moe_group_scratch_ints(n * k, ne)));
   DSI_RETURN_IF_ERROR(cuda::launch_moe_group(gp, s));
   cuda::ExpertFfnParams ep = sp;
   ep.w1 = w.w1;

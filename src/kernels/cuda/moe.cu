@@ -118,41 +118,29 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRoutePar
 
 constexpr int kGroupThreads = 1024;
 constexpr int kGroupWarps = kGroupThreads / 32;
+constexpr int64_t kGroupChunk = kMoeGroupChunk;
 
 size_t group_smem_bytes(int64_t ne) {
   return static_cast<size_t>(ne + 1) * 8 + static_cast<size_t>(ne) * 4 * (1 + kGroupWarps);
 }
 
-__global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p) {
-  pdl_begin();
-  extern __shared__ __align__(8) uint8_t group_smem[];
-  const int64_t pairs = p.n * p.k;
+// Pairs [i0, i1) in chunks of the block size, in index order (group_smem: begin, cursor and the
+// per-warp counts set up by the caller; cursor[e] = the pairs of expert e before i0).
+__device__ void group_scatter(const MoeGroupParams& p,
+                              const int64_t* begin,
+                              int32_t* cursor,
+                              int32_t* counts,
+                              int64_t i0,
+                              int64_t i1) {
   const int64_t ne = p.n_experts;
-  auto* begin = reinterpret_cast<int64_t*>(group_smem);       // [ne + 1]
-  auto* cursor = reinterpret_cast<int32_t*>(begin + ne + 1);  // [ne]
-  int32_t* counts = cursor + ne;                              // [warps][ne]
   auto warp_count = [&](int w, int64_t e) -> int32_t& { return counts[w * ne + e]; };
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  for (int64_t e = threadIdx.x; e <= ne; e += blockDim.x) begin[e] = 0;
-  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x) cursor[e] = 0;
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const int32_t e = p.expert_ids[i];
-    if (e >= 0 && e < ne)
-      atomicAdd(reinterpret_cast<unsigned long long*>(&begin[e + 1]), 1ull);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int64_t e = 0; e < ne; ++e) begin[e + 1] += begin[e];
-  }
-  __syncthreads();
-  for (int64_t e = threadIdx.x; e <= ne; e += blockDim.x) p.expert_begin[e] = begin[e];
-  for (int64_t base = 0; base < pairs; base += blockDim.x) {
+  for (int64_t base = i0; base < i1; base += blockDim.x) {
     for (int64_t i = threadIdx.x; i < kGroupWarps * ne; i += blockDim.x) counts[i] = 0;
     __syncthreads();
     const int64_t i = base + threadIdx.x;
-    const int32_t e = i < pairs ? p.expert_ids[i] : -1;
+    const int32_t e = i < i1 ? p.expert_ids[i] : -1;
     const bool ok = e >= 0 && e < ne;
     const unsigned same = __match_any_sync(0xffffffffu, ok ? e : -1);
     const int rank = __popc(same & ((1u << lane) - 1u));
@@ -174,11 +162,99 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams
       const int64_t pos = begin[e] + warp_count(warp, e) + rank;
       p.pair_src[pos] = static_cast<int32_t>(i);
       p.pair_pos[i] = static_cast<int32_t>(pos);
-    } else if (i < pairs) {
+    } else if (i < i1) {
       p.pair_pos[i] = -1;
     }
     __syncthreads();
   }
+}
+
+__global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p) {
+  pdl_begin();
+  extern __shared__ __align__(8) uint8_t group_smem[];
+  const int64_t pairs = p.n * p.k;
+  const int64_t ne = p.n_experts;
+  auto* begin = reinterpret_cast<int64_t*>(group_smem);       // [ne + 1]
+  auto* cursor = reinterpret_cast<int32_t*>(begin + ne + 1);  // [ne]
+  int32_t* counts = cursor + ne;                              // [warps][ne]
+  for (int64_t e = threadIdx.x; e <= ne; e += blockDim.x) begin[e] = 0;
+  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x) cursor[e] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int32_t e = p.expert_ids[i];
+    if (e >= 0 && e < ne)
+      atomicAdd(reinterpret_cast<unsigned long long*>(&begin[e + 1]), 1ull);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int64_t e = 0; e < ne; ++e) begin[e + 1] += begin[e];
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e <= ne; e += blockDim.x) p.expert_begin[e] = begin[e];
+  group_scatter(p, begin, cursor, counts, 0, pairs);
+}
+
+// Several blocks (prefill-sized pair counts; the one block took 0.19 ms for 49,152 pairs):
+// chunk c = pairs [c * kGroupChunk, +kGroupChunk). Count: each chunk's pairs per expert into
+// chunk_counts[c][e]. Scan: expert_begin, and chunk_counts[c][e] turned into the pairs of
+// expert e in the chunks before c. Scatter: each chunk as the one block does, its cursors
+// starting there. The same slots as moe_group_kernel.
+__global__ void __launch_bounds__(kGroupThreads) moe_group_count_kernel(MoeGroupParams p) {
+  pdl_begin();
+  extern __shared__ __align__(8) uint8_t group_smem[];
+  auto* hist = reinterpret_cast<int32_t*>(group_smem);  // [ne]
+  const int64_t ne = p.n_experts;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kGroupChunk;
+  const int64_t i1 = min(p.n * p.k, i0 + kGroupChunk);
+  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+    const int32_t e = p.expert_ids[i];
+    if (e >= 0 && e < ne)
+      atomicAdd(&hist[e], 1);
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x)
+    p.chunk_counts[blockIdx.x * ne + e] = hist[e];
+}
+
+__global__ void __launch_bounds__(kGroupThreads)
+    moe_group_scan_kernel(MoeGroupParams p, int64_t chunks) {
+  pdl_begin();
+  __shared__ int64_t totals[kMaxExperts + 1];
+  const int64_t ne = p.n_experts;
+  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x) {
+    int32_t run = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      int32_t& v = p.chunk_counts[c * ne + e];
+      const int32_t n = v;
+      v = run;
+      run += n;
+    }
+    totals[e + 1] = run;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    totals[0] = 0;
+    for (int64_t e = 0; e < ne; ++e) totals[e + 1] += totals[e];
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e <= ne; e += blockDim.x) p.expert_begin[e] = totals[e];
+}
+
+__global__ void __launch_bounds__(kGroupThreads) moe_group_scatter_kernel(MoeGroupParams p) {
+  pdl_begin();
+  extern __shared__ __align__(8) uint8_t group_smem[];
+  const int64_t ne = p.n_experts;
+  auto* begin = reinterpret_cast<int64_t*>(group_smem);       // [ne + 1]
+  auto* cursor = reinterpret_cast<int32_t*>(begin + ne + 1);  // [ne]
+  int32_t* counts = cursor + ne;                              // [warps][ne]
+  for (int64_t e = threadIdx.x; e <= ne; e += blockDim.x) begin[e] = p.expert_begin[e];
+  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x)
+    cursor[e] = p.chunk_counts[blockIdx.x * ne + e];
+  __syncthreads();
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kGroupChunk;
+  group_scatter(p, begin, cursor, counts, i0, min(p.n * p.k, i0 + kGroupChunk));
 }
 
 // ---- grouped expert GEMMs ----------------------------------------------------------------------
@@ -379,10 +455,24 @@ Status launch_moe_group(const MoeGroupParams& p, cudaStream_t stream) {
     return null_pointer("moe_group");
   const size_t smem = group_smem_bytes(p.n_experts);
   if (smem > 48 * 1024) {
-    DSI_RETURN_IF_ERROR(device::check_cuda(
-        cudaFuncSetAttribute(
-            moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-        "moe_group smem attribute"));
+    for (auto* k : {moe_group_kernel, moe_group_scatter_kernel}) {
+      DSI_RETURN_IF_ERROR(device::check_cuda(
+          cudaFuncSetAttribute(
+              k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+          "moe_group smem attribute"));
+    }
+  }
+  const int64_t chunks = ceil_div(p.n * p.k, kGroupChunk);
+  if (p.chunk_counts != nullptr && chunks >= 2) {
+    const size_t hist = static_cast<size_t>(p.n_experts) * 4;
+    launch_pdl(
+        moe_group_count_kernel, static_cast<unsigned>(chunks), kGroupThreads, hist, stream, p);
+    DSI_RETURN_IF_ERROR(launched("moe_group count launch"));
+    launch_pdl(moe_group_scan_kernel, 1, kGroupThreads, 0, stream, p, chunks);
+    DSI_RETURN_IF_ERROR(launched("moe_group scan launch"));
+    launch_pdl(
+        moe_group_scatter_kernel, static_cast<unsigned>(chunks), kGroupThreads, smem, stream, p);
+    return launched("moe_group scatter launch");
   }
   launch_pdl(moe_group_kernel, 1, kGroupThreads, smem, stream, p);
   return launched("moe_group launch");

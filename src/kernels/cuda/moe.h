@@ -54,7 +54,14 @@ struct MoeGroupParams {
   int64_t* expert_begin = nullptr;  // [n_experts + 1]
   int32_t* pair_src = nullptr;      // [n * k]
   int32_t* pair_pos = nullptr;      // [n * k]
+  // Scratch (moe_group_scratch_ints): with it, more than one chunk of pairs (prefill) is grouped
+  // by several blocks; without, by one. The same result either way.
+  int32_t* chunk_counts = nullptr;
 };
+inline constexpr int64_t kMoeGroupChunk = 4096;  // pairs per block of the several-block grouping
+inline int64_t moe_group_scratch_ints(int64_t pairs, int64_t n_experts) {
+  return (pairs + kMoeGroupChunk - 1) / kMoeGroupChunk * n_experts;
+}
 Status launch_moe_group(const MoeGroupParams& p, cudaStream_t stream);
 
 struct ExpertFfnParams {
