@@ -61,8 +61,9 @@ Choice choose_verify_lengths(const StepTimes& times,
 // measured - predicted per (bucket, depth). The correction carries what the start-up model does
 // not see (per-step host work, sampling every verified position, graphs against eager launches);
 // a depth not yet measured in a bucket takes the corrections of the measured depths of that
-// bucket, interpolated linearly in the depth (off counting as depth -1) and held beyond the
-// deepest and shallowest measured, 0 when the bucket has none. Off, unmeasured, takes depth 0's
+// bucket, interpolated linearly in the depth (off counting as depth -1), continued along the line
+// through the two deepest measured beyond the deepest while it rises (else held), held below the
+// shallowest, 0 when the bucket has none. Off, unmeasured, takes depth 0's
 // correction (a depth-0 step is a plain decode plus the drafter's forward work, which the
 // start-up model times), never one held down from the speculating depths: theirs carry the cost
 // of every verified position, and made off look too slow ever to be tried.

@@ -219,6 +219,29 @@ TEST(StepCost, MeasuredStepTimesCorrectTheStartUpModel) {
   EXPECT_NEAR(o.step_s(1, 1), 1.6, 1e-6);
 }
 
+// Past the deepest measured depth the correction continues along the line through the two
+// deepest measured (a per-verified-position overhead the start-up model misses grows with the
+// depth); held where that line falls, and below the shallowest.
+TEST(StepCost, CorrectionsRisingWithDepthAreExtrapolatedDeeper) {
+  const StepTimes prior = flat_times(2.0, 2.2, 0.1, 0.3, 5);
+  StepCost c(prior, 5);
+  // Measured exactly: off (correction 0) and depth 1 (0.5 over its prior 2.3 + 0.3).
+  for (int i = 0; i < 50; ++i) {
+    c.record(64, -1, 2.0);
+    c.record(64, 1, 2.6 + 0.5);
+  }
+  EXPECT_NEAR(c.step_s(64, 1), 3.1, 1e-6);
+  // Depth 3: prior 2.5 + 0.9, correction 0.5 + 2 * 0.25 (the line through off's 0 and 0.5).
+  EXPECT_NEAR(c.step_s(64, 3), 2.5 + 0.9 + 1.0, 1e-6);
+  // A correction that falls with depth is held past the deepest measured.
+  StepCost f(prior, 5);
+  for (int i = 0; i < 50; ++i) {
+    f.record(64, -1, 2.5);
+    f.record(64, 1, 2.6 + 0.1);
+  }
+  EXPECT_NEAR(f.step_s(64, 3), 2.5 + 0.9 + 0.1, 1e-6);
+}
+
 TEST(StepCost, ExploresTheDepthsNextToTheBestUntilMeasured) {
   const std::vector<double> accept(5, 0.8);
   StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
