@@ -687,6 +687,72 @@ void run_indexer(int64_t heads,
   }
 }
 
+// Prefill's grouped indexer kernel (several queries of one sequence per block sharing each key
+// tile) gives the one-query kernel's scores bit for bit: three sequences of 70, 1 and 29 queries
+// (groups straddling their boundaries take the queries one at a time), visible counts growing
+// with the position across tile edges, fp32 keys off any grid.
+TEST_F(GpuTest, IndexerScoresGroupedQueriesEqualOneQueryPerBlock) {
+  const int64_t heads = 64, dim = 128, rows_per_page = 128, page_floats = rows_per_page * dim;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<int32_t> pages;
+  std::vector<int64_t> page_begin, visible;
+  int32_t next_page = 0;
+  for (int64_t len : {70, 1, 29}) {
+    const int64_t first = static_cast<int64_t>(pages.size());
+    const int64_t last_visible = (len * 13 + 5) / 4;
+    for (int64_t i = 0; i < (last_visible + rows_per_page - 1) / rows_per_page + 1; ++i)
+      pages.push_back(next_page++);
+    for (int64_t t = 0; t < len; ++t) {
+      page_begin.push_back(first);
+      visible.push_back((t * 13 + 5) / 4);
+    }
+  }
+  const int64_t nq = static_cast<int64_t>(visible.size());
+  std::vector<float> pool(static_cast<size_t>(next_page * page_floats));
+  for (auto& v : pool) v = nd(rng);
+  std::vector<float> q(static_cast<size_t>(nq * heads * dim));
+  for (auto& v : q) v = nd(rng);
+  const std::vector<float> hw = normal_floats(static_cast<size_t>(nq * heads), 5);
+  const int64_t max_visible = *std::max_element(visible.begin(), visible.end());
+  const int64_t ld = max_visible + 1;
+  DevVec<float> d_pool(pool), d_q(q), d_hw(hw);
+  DevVec<int32_t> d_pages(pages);
+  DevVec<int64_t> d_pbeg(page_begin), d_vis(visible);
+  auto run = [&](bool grouped, std::vector<float>* out) {
+    DevVec<float> d_scores(static_cast<size_t>(nq * ld), -7.0f);
+    DSI_EXPECT_OK(launch_indexer_scores(IndexerScoreParams{.q = d_q.get(),
+                                                           .head_w = d_hw.get(),
+                                                           .w_scale = 0.01f,
+                                                           .nq = nq,
+                                                           .heads = heads,
+                                                           .dim = dim,
+                                                           .pool = d_pool.get(),
+                                                           .page_floats = page_floats,
+                                                           .rows_per_page = rows_per_page,
+                                                           .pages = d_pages.get(),
+                                                           .page_begin = d_pbeg.get(),
+                                                           .visible = d_vis.get(),
+                                                           .max_visible = max_visible,
+                                                           .scores = d_scores.get(),
+                                                           .ld = ld,
+                                                           .bf16_exact = true,
+                                                           .group_queries = grouped},
+                                        nullptr));
+    sync();
+    *out = d_scores.download();
+  };
+  ASSERT_GE(nq, kIndexerGroupMinQueries);
+  std::vector<float> one, grouped;
+  run(false, &one);
+  run(true, &grouped);
+  ASSERT_EQ(one.size(), grouped.size());
+  EXPECT_EQ(0, std::memcmp(one.data(), grouped.data(), one.size() * sizeof(float)));
+  int64_t written = 0;
+  for (float v : grouped) written += v != -7.0f ? 1 : 0;
+  EXPECT_GT(written, nq * 10);
+}
+
 TEST_F(GpuTest, IndexerScoresAndTopKMatchCpu) {
   for (IdxPath path : {IdxPath::kSimple, IdxPath::kMmaSplit, IdxPath::kMmaExact}) {
     run_indexer(64, 128, {0, 1, 3, 7, 129, 733}, 1, path);  // the real shape, short contexts

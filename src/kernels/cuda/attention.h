@@ -178,7 +178,11 @@ struct IndexerScoreParams {
   // per product).
   bool tensor_cores = true;
   bool bf16_exact = false;
+  // bf16_exact, dim 128, at least kIndexerGroupMinQueries queries (prefill): several queries per
+  // block share each key tile (the same scores, bit for bit; false: one query per block).
+  bool group_queries = true;
 };
+inline constexpr int64_t kIndexerGroupMinQueries = 64;
 Status launch_indexer_scores(const IndexerScoreParams& p, cudaStream_t stream);
 
 inline constexpr int64_t kMaxTopK = 2048;

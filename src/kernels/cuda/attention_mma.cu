@@ -736,6 +736,175 @@ __global__ void __launch_bounds__(kIThreads)
   }
 }
 
+// Prefill (many queries, BF16-exact operands): kIq consecutive queries per block, each key tile
+// loaded and converted once for all of them (the one-query kernel re-read every query's visible
+// keys: 8k queries x up to 2,048 keys of 512 bytes each). Warp w: query w / 4 of the group, heads
+// 16 (w % 4) .. +15, the same MMAs as the one-query kernel; the head sums in the same order, so
+// the scores are the same bits. Queries of the group whose key pages differ (a sequence boundary)
+// are taken one at a time.
+constexpr int kIq = 4;
+constexpr int kIgThreads = kIThreads * kIq;
+
+__host__ __device__ constexpr size_t indexer_group_smem_bytes(int dim) {
+  return static_cast<size_t>(kIk) * attn_sd(dim) * 2 + static_cast<size_t>(kIq * 64 * kIs) * 4 +
+         kIq * 64 * 4;
+}
+
+template <int DI>
+__global__ void __launch_bounds__(kIgThreads)
+    indexer_scores_group_kernel(IndexerScoreParams p, int tiles_per_block) {
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int SD = attn_sd(DI);
+  constexpr int KS = DI / 16;
+  __nv_bfloat16* kh = reinterpret_cast<__nv_bfloat16*>(smem);
+  float* dots = reinterpret_cast<float*>(kh + kIk * SD);  // [kIq][64 heads][kIs]
+  float* hwv = dots + kIq * 64 * kIs;                     // [kIq][64]
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int qw = warp / 4;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int64_t heads = p.heads;
+  const int r0 = 16 * (warp % 4) + g;
+  const int r1 = r0 + 8;
+  // Queries [q0, q0 + count) sharing their key pages.
+  auto group = [&](int64_t q0, int count) {
+    int64_t vis_max = 0;
+    for (int j = 0; j < count; ++j) vis_max = max(vis_max, p.visible[q0 + j]);
+    const int64_t tiles = (vis_max + kIk - 1) / kIk;
+    const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tiles_per_block;
+    if (t0 >= tiles)
+      return;  // block-uniform
+    const int64_t t1 = min(tiles, t0 + tiles_per_block);
+    // A warp past the group's queries computes its last query again and stores nothing.
+    const int64_t qi = q0 + min(qw, count - 1);
+    uint32_t ah[KS][4];
+    const float* q = p.q + qi * heads * DI;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = (i & 1) ? r1 : r0;
+        const int k = 16 * ks + 2 * t + ((i & 2) ? 8 : 0);
+        const float2 v =
+            r < heads ? *reinterpret_cast<const float2*>(q + r * DI + k) : make_float2(0.0f, 0.0f);
+        uint32_t lo;
+        split_bf16(v.x, v.y, &ah[ks][i], &lo);
+      }
+    }
+    __syncthreads();  // hwv and dots of the previous group are consumed
+    for (int i = threadIdx.x; i < kIq * 64; i += blockDim.x) {
+      const int j = i / 64;
+      const int64_t h = i % 64;
+      if (j < count && h < heads)
+        hwv[i] = __fmul_rn(p.head_w[(q0 + j) * heads + h], p.w_scale);
+    }
+    const int32_t* pages = p.pages + p.page_begin[q0];
+    for (int64_t tile = t0; tile < t1; ++tile) {
+      __syncthreads();  // the previous tile's dots and keys are consumed
+      constexpr int kPairs = kIk * DI / 2;
+      constexpr int kStage = 4;
+      for (int i0 = threadIdx.x; i0 < kPairs; i0 += kStage * kIgThreads) {
+        float2 v[kStage];
+#pragma unroll
+        for (int u = 0; u < kStage; ++u) {
+          const int i = i0 + u * kIgThreads;
+          const int j = i / (DI / 2);
+          const int64_t w = tile * kIk + j;
+          v[u] = make_float2(0.0f, 0.0f);
+          if (i < kPairs && w < vis_max) {
+            const float* key = p.pool +
+                               static_cast<int64_t>(pages[w / p.rows_per_page]) * p.page_floats +
+                               (w % p.rows_per_page) * DI;
+            v[u] = *reinterpret_cast<const float2*>(key + (i % (DI / 2)) * 2);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kStage; ++u) {
+          const int i = i0 + u * kIgThreads;
+          if (i < kPairs) {
+            const int j = i / (DI / 2);
+            const int c = (i % (DI / 2)) * 2;
+            uint32_t h, l;
+            split_bf16(v[u].x, v[u].y, &h, &l);
+            *reinterpret_cast<uint32_t*>(kh + j * SD + c) = h;
+          }
+        }
+      }
+      __syncthreads();
+      float sc[8][4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          const int key = 16 * np + (lane & 7) + 8 * (lane >> 4);
+          const int kc = 16 * ks + 8 * ((lane >> 3) & 1);
+          uint32_t bh[4];
+          ldmatrix_x4(bh, kh + key * SD + kc);
+          const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
+          mma_bf16(sc[2 * np], ah[ks], bh0);
+          mma_bf16(sc[2 * np + 1], ah[ks], bh1);
+        }
+      }
+      float* qd = dots + qw * 64 * kIs;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int c = 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(qd + r0 * kIs + c) = make_float2(sc[nt][0], sc[nt][1]);
+        *reinterpret_cast<float2*>(qd + r1 * kIs + c) = make_float2(sc[nt][2], sc[nt][3]);
+      }
+      __syncthreads();
+      if (threadIdx.x < kIq * kIk) {
+        const int j = threadIdx.x / kIk;
+        const int key = threadIdx.x % kIk;
+        const int64_t w = tile * kIk + key;
+        if (j < count && w < p.visible[q0 + j]) {
+          const float* jd = dots + j * 64 * kIs;
+          const float* jw = hwv + j * 64;
+          float s2 = 0.0f;
+#pragma unroll 16  // the shared-memory reads ahead of the (ordered) sum
+          for (int64_t h = 0; h < heads; ++h) {
+            s2 = __fadd_rn(s2, __fmul_rn(jw[h], fmaxf(0.0f, jd[h * kIs + key])));
+          }
+          p.scores[(q0 + j) * p.ld + w] = s2;
+        }
+      }
+    }
+  };
+  for (int64_t q0 = static_cast<int64_t>(blockIdx.y) * kIq; q0 < p.nq;
+       q0 += static_cast<int64_t>(gridDim.y) * kIq) {
+    const int count = static_cast<int>(p.nq - q0 < kIq ? p.nq - q0 : kIq);
+    bool same = true;
+    for (int j = 1; j < count; ++j) same = same && p.page_begin[q0 + j] == p.page_begin[q0];
+    if (same) {
+      group(q0, count);
+    } else {
+      for (int j = 0; j < count; ++j) group(q0 + j, 1);
+    }
+  }
+}
+
+template <int DI>
+Status launch_indexer_group(const IndexerScoreParams& p, cudaStream_t stream) {
+  const size_t smem = indexer_group_smem_bytes(DI);
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaFuncSetAttribute(indexer_scores_group_kernel<DI>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)),
+                         "indexer_scores_group smem attribute"));
+  const int tpb = 4;
+  const int64_t gx = ceil_div(ceil_div(p.max_visible, kIk), tpb);
+  if (gx > 0x7fffffff)
+    return invalid_argument("indexer_scores: too many blocks");
+  const dim3 grid(static_cast<unsigned>(gx),
+                  static_cast<unsigned>(std::min(ceil_div(p.nq, int64_t{kIq}), kMaxGridY)));
+  launch_pdl(indexer_scores_group_kernel<DI>, grid, kIgThreads, smem, stream, p, tpb);
+  return launched("indexer_scores_group launch");
+}
+
 template <int DI, bool kSplit>
 Status launch_indexer_di(const IndexerScoreParams& p, cudaStream_t stream) {
   const size_t smem = indexer_smem_bytes(DI);
@@ -799,9 +968,12 @@ Status launch_indexer_scores_mma(const IndexerScoreParams& p, cudaStream_t strea
   if (p.dim == 64)
     return p.bf16_exact ? launch_indexer_di<64, false>(p, stream)
                         : launch_indexer_di<64, true>(p, stream);
-  if (p.dim == 128)
+  if (p.dim == 128) {
+    if (p.bf16_exact && p.group_queries && p.nq >= kIndexerGroupMinQueries)
+      return launch_indexer_group<128>(p, stream);
     return p.bf16_exact ? launch_indexer_di<128, false>(p, stream)
                         : launch_indexer_di<128, true>(p, stream);
+  }
   return invalid_argument("indexer_scores_mma: unsupported dim");
 }
 
