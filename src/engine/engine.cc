@@ -716,6 +716,16 @@ void Engine::run_chunks() {
   }
   // (Not a step that ran a shape for the first times: its eager launches and graph capture
   // are one-time costs, and counted they taught auto that a depth costs far more than it does.)
+  if (cost_ && step_b_ > 0 && model_->shape_warmups() != warmups && trace_spec_) {
+    std::fprintf(stderr,
+                 "[spec-trace] step %lld: %lld at depth %d took %.3f ms, not recorded (%lld shape "
+                 "warm-ups)\n",
+                 static_cast<long long>(stats_.steps),
+                 static_cast<long long>(step_b_),
+                 step_depth_,
+                 (now_s() - t_step) * 1e3,
+                 static_cast<long long>(model_->shape_warmups() - warmups));
+  }
   if (cost_ && step_b_ > 0 && model_->shape_warmups() == warmups) {
     const double took = now_s() - t_step;
     if (trace_spec_) {
