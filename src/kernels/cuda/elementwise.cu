@@ -188,12 +188,7 @@ __global__ void quant_sim_warp_kernel(QuantSimParams p) {
   const int64_t ld = p.ld > 0 ? p.ld : p.len;
   const int64_t per_block = blockDim.x >> 5;
   const int lanes_per_block = static_cast<int>(p.block / V);
-  for (int64_t r = blockIdx.x * per_block + (threadIdx.x >> 5); r < p.rows;
-       r += static_cast<int64_t>(gridDim.x) * per_block) {
-    float* x = p.x + r * ld + V * lane;
-    float v[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) v[i] = x[i];
+  auto process = [&](float(&v)[V]) {
     if (p.hadamard) {
 #pragma unroll
       for (int h = 1; h < V; h <<= 1) {
@@ -232,8 +227,29 @@ __global__ void quant_sim_warp_kernel(QuantSimParams p) {
 #pragma unroll
       for (int i = 0; i < V; ++i) v[i] = quant_value(v[i], s, p.kind);
     }
+  };
+  // Two rows per warp step, both rows' loads issued before either is processed (one row at a
+  // time waited for each row's load: the indexer's q at prefill ran at 0.9 TB/s).
+  const int64_t step = static_cast<int64_t>(gridDim.x) * per_block;
+  for (int64_t r = blockIdx.x * per_block + (threadIdx.x >> 5); r < p.rows; r += 2 * step) {
+    const bool second = r + step < p.rows;
+    float* x0 = p.x + r * ld + V * lane;
+    float* x1 = p.x + (r + step) * ld + V * lane;
+    float v0[V], v1[V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) x[i] = v[i];
+    for (int i = 0; i < V; ++i) v0[i] = x0[i];
+    if (second) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) v1[i] = x1[i];
+    }
+    process(v0);
+#pragma unroll
+    for (int i = 0; i < V; ++i) x0[i] = v0[i];
+    if (second) {
+      process(v1);
+#pragma unroll
+      for (int i = 0; i < V; ++i) x1[i] = v1[i];
+    }
   }
 }
 
@@ -350,7 +366,7 @@ Status launch_quant_sim(const QuantSimParams& p, cudaStream_t stream) {
       (p.kind == QuantSim::kNone || p.kind == QuantSim::kBf16 ||
        (p.block % v == 0 && p.block / v <= 32 && ((p.block / v) & (p.block / v - 1)) == 0 &&
         p.len % p.block == 0))) {
-    const unsigned grid = grid_1d(ceil_div(p.rows, kThreads / 32));
+    const unsigned grid = grid_1d(ceil_div(p.rows, 2 * (kThreads / 32)));  // two rows per warp
     if (v == 1) {
       launch_pdl(quant_sim_warp_kernel<1>, grid, kThreads, 0, stream, p);
     } else if (v == 2) {

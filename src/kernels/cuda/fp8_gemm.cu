@@ -53,10 +53,11 @@ __global__ void quantize_fp8_kernel(QuantizeFp8Params p, int64_t ld, int64_t blo
     }
     amax = warp_max(amax);
     const float s = act_block_scale(amax);
+    const float inv_s = 1.0f / s;  // exact: s is a power of two
     uint32_t packed = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t code = c0 + i < p.k ? act_quant_code(v[i], s) : 0u;
+      const uint32_t code = c0 + i < p.k ? act_quant_code_pow2(v[i], inv_s) : 0u;
       packed |= code << (8 * i);
     }
     *reinterpret_cast<uint32_t*>(p.codes + t * ld + c0) = packed;

@@ -346,10 +346,10 @@ __global__ void swiglu_quant_kernel(MoeSm90Params p, Scratch s) {
       }
       amax = warp_max(amax);
       const float sc = act_block_scale(amax);
+      const float inv_sc = 1.0f / sc;  // exact: sc is a power of two
       uint32_t packed = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        packed |= static_cast<uint32_t>(act_quant_code(h[i], sc)) << (8 * i);
+      for (int i = 0; i < 4; ++i) packed |= act_quant_code_pow2(h[i], inv_sc) << (8 * i);
       *reinterpret_cast<uint32_t*>(s.hq + g * I + c0) = packed;
       if (lane == 0)
         s.sfa2[b * kb + blk * m + (g - b)] = sc;
