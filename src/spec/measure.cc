@@ -115,6 +115,16 @@ Result<StepTimes> measure_step_times(backend::Model& model,
   StepTimes t;
   std::vector<Draft> drafts(seqs.size());
   std::vector<DraftRequest> reqs;
+  // Drafting `steps` from the first tail token for the first b sequences.
+  auto set_reqs = [&](size_t b, int32_t steps) {
+    reqs.assign(b, DraftRequest{});
+    for (size_t i = 0; i < b; ++i) {
+      reqs[i].state = seqs[i].get();
+      reqs[i].next_token = tail[0];
+      reqs[i].max_drafts = steps;
+      reqs[i].out = &drafts[i];
+    }
+  };
   // Every measurement is the minimum over `reps` rounds, the rounds interleaved (each round
   // times every length once) so that a burst of load from elsewhere spoils one round of several
   // lengths rather than every round of one length.
@@ -160,25 +170,13 @@ Result<StepTimes> measure_step_times(backend::Model& model,
           DSI_RETURN_IF_ERROR(rollback(b, len));
         }
         for (int32_t st = 1; st <= max_k; ++st) {
-          reqs.assign(b, DraftRequest{});
-          for (size_t i = 0; i < b; ++i) {
-            reqs[i].state = seqs[i].get();
-            reqs[i].next_token = tail[0];
-            reqs[i].max_drafts = st;
-            reqs[i].out = &drafts[i];
-          }
+          set_reqs(b, st);
           DSI_RETURN_IF_ERROR(drafter.draft(reqs));
           for (const auto& q : reqs) DSI_RETURN_IF_ERROR(q.status);
           DSI_RETURN_IF_ERROR(rollback(b, 0));
         }
       }
-      reqs.assign(b, DraftRequest{});
-      for (size_t i = 0; i < b; ++i) {
-        reqs[i].state = seqs[i].get();
-        reqs[i].next_token = tail[0];
-        reqs[i].max_drafts = max_k;
-        reqs[i].out = &drafts[i];
-      }
+      set_reqs(b, max_k);
       DSI_RETURN_IF_ERROR(drafter.draft(reqs));
       for (const auto& q : reqs) DSI_RETURN_IF_ERROR(q.status);
       DSI_RETURN_IF_ERROR(rollback(b, 0));
@@ -205,13 +203,7 @@ Result<StepTimes> measure_step_times(backend::Model& model,
         DSI_RETURN_IF_ERROR(rollback(b, len));
       }
       for (int32_t s = 1; s <= max_k; ++s) {
-        reqs.assign(b, DraftRequest{});
-        for (size_t i = 0; i < b; ++i) {
-          reqs[i].state = seqs[i].get();
-          reqs[i].next_token = tail[0];
-          reqs[i].max_drafts = s;
-          reqs[i].out = &drafts[i];
-        }
+        set_reqs(b, s);
         const double t0 = now_s();
         DSI_RETURN_IF_ERROR(drafter.draft(reqs));
         double& v = draft[static_cast<size_t>(s - 1)];

@@ -613,6 +613,130 @@ __host__ __device__ constexpr size_t indexer_smem_bytes(int dim) {
          64 * 4;
 }
 
+// One key tile (kIk keys from `tile`, rows < limit, zeros past it) from the fp32 pool into
+// shared memory as BF16 (high halves into kh; with kLo the low halves into kl), kStage loads in
+// flight per thread before their stores (one at a time, each tile waited for ~30 round trips).
+template <int DI, int kThreadsT, int kStageT, bool kLo>
+__device__ __forceinline__ void stage_key_tile(const IndexerScoreParams& p,
+                                               const int32_t* pages,
+                                               int64_t tile,
+                                               int64_t limit,
+                                               __nv_bfloat16* kh,
+                                               __nv_bfloat16* kl) {
+  constexpr int SD = attn_sd(DI);
+  constexpr int kPairs = kIk * DI / 2;
+  for (int i0 = threadIdx.x; i0 < kPairs; i0 += kStageT * kThreadsT) {
+    float2 v[kStageT];
+#pragma unroll
+    for (int u = 0; u < kStageT; ++u) {
+      const int i = i0 + u * kThreadsT;
+      const int j = i / (DI / 2);
+      const int64_t w = tile * kIk + j;
+      v[u] = make_float2(0.0f, 0.0f);
+      if (i < kPairs && w < limit) {
+        const float* key = p.pool +
+                           static_cast<int64_t>(pages[w / p.rows_per_page]) * p.page_floats +
+                           (w % p.rows_per_page) * DI;
+        v[u] = *reinterpret_cast<const float2*>(key + (i % (DI / 2)) * 2);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kStageT; ++u) {
+      const int i = i0 + u * kThreadsT;
+      if (i < kPairs) {
+        const int j = i / (DI / 2);
+        const int c = (i % (DI / 2)) * 2;
+        uint32_t h, l;
+        split_bf16(v[u].x, v[u].y, &h, &l);
+        *reinterpret_cast<uint32_t*>(kh + j * SD + c) = h;
+        if constexpr (kLo)
+          *reinterpret_cast<uint32_t*>(kl + j * SD + c) = l;
+      }
+    }
+  }
+}
+
+// A warp's 16 heads (fragments ah, al) . the staged tile's 64 keys: s[nt] = keys 8 nt .. + 7 of
+// the m16n8 C fragment; kSplit adds the low halves' products (three MMAs per product).
+template <int DI, bool kSplit>
+__device__ __forceinline__ void tile_dots(const uint32_t (&ah)[DI / 16][4],
+                                          const uint32_t (&al)[DI / 16][4],
+                                          const __nv_bfloat16* kh,
+                                          const __nv_bfloat16* kl,
+                                          int lane,
+                                          float (&s)[8][4]) {
+  constexpr int SD = attn_sd(DI);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < DI / 16; ++ks) {
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      const int key = 16 * np + (lane & 7) + 8 * (lane >> 4);
+      const int kc = 16 * ks + 8 * ((lane >> 3) & 1);
+      uint32_t bh[4];
+      ldmatrix_x4(bh, kh + key * SD + kc);
+      const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
+      mma_bf16(s[2 * np], ah[ks], bh0);
+      mma_bf16(s[2 * np + 1], ah[ks], bh1);
+      if constexpr (kSplit) {
+        uint32_t bl[4];
+        ldmatrix_x4(bl, kl + key * SD + kc);
+        const uint32_t bl0[2] = {bl[0], bl[1]}, bl1[2] = {bl[2], bl[3]};
+        mma_bf16(s[2 * np], ah[ks], bl0);
+        mma_bf16(s[2 * np], al[ks], bh0);
+        mma_bf16(s[2 * np + 1], ah[ks], bl1);
+        mma_bf16(s[2 * np + 1], al[ks], bh1);
+      }
+    }
+  }
+}
+
+// A warp's tile_dots into the dot buffer (rows = heads, kIs floats apart).
+__device__ __forceinline__ void store_dots(
+    float* dots, int r0, int r1, int t, const float (&s)[8][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    const int c = 8 * nt + 2 * t;
+    *reinterpret_cast<float2*>(dots + r0 * kIs + c) = make_float2(s[nt][0], s[nt][1]);
+    *reinterpret_cast<float2*>(dots + r1 * kIs + c) = make_float2(s[nt][2], s[nt][3]);
+  }
+}
+
+// One key's score: sum over heads, in head order, of hw[h] * relu(dot[h][key]).
+__device__ __forceinline__ float head_sum(const float* hw,
+                                          const float* dots,
+                                          int64_t heads,
+                                          int key) {
+  float sc = 0.0f;
+#pragma unroll 16  // the shared-memory reads ahead of the (ordered) sum
+  for (int64_t h = 0; h < heads; ++h)
+    sc = __fadd_rn(sc, __fmul_rn(hw[h], fmaxf(0.0f, dots[h * kIs + key])));
+  return sc;
+}
+
+// q fragments (rows r0, r1 of a warp's 16 heads) of query row q straight from global memory.
+template <int DI>
+__device__ __forceinline__ void load_q_frags(const float* q,
+                                             int64_t heads,
+                                             int r0,
+                                             int r1,
+                                             int t,
+                                             uint32_t (&ah)[DI / 16][4],
+                                             uint32_t (&al)[DI / 16][4]) {
+#pragma unroll
+  for (int ks = 0; ks < DI / 16; ++ks) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = (i & 1) ? r1 : r0;
+      const int k = 16 * ks + 2 * t + ((i & 2) ? 8 : 0);
+      const float2 v =
+          r < heads ? *reinterpret_cast<const float2*>(q + r * DI + k) : make_float2(0.0f, 0.0f);
+      split_bf16(v.x, v.y, &ah[ks][i], &al[ks][i]);
+    }
+  }
+}
+
 template <int DI, bool kSplit>
 __global__ void __launch_bounds__(kIThreads)
     indexer_scores_mma_kernel(IndexerScoreParams p, int tiles_per_block) {
@@ -638,98 +762,24 @@ __global__ void __launch_bounds__(kIThreads)
     if (t0 >= tiles)
       continue;  // block-uniform
     const int64_t t1 = min(tiles, t0 + tiles_per_block);
-    // q fragments (rows r0, r1 of this warp's 16 heads) straight from global memory.
     uint32_t ah[KS][4], al[KS][4];
-    const float* q = p.q + qi * heads * DI;
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = (i & 1) ? r1 : r0;
-        const int k = 16 * ks + 2 * t + ((i & 2) ? 8 : 0);
-        const float2 v =
-            r < heads ? *reinterpret_cast<const float2*>(q + r * DI + k) : make_float2(0.0f, 0.0f);
-        split_bf16(v.x, v.y, &ah[ks][i], &al[ks][i]);
-      }
-    }
+    load_q_frags<DI>(p.q + qi * heads * DI, heads, r0, r1, t, ah, al);
     for (int64_t h = threadIdx.x; h < heads; h += blockDim.x) {
       hwv[h] = __fmul_rn(p.head_w[qi * heads + h], p.w_scale);
     }
     const int32_t* pages = p.pages + p.page_begin[qi];
     for (int64_t tile = t0; tile < t1; ++tile) {
       __syncthreads();  // the previous tile's dots and keys are consumed
-      // kStage loads in flight per thread before their stores (one at a time, each tile waited
-      // for ~30 round trips to memory).
-      constexpr int kPairs = kIk * DI / 2;
-      constexpr int kStage = 8;
-      for (int i0 = threadIdx.x; i0 < kPairs; i0 += kStage * kIThreads) {
-        float2 v[kStage];
-#pragma unroll
-        for (int u = 0; u < kStage; ++u) {
-          const int i = i0 + u * kIThreads;
-          const int j = i / (DI / 2);
-          const int64_t w = tile * kIk + j;
-          v[u] = make_float2(0.0f, 0.0f);
-          if (i < kPairs && w < visible) {
-            const float* key = p.pool +
-                               static_cast<int64_t>(pages[w / p.rows_per_page]) * p.page_floats +
-                               (w % p.rows_per_page) * DI;
-            v[u] = *reinterpret_cast<const float2*>(key + (i % (DI / 2)) * 2);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kStage; ++u) {
-          const int i = i0 + u * kIThreads;
-          if (i < kPairs) {
-            const int j = i / (DI / 2);
-            const int c = (i % (DI / 2)) * 2;
-            store_pair(kh + j * SD + c, kl + j * SD + c, v[u].x, v[u].y);
-          }
-        }
-      }
+      stage_key_tile<DI, kIThreads, 8, kSplit>(p, pages, tile, visible, kh, kl);
       __syncthreads();
       float s[8][4];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          const int key = 16 * np + (lane & 7) + 8 * (lane >> 4);
-          const int kc = 16 * ks + 8 * ((lane >> 3) & 1);
-          uint32_t bh[4];
-          ldmatrix_x4(bh, kh + key * SD + kc);
-          const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
-          mma_bf16(s[2 * np], ah[ks], bh0);
-          mma_bf16(s[2 * np + 1], ah[ks], bh1);
-          if constexpr (kSplit) {
-            uint32_t bl[4];
-            ldmatrix_x4(bl, kl + key * SD + kc);
-            const uint32_t bl0[2] = {bl[0], bl[1]}, bl1[2] = {bl[2], bl[3]};
-            mma_bf16(s[2 * np], ah[ks], bl0);
-            mma_bf16(s[2 * np], al[ks], bh0);
-            mma_bf16(s[2 * np + 1], ah[ks], bl1);
-            mma_bf16(s[2 * np + 1], al[ks], bh1);
-          }
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int c = 8 * nt + 2 * t;
-        *reinterpret_cast<float2*>(dots + r0 * kIs + c) = make_float2(s[nt][0], s[nt][1]);
-        *reinterpret_cast<float2*>(dots + r1 * kIs + c) = make_float2(s[nt][2], s[nt][3]);
-      }
+      tile_dots<DI, kSplit>(ah, al, kh, kl, lane, s);
+      store_dots(dots, r0, r1, t, s);
       __syncthreads();
       if (threadIdx.x < kIk) {
         const int64_t w = tile * kIk + threadIdx.x;
-        if (w < visible) {
-          float sc = 0.0f;
-#pragma unroll 16  // the shared-memory reads ahead of the (ordered) sum
-          for (int64_t h = 0; h < heads; ++h) {
-            sc = __fadd_rn(sc, __fmul_rn(hwv[h], fmaxf(0.0f, dots[h * kIs + threadIdx.x])));
-          }
-          p.scores[qi * p.ld + w] = sc;
-        }
+        if (w < visible)
+          p.scores[qi * p.ld + w] = head_sum(hwv, dots, heads, threadIdx.x);
       }
     }
     __syncthreads();  // hwv is rewritten by the next query
@@ -779,20 +829,8 @@ __global__ void __launch_bounds__(kIgThreads)
     const int64_t t1 = min(tiles, t0 + tiles_per_block);
     // A warp past the group's queries computes its last query again and stores nothing.
     const int64_t qi = q0 + min(qw, count - 1);
-    uint32_t ah[KS][4];
-    const float* q = p.q + qi * heads * DI;
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = (i & 1) ? r1 : r0;
-        const int k = 16 * ks + 2 * t + ((i & 2) ? 8 : 0);
-        const float2 v =
-            r < heads ? *reinterpret_cast<const float2*>(q + r * DI + k) : make_float2(0.0f, 0.0f);
-        uint32_t lo;
-        split_bf16(v.x, v.y, &ah[ks][i], &lo);
-      }
-    }
+    uint32_t ah[KS][4], al[KS][4];
+    load_q_frags<DI>(p.q + qi * heads * DI, heads, r0, r1, t, ah, al);
     __syncthreads();  // hwv and dots of the previous group are consumed
     for (int i = threadIdx.x; i < kIq * 64; i += blockDim.x) {
       const int j = i / 64;
@@ -803,74 +841,18 @@ __global__ void __launch_bounds__(kIgThreads)
     const int32_t* pages = p.pages + p.page_begin[q0];
     for (int64_t tile = t0; tile < t1; ++tile) {
       __syncthreads();  // the previous tile's dots and keys are consumed
-      constexpr int kPairs = kIk * DI / 2;
-      constexpr int kStage = 4;
-      for (int i0 = threadIdx.x; i0 < kPairs; i0 += kStage * kIgThreads) {
-        float2 v[kStage];
-#pragma unroll
-        for (int u = 0; u < kStage; ++u) {
-          const int i = i0 + u * kIgThreads;
-          const int j = i / (DI / 2);
-          const int64_t w = tile * kIk + j;
-          v[u] = make_float2(0.0f, 0.0f);
-          if (i < kPairs && w < vis_max) {
-            const float* key = p.pool +
-                               static_cast<int64_t>(pages[w / p.rows_per_page]) * p.page_floats +
-                               (w % p.rows_per_page) * DI;
-            v[u] = *reinterpret_cast<const float2*>(key + (i % (DI / 2)) * 2);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kStage; ++u) {
-          const int i = i0 + u * kIgThreads;
-          if (i < kPairs) {
-            const int j = i / (DI / 2);
-            const int c = (i % (DI / 2)) * 2;
-            uint32_t h, l;
-            split_bf16(v[u].x, v[u].y, &h, &l);
-            *reinterpret_cast<uint32_t*>(kh + j * SD + c) = h;
-          }
-        }
-      }
+      stage_key_tile<DI, kIgThreads, 4, false>(p, pages, tile, vis_max, kh, nullptr);
       __syncthreads();
       float sc[8][4];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          const int key = 16 * np + (lane & 7) + 8 * (lane >> 4);
-          const int kc = 16 * ks + 8 * ((lane >> 3) & 1);
-          uint32_t bh[4];
-          ldmatrix_x4(bh, kh + key * SD + kc);
-          const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
-          mma_bf16(sc[2 * np], ah[ks], bh0);
-          mma_bf16(sc[2 * np + 1], ah[ks], bh1);
-        }
-      }
-      float* qd = dots + qw * 64 * kIs;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int c = 8 * nt + 2 * t;
-        *reinterpret_cast<float2*>(qd + r0 * kIs + c) = make_float2(sc[nt][0], sc[nt][1]);
-        *reinterpret_cast<float2*>(qd + r1 * kIs + c) = make_float2(sc[nt][2], sc[nt][3]);
-      }
+      tile_dots<DI, false>(ah, al, kh, nullptr, lane, sc);
+      store_dots(dots + qw * 64 * kIs, r0, r1, t, sc);
       __syncthreads();
       if (threadIdx.x < kIq * kIk) {
         const int j = threadIdx.x / kIk;
         const int key = threadIdx.x % kIk;
         const int64_t w = tile * kIk + key;
-        if (j < count && w < p.visible[q0 + j]) {
-          const float* jd = dots + j * 64 * kIs;
-          const float* jw = hwv + j * 64;
-          float s2 = 0.0f;
-#pragma unroll 16  // the shared-memory reads ahead of the (ordered) sum
-          for (int64_t h = 0; h < heads; ++h) {
-            s2 = __fadd_rn(s2, __fmul_rn(jw[h], fmaxf(0.0f, jd[h * kIs + key])));
-          }
-          p.scores[(q0 + j) * p.ld + w] = s2;
-        }
+        if (j < count && w < p.visible[q0 + j])
+          p.scores[(q0 + j) * p.ld + w] = head_sum(hwv + j * 64, dots + j * 64 * kIs, heads, key);
       }
     }
   };

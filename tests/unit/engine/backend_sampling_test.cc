@@ -351,7 +351,7 @@ TEST(BackendSampling, VerificationRowsSampledInTheBackendEqualHostVerification) 
 // speculating engine drafts and verifies as many drafts for every sequence, also past a request's
 // max_tokens near its end (those tokens are never emitted), so that its steps keep one shape.
 // Outputs equal speculation off on the same backend, and every verification is of k drafts.
-class UniformStepsModel final : public test_support::CpuBackedModel {
+class UniformStepsModel : public test_support::CpuBackedModel {
  public:
   using CpuBackedModel::CpuBackedModel;
   bool prefers_uniform_steps() const override { return true; }
@@ -390,19 +390,31 @@ TEST(BackendSampling, UniformStepsVerifyAsManyDraftsPastMaxTokens) {
   EXPECT_EQ(vl[1] + vl[2], 0) << spec_stats.spec.summary();
 }
 
+// The bundled model (null when it cannot be opened), and an engine config running auto on it.
+std::shared_ptr<const model::Checkpoint> open_mini() {
+  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
+  EXPECT_TRUE(opened.ok()) << opened.status().to_string();
+  if (!opened.ok())
+    return nullptr;
+  return std::shared_ptr<const model::Checkpoint>(std::move(opened).value());
+}
+
+EngineConfig auto_config(const model::Checkpoint& ckpt) {
+  EngineConfig cfg;
+  cfg.state_budget_bytes = int64_t{64} << 20;
+  cfg.page_bytes = state::min_page_bytes(ckpt.config());
+  cfg.speculative = *spec::parse_config("auto");
+  return cfg;
+}
+
 // Auto learns step times from the steps it measures, but not from a step that ran a shape for
 // the first times (Model::shape_warmups: CUDA's eager run and graph capture): a backend whose
 // first two runs of each (batch, tokens per sequence) shape take 300 ms longer leaves auto's
 // predicted step times where the steady steps put them (it once measured the captures and
 // verified 3.4 drafts on average at batch 16, where verifying 1 was best).
-class WarmupModel final : public test_support::CpuBackedModel {
+class WarmupModel final : public UniformStepsModel {
  public:
-  using CpuBackedModel::CpuBackedModel;
-  bool prefers_uniform_steps() const override { return true; }
-  bool can_draft() const override { return cpu_.can_draft(); }
-  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
-    return cpu_.mtp_draft_batch(items);
-  }
+  using UniformStepsModel::UniformStepsModel;
   Status forward_batch(std::span<backend::ForwardItem> items) override {
     const std::pair<size_t, size_t> shape{items.size(), items.empty() ? 0 : items[0].tokens.size()};
     if (seen_[shape]++ < 2) {
@@ -420,13 +432,9 @@ class WarmupModel final : public test_support::CpuBackedModel {
 };
 
 TEST(BackendSampling, AutoDoesNotLearnFromShapeWarmups) {
-  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
-  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
-  const std::shared_ptr<const model::Checkpoint> mini(std::move(opened).value());
-  EngineConfig cfg;
-  cfg.state_budget_bytes = int64_t{64} << 20;
-  cfg.page_bytes = state::min_page_bytes(mini->config());
-  cfg.speculative = *spec::parse_config("auto");
+  const std::shared_ptr<const model::Checkpoint> mini = open_mini();
+  ASSERT_TRUE(mini);
+  EngineConfig cfg = auto_config(*mini);
   // A start-up model in which every step costs 1 ms (drafting free): deeper always pays.
   spec::StepTimes t;
   for (int64_t b : {1, 64}) {
@@ -463,14 +471,9 @@ TEST(BackendSampling, AutoDoesNotLearnFromShapeWarmups) {
 // arrive while a running one has stopped speculating stop too, instead of verifying beside its
 // plain decodes (a mixed step, which CUDA runs without its graphs). Verifying never pays at
 // batch 1 and always at batch 2: A alone stops speculating; C and D then start together.
-class MixedStepProbe final : public test_support::CpuBackedModel {
+class MixedStepProbe final : public UniformStepsModel {
  public:
-  using CpuBackedModel::CpuBackedModel;
-  bool prefers_uniform_steps() const override { return true; }
-  bool can_draft() const override { return cpu_.can_draft(); }
-  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
-    return cpu_.mtp_draft_batch(items);
-  }
+  using UniformStepsModel::UniformStepsModel;
   Status forward_batch(std::span<backend::ForwardItem> items) override {
     bool plain = false, verify = false;
     for (const backend::ForwardItem& it : items) {
@@ -487,13 +490,9 @@ class MixedStepProbe final : public test_support::CpuBackedModel {
 };
 
 TEST(BackendSampling, AutoKeepsUniformStepsWhenARequestStopsSpeculating) {
-  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
-  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
-  const std::shared_ptr<const model::Checkpoint> mini(std::move(opened).value());
-  EngineConfig cfg;
-  cfg.state_budget_bytes = int64_t{64} << 20;
-  cfg.page_bytes = state::min_page_bytes(mini->config());
-  cfg.speculative = *spec::parse_config("auto");
+  const std::shared_ptr<const model::Checkpoint> mini = open_mini();
+  ASSERT_TRUE(mini);
+  EngineConfig cfg = auto_config(*mini);
   spec::StepTimes t;
   for (int64_t b : {1, 2}) {
     t.batch.push_back(b);
