@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <span>
@@ -195,6 +196,48 @@ TEST_P(CudaV41ModelTest, LogitsMatchCpuV41InBothNumerics) {
       expect_close(
           compare(ref, got, V, kMargin),
           std::string(vc_.fixture) + " " + model::numerics_name(nm) + " prefill 7 + decode");
+    }
+  }
+}
+
+// The prefix cache on the GPU for V4.1 (issue 19): a whole-state image (exact prefill) captured
+// from the CUDA backend's device pool and restored into a fresh sequence in another arena
+// (CudaV41Backend::read_state_pages / write_state_pages under state::capture_state /
+// restore_state) continues bit for bit like the sequence it came from, decode step by decode
+// step, in both numerics; captures after 1 token, inside and at the end of compression groups,
+// after half the prompt and one token before its end.
+TEST_P(CudaV41ModelTest, StateImageRestoredFromTheDevicePoolContinuesBitForBit) {
+  const int64_t T = static_cast<int64_t>(ids_.size());
+  for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
+    const Backends be = open_both(dir_, nm);
+    ASSERT_TRUE(be.ok());
+    gpu_v41::CudaV41Backend& m = *be.gpu;
+    for (const int64_t split : {int64_t{1}, int64_t{7}, int64_t{8}, T / 2, T - 1}) {
+      if (split < 1 || split >= T)
+        continue;
+      SCOPED_TRACE(std::string(model::numerics_name(nm)) + " capture after " +
+                   std::to_string(split) + " tokens");
+      Seq a = make_seq(m);
+      std::vector<float> scratch;
+      feed(m, a, ids_, 0, split, 7, 0, &scratch);
+      auto image = state::capture_state(*a.st, [&](std::span<const int32_t> pages, float* dst) {
+        return m.read_state_pages(*a.arena, pages, dst);
+      });
+      ASSERT_TRUE(image.ok()) << image.status().to_string();
+      Seq b = make_seq(m);
+      ASSERT_TRUE(state::restore_state(*image,
+                                       *b.st,
+                                       [&](std::span<const int32_t> pages, const float* src) {
+                                         return m.write_state_pages(*b.arena, pages, src);
+                                       })
+                      .ok());
+      b.st->check_integrity();
+      ASSERT_EQ(b.st->num_tokens(), split);
+      std::vector<float> want, got;
+      feed(m, a, ids_, split, T, 1, 0, &want);
+      feed(m, b, ids_, split, T, 1, 0, &got);
+      ASSERT_EQ(want.size(), got.size());
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
     }
   }
 }
