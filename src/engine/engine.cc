@@ -745,7 +745,9 @@ int32_t Engine::auto_depth(int64_t b) {
   rates_.resize(static_cast<size_t>(spec_.k));
   for (int32_t d = 0; d < spec_.k; ++d)
     rates_[static_cast<size_t>(d)] = predictor_->position_rate(d);
-  return cost_->choose(b, rates_);
+  // The steady form on a backend that replays graphs per shape (a new depth costs captures).
+  return model_->prefers_uniform_steps() ? cost_->choose_steady(b, rates_)
+                                         : cost_->choose(b, rates_);
 }
 
 void Engine::classify_step() {

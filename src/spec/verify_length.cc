@@ -159,7 +159,8 @@ StepCost::StepCost(StepTimes prior, int32_t max_k)
     : prior_(std::move(prior)),
       max_k_(std::max(0, std::min(max_k, prior_.max_k()))),
       delta_(kBuckets, std::vector<double>(static_cast<size_t>(max_k_ + 2), 0.0)),
-      seen_(kBuckets, std::vector<int64_t>(static_cast<size_t>(max_k_ + 2), 0)) {
+      seen_(kBuckets, std::vector<int64_t>(static_cast<size_t>(max_k_ + 2), 0)),
+      last_(kBuckets, -2) {
   DSI_CHECK(prior_.valid(), "StepCost: invalid step-time model");
 }
 
@@ -292,6 +293,19 @@ int32_t StepCost::choose(int64_t b, std::span<const double> accept) const {
       return d;
   }
   return best;
+}
+
+int32_t StepCost::choose_steady(int64_t b, std::span<const double> accept) {
+  if (b < 1)
+    return choose(b, accept);
+  int32_t d = choose(b, accept);
+  int32_t& last = last_[static_cast<size_t>(bucket(b))];
+  const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
+  if (d >= 1 && d == best_depth(b, accept) && last >= 1 && last <= top && last != d &&
+      rate(b, last, accept) >= (1.0 - kStay) * rate(b, d, accept))
+    d = last;
+  last = d;
+  return d;
 }
 
 AcceptancePredictor::AcceptancePredictor(int32_t max_k)

@@ -242,6 +242,30 @@ TEST(StepCost, CorrectionsRisingWithDepthAreExtrapolatedDeeper) {
   EXPECT_NEAR(f.step_s(64, 3), 2.5 + 0.9 + 0.1, 1e-6);
 }
 
+// choose_steady keeps the bucket's previous speculating depth while it is within kStay of the
+// best's predicted rate, and switches when another is clearly better; exploration and off are
+// chosen as choose would.
+TEST(StepCost, SteadyChoiceKeepsANearlyAsGoodDepth) {
+  const std::vector<double> accept(5, 0.8);
+  // Step 1 + 0.3 d: tokens per second 1.385, 1.525, 1.554, 1.527, 1.476 for d = 1..5.
+  StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+  for (int32_t d = -1; d <= 5; ++d) {
+    for (int i = 0; i < StepCost::kExplore; ++i) c.record(1, d, c.step_s(1, d));
+  }
+  ASSERT_EQ(c.choose(1, accept), 3);
+  EXPECT_EQ(c.choose_steady(1, accept), 3);
+  // Depth 4 measured a little faster (2.1 s: 1.6 tokens/s, 3 within 5% of it): 3 is kept.
+  for (int i = 0; i < 400; ++i) c.record(1, 4, 2.1);
+  ASSERT_EQ(c.choose(1, accept), 4);
+  EXPECT_EQ(c.choose_steady(1, accept), 3);
+  EXPECT_EQ(c.choose_steady(1, accept), 3);
+  // Much faster (1.5 s: 2.24 tokens/s): the switch.
+  for (int i = 0; i < 400; ++i) c.record(1, 4, 1.5);
+  EXPECT_EQ(c.choose_steady(1, accept), 4);
+  // Other buckets keep their own previous choice.
+  EXPECT_EQ(c.choose_steady(64, accept), c.choose(64, accept));
+}
+
 TEST(StepCost, ExploresTheDepthsNextToTheBestUntilMeasured) {
   const std::vector<double> accept(5, 0.8);
   StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
