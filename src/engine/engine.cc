@@ -716,28 +716,24 @@ void Engine::run_chunks() {
   }
   // (Not a step that ran a shape for the first times: its eager launches and graph capture
   // are one-time costs, and counted they taught auto that a depth costs far more than it does.)
-  if (cost_ && step_b_ > 0 && model_->shape_warmups() != warmups && trace_spec_) {
-    std::fprintf(stderr,
-                 "[spec-trace] step %lld: %lld at depth %d took %.3f ms, not recorded (%lld shape "
-                 "warm-ups)\n",
-                 static_cast<long long>(stats_.steps),
-                 static_cast<long long>(step_b_),
-                 step_depth_,
-                 (now_s() - t_step) * 1e3,
-                 static_cast<long long>(model_->shape_warmups() - warmups));
-  }
-  if (cost_ && step_b_ > 0 && model_->shape_warmups() == warmups) {
+  if (cost_ && step_b_ > 0) {
     const double took = now_s() - t_step;
+    const int64_t warmed = model_->shape_warmups() - warmups;
     if (trace_spec_) {
-      std::fprintf(stderr,
-                   "[spec-trace] step %lld: %lld at depth %d took %.3f ms, predicted %.3f\n",
-                   static_cast<long long>(stats_.steps),
-                   static_cast<long long>(step_b_),
-                   step_depth_,
-                   took * 1e3,
-                   cost_->step_s(step_b_, step_depth_) * 1e3);
+      std::fprintf(
+          stderr,
+          "[spec-trace] step %lld: %lld at depth %d took %.3f ms, %s\n",
+          static_cast<long long>(stats_.steps),
+          static_cast<long long>(step_b_),
+          step_depth_,
+          took * 1e3,
+          warmed > 0
+              ? str_format("not recorded (%lld shape warm-ups)", static_cast<long long>(warmed))
+                    .c_str()
+              : str_format("predicted %.3f", cost_->step_s(step_b_, step_depth_) * 1e3).c_str());
     }
-    cost_->record(step_b_, step_depth_, took);
+    if (warmed == 0)
+      cost_->record(step_b_, step_depth_, took);
   }
 }
 
@@ -750,13 +746,18 @@ int32_t Engine::auto_depth(int64_t b) {
                                          : cost_->choose(b, rates_);
 }
 
+// A chunk that decodes one token of a running request (the pending token: its last output).
+bool Engine::is_decode_chunk(const ScheduledChunk& c) {
+  return c.samples && c.num_tokens == 1 && !c.request->output.empty() && !c.request->done();
+}
+
 void Engine::classify_step() {
   // Steps of decode chunks only (a prefill's time says nothing of a decode step's), all of them
   // speculating at this step's depth or none of them speculating (then depth -1).
   step_b_ = 0;
   int64_t b = 0, off = 0;
   for (const ScheduledChunk& c : plan_.chunks) {
-    if (!c.samples || c.num_tokens != 1 || c.request->output.empty() || c.request->done())
+    if (!is_decode_chunk(c))
       return;
     ++b;
     off += c.request->spec_disabled ? 1 : 0;
@@ -780,23 +781,19 @@ bool Engine::plan_drafts() {
     // the drafter's forward work, is a mixed step, run without the backend's graphs: auto at
     // batch 64 once ran 48 plain decodes beside 16 verifications at 0.83x off).
     bool any_off = false;
-    for (const ScheduledChunk& c : plan_.chunks) {
-      const Request& r = *c.request;
-      any_off |=
-          !r.done() && c.samples && c.num_tokens == 1 && !r.output.empty() && r.spec_disabled;
-    }
+    for (const ScheduledChunk& c : plan_.chunks)
+      any_off |= is_decode_chunk(c) && c.request->spec_disabled;
     if (any_off) {
       for (const ScheduledChunk& c : plan_.chunks) {
-        Request& r = *c.request;
-        if (!r.done() && c.samples && c.num_tokens == 1 && !r.output.empty())
-          r.spec_disabled = true;
+        if (is_decode_chunk(c))
+          c.request->spec_disabled = true;
       }
     }
   }
   for (size_t i = 0; i < n; ++i) {
     const ScheduledChunk& c = plan_.chunks[i];
     Request& r = *c.request;
-    if (r.done() || !c.samples || c.num_tokens != 1 || r.output.empty() || r.spec_disabled)
+    if (!is_decode_chunk(c) || r.spec_disabled)
       continue;
     // Drafts beyond max_tokens or the context limit could never be emitted. Beyond max_tokens
     // they are still made and verified on a backend that prefers uniform steps (finish_verify

@@ -216,6 +216,7 @@ class Engine {
   // Auto: whether this step's wall time goes to the cost model (a step of decode chunks only,
   // all speculating or none): step_b_ > 0, with its depth in step_depth_.
   void classify_step();
+  static bool is_decode_chunk(const ScheduledChunk& c);
   // Verifies chunk i's drafts against the target's logits (out), emits the accepted tokens and
   // the target's own next token, and rolls the state back past the first rejected draft.
   void finish_verify(size_t i, backend::ForwardOutputs& out);
