@@ -365,11 +365,13 @@ void run_moe(int64_t n,
              uint32_t seed,
              bool fast = false,
              bool sm90 = false,
-             bool gemv = false) {
+             bool gemv = false,
+             int sm90_scale_rows = 128) {
   SCOPED_TRACE("moe n " + std::to_string(n) + " experts " + std::to_string(n_experts) + " k " +
                std::to_string(k) + " hidden " + std::to_string(hidden) + " inter " +
                std::to_string(inter) + (hash ? " hash" : "") + (quant ? " q8" : "") +
-               (fast ? " fp8-tensor-core" : "") + (sm90 ? " sm90-grouped" : "") +
+               (fast ? " fp8-tensor-core" : "") +
+               (sm90 ? " sm90-grouped scale_rows " + std::to_string(sm90_scale_rows) : "") +
                (gemv ? " gemv" : ""));
   const RouteCase rc{n, n_experts, k, RouterScoring::kSqrtSoftplus, !hash, hash};
   const MoeInputs in = make_inputs(rc, seed);
@@ -491,8 +493,10 @@ void run_moe(int64_t n,
     if (sm90) {
 #if DSINFER_HAVE_CUTLASS
       // The routed experts re-encoded once, then the grouped wgmma GEMMs (moe_sm90.h).
-      DevVec<uint8_t> d_wfp8(static_cast<size_t>(moe_fp8_weights_bytes(n_experts, hidden, inter)));
-      const MoeFp8Weights wf = moe_fp8_weights_carve(d_wfp8.get(), n_experts, hidden, inter);
+      DevVec<uint8_t> d_wfp8(static_cast<size_t>(
+          moe_fp8_weights_bytes(n_experts, hidden, inter, sm90_scale_rows)));
+      const MoeFp8Weights wf =
+          moe_fp8_weights_carve(d_wfp8.get(), n_experts, hidden, inter, sm90_scale_rows);
       DevVec<int> d_bad(1, 0);
       DSI_EXPECT_OK(launch_moe_fp8_reencode(as_refs(d_w1),
                                             as_refs(d_w3),
@@ -759,72 +763,192 @@ TEST_F(GpuTest, MoeExpertGemvCheckCountsScalesOutOfRange) {
 // at prefill sizes.
 #if DSINFER_HAVE_CUTLASS
 TEST_F(GpuTest, MoeSm90GroupedExpertsMatchCpu) {
-  uint32_t seed = 91000;
-  run_moe(1, 16, 6, 256, 128, false, true, 4, seed += 500, true, true);
-  run_moe(33, 16, 6, 256, 128, false, true, 4, seed += 500, true, true);
-  run_moe(130, 7, 2, 384, 256, true, true, 3, seed += 500, true, true);
-  run_moe(300, 1, 1, 384, 256, false, true, 1, seed += 500, true, true);  // all on one expert
-  if (!small_mode()) {
-    run_moe(8, 256, 6, 4096, 2048, false, true, 8, seed += 500, true, true);   // Flash shapes
-    run_moe(200, 32, 4, 2048, 1024, false, true, 8, seed += 500, true, true);  // prefill-sized
+  for (const int sr : {128, 1}) {
+    uint32_t seed = 91000;
+    run_moe(1, 16, 6, 256, 128, false, true, 4, seed += 500, true, true, false, sr);
+    run_moe(33, 16, 6, 256, 128, false, true, 4, seed += 500, true, true, false, sr);
+    run_moe(130, 7, 2, 384, 256, true, true, 3, seed += 500, true, true, false, sr);
+    run_moe(300, 1, 1, 384, 256, false, true, 1, seed += 500, true, true, false, sr);  // one expert
+    if (!small_mode()) {
+      run_moe(8, 256, 6, 4096, 2048, false, true, 8, seed += 500, true, true, false, sr);  // Flash
+      if (sr == 128)
+        run_moe(200, 32, 4, 2048, 1024, false, true, 8, seed += 500, true, true, false, sr);
+    }
   }
 }
 
-// The re-encoding is exact within E4M3's range (32-block exponents <= 14 binades apart) and
-// counts the row blocks outside it.
-TEST_F(GpuTest, MoeFp8ReencodeExactAndCountsOutOfRange) {
-  const int64_t hidden = 256, inter = 128;
-  for (int spread : {14, 15}) {
-    SCOPED_TRACE("exponent spread " + std::to_string(spread));
-    ExpertSet ex = make_experts(Fmt::kMxfp4, 2, 2, hidden, inter, 4242 + spread);
-    // Row 3 of expert 0's W1: its four 32-blocks of K block 1 get exponents spread apart.
-    TestWeight* w1 = const_cast<TestWeight*>(ex.w1[0]);
-    for (int j = 0; j < 4; ++j)
-      w1->scale[3 * (hidden / 32) + 4 + j] = static_cast<uint8_t>(110 + (j == 3 ? spread : j));
-    for (int64_t c = 0; c < hidden / 2; ++c) w1->data[3 * (hidden / 2) + c] = 0x53;  // nonzero
-    w1->d_scale = DevVec<uint8_t>(w1->scale);
-    w1->d_data = DevVec<uint8_t>(w1->data);
-    w1->dev.scale = w1->d_scale.get();
-    w1->dev.data = w1->d_data.get();
-    std::vector<MatrixRef> r1{ex.w1[0]->dev, ex.w1[1]->dev}, r3{ex.w3[0]->dev, ex.w3[1]->dev},
-        r2{ex.w2[0]->dev, ex.w2[1]->dev};
-    auto up = [](const std::vector<MatrixRef>& v) {
-      std::vector<uint8_t> b(v.size() * sizeof(MatrixRef));
-      std::memcpy(b.data(), v.data(), b.size());
+// One scale per 128 x 128 weight block gives the per-row scales' outputs bit for bit (every scale
+// a power of two: the products and their sums move by exact powers of two), in both tile
+// configurations (64-row ping-pong at ~24 rows per expert, 128-row cooperative on one expert).
+TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
+  struct Case {
+    int64_t n, n_experts, k, hidden, inter;
+  };
+  std::vector<Case> cases = {{96, 8, 2, 256, 256}, {300, 1, 1, 384, 256}};
+  if (!small_mode())
+    cases.push_back({512, 64, 6, 2048, 1024});
+  uint32_t seed = 97000;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " experts " + std::to_string(c.n_experts));
+    seed += 100;
+    ExpertSet ex = make_experts(Fmt::kMxfp4, c.n_experts, std::min<int64_t>(c.n_experts, 4),
+                                c.hidden, c.inter, seed);
+    auto up = [](const std::vector<const TestWeight*>& ws) {
+      std::vector<MatrixRef> refs;
+      for (const TestWeight* w : ws) refs.push_back(w->dev);
+      std::vector<uint8_t> b(refs.size() * sizeof(MatrixRef));
+      std::memcpy(b.data(), refs.data(), b.size());
       return DevVec<uint8_t>(b);
     };
-    DevVec<uint8_t> d1 = up(r1), d3 = up(r3), d2 = up(r2);
-    DevVec<uint8_t> mem(static_cast<size_t>(moe_fp8_weights_bytes(2, hidden, inter)));
-    const MoeFp8Weights wf = moe_fp8_weights_carve(mem.get(), 2, hidden, inter);
-    DevVec<int> bad(1, 0);
-    DSI_EXPECT_OK(launch_moe_fp8_reencode(reinterpret_cast<const MatrixRef*>(d1.get()),
-                                          reinterpret_cast<const MatrixRef*>(d3.get()),
-                                          reinterpret_cast<const MatrixRef*>(d2.get()),
-                                          WeightFormat::kMxfp4,
-                                          wf,
-                                          bad.get(),
-                                          nullptr));
-    sync();
-    EXPECT_EQ(bad.download()[0], spread > 14 ? 1 : 0);
-    if (spread > 14)
-      continue;
-    // Every value of W1 | W3 | W2 equals its MXFP4 value exactly.
-    const std::vector<uint8_t> all = mem.download();
-    const auto* base = all.data();
-    auto at = [&](const void* dev) {
-      return base + (static_cast<const uint8_t*>(dev) - mem.get());
-    };
-    const uint8_t* c13 = at(wf.w13);
-    const auto* s13 = reinterpret_cast<const float*>(at(wf.s13));
-    std::vector<float> row(static_cast<size_t>(hidden));
-    for (int64_t e = 0; e < 2; ++e) {
-      for (int64_t r = 0; r < 2 * inter; ++r) {
-        const TestWeight* w = r < inter ? ex.w1[e] : ex.w3[e];
-        w->host.dequant_row(r % inter, row.data());
-        for (int64_t c = 0; c < hidden; ++c) {
-          const float s = s13[(e * (hidden / 128) + c / 128) * 2 * inter + r];
-          const float v = numeric::fp8_e4m3_to_f32(c13[(e * 2 * inter + r) * hidden + c]) * s;
-          ASSERT_EQ(v, row[c]) << "expert " << e << " row " << r << " col " << c;
+    DevVec<uint8_t> d1 = up(ex.w1), d3 = up(ex.w3), d2 = up(ex.w2);
+    // Routing: each token's k distinct experts at random, grouped on the device.
+    std::mt19937 rng(seed);
+    const int64_t pairs = c.n * c.k;
+    std::vector<int32_t> ids(static_cast<size_t>(pairs));
+    for (int64_t t = 0; t < c.n; ++t) {
+      std::vector<int32_t> perm(static_cast<size_t>(c.n_experts));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::copy(perm.begin(), perm.begin() + c.k, ids.begin() + t * c.k);
+    }
+    DevVec<int32_t> d_ids(ids), d_src(static_cast<size_t>(pairs)), d_pos(static_cast<size_t>(pairs));
+    DevVec<int64_t> d_begin(static_cast<size_t>(c.n_experts + 1));
+    DSI_EXPECT_OK(launch_moe_group(MoeGroupParams{.expert_ids = d_ids.get(),
+                                                  .n = c.n,
+                                                  .k = c.k,
+                                                  .n_experts = c.n_experts,
+                                                  .expert_begin = d_begin.get(),
+                                                  .pair_src = d_src.get(),
+                                                  .pair_pos = d_pos.get()},
+                                   nullptr));
+    DevVec<float> d_gates(normal_floats(static_cast<size_t>(pairs), seed + 1, 0.3f));
+    DevVec<float> d_x(normal_floats(static_cast<size_t>(c.n * c.hidden), seed + 2, 8.0f));
+    const int64_t ld = fp8_acts_ld(c.hidden);
+    DevVec<uint8_t> d_xq(static_cast<size_t>(c.n * ld));
+    DevVec<float> d_xs(static_cast<size_t>(c.n * ld / 128));
+    DSI_EXPECT_OK(launch_quantize_fp8(QuantizeFp8Params{.x = d_x.get(),
+                                                        .n = c.n,
+                                                        .k = c.hidden,
+                                                        .codes = d_xq.get(),
+                                                        .scales = d_xs.get()},
+                                      nullptr));
+    const int64_t sb = moe_sm90_scratch_bytes(c.n_experts, pairs, c.hidden, c.inter);
+    DevVec<uint8_t> d_scratch(static_cast<size_t>(sb));
+    std::vector<std::vector<float>> ys;
+    for (const int sr : {128, 1}) {
+      DevVec<uint8_t> mem(
+          static_cast<size_t>(moe_fp8_weights_bytes(c.n_experts, c.hidden, c.inter, sr)));
+      const MoeFp8Weights wf = moe_fp8_weights_carve(mem.get(), c.n_experts, c.hidden, c.inter, sr);
+      DevVec<int> bad(1, 0);
+      DSI_EXPECT_OK(launch_moe_fp8_reencode(reinterpret_cast<const MatrixRef*>(d1.get()),
+                                            reinterpret_cast<const MatrixRef*>(d3.get()),
+                                            reinterpret_cast<const MatrixRef*>(d2.get()),
+                                            WeightFormat::kMxfp4,
+                                            wf,
+                                            bad.get(),
+                                            nullptr));
+      DevVec<float> d_y(static_cast<size_t>(pairs * c.hidden), -1.0f);
+      DSI_EXPECT_OK(launch_moe_sm90(MoeSm90Params{.w = wf,
+                                                  .expert_begin = d_begin.get(),
+                                                  .pair_src = d_src.get(),
+                                                  .k = c.k,
+                                                  .gates = d_gates.get(),
+                                                  .x = Fp8Acts{d_xq.get(), d_xs.get(), ld},
+                                                  .num_pairs = pairs,
+                                                  .swiglu_limit = 10.0f,
+                                                  .scratch = d_scratch.get(),
+                                                  .scratch_bytes = sb,
+                                                  .y = d_y.get()},
+                                    nullptr));
+      sync();
+      EXPECT_EQ(bad.download()[0], 0) << "scale_rows " << sr;
+      ys.push_back(d_y.download());
+    }
+    int64_t differ = 0;
+    for (size_t i = 0; i < ys[0].size(); ++i) {
+      if (std::memcmp(&ys[0][i], &ys[1][i], 4) != 0 && differ++ < 5)
+        ADD_FAILURE() << "y[" << i << "]: block scales " << ys[0][i] << " row scales " << ys[1][i];
+    }
+    EXPECT_EQ(differ, 0);
+  }
+}
+
+// The re-encoding is exact within E4M3's range (32-block exponents <= 14 binades apart under one
+// scale) and counts the row blocks outside it, at both granularities: one row's four 32-blocks
+// spread apart (outside the range for both), and two rows of one 128 x 128 block apart from each
+// other (outside it for the block scale only).
+TEST_F(GpuTest, MoeFp8ReencodeExactAndCountsOutOfRange) {
+  const int64_t hidden = 256, inter = 128;
+  for (const int scale_rows : {1, 128}) {
+    for (const bool across_rows : {false, true}) {
+      for (int spread : {14, 15}) {
+        SCOPED_TRACE("scale_rows " + std::to_string(scale_rows) + " exponent spread " +
+                     std::to_string(spread) + (across_rows ? " across rows" : " in one row"));
+        ExpertSet ex = make_experts(Fmt::kMxfp4, 2, 2, hidden, inter, 4242 + spread);
+        // Expert 0's W1, K block 1: row 3's four 32-blocks spread apart, or row 3 at the low
+        // exponent and row 5 at the high one.
+        TestWeight* w1 = const_cast<TestWeight*>(ex.w1[0]);
+        for (int j = 0; j < 4; ++j) {
+          if (across_rows) {
+            w1->scale[3 * (hidden / 32) + 4 + j] = 110;
+            w1->scale[5 * (hidden / 32) + 4 + j] = static_cast<uint8_t>(110 + spread);
+          } else {
+            w1->scale[3 * (hidden / 32) + 4 + j] = static_cast<uint8_t>(110 + (j == 3 ? spread : j));
+          }
+        }
+        for (int64_t c = 0; c < hidden / 2; ++c) {
+          w1->data[3 * (hidden / 2) + c] = 0x53;  // nonzero
+          w1->data[5 * (hidden / 2) + c] = 0x53;
+        }
+        w1->d_scale = DevVec<uint8_t>(w1->scale);
+        w1->d_data = DevVec<uint8_t>(w1->data);
+        w1->dev.scale = w1->d_scale.get();
+        w1->dev.data = w1->d_data.get();
+        std::vector<MatrixRef> r1{ex.w1[0]->dev, ex.w1[1]->dev},
+            r3{ex.w3[0]->dev, ex.w3[1]->dev}, r2{ex.w2[0]->dev, ex.w2[1]->dev};
+        auto up = [](const std::vector<MatrixRef>& v) {
+          std::vector<uint8_t> b(v.size() * sizeof(MatrixRef));
+          std::memcpy(b.data(), v.data(), b.size());
+          return DevVec<uint8_t>(b);
+        };
+        DevVec<uint8_t> d1 = up(r1), d3 = up(r3), d2 = up(r2);
+        DevVec<uint8_t> mem(
+            static_cast<size_t>(moe_fp8_weights_bytes(2, hidden, inter, scale_rows)));
+        const MoeFp8Weights wf = moe_fp8_weights_carve(mem.get(), 2, hidden, inter, scale_rows);
+        DevVec<int> bad(1, 0);
+        DSI_EXPECT_OK(launch_moe_fp8_reencode(reinterpret_cast<const MatrixRef*>(d1.get()),
+                                              reinterpret_cast<const MatrixRef*>(d3.get()),
+                                              reinterpret_cast<const MatrixRef*>(d2.get()),
+                                              WeightFormat::kMxfp4,
+                                              wf,
+                                              bad.get(),
+                                              nullptr));
+        sync();
+        const bool out_of_range = spread > 14 && (!across_rows || scale_rows == 128);
+        EXPECT_EQ(bad.download()[0], out_of_range ? 1 : 0);
+        if (out_of_range)
+          continue;
+        // Every value of W1 | W3 equals its MXFP4 value exactly.
+        const std::vector<uint8_t> all = mem.download();
+        const auto* base = all.data();
+        auto at = [&](const void* dev) {
+          return base + (static_cast<const uint8_t*>(dev) - mem.get());
+        };
+        const uint8_t* c13 = at(wf.w13);
+        const auto* s13 = reinterpret_cast<const float*>(at(wf.s13));
+        std::vector<float> row(static_cast<size_t>(hidden));
+        for (int64_t e = 0; e < 2; ++e) {
+          for (int64_t r = 0; r < 2 * inter; ++r) {
+            const TestWeight* w = r < inter ? ex.w1[e] : ex.w3[e];
+            w->host.dequant_row(r % inter, row.data());
+            for (int64_t c = 0; c < hidden; ++c) {
+              const float s = s13[(e * (hidden / 128) + c / 128) * (2 * inter / scale_rows) +
+                                  r / scale_rows];
+              const float v =
+                  numeric::fp8_e4m3_to_f32(c13[(e * 2 * inter + r) * hidden + c]) * s;
+              ASSERT_EQ(v, row[c]) << "expert " << e << " row " << r << " col " << c;
+            }
+          }
         }
       }
     }

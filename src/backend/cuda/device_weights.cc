@@ -262,30 +262,36 @@ Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes) {
     const int64_t hidden = first.cols;
     if (!cuda::moe_sm90_supports(hidden, inter))
       return Status();
-    const int64_t bytes = cuda::moe_fp8_weights_bytes(n_experts, hidden, inter);
-    size_t free_b = 0;
-    size_t total_b = 0;
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"));
-    if (static_cast<int64_t>(free_b) < bytes + reserve_bytes)
-      return Status();  // does not fit: these experts keep the W4A8/W8A8 kernels only
-    void* mem = nullptr;
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMalloc(&mem, static_cast<size_t>(bytes)),
-                                           "cudaMalloc (FP8 expert copy)"));
-    const cuda::MoeFp8Weights w = cuda::moe_fp8_weights_carve(mem, n_experts, hidden, inter);
-    DSI_RETURN_IF_ERROR(
-        device::check_cuda(cudaMemset(inexact, 0, sizeof(int)), "re-encode counter"));
-    DSI_RETURN_IF_ERROR(cuda::launch_moe_fp8_reencode(w1, w3, w2, format, w, inexact, nullptr));
-    int bad = 0;
-    DSI_RETURN_IF_ERROR(device::check_cuda(
-        cudaMemcpy(&bad, inexact, sizeof(int), cudaMemcpyDeviceToHost), "re-encode counter"));
-    if (bad > 0) {
-      // Not exact in E4M3: keep the W4A8 kernels for these experts.
-      DSI_RETURN_IF_ERROR(device::check_cuda(cudaFree(mem), "cudaFree (FP8 expert copy)"));
+    // One scale per 128 x 128 block where E4M3 holds every value under it (the cheaper GEMM main
+    // loop), else one per row and K block; neither: these experts keep the W4A8/W8A8 kernels.
+    for (const int scale_rows : {128, 1}) {
+      const int64_t bytes = cuda::moe_fp8_weights_bytes(n_experts, hidden, inter, scale_rows);
+      size_t free_b = 0;
+      size_t total_b = 0;
+      DSI_RETURN_IF_ERROR(
+          device::check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"));
+      if (static_cast<int64_t>(free_b) < bytes + reserve_bytes)
+        return Status();  // does not fit
+      void* mem = nullptr;
+      DSI_RETURN_IF_ERROR(device::check_cuda(cudaMalloc(&mem, static_cast<size_t>(bytes)),
+                                             "cudaMalloc (FP8 expert copy)"));
+      const cuda::MoeFp8Weights w =
+          cuda::moe_fp8_weights_carve(mem, n_experts, hidden, inter, scale_rows);
+      DSI_RETURN_IF_ERROR(
+          device::check_cuda(cudaMemset(inexact, 0, sizeof(int)), "re-encode counter"));
+      DSI_RETURN_IF_ERROR(cuda::launch_moe_fp8_reencode(w1, w3, w2, format, w, inexact, nullptr));
+      int bad = 0;
+      DSI_RETURN_IF_ERROR(device::check_cuda(
+          cudaMemcpy(&bad, inexact, sizeof(int), cudaMemcpyDeviceToHost), "re-encode counter"));
+      if (bad > 0) {
+        DSI_RETURN_IF_ERROR(device::check_cuda(cudaFree(mem), "cudaFree (FP8 expert copy)"));
+        continue;
+      }
+      fp8_mem_.push_back(mem);
+      bytes_ += bytes;
+      *out = w;
       return Status();
     }
-    fp8_mem_.push_back(mem);
-    bytes_ += bytes;
-    *out = w;
     return Status();
   };
   auto convert = [&](DMoe& m) -> Status {
