@@ -325,8 +325,8 @@ Result<json> bench_ops(const OpBenchOptions& o) {
     for (int i = 0; i < 2; ++i) {
       const int scale_rows = i == 0 ? 128 : 1;
       uint8_t* mem = nullptr;
-      DSI_RETURN_IF_ERROR(arena.alloc(
-          &mem, cuda::moe_fp8_weights_bytes(kExperts, kHidden, kInter, scale_rows)));
+      DSI_RETURN_IF_ERROR(
+          arena.alloc(&mem, cuda::moe_fp8_weights_bytes(kExperts, kHidden, kInter, scale_rows)));
       cudaMemset(inexact, 0, sizeof(int));
       fp8w[i] = cuda::moe_fp8_weights_carve(mem, kExperts, kHidden, kInter, scale_rows);
       DSI_RETURN_IF_ERROR(cuda::launch_moe_fp8_reencode(refs,
@@ -423,15 +423,16 @@ Result<json> bench_ops(const OpBenchOptions& o) {
       const double bytes9 =
           2.0 * distinct * expert_bytes +
           pairs * (kHidden + 8.0 * kInter + 8.0 * kInter + kInter + 4.0 * kHidden);
-      json j9 = figure(i == 0 ? "moe routed experts (FP8 re-encoded, 128x128 block scales, "
-                                "grouped wgmma: prefill path)"
-                              : "moe routed experts (FP8 re-encoded, per-row scales, grouped wgmma)",
-                       "256x[2x2048x4096 + 4096x2048] top-6",
-                       t,
-                       *ms9,
-                       2.0 * pairs * 3 * kInter * kHidden,
-                       bytes9,
-                       o);
+      json j9 =
+          figure(i == 0 ? "moe routed experts (FP8 re-encoded, 128x128 block scales, "
+                          "grouped wgmma: prefill path)"
+                        : "moe routed experts (FP8 re-encoded, per-row scales, grouped wgmma)",
+                 "256x[2x2048x4096 + 4096x2048] top-6",
+                 t,
+                 *ms9,
+                 2.0 * pairs * 3 * kInter * kHidden,
+                 bytes9,
+                 o);
       j9["distinct_experts"] = distinct;
       out.push_back(j9);
     }

@@ -493,8 +493,8 @@ void run_moe(int64_t n,
     if (sm90) {
 #if DSINFER_HAVE_CUTLASS
       // The routed experts re-encoded once, then the grouped wgmma GEMMs (moe_sm90.h).
-      DevVec<uint8_t> d_wfp8(static_cast<size_t>(
-          moe_fp8_weights_bytes(n_experts, hidden, inter, sm90_scale_rows)));
+      DevVec<uint8_t> d_wfp8(
+          static_cast<size_t>(moe_fp8_weights_bytes(n_experts, hidden, inter, sm90_scale_rows)));
       const MoeFp8Weights wf =
           moe_fp8_weights_carve(d_wfp8.get(), n_experts, hidden, inter, sm90_scale_rows);
       DevVec<int> d_bad(1, 0);
@@ -791,8 +791,8 @@ TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
   for (const Case& c : cases) {
     SCOPED_TRACE("n " + std::to_string(c.n) + " experts " + std::to_string(c.n_experts));
     seed += 100;
-    ExpertSet ex = make_experts(Fmt::kMxfp4, c.n_experts, std::min<int64_t>(c.n_experts, 4),
-                                c.hidden, c.inter, seed);
+    ExpertSet ex = make_experts(
+        Fmt::kMxfp4, c.n_experts, std::min<int64_t>(c.n_experts, 4), c.hidden, c.inter, seed);
     auto up = [](const std::vector<const TestWeight*>& ws) {
       std::vector<MatrixRef> refs;
       for (const TestWeight* w : ws) refs.push_back(w->dev);
@@ -811,7 +811,8 @@ TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
       std::shuffle(perm.begin(), perm.end(), rng);
       std::copy(perm.begin(), perm.begin() + c.k, ids.begin() + t * c.k);
     }
-    DevVec<int32_t> d_ids(ids), d_src(static_cast<size_t>(pairs)), d_pos(static_cast<size_t>(pairs));
+    DevVec<int32_t> d_ids(ids), d_src(static_cast<size_t>(pairs)),
+        d_pos(static_cast<size_t>(pairs));
     DevVec<int64_t> d_begin(static_cast<size_t>(c.n_experts + 1));
     DSI_EXPECT_OK(launch_moe_group(MoeGroupParams{.expert_ids = d_ids.get(),
                                                   .n = c.n,
@@ -826,12 +827,10 @@ TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
     const int64_t ld = fp8_acts_ld(c.hidden);
     DevVec<uint8_t> d_xq(static_cast<size_t>(c.n * ld));
     DevVec<float> d_xs(static_cast<size_t>(c.n * ld / 128));
-    DSI_EXPECT_OK(launch_quantize_fp8(QuantizeFp8Params{.x = d_x.get(),
-                                                        .n = c.n,
-                                                        .k = c.hidden,
-                                                        .codes = d_xq.get(),
-                                                        .scales = d_xs.get()},
-                                      nullptr));
+    DSI_EXPECT_OK(launch_quantize_fp8(
+        QuantizeFp8Params{
+            .x = d_x.get(), .n = c.n, .k = c.hidden, .codes = d_xq.get(), .scales = d_xs.get()},
+        nullptr));
     const int64_t sb = moe_sm90_scratch_bytes(c.n_experts, pairs, c.hidden, c.inter);
     DevVec<uint8_t> d_scratch(static_cast<size_t>(sb));
     std::vector<std::vector<float>> ys;
@@ -893,7 +892,8 @@ TEST_F(GpuTest, MoeFp8ReencodeExactAndCountsOutOfRange) {
             w1->scale[3 * (hidden / 32) + 4 + j] = 110;
             w1->scale[5 * (hidden / 32) + 4 + j] = static_cast<uint8_t>(110 + spread);
           } else {
-            w1->scale[3 * (hidden / 32) + 4 + j] = static_cast<uint8_t>(110 + (j == 3 ? spread : j));
+            w1->scale[3 * (hidden / 32) + 4 + j] =
+                static_cast<uint8_t>(110 + (j == 3 ? spread : j));
           }
         }
         for (int64_t c = 0; c < hidden / 2; ++c) {
@@ -904,8 +904,8 @@ TEST_F(GpuTest, MoeFp8ReencodeExactAndCountsOutOfRange) {
         w1->d_data = DevVec<uint8_t>(w1->data);
         w1->dev.scale = w1->d_scale.get();
         w1->dev.data = w1->d_data.get();
-        std::vector<MatrixRef> r1{ex.w1[0]->dev, ex.w1[1]->dev},
-            r3{ex.w3[0]->dev, ex.w3[1]->dev}, r2{ex.w2[0]->dev, ex.w2[1]->dev};
+        std::vector<MatrixRef> r1{ex.w1[0]->dev, ex.w1[1]->dev}, r3{ex.w3[0]->dev, ex.w3[1]->dev},
+            r2{ex.w2[0]->dev, ex.w2[1]->dev};
         auto up = [](const std::vector<MatrixRef>& v) {
           std::vector<uint8_t> b(v.size() * sizeof(MatrixRef));
           std::memcpy(b.data(), v.data(), b.size());
@@ -942,10 +942,9 @@ TEST_F(GpuTest, MoeFp8ReencodeExactAndCountsOutOfRange) {
             const TestWeight* w = r < inter ? ex.w1[e] : ex.w3[e];
             w->host.dequant_row(r % inter, row.data());
             for (int64_t c = 0; c < hidden; ++c) {
-              const float s = s13[(e * (hidden / 128) + c / 128) * (2 * inter / scale_rows) +
-                                  r / scale_rows];
-              const float v =
-                  numeric::fp8_e4m3_to_f32(c13[(e * 2 * inter + r) * hidden + c]) * s;
+              const float s =
+                  s13[(e * (hidden / 128) + c / 128) * (2 * inter / scale_rows) + r / scale_rows];
+              const float v = numeric::fp8_e4m3_to_f32(c13[(e * 2 * inter + r) * hidden + c]) * s;
               ASSERT_EQ(v, row[c]) << "expert " << e << " row " << r << " col " << c;
             }
           }

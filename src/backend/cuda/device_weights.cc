@@ -268,8 +268,7 @@ Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes) {
       const int64_t bytes = cuda::moe_fp8_weights_bytes(n_experts, hidden, inter, scale_rows);
       size_t free_b = 0;
       size_t total_b = 0;
-      DSI_RETURN_IF_ERROR(
-          device::check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"));
+      DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"));
       if (static_cast<int64_t>(free_b) < bytes + reserve_bytes)
         return Status();  // does not fit
       void* mem = nullptr;

@@ -51,8 +51,7 @@ Scratch carve_scratch(void* base, int64_t ne, int64_t pairs, int64_t hidden, int
   s.sfa2 = reinterpret_cast<float*>(take(pairs * (inter / 128) * 4));
   s.g1 = take(static_cast<int64_t>(group_arrays_bytes(ne)));
   s.g2 = take(static_cast<int64_t>(group_arrays_bytes(ne)));
-  const size_t ws =
-      std::max(Grouped<1>::workspace_bytes(ne), Grouped<128>::workspace_bytes(ne));
+  const size_t ws = std::max(Grouped<1>::workspace_bytes(ne), Grouped<128>::workspace_bytes(ne));
   s.ws = take(static_cast<int64_t>(ws));
   s.bytes = off;
   return s;
@@ -155,12 +154,8 @@ struct ReencodePart {
 
 // The largest biased exponent of the nonzero 32-blocks of MXFP4 row r's 128-wide K block blk,
 // and the smallest (smax < smin: all zero).
-__device__ __forceinline__ void mxfp4_exponents(const MatrixRef& w,
-                                                int64_t r,
-                                                int64_t blk,
-                                                int64_t cols,
-                                                int* smax,
-                                                int* smin) {
+__device__ __forceinline__ void mxfp4_exponents(
+    const MatrixRef& w, int64_t r, int64_t blk, int64_t cols, int* smax, int* smin) {
   const uint8_t* packed = static_cast<const uint8_t*>(w.data) + r * (cols / 2) + blk * 64;
   const uint8_t* sub = static_cast<const uint8_t*>(w.scale) + r * (cols / 32) + blk * 4;
   *smax = -1000;
@@ -297,8 +292,12 @@ bool valid_scale_rows(int scale_rows) {
 }
 
 // Carves the four arrays from base (null: sizes only); returns the bytes.
-int64_t carve_weights(
-    void* base, int64_t n_experts, int64_t hidden, int64_t inter, int scale_rows, MoeFp8Weights* w) {
+int64_t carve_weights(void* base,
+                      int64_t n_experts,
+                      int64_t hidden,
+                      int64_t inter,
+                      int scale_rows,
+                      MoeFp8Weights* w) {
   auto* p = static_cast<uint8_t*>(base);
   int64_t off = 0;
   auto take = [&](int64_t bytes) {
@@ -311,7 +310,8 @@ int64_t carve_weights(
   w->inter = inter;
   w->scale_rows = scale_rows;
   w->w13 = take(n_experts * 2 * inter * hidden);
-  w->s13 = reinterpret_cast<float*>(take(n_experts * (hidden / 128) * (2 * inter / scale_rows) * 4));
+  w->s13 =
+      reinterpret_cast<float*>(take(n_experts * (hidden / 128) * (2 * inter / scale_rows) * 4));
   w->w2 = take(n_experts * hidden * inter);
   w->s2 = reinterpret_cast<float*>(take(n_experts * (inter / 128) * (hidden / scale_rows) * 4));
   return off;

@@ -1,7 +1,8 @@
 // Prefill-sized routed experts on Hopper's wgmma (moe_sm90.cu, CUTLASS's grouped block-scaled FP8
 // GEMM): the experts re-encoded once into E4M3 with one power-of-two scale per 128 x 128 block
-// (or, where E4M3 cannot hold a block's values under one scale, per row and 128-wide K block), the (token, slot) pairs gathered into expert order, one grouped GEMM for W1 and W3
-// together, SwiGLU with the clamp and the routing weight, the 1x128 FP8 quantisation of h, and a
+// (or, where E4M3 cannot hold a block's values under one scale, per row and 128-wide K block),
+// the (token, slot) pairs gathered into expert order, one grouped GEMM for W1 and W3 together,
+// SwiGLU with the clamp and the routing weight, the 1x128 FP8 quantisation of h, and a
 // grouped GEMM for W2. Same contract as launch_fp8_expert_ffn (fp8_gemm.h): y in grouped order.
 //
 // The re-encoding is exact: an MXFP4 value e2m1 x 2^s (1x32 UE8M0 scales) equals the E4M3 value

@@ -77,20 +77,18 @@ struct GroupedGemm {
 
 // 128-row tiles, both consumer warpgroups on one tile (cooperative).
 template <int kScaleRows>
-using Coop128 =
-    GroupedGemm<kScaleRows,
-                Shape<_128, _128, _128>,
-                cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
-                cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+using Coop128 = GroupedGemm<kScaleRows,
+                            Shape<_128, _128, _128>,
+                            cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
+                            cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
 // 64-row tiles, the two consumer warpgroups on alternate tiles (ping-pong: one's epilogue
 // overlaps the other's main loop). An expert's ~190 rows at 8k tokens fill three 64-row tiles
 // where they leave the second of two 128-row tiles half empty.
 template <int kScaleRows>
-using Ping64 =
-    GroupedGemm<kScaleRows,
-                Shape<_64, _128, _128>,
-                cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise,
-                cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+using Ping64 = GroupedGemm<kScaleRows,
+                           Shape<_64, _128, _128>,
+                           cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise,
+                           cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
 
 // The per-expert argument arrays of one grouped GEMM.
 template <int kScaleRows>
@@ -258,10 +256,9 @@ size_t Grouped<kScaleRows>::workspace_bytes(int64_t n_experts) {
   using namespace grouped;
   // The workspace size depends on the group count and the SMs only, not on the pointers.
   const auto g = GroupArrays<kScaleRows>::carve(nullptr, n_experts);
-  return std::max(Coop128<kScaleRows>::Gemm::get_workspace_size(
-                      make_args<Coop128<kScaleRows>>(n_experts, g)),
-                  Ping64<kScaleRows>::Gemm::get_workspace_size(
-                      make_args<Ping64<kScaleRows>>(n_experts, g)));
+  return std::max(
+      Coop128<kScaleRows>::Gemm::get_workspace_size(make_args<Coop128<kScaleRows>>(n_experts, g)),
+      Ping64<kScaleRows>::Gemm::get_workspace_size(make_args<Ping64<kScaleRows>>(n_experts, g)));
 }
 
 template <int kScaleRows>

@@ -36,8 +36,8 @@ struct Grouped {
   static void setup(const MoeSm90Params& p, const Buffers& b, cudaStream_t stream);
   // GEMM 1 (pass 0: W1 | W3) or GEMM 2 (pass 1: W2), in 64-row ping-pong tiles or 128-row
   // cooperative tiles.
-  static Status run(int pass, bool ping64, int64_t n_experts, const Buffers& b,
-                    cudaStream_t stream);
+  static Status run(
+      int pass, bool ping64, int64_t n_experts, const Buffers& b, cudaStream_t stream);
 };
 
 extern template struct Grouped<1>;
