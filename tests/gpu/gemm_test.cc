@@ -11,12 +11,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/fp8_gemm.h"
+#if DSINFER_HAVE_CUTLASS
+#include "kernels/cuda/fp8_gemm_sm90.h"
+#endif
 #include "kernels/cuda/gemv.h"
 #include "numeric/float_formats.h"
 #include "numeric/quant.h"
@@ -313,11 +317,14 @@ TEST_F(GpuTest, Fp8WgmmaLinearMatchesCpu) {
         }
       }
     }
-    // Rows [128, +256) of 512, output rows 4 floats apart, accumulated.
-    LinearCase ranged{f, 512, 256, 97, true, 128, 256, 0, 4, true};
-    ranged.tensor_core = true;
-    ranged.wgmma = true;
-    run_linear(ranged, seed += 3);
+    // Rows [128, +256) of 512, output rows 4 floats apart, accumulated: over 2 K blocks (whole
+    // K per tile) and over 32 (two tiles at 97 tokens: split-K, the fixup adding C once).
+    for (int64_t cols : {256, 4096}) {
+      LinearCase ranged{f, 512, cols, 97, true, 128, 256, 0, 4, true};
+      ranged.tensor_core = true;
+      ranged.wgmma = true;
+      run_linear(ranged, seed += 3);
+    }
   }
   if (!small) {
     for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1024, 4096, 300},
@@ -330,6 +337,50 @@ TEST_F(GpuTest, Fp8WgmmaLinearMatchesCpu) {
     }
   }
 }
+
+// Split-K (decode-sized token counts over few output tiles, fp8_gemm_sm90_gemm.h) sums its K
+// ranges in a fixed order: two launches give the same bits, and the sums stay within fp32
+// rounding of the whole-K tiles (the scratch without the split's workspace).
+#if DSINFER_HAVE_CUTLASS
+TEST_F(GpuTest, Fp8WgmmaSplitKIsDeterministic) {
+  const int64_t rows = 512, cols = 4096, n = 64;
+  auto w = make_weight(Fmt::kFp8E8M0, rows, cols, 53001);
+  if (fp8_linear_scratch_floats(w->dev, -1, n) == 0)
+    GTEST_SKIP() << "built without CUTLASS: no wgmma path";
+  const int64_t ld = fp8_acts_ld(cols);
+  DevVec<float> d_x(normal_floats(static_cast<size_t>(n * cols), 53002));
+  DevVec<uint8_t> d_q(static_cast<size_t>(n * ld));
+  DevVec<float> d_s(static_cast<size_t>(n * ld / 128));
+  DSI_EXPECT_OK(launch_quantize_fp8(
+      QuantizeFp8Params{.x = d_x.get(), .n = n, .k = cols, .codes = d_q.get(), .scales = d_s.get()},
+      nullptr));
+  const int64_t full = fp8_linear_scratch_floats(w->dev, -1, n);
+  const int64_t least = fp8_gemm_sm90_min_scratch_floats(n, cols, rows);
+  ASSERT_GT(full, least) << "this shape does not split K";
+  DevVec<float> d_scratch(static_cast<size_t>(full));
+  std::vector<std::vector<float>> ys;
+  for (const int64_t floats : {full, full, least}) {
+    DevVec<float> d_y(static_cast<size_t>(n * rows), 0.0f);
+    const Fp8LinearParams p{.w = w->dev,
+                            .x = Fp8Acts{d_q.get(), d_s.get(), ld},
+                            .n = n,
+                            .y = d_y.get(),
+                            .wgmma = true,
+                            .scratch = d_scratch.get(),
+                            .scratch_floats = floats};
+    ASSERT_EQ(fp8_linear_path(p), Fp8LinearPath::kWgmma);
+    DSI_EXPECT_OK(launch_fp8_linear(p, nullptr));
+    sync();
+    ys.push_back(d_y.download());
+  }
+  EXPECT_EQ(0, std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(float)));
+  double peak = 0.0;
+  for (float v : ys[2]) peak = std::max(peak, std::fabs(static_cast<double>(v)));
+  for (size_t i = 0; i < ys[0].size(); ++i) {
+    ASSERT_LE(std::fabs(static_cast<double>(ys[0][i]) - ys[2][i]), 1e-5 * peak) << "y[" << i << "]";
+  }
+}
+#endif  // DSINFER_HAVE_CUTLASS
 
 // fp32 activations on the BF16 tensor cores (hi + lo halves, fp8_gemm.h) against the CPU, with
 // the reference tolerance: FP8 and BF16 weights, every tile shape, tails, ranges, strides, and the

@@ -591,7 +591,7 @@ Fp8LinearPath fp8_linear_path(const Fp8LinearParams& p) {
   const int64_t ldy = p.ldy == 0 ? rows : p.ldy;
   if (p.n >= kFp8Sm90MinRows && p.scratch != nullptr &&
       fp8_gemm_sm90_supports(p.w, p.row_begin, rows, ldy) &&
-      p.scratch_floats >= fp8_gemm_sm90_scratch_floats(p.n, p.w.cols, rows)) {
+      p.scratch_floats >= fp8_gemm_sm90_min_scratch_floats(p.n, p.w.cols, rows)) {
     return Fp8LinearPath::kWgmma;
   }
 #endif

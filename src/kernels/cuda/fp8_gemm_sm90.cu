@@ -1,82 +1,36 @@
 // The prefill-sized dense FP8 linears on Hopper's warpgroup MMA (fp8_gemm_sm90.h), built from
 // CUTLASS's block-scaled FP8 GEMM for SM90: TMA loads into a multi-stage shared-memory pipeline,
-// a producer warp and two consumer warpgroups (the "cooperative" schedule), persistent tiles,
+// a producer warp and two consumer warpgroups (the "cooperative" schedule), persistent tiles (or
+// split-K where a decode-sized token count leaves most SMs without a tile, fp8_gemm_sm90_gemm.h),
 // and per-128-K promotion: each K block's wgmma partial is scaled by (activation scale x weight
 // scale) and added to fp32 accumulators. Only compiled with CUTLASS (DSINFER_HAVE_CUTLASS).
 #include <algorithm>
 #include <string>
 
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/detail/blockwise_scale_layout.hpp"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/dispatch_policy.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/dispatch_policy.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/numeric_types.h"
 #include "kernels/cuda/fp8_gemm_sm90.h"
+#include "kernels/cuda/fp8_gemm_sm90_gemm.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "numeric/float_formats.h"
 
 namespace dsinfer::cuda {
+namespace fp8_sm90_detail {
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(dev);
+  }();
+  return n;
+}
+
+Status run_persistent(const Problem& p, cudaStream_t stream) {
+  return dense::run<dense::Dense<cutlass::gemm::PersistentScheduler>>(p, stream);
+}
+
+}  // namespace fp8_sm90_detail
+
 namespace {
-
-using namespace cute;
-
-// Problem: D[m, n] = sum_k A[m, k] B[n, k] sa[m, k/128] sb[n/128, k/128]; A = FP8 activations
-// (tokens, K-major), B = FP8 weights (K-major), D fp32 row-major (tokens x outputs).
-using ElementA = cutlass::float_e4m3_t;
-using ElementB = cutlass::float_e4m3_t;
-using LayoutA = cutlass::layout::RowMajor;
-using LayoutB = cutlass::layout::ColumnMajor;
-using ElementC = float;
-using LayoutC = cutlass::layout::RowMajor;
-using ElementAcc = float;
-constexpr int kAlignAB = 16;
-constexpr int kAlignC = 4;
-
-using TileShape = Shape<_128, _128, _128>;
-using ClusterShape = Shape<_1, _1, _1>;
-using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128>;  // M-major scales
-using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
-using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-
-using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90,
-    cutlass::arch::OpClassTensorOp,
-    TileShape,
-    ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto,
-    ElementAcc,
-    float,
-    ElementC,
-    LayoutC,
-    kAlignC,
-    ElementC,
-    LayoutC,
-    kAlignC,
-    cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
-
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90,
-    cutlass::arch::OpClassTensorOp,
-    ElementA,
-    cute::tuple<LayoutA, LayoutSFA>,
-    kAlignAB,
-    ElementB,
-    cute::tuple<LayoutB, LayoutSFB>,
-    kAlignAB,
-    ElementAcc,
-    TileShape,
-    ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
-
-using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
 // Activation scales [n, ld/128] (K-major) -> [kb][sfa_ld] (M-major), and the weight's block
 // scales (E8M0 or F32, [ceil(rows/128), ceil(cols/128)], from block row rb0) -> fp32
@@ -111,6 +65,24 @@ int64_t sfa_ld_for(int64_t m) {
   return (m + 3) / 4 * 4;  // TMA: 16-byte aligned columns
 }
 
+// K ranges per output tile: 1 (persistent tiles) unless the tiles fill at most half of the SMs
+// and K has at least 8 blocks; then as many ranges as the SMs hold (<= 16), each >= 4 K blocks.
+int split_count(int64_t n, int64_t rows, int64_t k) {
+  const int64_t tiles = ((n + 127) / 128) * ((rows + 127) / 128);
+  const int64_t kb = k / 128;
+  const int64_t sms = fp8_sm90_detail::sm_count();
+  if (2 * tiles > sms || kb < 8)
+    return 1;
+  const int64_t s = std::min<int64_t>({sms / tiles, kb / 4, 16});
+  return s >= 2 ? static_cast<int>(s) : 1;
+}
+
+// Floats of scratch before the split-K workspace (256-byte aligned from the scratch's start).
+int64_t scale_floats(int64_t n, int64_t k, int64_t rows) {
+  const int64_t kb = (k + 127) / 128;
+  return (kb * sfa_ld_for(n) + kb * ((rows + 127) / 128) + 63) / 64 * 64;
+}
+
 }  // namespace
 
 bool fp8_gemm_sm90_supports(const MatrixRef& w, int64_t row_begin, int64_t rows, int64_t ldy) {
@@ -120,9 +92,19 @@ bool fp8_gemm_sm90_supports(const MatrixRef& w, int64_t row_begin, int64_t rows,
          (reinterpret_cast<uintptr_t>(w.data) & 15u) == 0;
 }
 
+int64_t fp8_gemm_sm90_min_scratch_floats(int64_t n, int64_t k, int64_t rows) {
+  return scale_floats(n, k, rows) + 64;
+}
+
 int64_t fp8_gemm_sm90_scratch_floats(int64_t n, int64_t k, int64_t rows) {
-  const int64_t kb = (k + 127) / 128;
-  return kb * sfa_ld_for(n) + kb * ((rows + 127) / 128) + 64;
+  int64_t f = fp8_gemm_sm90_min_scratch_floats(n, k, rows);
+  const int splits = split_count(n, rows, k);
+  if (splits > 1 && n <= 0x7fffffff && rows <= 0x7fffffff && k <= 0x7fffffff) {
+    const size_t ws = fp8_sm90_detail::split_workspace_bytes(
+        static_cast<int>(n), static_cast<int>(rows), static_cast<int>(k), splits);
+    f += static_cast<int64_t>((ws + 255) / 256 * 64);
+  }
+  return f;
 }
 
 Status launch_fp8_gemm_sm90(const Fp8GemmSm90Args& a, cudaStream_t stream) {
@@ -130,7 +112,7 @@ Status launch_fp8_gemm_sm90(const Fp8GemmSm90Args& a, cudaStream_t stream) {
   const int64_t kb = k / 128;
   const int64_t nb = (a.rows + 127) / 128;
   const int64_t sfa_ld = sfa_ld_for(a.n);
-  if (a.scratch_floats < fp8_gemm_sm90_scratch_floats(a.n, k, a.rows))
+  if (a.scratch_floats < fp8_gemm_sm90_min_scratch_floats(a.n, k, a.rows))
     return invalid_argument("fp8_gemm_sm90: scratch too small");
   if (a.n > 0x7fffffff || a.rows > 0x7fffffff || k > 0x7fffffff || kb * sfa_ld > 0x7fffffff)
     return invalid_argument("fp8_gemm_sm90: problem exceeds 32-bit extents");
@@ -154,53 +136,29 @@ Status launch_fp8_gemm_sm90(const Fp8GemmSm90Args& a, cudaStream_t stream) {
                                     sfb);
   DSI_RETURN_IF_ERROR(launched("fp8_gemm_sm90 scales"));
 
-  const int m = static_cast<int>(a.n);
-  const int n = static_cast<int>(a.rows);
-  const int kk = static_cast<int>(k);
-  const auto stride_a = make_stride(static_cast<int64_t>(a.x.ld), Int<1>{}, int64_t{0});
-  const auto stride_b = make_stride(static_cast<int64_t>(k), Int<1>{}, int64_t{0});
-  const auto stride_d = make_stride(static_cast<int64_t>(a.ldy), Int<1>{}, int64_t{0});
-  // The scale columns are sfa_ld long (a multiple of 4, zeros past m): TMA needs 16-byte extents.
-  const LayoutSFA layout_sfa =
-      make_layout(make_shape(make_shape(Int<1>{}, static_cast<int>(sfa_ld)),
-                             make_shape(Int<128>{}, static_cast<int>(kb)),
-                             1),
-                  make_stride(make_stride(Int<0>{}, Int<1>{}),
-                              make_stride(Int<0>{}, static_cast<int>(sfa_ld)),
-                              static_cast<int>(kb * sfa_ld)));
-  const LayoutSFB layout_sfb = make_layout(make_shape(make_shape(Int<128>{}, static_cast<int>(nb)),
-                                                      make_shape(Int<128>{}, static_cast<int>(kb)),
-                                                      1),
-                                           make_stride(make_stride(Int<0>{}, Int<1>{}),
-                                                       make_stride(Int<0>{}, static_cast<int>(nb)),
-                                                       static_cast<int>(kb * nb)));
-  const auto* w_data = static_cast<const uint8_t*>(a.w.data) + a.row_begin * k;
-  typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
-                                {m, n, kk, 1},
-                                {reinterpret_cast<const ElementA*>(a.x.codes),
-                                 stride_a,
-                                 reinterpret_cast<const ElementB*>(w_data),
-                                 stride_b,
-                                 sfa,
-                                 layout_sfa,
-                                 sfb,
-                                 layout_sfb},
-                                {{}, a.y, stride_d, a.y, stride_d}};
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = a.accumulate ? 1.0f : 0.0f;
-  Gemm gemm;
-  if (Gemm::get_workspace_size(args) > 0)
-    return failed_precondition("fp8_gemm_sm90: the kernel asks for a workspace");
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess)
-    return invalid_argument("fp8_gemm_sm90: shape not supported (m " + std::to_string(m) + ", n " +
-                            std::to_string(n) + ", k " + std::to_string(kk) + ")");
-  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess)
-    return failed_precondition("fp8_gemm_sm90: initialize failed");
-  const cutlass::Status st = gemm.run(stream);
-  DSI_RETURN_IF_ERROR(launched("fp8_gemm_sm90 launch"));
-  if (st != cutlass::Status::kSuccess)
-    return failed_precondition("fp8_gemm_sm90: launch failed");
-  return Status();
+  fp8_sm90_detail::Problem p;
+  p.a = a.x.codes;
+  p.lda = a.x.ld;
+  p.b = static_cast<const uint8_t*>(a.w.data) + a.row_begin * k;
+  p.sfa = sfa;
+  p.sfa_ld = sfa_ld;
+  p.sfb = sfb;
+  p.m = static_cast<int>(a.n);
+  p.n = static_cast<int>(a.rows);
+  p.k = static_cast<int>(k);
+  p.d = a.y;
+  p.ldd = a.ldy;
+  p.accumulate = a.accumulate;
+  // Split-K where the scratch also holds its workspace (sized for this row count), else whole K.
+  p.splits = a.scratch_floats >= fp8_gemm_sm90_scratch_floats(a.n, k, a.rows)
+                 ? split_count(a.n, a.rows, k)
+                 : 1;
+  if (p.splits == 1)
+    return fp8_sm90_detail::run_persistent(p, stream);
+  // The workspace after the scales, 256-byte aligned.
+  const auto base = reinterpret_cast<uintptr_t>(a.scratch + scale_floats(a.n, k, a.rows));
+  p.workspace = reinterpret_cast<void*>((base + 255) / 256 * 256);
+  return fp8_sm90_detail::run_split(p, stream);
 }
 
 }  // namespace dsinfer::cuda

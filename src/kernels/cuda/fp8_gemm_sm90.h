@@ -24,13 +24,16 @@ struct Fp8GemmSm90Args {
   float* y = nullptr;
   int64_t ldy = 0;
   bool accumulate = false;
-  float* scratch = nullptr;  // the scales in the kernel's layouts
+  float* scratch = nullptr;  // the scales in the kernel's layouts, then split-K's workspace
   int64_t scratch_floats = 0;
 };
 
 // w FP8 block-128 with K % 128 == 0, the row range on 128-row blocks, rows % 16 == 0,
 // ldy % 4 == 0, data 16-byte aligned.
 bool fp8_gemm_sm90_supports(const MatrixRef& w, int64_t row_begin, int64_t rows, int64_t ldy);
+// Scratch floats: the scales in the kernel's layouts (the least the launch takes), and with the
+// split-K workspace of this shape (what a caller should give; with less, whole-K tiles run).
+int64_t fp8_gemm_sm90_min_scratch_floats(int64_t n, int64_t k, int64_t rows);
 int64_t fp8_gemm_sm90_scratch_floats(int64_t n, int64_t k, int64_t rows);
 Status launch_fp8_gemm_sm90(const Fp8GemmSm90Args& a, cudaStream_t stream);
 
