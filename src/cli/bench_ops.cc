@@ -390,15 +390,19 @@ Result<json> bench_ops(const OpBenchOptions& o) {
     const double pairs = static_cast<double>(t * kTopK);
     const double bytes = distinct * expert_bytes +
                          pairs * (kHidden + 4.0 * kInter + 5.0 * kInter + kInter + 4.0 * kHidden);
-    json j = figure("moe routed experts (W4A8)",
-                    "256x[2x2048x4096 + 4096x2048] top-6",
-                    t,
-                    *ms,
-                    2.0 * pairs * 3 * kInter * kHidden,
-                    bytes,
-                    o);
-    j["distinct_experts"] = distinct;
-    out.push_back(j);
+    // One MoE row: the routed experts at t tokens (their FLOPs), with the distinct experts hit.
+    auto add_moe = [&](const char* name, double ms_taken, double bytes_moved) {
+      json j = figure(name,
+                      "256x[2x2048x4096 + 4096x2048] top-6",
+                      t,
+                      ms_taken,
+                      2.0 * pairs * 3 * kInter * kHidden,
+                      bytes_moved,
+                      o);
+      j["distinct_experts"] = distinct;
+      out.push_back(j);
+    };
+    add_moe("moe routed experts (W4A8)", *ms, bytes);
 #if DSINFER_HAVE_CUTLASS
     for (int i = 0; i < 2 && t >= 128; ++i) {
       if (!fp8w_exact[i])
@@ -423,18 +427,11 @@ Result<json> bench_ops(const OpBenchOptions& o) {
       const double bytes9 =
           2.0 * distinct * expert_bytes +
           pairs * (kHidden + 8.0 * kInter + 8.0 * kInter + kInter + 4.0 * kHidden);
-      json j9 =
-          figure(i == 0 ? "moe routed experts (FP8 re-encoded, 128x128 block scales, "
-                          "grouped wgmma: prefill path)"
-                        : "moe routed experts (FP8 re-encoded, per-row scales, grouped wgmma)",
-                 "256x[2x2048x4096 + 4096x2048] top-6",
-                 t,
-                 *ms9,
-                 2.0 * pairs * 3 * kInter * kHidden,
-                 bytes9,
-                 o);
-      j9["distinct_experts"] = distinct;
-      out.push_back(j9);
+      add_moe(i == 0 ? "moe routed experts (FP8 re-encoded, 128x128 block scales, grouped wgmma: "
+                       "prefill path)"
+                     : "moe routed experts (FP8 re-encoded, per-row scales, grouped wgmma)",
+              *ms9,
+              bytes9);
     }
 #endif
   }

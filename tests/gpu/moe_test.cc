@@ -354,6 +354,39 @@ void cpu_expert(const TestWeight& w1,
   for (int64_t i = 0; i < m * hidden; ++i) out_accum[i] += y[i];
 }
 
+// MatrixRef arrays on the device (the expert tables the kernels take).
+DevVec<uint8_t> upload_refs(const std::vector<MatrixRef>& refs) {
+  std::vector<uint8_t> bytes(refs.size() * sizeof(MatrixRef));
+  std::memcpy(bytes.data(), refs.data(), bytes.size());
+  return DevVec<uint8_t>(bytes);
+}
+DevVec<uint8_t> upload_refs(const std::vector<const TestWeight*>& ws) {
+  std::vector<MatrixRef> refs;
+  for (const TestWeight* w : ws) refs.push_back(w->dev);
+  return upload_refs(refs);
+}
+const MatrixRef* as_refs(const DevVec<uint8_t>& v) {
+  return reinterpret_cast<const MatrixRef*>(v.get());
+}
+
+#if DSINFER_HAVE_CUTLASS
+// The MXFP4 experts (device tables w1, w3, w2) re-encoded into wf; the count of (row, K block)s
+// outside E4M3's range after the launch (synchronised; -1 if the launch failed).
+int reencode_mxfp4(const DevVec<uint8_t>& w1,
+                   const DevVec<uint8_t>& w3,
+                   const DevVec<uint8_t>& w2,
+                   const MoeFp8Weights& wf) {
+  DevVec<int> bad(1, 0);
+  const Status st = launch_moe_fp8_reencode(
+      as_refs(w1), as_refs(w3), as_refs(w2), WeightFormat::kMxfp4, wf, bad.get(), nullptr);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  if (!st.ok())
+    return -1;
+  sync();
+  return bad.download()[0];
+}
+#endif
+
 void run_moe(int64_t n,
              int64_t n_experts,
              int64_t k,
@@ -445,20 +478,10 @@ void run_moe(int64_t n,
   }
 
   // GPU: group, routed experts, shared expert, combine.
-  auto upload_refs = [](const std::vector<const TestWeight*>& ws) {
-    std::vector<MatrixRef> refs;
-    for (const TestWeight* w : ws) refs.push_back(w->dev);
-    std::vector<uint8_t> bytes(refs.size() * sizeof(MatrixRef));
-    std::memcpy(bytes.data(), refs.data(), bytes.size());
-    return DevVec<uint8_t>(bytes);
-  };
   DevVec<uint8_t> d_w1 = upload_refs(routed.w1), d_w3 = upload_refs(routed.w3),
                   d_w2 = upload_refs(routed.w2);
   DevVec<uint8_t> d_s1 = upload_refs(shared.w1), d_s3 = upload_refs(shared.w3),
                   d_s2 = upload_refs(shared.w2);
-  auto as_refs = [](const DevVec<uint8_t>& v) {
-    return reinterpret_cast<const MatrixRef*>(v.get());
-  };
   const int64_t pairs = n * k;
   DevVec<int32_t> d_ids(r.ids);
   DevVec<float> d_gates(r.gates), d_x(x);
@@ -497,16 +520,7 @@ void run_moe(int64_t n,
           static_cast<size_t>(moe_fp8_weights_bytes(n_experts, hidden, inter, sm90_scale_rows)));
       const MoeFp8Weights wf =
           moe_fp8_weights_carve(d_wfp8.get(), n_experts, hidden, inter, sm90_scale_rows);
-      DevVec<int> d_bad(1, 0);
-      DSI_EXPECT_OK(launch_moe_fp8_reencode(as_refs(d_w1),
-                                            as_refs(d_w3),
-                                            as_refs(d_w2),
-                                            WeightFormat::kMxfp4,
-                                            wf,
-                                            d_bad.get(),
-                                            nullptr));
-      sync();
-      EXPECT_EQ(d_bad.download()[0], 0) << "test experts are within E4M3's range";
+      EXPECT_EQ(reencode_mxfp4(d_w1, d_w3, d_w2, wf), 0) << "test experts are within E4M3's range";
       const int64_t sb = moe_sm90_scratch_bytes(n_experts, pairs, hidden, inter);
       DevVec<uint8_t> d_scratch(static_cast<size_t>(sb + 256));
       DSI_EXPECT_OK(launch_moe_sm90(MoeSm90Params{.w = wf,
@@ -713,23 +727,10 @@ TEST_F(GpuTest, MoeExpertGemvCheckCountsScalesOutOfRange) {
       w->d_scale = DevVec<uint8_t>(w->scale);
       w->dev.scale = w->d_scale.get();
     }
-    auto up = [](const TestWeight* a, const TestWeight* b) {
-      std::vector<uint8_t> v(2 * sizeof(MatrixRef));
-      std::memcpy(v.data(), &a->dev, sizeof(MatrixRef));
-      std::memcpy(v.data() + sizeof(MatrixRef), &b->dev, sizeof(MatrixRef));
-      return DevVec<uint8_t>(v);
-    };
-    DevVec<uint8_t> d1 = up(ex.w1[0], ex.w1[1]), d3 = up(ex.w3[0], ex.w3[1]),
-                    d2 = up(ex.w2[0], ex.w2[1]);
+    DevVec<uint8_t> d1 = upload_refs(ex.w1), d3 = upload_refs(ex.w3), d2 = upload_refs(ex.w2);
     DevVec<int> bad(1, 0);
-    const Status st = launch_expert_gemv_check(reinterpret_cast<const MatrixRef*>(d1.get()),
-                                               reinterpret_cast<const MatrixRef*>(d3.get()),
-                                               reinterpret_cast<const MatrixRef*>(d2.get()),
-                                               2,
-                                               hidden,
-                                               inter,
-                                               bad.get(),
-                                               nullptr);
+    const Status st = launch_expert_gemv_check(
+        as_refs(d1), as_refs(d3), as_refs(d2), 2, hidden, inter, bad.get(), nullptr);
     EXPECT_TRUE(st.ok()) << st.to_string();
     sync();
     return bad.download()[0];
@@ -793,14 +794,7 @@ TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
     seed += 100;
     ExpertSet ex = make_experts(
         Fmt::kMxfp4, c.n_experts, std::min<int64_t>(c.n_experts, 4), c.hidden, c.inter, seed);
-    auto up = [](const std::vector<const TestWeight*>& ws) {
-      std::vector<MatrixRef> refs;
-      for (const TestWeight* w : ws) refs.push_back(w->dev);
-      std::vector<uint8_t> b(refs.size() * sizeof(MatrixRef));
-      std::memcpy(b.data(), refs.data(), b.size());
-      return DevVec<uint8_t>(b);
-    };
-    DevVec<uint8_t> d1 = up(ex.w1), d3 = up(ex.w3), d2 = up(ex.w2);
+    DevVec<uint8_t> d1 = upload_refs(ex.w1), d3 = upload_refs(ex.w3), d2 = upload_refs(ex.w2);
     // Routing: each token's k distinct experts at random, grouped on the device.
     std::mt19937 rng(seed);
     const int64_t pairs = c.n * c.k;
@@ -838,14 +832,7 @@ TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
       DevVec<uint8_t> mem(
           static_cast<size_t>(moe_fp8_weights_bytes(c.n_experts, c.hidden, c.inter, sr)));
       const MoeFp8Weights wf = moe_fp8_weights_carve(mem.get(), c.n_experts, c.hidden, c.inter, sr);
-      DevVec<int> bad(1, 0);
-      DSI_EXPECT_OK(launch_moe_fp8_reencode(reinterpret_cast<const MatrixRef*>(d1.get()),
-                                            reinterpret_cast<const MatrixRef*>(d3.get()),
-                                            reinterpret_cast<const MatrixRef*>(d2.get()),
-                                            WeightFormat::kMxfp4,
-                                            wf,
-                                            bad.get(),
-                                            nullptr));
+      EXPECT_EQ(reencode_mxfp4(d1, d3, d2, wf), 0) << "scale_rows " << sr;
       DevVec<float> d_y(static_cast<size_t>(pairs * c.hidden), -1.0f);
       DSI_EXPECT_OK(launch_moe_sm90(MoeSm90Params{.w = wf,
                                                   .expert_begin = d_begin.get(),
@@ -860,7 +847,6 @@ TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
                                                   .y = d_y.get()},
                                     nullptr));
       sync();
-      EXPECT_EQ(bad.download()[0], 0) << "scale_rows " << sr;
       ys.push_back(d_y.download());
     }
     int64_t differ = 0;
@@ -906,26 +892,12 @@ TEST_F(GpuTest, MoeFp8ReencodeExactAndCountsOutOfRange) {
         w1->dev.data = w1->d_data.get();
         std::vector<MatrixRef> r1{ex.w1[0]->dev, ex.w1[1]->dev}, r3{ex.w3[0]->dev, ex.w3[1]->dev},
             r2{ex.w2[0]->dev, ex.w2[1]->dev};
-        auto up = [](const std::vector<MatrixRef>& v) {
-          std::vector<uint8_t> b(v.size() * sizeof(MatrixRef));
-          std::memcpy(b.data(), v.data(), b.size());
-          return DevVec<uint8_t>(b);
-        };
-        DevVec<uint8_t> d1 = up(r1), d3 = up(r3), d2 = up(r2);
+        DevVec<uint8_t> d1 = upload_refs(r1), d3 = upload_refs(r3), d2 = upload_refs(r2);
         DevVec<uint8_t> mem(
             static_cast<size_t>(moe_fp8_weights_bytes(2, hidden, inter, scale_rows)));
         const MoeFp8Weights wf = moe_fp8_weights_carve(mem.get(), 2, hidden, inter, scale_rows);
-        DevVec<int> bad(1, 0);
-        DSI_EXPECT_OK(launch_moe_fp8_reencode(reinterpret_cast<const MatrixRef*>(d1.get()),
-                                              reinterpret_cast<const MatrixRef*>(d3.get()),
-                                              reinterpret_cast<const MatrixRef*>(d2.get()),
-                                              WeightFormat::kMxfp4,
-                                              wf,
-                                              bad.get(),
-                                              nullptr));
-        sync();
         const bool out_of_range = spread > 14 && (!across_rows || scale_rows == 128);
-        EXPECT_EQ(bad.download()[0], out_of_range ? 1 : 0);
+        EXPECT_EQ(reencode_mxfp4(d1, d3, d2, wf), out_of_range ? 1 : 0);
         if (out_of_range)
           continue;
         // Every value of W1 | W3 equals its MXFP4 value exactly.
