@@ -319,9 +319,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   if (e->spec_.defaulted && config.device == Device::kCpu &&
       config.cpu_kernels == CpuKernels::kReference)
     e->spec_ = spec::Config();
-  // CUDA drafts outside the decode graphs (eager MTP passes, verification sampled on the host):
-  // on the H200 auto gained 1.35x at batch 1 but lost at batch 64 (0.79x of off, fixed since,
-  // not yet re-measured), so speculation there only when asked for.
+  // On CUDA, speculation only when asked for: on the H200 (eleventh session, bundled model) auto
+  // gives 1.54x at batch 1 but 0.96x of off at batch 64, where each decode wave's tail meets
+  // (batch, depth) shapes whose graphs are not captured yet.
   if (e->spec_.defaulted && config.device == Device::kCuda)
     e->spec_ = spec::Config();
   if (e->spec_.mode != spec::Mode::kOff) {
