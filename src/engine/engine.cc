@@ -395,7 +395,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
         return t.status();
       e->step_times_ = std::move(t).value();
     }
-    e->cost_ = std::make_unique<spec::StepCost>(e->step_times_, e->spec_.k);
+    e->cost_ = std::make_unique<spec::StepCost>(
+        e->step_times_, e->spec_.k, e->model_->prefers_uniform_steps());
   }
   e->memory_ = std::make_unique<Memory>(mc, shape, e->arena_.get(), max_rollback);
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->memory_.get());

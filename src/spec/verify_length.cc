@@ -155,17 +155,22 @@ Choice choose_verify_lengths(const StepTimes& times,
   return c;
 }
 
-StepCost::StepCost(StepTimes prior, int32_t max_k)
+StepCost::StepCost(StepTimes prior, int32_t max_k, bool padded_buckets)
     : prior_(std::move(prior)),
       max_k_(std::max(0, std::min(max_k, prior_.max_k()))),
+      padded_(padded_buckets),
       delta_(kBuckets, std::vector<double>(static_cast<size_t>(max_k_ + 2), 0.0)),
       seen_(kBuckets, std::vector<int64_t>(static_cast<size_t>(max_k_ + 2), 0)),
       last_(kBuckets, -2) {
   DSI_CHECK(prior_.valid(), "StepCost: invalid step-time model");
 }
 
-int StepCost::bucket(int64_t b) {
+int StepCost::bucket(int64_t b) const {
   int i = 0;
+  if (padded_) {
+    while (i + 1 < kBuckets && (int64_t{1} << i) < b) ++i;
+    return i;  // b in (2^(i-1), 2^i], the last bucket open-ended
+  }
   while (i + 1 < kBuckets && (int64_t{2} << i) <= b) ++i;
   return i;  // b in [2^i, 2^(i+1)), the last bucket open-ended
 }

@@ -69,7 +69,12 @@ Choice choose_verify_lengths(const StepTimes& times,
 // of every verified position, and made off look too slow ever to be tried.
 class StepCost {
  public:
-  StepCost(StepTimes prior, int32_t max_k);
+  // padded_buckets: batch buckets (2^(i-1), 2^i] instead of [2^i, 2^(i+1)), for a backend that
+  // pads a fixed-shape step's sequences up to a power of two and captures one graph per padded
+  // batch and depth (CUDA): then a bucket's steps are one shape, cost the same, and share
+  // choose_steady's previous depth (with [2^i, 2^(i+1)) batch 64 and batches 33-63, one graph,
+  // kept two depths, and a decode wave's tail met uncaptured shapes; eleventh session).
+  StepCost(StepTimes prior, int32_t max_k, bool padded_buckets = false);
   int32_t max_k() const { return max_k_; }
   // A step of b decoding requests, each verifying `depth` drafts (-1: no drafter at all), took
   // `seconds` of wall time.
@@ -103,11 +108,12 @@ class StepCost {
 
  private:
   static constexpr int kBuckets = 16;
-  static int bucket(int64_t b);
+  int bucket(int64_t b) const;
   double prior_s(int64_t b, int32_t depth) const;
   double correction(int bucket, int32_t depth) const;
   StepTimes prior_;
   int32_t max_k_;
+  bool padded_ = false;
   // [bucket][depth + 1]: EWMA of measured - prior (seconds); count of measurements.
   std::vector<std::vector<double>> delta_;
   std::vector<std::vector<int64_t>> seen_;

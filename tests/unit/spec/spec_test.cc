@@ -266,6 +266,32 @@ TEST(StepCost, SteadyChoiceKeepsANearlyAsGoodDepth) {
   EXPECT_EQ(c.choose_steady(64, accept), c.choose(64, accept));
 }
 
+// With padded buckets (a backend that pads steps to a power of two of sequences and captures a
+// graph per padded batch), batches 33..64 are one bucket: measurements and choose_steady's
+// previous depth are shared by the steps that replay one graph, and not with 32 or 65.
+TEST(StepCost, PaddedBucketsAreThePaddedBatches) {
+  const std::vector<double> accept(5, 0.8);
+  StepCost p(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5, /*padded_buckets=*/true);
+  StepCost f(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+  p.record(64, 2, 1.5);
+  f.record(64, 2, 1.5);
+  EXPECT_EQ(p.measured(33, 2), 1);
+  EXPECT_EQ(p.measured(32, 2), 0);
+  EXPECT_EQ(p.measured(65, 2), 0);
+  EXPECT_EQ(f.measured(33, 2), 0);  // [32, 64) and [64, 128)
+  EXPECT_EQ(f.measured(127, 2), 1);
+  EXPECT_EQ(p.measured(1, 2), 0);
+  p.record(1, 2, 1.5);
+  EXPECT_EQ(p.measured(1, 2), 1);
+  EXPECT_EQ(p.measured(2, 2), 0);
+  // choose_steady's previous choice at 64 is the one at 40 (one bucket), within kStay.
+  for (int32_t d = -1; d <= 5; ++d) {
+    for (int i = 0; i < StepCost::kExplore; ++i) p.record(64, d, p.step_s(64, d));
+  }
+  const int32_t at64 = p.choose_steady(64, accept);
+  EXPECT_EQ(p.choose_steady(40, accept), at64);
+}
+
 TEST(StepCost, ExploresTheDepthsNextToTheBestUntilMeasured) {
   const std::vector<double> accept(5, 0.8);
   StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
