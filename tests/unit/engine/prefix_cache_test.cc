@@ -498,8 +498,11 @@ TEST(PrefixCache, FullDiskAndDeletedDirectoryLoseNoRequest) {
   auto e = make_engine(ckpt, store);
   for (size_t t = 0; t < prompts.size(); ++t) {
     if (t == 1) {
-      // The directory disappears mid-run; the store's worker may be writing into it meanwhile,
-      // so the removal is retried until nothing is left.
+      // The directory disappears mid-run, between two turns. The store's worker is let finish
+      // the first turn's writes first: one in flight re-created files under it while it was
+      // being removed (a fresh-clone CI run on a loaded machine saw the directory outlive 1000
+      // removals).
+      store->wait_idle();
       std::error_code ec;
       for (int i = 0; i < 1000 && fs::exists(dir, ec); ++i) fs::remove_all(dir, ec);
       ASSERT_FALSE(fs::exists(dir, ec)) << ec.message();
