@@ -382,17 +382,6 @@ bool sink_attention_sm90_supports(const SinkAttentionParams& p) {
 
 namespace {
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return sms;
-  }();
-  return n;
-}
-
 template <bool kQ16>
 Status launch_kernel(const SinkAttentionParams& p, int nsplit, float* part, cudaStream_t stream) {
   const int smem = static_cast<int>(smem_bytes(kQ16));

@@ -379,13 +379,7 @@ Status launch_dense(const DenseArgs& p, int64_t groups, cudaStream_t s) {
 // so that about two waves of blocks run. Returns the splits (1: none) and their chunk count.
 template <class C, AMode A>
 int dense_split_plan(int64_t rows, int64_t n, int64_t groups, int64_t k, int64_t* split_chunks) {
-  static const int64_t sms = [] {
-    int dev = 0, count = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return int64_t{132};
-    return static_cast<int64_t>(count);
-  }();
+  const int64_t sms = sm_count();
   const int64_t blocks = ceil_div(rows, C::BM) * ceil_div(n, C::BN) * groups;
   const int64_t chunks = ceil_div(k, mma::kChunkK<A>);
   const int64_t want = std::min(ceil_div(2 * sms, std::max<int64_t>(blocks, 1)), chunks / 4);

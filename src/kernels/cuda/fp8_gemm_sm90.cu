@@ -15,15 +15,6 @@
 namespace dsinfer::cuda {
 namespace fp8_sm90_detail {
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(dev);
-  }();
-  return n;
-}
-
 Status run_persistent(const Problem& p, cudaStream_t stream) {
   return dense::run<dense::Dense<cutlass::gemm::PersistentScheduler>>(p, stream);
 }
@@ -70,7 +61,7 @@ int64_t sfa_ld_for(int64_t m) {
 int split_count(int64_t n, int64_t rows, int64_t k) {
   const int64_t tiles = ((n + 127) / 128) * ((rows + 127) / 128);
   const int64_t kb = k / 128;
-  const int64_t sms = fp8_sm90_detail::sm_count();
+  const int64_t sms = sm_count();
   if (2 * tiles > sms || kb < 8)
     return 1;
   const int64_t s = std::min<int64_t>({sms / tiles, kb / 4, 16});
@@ -96,15 +87,26 @@ int64_t fp8_gemm_sm90_min_scratch_floats(int64_t n, int64_t k, int64_t rows) {
   return scale_floats(n, k, rows) + 64;
 }
 
-int64_t fp8_gemm_sm90_scratch_floats(int64_t n, int64_t k, int64_t rows) {
+namespace {
+
+// The scratch floats of the launch's plan: the scales, and where K splits (*splits > 1) the
+// split-K workspace after them.
+int64_t plan_floats(int64_t n, int64_t k, int64_t rows, int* splits) {
   int64_t f = fp8_gemm_sm90_min_scratch_floats(n, k, rows);
-  const int splits = split_count(n, rows, k);
-  if (splits > 1 && n <= 0x7fffffff && rows <= 0x7fffffff && k <= 0x7fffffff) {
+  *splits = split_count(n, rows, k);
+  if (*splits > 1 && n <= 0x7fffffff && rows <= 0x7fffffff && k <= 0x7fffffff) {
     const size_t ws = fp8_sm90_detail::split_workspace_bytes(
-        static_cast<int>(n), static_cast<int>(rows), static_cast<int>(k), splits);
+        static_cast<int>(n), static_cast<int>(rows), static_cast<int>(k), *splits);
     f += static_cast<int64_t>((ws + 255) / 256 * 64);
   }
   return f;
+}
+
+}  // namespace
+
+int64_t fp8_gemm_sm90_scratch_floats(int64_t n, int64_t k, int64_t rows) {
+  int splits = 1;
+  return plan_floats(n, k, rows, &splits);
 }
 
 Status launch_fp8_gemm_sm90(const Fp8GemmSm90Args& a, cudaStream_t stream) {
@@ -150,9 +152,8 @@ Status launch_fp8_gemm_sm90(const Fp8GemmSm90Args& a, cudaStream_t stream) {
   p.ldd = a.ldy;
   p.accumulate = a.accumulate;
   // Split-K where the scratch also holds its workspace (sized for this row count), else whole K.
-  p.splits = a.scratch_floats >= fp8_gemm_sm90_scratch_floats(a.n, k, a.rows)
-                 ? split_count(a.n, a.rows, k)
-                 : 1;
+  int splits = 1;
+  p.splits = a.scratch_floats >= plan_floats(a.n, k, a.rows, &splits) ? splits : 1;
   if (p.splits == 1)
     return fp8_sm90_detail::run_persistent(p, stream);
   // The workspace after the scales, 256-byte aligned.

@@ -31,7 +31,6 @@ struct Problem {
   void* workspace = nullptr;  // run_split: split_workspace_bytes, 256-byte aligned
 };
 
-int sm_count();
 Status run_persistent(const Problem& p, cudaStream_t stream);
 Status run_split(const Problem& p, cudaStream_t stream);
 size_t split_workspace_bytes(int m, int n, int k, int splits);

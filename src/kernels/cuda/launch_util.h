@@ -16,6 +16,20 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// Streaming multiprocessors of the current device, queried once per process (132 on an H200;
+// that figure where the query fails). Grid sizes and split plans use it.
+inline int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms <= 0)
+      return 132;
+    return sms;
+  }();
+  return n;
+}
+
 // kInvalidArgument naming `what` unless every value is >= 0.
 inline Status check_nonneg(const char* what, std::initializer_list<int64_t> values) {
   for (int64_t v : values) {

@@ -145,15 +145,6 @@ struct GroupArrays {
   }
 };
 
-inline int sm_count() {
-  static const int n = [] {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(dev);
-  }();
-  return n;
-}
-
 template <class Cfg, class Arrays>
 typename Cfg::Gemm::Arguments make_args(int64_t ne, const Arrays& g) {
   cutlass::KernelHardwareInfo hw;
