@@ -961,6 +961,24 @@ TEST(GpuOpsArgs, MoeValidates) {
   EXPECT_EQ(
       launch_expert_gemv_check(nullptr, nullptr, nullptr, 4, 256, 128, nullptr, nullptr).code(),
       StatusCode::kInvalidArgument);
+#if DSINFER_HAVE_CUTLASS
+  // Expert FP8 copies with a scale granularity other than 1 or 128 rows are refused before any
+  // device work, by the re-encoder and by the grouped GEMMs.
+  MoeFp8Weights odd;
+  odd.n_experts = 2;
+  odd.hidden = 256;
+  odd.inter = 128;
+  odd.scale_rows = 64;
+  int bad = 0;
+  EXPECT_EQ(
+      launch_moe_fp8_reencode(nullptr, nullptr, nullptr, WeightFormat::kMxfp4, odd, &bad, nullptr)
+          .code(),
+      StatusCode::kInvalidArgument);
+  MoeSm90Params mp;
+  mp.w = odd;
+  mp.num_pairs = 2;
+  EXPECT_EQ(launch_moe_sm90(mp, nullptr).code(), StatusCode::kInvalidArgument);
+#endif
 }
 
 }  // namespace
