@@ -36,7 +36,7 @@ def kernel_bodies(text):
 
 def launched_kernels(text):
     names = set()
-    for m in re.finditer(r"launch_pdl\(\s*([\w:]+)\s*(?:<[^()]*?>)?\s*,", text):
+    for m in re.finditer(r"launch_pdl(?:_cluster)?\(\s*([\w:]+)\s*(?:<[^()]*?>)?\s*,", text):
         name = m.group(1).split("::")[-1]
         ptr = re.search(r"auto\*\s+" + name + r"\s*=\s*([^;]+);", text)
         if ptr:  # a pointer chosen at run time: every kernel its initialiser names

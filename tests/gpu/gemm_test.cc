@@ -686,6 +686,16 @@ TEST_F(GpuTest, Fp8GemvLinearMatchesCpuAndIsBatchInvariant) {
     ranged.tensor_core = true;
     ranged.wgmma = true;
     run_linear(ranged, seed += 3);
+    // Tall weights with one K block per warp: blocks of 4 row groups, the last block partly past
+    // the rows.
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{16904, 128}, {16920, 384}}) {
+      for (int64_t n : {1, 3, 8}) {
+        LinearCase c{f, rows, cols, n, true};
+        c.tensor_core = true;
+        c.wgmma = true;
+        run_linear(c, seed += 3);
+      }
+    }
   }
   if (!small_mode()) {
     for (auto [rows, cols] :
@@ -697,7 +707,7 @@ TEST_F(GpuTest, Fp8GemvLinearMatchesCpuAndIsBatchInvariant) {
     }
   }
   // Batch invariance: 8 tokens at once, then each alone.
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{512, 4096}, {136, 384}}) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{512, 4096}, {136, 384}, {16920, 384}}) {
     auto w = make_weight(Fmt::kFp8E8M0, rows, cols, seed += 3);
     const int64_t n = 8, ld = fp8_acts_ld(cols);
     const std::vector<float> x = normal_floats(static_cast<size_t>(n * cols), seed + 1);

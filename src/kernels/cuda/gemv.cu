@@ -1,6 +1,7 @@
 // Few-token linears (gemv.h). BF16 and FP8-weight fp32 GEMVs: one warp per group of kRows weight
 // rows, lanes striding K by one 16-byte load per row per step, x read through the L1 cache. The
 // W8A8 GEMV: mma.sync over 8 weight rows x 8 tokens per warp, K split over warps and blocks.
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -236,8 +237,14 @@ Status launch_fp8_n(
 // Warp = 8 weight rows (the MMA's N) x up to 8 tokens (M rows 0..7; 8..15 are zero). Lane (g, t)
 // loads 16 bytes of weight row g and of token g at K offset 16 t of each 64-byte chunk; A and B
 // use the same K permutation, so each MMA is a 32-value dot product (mma_e4m3).
+//
+// A block takes G consecutive 8-row groups (G = 4 for tall weights whose K fits one K block per
+// warp, e.g. wq_b: a quarter of the blocks, each warp's loads of the G groups in flight together)
+// and its warps split K. Every row's sums run in the same order whatever G is: per warp over its
+// K blocks, then over the warps in order, then over the splits.
 
 constexpr int kMmaWarps = 8;
+constexpr int kMaxGemvGroups = 4;  // 8-row groups per block
 
 struct Fp8GemvArgs {
   Fp8GemvParams p;
@@ -245,71 +252,140 @@ struct Fp8GemvArgs {
   int64_t ldy;
   int64_t kb_per_block;  // 128-wide K blocks per block (split over its warps)
   int splits;            // blocks along K
+  int groups;            // 8-row groups per block
 };
 
+// Up to this many splits the blocks of one row group form a thread-block cluster and block 0 of
+// it adds the others' sums from their shared memory (no scratch, no second kernel); more splits
+// (small weights only) go through scratch and fp8_gemv_reduce_kernel. Same order either way.
+constexpr int kMaxClusterSplits = 8;
+
+// One warp's operands of one K block: G groups' weights and scales, and the token's x.
+template <int G>
+struct Fp8GemvFrag {
+  uint4 w[G][2];
+  uint4 x[2];
+  float ws[G];
+  float xs;
+};
+
+template <int G, bool kCluster>
 __global__ void __launch_bounds__(kMmaWarps * 32) fp8_gemv_kernel(Fp8GemvArgs a) {
   pdl_begin();
-  __shared__ float red[kMmaWarps][8][8];  // [warp][token][row]
+  __shared__ float red[kMmaWarps][G][8][8];  // [warp][group][token][row]
+  __shared__ float part[kCluster ? 64 : 1];  // kCluster: this block's sums, read by rank 0
   const Fp8GemvParams& p = a.p;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 8;  // first row of the group
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 8 * G;  // first row of the first group
   const int64_t K = p.w.cols;
   const int64_t KB = K / 128;
   const int64_t kb0 = static_cast<int64_t>(blockIdx.y) * a.kb_per_block;
   const int64_t kb1 = min(KB, kb0 + a.kb_per_block);
-  const int64_t wrow = p.row_begin + r0 + g;
-  const uint8_t* wp = static_cast<const uint8_t*>(p.w.data) + wrow * K;
   const bool tok = g < p.n;
   const uint8_t* xp = p.x_codes + (tok ? g : 0) * p.x_ld;
   const float* xs = p.x_scales + (tok ? g : 0) * (p.x_ld / 128);
   const bool sf32 = p.w.scale_dtype == DType::kF32;
-  const int64_t srow = ((p.row_begin + r0) / 128) * KB;
-  float acc0 = 0.0f;
-  float acc1 = 0.0f;
-  for (int64_t kb = kb0 + warp; kb < kb1; kb += kMmaWarps) {
-    uint4 wv[2], xv[2];
+  const uint8_t* wp[G];
+  int64_t srow[G];
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const int64_t rj = min(r0 + 8 * j, a.rows - 8);  // past the last group: computed, not stored
+    wp[j] = static_cast<const uint8_t*>(p.w.data) + (p.row_begin + rj + g) * K;
+    srow[j] = ((p.row_begin + rj) / 128) * KB;
+  }
+  auto load = [&](int64_t kb, Fp8GemvFrag<G>& f) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int64_t off = kb * 128 + c * 64 + 16 * t;
-      wv[c] = __ldg(reinterpret_cast<const uint4*>(wp + off));
-      xv[c] = tok ? __ldg(reinterpret_cast<const uint4*>(xp + off)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int j = 0; j < G; ++j) f.w[j][c] = __ldg(reinterpret_cast<const uint4*>(wp[j] + off));
+      f.x[c] = tok ? __ldg(reinterpret_cast<const uint4*>(xp + off)) : make_uint4(0, 0, 0, 0);
     }
-    const float s = __fmul_rn(fp8_block_scale(p.w.scale, sf32, srow + kb), tok ? xs[kb] : 0.0f);
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
+    for (int j = 0; j < G; ++j) f.ws[j] = fp8_block_scale(p.w.scale, sf32, srow[j] + kb);
+    f.xs = tok ? xs[kb] : 0.0f;
+  };
+  float acc[G][2];
 #pragma unroll
-      for (int step = 0; step < 2; ++step) {
-        const uint32_t xw0 = step == 0 ? xv[c].x : xv[c].z;
-        const uint32_t xw1 = step == 0 ? xv[c].y : xv[c].w;
-        const uint32_t ww0 = step == 0 ? wv[c].x : wv[c].z;
-        const uint32_t ww1 = step == 0 ? wv[c].y : wv[c].w;
-        const uint32_t af[4] = {xw0, 0u, xw1, 0u};
-        const uint32_t bf[2] = {ww0, ww1};
-        float cf[4];
-        mma::mma_e4m3(cf, af, bf);
-        acc0 = __fadd_rn(acc0, __fmul_rn(cf[0], s));
-        acc1 = __fadd_rn(acc1, __fmul_rn(cf[1], s));
+  for (int j = 0; j < G; ++j) acc[j][0] = acc[j][1] = 0.0f;
+  auto compute = [&](const Fp8GemvFrag<G>& f) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const float s = __fmul_rn(f.ws[j], f.xs);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          const uint32_t af[4] = {
+              step == 0 ? f.x[c].x : f.x[c].z, 0u, step == 0 ? f.x[c].y : f.x[c].w, 0u};
+          const uint32_t bf[2] = {step == 0 ? f.w[j][c].x : f.w[j][c].z,
+                                  step == 0 ? f.w[j][c].y : f.w[j][c].w};
+          float cf[4];
+          mma::mma_e4m3(cf, af, bf);
+          acc[j][0] = __fadd_rn(acc[j][0], __fmul_rn(cf[0], s));
+          acc[j][1] = __fadd_rn(acc[j][1], __fmul_rn(cf[1], s));
+        }
+      }
+    }
+  };
+  int64_t kb = kb0 + warp;
+  if (kb < kb1) {
+    Fp8GemvFrag<G> cur;
+    load(kb, cur);
+    compute(cur);
+    // More K blocks (G == 1 only): one at a time. Loading the next one during these MMAs took
+    // 68 instead of 56 registers and made wo_b, wq_a and wkv slower (fewer blocks per SM).
+    if constexpr (G == 1) {
+      for (kb += kMmaWarps; kb < kb1; kb += kMmaWarps) {
+        load(kb, cur);
+        compute(cur);
       }
     }
   }
-  // acc0 / acc1: token g, rows 2t / 2t + 1 of the group.
-  red[warp][g][2 * t] = acc0;
-  red[warp][g][2 * t + 1] = acc1;
+  // acc[j][0] / acc[j][1]: token g, rows 2t / 2t + 1 of group j.
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    red[warp][j][g][2 * t] = acc[j][0];
+    red[warp][j][g][2 * t + 1] = acc[j][1];
+  }
   __syncthreads();
-  if (threadIdx.x < 64) {
+  if constexpr (kCluster) {  // G == 1; cluster rank = blockIdx.y (the cluster spans the splits)
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
     const int tt = threadIdx.x / 8;
     const int rr = threadIdx.x % 8;
+    if (threadIdx.x < 64) {
+      float v = 0.0f;
+      for (int w = 0; w < kMmaWarps; ++w) v = __fadd_rn(v, red[w][0][tt][rr]);
+      part[threadIdx.x] = v;
+    }
+    cluster.sync();  // every block's part written
+    if (blockIdx.y == 0 && threadIdx.x < 64 && tt < p.n) {
+      float v = 0.0f;  // in split order, as fp8_gemv_reduce_kernel
+      for (int q = 0; q < a.splits; ++q)
+        v = __fadd_rn(v, cluster.map_shared_rank(part, q)[threadIdx.x]);
+      float* y = p.y + tt * a.ldy + r0 + rr;
+      *y = p.accumulate ? __fadd_rn(*y, v) : v;
+    }
+    cluster.sync();  // the other blocks' shared memory stays until rank 0 has read it
+    return;
+  }
+  if (threadIdx.x < 64 * G) {
+    const int j = threadIdx.x / 64;
+    const int tt = (threadIdx.x / 8) % 8;
+    const int rr = threadIdx.x % 8;
+    const int64_t row = r0 + 8 * j + rr;
     float v = 0.0f;
-    for (int w = 0; w < kMmaWarps; ++w) v = __fadd_rn(v, red[w][tt][rr]);
-    if (tt < p.n) {
+    for (int w = 0; w < kMmaWarps; ++w) v = __fadd_rn(v, red[w][j][tt][rr]);
+    if (tt < p.n && row < a.rows) {
       if (a.splits == 1) {
-        float* y = p.y + tt * a.ldy + r0 + rr;
+        float* y = p.y + tt * a.ldy + row;
         *y = p.accumulate ? __fadd_rn(*y, v) : v;
       } else {
-        p.scratch[(static_cast<int64_t>(blockIdx.y) * p.n + tt) * a.rows + r0 + rr] = v;
+        p.scratch[(static_cast<int64_t>(blockIdx.y) * p.n + tt) * a.rows + row] = v;
       }
     }
   }
@@ -330,13 +406,19 @@ __global__ void fp8_gemv_reduce_kernel(Fp8GemvArgs a) {
   }
 }
 
-// Blocks along K so that about 528 blocks (4 per SM) run, whole 128-blocks per warp.
-void fp8_gemv_split(int64_t rows, int64_t cols, int64_t* kb_per_block, int* splits) {
-  const int64_t groups = std::max<int64_t>(rows / 8, 1);
+// Blocks along K so that about 528 blocks (4 per SM) run, whole 128-blocks per warp; tall
+// weights whose K blocks fit one per warp take 4 8-row groups per block from 4 x 528 groups on
+// (wq_b at decode: 1,024 blocks instead of 4,096, 19.7 -> 17.8 us under ncu; the indexer's wq_b,
+// 1,024 groups, was slower in blocks of 2).
+void fp8_gemv_split(int64_t rows, int64_t cols, int64_t* kb_per_block, int* splits, int* groups) {
+  const int64_t g8 = std::max<int64_t>(rows / 8, 1);
   const int64_t kb = cols / 128;
-  const int64_t want = std::clamp<int64_t>(ceil_div(528, groups), 1, kb);
+  const int64_t want = std::clamp<int64_t>(ceil_div(528, g8), 1, kb);
   *kb_per_block = ceil_div(kb, want);
   *splits = static_cast<int>(ceil_div(kb, *kb_per_block));
+  *groups = 1;
+  if (*kb_per_block <= kMmaWarps && g8 >= kMaxGemvGroups * 528)
+    *groups = kMaxGemvGroups;
 }
 
 }  // namespace
@@ -385,8 +467,9 @@ bool fp8_gemv_supports(const MatrixRef& w, int64_t row_begin, int64_t rows) {
 int64_t fp8_gemv_scratch_floats(int64_t rows, int64_t cols, int64_t n) {
   int64_t kbpb = 0;
   int splits = 1;
-  fp8_gemv_split(rows, cols, &kbpb, &splits);
-  return splits > 1 ? static_cast<int64_t>(splits) * n * rows : 0;
+  int groups = 1;
+  fp8_gemv_split(rows, cols, &kbpb, &splits, &groups);
+  return splits > kMaxClusterSplits ? static_cast<int64_t>(splits) * n * rows : 0;
 }
 
 Status launch_fp8_gemv(const Fp8GemvParams& p, cudaStream_t stream) {
@@ -410,13 +493,27 @@ Status launch_fp8_gemv(const Fp8GemvParams& p, cudaStream_t stream) {
     return Status();
   if (!p.y || !p.x_codes || !p.x_scales)
     return null_pointer("fp8_gemv");
-  fp8_gemv_split(rows, p.w.cols, &a.kb_per_block, &a.splits);
-  if (a.splits > 1 &&
+  fp8_gemv_split(rows, p.w.cols, &a.kb_per_block, &a.splits, &a.groups);
+  if (a.splits > kMaxClusterSplits &&
       (p.scratch == nullptr || p.scratch_floats < fp8_gemv_scratch_floats(rows, p.w.cols, p.n))) {
     return invalid_argument("fp8_gemv: scratch too small for the K split");
   }
-  const dim3 grid(static_cast<unsigned>(rows / 8), static_cast<unsigned>(a.splits));
-  launch_pdl(fp8_gemv_kernel, grid, kMmaWarps * 32, 0, stream, a);
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows / 8, a.groups)),
+                  static_cast<unsigned>(a.splits));
+  if (a.groups == kMaxGemvGroups) {
+    launch_pdl(fp8_gemv_kernel<kMaxGemvGroups, false>, grid, kMmaWarps * 32, 0, stream, a);
+  } else if (a.splits > 1 && a.splits <= kMaxClusterSplits) {
+    launch_pdl_cluster(fp8_gemv_kernel<1, true>,
+                       grid,
+                       kMmaWarps * 32,
+                       0,
+                       stream,
+                       dim3(1, static_cast<unsigned>(a.splits), 1),
+                       a);
+    return launched("fp8_gemv launch");
+  } else {
+    launch_pdl(fp8_gemv_kernel<1, false>, grid, kMmaWarps * 32, 0, stream, a);
+  }
   DSI_RETURN_IF_ERROR(launched("fp8_gemv launch"));
   if (a.splits > 1) {
     const int64_t total = p.n * rows;

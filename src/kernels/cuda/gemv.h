@@ -55,8 +55,9 @@ Status launch_gemv_fp8(const GemvFp8Params& p, cudaStream_t stream);
 // the FP8 tensor-core MMA (8 weight rows x 8 tokens per warp, K split over warps and blocks so
 // that small weights still fill the GPU): per 32-wide K step an MMA from zero, times weight scale
 // x activation scale, added in K order; then the warps' and blocks' partials in a fixed order.
-// A token's result does not depend on n. Needs scratch (fp8_gemv_scratch_floats) when K is split
-// over blocks.
+// A token's result does not depend on n. K split over up to 8 blocks: one thread-block cluster
+// per row group, summed through distributed shared memory; over more blocks (small weights) it
+// needs scratch (fp8_gemv_scratch_floats).
 struct Fp8GemvParams {
   MatrixRef w;
   int64_t row_begin = 0;

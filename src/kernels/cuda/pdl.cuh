@@ -60,4 +60,31 @@ void launch_pdl(void (*kernel)(Params...),
   (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...);
 }
 
+// launch_pdl with thread-block clusters of `cluster` blocks (cudaLaunchAttributeClusterDimension);
+// grid must be a multiple of cluster in every dimension.
+template <typename... Params, typename... Args>
+void launch_pdl_cluster(void (*kernel)(Params...),
+                        dim3 grid,
+                        dim3 block,
+                        size_t smem,
+                        cudaStream_t stream,
+                        dim3 cluster,
+                        Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster.x;
+  attr[0].val.clusterDim.y = cluster.y;
+  attr[0].val.clusterDim.z = cluster.z;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...);
+}
+
 }  // namespace dsinfer::cuda
