@@ -195,6 +195,10 @@ __global__ void __launch_bounds__(kDmmaWarps * 32) hc_mix_dmma_kernel(DmmaArgs a
   const int steps = static_cast<int>(cps / 16);
   const bool pend = a.pending.f != nullptr;
   const int64_t stride = kSplits * (a.rows + 1);
+  // Blocks z > 0 (few tokens: the mixing rows split over blocks) take rows zr .. zr + kR - 1; the
+  // pending post's output and the sum of squares are written by blocks z = 0 only.
+  const int zr = static_cast<int>(blockIdx.z) * kR;
+  const bool z0 = blockIdx.z == 0;
   for (int64_t t0 = static_cast<int64_t>(blockIdx.y) * kDmmaTokens; t0 < a.n;
        t0 += static_cast<int64_t>(gridDim.y) * kDmmaTokens) {
     double acc[2][NT][2];
@@ -228,8 +232,9 @@ __global__ void __launch_bounds__(kDmmaWarps * 32) hc_mix_dmma_kernel(DmmaArgs a
                     elem(xv[0], i), elem(xv[1], i), elem(xv[2], i), elem(xv[3], i)};
                 v[m][k][i] = post_elem<4>(4, pk, elem(fv, i), comb, k, xj);
               }
-              *reinterpret_cast<float4*>(a.pending.x_out + t * width + k * hidden + c) =
-                  make_float4(v[m][k][0], v[m][k][1], v[m][k][2], v[m][k][3]);
+              if (z0)
+                *reinterpret_cast<float4*>(a.pending.x_out + t * width + k * hidden + c) =
+                    make_float4(v[m][k][0], v[m][k][1], v[m][k][2], v[m][k][3]);
             }
           } else {
 #pragma unroll
@@ -256,7 +261,7 @@ __global__ void __launch_bounds__(kDmmaWarps * 32) hc_mix_dmma_kernel(DmmaArgs a
         float4 w[NT];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const int r = nt * 8 + g8;
+          const int r = zr + nt * 8 + g8;
           w[nt] = r < a.rows ? ld4(a.fn + r * width + j * hidden + c) : make_float4(0, 0, 0, 0);
         }
 #pragma unroll
@@ -288,17 +293,20 @@ __global__ void __launch_bounds__(kDmmaWarps * 32) hc_mix_dmma_kernel(DmmaArgs a
     }
     __syncthreads();
     const int per = a.rows + 1;
-    for (int e = threadIdx.x; e < kDmmaTokens * per; e += blockDim.x) {
-      const int tok = e / per;
-      const int r = e % per;
+    const int lrows = min(kR, a.rows - zr);  // this block's rows
+    const int lper = lrows + (z0 ? 1 : 0);   // and the sum of squares on blocks z = 0
+    for (int e = threadIdx.x; e < kDmmaTokens * lper; e += blockDim.x) {
+      const int tok = e / lper;
+      const int lr = e % lper;
       const int64_t t = t0 + tok;
       if (t >= a.n)
         continue;
-      const int col = r == a.rows ? kR : r;
+      const bool sq = lr == lrows;
+      const int col = sq ? kR : lr;
       double sum = 0.0;
 #pragma unroll
       for (int w = 0; w < kDmmaWarps; ++w) sum += red[w][tok][col];
-      a.scratch[t * stride + blockIdx.x * per + r] = sum;
+      a.scratch[t * stride + blockIdx.x * per + (sq ? a.rows : zr + lr)] = sum;
     }
     __syncthreads();
   }
@@ -326,9 +334,17 @@ Status launch_mix(const float* fn,
     // At most kDmmaMaxGroups token groups per slice: a block then walks several groups and reads
     // its 96 KB fn slice from L1 after the first (one group per block read it from L2 each time:
     // as many bytes as the streams themselves).
-    const dim3 grid(static_cast<unsigned>(kSplits),
-                    static_cast<unsigned>(std::min(ceil_div(n, kDmmaTokens), kDmmaMaxGroups)));
+    const int64_t groups = std::min(ceil_div(n, kDmmaTokens), kDmmaMaxGroups);
     const int nt = (rows + 7) / 8;
+    // Few tokens (decode): each 8-row tile of the mixing rows on blocks of its own (3x the blocks
+    // of hc_pre's 24 rows, a third of the FP64 MMAs each); every row's sums are unchanged.
+    if (nt > 1 && groups * kSplits < sm_count()) {
+      const dim3 grid(
+          static_cast<unsigned>(kSplits), static_cast<unsigned>(groups), static_cast<unsigned>(nt));
+      launch_pdl(hc_mix_dmma_kernel<1>, grid, kDmmaWarps * 32, 0, stream, a);
+      return launched("hc_mix launch");
+    }
+    const dim3 grid(static_cast<unsigned>(kSplits), static_cast<unsigned>(groups));
     if (nt == 1) {
       launch_pdl(hc_mix_dmma_kernel<1>, grid, kDmmaWarps * 32, 0, stream, a);
     } else if (nt == 2) {
