@@ -708,6 +708,8 @@ TEST_F(GpuTest, MoeExpertGemvMatchesCpu) {
   // Enough tiles (>= 32) for the whole-row form (each warp 16 rows over all of K).
   run_moe(40, 64, 6, 384, 256, false, true, 4, seed += 500, true, false, true);
   run_moe(5, 7, 2, 96, 160, true, true, 3, seed += 500, true, false, true);  // tile fallback
+  // 19 tiles on grids of more than one wave: several row groups per block (gate/up 2, down 2).
+  run_moe(5, 16, 6, 640, 512, false, true, 4, seed += 500, true, false, true);
   if (!small_mode()) {
     run_moe(1, 256, 6, 4096, 2048, false, true, 8, seed += 500, true, false, true);
     run_moe(64, 256, 6, 4096, 2048, false, true, 8, seed += 500, true, false, true);

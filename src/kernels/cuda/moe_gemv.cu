@@ -520,10 +520,6 @@ __global__ void gemv_check_kernel(
     atomicAdd(bad, count);
 }
 
-// Row groups per block: one for a few tiles (decode at small batches: every block a separate
-// SM's worth of latency), more when the tiles alone give the GPU many blocks.
-constexpr int64_t kGroupedFromTiles = 32;
-
 // From this many tiles (pairs in 8-token tiles, per expert) each warp takes whole rows: the
 // GPU has enough blocks without splitting K, and the warps skip the reduction's barriers (which
 // held a quarter of the warps' cycles at batch 64). Below, four warps share each row's K.
@@ -542,12 +538,20 @@ Status launch_mode(const Fp8ExpertFfnParams& p, int64_t tiles, int gu, int gd, c
   return launched("expert_gemv down launch");
 }
 
+// Row groups per block for few tiles: as many as keep the grid within one wave of `per_sm`
+// blocks per SM (batch 1: gate/up 768 blocks of one group at 4 per SM ran as 1.45 waves, each
+// block paying the tile prologue; two groups per block make it 384 blocks and one wave).
+int64_t groups_for_one_wave(int64_t rows, int64_t tiles, int per_sm) {
+  const int64_t blocks = ceil_div(rows, kWarpRows) * tiles;
+  return std::max<int64_t>(1, ceil_div(blocks, static_cast<int64_t>(sm_count()) * per_sm));
+}
+
 template <Fmt F>
 Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
   if (tiles >= kWholeRowsFromTiles)
     return launch_mode<F, true>(p, tiles, 1, 1, s);
-  const int gu = tiles >= kGroupedFromTiles ? 2 : 1;
-  const int gd = tiles >= kGroupedFromTiles ? 4 : 1;
+  const auto gu = static_cast<int>(groups_for_one_wave(p.inter, tiles, kGateUpMinBlocks));
+  const auto gd = static_cast<int>(groups_for_one_wave(p.hidden, tiles, kDownMinBlocks));
   return launch_mode<F, false>(p, tiles, gu, gd, s);
 }
 
