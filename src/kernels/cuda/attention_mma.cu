@@ -911,9 +911,12 @@ Status launch_indexer_di(const IndexerScoreParams& p, cudaStream_t stream) {
 int64_t sink_attention_splits(int64_t nq) {
   if (nq <= 0)
     return 1;
-  // Enough blocks for the 132 SMs of an H200 at small batches (each split stages all of q, so
-  // at most kMaxSplits); one block per query otherwise.
-  return std::clamp<int64_t>(264 / nq, 1, kMaxSplits);
+  // About 128 blocks at small batches, at most 16 splits (each split stages all of q and writes
+  // 64 x 512 fp32 partials for the merge); one block per query from 128 queries on. Swept in one
+  // device call (twelfth session, decode at 8k context): 264 blocks / 32 splits, 128 / 16 and
+  // 64 / 16 gave 1.419 / 1.401 / 1.428 ms at batch 1, 2.462 / 2.416 / 2.412 at 4, 4.277 / 4.141 /
+  // 4.148 at 16 and 7.340 / 7.221 / 7.318 at 64.
+  return std::clamp<int64_t>(128 / nq, 1, 16);
 }
 
 int64_t sink_attention_scratch_floats(int64_t nq, int64_t heads, int64_t dim) {
