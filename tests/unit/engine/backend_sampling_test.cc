@@ -6,6 +6,7 @@
 // the fallbacks (top_logprobs, shared-prompt choices) and preemption.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -425,6 +426,11 @@ class WarmupModel final : public UniformStepsModel {
   }
   int64_t shape_warmups() const override { return warmups_; }
   const char* name() const override { return "cpu+warmups"; }
+  // Forwards of `batch` sequences x `tokens` that were not warm-ups.
+  int64_t steady_calls(size_t batch, size_t tokens) const {
+    const auto it = seen_.find({batch, tokens});
+    return it == seen_.end() ? 0 : std::max(it->second - 2, 0);
+  }
 
  private:
   std::map<std::pair<size_t, size_t>, int> seen_;
@@ -454,15 +460,19 @@ TEST(BackendSampling, AutoDoesNotLearnFromShapeWarmups) {
   EXPECT_GT(m->shape_warmups(), 0);
   const spec::StepCost* cost = (*e)->step_cost();
   ASSERT_NE(cost, nullptr);
+  // Every recorded step ran a steady forward: at batch 1 and depth d the forward is 1 x (d + 1)
+  // tokens (off and depth 0 both 1 x 1), so a shape's recorded steps are at most its forwards
+  // that were not warm-ups (prefills of as many tokens can only add to those). This holds however
+  // slow the machine is; the step times themselves do not (a loaded CI machine took 0.47-1.25 s
+  // per reference step where an idle one takes ~0.15 s).
   int64_t measured = 0;
-  for (int64_t b = 1; b <= 1; ++b) {
-    for (int32_t d = -1; d <= cost->max_k(); ++d) {
-      measured += cost->measured(b, d);
-      // A reference CPU step of the mini model takes up to ~0.15 s; a counted warm-up adds 0.3.
-      if (cost->measured(b, d) > 0) {
-        EXPECT_LT(cost->step_s(b, d), 0.25) << "batch " << b << " depth " << d;
-      }
-    }
+  for (int32_t d = -1; d <= cost->max_k(); ++d) {
+    measured += cost->measured(1, d);
+    if (d == 0)
+      continue;  // counted with off below
+    const size_t tokens = static_cast<size_t>(std::max(d, 0) + 1);
+    const int64_t recorded = cost->measured(1, d) + (d == -1 ? cost->measured(1, 0) : 0);
+    EXPECT_LE(recorded, m->steady_calls(1, tokens)) << "depth " << d;
   }
   EXPECT_GT(measured, 0);
 }
