@@ -39,7 +39,40 @@ inline bool pdl_enabled() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute
-// (where enabled). Errors are left for the caller's launched() check (cudaGetLastError).
+// (where enabled) and, with cluster.x > 0, thread-block clusters of that shape. Errors are left
+// for the caller's launched() check (cudaGetLastError).
+template <typename... Params, typename... Args>
+void launch_pdl_ex(void (*kernel)(Params...),
+                   dim3 grid,
+                   dim3 block,
+                   size_t smem,
+                   cudaStream_t stream,
+                   dim3 cluster,
+                   Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster.x > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...);
+}
+
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...),
                 dim3 grid,
@@ -47,21 +80,11 @@ void launch_pdl(void (*kernel)(Params...),
                 size_t smem,
                 cudaStream_t stream,
                 Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...);
+  launch_pdl_ex(kernel, grid, block, smem, stream, dim3(0, 0, 0), std::forward<Args>(args)...);
 }
 
-// launch_pdl with thread-block clusters of `cluster` blocks (cudaLaunchAttributeClusterDimension);
-// grid must be a multiple of cluster in every dimension.
+// launch_pdl with thread-block clusters of `cluster` blocks; grid must be a multiple of cluster in
+// every dimension.
 template <typename... Params, typename... Args>
 void launch_pdl_cluster(void (*kernel)(Params...),
                         dim3 grid,
@@ -70,21 +93,7 @@ void launch_pdl_cluster(void (*kernel)(Params...),
                         cudaStream_t stream,
                         dim3 cluster,
                         Args&&... args) {
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...);
+  launch_pdl_ex(kernel, grid, block, smem, stream, cluster, std::forward<Args>(args)...);
 }
 
 }  // namespace dsinfer::cuda
