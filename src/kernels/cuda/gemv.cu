@@ -25,15 +25,25 @@ __device__ __forceinline__ float bf16_hi(uint32_t v) {
   return __uint_as_float(v & 0xffff0000u);
 }
 
-template <int N, int R>
+// S > 1: the block's warps are 8 / S row slots x S contiguous parts of K (a short weight's rows
+// over S times the warps: the router's 256 rows ran on 32 blocks); the parts' sums are added in
+// part order through shared memory. S = 1: each warp its R rows over all of K.
+template <int N, int R, int S>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_bf16_kernel(GemvParams p, int64_t ldx, int64_t ldy) {
   pdl_begin();
+  static_assert(kWarps % S == 0 && (S == 1 || R * N <= 32), "gemv_bf16 split");
+  __shared__ float part[S > 1 ? kWarps : 1][S > 1 ? R * N : 1];
   const int lane = threadIdx.x & 31;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
-  if (r0 >= p.w.rows)
-    return;  // warp-uniform
+  const int warp = threadIdx.x >> 5;
+  const int slot = warp / S;  // row slot of the block
+  const int q = warp % S;     // part of K
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * (kWarps / S) + slot) * R;
+  if (S == 1 && r0 >= p.w.rows)
+    return;  // warp-uniform (S > 1: every warp reaches the barrier below)
   const int64_t K = p.w.cols;
+  const int64_t kq = S == 1 ? K : (K / 8 + S - 1) / S * 8;  // K % 8 == 0 (gemv_supports)
+  const int64_t k_end = S == 1 ? K : min(K, (q + 1) * kq);
   const uint16_t* w = static_cast<const uint16_t*>(p.w.data);
   float acc[R][N];
 #pragma unroll
@@ -41,7 +51,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int t = 0; t < N; ++t) acc[i][t] = 0.0f;
 #pragma unroll 4  // several 16-byte loads in flight per lane; the sums keep their order
-  for (int64_t k = static_cast<int64_t>(lane) * 8; k < K; k += 256) {
+  for (int64_t k = q * kq + static_cast<int64_t>(lane) * 8; k < k_end; k += 256) {
     uint4 wv[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) {
@@ -78,6 +88,26 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
       acc[i][t] = v;
     }
+  if constexpr (S > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int t = 0; t < N; ++t) part[warp][i * N + t] = acc[i][t];
+    }
+    __syncthreads();
+    if (q != 0 || r0 >= p.w.rows)
+      return;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        float v = part[warp][i * N + t];
+#pragma unroll
+        for (int j = 1; j < S; ++j) v = __fadd_rn(v, part[warp + j][i * N + t]);
+        acc[i][t] = v;
+      }
+  }
   if (lane < R * N) {  // lane (i, t) stores one output
     const int i = lane / N;
     const int t = lane % N;
@@ -96,18 +126,37 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Rows per warp: 4 for long weights (the LM head), 1 for short ones (router, compressors: 256 to
-// 1024 rows would otherwise run on a few blocks). Each (row, token) sum is the same either way.
+// Rows per warp: 4 for long weights (the LM head); for short ones (router, compressors, indexer:
+// 256 to 1024 rows would otherwise run on a few blocks) one row per warp and, from K = 1024 on,
+// K in 4 parts over 4 warps. A (row, token) sum does not depend on the token count.
+constexpr int kBf16Parts = 4;
+
 template <int N>
 Status launch_n(const GemvParams& p, int64_t ldx, int64_t ldy, cudaStream_t s) {
-  if (p.w.rows < 4096) {
+  if (p.w.rows < 4096 && p.w.cols >= 1024) {
+    const int64_t blocks = ceil_div(p.w.rows, kWarps / kBf16Parts);
+    launch_pdl(gemv_bf16_kernel<N, 1, kBf16Parts>,
+               static_cast<unsigned>(blocks),
+               kWarps * 32,
+               0,
+               s,
+               p,
+               ldx,
+               ldy);
+  } else if (p.w.rows < 4096) {
     const int64_t blocks = ceil_div(p.w.rows, kWarps);
     launch_pdl(
-        gemv_bf16_kernel<N, 1>, static_cast<unsigned>(blocks), kWarps * 32, 0, s, p, ldx, ldy);
+        gemv_bf16_kernel<N, 1, 1>, static_cast<unsigned>(blocks), kWarps * 32, 0, s, p, ldx, ldy);
   } else {
     const int64_t blocks = ceil_div(p.w.rows, kRows * kWarps);
-    launch_pdl(
-        gemv_bf16_kernel<N, kRows>, static_cast<unsigned>(blocks), kWarps * 32, 0, s, p, ldx, ldy);
+    launch_pdl(gemv_bf16_kernel<N, kRows, 1>,
+               static_cast<unsigned>(blocks),
+               kWarps * 32,
+               0,
+               s,
+               p,
+               ldx,
+               ldy);
   }
   return launched("gemv_bf16 launch");
 }
