@@ -22,6 +22,18 @@ int64_t bucket(int64_t v) {
   return b;
 }
 
+// Fixed-shape passes (graph-replayed steps) size their per-sequence arrays for every padded
+// sequence and their page lists and key lists by bounds that move only by powers of two, so that
+// the plan's layout -- part of the graph's key -- stays the same from step to step: as a short
+// context grows (window keys up to the window, a sequence's first entry pages) and as the
+// sequences of a padded batch finish (the bundled model's speculative decode met a new layout at
+// most steps of a wave's tail; twelfth session). Padding entries are never read.
+template <typename T>
+void pad_to(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n)
+    v.resize(static_cast<size_t>(n), T{});
+}
+
 // The compressor of one layer over every span: candidate references of the entries that close
 // in this pass (rows before the pass from the ring, rows of the pass from the local buffer),
 // then the metadata appends. `index` selects the indexer compressor.
@@ -133,6 +145,10 @@ void plan_pass(const PlanContext& ctx,
   }
   if (span_pos.empty())
     span_pos.assign(2, 0);
+  // Fixed shape: every span L rows, rows = the padded sequence count x L.
+  const int64_t seq_pad =
+      ctx.fixed_shape && !spans.empty() ? rows / std::max<int64_t>(spans.front().n, 1) : 0;
+  pad_to(span_pos, 2 * seq_pad);
   out->row_span = pack.add(row_span);
   out->span_pos = pack.add(span_pos);
 
@@ -165,6 +181,8 @@ void plan_pass(const PlanContext& ctx,
     std::vector<int64_t> entry_page_begin(static_cast<size_t>(rows), 0);
     std::vector<int64_t> visible(static_cast<size_t>(rows), 0);
     int64_t max_visible = 0;
+    int64_t max_hca = 0;    // HCA entries of a row
+    int64_t max_pages = 1;  // entry (and index key) pages of a sequence
     int64_t next_row = 0;
     int64_t nkeys = 0;
     auto close_rows_until = [&](int64_t r) {  // padding rows: no keys (CSA: unused slots)
@@ -194,6 +212,9 @@ void plan_pass(const PlanContext& ctx,
         hca_page_begin.push_back(static_cast<int32_t>(hca_pages.size()));
         hca_pages.insert(hca_pages.end(), ls.entries.pages().begin(), ls.entries.pages().end());
       }
+      max_pages = std::max<int64_t>({max_pages,
+                                     static_cast<int64_t>(ls.entries.pages().size()),
+                                     static_cast<int64_t>(ls.index_keys.pages().size())});
       const int64_t ipb = static_cast<int64_t>(index_pages.size());
       const int64_t epb = static_cast<int64_t>(entry_pages.size());
       if (csa) {
@@ -207,6 +228,7 @@ void plan_pass(const PlanContext& ctx,
         nkeys += std::min<int64_t>(p0 + 1, window);
         if (hca) {
           nkeys += (p0 + 1) / plan.compress_ratio;
+          max_hca = std::max(max_hca, (p0 + 1) / plan.compress_ratio);
         } else if (csa) {
           const int64_t vis = (p0 + 1) / plan.compress_ratio;
           visible[static_cast<size_t>(r)] = vis;
@@ -224,7 +246,22 @@ void plan_pass(const PlanContext& ctx,
     }
     close_rows_until(rows);
     lp.key_begin = pack.add(key_begin);
-    lp.key_refs = pack.reserve_device<int64_t>(std::max<int64_t>(nkeys, 1));
+    int64_t key_room = nkeys;
+    if (ctx.fixed_shape) {  // every row: the whole window, the HCA entries' bucket, the top-k
+      const int64_t per_row = window + (hca ? bucket(max_hca) : 0) + (csa ? c.index_topk : 0);
+      DSI_CHECK(nkeys <= rows * per_row, "fixed-shape key bound");
+      key_room = rows * per_row;
+      const int64_t page_room = seq_pad * pow2_at_least(max_pages);
+      const int64_t ring_room =
+          seq_pad * static_cast<int64_t>(ring_pages.size() / std::max<size_t>(spans.size(), 1));
+      pad_to(ring_pages, ring_room);
+      pad_to(ring_page_begin, seq_pad);
+      pad_to(hca_pages, hca ? page_room : 0);
+      pad_to(hca_page_begin, hca ? seq_pad : 0);
+      pad_to(index_pages, csa ? page_room : 0);
+      pad_to(entry_pages, csa ? page_room : 0);
+    }
+    lp.key_refs = pack.reserve_device<int64_t>(std::max<int64_t>(key_room, 1));
     if (ring_pages.empty())
       ring_pages.push_back(0);
     if (ring_page_begin.empty())

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -278,6 +279,82 @@ TEST(ForwardPlan, PlansADecodeStepOf64SequencesAt8kContext) {
       static_cast<double>(pack.host_bytes()) / 1e6,
       best_ms);
   EXPECT_LT(best_ms, 200.0);  // loose: a shared CI core; the device run reports the real gap
+}
+
+// A fixed-shape pass (a graph-replayed step) keeps one layout, and so one graph key, while a
+// short context grows past the window and while the sequences of a padded batch finish: for the
+// bundled model, batches of 33 to 64 sequences (padded to 64) over 48 tokens from a 32-token
+// context give one layout per tokens-per-sequence L (11 layouts before the fixed-shape bounds).
+// The padded arrays change no key: every real row's window keys address its sequence's ring
+// slots and every HCA key its sequence's entries.
+TEST(ForwardPlan, FixedShapeLayoutHoldsAsContextsGrowAndBatchesShrink) {
+  auto ck = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const model::ModelConfig& c = (*ck)->config();
+  auto arena = state::PageArena::growable(state::default_page_bytes(c));
+  const int64_t ctx_len = 32, pad = 64;
+  for (int64_t L : {1, 3}) {
+    std::set<std::vector<int64_t>> layouts;
+    for (int64_t batch : {33, 47, 64}) {
+      SCOPED_TRACE("L " + std::to_string(L) + " batch " + std::to_string(batch));
+      PlanContext pc;
+      pc.config = &c;
+      pc.page_floats = arena->page_floats();
+      HostPack pack;
+      PassPlan plan;
+      std::vector<std::unique_ptr<state::SequenceState>> seqs;
+      const std::vector<int32_t> prompt = ids(static_cast<int>(ctx_len), 4);
+      for (int64_t i = 0; i < batch; ++i) {
+        seqs.push_back(std::make_unique<state::SequenceState>(c, arena.get(), i, 4));
+        ASSERT_TRUE(seqs.back()->reserve(ctx_len));
+        pack.clear();
+        plan_pass(
+            pc, {SeqSpan{seqs.back().get(), 0, ctx_len, 0, false}}, prompt, ctx_len, pack, &plan);
+        seqs.back()->advance(ctx_len);
+      }
+      pc.fixed_shape = true;
+      for (int64_t step = 0; step < 48 / L; ++step) {
+        std::vector<SeqSpan> spans;
+        for (int64_t i = 0; i < batch; ++i) {
+          ASSERT_TRUE(seqs[i]->reserve(L));
+          spans.push_back(SeqSpan{seqs[i].get(), seqs[i]->num_tokens(), L, i * L, false});
+        }
+        pack.clear();
+        plan_pass(pc, spans, ids(static_cast<int>(pad * L), 5), pad * L, pack, &plan);
+        pack.layout(true);
+        std::vector<int64_t> key = pack.layout_key();
+        for (const LayerPass& lp : plan.layers) key.push_back(lp.visible_room);
+        layouts.insert(key);
+        for (size_t l = 0; l < c.layers.size(); ++l) {
+          const LayerPass& lp = plan.layers[l];
+          const auto begin = pack.read<int64_t>(lp.key_begin);
+          const auto keys = expand_keys_host(pc, pack, plan, l);
+          for (int64_t i = 0; i < batch; ++i) {
+            const state::LayerState& ls = seqs[i]->layers()[l];
+            const int64_t first = seqs[i]->num_tokens();
+            for (int64_t t = 0; t < L; ++t) {
+              const int64_t r = i * L + t, p0 = first + t;
+              int64_t j = begin[r];
+              for (int64_t p = std::max<int64_t>(0, p0 - c.sliding_window + 1); p <= p0; ++p, ++j) {
+                if (p < first) {
+                  ASSERT_EQ(keys[j], ls.ring.pool_offset(p % ls.ring_capacity))
+                      << "layer " << l << " sequence " << i << " window key " << p;
+                }
+              }
+              if (c.layers[l].attention == AttentionType::kHca) {
+                for (int64_t w = 0; w < (p0 + 1) / c.layers[l].compress_ratio; ++w, ++j) {
+                  ASSERT_EQ(keys[j], ls.entries.pool_offset(w))
+                      << "layer " << l << " sequence " << i << " entry " << w;
+                }
+              }
+            }
+          }
+        }
+        for (auto& st : seqs) st->advance(L);
+      }
+    }
+    EXPECT_EQ(layouts.size(), 1u) << "L " << L;
+  }
 }
 
 }  // namespace
