@@ -39,16 +39,17 @@ inline bool pdl_enabled() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute
-// (where enabled) and, with cluster.x > 0, thread-block clusters of that shape. Errors are left
-// for the caller's launched() check (cudaGetLastError).
+// (where enabled) and, with cluster.x > 0, thread-block clusters of that shape (grid a multiple of
+// cluster in every dimension). Errors are left for the caller's launched() check
+// (cudaGetLastError).
 template <typename... Params, typename... Args>
-void launch_pdl_ex(void (*kernel)(Params...),
-                   dim3 grid,
-                   dim3 block,
-                   size_t smem,
-                   cudaStream_t stream,
-                   dim3 cluster,
-                   Args&&... args) {
+void launch_pdl_cluster(void (*kernel)(Params...),
+                        dim3 grid,
+                        dim3 block,
+                        size_t smem,
+                        cudaStream_t stream,
+                        dim3 cluster,
+                        Args&&... args) {
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
   if (cluster.x > 0) {
@@ -73,6 +74,7 @@ void launch_pdl_ex(void (*kernel)(Params...),
   (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(std::forward<Args>(args))...);
 }
 
+// launch_pdl_cluster without clusters.
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...),
                 dim3 grid,
@@ -80,20 +82,7 @@ void launch_pdl(void (*kernel)(Params...),
                 size_t smem,
                 cudaStream_t stream,
                 Args&&... args) {
-  launch_pdl_ex(kernel, grid, block, smem, stream, dim3(0, 0, 0), std::forward<Args>(args)...);
-}
-
-// launch_pdl with thread-block clusters of `cluster` blocks; grid must be a multiple of cluster in
-// every dimension.
-template <typename... Params, typename... Args>
-void launch_pdl_cluster(void (*kernel)(Params...),
-                        dim3 grid,
-                        dim3 block,
-                        size_t smem,
-                        cudaStream_t stream,
-                        dim3 cluster,
-                        Args&&... args) {
-  launch_pdl_ex(kernel, grid, block, smem, stream, cluster, std::forward<Args>(args)...);
+  launch_pdl_cluster(kernel, grid, block, smem, stream, dim3(0, 0, 0), std::forward<Args>(args)...);
 }
 
 }  // namespace dsinfer::cuda
