@@ -174,11 +174,15 @@ __device__ __forceinline__ void e4m3x4_to_f32(uint32_t v, float* out) {
 }
 
 // Rows r of [0, groups * rows): weight row r, x columns from (r / rows) * group_x, y column
-// (r / rows) * group_y + r % rows. Lane l takes the 16 values at k = 16 l + 512 j.
-template <int N>
+// (r / rows) * group_y + r % rows. Lane l takes the 16 values at k = 16 l + 512 j. SharedX (rows a
+// multiple of kRows, so a warp's rows lie in one group, and at most 2 tokens): each K step loads
+// the tokens' x values once for the warp's rows, not once per row (wo_a at decode waited on 16 x
+// loads per 4 weight loads).
+template <int N, bool SharedX>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_fp8_kernel(GemvFp8Params p, int64_t rows, int64_t ldx, int64_t ldy) {
   pdl_begin();
+  static_assert(!SharedX || N <= 2, "gemv_fp8: shared x holds at most 2 tokens");
   const int lane = threadIdx.x & 31;
   const int64_t total = p.groups * rows;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
@@ -221,6 +225,37 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     if (k + 512 < K)
       load(k + 512);
+    if constexpr (SharedX) {
+      float4 xv[N][4];
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(p.x + t * ldx + xoff[0] + k);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          xv[t][q] = t < p.n ? __ldg(xp + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        float wf[16];
+        e4m3x4_to_f32(wv[i].x, wf);
+        e4m3x4_to_f32(wv[i].y, wf + 4);
+        e4m3x4_to_f32(wv[i].z, wf + 8);
+        e4m3x4_to_f32(wv[i].w, wf + 12);
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+          float part = 0.0f;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            part = fmaf(wf[4 * q], xv[t][q].x, part);
+            part = fmaf(wf[4 * q + 1], xv[t][q].y, part);
+            part = fmaf(wf[4 * q + 2], xv[t][q].z, part);
+            part = fmaf(wf[4 * q + 3], xv[t][q].w, part);
+          }
+          acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(part, sc[i]));
+        }
+      }
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       float wf[16];
@@ -277,8 +312,29 @@ template <int N>
 Status launch_fp8_n(
     const GemvFp8Params& p, int64_t rows, int64_t ldx, int64_t ldy, cudaStream_t s) {
   const int64_t blocks = ceil_div(p.groups * rows, kRows * kWarps);
-  launch_pdl(
-      gemv_fp8_kernel<N>, static_cast<unsigned>(blocks), kWarps * 32, 0, s, p, rows, ldx, ldy);
+  if constexpr (N <= 2) {
+    if (rows % kRows == 0) {
+      launch_pdl(gemv_fp8_kernel<N, true>,
+                 static_cast<unsigned>(blocks),
+                 kWarps * 32,
+                 0,
+                 s,
+                 p,
+                 rows,
+                 ldx,
+                 ldy);
+      return launched("gemv_fp8 launch");
+    }
+  }
+  launch_pdl(gemv_fp8_kernel<N, false>,
+             static_cast<unsigned>(blocks),
+             kWarps * 32,
+             0,
+             s,
+             p,
+             rows,
+             ldx,
+             ldy);
   return launched("gemv_fp8 launch");
 }
 
