@@ -164,6 +164,15 @@ class Model {
   // How many forwards and drafting steps so far ran a shape for the first times (CUDA: eagerly,
   // then captured into a graph): one-time costs that a step-time measurement must not count.
   virtual int64_t shape_warmups() const { return 0; }
+  // Whether a fixed-shape step of `batch` sequences x `tokens_per_seq` tokens each would replay
+  // what an earlier one prepared (CUDA: a captured graph of that padded batch and length) rather
+  // than run a shape for the first times. A speculating engine that picks its depth per step
+  // prefers a warm depth to a cold one that would gain little. True where nothing is prepared.
+  virtual bool fixed_shape_warm(int64_t batch, int64_t tokens_per_seq) const {
+    (void)batch;
+    (void)tokens_per_seq;
+    return true;
+  }
   // MTP drafting for several sequences (per-item errors in item.status). Backends without it
   // report can_draft() false and the engine does not speculate.
   virtual bool can_draft() const { return false; }

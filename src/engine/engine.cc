@@ -742,9 +742,15 @@ int32_t Engine::auto_depth(int64_t b) {
   rates_.resize(static_cast<size_t>(spec_.k));
   for (int32_t d = 0; d < spec_.k; ++d)
     rates_[static_cast<size_t>(d)] = predictor_->position_rate(d);
-  // The steady form on a backend that replays graphs per shape (a new depth costs captures).
-  return model_->prefers_uniform_steps() ? cost_->choose_steady(b, rates_)
-                                         : cost_->choose(b, rates_);
+  if (!model_->prefers_uniform_steps())
+    return cost_->choose(b, rates_);
+  // The steady form on a backend that replays graphs per shape (a new depth costs captures),
+  // preferring depths whose shape the backend has prepared. Depth d verifies d + 1 tokens per
+  // sequence.
+  warm_.assign(static_cast<size_t>(spec_.k) + 1, 1);
+  for (int32_t d = 1; d <= spec_.k; ++d)
+    warm_[static_cast<size_t>(d)] = model_->fixed_shape_warm(b, d + 1) ? 1 : 0;
+  return cost_->choose_warm(b, rates_, warm_);
 }
 
 // A chunk that decodes one token of a running request (the pending token: its last output).

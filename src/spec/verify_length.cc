@@ -313,6 +313,32 @@ int32_t StepCost::choose_steady(int64_t b, std::span<const double> accept) {
   return d;
 }
 
+int32_t StepCost::choose_warm(int64_t b,
+                              std::span<const double> accept,
+                              std::span<const uint8_t> warm) {
+  const int32_t d = choose_steady(b, accept);
+  auto is_warm = [&](int32_t depth) {
+    return static_cast<size_t>(depth) >= warm.size() || warm[static_cast<size_t>(depth)] != 0;
+  };
+  // An exploring pick (not the best) runs as chosen: only steps run at a depth measure it, and a
+  // depth never run would stay cold.
+  if (b < 1 || d < 1 || is_warm(d) || d != best_depth(b, accept))
+    return d;
+  const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
+  const double cold_rate = rate(b, d, accept);
+  int32_t pick = d;
+  double pick_rate = 0.0;
+  for (int32_t w = 1; w <= top; ++w) {
+    const double r = rate(b, w, accept);
+    if (w != d && is_warm(w) && r >= (1.0 - kCold) * cold_rate && r > pick_rate) {
+      pick = w;
+      pick_rate = r;
+    }
+  }
+  last_[static_cast<size_t>(bucket(b))] = pick;
+  return pick;
+}
+
 AcceptancePredictor::AcceptancePredictor(int32_t max_k)
     : pos_accepted_(static_cast<size_t>(std::max(max_k, 1)), 0.0),
       pos_verified_(static_cast<size_t>(std::max(max_k, 1)), 0.0) {}

@@ -103,6 +103,16 @@ class StepCost {
   // choice per bucket.
   int32_t choose_steady(int64_t b, std::span<const double> accept);
   static constexpr double kStay = 0.05;
+  // choose_steady, except that where it picks the best depth d >= 1 (not an exploring pick: only
+  // steps run at a depth measure it) and d is cold (warm[d] == 0: the backend has not prepared
+  // that step's shape, so the step would run it eagerly and capture it, 2-5 ms against ~2 ms
+  // replayed on the bundled model's H200 runs) and a warm speculating depth has at least
+  // (1 - kCold) of d's predicted rate, the warm depth with the highest rate. warm[i] covers depth
+  // i for i < warm.size(); deeper depths count as warm. Measured in the thirteenth session:
+  // kCold 15% without the exploring exemption locked batch 16 into the first warm depth (2, where
+  // 1 is best: 1.05x against 1.18x); dropping choose_steady's hold made no difference.
+  int32_t choose_warm(int64_t b, std::span<const double> accept, std::span<const uint8_t> warm);
+  static constexpr double kCold = 0.08;
   int64_t measured(int64_t b, int32_t depth) const;
   static constexpr int64_t kExplore = 3;
 

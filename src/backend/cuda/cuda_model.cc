@@ -135,6 +135,14 @@ void CudaModel::clear_graphs() {
       (void)cudaGraphExecDestroy(g.exec);
   }
   graphs_.clear();
+  warm_shapes_.clear();
+}
+
+bool CudaModel::fixed_shape_warm(int64_t batch, int64_t tokens_per_seq) const {
+  if (!options_.cuda_graphs || batch > options_.max_graph_batch || batch < 1 ||
+      tokens_per_seq > std::max<int64_t>(options_.max_graph_tokens, 1))
+    return true;  // never replayed: every such step runs eagerly
+  return warm_shapes_.count({pow2_at_least(batch), tokens_per_seq}) > 0;
 }
 
 Status CudaModel::ensure_pool(const state::PageArena& arena) {
@@ -619,6 +627,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     }
     DSI_RETURN_IF_ERROR(run_fixed_shape(
         key, [&] { return launch_all(*L); }, &L->logits, &L->mtp_logits, /*profile_eager=*/true));
+    if (graphs_.count(key) > 0)
+      warm_shapes_.insert({rows / L0, L0});
   } else {
     profiling_now_ = profile_;
     DSI_RETURN_IF_ERROR(launch_all(*L));

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -104,6 +105,7 @@ class CudaModel final : public backend::Model {
   // ForwardOptions::sample: sampled on the device (DeviceSampler, kernels/cuda/sampling.h).
   bool can_sample() const override { return true; }
   int64_t shape_warmups() const override { return stats_.shape_warmups; }
+  bool fixed_shape_warm(int64_t batch, int64_t tokens_per_seq) const override;
   bool prefers_uniform_steps() const override {
     return options_.cuda_graphs && options_.max_graph_tokens > 1;
   }
@@ -291,6 +293,9 @@ class CudaModel final : public backend::Model {
   };
   std::map<std::vector<int64_t>, Graph> graphs_;
   std::map<std::vector<int64_t>, int> seen_;
+  // (padded sequences, tokens per sequence) of the main passes with a captured graph (any layout:
+  // the plan's array layout also moves with the contexts' power-of-two bounds).
+  std::set<std::pair<int64_t, int64_t>> warm_shapes_;
   void clear_graphs();
   Status mark(size_t i);
   CudaModelStats stats_;

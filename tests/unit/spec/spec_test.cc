@@ -266,6 +266,46 @@ TEST(StepCost, SteadyChoiceKeepsANearlyAsGoodDepth) {
   EXPECT_EQ(c.choose_steady(64, accept), c.choose(64, accept));
 }
 
+// choose_warm: a cold best depth (its shape not prepared: an eager run and a capture) gives way
+// to the best warm speculating depth within kCold of its rate, and only then; exploring picks,
+// off, depth 0 and a warm choice are left alone, and the depth taken is the bucket's previous one
+// for choose_steady.
+TEST(StepCost, WarmChoiceAvoidsColdShapesThatGainLittle) {
+  const std::vector<double> accept(5, 0.8);
+  // Step 1 + 0.3 d, rates 1.385, 1.525, 1.554, 1.527, 1.476 for d = 1..5 (best 3).
+  auto measured_all = [] {
+    StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+    for (int32_t d = -1; d <= 5; ++d) {
+      for (int i = 0; i < StepCost::kExplore; ++i) c.record(1, d, c.step_s(1, d));
+    }
+    return c;
+  };
+  StepCost c = measured_all();
+  ASSERT_EQ(c.choose(1, accept), 3);
+  const std::vector<uint8_t> all(6, 1);
+  EXPECT_EQ(c.choose_warm(1, accept, all), 3);
+  // 3 cold: 2 (1.525) and 4 (1.527) are within 8% of it; 4 has the higher rate.
+  EXPECT_EQ(c.choose_warm(1, accept, std::vector<uint8_t>{1, 1, 1, 0, 1, 1}), 4);
+  // choose_steady now keeps 4 (its previous depth, within kStay of 3) with 3 warm again.
+  EXPECT_EQ(c.choose_warm(1, accept, all), 4);
+  // Only depth 2 warm: 2. Only depth 1 warm (1.385 < 0.92 x 1.554): the cold best, 3.
+  StepCost d = measured_all();
+  EXPECT_EQ(d.choose_warm(1, accept, std::vector<uint8_t>{1, 0, 1, 0, 0, 0}), 2);
+  StepCost e = measured_all();
+  EXPECT_EQ(e.choose_warm(1, accept, std::vector<uint8_t>{1, 1, 0, 0, 0, 0}), 3);
+  // Nothing warm: the cold best is run (and gets captured).
+  EXPECT_EQ(e.choose_warm(1, accept, std::vector<uint8_t>{1, 0, 0, 0, 0, 0}), 3);
+  // A warm vector shorter than the depths: the depths past it count as warm.
+  EXPECT_EQ(e.choose_warm(1, accept, std::vector<uint8_t>{1}), 3);
+  // An exploring pick (best 3's neighbour 4, measured fewer than kExplore times) runs cold.
+  StepCost x(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+  for (int32_t k : {-1, 0, 1, 2, 3, 5}) {
+    for (int i = 0; i < StepCost::kExplore; ++i) x.record(1, k, x.step_s(1, k));
+  }
+  ASSERT_EQ(x.choose(1, accept), 4);
+  EXPECT_EQ(x.choose_warm(1, accept, std::vector<uint8_t>{1, 1, 1, 1, 0, 1}), 4);
+}
+
 // With padded buckets (a backend that pads steps to a power of two of sequences and captures a
 // graph per padded batch), batches 33..64 are one bucket: measurements and choose_steady's
 // previous depth are shared by the steps that replay one graph, and not with 32 or 65.
