@@ -312,29 +312,12 @@ template <int N>
 Status launch_fp8_n(
     const GemvFp8Params& p, int64_t rows, int64_t ldx, int64_t ldy, cudaStream_t s) {
   const int64_t blocks = ceil_div(p.groups * rows, kRows * kWarps);
+  auto* kernel = gemv_fp8_kernel<N, false>;
   if constexpr (N <= 2) {
-    if (rows % kRows == 0) {
-      launch_pdl(gemv_fp8_kernel<N, true>,
-                 static_cast<unsigned>(blocks),
-                 kWarps * 32,
-                 0,
-                 s,
-                 p,
-                 rows,
-                 ldx,
-                 ldy);
-      return launched("gemv_fp8 launch");
-    }
+    if (rows % kRows == 0)
+      kernel = gemv_fp8_kernel<N, true>;
   }
-  launch_pdl(gemv_fp8_kernel<N, false>,
-             static_cast<unsigned>(blocks),
-             kWarps * 32,
-             0,
-             s,
-             p,
-             rows,
-             ldx,
-             ldy);
+  launch_pdl(kernel, static_cast<unsigned>(blocks), kWarps * 32, 0, s, p, rows, ldx, ldy);
   return launched("gemv_fp8 launch");
 }
 
