@@ -173,6 +173,27 @@ __device__ __forceinline__ void e4m3x4_to_f32(uint32_t v, float* out) {
   out[3] = b.y;
 }
 
+// Sixteen E4M3 codes -> floats, exactly.
+__device__ __forceinline__ void e4m3x16_to_f32(const uint4& v, float (&out)[16]) {
+  e4m3x4_to_f32(v.x, out);
+  e4m3x4_to_f32(v.y, out + 4);
+  e4m3x4_to_f32(v.z, out + 8);
+  e4m3x4_to_f32(v.w, out + 12);
+}
+
+// sum_j w[j] x[j] over 16 values, one fused multiply-add after another (lane-local order).
+__device__ __forceinline__ float dot16(const float (&w)[16], const float4 (&x)[4]) {
+  float part = 0.0f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    part = fmaf(w[4 * q], x[q].x, part);
+    part = fmaf(w[4 * q + 1], x[q].y, part);
+    part = fmaf(w[4 * q + 2], x[q].z, part);
+    part = fmaf(w[4 * q + 3], x[q].w, part);
+  }
+  return part;
+}
+
 // Rows r of [0, groups * rows): weight row r, x columns from (r / rows) * group_x, y column
 // (r / rows) * group_y + r % rows. Lane l takes the 16 values at k = 16 l + 512 j. SharedX (rows a
 // multiple of kRows, so a warp's rows lie in one group, and at most 2 tokens): each K step loads
@@ -237,47 +258,26 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         float wf[16];
-        e4m3x4_to_f32(wv[i].x, wf);
-        e4m3x4_to_f32(wv[i].y, wf + 4);
-        e4m3x4_to_f32(wv[i].z, wf + 8);
-        e4m3x4_to_f32(wv[i].w, wf + 12);
+        e4m3x16_to_f32(wv[i], wf);
 #pragma unroll
-        for (int t = 0; t < N; ++t) {
-          float part = 0.0f;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            part = fmaf(wf[4 * q], xv[t][q].x, part);
-            part = fmaf(wf[4 * q + 1], xv[t][q].y, part);
-            part = fmaf(wf[4 * q + 2], xv[t][q].z, part);
-            part = fmaf(wf[4 * q + 3], xv[t][q].w, part);
-          }
-          acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(part, sc[i]));
-        }
+        for (int t = 0; t < N; ++t)
+          acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(dot16(wf, xv[t]), sc[i]));
       }
       continue;
     }
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       float wf[16];
-      e4m3x4_to_f32(wv[i].x, wf);
-      e4m3x4_to_f32(wv[i].y, wf + 4);
-      e4m3x4_to_f32(wv[i].z, wf + 8);
-      e4m3x4_to_f32(wv[i].w, wf + 12);
+      e4m3x16_to_f32(wv[i], wf);
 #pragma unroll
       for (int t = 0; t < N; ++t) {
         if (t >= p.n)
           break;  // bucket padding: no such token
         const float4* xp = reinterpret_cast<const float4*>(p.x + t * ldx + xoff[i] + k);
-        float part = 0.0f;
+        float4 xv[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float4 xv = __ldg(xp + q);
-          part = fmaf(wf[4 * q], xv.x, part);
-          part = fmaf(wf[4 * q + 1], xv.y, part);
-          part = fmaf(wf[4 * q + 2], xv.z, part);
-          part = fmaf(wf[4 * q + 3], xv.w, part);
-        }
-        acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(part, sc[i]));
+        for (int q = 0; q < 4; ++q) xv[q] = __ldg(xp + q);
+        acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(dot16(wf, xv), sc[i]));
       }
     }
   }
