@@ -2,7 +2,8 @@
 """Checks the programmatic-dependent-launch contract of src/kernels/cuda/pdl.cuh over the sources.
 
 Every kernel that some .cu file launches through launch_pdl(...) must call pdl_begin() as the first
-statement of its body: a kernel launched that way may start while its predecessor still runs, and
+statement of its body, or call pdl_begin_after(prologue) before any pdl_begin() (a prologue that
+reads only constant data such as weights; pdl.cuh): a kernel launched that way may start while its predecessor still runs, and
 only pdl_begin's wait orders its reads and writes after that predecessor's. Kernels launched
 through a function pointer (auto* k = cond ? a : b; launch_pdl(k, ...)) are resolved through the
 pointer's initialiser. Exit code 1 with the offending kernels named; 0 when every one complies.
@@ -15,7 +16,7 @@ import sys
 
 
 def kernel_bodies(text):
-    """name -> the first statement of each __global__ function body."""
+    """name -> (first statement, body text) of each __global__ function."""
     out = {}
     pat = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(")
     for m in pat.finditer(text):
@@ -29,9 +30,23 @@ def kernel_bodies(text):
                     break
             i += 1
         brace = text.index("{", i)
-        body = text[brace + 1:].lstrip()
-        out.setdefault(m.group(1), []).append(body.split(";", 1)[0].strip())
+        depth, j = 0, brace
+        while True:  # the matching closing brace
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        body = text[brace + 1:j].lstrip()
+        out.setdefault(m.group(1), []).append((body.split(";", 1)[0].strip(), body))
     return out
+
+
+def complies(first, body):
+    if first == "pdl_begin()":
+        return True
+    after = body.find("pdl_begin_after(")
+    plain = re.search(r"\bpdl_begin\(\)", body)
+    return after >= 0 and (plain is None or plain.start() > after)
 
 
 def launched_kernels(text):
@@ -61,12 +76,13 @@ def main():
     for k in sorted(launched):
         if k not in bodies:
             bad.append(f"{k}: launched by launch_pdl, definition not found")
-        elif any(first != "pdl_begin()" for first in bodies[k]):
-            bad.append(f"{k}: launched by launch_pdl but its body does not start with pdl_begin()")
+        elif not all(complies(first, body) for first, body in bodies[k]):
+            bad.append(f"{k}: launched by launch_pdl but its body does not start with pdl_begin() "
+                       "(nor calls pdl_begin_after before any pdl_begin)")
     if bad:
         print("check_pdl: " + "\n  ".join(["contract broken:"] + bad))
         return 1
-    print(f"check_pdl: {len(launched)} kernels launched by launch_pdl, each starts with pdl_begin()")
+    print(f"check_pdl: {len(launched)} kernels launched by launch_pdl, each starts with pdl_begin() or pdl_begin_after()")
     return 0
 
 

@@ -31,7 +31,6 @@ __device__ __forceinline__ float bf16_hi(uint32_t v) {
 template <int N, int R, int S>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_bf16_kernel(GemvParams p, int64_t ldx, int64_t ldy) {
-  pdl_begin();
   static_assert(kWarps % S == 0 && (S == 1 || R * N <= 32), "gemv_bf16 split");
   __shared__ float part[S > 1 ? kWarps : 1][S > 1 ? R * N : 1];
   const int lane = threadIdx.x & 31;
@@ -39,25 +38,34 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int slot = warp / S;  // row slot of the block
   const int q = warp % S;     // part of K
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * (kWarps / S) + slot) * R;
-  if (S == 1 && r0 >= p.w.rows)
-    return;  // warp-uniform (S > 1: every warp reaches the barrier below)
+  const bool idle = S == 1 && r0 >= p.w.rows;  // warp-uniform
   const int64_t K = p.w.cols;
   const int64_t kq = S == 1 ? K : (K / 8 + S - 1) / S * 8;  // K % 8 == 0 (gemv_supports)
   const int64_t k_end = S == 1 ? K : min(K, (q + 1) * kq);
   const uint16_t* w = static_cast<const uint16_t*>(p.w.data);
-  float acc[R][N];
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int t = 0; t < N; ++t) acc[i][t] = 0.0f;
-#pragma unroll 4  // several 16-byte loads in flight per lane; the sums keep their order
-  for (int64_t k = q * kq + static_cast<int64_t>(lane) * 8; k < k_end; k += 256) {
-    uint4 wv[R];
+  auto load = [&](int64_t k, uint4(&wv)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int64_t r = min(r0 + i, p.w.rows - 1);  // clamped rows are computed, not stored
       wv[i] = __ldg(reinterpret_cast<const uint4*>(w + r * K + k));
     }
+  };
+  // The first K step's weights before the wait (they overlap the previous kernel's tail).
+  const int64_t k_first = q * kq + static_cast<int64_t>(lane) * 8;
+  uint4 first[R];
+  pdl_begin_after([&] {
+    if (!idle && k_first < k_end)
+      load(k_first, first);
+  });
+  if (idle)
+    return;  // (S > 1: never idle; every warp reaches the barrier below)
+  float acc[R][N];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int t = 0; t < N; ++t) acc[i][t] = 0.0f;
+  // acc += the products of K step k (weights wv), lane-local, in K order.
+  auto step = [&](int64_t k, const uint4(&wv)[R]) {
 #pragma unroll
     for (int t = 0; t < N; ++t) {
       if (t >= p.n)
@@ -78,6 +86,14 @@ __global__ void __launch_bounds__(kWarps * 32)
         acc[i][t] = a;
       }
     }
+  };
+  if (k_first < k_end)
+    step(k_first, first);
+#pragma unroll 4  // several 16-byte loads in flight per lane; the sums keep their order
+  for (int64_t k = k_first + 256; k < k_end; k += 256) {
+    uint4 wv[R];
+    load(k, wv);
+    step(k, wv);
   }
 #pragma unroll
   for (int i = 0; i < R; ++i)
@@ -202,13 +218,10 @@ __device__ __forceinline__ float dot16(const float (&w)[16], const float4 (&x)[4
 template <int N, bool SharedX>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_fp8_kernel(GemvFp8Params p, int64_t rows, int64_t ldx, int64_t ldy) {
-  pdl_begin();
   static_assert(!SharedX || N <= 2, "gemv_fp8: shared x holds at most 2 tokens");
   const int lane = threadIdx.x & 31;
   const int64_t total = p.groups * rows;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
-  if (r0 >= total)
-    return;  // warp-uniform
   const int64_t K = p.w.cols;
   const int64_t scols = K / 128;
   const auto* w = static_cast<const uint8_t*>(p.w.data);
@@ -234,8 +247,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       next_sc[i] = fp8_block_scale(p.w.scale, sf32, (r / 128) * scols + k / 128);
     }
   };
-  if (static_cast<int64_t>(lane) * 16 < K)
-    load(static_cast<int64_t>(lane) * 16);
+  // The first K step's weights before the wait (they overlap the previous kernel's tail).
+  pdl_begin_after([&] {
+    if (r0 < total && static_cast<int64_t>(lane) * 16 < K)
+      load(static_cast<int64_t>(lane) * 16);
+  });
+  if (r0 >= total)
+    return;  // warp-uniform
   for (int64_t k = static_cast<int64_t>(lane) * 16; k < K; k += 512) {
     uint4 wv[kRows];
     float sc[kRows];
@@ -359,7 +377,6 @@ struct Fp8GemvFrag {
 
 template <int G, bool kCluster>
 __global__ void __launch_bounds__(kMmaWarps * 32) fp8_gemv_kernel(Fp8GemvArgs a) {
-  pdl_begin();
   __shared__ float red[kMmaWarps][G][8][8];  // [warp][group][token][row]
   __shared__ float part[kCluster ? 64 : 1];  // kCluster: this block's sums, read by rank 0
   const Fp8GemvParams& p = a.p;
@@ -384,16 +401,22 @@ __global__ void __launch_bounds__(kMmaWarps * 32) fp8_gemv_kernel(Fp8GemvArgs a)
     wp[j] = static_cast<const uint8_t*>(p.w.data) + (p.row_begin + rj + g) * K;
     srow[j] = ((p.row_begin + rj) / 128) * KB;
   }
-  auto load = [&](int64_t kb, Fp8GemvFrag<G>& f) {
+  auto load_w = [&](int64_t kb, Fp8GemvFrag<G>& f) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int64_t off = kb * 128 + c * 64 + 16 * t;
 #pragma unroll
       for (int j = 0; j < G; ++j) f.w[j][c] = __ldg(reinterpret_cast<const uint4*>(wp[j] + off));
-      f.x[c] = tok ? __ldg(reinterpret_cast<const uint4*>(xp + off)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int j = 0; j < G; ++j) f.ws[j] = fp8_block_scale(p.w.scale, sf32, srow[j] + kb);
+  };
+  auto load_x = [&](int64_t kb, Fp8GemvFrag<G>& f) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int64_t off = kb * 128 + c * 64 + 16 * t;
+      f.x[c] = tok ? __ldg(reinterpret_cast<const uint4*>(xp + off)) : make_uint4(0, 0, 0, 0);
+    }
     f.xs = tok ? xs[kb] : 0.0f;
   };
   float acc[G][2];
@@ -420,15 +443,22 @@ __global__ void __launch_bounds__(kMmaWarps * 32) fp8_gemv_kernel(Fp8GemvArgs a)
     }
   };
   int64_t kb = kb0 + warp;
+  Fp8GemvFrag<G> cur;
+  // The first K block's weights are requested before the wait: they stream in while the kernel
+  // before this one finishes.
+  pdl_begin_after([&] {
+    if (kb < kb1)
+      load_w(kb, cur);
+  });
   if (kb < kb1) {
-    Fp8GemvFrag<G> cur;
-    load(kb, cur);
+    load_x(kb, cur);
     compute(cur);
     // More K blocks (G == 1 only): one at a time. Loading the next one during these MMAs took
     // 68 instead of 56 registers and made wo_b, wq_a and wkv slower (fewer blocks per SM).
     if constexpr (G == 1) {
       for (kb += kMmaWarps; kb < kb1; kb += kMmaWarps) {
-        load(kb, cur);
+        load_w(kb, cur);
+        load_x(kb, cur);
         compute(cur);
       }
     }

@@ -4,8 +4,9 @@
 // kernels, each gap paid once per kernel).
 //
 // The contract that keeps it correct: every kernel launched by launch_pdl calls pdl_begin() as the
-// first statement of its body, before it reads anything an earlier kernel wrote or writes anything
-// an earlier kernel reads. pdl_begin waits until every prerequisite grid has completed and its
+// first statement of its body (or pdl_begin_after(prologue), below, whose prologue touches only
+// constant data), before it reads anything an earlier kernel wrote or writes anything an earlier
+// kernel reads. pdl_begin waits until every prerequisite grid has completed and its
 // memory is visible (griddepcontrol.wait), then lets the next kernel be scheduled
 // (griddepcontrol.launch_dependents). Because every block waits before it can finish, a kernel
 // launched this way never completes before its predecessor, so ordering stays transitive along
@@ -28,6 +29,17 @@ __device__ __forceinline__ void pdl_begin() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// pdl_begin() after a prologue that reads only data no kernel of the step writes (weights, their
+// scales, constant tables): those loads are issued while the previous kernel still runs, so a
+// GEMV's first round trip to memory overlaps that kernel's tail instead of following it. The
+// prologue must not read activations, the state or anything else a kernel writes, and must not
+// write memory. Without PDL (DSINFER_PDL=0) it simply runs first.
+template <class F>
+__device__ __forceinline__ void pdl_begin_after(F&& prologue) {
+  prologue();
+  pdl_begin();
 }
 
 inline bool pdl_enabled() {
