@@ -212,6 +212,42 @@ TEST_F(GpuTest, RmsNormWithRopeMatchesCpu) {
           EXPECT_EQ(bits.back(), 0x7777) << "write past the end";
           EXPECT_EQ(d_x2.download(), x) << "the input was modified";
         }
+        // The record rounding (store_fp8_block): exactly fp8_block_simulate over the no-RoPE
+        // dims and bf16_simulate over the RoPE dims of the rows above, fused into the norm
+        // kernel where rms_norm_stores_records and as passes of their own elsewhere (48: not a
+        // power-of-two lane count; 129: the block-per-row kernel).
+        for (int64_t block : {int64_t{64}, int64_t{32}, int64_t{48}}) {
+          const int64_t nope = dim - 2 * half;
+          if (nope % block != 0 && block != 48)
+            continue;
+          SCOPED_TRACE("record rounding, block " + std::to_string(block) +
+                       (rms_norm_stores_records(dim, half, block) ? " fused" : " separate"));
+          std::vector<float> rec = got;
+          for (int64_t r = 0; r < rows; ++r) {
+            numeric::fp8_block_simulate(rec.data() + r * dim, nope, block);
+            numeric::bf16_simulate(rec.data() + r * dim + nope, dim - nope);
+          }
+          DevVec<float> d_x3(x);
+          DSI_EXPECT_OK(launch_rms_norm(RmsNormParams{.x = d_x3.get(),
+                                                      .rows = rows,
+                                                      .dim = dim,
+                                                      .weight = weighted ? d_w.get() : nullptr,
+                                                      .eps = 1e-6f,
+                                                      .out = d_x3.get(),
+                                                      .rope_positions = d_pos.get(),
+                                                      .rope_inv_freq = d_inv.get(),
+                                                      .rope_half = half,
+                                                      .rope_rows_per_token = heads,
+                                                      .store_fp8_block = block},
+                                        nullptr));
+          sync();
+          const std::vector<float> rgot = d_x3.download();
+          int64_t bad = 0;
+          for (size_t i = 0; i < rec.size(); ++i)
+            if (!same_bits(rec[i], rgot[i]) && bad++ < 5)
+              ADD_FAILURE() << "record value " << i << ": " << rgot[i] << " vs " << rec[i];
+          EXPECT_EQ(bad, 0);
+        }
       }
     }
   }

@@ -212,7 +212,8 @@ inline Status rms_norm_rope(float* x,
                             const float* inv_freq,
                             int64_t half,
                             cudaStream_t s,
-                            uint16_t* out_bf16 = nullptr) {
+                            uint16_t* out_bf16 = nullptr,
+                            int64_t store_fp8_block = 0) {
   cuda::RmsNormParams p;
   p.x = x;
   p.rows = rows;
@@ -225,6 +226,7 @@ inline Status rms_norm_rope(float* x,
   p.rope_inv_freq = inv_freq;
   p.rope_half = half;
   p.rope_rows_per_token = rows_per_token;
+  p.store_fp8_block = store_fp8_block;
   return cuda::launch_rms_norm(p, s);
 }
 

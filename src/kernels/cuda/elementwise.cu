@@ -62,13 +62,30 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
 
 // One warp per row of V * 128 dims (float4 j of lane l at column 128 j + 4 l), the row in
 // registers: sum of squares in double (the lane's values in column order, then the butterfly),
-// the CPU's two roundings per value, then the RoPE pairs of the rotated slice as rope_kernel.
+// the CPU's two roundings per value, then the RoPE pairs of the rotated slice as rope_kernel, then
+// (store_fp8_block) the record rounding as quant_sim's kFp8 and kBf16 passes. The weight and the
+// RoPE frequencies are loaded before the PDL wait (constants: they arrive during the previous
+// kernel's tail instead of costing a round trip after the sum).
 template <int V>
 __global__ void rms_norm_warp_kernel(RmsNormParams p) {
-  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t per_block = blockDim.x >> 5;
   const int64_t c_rope = p.dim - 2 * p.rope_half;
+  float wv[V][4];
+  float fq[V][2];
+  pdl_begin_after([&] {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t c = 128 * j + 4 * lane;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wv[j][i] = p.weight ? __ldg(p.weight + c + i) : 1.0f;
+      const bool rot = p.rope_half > 0 && c >= c_rope;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        fq[j][h] = rot ? __ldg(p.rope_inv_freq + (c - c_rope) / 2 + h) : 0;
+    }
+  });
+  const int sim_lanes = static_cast<int>(p.store_fp8_block / 4);  // lanes per FP8 block
   for (int64_t r = blockIdx.x * per_block + (threadIdx.x >> 5); r < p.rows;
        r += static_cast<int64_t>(gridDim.x) * per_block) {
     const float* x = p.x + r * p.dim;
@@ -95,12 +112,12 @@ __global__ void rms_norm_warp_kernel(RmsNormParams p) {
       for (int i = 0; i < 4; ++i) {
         e[i] = __fmul_rn(e[i], rinv);
         if (p.weight)
-          e[i] = __fmul_rn(p.weight[c + i], e[i]);
+          e[i] = __fmul_rn(wv[j][i], e[i]);
       }
       if (p.rope_half > 0 && c >= c_rope) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float angle = __fmul_rn(pos, p.rope_inv_freq[(c - c_rope) / 2 + h]);
+          const float angle = __fmul_rn(pos, fq[j][h]);
           const float cs = cosf(angle);
           const float sn = sinf(angle);
           const float a = e[2 * h];
@@ -108,6 +125,18 @@ __global__ void rms_norm_warp_kernel(RmsNormParams p) {
           e[2 * h] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
           e[2 * h + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
         }
+      }
+      if (sim_lanes > 0) {  // warp-uniform: every lane reaches the shuffles
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(e[i]));
+        for (int m = 1; m < sim_lanes; m <<= 1)
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        const bool fp8 = c < c_rope;  // the RoPE dims are stored as BF16
+        const float sc = fp8 ? quant_scale(amax, QuantSim::kFp8) : 1.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          e[i] = quant_value(e[i], sc, fp8 ? QuantSim::kFp8 : QuantSim::kBf16);
       }
       if (p.out_bf16 != nullptr) {
         *reinterpret_cast<uint2*>(p.out_bf16 + r * p.dim + c) =
@@ -273,6 +302,12 @@ bool rms_norm_writes_bf16(int64_t dim, int64_t rope_half) {
   return dim % 128 == 0 && (v == 1 || v == 2 || v == 4 || v == 8) && (dim - 2 * rope_half) % 4 == 0;
 }
 
+bool rms_norm_stores_records(int64_t dim, int64_t rope_half, int64_t fp8_block) {
+  const int64_t lanes = fp8_block / 4;
+  return rms_norm_writes_bf16(dim, rope_half) && fp8_block % 4 == 0 && lanes >= 1 && lanes <= 32 &&
+         (lanes & (lanes - 1)) == 0 && (dim - 2 * rope_half) % fp8_block == 0;
+}
+
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_shape(p.rows, p.dim, "rms_norm"));
   if (p.rows == 0 || p.dim == 0)
@@ -296,6 +331,30 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     return invalid_argument(
         "rms_norm: BF16 output needs dim a multiple of 128 (<= 1024), 16-byte "
         "aligned rows and a RoPE slice starting at a multiple of 4");
+  DSI_RETURN_IF_ERROR(require(p.store_fp8_block >= 0, "rms_norm", "store_fp8_block < 0"));
+  if (p.store_fp8_block > 0 &&
+      !(warp_path && rms_norm_stores_records(p.dim, rope ? p.rope_half : 0, p.store_fp8_block))) {
+    // The record rounding as passes of their own after the norm (and its RoPE).
+    if (p.out_bf16 != nullptr)
+      return invalid_argument(
+          "rms_norm: the record rounding with BF16 output needs "
+          "rms_norm_stores_records");
+    RmsNormParams q = p;
+    q.store_fp8_block = 0;
+    DSI_RETURN_IF_ERROR(launch_rms_norm(q, stream));
+    QuantSimParams qs;
+    qs.x = p.out;
+    qs.rows = p.rows;
+    qs.ld = p.dim;
+    qs.len = p.dim - 2 * (rope ? p.rope_half : 0);
+    qs.block = p.store_fp8_block;
+    qs.kind = QuantSim::kFp8;
+    DSI_RETURN_IF_ERROR(launch_quant_sim(qs, stream));
+    qs.x = p.out + qs.len;
+    qs.len = p.dim - qs.len;
+    qs.kind = QuantSim::kBf16;
+    return launch_quant_sim(qs, stream);
+  }
   if (warp_path) {
     const unsigned grid = grid_1d(ceil_div(p.rows, kThreads / 32));
     if (v == 1) {

@@ -45,9 +45,15 @@ struct RmsNormParams {
   // Rows written as BF16 bits (RNE of the fp32 result) here instead of to `out` (which may then
   // be null); only where rms_norm_writes_bf16 (the one-warp-per-row kernel).
   uint16_t* out_bf16 = nullptr;
+  // > 0: each output row rounded as the state stores a K=V record (deepseek numerics), after the
+  // RoPE: dims [0, dim - 2 * rope_half) through UE8M0-scaled FP8 E4M3 in blocks of this many
+  // values, the RoPE dims to BF16 -- the bits of launch_quant_sim's kFp8 pass over the former and
+  // kBf16 pass over the latter. Only where rms_norm_stores_records.
+  int64_t store_fp8_block = 0;
 };
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 bool rms_norm_writes_bf16(int64_t dim, int64_t rope_half);
+bool rms_norm_stores_records(int64_t dim, int64_t rope_half, int64_t fp8_block);
 
 // Interleaved (GPT-J) RoPE on the last 2*half dims of each row, as cpu::rope_apply: row (t, h)
 // at x + (t * heads + h) * ld is rotated by positions[t] (inverse: by -positions[t]).
