@@ -362,6 +362,112 @@ TEST_F(GpuTest, SinkAttentionBf16OutputEqualsRopeAndRounding) {
   run_sink_attention_bf16_out(17, {1, 31, 32, 33, 0, 64, 65, 128, 640, 700}, 73, true);
 }
 
+// finish_out (decode, key splits): the merge's fp32 output turned back by RoPE and rounded to BF16
+// equals, bit for bit, the same attention without it followed by launch_rope (inverse) and a
+// BF16 launch_quant_sim. Few queries (so that the keys are split), real heads and width, keys
+// masked, positions up to 128k, both operand modes (the merge's two weightings).
+void run_sink_attention_finish(int64_t heads,
+                               const std::vector<int64_t>& key_counts,
+                               uint32_t seed,
+                               bool bf16_ops) {
+  SCOPED_TRACE("sink attention finish_out heads " + std::to_string(heads) + " nq " +
+               std::to_string(key_counts.size()) + (bf16_ops ? " bf16" : " fp32"));
+  constexpr int64_t dim = 512;
+  constexpr int64_t rope_half = 32;
+  std::mt19937 rng(seed);
+  const int64_t nq = static_cast<int64_t>(key_counts.size());
+  const int64_t pool_rows = 4000;
+  std::vector<float> pool = normal_floats(static_cast<size_t>(pool_rows * dim), seed + 1);
+  for (float& v : pool) v = numeric::round_to_bf16(v);
+  std::vector<float> q = normal_floats(static_cast<size_t>(nq * heads * dim), seed + 3, 1.5f);
+  std::vector<float> sinks = normal_floats(static_cast<size_t>(heads), seed + 4, 2.0f);
+  std::vector<float> inv_freq(rope_half);
+  for (int64_t i = 0; i < rope_half; ++i)
+    inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / (2 * rope_half));
+  std::vector<int64_t> positions(static_cast<size_t>(nq));
+  for (int64_t qi = 0; qi < nq; ++qi) positions[qi] = static_cast<int64_t>(rng() % 131072);
+  std::vector<int64_t> begin{0};
+  std::vector<int64_t> refs;
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    for (int64_t j = 0; j < key_counts[qi]; ++j) {
+      refs.push_back(rng() % 9 == 0 ? kKvRefNone
+                                    : kv_ref_pool(static_cast<int64_t>(rng() % pool_rows) * dim));
+    }
+    begin.push_back(static_cast<int64_t>(refs.size()));
+  }
+  if (refs.empty())
+    refs.push_back(kKvRefNone);
+  DevVec<float> d_pool(pool), d_q(q), d_sinks(sinks), d_freq(inv_freq);
+  DevVec<int64_t> d_begin(begin), d_refs(refs), d_pos(positions);
+  const int64_t width = heads * dim;
+  const int64_t scratch_floats = sink_attention_scratch_floats(nq, heads, dim);
+  ASSERT_GT(scratch_floats, 0) << "no key splits at " << nq << " queries";
+  DevVec<float> d_scratch(static_cast<size_t>(scratch_floats), 0.0f);
+  DevVec<float> d_want(static_cast<size_t>(nq * width), 0.0f);
+  DevVec<float> d_got(static_cast<size_t>(nq * width + 1), 0.0f);
+  SinkAttentionParams sp{.q = d_q.get(),
+                         .nq = nq,
+                         .heads = heads,
+                         .dim = dim,
+                         .pool = d_pool.get(),
+                         .key_begin = d_begin.get(),
+                         .key_refs = d_refs.get(),
+                         .sinks = d_sinks.get(),
+                         .scale = 1.0f / std::sqrt(static_cast<float>(dim)),
+                         .out = d_want.get(),
+                         .split_scratch = d_scratch.get(),
+                         .split_scratch_floats = scratch_floats,
+                         .bf16_operands = bf16_ops};
+  DSI_EXPECT_OK(launch_sink_attention(sp, nullptr));
+  DSI_EXPECT_OK(launch_rope(RopeParams{.x = d_want.get(),
+                                       .tokens = nq,
+                                       .heads = heads,
+                                       .dim = dim,
+                                       .positions = d_pos.get(),
+                                       .inv_freq = d_freq.get(),
+                                       .half = rope_half,
+                                       .inverse = true},
+                            nullptr));
+  DSI_EXPECT_OK(launch_quant_sim(
+      QuantSimParams{.x = d_want.get(), .rows = nq, .len = width, .kind = QuantSim::kBf16},
+      nullptr));
+  sp.out = d_got.get();
+  sp.positions = d_pos.get();
+  sp.inv_freq = d_freq.get();
+  sp.rope_half = rope_half;
+  sp.finish_out = true;
+  ASSERT_TRUE(sink_attention_finishes_out(sp));
+  DSI_EXPECT_OK(launch_sink_attention(sp, nullptr));
+  sync();
+  const std::vector<float> want = d_want.download();
+  const std::vector<float> got = d_got.download();
+  for (int64_t i = 0; i < nq * width; ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &want[i], 4);
+    std::memcpy(&b, &got[i], 4);
+    ASSERT_EQ(a, b) << "value " << i << ": " << got[i] << " vs " << want[i];
+  }
+  EXPECT_EQ(got.back(), 0.0f) << "write past the end";
+}
+
+TEST_F(GpuTest, SinkAttentionFinishedOutputEqualsRopeAndRounding) {
+  for (bool bf16_ops : {true, false}) {
+    run_sink_attention_finish(64, {700}, 81, bf16_ops);
+    run_sink_attention_finish(64, {1, 640, 65, 0}, 82, bf16_ops);
+    run_sink_attention_finish(
+        17, {33, 128, 5, 300, 64, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 83, bf16_ops);
+  }
+  // Not taken without key splits (one block per query) or without the RoPE tables.
+  SinkAttentionParams p{.nq = 1,
+                        .heads = 64,
+                        .dim = 512,
+                        .out = reinterpret_cast<float*>(16),
+                        .rope_half = 32,
+                        .finish_out = true};
+  EXPECT_FALSE(sink_attention_finishes_out(p));
+  EXPECT_FALSE(launch_sink_attention(p, nullptr).ok());
+}
+
 // ---- compressor --------------------------------------------------------------------------------
 
 // CPU pooling of one entry, transcribed from the CPU forward's compress_chunk: candidates'

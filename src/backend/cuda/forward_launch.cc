@@ -166,21 +166,20 @@ Status CudaModel::launch_attention(const DAttention& w,
   float* kv = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
   DSI_RETURN_IF_ERROR(linear(lin(), w.wkv, u, n, kv, q8, s, false, uqp));
-  DSI_RETURN_IF_ERROR(rms_norm_rope(kv, n, hd, w.kv_norm, eps, 1, positions, freqs, rd / 2, s));
-  if (numerics_ == model::Numerics::kDeepSeek) {
-    cuda::QuantSimParams qs;
-    qs.x = kv;
-    qs.rows = n;
-    qs.ld = hd;
-    qs.len = hd - rd;
-    qs.block = 64;
-    qs.kind = cuda::QuantSim::kFp8;
-    DSI_RETURN_IF_ERROR(cuda::launch_quant_sim(qs, s));
-    qs.x = kv + (hd - rd);  // the RoPE dims are stored as BF16
-    qs.len = rd;
-    qs.kind = cuda::QuantSim::kBf16;
-    DSI_RETURN_IF_ERROR(cuda::launch_quant_sim(qs, s));
-  }
+  // deepseek numerics: K=V rounded as its record stores it (FP8 no-RoPE dims in blocks of 64,
+  // BF16 RoPE dims), by the norm kernel itself where it can.
+  DSI_RETURN_IF_ERROR(rms_norm_rope(kv,
+                                    n,
+                                    hd,
+                                    w.kv_norm,
+                                    eps,
+                                    1,
+                                    positions,
+                                    freqs,
+                                    rd / 2,
+                                    s,
+                                    nullptr,
+                                    numerics_ == model::Numerics::kDeepSeek ? 64 : 0));
   // Compressors (and the indexer's weights_proj): u split into BF16 halves once for all of their
   // BF16x2 linears (prefill sizes; decode takes the GEMVs on fp32 u).
   cuda::Bf16SplitActs us;
@@ -326,8 +325,22 @@ Status CudaModel::launch_attention(const DAttention& w,
     DSI_RETURN_IF_ERROR(ws_->get(&o, n * heads * hd));
     sp.out = o;
   }
+  // deepseek numerics with key splits (decode): the split merge applies the inverse RoPE and the
+  // BF16 rounding to fp32 o itself (no rope and round_o launches).
+  bool o_finished = false;
+  if (bf16_o && o != nullptr) {
+    cuda::SinkAttentionParams fp = sp;
+    fp.positions = positions;
+    fp.inv_freq = freqs;
+    fp.rope_half = rd / 2;
+    fp.finish_out = true;
+    if (cuda::sink_attention_finishes_out(fp)) {
+      sp = fp;
+      o_finished = true;
+    }
+  }
   DSI_RETURN_IF_ERROR(cuda::launch_sink_attention(sp, s));
-  if (o != nullptr)
+  if (o != nullptr && !o_finished)
     DSI_RETURN_IF_ERROR(rope(o, n, heads, hd, positions, freqs, rd / 2, true, s));
   cuda::ScatterRowsParams rw;
   rw.src = kv;
@@ -340,7 +353,7 @@ Status CudaModel::launch_attention(const DAttention& w,
   // on the attention output rounded to BF16 (docs/numerics.md, point 5), by the hi-only split
   // on the BF16 path and in place otherwise.
   auto round_o = [&]() -> Status {
-    if (!bf16_o)
+    if (!bf16_o || o_finished)
       return Status();
     cuda::QuantSimParams qs;
     qs.x = o;

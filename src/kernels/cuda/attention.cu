@@ -458,6 +458,10 @@ Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream) 
     return invalid_argument(
         "sink_attention: out_bf16 needs a tensor-core path without key splits, out_bf16_ld >= "
         "heads * dim, 2 * rope_half <= dim and the RoPE tables (sink_attention_writes_bf16)");
+  if (p.finish_out && !sink_attention_finishes_out(p))
+    return invalid_argument(
+        "sink_attention: finish_out needs the tensor-core path with key splits, fp32 out, "
+        "2 * rope_half <= dim and the RoPE tables (sink_attention_finishes_out)");
   if (sink_attention_mma_supports(p))
     return launch_sink_attention_mma(p, stream);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(std::min(p.nq, kMaxGrid)));
@@ -478,6 +482,14 @@ bool sink_attention_writes_bf16(const SinkAttentionParams& p) {
     sm90 = sink_attention_mma_supports(p) && sink_attention_sm90_supports(p);
   return sm90 && one_block_per_query && p.out_bf16_ld >= p.heads * p.dim && p.rope_half >= 0 &&
          2 * p.rope_half <= p.dim &&
+         (p.rope_half == 0 || (p.positions != nullptr && p.inv_freq != nullptr));
+}
+
+bool sink_attention_finishes_out(const SinkAttentionParams& p) {
+  const bool splits = sink_attention_splits(p.nq) > 1 && p.split_scratch != nullptr &&
+                      p.split_scratch_floats >= sink_attention_scratch_floats(p.nq, p.heads, p.dim);
+  return sink_attention_mma_supports(p) && splits && p.out != nullptr && p.out_bf16 == nullptr &&
+         p.rope_half >= 0 && 2 * p.rope_half <= p.dim &&
          (p.rope_half == 0 || (p.positions != nullptr && p.inv_freq != nullptr));
 }
 

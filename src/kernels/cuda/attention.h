@@ -87,12 +87,20 @@ struct SinkAttentionParams {
   const int64_t* positions = nullptr;  // [nq]
   const float* inv_freq = nullptr;     // [rope_half]
   int64_t rope_half = 0;
+  // fp32 `out` finished the same way (only where sink_attention_finishes_out): the inverse RoPE
+  // of each head's last 2 * rope_half dims (positions, inv_freq) and every value rounded to BF16
+  // (kept as fp32), by the kernel that merges the key splits: what launch_rope's inverse and a
+  // BF16 launch_quant_sim over `out` would give, without their two launches (decode).
+  bool finish_out = false;
 };
 Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream);
 // Whether launch_sink_attention takes out_bf16 for these parameters: the wgmma path
 // (sink_attention_reads_q_bf16's conditions, builds with CUTLASS) when each query is one block
 // (no key splits: prefill-sized nq, or no split scratch).
 bool sink_attention_writes_bf16(const SinkAttentionParams& p);
+// Whether launch_sink_attention takes finish_out for these parameters: the tensor-core path with
+// key splits (few queries, split scratch given), 2 * rope_half <= dim and the RoPE tables.
+bool sink_attention_finishes_out(const SinkAttentionParams& p);
 // Whether launch_sink_attention takes q_bf16 for these parameters (the wgmma path: bf16_operands,
 // dim 512, heads <= 64, in builds with CUTLASS).
 bool sink_attention_reads_q_bf16(const SinkAttentionParams& p);

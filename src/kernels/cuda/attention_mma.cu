@@ -34,6 +34,7 @@
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "numeric/float_formats.h"
 
 namespace dsinfer::cuda {
 namespace {
@@ -485,8 +486,24 @@ constexpr int kMergeThreads = 128;
 constexpr int kMergeDims = 4;
 constexpr int kMergeChunk = 8;
 
-__global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(
-    const float* part, int64_t nq, int64_t heads, int64_t dim, int nsplit, bool pow2, float* out) {
+// Finish (finish_out): each head's last 2 * rope_half dims turned back by RoPE at the query's
+// position, as rope_kernel's inverse (pair (d, d + 1) on threads x, x ^ 1 of one warp), then every
+// value rounded to BF16: what the wo_a GEMV reads in deepseek numerics.
+struct MergeFinish {
+  bool on = false;
+  const int64_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int64_t rope_half = 0;
+};
+
+__global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(const float* part,
+                                                                             int64_t nq,
+                                                                             int64_t heads,
+                                                                             int64_t dim,
+                                                                             int nsplit,
+                                                                             bool pow2,
+                                                                             MergeFinish fin,
+                                                                             float* out) {
   pdl_begin();
   __shared__ float wraw[kMaxSplits];
   __shared__ float lw[kMaxSplits];
@@ -544,6 +561,26 @@ __global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(
           }
         }
       }
+      if (fin.on) {
+        const int64_t c_rope = dim - 2 * fin.rope_half;
+        const float pos = fin.rope_half > 0 ? static_cast<float>(fin.positions[row / heads]) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < kMergeDims; ++k) {
+          const int64_t d = d0 + threadIdx.x + k * kMergeThreads;  // parity of threadIdx.x
+          const float other = __shfl_xor_sync(0xffffffffu, acc[k], 1);
+          if (fin.rope_half > 0 && d >= c_rope && d < dim) {
+            const float angle = __fmul_rn(pos, fin.inv_freq[(d - c_rope) / 2]);
+            const float c = cosf(angle);
+            const float sn = -sinf(angle);
+            const bool even = (d & 1) == 0;
+            const float a = even ? acc[k] : other;
+            const float b = even ? other : acc[k];
+            acc[k] = even ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn))
+                          : __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+          }
+          acc[k] = numeric::round_to_bf16(acc[k]);
+        }
+      }
 #pragma unroll
       for (int k = 0; k < kMergeDims; ++k) {
         const int64_t d = d0 + threadIdx.x + k * kMergeThreads;
@@ -596,6 +633,7 @@ Status launch_attention_d(const SinkAttentionParams& p, cudaStream_t stream) {
                D,
                nsplit,
                bf16,
+               MergeFinish{p.finish_out, p.positions, p.inv_freq, p.rope_half},
                p.out);
     DSI_RETURN_IF_ERROR(launched("sink_attention_merge launch"));
   }
