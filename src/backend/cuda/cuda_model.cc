@@ -139,8 +139,7 @@ void CudaModel::clear_graphs() {
 }
 
 bool CudaModel::fixed_shape_warm(int64_t batch, int64_t tokens_per_seq) const {
-  if (!options_.cuda_graphs || batch > options_.max_graph_batch || batch < 1 ||
-      tokens_per_seq > std::max<int64_t>(options_.max_graph_tokens, 1))
+  if (!graph_batch(batch) || tokens_per_seq > graph_max_tokens())
     return true;  // never replayed: every such step runs eagerly
   return warm_shapes_.count({pow2_at_least(batch), tokens_per_seq}) > 0;
 }
@@ -445,7 +444,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   // nobody asked for its logits (a drafting engine's steady state).
   const int64_t L0 = static_cast<int64_t>(items[active[0]].tokens.size());
   const bool mtp0 = items[active[0]].options.run_mtp;
-  bool uniform = L0 >= 1 && L0 <= std::max<int64_t>(options_.max_graph_tokens, 1);
+  bool uniform = L0 >= 1 && L0 <= graph_max_tokens();
   // The MTP pass covers the positions whose next token this forward brings: L after a plain
   // step, L - 1 after a drafting call (the block consumed the pending token); the same count for
   // every sequence, or the step runs eagerly.
@@ -465,9 +464,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   // A function of the batch's shape only, not of whether graphs are on: eager and replayed steps
   // run the same kernels (bit-identical).
   decode_step_ = uniform && (!mtp0 || mtp_graphable);
-  const bool decode = options_.cuda_graphs &&
-                      static_cast<int64_t>(active.size()) <= options_.max_graph_batch &&
-                      decode_step_;
+  const bool decode = graph_batch(static_cast<int64_t>(active.size())) && decode_step_;
   // Spans of the main pass.
   std::vector<SeqSpan> spans;
   std::vector<int32_t> tokens;

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -159,6 +160,13 @@ class CudaModel final : public backend::Model {
   const std::vector<float>& last_profile_ms() const { return profile_ms_; }
 
  private:
+  // The graph limits of the options, shared by run_batch and fixed_shape_warm: whether a
+  // fixed-shape step of `batch` sequences may be replayed, and the most tokens per sequence such a
+  // step has.
+  bool graph_batch(int64_t batch) const {
+    return options_.cuda_graphs && batch >= 1 && batch <= options_.max_graph_batch;
+  }
+  int64_t graph_max_tokens() const { return std::max<int64_t>(options_.max_graph_tokens, 1); }
   CudaModel(const model::ModelConfig& config, model::Numerics numerics, CudaModelOptions options);
   struct Launch;
 
