@@ -254,6 +254,86 @@ TEST_F(GpuTest, SinkAttentionMatchesCpu) {
   }
 }
 
+// A decode-width attention case with RoPE (dim 512, 32 rotated pairs): BF16-exact pool rows (the
+// deepseek KV rows), q (and its BF16 bits), sinks, the RoPE table, positions up to 128k and each
+// query's key list (a ninth of the keys masked), on the device.
+struct RopeAttnCase {
+  static constexpr int64_t kDim = 512;
+  static constexpr int64_t kRopeHalf = 32;
+  int64_t heads = 0;
+  int64_t nq = 0;
+  DevVec<float> pool, q, sinks, freq;
+  DevVec<uint16_t> q16;
+  DevVec<int64_t> begin, refs, pos;
+
+  RopeAttnCase(int64_t h, const std::vector<int64_t>& key_counts, uint32_t seed)
+      : heads(h), nq(static_cast<int64_t>(key_counts.size())) {
+    std::mt19937 rng(seed);
+    const int64_t pool_rows = 4000;
+    std::vector<float> p = normal_floats(static_cast<size_t>(pool_rows * kDim), seed + 1);
+    for (float& v : p) v = numeric::round_to_bf16(v);
+    const std::vector<float> qh =
+        normal_floats(static_cast<size_t>(nq * heads * kDim), seed + 3, 1.5f);
+    std::vector<uint16_t> q_bits;
+    for (float v : qh) q_bits.push_back(numeric::f32_to_bf16(v));
+    std::vector<float> inv_freq(kRopeHalf);
+    for (int64_t i = 0; i < kRopeHalf; ++i)
+      inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / (2 * kRopeHalf));
+    std::vector<int64_t> positions(static_cast<size_t>(nq));
+    for (int64_t qi = 0; qi < nq; ++qi) positions[qi] = static_cast<int64_t>(rng() % 131072);
+    std::vector<int64_t> b{0};
+    std::vector<int64_t> r;
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      for (int64_t j = 0; j < key_counts[qi]; ++j) {
+        r.push_back(rng() % 9 == 0 ? kKvRefNone
+                                   : kv_ref_pool(static_cast<int64_t>(rng() % pool_rows) * kDim));
+      }
+      b.push_back(static_cast<int64_t>(r.size()));
+    }
+    if (r.empty())
+      r.push_back(kKvRefNone);
+    pool = DevVec<float>(p);
+    q = DevVec<float>(qh);
+    q16 = DevVec<uint16_t>(q_bits);
+    sinks = DevVec<float>(normal_floats(static_cast<size_t>(heads), seed + 4, 2.0f));
+    freq = DevVec<float>(inv_freq);
+    begin = DevVec<int64_t>(b);
+    refs = DevVec<int64_t>(r);
+    pos = DevVec<int64_t>(positions);
+  }
+
+  SinkAttentionParams params(float* out, bool bf16_ops) const {
+    return SinkAttentionParams{.q = q.get(),
+                               .nq = nq,
+                               .heads = heads,
+                               .dim = kDim,
+                               .pool = pool.get(),
+                               .key_begin = begin.get(),
+                               .key_refs = refs.get(),
+                               .sinks = sinks.get(),
+                               .scale = 1.0f / std::sqrt(static_cast<float>(kDim)),
+                               .out = out,
+                               .bf16_operands = bf16_ops};
+  }
+
+  // What the deepseek path does to fp32 attention output without the fused forms: launch_rope's
+  // inverse, then every value rounded to BF16.
+  void unrotate_and_round(float* out) const {
+    DSI_EXPECT_OK(launch_rope(RopeParams{.x = out,
+                                         .tokens = nq,
+                                         .heads = heads,
+                                         .dim = kDim,
+                                         .positions = pos.get(),
+                                         .inv_freq = freq.get(),
+                                         .half = kRopeHalf,
+                                         .inverse = true},
+                              nullptr));
+    DSI_EXPECT_OK(launch_quant_sim(
+        QuantSimParams{.x = out, .rows = nq, .len = heads * kDim, .kind = QuantSim::kBf16},
+        nullptr));
+  }
+};
+
 // The BF16 output of the wgmma kernel (out_bf16: the deepseek path's wo_a input) equals, bit for
 // bit, its fp32 output turned back by launch_rope (inverse) and rounded by launch_quant_sim
 // (kBf16): the unfused path the model takes where the fused one does not apply. Real heads and
@@ -264,71 +344,25 @@ void run_sink_attention_bf16_out(int64_t heads,
                                  uint32_t seed,
                                  bool q16) {
   SCOPED_TRACE("sink attention bf16 out heads " + std::to_string(heads) + (q16 ? " q16" : ""));
-  constexpr int64_t dim = 512;
-  constexpr int64_t rope_half = 32;
-  std::mt19937 rng(seed);
-  const int64_t nq = static_cast<int64_t>(key_counts.size());
-  const int64_t pool_rows = 4000;
-  std::vector<float> pool = normal_floats(static_cast<size_t>(pool_rows * dim), seed + 1);
-  for (float& v : pool) v = numeric::round_to_bf16(v);  // deepseek KV rows: BF16-exact
-  std::vector<float> q = normal_floats(static_cast<size_t>(nq * heads * dim), seed + 3, 1.5f);
-  std::vector<uint16_t> q_bits;
-  for (float v : q) q_bits.push_back(numeric::f32_to_bf16(v));
-  std::vector<float> sinks = normal_floats(static_cast<size_t>(heads), seed + 4, 2.0f);
-  std::vector<float> inv_freq(rope_half);
-  for (int64_t i = 0; i < rope_half; ++i)
-    inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / (2 * rope_half));
-  std::vector<int64_t> positions(static_cast<size_t>(nq));
-  for (int64_t qi = 0; qi < nq; ++qi) positions[qi] = static_cast<int64_t>(rng() % 131072);
-  std::vector<int64_t> begin{0};
-  std::vector<int64_t> refs;
-  for (int64_t qi = 0; qi < nq; ++qi) {
-    for (int64_t j = 0; j < key_counts[qi]; ++j) {
-      refs.push_back(rng() % 9 == 0 ? kKvRefNone
-                                    : kv_ref_pool(static_cast<int64_t>(rng() % pool_rows) * dim));
-    }
-    begin.push_back(static_cast<int64_t>(refs.size()));
-  }
-  if (refs.empty())
-    refs.push_back(kKvRefNone);
-  DevVec<float> d_pool(pool), d_q(q), d_sinks(sinks), d_freq(inv_freq);
-  DevVec<uint16_t> d_q16(q_bits);
-  DevVec<int64_t> d_begin(begin), d_refs(refs), d_pos(positions);
-  const int64_t width = heads * dim;
+  const RopeAttnCase c(heads, key_counts, seed);
+  const int64_t nq = c.nq;
+  const int64_t width = heads * RopeAttnCase::kDim;
   const int64_t ld = width + 64;
   DevVec<float> d_out(static_cast<size_t>(nq * width), 0.0f);
   DevVec<uint16_t> d_out16(static_cast<size_t>(nq * ld + 2), uint16_t{0x7fc1});
-  SinkAttentionParams sp{.q = q16 ? nullptr : d_q.get(),
-                         .nq = nq,
-                         .heads = heads,
-                         .dim = dim,
-                         .pool = d_pool.get(),
-                         .key_begin = d_begin.get(),
-                         .key_refs = d_refs.get(),
-                         .sinks = d_sinks.get(),
-                         .scale = 1.0f / std::sqrt(static_cast<float>(dim)),
-                         .out = d_out.get(),
-                         .bf16_operands = true,
-                         .q_bf16 = q16 ? d_q16.get() : nullptr};
+  SinkAttentionParams sp = c.params(d_out.get(), true);
+  if (q16) {
+    sp.q = nullptr;
+    sp.q_bf16 = c.q16.get();
+  }
   DSI_EXPECT_OK(launch_sink_attention(sp, nullptr));
-  DSI_EXPECT_OK(launch_rope(RopeParams{.x = d_out.get(),
-                                       .tokens = nq,
-                                       .heads = heads,
-                                       .dim = dim,
-                                       .positions = d_pos.get(),
-                                       .inv_freq = d_freq.get(),
-                                       .half = rope_half,
-                                       .inverse = true},
-                            nullptr));
-  DSI_EXPECT_OK(launch_quant_sim(
-      QuantSimParams{.x = d_out.get(), .rows = nq, .len = width, .kind = QuantSim::kBf16},
-      nullptr));
+  c.unrotate_and_round(d_out.get());
   sp.out = nullptr;
   sp.out_bf16 = d_out16.get();
   sp.out_bf16_ld = ld;
-  sp.positions = d_pos.get();
-  sp.inv_freq = d_freq.get();
-  sp.rope_half = rope_half;
+  sp.positions = c.pos.get();
+  sp.inv_freq = c.freq.get();
+  sp.rope_half = RopeAttnCase::kRopeHalf;
   ASSERT_TRUE(sink_attention_writes_bf16(sp));
   DSI_EXPECT_OK(launch_sink_attention(sp, nullptr));
   sync();
@@ -372,69 +406,24 @@ void run_sink_attention_finish(int64_t heads,
                                bool bf16_ops) {
   SCOPED_TRACE("sink attention finish_out heads " + std::to_string(heads) + " nq " +
                std::to_string(key_counts.size()) + (bf16_ops ? " bf16" : " fp32"));
-  constexpr int64_t dim = 512;
-  constexpr int64_t rope_half = 32;
-  std::mt19937 rng(seed);
-  const int64_t nq = static_cast<int64_t>(key_counts.size());
-  const int64_t pool_rows = 4000;
-  std::vector<float> pool = normal_floats(static_cast<size_t>(pool_rows * dim), seed + 1);
-  for (float& v : pool) v = numeric::round_to_bf16(v);
-  std::vector<float> q = normal_floats(static_cast<size_t>(nq * heads * dim), seed + 3, 1.5f);
-  std::vector<float> sinks = normal_floats(static_cast<size_t>(heads), seed + 4, 2.0f);
-  std::vector<float> inv_freq(rope_half);
-  for (int64_t i = 0; i < rope_half; ++i)
-    inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / (2 * rope_half));
-  std::vector<int64_t> positions(static_cast<size_t>(nq));
-  for (int64_t qi = 0; qi < nq; ++qi) positions[qi] = static_cast<int64_t>(rng() % 131072);
-  std::vector<int64_t> begin{0};
-  std::vector<int64_t> refs;
-  for (int64_t qi = 0; qi < nq; ++qi) {
-    for (int64_t j = 0; j < key_counts[qi]; ++j) {
-      refs.push_back(rng() % 9 == 0 ? kKvRefNone
-                                    : kv_ref_pool(static_cast<int64_t>(rng() % pool_rows) * dim));
-    }
-    begin.push_back(static_cast<int64_t>(refs.size()));
-  }
-  if (refs.empty())
-    refs.push_back(kKvRefNone);
-  DevVec<float> d_pool(pool), d_q(q), d_sinks(sinks), d_freq(inv_freq);
-  DevVec<int64_t> d_begin(begin), d_refs(refs), d_pos(positions);
+  const RopeAttnCase c(heads, key_counts, seed);
+  const int64_t nq = c.nq;
+  const int64_t dim = RopeAttnCase::kDim;
   const int64_t width = heads * dim;
   const int64_t scratch_floats = sink_attention_scratch_floats(nq, heads, dim);
   ASSERT_GT(scratch_floats, 0) << "no key splits at " << nq << " queries";
   DevVec<float> d_scratch(static_cast<size_t>(scratch_floats), 0.0f);
   DevVec<float> d_want(static_cast<size_t>(nq * width), 0.0f);
   DevVec<float> d_got(static_cast<size_t>(nq * width + 1), 0.0f);
-  SinkAttentionParams sp{.q = d_q.get(),
-                         .nq = nq,
-                         .heads = heads,
-                         .dim = dim,
-                         .pool = d_pool.get(),
-                         .key_begin = d_begin.get(),
-                         .key_refs = d_refs.get(),
-                         .sinks = d_sinks.get(),
-                         .scale = 1.0f / std::sqrt(static_cast<float>(dim)),
-                         .out = d_want.get(),
-                         .split_scratch = d_scratch.get(),
-                         .split_scratch_floats = scratch_floats,
-                         .bf16_operands = bf16_ops};
+  SinkAttentionParams sp = c.params(d_want.get(), bf16_ops);
+  sp.split_scratch = d_scratch.get();
+  sp.split_scratch_floats = scratch_floats;
   DSI_EXPECT_OK(launch_sink_attention(sp, nullptr));
-  DSI_EXPECT_OK(launch_rope(RopeParams{.x = d_want.get(),
-                                       .tokens = nq,
-                                       .heads = heads,
-                                       .dim = dim,
-                                       .positions = d_pos.get(),
-                                       .inv_freq = d_freq.get(),
-                                       .half = rope_half,
-                                       .inverse = true},
-                            nullptr));
-  DSI_EXPECT_OK(launch_quant_sim(
-      QuantSimParams{.x = d_want.get(), .rows = nq, .len = width, .kind = QuantSim::kBf16},
-      nullptr));
+  c.unrotate_and_round(d_want.get());
   sp.out = d_got.get();
-  sp.positions = d_pos.get();
-  sp.inv_freq = d_freq.get();
-  sp.rope_half = rope_half;
+  sp.positions = c.pos.get();
+  sp.inv_freq = c.freq.get();
+  sp.rope_half = RopeAttnCase::kRopeHalf;
   sp.finish_out = true;
   ASSERT_TRUE(sink_attention_finishes_out(sp));
   DSI_EXPECT_OK(launch_sink_attention(sp, nullptr));
