@@ -3,7 +3,7 @@
 # Systems capture (or, where nsys is missing, one Nsight Compute pass timing every kernel) per run
 # kind (the timed prefill of 8192 tokens; the timed decode steps at batch
 # 1 and 64 with 8192 tokens of context), each reduced to a per-kernel CSV (total time, instances)
-# and a top-15 table on stdout.
+# and, on stdout, the top-15 kernels and the time by part of the model (kernel_parts.py).
 #
 # Usage: tools/bench/device_profile.sh [BIN_DIR] [OUT_DIR]   (defaults: build/bin, $OUT or /tmp)
 # Needs nsys (the CUDA toolkit ships it) and python3; writes OUT_DIR/kern_<kind>.csv.
@@ -15,29 +15,8 @@ NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems
 CKPT=${DSINFER_PROFILE_CKPT:-/tmp/flash4}
 [ -f "$CKPT/config.json" ] ||
   "$BIN/dsinfer" make-checkpoint --preset v4-flash --layers 4 --out "$CKPT" >/dev/null
-summarize() {  # CSV (nsys kernel summary or ncu gpu__time_duration) -> top-15 table on stdout
-  python3 - "$1" "$2" <<'PY'
-import csv, collections, sys
-rows = list(csv.reader(l for l in open(sys.argv[1]) if not l.startswith("=")))
-head, rows = rows[0], rows[1:]
-agg = collections.defaultdict(lambda: [0.0, 0])
-if "Total Time (ns)" in head:  # nsys
-    t, n, k = head.index("Total Time (ns)"), head.index("Instances"), head.index("Name")
-    for r in rows:
-        agg[r[k]][0] += float(r[t]); agg[r[k]][1] += int(r[n])
-else:  # ncu: one row per kernel and metric
-    k, u, v = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-    scale = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}
-    for r in rows:
-        if len(r) > v and r[u] in scale:
-            agg[r[k]][0] += float(r[v].replace(",", "")) * scale[r[u]]; agg[r[k]][1] += 1
-total = sum(a[0] for a in agg.values()) or 1.0
-launches = sum(a[1] for a in agg.values())
-print(f"[profile] {sys.argv[2]}: {total / 1e6:.3f} ms of kernels in {launches} launches")
-for name, (ns, n) in sorted(agg.items(), key=lambda kv: -kv[1][0])[:15]:
-    name = name.replace("(anonymous namespace)::", "").replace("dsinfer::", "")[:90]
-    print(f"  {ns / 1e6:9.3f} ms {100 * ns / total:5.1f}%  x{n:>6}  {name}")
-PY
+summarize() {  # CSV (nsys kernel summary or ncu gpu__time_duration) -> top-15 and per-part tables
+  python3 "$(dirname "$0")/kernel_parts.py" "$1" --label "$2"
 }
 if [ -z "$NSYS" ]; then
   # ncu replays each kernel (slow, and without clock control short kernels read long): one
