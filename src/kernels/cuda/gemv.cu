@@ -454,7 +454,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) fp8_gemv_kernel(Fp8GemvArgs a)
     load_x(kb, cur);
     compute(cur);
     // More K blocks (G == 1 only): one at a time. Loading the next one during these MMAs took
-    // 68 instead of 56 registers and made wo_b, wq_a and wkv slower (fewer blocks per SM).
+    // 68 instead of 56 registers and made wo_b, wq_a and wkv slower (fewer blocks per SM); all
+    // of a warp's (<= 4) K blocks in flight at once (95 registers) measured no faster at batch
+    // 1-64 (fourteenth session). What holds the small ones is the cluster's barriers (ncu: 8-12
+    // stall cycles per issued instruction), wo_b memory round trips per block.
     if constexpr (G == 1) {
       for (kb += kMmaWarps; kb < kb1; kb += kMmaWarps) {
         load_w(kb, cur);
