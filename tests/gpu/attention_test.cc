@@ -965,6 +965,26 @@ TEST(GpuOpsArgs, AttentionValidates) {
       p.inv_freq = nullptr;
     EXPECT_EQ(launch_sink_attention(p, nullptr).code(), StatusCode::kInvalidArgument) << bad;
   }
+  // finish_out: only with key splits (scratch given, few queries), fp32 out and the RoPE tables.
+  SinkAttentionParams fin = bf;
+  fin.nq = 1;
+  fin.out_bf16 = nullptr;
+  fin.out = const_cast<float*>(some);
+  fin.split_scratch = const_cast<float*>(some);
+  fin.split_scratch_floats = sink_attention_scratch_floats(1, 64, 512);
+  fin.finish_out = true;
+  EXPECT_TRUE(sink_attention_finishes_out(fin));
+  for (int bad = 0; bad < 3; ++bad) {
+    SinkAttentionParams p = fin;
+    if (bad == 0)
+      p.split_scratch = nullptr;  // one block per query: no merge to finish in
+    if (bad == 1)
+      p.inv_freq = nullptr;
+    if (bad == 2)
+      p.nq = 4096;  // prefill-sized: no key splits
+    EXPECT_FALSE(sink_attention_finishes_out(p)) << bad;
+    EXPECT_EQ(launch_sink_attention(p, nullptr).code(), StatusCode::kInvalidArgument) << bad;
+  }
   EXPECT_EQ(launch_top_k(TopKParams{.nq = 1, .k = 4096}, nullptr).code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(launch_top_k(TopKParams{.nq = 0, .k = 8}, nullptr).ok());

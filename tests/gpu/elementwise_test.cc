@@ -389,6 +389,23 @@ TEST(GpuOpsArgs, RmsNormBf16OutputValidates) {
       launch_rms_norm(RmsNormParams{.x = some, .rows = 2, .dim = 100, .out_bf16 = bits}, nullptr)
           .code(),
       StatusCode::kInvalidArgument);
+  // The record rounding (store_fp8_block): which shapes the norm kernel fuses it for, a negative
+  // block refused, and BF16 output only where it is fused (the separate passes round fp32 rows).
+  EXPECT_TRUE(rms_norm_stores_records(512, 32, 64));
+  EXPECT_FALSE(rms_norm_stores_records(512, 32, 48));   // 12 lanes: not a power of two
+  EXPECT_FALSE(rms_norm_stores_records(512, 16, 64));   // 480 no-RoPE dims: not whole blocks
+  EXPECT_FALSE(rms_norm_stores_records(512, 32, 256));  // a block wider than one float4 row
+  EXPECT_EQ(launch_rms_norm(
+                RmsNormParams{.x = some, .rows = 2, .dim = 512, .out = some, .store_fp8_block = -1},
+                nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      launch_rms_norm(
+          RmsNormParams{.x = some, .rows = 2, .dim = 512, .out_bf16 = bits, .store_fp8_block = 48},
+          nullptr)
+          .code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST(GpuOpsArgs, RowOpsValidate) {
