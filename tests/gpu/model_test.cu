@@ -15,6 +15,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -127,6 +128,45 @@ constexpr double kDsMtpMaxTol = 8.0;
 constexpr double kDsMtpMeanTol = 0.2;
 
 class CudaModelTest : public ::testing::TestWithParam<ModelCase> {};
+
+// Greedy decode of all prompts together: prefill as one batch, then `decode` batched steps; every
+// step's last-token logits of every sequence appended to step_logits. Returns the tokens.
+std::vector<std::vector<int32_t>> greedy_decode_all(
+    gpu::CudaModel& m,
+    const model::ModelConfig& cfg,
+    const std::vector<std::vector<int32_t>>& prompts,
+    int decode,
+    std::vector<std::vector<float>>* step_logits) {
+  const size_t seqs = prompts.size();
+  auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
+  std::vector<std::unique_ptr<state::SequenceState>> st;
+  for (size_t i = 0; i < seqs; ++i) {
+    st.push_back(
+        std::make_unique<state::SequenceState>(cfg, arena.get(), static_cast<int64_t>(i), 0));
+  }
+  std::vector<backend::ForwardOutputs> outs(seqs);
+  std::vector<std::vector<int32_t>> toks = prompts;
+  std::vector<std::vector<int32_t>> gen(seqs);
+  for (int step = 0; step <= decode; ++step) {
+    std::vector<backend::ForwardItem> items(seqs);
+    for (size_t i = 0; i < seqs; ++i) {
+      items[i].state = st[i].get();
+      items[i].tokens = toks[i];
+      items[i].options.last_logits_only = true;
+      items[i].out = &outs[i];
+    }
+    forward_ok(m, items);
+    for (size_t i = 0; i < seqs; ++i) {
+      const auto& l = outs[i].logits;
+      step_logits->push_back(l);
+      const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      gen[i].push_back(next);
+      toks[i] = {next};
+    }
+  }
+  for (auto& s : st) s->check_integrity();
+  return gen;
+}
 
 TEST_P(CudaModelTest, LogitsMatchCpuInBothNumerics) {
   SKIP_WITHOUT_GPU();
@@ -543,35 +583,8 @@ TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
   for (int i = 0; i < kSeqs; ++i) {
     prompts.push_back(random_ids(3 + 9 * i, cfg.vocab_size, 100 + static_cast<uint32_t>(i)));
   }
-  // Greedy decode of all sequences together: prefill as one batch, then kDecode batched steps.
   auto decode_all = [&](gpu::CudaModel& m, std::vector<std::vector<float>>* step_logits) {
-    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
-    std::vector<std::unique_ptr<state::SequenceState>> st;
-    for (int i = 0; i < kSeqs; ++i) {
-      st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, 0));
-    }
-    std::vector<backend::ForwardOutputs> outs(kSeqs);
-    std::vector<std::vector<int32_t>> toks = prompts;
-    std::vector<std::vector<int32_t>> gen(kSeqs);
-    for (int step = 0; step <= kDecode; ++step) {
-      std::vector<backend::ForwardItem> items(kSeqs);
-      for (int i = 0; i < kSeqs; ++i) {
-        items[i].state = st[i].get();
-        items[i].tokens = toks[i];
-        items[i].options.last_logits_only = true;
-        items[i].out = &outs[i];
-      }
-      forward_ok(m, items);
-      for (int i = 0; i < kSeqs; ++i) {
-        const auto& l = outs[i].logits;
-        step_logits->push_back(l);
-        const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-        gen[i].push_back(next);
-        toks[i] = {next};
-      }
-    }
-    for (auto& s : st) s->check_integrity();
-    return gen;
+    return greedy_decode_all(m, cfg, prompts, kDecode, step_logits);
   };
   // Batch invariance is the batch_invariant mode's promise (the wgmma GEMMs of many-row batches
   // sum in another order than the small-batch kernels).
@@ -628,6 +641,43 @@ TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
 // kernels, so the padding rows change nothing), drafts and their probabilities included — L = 2,
 // 3 and 1, five sequences (padded to 8), some rounds rolling a sequence back. A last forward
 // asking for the MTP logits finds the same MTP state either way.
+// The side streams (side_streams.h) run a layer's independent branches concurrently, in eager
+// forwards and in replayed graphs: the same bits as one stream, on the fast (not batch-invariant)
+// kernels, prefill and decode.
+TEST_P(CudaModelTest, SideStreamsGiveTheSameBitsAsOneStream) {
+  SKIP_WITHOUT_GPU();
+  const ModelCase mc = GetParam();
+  if (!fs::exists(source_path(mc.path)))
+    GTEST_SKIP() << mc.path << " missing";
+  auto ckpt = open_model(mc.path);
+  ASSERT_TRUE(ckpt);
+  const auto& cfg = ckpt->config();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(random_ids(5 + 11 * i, cfg.vocab_size, 300 + static_cast<uint32_t>(i)));
+  }
+  std::vector<std::vector<float>> one, sides, sides_eager;
+  for (auto [side, graphs, out] : {std::tuple{false, true, &one},
+                                   std::tuple{true, true, &sides},
+                                   std::tuple{true, false, &sides_eager}}) {
+    auto m =
+        gpu::CudaModel::create(cfg,
+                               ckpt->weights(),
+                               model::Numerics::kDeepSeek,
+                               gpu::CudaModelOptions{.cuda_graphs = graphs, .side_streams = side});
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    greedy_decode_all(**m, cfg, prompts, 12, out);
+    if (graphs)
+      EXPECT_GT((*m)->stats().graph_replays, 0);
+  }
+  ASSERT_EQ(one.size(), sides.size());
+  ASSERT_EQ(one.size(), sides_eager.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(one[i], sides[i]) << "step row " << i;
+    EXPECT_EQ(one[i], sides_eager[i]) << "step row " << i;
+  }
+}
+
 TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
   SKIP_WITHOUT_GPU();
   const ModelCase mc = GetParam();

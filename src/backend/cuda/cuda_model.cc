@@ -89,6 +89,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
           v,
           static_cast<long long>(m->options_.max_graph_tokens));
   }
+  if (const char* v = std::getenv("DSINFER_SIDE_STREAMS"); v != nullptr && *v != '\0')
+    m->options_.side_streams = std::strcmp(v, "0") != 0;
   int64_t expert_first = 0;
   int64_t expert_count = -1;
   if (options.comm != nullptr) {
@@ -111,6 +113,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
     DSI_ASSIGN_OR_RETURN(m->stats_.moe_gemv_layers, m->weights_->enable_expert_gemv());
   }
   DSI_ASSIGN_OR_RETURN(m->stream_, device::Stream::create(true));
+  DSI_ASSIGN_OR_RETURN(m->sides_, SideStreams::create(m->options_.side_streams));
   m->ws_ = std::make_unique<Workspace>();
   m->stats_.weight_bytes = m->weights_->bytes();
   return m;

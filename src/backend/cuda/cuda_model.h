@@ -23,6 +23,7 @@
 #include "backend/cuda/device_weights.h"
 #include "backend/cuda/forward_plan.h"
 #include "backend/cuda/host_pack.h"
+#include "backend/cuda/side_streams.h"
 #include "backend/cuda/state_pool.h"
 #include "backend/cuda/workspace.h"
 #include "backend/model.h"
@@ -51,6 +52,10 @@ struct CudaModelOptions {
   // without its logits), are fixed-shape steps too: graph-replayed and on the kernels of decode
   // steps. 1: single-token steps only. DSINFER_GRAPH_TOKENS in the environment overrides it.
   int64_t max_graph_tokens = 8;
+  // A layer's independent branches (the shared expert; the K=V head and the compressors) on side
+  // streams beside the main chain (side_streams.h); the same bits either way.
+  // DSINFER_SIDE_STREAMS=0 in the environment turns them off.
+  bool side_streams = true;
   // Every linear on the kernels whose summation order is the same at every batch size, so a
   // token's logits do not depend on what else is in the batch (no wgmma GEMMs: slower prefill).
   bool batch_invariant = false;
@@ -234,7 +239,8 @@ class CudaModel final : public backend::Model {
                            uint8_t* pack,
                            const HostPack& hp,
                            const float* u,
-                           const cuda::Bf16SplitActs* us);
+                           const cuda::Bf16SplitActs* us,
+                           cudaStream_t s);
   // The pass's attention key lists, expanded on the device (paged.h: launch_expand_keys).
   Status expand_keys(const PassPlan& plan, uint8_t* pack, const HostPack& hp);
   Status fp8_experts(const cuda::ExpertFfnParams& p,
@@ -274,6 +280,7 @@ class CudaModel final : public backend::Model {
   std::unique_ptr<DeviceWeights> weights_;
   std::optional<parallel::ExpertPartition> partition_;  // set with options_.comm
   device::Stream stream_;
+  SideStreams sides_;
   std::unique_ptr<Workspace> ws_;
   // The device mirror of each arena this model has seen: pool_/arena_ are the current one.
   std::map<const state::PageArena*, StatePool> pools_;

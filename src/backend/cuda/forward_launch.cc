@@ -55,9 +55,9 @@ Status CudaModel::launch_compressor(const DCompressor& w,
                                     uint8_t* pack,
                                     const HostPack& hp,
                                     const float* u,
-                                    const cuda::Bf16SplitActs* us) {
+                                    const cuda::Bf16SplitActs* us,
+                                    cudaStream_t s) {
   const auto& c = config_;
-  const cudaStream_t s = stream_.get();
   const bool overlap = plan.attention == AttentionType::kCsa;
   const int64_t d = index ? c.index_head_dim : c.head_dim;
   const int64_t width = (overlap ? 2 : 1) * d;
@@ -125,7 +125,7 @@ Status CudaModel::launch_attention(const DAttention& w,
   const float* freqs = inv_freq(plan.rope);
   const bool q8 = this->q8();
 
-  // Queries.
+  // Queries on the main stream.
   float* qr = nullptr;
   float* q = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&qr, n * c.q_lora_rank));
@@ -139,47 +139,6 @@ Status CudaModel::launch_attention(const DAttention& w,
     DSI_RETURN_IF_ERROR(quantize_fp8(ws_.get(), u, n, w.wq_a.cols, s, &uq));
     uqp = &uq;
   }
-  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_a, u, n, qr, q8, s, false, uqp));
-  DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
-  cuda::Fp8Acts qrq;
-  const cuda::Fp8Acts* qrqp = nullptr;
-  if (n > 0 && plan.attention == AttentionType::kCsa && fp8_linear_path(w.wq_b, q8) &&
-      fp8_linear_path(w.indexer_wq_b, q8) && w.wq_b.cols == w.indexer_wq_b.cols) {
-    DSI_RETURN_IF_ERROR(quantize_fp8(ws_.get(), qr, n, w.wq_b.cols, s, &qrq));
-    qrqp = &qrq;
-  }
-  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_b, qr, n, q, q8, s, false, qrqp));
-  // deepseek numerics at the wgmma attention's shape: the q norm writes the BF16 q attention
-  // rounds to anyway (half the bytes written and read, and the attention copies it in unconverted).
-  uint16_t* q16 = nullptr;
-  {
-    cuda::SinkAttentionParams probe;
-    probe.heads = heads;
-    probe.dim = hd;
-    probe.bf16_operands = numerics_ == model::Numerics::kDeepSeek;
-    if (n > 0 && cuda::sink_attention_reads_q_bf16(probe) && cuda::rms_norm_writes_bf16(hd, rd / 2))
-      DSI_RETURN_IF_ERROR(ws_->get(&q16, n * heads * hd));
-  }
-  DSI_RETURN_IF_ERROR(
-      rms_norm_rope(q, n * heads, hd, nullptr, eps, heads, positions, freqs, rd / 2, s, q16));
-  // The shared K=V vector (chunk-local until it is written to the ring after attention).
-  float* kv = nullptr;
-  DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
-  DSI_RETURN_IF_ERROR(linear(lin(), w.wkv, u, n, kv, q8, s, false, uqp));
-  // deepseek numerics: K=V rounded as its record stores it (FP8 no-RoPE dims in blocks of 64,
-  // BF16 RoPE dims), by the norm kernel itself where it can.
-  DSI_RETURN_IF_ERROR(rms_norm_rope(kv,
-                                    n,
-                                    hd,
-                                    w.kv_norm,
-                                    eps,
-                                    1,
-                                    positions,
-                                    freqs,
-                                    rd / 2,
-                                    s,
-                                    nullptr,
-                                    numerics_ == model::Numerics::kDeepSeek ? 64 : 0));
   // Compressors (and the indexer's weights_proj): u split into BF16 halves once for all of their
   // BF16x2 linears (prefill sizes; decode takes the GEMVs on fp32 u).
   cuda::Bf16SplitActs us;
@@ -200,22 +159,77 @@ Status CudaModel::launch_attention(const DAttention& w,
       DSI_RETURN_IF_ERROR(split_bf16(ws_.get(), u, n, c.hidden_size, 0, s, &us));
       usp = &us;
     }
-    DSI_RETURN_IF_ERROR(
-        launch_compressor(w.comp, plan, lp.comp, false, n, positions, pack, hp, u, usp));
   }
-  int64_t* key_refs = hp.resolve<int64_t>(pack, lp.key_refs);
-  if (plan.attention == AttentionType::kCsa) {
-    DSI_RETURN_IF_ERROR(
-        launch_compressor(w.index_comp, plan, lp.index_comp, true, n, positions, pack, hp, u, usp));
-    const int64_t ih = c.index_n_heads;
-    const int64_t ihd = c.index_head_dim;
-    float* qi = nullptr;
-    float* hw = nullptr;
-    DSI_RETURN_IF_ERROR(ws_->get(&qi, n * ih * ihd));
+  // Side stream 0: the shared K=V vector (chunk-local until it is written to the ring after
+  // attention) and the compressor; side stream 1 (CSA): the indexer's compressor and head
+  // weights. Both are joined before the first kernel that reads what they write.
+  float* kv = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
+  DSI_ASSIGN_OR_RETURN(Branch kv_branch, sides_.fork(s, 0));
+  {
+    const cudaStream_t ks = kv_branch.stream();
+    DSI_RETURN_IF_ERROR(linear(lin(), w.wkv, u, n, kv, q8, ks, false, uqp));
+    // deepseek numerics: K=V rounded as its record stores it (FP8 no-RoPE dims in blocks of 64,
+    // BF16 RoPE dims), by the norm kernel itself where it can.
+    DSI_RETURN_IF_ERROR(rms_norm_rope(kv,
+                                      n,
+                                      hd,
+                                      w.kv_norm,
+                                      eps,
+                                      1,
+                                      positions,
+                                      freqs,
+                                      rd / 2,
+                                      ks,
+                                      nullptr,
+                                      numerics_ == model::Numerics::kDeepSeek ? 64 : 0));
+    if (plan.attention != AttentionType::kSliding) {
+      DSI_RETURN_IF_ERROR(
+          launch_compressor(w.comp, plan, lp.comp, false, n, positions, pack, hp, u, usp, ks));
+    }
+  }
+  const bool csa = plan.attention == AttentionType::kCsa;
+  const int64_t ih = c.index_n_heads;
+  const int64_t ihd = c.index_head_dim;
+  float* hw = nullptr;
+  Branch index_branch;
+  if (csa) {
     DSI_RETURN_IF_ERROR(ws_->get(&hw, n * ih));
-    DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_wq_b, qr, n, qi, q8, s, false, qrqp));
+    DSI_ASSIGN_OR_RETURN(index_branch, sides_.fork(s, 1));
+    const cudaStream_t is = index_branch.stream();
+    DSI_RETURN_IF_ERROR(launch_compressor(
+        w.index_comp, plan, lp.index_comp, true, n, positions, pack, hp, u, usp, is));
     DSI_RETURN_IF_ERROR(
-        linear(lin(), w.indexer_weights_proj, u, n, hw, false, s, false, nullptr, usp));
+        linear(lin(), w.indexer_weights_proj, u, n, hw, false, is, false, nullptr, usp));
+  }
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_a, u, n, qr, q8, s, false, uqp));
+  DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
+  cuda::Fp8Acts qrq;
+  const cuda::Fp8Acts* qrqp = nullptr;
+  if (n > 0 && csa && fp8_linear_path(w.wq_b, q8) && fp8_linear_path(w.indexer_wq_b, q8) &&
+      w.wq_b.cols == w.indexer_wq_b.cols) {
+    DSI_RETURN_IF_ERROR(quantize_fp8(ws_.get(), qr, n, w.wq_b.cols, s, &qrq));
+    qrqp = &qrq;
+  }
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wq_b, qr, n, q, q8, s, false, qrqp));
+  // deepseek numerics at the wgmma attention's shape: the q norm writes the BF16 q attention
+  // rounds to anyway (half the bytes written and read, and the attention copies it in unconverted).
+  uint16_t* q16 = nullptr;
+  {
+    cuda::SinkAttentionParams probe;
+    probe.heads = heads;
+    probe.dim = hd;
+    probe.bf16_operands = numerics_ == model::Numerics::kDeepSeek;
+    if (n > 0 && cuda::sink_attention_reads_q_bf16(probe) && cuda::rms_norm_writes_bf16(hd, rd / 2))
+      DSI_RETURN_IF_ERROR(ws_->get(&q16, n * heads * hd));
+  }
+  DSI_RETURN_IF_ERROR(
+      rms_norm_rope(q, n * heads, hd, nullptr, eps, heads, positions, freqs, rd / 2, s, q16));
+  int64_t* key_refs = hp.resolve<int64_t>(pack, lp.key_refs);
+  if (csa) {
+    float* qi = nullptr;
+    DSI_RETURN_IF_ERROR(ws_->get(&qi, n * ih * ihd));
+    DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_wq_b, qr, n, qi, q8, s, false, qrqp));
     DSI_RETURN_IF_ERROR(rope(qi, n, ih, ihd, positions, freqs, rd / 2, false, s));
     if (numerics_ == model::Numerics::kDeepSeek) {
       cuda::QuantSimParams qs;
@@ -228,6 +242,7 @@ Status CudaModel::launch_attention(const DAttention& w,
       qs.hadamard = true;
       DSI_RETURN_IF_ERROR(cuda::launch_quant_sim(qs, s));
     }
+    DSI_RETURN_IF_ERROR(index_branch.join());  // the index keys and hw
     const int64_t room = std::max<int64_t>(lp.visible_room, 1);
     float* scores = nullptr;
     int32_t* selected = nullptr;
@@ -273,6 +288,7 @@ Status CudaModel::launch_attention(const DAttention& w,
     rp.out = key_refs;
     DSI_RETURN_IF_ERROR(cuda::launch_refs_from_indices(rp, s));
   }
+  DSI_RETURN_IF_ERROR(kv_branch.join());  // K=V and the compressed keys
   // Sink attention over window + compressed keys, inverse RoPE on the output.
   const int64_t groups = c.o_groups;
   const int64_t olr = c.o_lora_rank;
@@ -497,7 +513,6 @@ Status CudaModel::launch_moe(const DMoe& w,
   DSI_RETURN_IF_ERROR(ws_->get(&ids, n * k));
   DSI_RETURN_IF_ERROR(ws_->get(&gates, n * k));
   DSI_RETURN_IF_ERROR(ws_->get(&ys, n * hidden));
-  DSI_RETURN_IF_ERROR(linear(lin(), w.gate, u, n, logits, false, s));  // router in fp32
   cuda::MoeRouteParams rp;
   rp.logits = logits;
   rp.n = n;
@@ -524,7 +539,6 @@ Status CudaModel::launch_moe(const DMoe& w,
   rp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   rp.expert_ids = ids;
   rp.weights = gates;
-  DSI_RETURN_IF_ERROR(cuda::launch_moe_route(rp, s));
   // The shared expert: one expert over every token, gate 1.
   cuda::ExpertFfnParams sp;
   sp.w1 = w.shared_w1;
@@ -546,6 +560,11 @@ Status CudaModel::launch_moe(const DMoe& w,
   cuda::Fp8Acts uq;
   if (fast_shared || fast_routed)
     DSI_RETURN_IF_ERROR(quantize_fp8(ws_.get(), u, n, hidden, s, &uq));
+  // The shared expert on side stream 0, beside the router and the routed experts; joined before
+  // the combine reads its output. With expert parallelism on the main stream (the routed
+  // experts' exchange takes the shared output with it).
+  DSI_ASSIGN_OR_RETURN(Branch shared, sides_.fork(s, 0, options_.comm == nullptr));
+  const cudaStream_t ss = shared.stream();
   if (fast_shared && w.shared_fp8.n_experts > 0 && use_moe_sm90_rows(n)) {
 #if DSINFER_HAVE_CUTLASS
     // Prefill-sized: the shared expert as a one-expert grouped wgmma GEMM (moe_sm90.h).
@@ -557,15 +576,17 @@ Status CudaModel::launch_moe(const DMoe& w,
     mp.swiglu_limit = static_cast<float>(c.swiglu_limit);
     DSI_RETURN_IF_ERROR(moe_sm90_scratch(&mp));
     mp.y = ys;
-    DSI_RETURN_IF_ERROR(cuda::launch_moe_sm90(mp, s));
+    DSI_RETURN_IF_ERROR(cuda::launch_moe_sm90(mp, ss));
 #endif
   } else {
     DSI_RETURN_IF_ERROR(ws_->get(&sp.h, n * w.shared_inter));
     if (fast_shared)
-      DSI_RETURN_IF_ERROR(fp8_experts(sp, w.shared_format, w.shared_gemv, uq, s));
+      DSI_RETURN_IF_ERROR(fp8_experts(sp, w.shared_format, w.shared_gemv, uq, ss));
     else
-      DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, s));
+      DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(sp, ss));
   }
+  DSI_RETURN_IF_ERROR(linear(lin(), w.gate, u, n, logits, false, s));  // router in fp32
+  DSI_RETURN_IF_ERROR(cuda::launch_moe_route(rp, s));
   if (options_.comm != nullptr)
     return launch_routed_ep(w, n, u, ids, gates, ys, f);
 
@@ -623,6 +644,7 @@ Status CudaModel::launch_moe(const DMoe& w,
     else
       DSI_RETURN_IF_ERROR(cuda::launch_expert_ffn(ep, s));
   }
+  DSI_RETURN_IF_ERROR(shared.join());
   cuda::MoeCombineParams cp;
   cp.n = n;
   cp.k = k;
