@@ -358,13 +358,16 @@ Status CudaModel::launch_attention(const DAttention& w,
   DSI_RETURN_IF_ERROR(cuda::launch_sink_attention(sp, s));
   if (o != nullptr && !o_finished)
     DSI_RETURN_IF_ERROR(rope(o, n, heads, hd, positions, freqs, rd / 2, true, s));
+  // This step's K=V rows into the ring (read by later steps only), on side stream 0 beside the
+  // output projection; joined after it (before the layer's workspace is reused).
   cuda::ScatterRowsParams rw;
   rw.src = kv;
   rw.n = n;
   rw.width = hd;
   rw.pool = pool_;
   rw.dest_refs = hp.resolve<int64_t>(pack, lp.ring_dest);
-  DSI_RETURN_IF_ERROR(cuda::launch_scatter_rows(rw, s));
+  DSI_ASSIGN_OR_RETURN(Branch ring_write, sides_.fork(s, 0));
+  DSI_RETURN_IF_ERROR(cuda::launch_scatter_rows(rw, ring_write.stream()));
   // Grouped output projection: wo_a per group (never quantised), then wo_b. deepseek numerics:
   // on the attention output rounded to BF16 (docs/numerics.md, point 5), by the hi-only split
   // on the BF16 path and in place otherwise.
@@ -396,7 +399,8 @@ Status CudaModel::launch_attention(const DAttention& w,
     p.group_x = group_in;
     p.group_y = olr;
     DSI_RETURN_IF_ERROR(cuda::launch_gemv_fp8(p, s));
-    return linear(lin(), w.wo_b, z, n, f, q8, s);
+    DSI_RETURN_IF_ERROR(linear(lin(), w.wo_b, z, n, f, q8, s));
+    return ring_write.join();
   }
   if (bf16x2_o) {
     // o split into BF16 halves once (deepseek: rounded, the high halves only, unless the
@@ -423,11 +427,13 @@ Status CudaModel::launch_attention(const DAttention& w,
     if (p.scratch_floats > 0)
       DSI_RETURN_IF_ERROR(ws_->get(&p.scratch, p.scratch_floats));
     DSI_RETURN_IF_ERROR(cuda::launch_bf16x2_linear(p, s));
-    return linear(lin(), w.wo_b, z, n, f, q8, s);
+    DSI_RETURN_IF_ERROR(linear(lin(), w.wo_b, z, n, f, q8, s));
+    return ring_write.join();
   }
   DSI_RETURN_IF_ERROR(round_o());
   DSI_RETURN_IF_ERROR(grouped_linear(w.wo_a, groups, olr, o, heads * hd, group_in, n, z, s));
-  return linear(lin(), w.wo_b, z, n, f, q8, s);
+  DSI_RETURN_IF_ERROR(linear(lin(), w.wo_b, z, n, f, q8, s));
+  return ring_write.join();
 }
 
 Status CudaModel::expand_keys(const PassPlan& plan, uint8_t* pack, const HostPack& hp) {
