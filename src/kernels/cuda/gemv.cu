@@ -530,7 +530,8 @@ __global__ void fp8_gemv_reduce_kernel(Fp8GemvArgs a) {
 // Blocks along K so that about 528 blocks (4 per SM) run, whole 128-blocks per warp; tall
 // weights whose K blocks fit one per warp take 4 8-row groups per block from 4 x 528 groups on
 // (wq_b at decode: 1,024 blocks instead of 4,096, 19.7 -> 17.8 us under ncu; the indexer's wq_b,
-// 1,024 groups, was slower in blocks of 2).
+// 1,024 groups, was slower in blocks of 2). Those blocks take 108 registers (2 per SM); bounded to
+// 80 (3 per SM) they measured no faster at batch 1-4 (fifteenth session).
 void fp8_gemv_split(int64_t rows, int64_t cols, int64_t* kb_per_block, int* splits, int* groups) {
   const int64_t g8 = std::max<int64_t>(rows / 8, 1);
   const int64_t kb = cols / 128;

@@ -642,7 +642,9 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
   const int lane = threadIdx.x & 31;
   // Two roles when gridDim.y is 2 (few tokens, !kHead): blocks y = 1 run the Sinkhorn alone while
   // blocks y = 0 form the gates and collapse, so that the step waits for the longer of the two
-  // chains instead of their sum (the comb matrix is read only by the next post step).
+  // chains instead of their sum (the comb matrix is read only by the next post step). The
+  // Sinkhorn as a kernel of its own on a side stream, joined after the sub-layer, measured no
+  // faster (fifteenth session).
   const bool sinkhorn_role = !kHead && !kSplit && gridDim.y > 1 && blockIdx.y == 1;
   const bool sinkhorn_here = !kHead && (gridDim.y == 1 || sinkhorn_role);
   for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kPreTokens; t0 < p.n;
