@@ -634,13 +634,6 @@ TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
   }
 }
 
-// Speculative verification shapes as fixed-shape steps (CudaModelOptions::max_graph_tokens):
-// every sequence L tokens (the pending token and L - 1 drafts of the MTP block) with every row's
-// logits and the MTP pass without its head, as a drafting engine runs them; verifications and
-// drafting steps replayed from graphs and bit for bit equal to eager launches (batch-invariant
-// kernels, so the padding rows change nothing), drafts and their probabilities included — L = 2,
-// 3 and 1, five sequences (padded to 8), some rounds rolling a sequence back. A last forward
-// asking for the MTP logits finds the same MTP state either way.
 // The side streams (side_streams.h) run a layer's independent branches concurrently, in eager
 // forwards and in replayed graphs: the same bits as one stream, on the fast (not batch-invariant)
 // kernels, prefill and decode.
@@ -678,6 +671,13 @@ TEST_P(CudaModelTest, SideStreamsGiveTheSameBitsAsOneStream) {
   }
 }
 
+// Speculative verification shapes as fixed-shape steps (CudaModelOptions::max_graph_tokens):
+// every sequence L tokens (the pending token and L - 1 drafts of the MTP block) with every row's
+// logits and the MTP pass without its head, as a drafting engine runs them; verifications and
+// drafting steps replayed from graphs and bit for bit equal to eager launches (batch-invariant
+// kernels, so the padding rows change nothing), drafts and their probabilities included — L = 2,
+// 3 and 1, five sequences (padded to 8), some rounds rolling a sequence back. A last forward
+// asking for the MTP logits finds the same MTP state either way.
 TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
   SKIP_WITHOUT_GPU();
   const ModelCase mc = GetParam();
