@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""What speculative decoding's `auto` chose, step by step, summarised.
+
+Reads the stderr of an engine run with DSINFER_SPEC_TRACE=1 (e.g. `dsinfer bench --speculative
+auto ...`), whose lines are
+
+  [spec-trace] step 12: 3 drafting, depth 2 | 1:2 2:2 4:1x
+  [spec-trace] step 12: 3 at depth 2 took 1.234 ms, predicted 1.200
+  [spec-trace] step 13: 3 at depth 2 took 4.321 ms, not recorded (2 shape warm-ups)
+
+and prints, per batch size: how many steps ran at each depth, how many of them auto measured,
+the median and mean measured step time against auto's mean prediction, the mean drafts each
+request verified, and the runs of consecutive depths (e.g. `3x40 2x5 3x120`), so that a run
+where auto settles on a depth the fixed modes beat shows whether it mispredicts the step time,
+explores, or never tries the better depth.
+
+Usage: tools/bench/spec_trace.py LOG [--last N]
+       tools/bench/spec_trace.py --self-test
+"""
+import argparse
+import collections
+import re
+import statistics
+import sys
+
+DRAFT_RE = re.compile(r"\[spec-trace\] step (\d+): (\d+) drafting, depth (-?\d+) \|(.*)$")
+TIME_RE = re.compile(
+    r"\[spec-trace\] step (\d+): (\d+) at depth (-?\d+) took ([0-9.]+) ms, "
+    r"(?:predicted ([0-9.]+)|not recorded)")
+
+
+class Depth:
+  def __init__(self):
+    self.steps = 0
+    self.took = []  # measured steps only (auto's measurements)
+    self.warmups = 0
+    self.predicted = []
+    self.verified = []  # drafts per request
+
+
+def parse(lines):
+  """-> {batch: {depth: Depth}}, {batch: [depth per step in order]}."""
+  by_batch = collections.defaultdict(lambda: collections.defaultdict(Depth))
+  order = collections.defaultdict(list)
+  drafting = {}  # step -> (batch, depth, [k per request])
+  for line in lines:
+    m = DRAFT_RE.search(line)
+    if m:
+      ks = []
+      for tok in m.group(4).split():
+        k = tok.split(":", 1)[1].rstrip("x")
+        ks.append(int(k))
+      drafting[int(m.group(1))] = (int(m.group(2)), int(m.group(3)), ks)
+      continue
+    m = TIME_RE.search(line)
+    if not m:
+      continue
+    step, b, d = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    rec = by_batch[b][d]
+    rec.steps += 1
+    order[b].append(d)
+    if m.group(5) is None:
+      rec.warmups += 1
+    else:
+      rec.took.append(float(m.group(4)))
+      rec.predicted.append(float(m.group(5)))
+    if step in drafting:
+      rec.verified.extend(drafting.pop(step)[2])
+  return by_batch, order
+
+
+def runs(seq):
+  out = []
+  for d in seq:
+    if out and out[-1][0] == d:
+      out[-1][1] += 1
+    else:
+      out.append([d, 1])
+  return " ".join(f"{d}x{n}" for d, n in out)
+
+
+def report(by_batch, order, last):
+  lines = []
+  for b in sorted(by_batch):
+    lines.append(f"batch {b}: {len(order[b])} steps")
+    lines.append("  depth  steps  measured  warm-ups  median ms  mean ms  predicted ms  "
+                 "drafts/request")
+    for d in sorted(by_batch[b]):
+      r = by_batch[b][d]
+      med = f"{statistics.median(r.took):.3f}" if r.took else "-"
+      mean = f"{statistics.fmean(r.took):.3f}" if r.took else "-"
+      pred = f"{statistics.fmean(r.predicted):.3f}" if r.predicted else "-"
+      ver = f"{statistics.fmean(r.verified):.2f}" if r.verified else "-"
+      lines.append(f"  {d:>5}  {r.steps:>5}  {len(r.took):>8}  {r.warmups:>8}  {med:>9}  "
+                   f"{mean:>7}  {pred:>12}  {ver:>14}")
+    seq = order[b][-last:] if last > 0 else order[b]
+    lines.append(f"  depth runs{' (last %d steps)' % last if last > 0 else ''}: {runs(seq)}")
+  return "\n".join(lines)
+
+
+def self_test():
+  log = """\
+[bench speculative] round 1 batch 64 auto: 1.0 tokens/s
+[spec-trace] step 10: 2 drafting, depth 3 | 1:3 2:2x
+[spec-trace] step 10: 2 at depth 3 took 4.000 ms, not recorded (2 shape warm-ups)
+[spec-trace] step 11: 2 drafting, depth 3 | 1:3 2:3
+[spec-trace] step 11: 2 at depth 3 took 3.000 ms, predicted 2.500
+[spec-trace] step 12: 2 drafting, depth 3 | 1:3 2:3
+[spec-trace] step 12: 2 at depth 3 took 5.000 ms, predicted 2.700
+[spec-trace] step 13: 2 drafting, depth 2 | 1:2 2:1
+[spec-trace] step 13: 2 at depth 2 took 2.000 ms, predicted 2.100
+[spec-trace] step 14: 1 at depth -1 took 1.000 ms, predicted 1.100
+"""
+  by_batch, order = parse(log.splitlines())
+  assert sorted(by_batch) == [1, 2], sorted(by_batch)
+  d3 = by_batch[2][3]
+  assert (d3.steps, len(d3.took), d3.warmups) == (3, 2, 1), vars(d3)
+  assert d3.took == [3.0, 5.0] and d3.predicted == [2.5, 2.7]
+  assert d3.verified == [3, 2, 3, 3, 3, 3], d3.verified
+  assert by_batch[2][2].verified == [2, 1]
+  assert order[2] == [3, 3, 3, 2] and runs(order[2]) == "3x3 2x1"
+  assert by_batch[1][-1].took == [1.0] and by_batch[1][-1].verified == []
+  text = report(by_batch, order, 0)
+  assert "batch 2: 4 steps" in text and "4.000" in text and "3x3 2x1" in text, text
+  assert "depth runs (last 1 steps): 2x1" in report(by_batch, order, 1)
+  assert parse(["nothing to see"]) == ({}, {})
+  print("spec_trace self-test passed")
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("log", nargs="?")
+  ap.add_argument("--last", type=int, default=0, help="depth runs of the last N steps only")
+  ap.add_argument("--self-test", action="store_true")
+  a = ap.parse_args()
+  if a.self_test:
+    self_test()
+    return 0
+  if not a.log:
+    ap.error("a log file is needed (or --self-test)")
+  with open(a.log, errors="replace") as f:
+    by_batch, order = parse(f)
+  if not by_batch:
+    print(f"{a.log}: no [spec-trace] step times (run with DSINFER_SPEC_TRACE=1 and auto)",
+          file=sys.stderr)
+    return 1
+  print(report(by_batch, order, a.last))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
