@@ -129,6 +129,18 @@ constexpr double kDsMtpMeanTol = 0.2;
 
 class CudaModelTest : public ::testing::TestWithParam<ModelCase> {};
 
+// In a CudaModelTest: mc (the case), ckpt (its checkpoint) and cfg (its config) in scope, or the
+// test skipped (no GPU, or the case's files absent).
+#define OPEN_CASE_OR_SKIP()                \
+  SKIP_WITHOUT_GPU();                      \
+  const ModelCase mc = GetParam();         \
+  if (!fs::exists(source_path(mc.path)))   \
+    GTEST_SKIP() << mc.path << " missing"; \
+  auto ckpt = open_model(mc.path);         \
+  ASSERT_TRUE(ckpt);                       \
+  const auto& cfg = ckpt->config();        \
+  (void)cfg
+
 // Greedy decode of all prompts together: prefill as one batch, then `decode` batched steps; every
 // step's last-token logits of every sequence appended to step_logits. Returns the tokens.
 std::vector<std::vector<int32_t>> greedy_decode_all(
@@ -169,13 +181,7 @@ std::vector<std::vector<int32_t>> greedy_decode_all(
 }
 
 TEST_P(CudaModelTest, LogitsMatchCpuInBothNumerics) {
-  SKIP_WITHOUT_GPU();
-  const ModelCase mc = GetParam();
-  if (!fs::exists(source_path(mc.path)))
-    GTEST_SKIP() << mc.path << " missing";
-  auto ckpt = open_model(mc.path);
-  ASSERT_TRUE(ckpt);
-  const auto& cfg = ckpt->config();
+  OPEN_CASE_OR_SKIP();
   const bool mtp = ckpt->has_mtp();
   const auto ids = random_ids(mc.tokens, cfg.vocab_size, 7);
   for (const auto& [nm, invariant] : {std::pair{model::Numerics::kReference, false},
@@ -225,13 +231,7 @@ TEST_P(CudaModelTest, LogitsMatchCpuInBothNumerics) {
 }
 
 TEST_P(CudaModelTest, RollbackThenDecodeEqualsStraightRun) {
-  SKIP_WITHOUT_GPU();
-  const ModelCase mc = GetParam();
-  if (!fs::exists(source_path(mc.path)))
-    GTEST_SKIP() << mc.path << " missing";
-  auto ckpt = open_model(mc.path);
-  ASSERT_TRUE(ckpt);
-  const auto& cfg = ckpt->config();
+  OPEN_CASE_OR_SKIP();
   auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), model::Numerics::kDeepSeek);
   ASSERT_TRUE(gm.ok()) << gm.status().to_string();
   const auto ids = random_ids(mc.tokens, cfg.vocab_size, 11);
@@ -265,13 +265,7 @@ TEST_P(CudaModelTest, RollbackThenDecodeEqualsStraightRun) {
 // in both numerics, for captures after 1 token, inside a ratio-4 compression block (6), at its
 // boundary (8), after half the prompt and one token before its end: all inside the window.
 TEST_P(CudaModelTest, StateImageRestoredFromTheDevicePoolContinuesBitForBit) {
-  SKIP_WITHOUT_GPU();
-  const ModelCase mc = GetParam();
-  if (!fs::exists(source_path(mc.path)))
-    GTEST_SKIP() << mc.path << " missing";
-  auto ckpt = open_model(mc.path);
-  ASSERT_TRUE(ckpt);
-  const auto& cfg = ckpt->config();
+  OPEN_CASE_OR_SKIP();
   for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
     auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), nm);
     ASSERT_TRUE(gm.ok()) << gm.status().to_string();
@@ -313,13 +307,7 @@ TEST_P(CudaModelTest, StateImageRestoredFromTheDevicePoolContinuesBitForBit) {
 // restores than the ring has buffers: each restore followed at once by its forward, then several
 // restores in a row before their forwards. Every continuation equals the original's bit for bit.
 TEST_P(CudaModelTest, StateImageRestoredWithoutWaitingContinuesBitForBit) {
-  SKIP_WITHOUT_GPU();
-  const ModelCase mc = GetParam();
-  if (!fs::exists(source_path(mc.path)))
-    GTEST_SKIP() << mc.path << " missing";
-  auto ckpt = open_model(mc.path);
-  ASSERT_TRUE(ckpt);
-  const auto& cfg = ckpt->config();
+  OPEN_CASE_OR_SKIP();
   const int64_t page_bytes = state::default_page_bytes(cfg);
   struct Ring {
     int slots;
@@ -395,13 +383,7 @@ TEST_P(CudaModelTest, StateImageRestoredWithoutWaitingContinuesBitForBit) {
 // from the copied pages) that equals the synchronous capture byte for byte, restored, and
 // continued bit for bit.
 TEST_P(CudaModelTest, StateImageCapturedInTheBackgroundContinuesBitForBit) {
-  SKIP_WITHOUT_GPU();
-  const ModelCase mc = GetParam();
-  if (!fs::exists(source_path(mc.path)))
-    GTEST_SKIP() << mc.path << " missing";
-  auto ckpt = open_model(mc.path);
-  ASSERT_TRUE(ckpt);
-  const auto& cfg = ckpt->config();
+  OPEN_CASE_OR_SKIP();
   for (model::Numerics nm : {model::Numerics::kReference, model::Numerics::kDeepSeek}) {
     auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), nm);
     ASSERT_TRUE(gm.ok()) << gm.status().to_string();
@@ -478,13 +460,7 @@ TEST_P(CudaModelTest, StateImageCapturedInTheBackgroundContinuesBitForBit) {
 // with last_logits_only, with a mask) fail their own item with invalid_argument while the item
 // beside them is computed.
 TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
-  SKIP_WITHOUT_GPU();
-  const ModelCase mc = GetParam();
-  if (!fs::exists(source_path(mc.path)))
-    GTEST_SKIP() << mc.path << " missing";
-  auto ckpt = open_model(mc.path);
-  ASSERT_TRUE(ckpt);
-  const auto& cfg = ckpt->config();
+  OPEN_CASE_OR_SKIP();
   gpu::CudaModelOptions o;
   o.batch_invariant = true;  // the batched chunks' logits equal the reference chunk's
   auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), model::Numerics::kDeepSeek, o);
@@ -570,13 +546,7 @@ TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
 }
 
 TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
-  SKIP_WITHOUT_GPU();
-  const ModelCase mc = GetParam();
-  if (!fs::exists(source_path(mc.path)))
-    GTEST_SKIP() << mc.path << " missing";
-  auto ckpt = open_model(mc.path);
-  ASSERT_TRUE(ckpt);
-  const auto& cfg = ckpt->config();
+  OPEN_CASE_OR_SKIP();
   const int kSeqs = 5;
   const int kDecode = 40;
   std::vector<std::vector<int32_t>> prompts;
@@ -638,13 +608,7 @@ TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
 // forwards and in replayed graphs: the same bits as one stream, on the fast (not batch-invariant)
 // kernels, prefill and decode.
 TEST_P(CudaModelTest, SideStreamsGiveTheSameBitsAsOneStream) {
-  SKIP_WITHOUT_GPU();
-  const ModelCase mc = GetParam();
-  if (!fs::exists(source_path(mc.path)))
-    GTEST_SKIP() << mc.path << " missing";
-  auto ckpt = open_model(mc.path);
-  ASSERT_TRUE(ckpt);
-  const auto& cfg = ckpt->config();
+  OPEN_CASE_OR_SKIP();
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 4; ++i) {
     prompts.push_back(random_ids(5 + 11 * i, cfg.vocab_size, 300 + static_cast<uint32_t>(i)));
@@ -679,15 +643,9 @@ TEST_P(CudaModelTest, SideStreamsGiveTheSameBitsAsOneStream) {
 // 3 and 1, five sequences (padded to 8), some rounds rolling a sequence back. A last forward
 // asking for the MTP logits finds the same MTP state either way.
 TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
-  SKIP_WITHOUT_GPU();
-  const ModelCase mc = GetParam();
-  if (!fs::exists(source_path(mc.path)))
-    GTEST_SKIP() << mc.path << " missing";
-  auto ckpt = open_model(mc.path);
-  ASSERT_TRUE(ckpt);
+  OPEN_CASE_OR_SKIP();
   if (!ckpt->has_mtp())
     GTEST_SKIP() << mc.path << " has no MTP block";
-  const auto& cfg = ckpt->config();
   const int kSeqs = 5;
   const int kRounds = 18;
   auto steps = [&](gpu::CudaModel& m, std::vector<std::vector<float>>* logits) {
