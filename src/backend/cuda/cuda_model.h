@@ -52,8 +52,9 @@ struct CudaModelOptions {
   // without its logits), are fixed-shape steps too: graph-replayed and on the kernels of decode
   // steps. 1: single-token steps only. DSINFER_GRAPH_TOKENS in the environment overrides it.
   int64_t max_graph_tokens = 8;
-  // A layer's independent branches (the shared expert; the K=V head and the compressors) on side
-  // streams beside the main chain (side_streams.h); the same bits either way.
+  // A layer's independent branches (the shared expert, the K=V head and compressor, the CSA
+  // indexer's compressor, the ring write; the list: side_streams.h) on side streams beside the
+  // main chain; the same bits either way.
   // DSINFER_SIDE_STREAMS=0 in the environment turns them off.
   bool side_streams = true;
   // Every linear on the kernels whose summation order is the same at every batch size, so a

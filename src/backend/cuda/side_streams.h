@@ -1,7 +1,8 @@
 // Side streams for the independent branches of a layer (docs/performance.md, fifteenth session):
 // at decode the step is a chain of small latency-bound kernels, and a branch whose inputs are
-// ready (the shared expert beside the router and the routed experts; the K=V head and the
-// compressors beside the queries) runs beside the main chain instead of after it.
+// ready (the shared expert beside the router and the routed experts; the K=V head, its norm and
+// the compressor beside the queries; the CSA indexer's compressor and head weights; the
+// attention's ring write beside wo_a / wo_b) runs beside the main chain instead of after it.
 //
 // fork() hands out a side stream ordered after the main stream's work so far; Branch::join()
 // makes the main stream wait for everything queued on the side. Under stream capture the
