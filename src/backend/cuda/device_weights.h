@@ -119,7 +119,7 @@ class DeviceWeights {
   // prefill-sized batches; builds without CUTLASS make none. Returns the copies made.
   Result<int64_t> add_wo_a_bf16_copies();
   // Marks the expert sets the grouped GEMVs can run exactly (moe_gemv.h: FP8 always, MXFP4 when
-  // launch_expert_gemv_check finds no 128-block with a scale more than 13 binades from its first).
+  // launch_expert_gemv_check finds no NaN scale code and aligned codes and scales).
   // Returns how many routed sets qualified.
   Result<int64_t> enable_expert_gemv();
 

@@ -1,5 +1,7 @@
-// Grouped expert GEMVs for decode (moe_gemv.h): weights from global memory into registers,
-// converted to FP16 there, FP16 m16n8k16 MMAs with weights as A (16 rows) and tokens as B (8).
+// Grouped expert GEMVs for decode (moe_gemv.h). FP8 experts: weights from global memory into
+// registers, converted to FP16 there, FP16 m16n8k16 MMAs with weights as A (16 rows) and tokens as
+// B (8). MXFP4 experts: weights through a cp.async ring in shared memory, re-encoded as E4M3 in
+// registers, m64n8k32 FP8 wgmmas (the second half of this file).
 #include <algorithm>
 
 #include "kernels/cuda/dequant.cuh"
@@ -8,6 +10,7 @@
 #include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/swiglu.cuh"
+#include "kernels/cuda/wgmma_fp8.cuh"
 
 namespace dsinfer::cuda {
 namespace {
@@ -16,12 +19,6 @@ constexpr int kWarps = 4;      // per block, each a quarter of K of the block's 
 constexpr int kWarpRows = 16;  // rows per block (the MMA's M)
 constexpr int kTok = static_cast<int>(kExpertGemvTokens);
 constexpr int64_t kMaxGridY = 65535;
-// How far (in binades) the E8M0 exponents of a 128-block's 32-blocks may lie from its first one:
-// the FP16 weights absorb the difference (|o| <= 13 keeps every E2M1 value a normal FP16).
-constexpr int kMaxOffset = 13;
-
-enum class Fmt { kFp4, kFp8 };
-
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
@@ -35,63 +32,31 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return v;
 }
 
-// prmt in its generic mode: a selector nibble with bit 3 set replicates the selected byte's sign.
+// prmt in its generic mode (byte permute of a:b by the selector's nibbles).
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
 }
 
-// Four E2M1 codes (bits 0..15, first lowest) -> FP16 pairs (codes 0, 1) and (2, 3), each value
-// times 2^o where o is folded into the magnitude table (lut0, lut1: FP16 high bytes of |E2M1|;
-// every FP16 of an E2M1 value has a zero low byte).
-__device__ __forceinline__ void fp4x4_to_f16(
-    uint32_t v, uint32_t lut0, uint32_t lut1, uint32_t* r01, uint32_t* r23) {
-  const uint32_t mag = prmt(lut0, lut1, v & 0x7777u);
-  const uint32_t pos = prmt(0x7F7F7F7Fu, 0x7F7F7F7Fu, v);  // 0x7F where the sign is 0, else 0
-  const uint32_t hi = mag | (~(pos << 7) & 0x80808080u);   // bit 0 of each byte -> sign
-  *r01 = prmt(hi, 0u, 0x1404u);
-  *r23 = prmt(hi, 0u, 0x3424u);
-}
-
-// The magnitude table scaled by 2^o (|o| <= 13 keeps every entry a normal FP16).
-__device__ __forceinline__ void fp4_lut(int o, uint32_t* lut0, uint32_t* lut1) {
-  const uint32_t d = static_cast<uint32_t>(o * 4);  // the exponent field starts at bit 2
-  *lut0 = 0x3E3C3800u + d * 0x01010100u;            // |E2M1| 0, 0.5, 1, 1.5 (0 stays 0)
-  *lut1 = 0x46444240u + d * 0x01010101u;            // 2, 3, 4, 6
-}
-
 // One lane's share of rows g and g + 8 of a warp's 16 rows for one 128-wide K block: the 32
-// weights at K offset 32 t of the block.
-template <Fmt F>
+// weights at K offset 32 t of the block, and the 128x128 block's scale.
 struct WFrag {
-  uint4 v[2][F == Fmt::kFp4 ? 1 : 2];
-  uint32_t s[2];  // MXFP4: the four E8M0 scales of each row's block
-  float fs;       // FP8: the 128x128 block's scale
+  uint4 v[2][2];
+  float fs;
 };
 
-template <Fmt F>
 __device__ __forceinline__ void load_w(
-    const MatrixRef& w, int64_t r0, int g, int t, int64_t kb, WFrag<F>* f) {
+    const MatrixRef& w, int64_t r0, int g, int t, int64_t kb, WFrag* f) {
   const auto* d = static_cast<const uint8_t*>(w.data);
-  if constexpr (F == Fmt::kFp4) {
-    const auto* s = static_cast<const uint8_t*>(w.scale);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t row = r0 + g + 8 * i;
-      f->v[i][0] = ld_stream(d + row * (w.cols / 2) + kb * 64 + 16 * t);
-      f->s[i] = __ldg(reinterpret_cast<const uint32_t*>(s + row * (w.cols / 32) + kb * 4));
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint8_t* p = d + (r0 + g + 8 * i) * w.cols + kb * 128 + 32 * t;
-      f->v[i][0] = ld_stream(p);
-      f->v[i][1] = ld_stream(p + 16);
-    }
-    f->fs = fp8_block_scale(
-        w.scale, w.scale_dtype == DType::kF32, (r0 / 128) * ((w.cols + 127) / 128) + kb);
+  for (int i = 0; i < 2; ++i) {
+    const uint8_t* p = d + (r0 + g + 8 * i) * w.cols + kb * 128 + 32 * t;
+    f->v[i][0] = ld_stream(p);
+    f->v[i][1] = ld_stream(p + 16);
   }
+  f->fs = fp8_block_scale(
+      w.scale, w.scale_dtype == DType::kF32, (r0 / 128) * ((w.cols + 127) / 128) + kb);
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
@@ -102,50 +67,22 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 // rows' factors fa, fb that turn them into values (before the activation scale). The 8 MMAs on
 // two accumulator chains (halving the dependent chain) measured no faster (fourteenth session:
 // the kernel issues every 6-7 cycles per warp with no dominant stall, at 11-14 warps per SM).
-template <Fmt F>
 __device__ __forceinline__ void block_mma(
-    const WFrag<F>& f, const uint32_t (&xb)[16], int t, float (&c)[4], float* fa, float* fb) {
+    const WFrag& f, const uint32_t (&xb)[16], float (&c)[4], float* fa, float* fb) {
   c[0] = c[1] = c[2] = c[3] = 0.0f;
-  if constexpr (F == Fmt::kFp4) {
-    // Relative to the block's first 32-block (e0): |e - e0| <= 13, counted at load time by
-    // expert_gemv_check. Scale 2^(e0 - 127) as a float: E8M0 0 is 2^-127 (subnormal).
-    uint32_t lut[2][2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint32_t s = f.s[i];
-      const int e0 = static_cast<int>(s & 0xFFu);
-      const int e = static_cast<int>((s >> (8 * t)) & 0xFFu);
-      fp4_lut(e - e0, &lut[i][0], &lut[i][1]);
-      const float scale = __int_as_float(e0 != 0 ? e0 << 23 : 0x00400000);
-      (i == 0 ? *fa : *fb) = scale;
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t a[4];
-        fp4x4_to_f16(word(f.v[0][0], q) >> (16 * h), lut[0][0], lut[0][1], &a[0], &a[2]);
-        fp4x4_to_f16(word(f.v[1][0], q) >> (16 * h), lut[1][0], lut[1][1], &a[1], &a[3]);
-        const int st = 2 * q + h;
-        const uint32_t b[2] = {xb[2 * st], xb[2 * st + 1]};
-        mma::mma_f16(c, a, b);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int st = 0; st < 8; ++st) {
-      const uint32_t wa = word(f.v[0][st / 4], st % 4);
-      const uint32_t wb = word(f.v[1][st / 4], st % 4);
-      const uint32_t a[4] = {mma::e4m3x2_to_f16x2(wa),
-                             mma::e4m3x2_to_f16x2(wb),
-                             mma::e4m3x2_to_f16x2(wa >> 16),
-                             mma::e4m3x2_to_f16x2(wb >> 16)};
-      const uint32_t b[2] = {xb[2 * st], xb[2 * st + 1]};
-      mma::mma_f16(c, a, b);
-    }
-    *fa = f.fs;
-    *fb = f.fs;
+  for (int st = 0; st < 8; ++st) {
+    const uint32_t wa = word(f.v[0][st / 4], st % 4);
+    const uint32_t wb = word(f.v[1][st / 4], st % 4);
+    const uint32_t a[4] = {mma::e4m3x2_to_f16x2(wa),
+                           mma::e4m3x2_to_f16x2(wb),
+                           mma::e4m3x2_to_f16x2(wa >> 16),
+                           mma::e4m3x2_to_f16x2(wb >> 16)};
+    const uint32_t b[2] = {xb[2 * st], xb[2 * st + 1]};
+    mma::mma_f16(c, a, b);
   }
+  *fa = f.fs;
+  *fb = f.fs;
 }
 
 // Token g's 32 activations at K offset 32 t of block kb as FP16 pairs, and the activation scales
@@ -268,7 +205,7 @@ __device__ bool find_tile(const Fp8ExpertFfnParams& p, int64_t ty, int64_t* foun
 // Warp w of the block: the K blocks of its 16 rows (Whole: all of them; else every fourth, from
 // w, the block's other warps taking the others of the same rows); M matrices
 // (gate/up: w1 and w3 on the same x; down: w2) into acc[m][4].
-template <Fmt F, int M, bool Whole>
+template <int M, bool Whole>
 __device__ __forceinline__ void stream_rows(const MatrixRef (&w)[M],
                                             const Fp8Acts& x_acts,
                                             const int32_t* xrow,
@@ -295,53 +232,34 @@ __device__ __forceinline__ void stream_rows(const MatrixRef (&w)[M],
     return;
   // Two register sets used in turn (no copies between them): while one K block computes, the
   // other's loads are in flight.
-  WFrag<F> fa[M], fb[M];
+  WFrag fa[M], fb[M];
   XFrag xa, xb;
-  auto load = [&](int64_t j, WFrag<F>(&f)[M], XFrag& x) {
+  auto load = [&](int64_t j, WFrag(&f)[M], XFrag& x) {
     const int64_t kb = kb0 + j * kstep;
 #pragma unroll
     for (int m = 0; m < M; ++m) load_w(w[m], r0, g, t, kb, &f[m]);
     load_x(x_acts, xrow, g, t, kb, &x);
   };
-  auto compute = [&](const WFrag<F>(&f)[M], const XFrag& x) {
+  auto compute = [&](const WFrag(&f)[M], const XFrag& x) {
     uint32_t xh[16];
     x_f16(x, xh);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float c[4], sa, sb;
-      block_mma(f[m], xh, t, c, &sa, &sb);
+      block_mma(f[m], xh, c, &sa, &sb);
       accumulate(c, sa, sb, x, acc[m]);
     }
   };
+  // FP8 rows hold twice the registers of MXFP4's: one set plus the next block's loads (copied
+  // over).
   load(0, fa, xa);
-  if constexpr (F == Fmt::kFp8) {
-    // FP8 rows hold twice the registers: one set plus the next block's loads (copied over).
-    for (int64_t j = 0; j < n; ++j) {
-      if (j + 1 < n)
-        load(j + 1, fb, xb);
-      compute(fa, xa);
-#pragma unroll
-      for (int m = 0; m < M; ++m) fa[m] = fb[m];
-      xa = xb;
-    }
-    return;
-  }
-  // Both sets' loads are issued together (a row's 128 contiguous bytes requested at once), after
-  // both sets computed: 1-2% faster at batch 16 and 64 than refilling each set right after its
-  // own compute (fifteenth session). What bounds these kernels is the instruction issue of the
-  // FP4 -> FP16 conversion, not the bytes in flight: the MXFP4 weights streamed through a cp.async
-  // ring in shared memory (80 registers, 20 warps per SM, 3x the bytes in flight) measured
-  // 10-15% slower at batch 4-64 and no faster at batch 1.
-  if (n > 1)
-    load(1, fb, xb);
-  for (int64_t j = 0; j < n; j += 2) {
-    compute(fa, xa);
+  for (int64_t j = 0; j < n; ++j) {
     if (j + 1 < n)
-      compute(fb, xb);
-    if (j + 2 < n)
-      load(j + 2, fa, xa);
-    if (j + 3 < n)
-      load(j + 3, fb, xb);
+      load(j + 1, fb, xb);
+    compute(fa, xa);
+#pragma unroll
+    for (int m = 0; m < M; ++m) fa[m] = fb[m];
+    xa = xb;
   }
 }
 
@@ -408,7 +326,7 @@ __host__ __device__ constexpr int64_t group_rows() {
   return Whole ? kWarps * kWarpRows : kWarpRows;
 }
 
-template <Fmt F, bool Whole>
+template <bool Whole>
 __global__ void __launch_bounds__(kWarps * 32, kGateUpMinBlocks)
     gemv_gate_up_kernel(Fp8ExpertFfnParams p, int groups) {
   pdl_begin();
@@ -445,11 +363,11 @@ __global__ void __launch_bounds__(kWarps * 32, kGateUpMinBlocks)
     if constexpr (Whole) {
       const int64_t r0 = base + (threadIdx.x >> 5) * kWarpRows;
       if (r0 < p.inter) {  // warp-uniform
-        stream_rows<F, 2, true>(w, p.x, xrow, r0, p.hidden / 128, acc);
+        stream_rows<2, true>(w, p.x, xrow, r0, p.hidden / 128, acc);
         store(acc, r0);
       }
     } else {
-      stream_rows<F, 2, false>(w, p.x, xrow, base, p.hidden / 128, acc);
+      stream_rows<2, false>(w, p.x, xrow, base, p.hidden / 128, acc);
       if (reduce_warps<2>(acc))
         store(acc, base);
       __syncthreads();  // reduce_warps' shared partials are rewritten by the next group
@@ -457,7 +375,7 @@ __global__ void __launch_bounds__(kWarps * 32, kGateUpMinBlocks)
   }
 }
 
-template <Fmt F, bool Whole>
+template <bool Whole>
 __global__ void __launch_bounds__(kWarps * 32, kDownMinBlocks)
     gemv_down_kernel(Fp8ExpertFfnParams p, int groups) {
   pdl_begin();
@@ -490,11 +408,11 @@ __global__ void __launch_bounds__(kWarps * 32, kDownMinBlocks)
     if constexpr (Whole) {
       const int64_t r0 = base + (threadIdx.x >> 5) * kWarpRows;
       if (r0 < p.hidden) {
-        stream_rows<F, 1, true>(w, hq, xrow, r0, p.inter / 128, acc);
+        stream_rows<1, true>(w, hq, xrow, r0, p.inter / 128, acc);
         store(acc, r0);
       }
     } else {
-      stream_rows<F, 1, false>(w, hq, xrow, base, p.inter / 128, acc);
+      stream_rows<1, false>(w, hq, xrow, base, p.inter / 128, acc);
       if (reduce_warps<1>(acc))
         store(acc, base);
       __syncthreads();
@@ -502,8 +420,360 @@ __global__ void __launch_bounds__(kWarps * 32, kDownMinBlocks)
   }
 }
 
-// Counts the (row, 128-block)s of MXFP4 matrix blockIdx.y (w1, w3, w2 of every expert) whose
-// scales the FP16 weights cannot absorb; a scale array that is not 4-byte aligned counts once.
+// ---- MXFP4 experts on wgmma ------------------------------------------------------------------
+// A block is one warpgroup and one tile of <= 8 pairs; its 64 MMA rows are two halves of 32 weight
+// rows each: gate/up takes 32 rows of w1 (warps 0, 1) and the same 32 rows of w3 (warps 2, 3), so
+// SwiGLU pairs warp w's sums with warp w + 2's through shared memory; down takes 64 rows of w2.
+// Blocks of 32 output rows keep the batch-1 grid even: 384 blocks for 6 experts' gate/up, about
+// three per SM, instead of 192 blocks of 64 rows (two on some SMs, one on the others).
+//
+// The block streams its rows' 128-wide K blocks (64 rows x 64 bytes and the rows' four E8M0
+// scales) through a ring of kStages shared-memory stages by cp.async, 16 bytes per request, so
+// that kStages - 1 blocks are in flight without registers. Per 32-wide K block (one scale per
+// row): lane (g, t) of warp w reads word t (8 codes, K 8 t .. 8 t + 7) of rows 16 w + g and
+// 16 w + g + 8 and re-encodes it as E4M3 without a table: an E2M1 code s|eem becomes the byte
+// s << 7 | eem << 2, the code's value times 2^-6 exactly (normal and subnormal alike: E4M3's
+// exponent field starts two bits higher and its bias is 6 larger). The even codes of the word
+// (K 8 t, +2, +4, +6) are A's bytes 4 t .. 4 t + 3 and the odd ones bytes 16 + 4 t ..: the
+// activations are staged in shared memory in that order. One m64n8k32 wgmma per 32-block gives its
+// products (exact) summed in fp32; they are scaled by the row's E8M0 scale into the 128-block's
+// sum, which the activation scale (times 2^6) adds into the result in K order. The conversion
+// costs 7 integer instructions per 8 weights against 15 for FP16, and the activations need none.
+//
+// Measured (H200, 4 V4-Flash layers, sixteenth session) against the FP16 mma.sync kernels these
+// replace (registers-only loads, ~470 instructions per 16 rows x 128 K x 2 matrices): decode step
+// -3% / -10% / -2% / -6% at batch 1 / 4 / 16 / 64; under ncu at batch 1 gate/up 41.5 -> 34.8 us,
+// down 26.0 -> 20.7 us. The same wgmma kernels with 4-byte register loads instead of the ring
+// were no faster at batch 1 and slower at batch 64 (faster at batch 4).
+
+constexpr int kWgRows = 64;
+constexpr int kWgThreads = 128;
+constexpr int kStages = 5;
+// A stage: 64 rows of 64 bytes at a pitch of 80 (lane (g, t)'s words of rows g = 0..7 fall in
+// distinct banks), then the rows' scale words.
+constexpr int kRowPitch = 80;
+constexpr int kStageBytes = kWgRows * kRowPitch + kWgRows * 4;
+// Shared memory: the activations (K bytes per token in core-matrix order), their scales
+// [K / 128][kTok], the ring, and warps 2 and 3's sums for warps 0 and 1.
+__host__ __device__ constexpr int64_t wg_x_bytes(int64_t k) {
+  return k * kTok + (k / 128) * kTok * 4;
+}
+__host__ __device__ constexpr int64_t wg_smem_bytes(int64_t k) {
+  return wg_x_bytes(k) + kStages * kStageBytes + 64 * 4 * 4;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The word's even codes (bytes 0..3: codes 0, 2, 4, 6) and odd codes as E4M3, times 2^-6.
+__device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t* even, uint32_t* odd) {
+  *even = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);
+  *odd = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);
+}
+
+// Byte j of an E8M0 scale word as a float (E8M0 0 is 2^-127, subnormal; 255, NaN, never reaches
+// these kernels: expert_gemv_check).
+__device__ __forceinline__ float e8m0_at(uint32_t s, int j) {
+  const uint32_t e = (s >> (8 * j)) & 0xFFu;
+  return __uint_as_float(max(e << 23, 0x00400000u));
+}
+
+// The tile's `count` activation rows (xrow[0..count)) into shared memory: per 32-wide K block b,
+// 256 bytes: the even-position bytes of each token (16 per token, token j at 16 j), then the
+// odd-position ones; and the activation scales times 2^6 (undoing the codes' 2^-6) at
+// [K / 128][kTok]. The columns of absent tokens keep whatever shared memory held: an MMA column
+// depends on its own B column only, and absent columns are never stored.
+__device__ void stage_x(
+    const Fp8Acts& x, const int32_t* xrow, int count, int64_t k, uint8_t* smem) {
+  const int64_t nb = k / 32;
+  for (int64_t i = threadIdx.x; i < nb * count; i += blockDim.x) {
+    const int64_t b = i / count;
+    const int j = static_cast<int>(i % count);
+    const uint8_t* p = x.codes + static_cast<int64_t>(xrow[j]) * x.ld + b * 32;
+    const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint4 v1 = __ldg(reinterpret_cast<const uint4*>(p + 16));
+    const uint4 e = make_uint4(prmt(v0.x, v0.y, 0x6420u),
+                               prmt(v0.z, v0.w, 0x6420u),
+                               prmt(v1.x, v1.y, 0x6420u),
+                               prmt(v1.z, v1.w, 0x6420u));
+    const uint4 o = make_uint4(prmt(v0.x, v0.y, 0x7531u),
+                               prmt(v0.z, v0.w, 0x7531u),
+                               prmt(v1.x, v1.y, 0x7531u),
+                               prmt(v1.z, v1.w, 0x7531u));
+    *reinterpret_cast<uint4*>(smem + b * 256 + 16 * j) = e;
+    *reinterpret_cast<uint4*>(smem + b * 256 + 128 + 16 * j) = o;
+  }
+  auto* ss = reinterpret_cast<float*>(smem + k * kTok);
+  const int64_t sld = x.ld / 128;
+  for (int64_t i = threadIdx.x; i < (k / 128) * count; i += blockDim.x) {
+    const int64_t kb = i / count;
+    const int j = static_cast<int>(i % count);
+    ss[kb * kTok + j] = __ldg(x.scales + xrow[j] * sld + kb) * 64.0f;
+  }
+  wgmma::fence_async_smem();
+  __syncthreads();
+}
+
+// The block's 64 MMA rows: rows 0..31 start at d0 (scales s0), rows 32..63 at d1 (s1); ld / sld
+// bytes per row of codes / scales (both halves of the same width).
+struct WgRows {
+  const uint8_t* d0;
+  const uint8_t* d1;
+  const uint8_t* s0;
+  const uint8_t* s1;
+  int64_t ld, sld;
+};
+
+// Rows r0.. of wa and r1.. of wb (32 each).
+__device__ __forceinline__ WgRows wg_rows(const MatrixRef& wa,
+                                          int64_t r0,
+                                          const MatrixRef& wb,
+                                          int64_t r1) {
+  const int64_t ld = wa.cols / 2, sld = wa.cols / 32;
+  return WgRows{static_cast<const uint8_t*>(wa.data) + r0 * ld,
+                static_cast<const uint8_t*>(wb.data) + r1 * ld,
+                static_cast<const uint8_t*>(wa.scale) + r0 * sld,
+                static_cast<const uint8_t*>(wb.scale) + r1 * sld,
+                ld,
+                sld};
+}
+
+// K block kb of the block's rows into a stage: lane l copies 16-byte pieces l and l + 128 (row
+// p / 4, piece p % 4: a row's 64 bytes by four neighbouring lanes; pieces 0..127 are rows 0..31)
+// and, for l < 64, row l's scale word.
+__device__ __forceinline__ void issue_block(const WgRows& rs, int64_t kb, uint8_t* st) {
+  const int l = threadIdx.x;
+  const int row = l >> 2;  // of each half
+  const int part = l & 3;
+  const int64_t off = row * rs.ld + kb * 64 + part * 16;
+  cp_async16(st + row * kRowPitch + part * 16, rs.d0 + off);
+  cp_async16(st + (row + 32) * kRowPitch + part * 16, rs.d1 + off);
+  if (l < kWgRows)
+    cp_async4(st + kWgRows * kRowPitch + l * 4,
+              (l < 32 ? rs.s0 : rs.s1) + (l & 31) * rs.sld + kb * 4);
+}
+
+// One staged 128-wide K block: four 32-blocks, one wgmma each, on two accumulator sets in turn
+// (block q + 1's MMA runs while block q's products are scaled); then the 128-block's sum times the
+// activation scales of columns 2 t, 2 t + 1 into acc.
+__device__ __forceinline__ void compute_block(
+    const uint8_t* st, uint64_t desc0, int64_t kb, float2 xs, float (&acc)[4]) {
+  const int lane = threadIdx.x & 31;
+  const int row = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);
+  const int t = lane & 3;
+  uint32_t wd[2][4], sc[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint8_t* r = st + (row + 8 * i) * kRowPitch + 4 * t;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) wd[i][q] = *reinterpret_cast<const uint32_t*>(r + 16 * q);
+    sc[i] = *reinterpret_cast<const uint32_t*>(st + kWgRows * kRowPitch + (row + 8 * i) * 4);
+  }
+  float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float cs[2][4];
+  auto issue = [&](int q) {
+    uint32_t a[4];
+    fp4x8_to_e4m3(wd[0][q], &a[0], &a[2]);
+    fp4x8_to_e4m3(wd[1][q], &a[1], &a[3]);
+    wgmma::fence();
+    // 32-block 4 kb + q: 256 bytes on (>> 4 in the descriptor's address field).
+    wgmma::mma_m64n8k32_e4m3(a, desc0 + static_cast<uint64_t>((kb * 4 + q) * 16), cs[q & 1], false);
+    wgmma::commit();
+  };
+  auto scale = [&](int q) {
+    wgmma::fence_regs(cs[q & 1]);
+    const float f0 = e8m0_at(sc[0], q);
+    const float f1 = e8m0_at(sc[1], q);
+    part[0] = fmaf(cs[q & 1][0], f0, part[0]);
+    part[1] = fmaf(cs[q & 1][1], f0, part[1]);
+    part[2] = fmaf(cs[q & 1][2], f1, part[2]);
+    part[3] = fmaf(cs[q & 1][3], f1, part[3]);
+  };
+  issue(0);
+  issue(1);
+  wgmma::wait<1>();
+  scale(0);
+  issue(2);
+  wgmma::wait<1>();
+  scale(1);
+  issue(3);
+  wgmma::wait<1>();
+  scale(2);
+  wgmma::wait<0>();
+  scale(3);
+  acc[0] = fmaf(part[0], xs.x, acc[0]);
+  acc[1] = fmaf(part[1], xs.y, acc[1]);
+  acc[2] = fmaf(part[2], xs.x, acc[2]);
+  acc[3] = fmaf(part[3], xs.y, acc[3]);
+}
+
+// The block's row groups 0 .. groups - 1 (rows_of(i): their WgRows), each over all of K, as one
+// stream of 128-wide K blocks through the ring (so the next group's first blocks are in flight
+// while this one finishes); done(i, acc) takes group i's sums (this lane's C fragment; every
+// thread calls it). stage (every thread calls this once) runs after the first blocks' copies are
+// issued and must leave the activations staged for stage_x's layout.
+template <class RowsOf, class Stage, class Done>
+__device__ __forceinline__ void stream_fp4(RowsOf&& rows_of,
+                                           int groups,
+                                           int64_t k,
+                                           const uint8_t* smem,
+                                           uint8_t* ring,
+                                           Stage&& stage,
+                                           Done&& done) {
+  const int t = threadIdx.x & 3;
+  const int64_t n = k / 128;
+  const int64_t total = groups * n;
+  // The next block to issue: group ig, K block ikb (position j = ig * n + ikb of the stream).
+  int ig = 0;
+  int64_t ikb = 0;
+  WgRows rs = rows_of(0);
+  auto issue_next = [&](uint8_t* st) {
+    issue_block(rs, ikb, st);
+    if (++ikb == n) {
+      ikb = 0;
+      if (++ig < groups)
+        rs = rows_of(ig);
+    }
+  };
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (j < total)
+      issue_next(ring + j * kStageBytes);
+    cp_async_commit();
+  }
+  stage();
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint64_t desc0 = wgmma::desc_k_major(smem_addr(smem), 128, 128);
+  const auto* ss = reinterpret_cast<const float*>(smem + k * kTok);
+  int g = 0;
+  int64_t kb = 0;
+  for (int64_t j = 0; j < total; ++j) {
+    cp_async_wait<kStages - 2>();  // this lane's copies of block j landed
+    __syncthreads();               // everyone's; and stage (j - 1) % kStages is no longer read
+    if (j + kStages - 1 < total)
+      issue_next(ring + ((j + kStages - 1) % kStages) * kStageBytes);
+    cp_async_commit();
+    compute_block(ring + (j % kStages) * kStageBytes,
+                  desc0,
+                  kb,
+                  *reinterpret_cast<const float2*>(ss + kb * kTok + 2 * t),
+                  acc);
+    if (++kb == n) {
+      done(g++, acc);
+      kb = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
+    }
+  }
+}
+
+// Row groups per block: `groups` consecutive ones (one prologue and one staging of the tile's
+// activations for all of them), fewer at the end of the rows.
+__global__ void __launch_bounds__(kWgThreads, 3)
+    wg_gate_up_kernel(Fp8ExpertFfnParams p, int groups) {
+  pdl_begin();
+  extern __shared__ __align__(128) uint8_t wg_smem[];
+  __shared__ int32_t xrow[kTok];
+  constexpr int64_t kRows = kWgRows / 2;  // per group: 32 rows of w1 and the same of w3
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kRows;
+  Tile tl;
+  if (!tile_prologue(p, first, p.inter, true, &tl, xrow))
+    return;
+  const auto ng = static_cast<int>(imin(groups, (p.inter - first) / kRows));
+  const int64_t xb = wg_x_bytes(p.hidden);
+  auto* red = reinterpret_cast<float*>(wg_smem + xb + kStages * kStageBytes);
+  const MatrixRef w1 = p.w1[tl.e];
+  const MatrixRef w3 = p.w3[tl.e];
+  const int warp = threadIdx.x >> 5;
+  const int l = threadIdx.x & 63;
+  const int lane = threadIdx.x & 31;
+  const int t = lane & 3;
+  stream_fp4([&](int i) { return wg_rows(w1, first + i * kRows, w3, first + i * kRows); },
+             ng,
+             p.hidden,
+             wg_smem,
+             wg_smem + xb,
+             [&] { stage_x(p.x, xrow, tl.count, p.hidden, wg_smem); },
+             [&](int i, const float(&acc)[4]) {
+               // Warps 2 and 3 (w3's rows) hand their sums to warps 0 and 1 (the same rows of w1).
+               if (warp >= 2) {
+#pragma unroll
+                 for (int c = 0; c < 4; ++c) red[c * 64 + l] = acc[c];
+               }
+               __syncthreads();
+               if (warp >= 2)
+                 return;
+               const int64_t rw = first + i * kRows + 16 * warp + (lane >> 2);
+#pragma unroll
+               for (int c = 0; c < 4; ++c) {
+                 const int j = 2 * t + (c & 1);
+                 if (j >= tl.count)
+                   continue;
+                 const int64_t pair = tl.g0 + j;
+                 const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[pair] : pair] : 1.0f;
+                 p.h[pair * p.inter + rw + 8 * (c >> 1)] =
+                     swiglu_gated(acc[c], red[c * 64 + l], p.swiglu_limit, gate);
+               }
+             });
+}
+
+__global__ void __launch_bounds__(kWgThreads, 3) wg_down_kernel(Fp8ExpertFfnParams p, int groups) {
+  pdl_begin();
+  extern __shared__ __align__(128) uint8_t wg_smem[];
+  __shared__ int32_t xrow[kTok];
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups * kWgRows;
+  Tile tl;
+  if (!tile_prologue(p, first, p.hidden, false, &tl, xrow))
+    return;
+  const auto ng = static_cast<int>(imin(groups, (p.hidden - first) / kWgRows));
+  const Fp8Acts hq{p.h_codes, p.h_scales, (p.inter + 127) / 128 * 128};  // fp8_acts_ld
+  const MatrixRef w2 = p.w2[tl.e];
+  const int lane = threadIdx.x & 31;
+  const int t = lane & 3;
+  stream_fp4(
+      [&](int i) {
+        const int64_t r = first + i * kWgRows;
+        return wg_rows(w2, r, w2, r + kWgRows / 2);
+      },
+      ng,
+      p.inter,
+      wg_smem,
+      wg_smem + wg_x_bytes(p.inter),
+      [&] { stage_x(hq, xrow, tl.count, p.inter, wg_smem); },
+      [&](int i, const float(&acc)[4]) {
+        const int64_t rw = first + i * kWgRows + 16 * (threadIdx.x >> 5) + (lane >> 2);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int j = 2 * t + (c & 1);
+          if (j < tl.count)
+            p.y[(tl.g0 + j) * p.hidden + rw + 8 * (c >> 1)] = acc[c];
+        }
+      });
+}
+
+// Counts the (row, 128-block)s of MXFP4 matrix blockIdx.y (w1, w3, w2 of every expert) with the
+// NaN scale code; codes not 16-byte aligned or scales not 4-byte aligned (the kernels' cp.async
+// sizes) count once.
 __global__ void gemv_check_kernel(
     const MatrixRef* w1, const MatrixRef* w3, const MatrixRef* w2, int64_t n_experts, int* bad) {
   const int64_t m = blockIdx.y;
@@ -512,7 +782,9 @@ __global__ void gemv_check_kernel(
   if (w.format != WeightFormat::kMxfp4)
     return;
   const auto* s = static_cast<const uint8_t*>(w.scale);
-  if (blockIdx.x == 0 && threadIdx.x == 0 && (reinterpret_cast<uintptr_t>(s) & 3u) != 0)
+  if (blockIdx.x == 0 && threadIdx.x == 0 &&
+      ((reinterpret_cast<uintptr_t>(s) & 3u) != 0 ||
+       (reinterpret_cast<uintptr_t>(w.data) & 15u) != 0))
     atomicAdd(bad, 1);
   const int64_t kbs = w.cols / 128;
   const int64_t total = w.rows * kbs;
@@ -522,8 +794,7 @@ __global__ void gemv_check_kernel(
     const uint8_t* b = s + (i / kbs) * (w.cols / 32) + (i % kbs) * 4;
     bool out = false;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      out |= b[j] == 255 || abs(static_cast<int>(b[j]) - b[0]) > kMaxOffset;
+    for (int j = 0; j < 4; ++j) out |= b[j] == 255;
     count += out;
   }
   if (count > 0)
@@ -535,16 +806,16 @@ __global__ void gemv_check_kernel(
 // held a quarter of the warps' cycles at batch 64). Below, four warps share each row's K.
 constexpr int64_t kWholeRowsFromTiles = 32;
 
-template <Fmt F, bool Whole>
+template <bool Whole>
 Status launch_mode(const Fp8ExpertFfnParams& p, int64_t tiles, int gu, int gd, cudaStream_t s) {
   const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, group_rows<Whole>() * gu)),
                 static_cast<unsigned>(tiles));
-  launch_pdl(gemv_gate_up_kernel<F, Whole>, g1, kWarps * 32, 0, s, p, gu);
+  launch_pdl(gemv_gate_up_kernel<Whole>, g1, kWarps * 32, 0, s, p, gu);
   DSI_RETURN_IF_ERROR(launched("expert_gemv gate/up launch"));
   DSI_RETURN_IF_ERROR(launch_quantize_expert_h(p, s));
   const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, group_rows<Whole>() * gd)),
                 static_cast<unsigned>(tiles));
-  launch_pdl(gemv_down_kernel<F, Whole>, g2, kWarps * 32, 0, s, p, gd);
+  launch_pdl(gemv_down_kernel<Whole>, g2, kWarps * 32, 0, s, p, gd);
   return launched("expert_gemv down launch");
 }
 
@@ -556,13 +827,46 @@ int64_t groups_for_one_wave(int64_t rows, int64_t tiles, int per_sm) {
   return std::max<int64_t>(1, ceil_div(blocks, static_cast<int64_t>(sm_count()) * per_sm));
 }
 
-template <Fmt F>
-Status launch_fmt(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
+// Dynamic shared memory past the default 48 KiB needs the kernel's opt-in (hidden > 5120).
+template <typename K>
+Status allow_smem(K kernel, int64_t bytes) {
+  if (bytes <= 48 * 1024)
+    return Status();
+  cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  return launched("expert_gemv shared memory opt-in");
+}
+
+// Row groups per block of the wgmma kernels: 1 while the grid is within a few waves (batch 1: 384
+// blocks, about three per SM); with many tiles, 4 (each block pays its prologue and the staging of
+// its tile's activations once for 4 groups).
+int wg_groups(int64_t tiles) {
+  return tiles >= kWholeRowsFromTiles ? 4 : 1;
+}
+
+Status launch_wg(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
+  const int64_t s1 = wg_smem_bytes(p.hidden);
+  const int64_t s2 = wg_smem_bytes(p.inter);
+  DSI_RETURN_IF_ERROR(allow_smem(wg_gate_up_kernel, s1));
+  DSI_RETURN_IF_ERROR(allow_smem(wg_down_kernel, s2));
+  const int groups = wg_groups(tiles);
+  const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kWgRows / 2 * groups)),
+                static_cast<unsigned>(tiles));
+  launch_pdl(wg_gate_up_kernel, g1, kWgThreads, static_cast<size_t>(s1), s, p, groups);
+  DSI_RETURN_IF_ERROR(launched("expert_gemv gate/up launch"));
+  DSI_RETURN_IF_ERROR(launch_quantize_expert_h(p, s));
+  const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kWgRows * groups)),
+                static_cast<unsigned>(tiles));
+  launch_pdl(wg_down_kernel, g2, kWgThreads, static_cast<size_t>(s2), s, p, groups);
+  return launched("expert_gemv down launch");
+}
+
+Status launch_fp8(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
   if (tiles >= kWholeRowsFromTiles)
-    return launch_mode<F, true>(p, tiles, 1, 1, s);
+    return launch_mode<true>(p, tiles, 1, 1, s);
   const auto gu = static_cast<int>(groups_for_one_wave(p.inter, tiles, kGateUpMinBlocks));
   const auto gd = static_cast<int>(groups_for_one_wave(p.hidden, tiles, kDownMinBlocks));
-  return launch_mode<F, false>(p, tiles, gu, gd, s);
+  return launch_mode<false>(p, tiles, gu, gd, s);
 }
 
 }  // namespace
@@ -612,8 +916,8 @@ Status launch_expert_gemv(const Fp8ExpertFfnParams& p, cudaStream_t stream) {
   if (tiles > kMaxGridY)
     return invalid_argument("expert_gemv: too many pairs for one launch");
   if (p.format == WeightFormat::kMxfp4)
-    return launch_fmt<Fmt::kFp4>(p, tiles, stream);
-  return launch_fmt<Fmt::kFp8>(p, tiles, stream);
+    return launch_wg(p, tiles, stream);
+  return launch_fp8(p, tiles, stream);
 }
 
 }  // namespace dsinfer::cuda

@@ -1,20 +1,24 @@
 // Decode-sized experts (few pairs per expert): the W4A8 / W8A8 SwiGLU experts of fp8_gemm.h
 // (Fp8ExpertFfnParams) as grouped GEMVs that stream each selected expert's weights once, in their
-// checkpoint format, straight from global memory into registers.
+// checkpoint format.
 //
-// A block owns 16 weight rows of one expert and up to 8 of its pairs (tokens); its 4 warps take a
-// contiguous quarter of K each and their sums are added in warp order. From 32 tiles (batch 64:
-// ~250) a block owns 64 rows instead, each warp 16 of them over all of K (no barrier between the
-// warps; the summation order then differs from the split form's). Per 128-wide K block,
-// lane (g, t) holds 32 consecutive weights of rows g and g + 8 (MXFP4: one 32-block, 16
-// bytes; FP8: 32 bytes) and the same 32 activations of token g, converted to FP16 in registers,
-// and eight m16n8k16 FP16 MMAs (weights as A, tokens as B) accumulate the block in fp32; the
-// block's sum is then scaled by the activation scale (and the FP8 block scale) and added in K
-// order. MXFP4's per-32 E8M0 scales are folded into the FP16 weights relative to the 128-block's
-// first 32-block (exact while the other three lie within 13 binades of it, which
-// expert_gemv_check counts at load time), that first scale into the block's factor. Products are
-// exact; only the fp32 summation order differs from the CPU and from the tile kernels, and a
-// token's result does not depend on the other pairs of its tile.
+// MXFP4 experts (moe_gemv.cu, second half): a block is one warpgroup, one tile of <= 8 pairs and
+// 64 MMA rows (gate/up: 32 rows of w1 and the same 32 of w3; down: 64 rows of w2); from 32 tiles a
+// block takes 4 such row groups. The weights stream through a cp.async ring in shared memory; each
+// 32-block's codes are re-encoded in registers as E4M3 (value x 2^-6, exact) and one m64n8k32 FP8
+// wgmma per 32-block (tokens as N, staged in shared memory) gives its exact products summed in
+// fp32; the row's E8M0 scale and then the token's activation scale apply in K order. Exact for
+// every scale code but NaN (expert_gemv_check).
+//
+// FP8 experts: a block owns 16 weight rows of one expert and up to 8 of its pairs; its 4 warps
+// take a quarter of K each and their sums are added in warp order (from 32 tiles a block owns 64
+// rows, each warp 16 of them over all of K). Per 128-wide K block, lane (g, t) holds 32 weights of
+// rows g and g + 8 and the same 32 activations of token g, converted to FP16 in registers, and
+// eight m16n8k16 FP16 MMAs accumulate the block in fp32; the block's sum is then scaled by the
+// activation and weight block scales and added in K order.
+//
+// Products are exact; only the fp32 summation order differs from the CPU and from the tile
+// kernels, and a token's result does not depend on the other pairs of its tile.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,10 +41,10 @@ inline constexpr int64_t kExpertGemvSingleMaxPairs = 64;
 // Shapes the GEMV kernels take: hidden and inter multiples of 128.
 bool expert_gemv_supports(int64_t hidden, int64_t inter);
 
-// Counts into *bad (device int, added to) the (row, 128-block) pairs of MXFP4 experts where an
-// E8M0 scale lies more than 13 binades from the block's first (or is the NaN code): where the
-// count is 0 the GEMV path is exact for these experts. FP8 experts need no check. w1/w3/w2:
-// device arrays.
+// Counts into *bad (device int, added to) the (row, 128-block) pairs of MXFP4 experts with the NaN
+// scale code, and once per matrix whose codes are not 16-byte or scales not 4-byte aligned: where
+// the count is 0 the GEMV path takes these experts. FP8 experts need no check. w1/w3/w2: device
+// arrays.
 Status launch_expert_gemv_check(const MatrixRef* w1,
                                 const MatrixRef* w3,
                                 const MatrixRef* w2,
