@@ -435,8 +435,9 @@ __global__ void __launch_bounds__(kWarps * 32, kDownMinBlocks)
 // s << 7 | eem << 2, the code's value times 2^-6 exactly (normal and subnormal alike: E4M3's
 // exponent field starts two bits higher and its bias is 6 larger). The even codes of the word
 // (K 8 t, +2, +4, +6) are A's bytes 4 t .. 4 t + 3 and the odd ones bytes 16 + 4 t ..: the
-// activations are staged in shared memory in that order. One m64n8k32 wgmma per 32-block gives its
-// products (exact) summed in fp32; they are scaled by the row's E8M0 scale into the 128-block's
+// activations are staged in shared memory in that order. One m64n8k32 wgmma per 32-block sums its
+// exact products in a fresh fp32 accumulator (the tensor core's summation, over 32 products
+// only); the sums are scaled by the row's E8M0 scale into the 128-block's
 // sum, which the activation scale (times 2^6) adds into the result in K order. The conversion
 // costs 7 integer instructions per 8 weights against 15 for FP16, and the activations need none.
 //

@@ -6,9 +6,10 @@
 // 64 MMA rows (gate/up: 32 rows of w1 and the same 32 of w3; down: 64 rows of w2); from 32 tiles a
 // block takes 4 such row groups. The weights stream through a cp.async ring in shared memory; each
 // 32-block's codes are re-encoded in registers as E4M3 (value x 2^-6, exact) and one m64n8k32 FP8
-// wgmma per 32-block (tokens as N, staged in shared memory) gives its exact products summed in
-// fp32; the row's E8M0 scale and then the token's activation scale apply in K order. Exact for
-// every scale code but NaN (expert_gemv_check).
+// wgmma per 32-block (tokens as N, staged in shared memory) sums its exact products in a fresh
+// fp32 accumulator (the tensor core's own summation, as in the prefill GEMMs, over 32 products
+// only); the row's E8M0 scale and then the token's activation scale apply in K order, in fp32.
+// Any scale code but NaN (expert_gemv_check).
 //
 // FP8 experts: a block owns 16 weight rows of one expert and up to 8 of its pairs; its 4 warps
 // take a quarter of K each and their sums are added in warp order (from 32 tiles a block owns 64
