@@ -182,6 +182,16 @@ DSI_HD uint8_t f32_to_fp4_e2m1(float f) {
   return static_cast<uint8_t>(sign | code);
 }
 
+// Eight E2M1 codes (code i at bits 4i..4i+3 of w) as E4M3 bytes of their values times 2^-6,
+// exactly and without a table: code s|eem becomes s << 7 | eem << 2 (E4M3's exponent field starts
+// two bits above E2M1's and its bias is 6 larger, so normals and the subnormal 0.5 alike map onto
+// the value times 2^-6). *even holds codes 0, 2, 4, 6 (bytes 0..3), *odd codes 1, 3, 5, 7. The
+// MXFP4 expert GEMVs (kernels/cuda/moe_gemv.cu) feed FP8 tensor cores with these.
+DSI_HD void fp4x8_to_e4m3_scaled(uint32_t w, uint32_t* even, uint32_t* odd) {
+  *even = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);
+  *odd = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);
+}
+
 // Packed FP4: byte k holds element 2k in the low nibble and element 2k+1 in the high nibble.
 DSI_HD float fp4_packed_get(const uint8_t* packed, int64_t i) {
   const uint8_t b = packed[i >> 1];

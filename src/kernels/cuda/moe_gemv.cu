@@ -486,12 +486,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// The word's even codes (bytes 0..3: codes 0, 2, 4, 6) and odd codes as E4M3, times 2^-6.
-__device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t* even, uint32_t* odd) {
-  *even = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);
-  *odd = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);
-}
-
 // Byte j of an E8M0 scale word as a float (E8M0 0 is 2^-127, subnormal; 255, NaN, never reaches
 // these kernels: expert_gemv_check).
 __device__ __forceinline__ float e8m0_at(uint32_t s, int j) {
@@ -594,8 +588,8 @@ __device__ __forceinline__ void compute_block(
   float cs[2][4];
   auto issue = [&](int q) {
     uint32_t a[4];
-    fp4x8_to_e4m3(wd[0][q], &a[0], &a[2]);
-    fp4x8_to_e4m3(wd[1][q], &a[1], &a[3]);
+    numeric::fp4x8_to_e4m3_scaled(wd[0][q], &a[0], &a[2]);
+    numeric::fp4x8_to_e4m3_scaled(wd[1][q], &a[1], &a[3]);
     wgmma::fence();
     // 32-block 4 kb + q: 256 bytes on (>> 4 in the descriptor's address field).
     wgmma::mma_m64n8k32_e4m3(a, desc0 + static_cast<uint64_t>((kb * 4 + q) * 16), cs[q & 1], false);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -427,6 +428,31 @@ TEST(FloatFormatsFp4Packed, LowNibbleIsEvenElement) {
     EXPECT_TRUE(same_value(fp4_packed_get(packed.data(), i),
                            ref::decode(ref::kE2m1, static_cast<uint32_t>((i * 7 + 3) & 0xf))))
         << i;
+  }
+}
+
+// Every E2M1 code in every position of the word becomes the E4M3 byte of its value times 2^-6
+// (decoded by the independent reference), evens in bytes 0..3, odds in 4..7 of the pair.
+TEST(FloatFormatsFp4Packed, Fp4x8ToE4m3ScaledIsExact) {
+  std::mt19937 g(2025);
+  for (int round = 0; round < 4096; ++round) {
+    // The first 16 rounds put code `round` in every position; then random words.
+    uint32_t w = 0;
+    if (round < 16) {
+      for (int i = 0; i < 8; ++i) w |= static_cast<uint32_t>(round) << (4 * i);
+    } else {
+      w = static_cast<uint32_t>(g());
+    }
+    uint32_t even = 0, odd = 0;
+    fp4x8_to_e4m3_scaled(w, &even, &odd);
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t code = (w >> (4 * i)) & 0xfu;
+      const uint32_t byte = ((i % 2 == 0 ? even : odd) >> (8 * (i / 2))) & 0xffu;
+      const double want = ref::decode(ref::kE2m1, code) / 64.0;
+      EXPECT_TRUE(same_value(static_cast<float>(ref::decode(ref::kE4m3, byte)), want))
+          << "word " << std::hex << w << " code " << code << " byte " << byte;
+      EXPECT_TRUE(same_value(fp8_e4m3_to_f32(static_cast<uint8_t>(byte)), want));
+    }
   }
 }
 
