@@ -658,6 +658,8 @@ __device__ __forceinline__ void stream_fp4(RowsOf&& rows_of,
   }
   stage();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // B of a 32-block: its two 16-byte K halves are core matrices 128 bytes apart; N = 8 is one
+  // 8-row group, so the stride field is never used (set equal to the K step).
   const uint64_t desc0 = wgmma::desc_k_major(smem_addr(smem), 128, 128);
   const auto* ss = reinterpret_cast<const float*>(smem + k * kTok);
   int g = 0;
