@@ -186,7 +186,7 @@ DSI_HD uint8_t f32_to_fp4_e2m1(float f) {
 // exactly and without a table: code s|eem becomes s << 7 | eem << 2 (E4M3's exponent field starts
 // two bits above E2M1's and its bias is 6 larger, so normals and the subnormal 0.5 alike map onto
 // the value times 2^-6). *even holds codes 0, 2, 4, 6 (bytes 0..3), *odd codes 1, 3, 5, 7. The
-// MXFP4 expert GEMVs (kernels/cuda/moe_gemv.cu) feed FP8 tensor cores with these.
+// MXFP4 expert GEMVs (kernels/cuda/moe_gemv_mxfp4.cu) feed FP8 tensor cores with these.
 DSI_HD void fp4x8_to_e4m3_scaled(uint32_t w, uint32_t* even, uint32_t* odd) {
   *even = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);
   *odd = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);

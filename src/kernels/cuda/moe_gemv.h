@@ -2,7 +2,7 @@
 // (Fp8ExpertFfnParams) as grouped GEMVs that stream each selected expert's weights once, in their
 // checkpoint format.
 //
-// MXFP4 experts (moe_gemv.cu, second half): a block is one warpgroup, one tile of <= 8 pairs and
+// MXFP4 experts (moe_gemv_mxfp4.cu): a block is one warpgroup, one tile of <= 8 pairs and
 // 64 MMA rows (gate/up: 32 rows of w1 and the same 32 of w3; down: 64 rows of w2); from 32 tiles a
 // block takes 4 such row groups. The weights stream through a cp.async ring in shared memory; each
 // 32-block's codes are re-encoded in registers as E4M3 (value x 2^-6, exact) and one m64n8k32 FP8

@@ -1,7 +1,7 @@
 // The experts' SwiGLU on the device, shared by every expert kernel (moe.cu, fp8_gemm.cu,
-// moe_gemv.cu, moe_sm90.cu): the gate clamped from above and the up value to [-limit, limit]
-// when limit > 0, silu(gate) * up times the routing weight, in the CPU reference's order of
-// correctly rounded operations (bit for bit).
+// moe_gemv.cu, moe_gemv_mxfp4.cu, moe_sm90.cu): the gate clamped from above and the up value to
+// [-limit, limit] when limit > 0, silu(gate) * up times the routing weight, in the CPU reference's
+// order of correctly rounded operations (bit for bit).
 #pragma once
 
 namespace dsinfer::cuda {
