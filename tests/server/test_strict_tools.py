@@ -158,9 +158,12 @@ class StrictTools(harness.unittest.TestCase):
         tool = {"type": "function", "name": "get_weather", "description": "weather",
                 "parameters": WEATHER, "strict": True}
         for stream in (False, True):
+            # Greedy: these APIs take no seed here, and an unseeded sampled reply may go on
+            # calling until max_output_tokens (the likely cause of a failure seen once in CI,
+            # whose log kept no output).
             kw = dict(model=MODEL_NAME, input="Weather in Rome?", tools=[tool],
                       tool_choice="required", max_output_tokens=MAX_TOKENS,
-                      reasoning={"effort": "none"})
+                      reasoning={"effort": "none"}, temperature=0.0)
             if stream:
                 with self.oa.responses.stream(**kw) as s:
                     for _ in s:
@@ -181,6 +184,7 @@ class StrictTools(harness.unittest.TestCase):
             kw = dict(model=MODEL_NAME, max_tokens=MAX_TOKENS, tools=[tool],
                       tool_choice={"type": "tool", "name": "get_weather"},
                       thinking={"type": "disabled"},
+                      extra_body={"temperature": 0.0},  # greedy, as above (not an SDK argument)
                       messages=[{"role": "user", "content": "Weather in Lima?"}])
             if stream:
                 with self.an.messages.stream(**kw) as s:
