@@ -35,26 +35,33 @@ DSI_HD float f32_from_bits(uint32_t u) {
 }
 
 // ---- bf16 ------------------------------------------------------------------------------------
-DSI_HD float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }
+DSI_HD float bf16_to_f32(uint16_t h) {
+  return f32_from_bits(static_cast<uint32_t>(h) << 16);
+}
 
 // RNE; NaN stays a (quiet) NaN with its sign; overflow rounds to inf as IEEE requires.
 DSI_HD uint16_t f32_to_bf16(float f) {
   const uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);
   const uint32_t lsb = (u >> 16) & 1u;
   return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
 }
 
-DSI_HD float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+DSI_HD float round_to_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 // ---- fp16 ------------------------------------------------------------------------------------
 DSI_HD float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1f) return f32_from_bits(sign | 0x7f800000u | (mant << 13));  // inf / nan
+  if (exp == 0x1f)
+    return f32_from_bits(sign | 0x7f800000u | (mant << 13));  // inf / nan
   if (exp == 0) {
-    if (mant == 0) return f32_from_bits(sign);
+    if (mant == 0)
+      return f32_from_bits(sign);
     // subnormal: value = mant * 2^-24, exact in fp32
     float v = static_cast<float>(mant) * 5.9604644775390625e-08f;
     return (h & 0x8000u) ? -v : v;
@@ -66,12 +73,15 @@ DSI_HD uint16_t f32_to_f16(float f) {
   const uint32_t u = f32_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 -> inf
+  if (abs > 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
+  if (abs >= 0x477ff000u)
+    return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 -> inf
   const int32_t exp = static_cast<int32_t>(abs >> 23) - 127;
   if (exp < -14) {
     // subnormal or zero in fp16: value / 2^-24 rounded RNE
-    if (exp < -25) return sign;  // below half of the smallest subnormal
+    if (exp < -25)
+      return sign;  // below half of the smallest subnormal
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
     const int shift = -exp - 14 + 13;  // bits to drop
     const uint32_t kept = mant >> shift;
@@ -91,7 +101,8 @@ DSI_HD float fp8_e4m3_to_f32(uint8_t b) {
   const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
   const uint32_t exp = (b >> 3) & 0xfu;
   const uint32_t mant = b & 0x7u;
-  if (exp == 0xf && mant == 0x7) return f32_from_bits(sign | 0x7fc00000u);
+  if (exp == 0xf && mant == 0x7)
+    return f32_from_bits(sign | 0x7fc00000u);
   if (exp == 0) {
     const float v = static_cast<float>(mant) * 0.001953125f;  // mant * 2^-9
     return sign ? -v : v;
@@ -106,11 +117,12 @@ DSI_HD uint8_t f32_to_fp8_e4m3(float f) {
   const uint32_t u = f32_bits(f);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x43e80000u) return static_cast<uint8_t>(sign | 0x7fu);  // > 464 or inf/nan
+  if (abs > 0x43e80000u)
+    return static_cast<uint8_t>(sign | 0x7fu);  // > 464 or inf/nan
   if (abs < 0x3c800000u) {
     // below 2^-6: subnormal range, step 2^-9. value/2^-9 rounded RNE (0..8).
     const float v = f32_from_bits(abs) * 512.0f;  // exact scaling by a power of two
-    const float magic = 8388608.0f;                 // 2^23: (v + 2^23) - 2^23 rounds v RNE
+    const float magic = 8388608.0f;               // 2^23: (v + 2^23) - 2^23 rounds v RNE
     const float r = (v + magic) - magic;
     return static_cast<uint8_t>(sign | static_cast<uint8_t>(r));
   }
@@ -123,15 +135,18 @@ DSI_HD uint8_t f32_to_fp8_e4m3(float f) {
 
 // ---- E8M0 (UE8M0): one unsigned exponent byte, value 2^(b-127), 0xff = NaN ---------------------
 DSI_HD float e8m0_to_f32(uint8_t b) {
-  if (b == 0xff) return f32_from_bits(0x7fc00000u);
-  if (b == 0) return f32_from_bits(0x00400000u);  // 2^-127 is an fp32 subnormal
+  if (b == 0xff)
+    return f32_from_bits(0x7fc00000u);
+  if (b == 0)
+    return f32_from_bits(0x00400000u);  // 2^-127 is an fp32 subnormal
   return f32_from_bits(static_cast<uint32_t>(b) << 23);
 }
 
 // Exponent byte of a power of two p = 2^e (e in [-127, 127]); other inputs are a caller bug.
 DSI_HD uint8_t e8m0_from_pow2(float p) {
   const uint32_t u = f32_bits(p);
-  if (u == 0x00400000u) return 0;
+  if (u == 0x00400000u)
+    return 0;
   return static_cast<uint8_t>(u >> 23);
 }
 
@@ -149,10 +164,12 @@ DSI_HD float pow2_ceil(float x) {
     e += hb;
     const bool exact = (mant & ((1u << hb) - 1u)) == 0;
     const int ce = exact ? e : e + 1;
-    if (ce >= -126) return f32_from_bits(static_cast<uint32_t>(ce + 127) << 23);
+    if (ce >= -126)
+      return f32_from_bits(static_cast<uint32_t>(ce + 127) << 23);
     return f32_from_bits(1u << (ce + 149));
   }
-  if (mant != 0) ++exp;
+  if (mant != 0)
+    ++exp;
   return f32_from_bits(exp << 23);
 }
 
@@ -168,17 +185,26 @@ DSI_HD uint8_t f32_to_fp4_e2m1(float f) {
   const uint32_t u = f32_bits(f);
   const uint8_t sign = (u >> 31) ? 8u : 0u;
   const float a = f32_from_bits(u & 0x7fffffffu);
-  if (!(a == a)) return 0;
+  if (!(a == a))
+    return 0;
   // Decision thresholds between neighbours; at an exact midpoint pick the even code.
   uint8_t code;
-  if (a <= 0.25f) code = 0;        // midpoint 0.25 -> 0 (even)
-  else if (a < 0.75f) code = 1;    // 0.75 -> 1.0 (code 2, even)
-  else if (a <= 1.25f) code = 2;   // 1.25 -> 1.0 (even)
-  else if (a < 1.75f) code = 3;    // 1.75 -> 2.0 (code 4, even)
-  else if (a <= 2.5f) code = 4;    // 2.5 -> 2.0 (even)
-  else if (a < 3.5f) code = 5;     // 3.5 -> 4.0 (code 6, even)
-  else if (a <= 5.0f) code = 6;    // 5 -> 4.0 (even)
-  else code = 7;
+  if (a <= 0.25f)
+    code = 0;  // midpoint 0.25 -> 0 (even)
+  else if (a < 0.75f)
+    code = 1;  // 0.75 -> 1.0 (code 2, even)
+  else if (a <= 1.25f)
+    code = 2;  // 1.25 -> 1.0 (even)
+  else if (a < 1.75f)
+    code = 3;  // 1.75 -> 2.0 (code 4, even)
+  else if (a <= 2.5f)
+    code = 4;  // 2.5 -> 2.0 (even)
+  else if (a < 3.5f)
+    code = 5;  // 3.5 -> 4.0 (code 6, even)
+  else if (a <= 5.0f)
+    code = 6;  // 5 -> 4.0 (even)
+  else
+    code = 7;
   return static_cast<uint8_t>(sign | code);
 }
 
