@@ -45,22 +45,35 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // replace (registers-only loads, ~470 instructions per 16 rows x 128 K x 2 matrices): decode step
 // -3% / -10% / -2% / -6% at batch 1 / 4 / 16 / 64; under ncu at batch 1 gate/up 41.5 -> 34.8 us,
 // down 26.0 -> 20.7 us. The same wgmma kernels with 4-byte register loads instead of the ring
-// were no faster at batch 1 and slower at batch 64 (faster at batch 4).
+// were no faster at batch 1 and slower at batch 64 (faster at batch 4). Seventeenth session: two
+// or four K blocks per ring stage instead of one (longer runs of each row per request) took the
+// decode step -2% / -1% / -7% / -8% at batch 1 / 4 / 16 / 64; ncu at batch 64 gate/up 963 -> 847
+// us with 2 (867 with 4), down 440 -> 393 us with 4 (422 with 2).
 
 constexpr int kWgRows = 64;
 constexpr int kWgThreads = 128;
-constexpr int kStages = 5;
-// A stage: 64 rows of 64 bytes at a pitch of 80 (lane (g, t)'s words of rows g = 0..7 fall in
-// distinct banks), then the rows' scale words.
-constexpr int kRowPitch = 80;
-constexpr int kStageBytes = kWgRows * kRowPitch + kWgRows * 4;
+// The ring for kRun 128-wide K blocks per stage (kRun x 64 contiguous bytes of each row per
+// request run): a stage holds 64 rows at a pitch of 64 kRun + 16 bytes (lane (g, t)'s words of
+// rows g = 0..7 fall in distinct banks), then the rows' scale words [row][kRun].
+template <int kRun>
+struct Ring {
+  static constexpr int kStages = kRun == 1 ? 5 : kRun == 2 ? 3 : 2;
+  static constexpr int kPitch = 64 * kRun + 16;
+  static constexpr int kScales = kWgRows * kPitch;
+  static constexpr int kBytes = kScales + kWgRows * 4 * kRun;
+};
 // Shared memory: the activations (K bytes per token in core-matrix order), their scales
 // [K / 128][kTok], the ring, and warps 2 and 3's sums for warps 0 and 1.
 __host__ __device__ constexpr int64_t wg_x_bytes(int64_t k) {
   return k * kTok + (k / 128) * kTok * 4;
 }
-__host__ __device__ constexpr int64_t wg_smem_bytes(int64_t k) {
-  return wg_x_bytes(k) + kStages * kStageBytes + 64 * 4 * 4;
+template <int kRun>
+constexpr int64_t wg_smem_bytes(int64_t k) {
+  return wg_x_bytes(k) + Ring<kRun>::kStages * Ring<kRun>::kBytes + 64 * 4 * 4;
+}
+template <int kRun>
+__device__ __forceinline__ float* wg_red(uint8_t* smem, int64_t k) {
+  return reinterpret_cast<float*>(smem + wg_x_bytes(k) + Ring<kRun>::kStages * Ring<kRun>::kBytes);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -153,36 +166,56 @@ __device__ __forceinline__ WgRows wg_rows(const MatrixRef& wa,
                 sld};
 }
 
-// K block kb of the block's rows into a stage: lane l copies 16-byte pieces l and l + 128 (row
-// p / 4, piece p % 4: a row's 64 bytes by four neighbouring lanes; pieces 0..127 are rows 0..31)
-// and, for l < 64, row l's scale word.
-__device__ __forceinline__ void issue_block(const WgRows& rs, int64_t kb, uint8_t* st) {
+// K blocks kb0 .. kb0 + nkb - 1 (nkb <= kRun) of the block's rows into a stage: a row's
+// 64 nkb bytes by 4 nkb neighbouring lanes in 16-byte pieces (rows 0..31 from d0, 32..63 from
+// d1), and the rows' scale words.
+template <int kRun>
+__device__ __forceinline__ void issue_block(const WgRows& rs, int64_t kb0, int nkb, uint8_t* st) {
+  using R = Ring<kRun>;
   const int l = threadIdx.x;
-  const int row = l >> 2;  // of each half
-  const int part = l & 3;
-  const int64_t off = row * rs.ld + kb * 64 + part * 16;
-  cp_async16(st + row * kRowPitch + part * 16, rs.d0 + off);
-  cp_async16(st + (row + 32) * kRowPitch + part * 16, rs.d1 + off);
-  if (l < kWgRows)
-    cp_async4(st + kWgRows * kRowPitch + l * 4,
-              (l < 32 ? rs.s0 : rs.s1) + (l & 31) * rs.sld + kb * 4);
+#pragma unroll
+  for (int i = 0; i < 2 * kRun; ++i) {
+    const int pc = l + kWgThreads * i;
+    const int row = pc / (4 * kRun);
+    const int part = pc % (4 * kRun);
+    if (part / 4 < nkb)
+      cp_async16(st + row * R::kPitch + part * 16,
+                 (row < 32 ? rs.d0 : rs.d1) + (row & 31) * rs.ld + kb0 * 64 + part * 16);
+  }
+#pragma unroll
+  for (int i = 0; i < (kRun + 1) / 2; ++i) {
+    const int q = l + kWgThreads * i;  // (row q / kRun, block q % kRun)
+    const int row = q / kRun;
+    const int sub = q % kRun;
+    if (q < kWgRows * kRun && sub < nkb)
+      cp_async4(st + R::kScales + q * 4,
+                (row < 32 ? rs.s0 : rs.s1) + (row & 31) * rs.sld + (kb0 + sub) * 4);
+  }
 }
 
 // One staged 128-wide K block: four 32-blocks, one wgmma each, on two accumulator sets in turn
 // (block q + 1's MMA runs while block q's products are scaled); then the 128-block's sum times the
 // activation scales of columns 2 t, 2 t + 1 into acc.
-__device__ __forceinline__ void compute_block(
-    const uint8_t* st, uint64_t desc0, int64_t kb, float2 xs, float (&acc)[4]) {
+// w: the block's first row in the stage (rows `pitch` bytes apart); sc: its first row's scale
+// word (rows sstride bytes apart).
+__device__ __forceinline__ void compute_block(const uint8_t* w,
+                                              int pitch,
+                                              const uint8_t* sc_base,
+                                              int sstride,
+                                              uint64_t desc0,
+                                              int64_t kb,
+                                              float2 xs,
+                                              float (&acc)[4]) {
   const int lane = threadIdx.x & 31;
   const int row = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);
   const int t = lane & 3;
   uint32_t wd[2][4], sc[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const uint8_t* r = st + (row + 8 * i) * kRowPitch + 4 * t;
+    const uint8_t* r = w + (row + 8 * i) * pitch + 4 * t;
 #pragma unroll
     for (int q = 0; q < 4; ++q) wd[i][q] = *reinterpret_cast<const uint32_t*>(r + 16 * q);
-    sc[i] = *reinterpret_cast<const uint32_t*>(st + kWgRows * kRowPitch + (row + 8 * i) * 4);
+    sc[i] = *reinterpret_cast<const uint32_t*>(sc_base + (row + 8 * i) * sstride);
   }
   float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float cs[2][4];
@@ -227,7 +260,7 @@ __device__ __forceinline__ void compute_block(
 // while this one finishes); done(i, acc) takes group i's sums (this lane's C fragment; every
 // thread calls it). stage (every thread calls this once) runs after the first blocks' copies are
 // issued and must leave the activations staged for stage_x's layout.
-template <class RowsOf, class Stage, class Done>
+template <int kRun, class RowsOf, class Stage, class Done>
 __device__ __forceinline__ void stream_fp4(RowsOf&& rows_of,
                                            int groups,
                                            int64_t k,
@@ -235,17 +268,21 @@ __device__ __forceinline__ void stream_fp4(RowsOf&& rows_of,
                                            uint8_t* ring,
                                            Stage&& stage,
                                            Done&& done) {
+  using R = Ring<kRun>;
+  constexpr int kStages = R::kStages;
   const int t = threadIdx.x & 3;
   const int64_t n = k / 128;
-  const int64_t total = groups * n;
-  // The next block to issue: group ig, K block ikb (position j = ig * n + ikb of the stream).
+  const int64_t per = (n + kRun - 1) / kRun;  // stages per group
+  const int64_t total = groups * per;
+  // The next stage to issue: group ig, its stage is (position ig * per + is of the stream).
   int ig = 0;
-  int64_t ikb = 0;
+  int64_t is = 0;
   WgRows rs = rows_of(0);
   auto issue_next = [&](uint8_t* st) {
-    issue_block(rs, ikb, st);
-    if (++ikb == n) {
-      ikb = 0;
+    const int64_t kb0 = is * kRun;
+    issue_block<kRun>(rs, kb0, static_cast<int>(imin(kRun, n - kb0)), st);
+    if (++is == per) {
+      is = 0;
       if (++ig < groups)
         rs = rows_of(ig);
     }
@@ -253,31 +290,39 @@ __device__ __forceinline__ void stream_fp4(RowsOf&& rows_of,
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
     if (j < total)
-      issue_next(ring + j * kStageBytes);
+      issue_next(ring + j * R::kBytes);
     cp_async_commit();
   }
   stage();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  // B of a 32-block: its two 16-byte K halves are core matrices 128 bytes apart; N = 8 is one
-  // 8-row group, so the stride field is never used (set equal to the K step).
   const uint64_t desc0 = wgmma::desc_k_major(smem_addr(smem), 128, 128);
   const auto* ss = reinterpret_cast<const float*>(smem + k * kTok);
   int g = 0;
-  int64_t kb = 0;
+  int64_t s = 0;  // stage of the current group
   for (int64_t j = 0; j < total; ++j) {
-    cp_async_wait<kStages - 2>();  // this lane's copies of block j landed
+    cp_async_wait<kStages - 2>();  // this lane's copies of stage j landed
     __syncthreads();               // everyone's; and stage (j - 1) % kStages is no longer read
     if (j + kStages - 1 < total)
-      issue_next(ring + ((j + kStages - 1) % kStages) * kStageBytes);
+      issue_next(ring + ((j + kStages - 1) % kStages) * R::kBytes);
     cp_async_commit();
-    compute_block(ring + (j % kStages) * kStageBytes,
-                  desc0,
-                  kb,
-                  *reinterpret_cast<const float2*>(ss + kb * kTok + 2 * t),
-                  acc);
-    if (++kb == n) {
+    const uint8_t* st = ring + (j % kStages) * R::kBytes;
+    const int64_t kb0 = s * kRun;
+#pragma unroll
+    for (int sub = 0; sub < kRun; ++sub) {
+      const int64_t kb = kb0 + sub;
+      if (kb < n)
+        compute_block(st + sub * 64,
+                      R::kPitch,
+                      st + R::kScales + sub * 4,
+                      4 * kRun,
+                      desc0,
+                      kb,
+                      *reinterpret_cast<const float2*>(ss + kb * kTok + 2 * t),
+                      acc);
+    }
+    if (++s == per) {
       done(g++, acc);
-      kb = 0;
+      s = 0;
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
     }
@@ -286,6 +331,7 @@ __device__ __forceinline__ void stream_fp4(RowsOf&& rows_of,
 
 // Row groups per block: `groups` consecutive ones (one prologue and one staging of the tile's
 // activations for all of them), fewer at the end of the rows.
+template <int kRun>
 __global__ void __launch_bounds__(kWgThreads, 3)
     wg_gate_up_kernel(Fp8ExpertFfnParams p, int groups) {
   pdl_begin();
@@ -298,42 +344,45 @@ __global__ void __launch_bounds__(kWgThreads, 3)
     return;
   const auto ng = static_cast<int>(imin(groups, (p.inter - first) / kRows));
   const int64_t xb = wg_x_bytes(p.hidden);
-  auto* red = reinterpret_cast<float*>(wg_smem + xb + kStages * kStageBytes);
+  float* red = wg_red<kRun>(wg_smem, p.hidden);
   const MatrixRef w1 = p.w1[tl.e];
   const MatrixRef w3 = p.w3[tl.e];
   const int warp = threadIdx.x >> 5;
   const int l = threadIdx.x & 63;
   const int lane = threadIdx.x & 31;
   const int t = lane & 3;
-  stream_fp4([&](int i) { return wg_rows(w1, first + i * kRows, w3, first + i * kRows); },
-             ng,
-             p.hidden,
-             wg_smem,
-             wg_smem + xb,
-             [&] { stage_x(p.x, xrow, tl.count, p.hidden, wg_smem); },
-             [&](int i, const float(&acc)[4]) {
-               // Warps 2 and 3 (w3's rows) hand their sums to warps 0 and 1 (the same rows of w1).
-               if (warp >= 2) {
+  stream_fp4<kRun>([&](int i) { return wg_rows(w1, first + i * kRows, w3, first + i * kRows); },
+                   ng,
+                   p.hidden,
+                   wg_smem,
+                   wg_smem + xb,
+                   [&] { stage_x(p.x, xrow, tl.count, p.hidden, wg_smem); },
+                   [&](int i, const float(&acc)[4]) {
+                     // Warps 2 and 3 (w3's rows) hand their sums to warps 0 and 1 (the same rows of
+                     // w1).
+                     if (warp >= 2) {
 #pragma unroll
-                 for (int c = 0; c < 4; ++c) red[c * 64 + l] = acc[c];
-               }
-               __syncthreads();
-               if (warp >= 2)
-                 return;
-               const int64_t rw = first + i * kRows + 16 * warp + (lane >> 2);
+                       for (int c = 0; c < 4; ++c) red[c * 64 + l] = acc[c];
+                     }
+                     __syncthreads();
+                     if (warp >= 2)
+                       return;
+                     const int64_t rw = first + i * kRows + 16 * warp + (lane >> 2);
 #pragma unroll
-               for (int c = 0; c < 4; ++c) {
-                 const int j = 2 * t + (c & 1);
-                 if (j >= tl.count)
-                   continue;
-                 const int64_t pair = tl.g0 + j;
-                 const float gate = p.gates ? p.gates[p.pair_src ? p.pair_src[pair] : pair] : 1.0f;
-                 p.h[pair * p.inter + rw + 8 * (c >> 1)] =
-                     swiglu_gated(acc[c], red[c * 64 + l], p.swiglu_limit, gate);
-               }
-             });
+                     for (int c = 0; c < 4; ++c) {
+                       const int j = 2 * t + (c & 1);
+                       if (j >= tl.count)
+                         continue;
+                       const int64_t pair = tl.g0 + j;
+                       const float gate =
+                           p.gates ? p.gates[p.pair_src ? p.pair_src[pair] : pair] : 1.0f;
+                       p.h[pair * p.inter + rw + 8 * (c >> 1)] =
+                           swiglu_gated(acc[c], red[c * 64 + l], p.swiglu_limit, gate);
+                     }
+                   });
 }
 
+template <int kRun>
 __global__ void __launch_bounds__(kWgThreads, 3) wg_down_kernel(Fp8ExpertFfnParams p, int groups) {
   pdl_begin();
   extern __shared__ __align__(128) uint8_t wg_smem[];
@@ -347,7 +396,7 @@ __global__ void __launch_bounds__(kWgThreads, 3) wg_down_kernel(Fp8ExpertFfnPara
   const MatrixRef w2 = p.w2[tl.e];
   const int lane = threadIdx.x & 31;
   const int t = lane & 3;
-  stream_fp4(
+  stream_fp4<kRun>(
       [&](int i) {
         const int64_t r = first + i * kWgRows;
         return wg_rows(w2, r, w2, r + kWgRows / 2);
@@ -385,22 +434,28 @@ int wg_groups(int64_t tiles) {
   return tiles >= kWholeRowsFromTiles ? 4 : 1;
 }
 
+// K blocks per ring stage (16-byte requests covering 64 kRun contiguous bytes of a row), measured
+// on the H200 against 1 per stage (docs/performance.md, seventeenth session): gate/up at 2 (4
+// leaves too few stages in flight at K = 4096 for batch 1), down at 4.
+constexpr int kGateUpRun = 2;
+constexpr int kDownRun = 4;
+
 }  // namespace
 
 Status launch_mxfp4(const Fp8ExpertFfnParams& p, int64_t tiles, cudaStream_t s) {
-  const int64_t s1 = wg_smem_bytes(p.hidden);
-  const int64_t s2 = wg_smem_bytes(p.inter);
-  DSI_RETURN_IF_ERROR(allow_smem(wg_gate_up_kernel, s1));
-  DSI_RETURN_IF_ERROR(allow_smem(wg_down_kernel, s2));
+  const int64_t s1 = wg_smem_bytes<kGateUpRun>(p.hidden);
+  const int64_t s2 = wg_smem_bytes<kDownRun>(p.inter);
+  DSI_RETURN_IF_ERROR(allow_smem(wg_gate_up_kernel<kGateUpRun>, s1));
+  DSI_RETURN_IF_ERROR(allow_smem(wg_down_kernel<kDownRun>, s2));
   const int groups = wg_groups(tiles);
   const dim3 g1(static_cast<unsigned>(ceil_div(p.inter, kWgRows / 2 * groups)),
                 static_cast<unsigned>(tiles));
-  launch_pdl(wg_gate_up_kernel, g1, kWgThreads, static_cast<size_t>(s1), s, p, groups);
+  launch_pdl(wg_gate_up_kernel<kGateUpRun>, g1, kWgThreads, static_cast<size_t>(s1), s, p, groups);
   DSI_RETURN_IF_ERROR(launched("expert_gemv gate/up launch"));
   DSI_RETURN_IF_ERROR(launch_quantize_expert_h(p, s));
   const dim3 g2(static_cast<unsigned>(ceil_div(p.hidden, kWgRows * groups)),
                 static_cast<unsigned>(tiles));
-  launch_pdl(wg_down_kernel, g2, kWgThreads, static_cast<size_t>(s2), s, p, groups);
+  launch_pdl(wg_down_kernel<kDownRun>, g2, kWgThreads, static_cast<size_t>(s2), s, p, groups);
   return launched("expert_gemv down launch");
 }
 
