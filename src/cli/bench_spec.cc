@@ -28,8 +28,9 @@ double now_s() {
 
 // What one (mode, batch) run measured.
 struct Run {
-  double tokens_per_s = 0;
-  spec::Stats spec;  // this run's share of the engine's counters
+  double tokens_per_s = 0;       // while all b requests of a wave decode (the batch is b)
+  double wave_tokens_per_s = 0;  // over each wave's whole decode, its tail included
+  spec::Stats spec;              // this run's share of the engine's counters
 };
 
 spec::Stats minus(const spec::Stats& a, const spec::Stats& b) {
@@ -117,14 +118,19 @@ Result<std::vector<int32_t>> load_prompt_text(const std::string& path,
   return std::move(ids).value();
 }
 
-// Waves of b greedy requests (bench_prompt; at least kMinRequests requests in all): decode tokens
-// per second over each wave's time from the step after its last prefill to its end.
+// Waves of b greedy requests (bench_prompt; at least kMinRequests requests in all), decode tokens
+// per second over two windows of each wave, both from the step after its last prefill: up to the
+// step in which its first request finishes (every step a batch of b: the figure at batch b, as a
+// serving engine kept at b requests runs it) and up to its end. The second includes the wave's
+// tail, steps of fewer and fewer requests whose length depends on how the acceptance spreads the
+// requests' finishing steps (~half of a 48-token wave at batch 64 on the bundled model,
+// seventeenth session): a property of waves, not of the batch size.
 Result<Run> run_once(
     engine::Engine& e, const SpecBenchArgs& a, const PromptSource& src, int64_t b, int64_t round) {
   const int64_t waves = (kMinRequests + b - 1) / b;
   const spec::Stats before = e.stats().spec;
-  int64_t tokens = 0;
-  double dt = 0;
+  int64_t tokens = 0, full_tokens = 0;
+  double dt = 0, full_dt = 0;
   for (int64_t w = 0; w < waves; ++w) {
     std::vector<engine::RequestId> ids;
     for (int64_t i = 0; i < b; ++i) {
@@ -147,14 +153,31 @@ Result<Run> run_once(
       }
       return true;
     };
+    auto any_done = [&] {
+      for (engine::RequestId id : ids) {
+        if (e.request(id)->done())
+          return true;
+      }
+      return false;
+    };
     while (!all_started() && e.step()) {
     }
     const int64_t g0 = e.stats().generated_tokens;
     const double t0 = now_s();
+    bool full = !any_done();
     while (e.step()) {
+      if (full && any_done()) {
+        full = false;
+        full_dt += now_s() - t0;
+        full_tokens += e.stats().generated_tokens - g0;
+      }
     }
     dt += now_s() - t0;
     tokens += e.stats().generated_tokens - g0;
+    if (full) {  // (e.step() returned false in the step that finished the wave)
+      full_dt += now_s() - t0;
+      full_tokens += e.stats().generated_tokens - g0;
+    }
     for (engine::RequestId id : ids) {
       const engine::Request* r = e.request(id);
       if (r->state != engine::RequestState::kFinished || !r->error.empty())
@@ -162,7 +185,8 @@ Result<Run> run_once(
     }
   }
   Run run;
-  run.tokens_per_s = dt > 0 ? static_cast<double>(tokens) / dt : 0;
+  run.wave_tokens_per_s = dt > 0 ? static_cast<double>(tokens) / dt : 0;
+  run.tokens_per_s = full_dt > 0 ? static_cast<double>(full_tokens) / full_dt : 0;
   run.spec = minus(e.stats().spec, before);
   return run;
 }
@@ -247,6 +271,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   const size_t nb = a.batch.size(), nm = modes->size();
   // [batch][mode]: each round's tokens/s and the summed speculation counters.
   std::vector<std::vector<std::vector<double>>> tps(nb, std::vector<std::vector<double>>(nm));
+  auto wave_tps = tps;
   std::vector<std::vector<spec::Stats>> stats(nb, std::vector<spec::Stats>(nm));
   std::vector<spec::Mode> kinds(nm, spec::Mode::kOff);
   std::string backend_name;
@@ -285,13 +310,16 @@ int run_spec_bench(const SpecBenchArgs& a) {
         if (!run.ok())
           return fail(run.status().with_context("--speculative " + m));
         tps[bi][mi].push_back(run->tokens_per_s);
+        wave_tps[bi][mi].push_back(run->wave_tokens_per_s);
         add(stats[bi][mi], run->spec);
         std::fprintf(stderr,
-                     "[bench speculative] round %lld batch %lld %s: %.1f tokens/s\n",
+                     "[bench speculative] round %lld batch %lld %s: %.1f tokens/s (whole "
+                     "waves %.1f)\n",
                      static_cast<long long>(r + 1),
                      static_cast<long long>(a.batch[bi]),
                      m.c_str(),
-                     run->tokens_per_s);
+                     run->tokens_per_s,
+                     run->wave_tokens_per_s);
       }
     }
   }  // the engine and its weights go here, before the next mode's
@@ -309,22 +337,27 @@ int run_spec_bench(const SpecBenchArgs& a) {
   // Forced: the drafts' acceptance is injected (step costs real, tokens not the model's).
   out["forced_acceptance"] = a.forced_acceptance;
   json rows = json::array();
-  std::string table = str_format("%6s %-8s %10s %7s %13s %s\n",
+  std::string table = str_format("%6s %-8s %10s %7s %13s %10s %7s %s\n",
                                  "batch",
                                  "mode",
                                  "tok/s",
                                  "x off",
                                  "range",
+                                 "waves",
+                                 "x off",
                                  "accept by position | mean accepted length | mean verify len");
   for (size_t bi = 0; bi < nb; ++bi) {
     // The ratio to `off` of this batch size, when off was measured.
-    double off = 0;
+    double off = 0, wave_off = 0;
     for (size_t mi = 0; mi < nm; ++mi) {
-      if (kinds[mi] == spec::Mode::kOff)
+      if (kinds[mi] == spec::Mode::kOff) {
         off = median(tps[bi][mi]);
+        wave_off = median(wave_tps[bi][mi]);
+      }
     }
     for (size_t mi = 0; mi < nm; ++mi) {
       const double med = median(tps[bi][mi]);
+      const double wave_med = median(wave_tps[bi][mi]);
       const auto [lo, hi] = std::minmax_element(tps[bi][mi].begin(), tps[bi][mi].end());
       const spec::Stats& st = stats[bi][mi];
       json row;
@@ -334,6 +367,10 @@ int run_spec_bench(const SpecBenchArgs& a) {
       row["tokens_per_s_runs"] = tps[bi][mi];
       if (off > 0)
         row["ratio_to_off"] = med / off;
+      row["wave_tokens_per_s"] = wave_med;
+      row["wave_tokens_per_s_runs"] = wave_tps[bi][mi];
+      if (wave_off > 0)
+        row["wave_ratio_to_off"] = wave_med / wave_off;
       json acc = json::array();
       std::string accs;
       for (size_t i = 0; i < st.verified.size(); ++i) {
@@ -351,13 +388,15 @@ int run_spec_bench(const SpecBenchArgs& a) {
       row["drafts_per_step"] =
           steps > 0 ? static_cast<double>(st.drafted) / static_cast<double>(steps) : 0.0;
       rows.push_back(row);
-      table += str_format("%6lld %-8s %10.1f %7s %6.1f-%-6.1f%s | %.2f | %.2f\n",
+      table += str_format("%6lld %-8s %10.1f %7s %6.1f-%-6.1f %10.1f %7s%s | %.2f | %.2f\n",
                           static_cast<long long>(a.batch[bi]),
                           (*modes)[mi].c_str(),
                           med,
                           off > 0 ? str_format("%.2f", med / off).c_str() : "-",
                           *lo,
                           *hi,
+                          wave_med,
+                          wave_off > 0 ? str_format("%.2f", wave_med / wave_off).c_str() : "-",
                           accs.empty() ? " -" : accs.c_str(),
                           st.mean_accepted_length(),
                           st.mean_verify_len());

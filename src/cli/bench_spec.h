@@ -6,7 +6,8 @@
 // ratios to `off` are what the run measures; the modes are interleaved over `repeats` rounds.
 // Every measurement covers at least 16 different prompts (waves of b requests at batch sizes
 // below 16), new ones each round: greedy decoding of one prompt is a single deterministic
-// sequence, not a measure of the drafter.
+// sequence, not a measure of the drafter. tokens/s is timed while all b requests of a wave
+// decode (the batch is b); the whole waves' figure, tails included, is reported beside it.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,7 @@ struct SpecBenchArgs {
   // A text file: prompts are windows of `prompt` tokens of it (the model's tokenizer.json) at
   // seeded offsets instead of random token ids (natural text: the drafter's real acceptance).
   std::string prompt_text;
-  int64_t generate = 48;                // tokens generated per request
+  int64_t generate = 96;                // tokens generated per request
   int64_t repeats = 3;                  // rounds over every (batch, mode)
   int64_t warmup = 3;                   // untimed rounds first, per mode (steady state)
   std::string state_memory = "512MiB";  // per engine (one engine per mode, all alive at once)
