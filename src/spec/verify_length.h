@@ -57,16 +57,16 @@ Choice choose_verify_lengths(const StepTimes& times,
 // Auto's cost-aware depth choice: the whole step's wall time as the engine measures it, by batch
 // size bucket (powers of two) and depth (the drafts each request verifies; -1: speculation off, a
 // plain decode without the drafter's forward work), predicted as the start-up model's time for
-// that step (StepTimes: verify + draft, or off) plus a correction learnt online, an EWMA of
-// measured - predicted per (bucket, depth). The correction carries what the start-up model does
-// not see (per-step host work, sampling every verified position, graphs against eager launches);
-// a depth not yet measured in a bucket takes the corrections of the measured depths of that
-// bucket, interpolated linearly in the depth (off counting as depth -1), continued along the line
-// through the two deepest measured beyond the deepest while it rises (else held), held below the
-// shallowest, 0 when the bucket has none. Off, unmeasured, takes depth 0's
-// correction (a depth-0 step is a plain decode plus the drafter's forward work, which the
-// start-up model times), never one held down from the speculating depths: theirs carry the cost
-// of every verified position, and made off look too slow ever to be tried.
+// that step (StepTimes: verify + draft, or off) plus a correction learnt online, the mean
+// of measured - predicted per (bucket, depth) over its first eight steps, an EWMA after. The
+// correction carries what the start-up model does not see (per-step host work, sampling every
+// verified position, graphs against eager launches); a depth not yet measured in a bucket takes the
+// corrections of the measured depths of that bucket, interpolated linearly in the depth (off
+// counting as depth -1), continued along the line through the two deepest measured beyond the
+// deepest while it rises (else held), held below the shallowest, 0 when the bucket has none. Off,
+// unmeasured, takes depth 0's correction (a depth-0 step is a plain decode plus the drafter's
+// forward work, which the start-up model times), never one held down from the speculating depths:
+// theirs carry the cost of every verified position, and made off look too slow ever to be tried.
 class StepCost {
  public:
   // padded_buckets: batch buckets (2^(i-1), 2^i] instead of [2^i, 2^(i+1)), for a backend that
@@ -94,8 +94,10 @@ class StepCost {
   // nothing that step); then while a speculating depth next to the best (best +-
   // 1, >= 1) has fewer than kExplore measurements, that depth (the deeper first): the start-up
   // model's shape can be wrong where the measured steps would say otherwise, and only steps run
-  // at a depth measure it. Deterministic given what was recorded.
+  // at a depth measure it; then a depth measured fewer than kExplore times whose rate is within
+  // kNoise of the best's (the highest rate first). Deterministic given what was recorded.
   int32_t choose(int64_t b, std::span<const double> accept) const;
+  static constexpr double kNoise = 0.10;
   // choose, except that where it picks the best depth and the bucket's previous choice (a
   // speculating depth) is within kStay of the best's rate, the previous one: on a backend that
   // replays graphs per shape, every switch of depth meets shapes not yet captured (eager runs and
@@ -124,7 +126,7 @@ class StepCost {
   StepTimes prior_;
   int32_t max_k_;
   bool padded_ = false;
-  // [bucket][depth + 1]: EWMA of measured - prior (seconds); count of measurements.
+  // [bucket][depth + 1]: mean, then EWMA, of measured - prior (seconds); count of measurements.
   std::vector<std::vector<double>> delta_;
   std::vector<std::vector<int64_t>> seen_;
   std::vector<int32_t> last_;  // [bucket]: choose_steady's previous choice (-2: none)

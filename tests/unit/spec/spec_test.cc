@@ -374,6 +374,40 @@ TEST(StepCost, ExploresTheDepthsNextToTheBestUntilMeasured) {
   EXPECT_EQ(off.choose(1, accept), -1);
 }
 
+// A depth whose estimate rests on fewer than kExplore steps, one of them slow, is measured again
+// while its rate is within kNoise of the best's, wherever the best is; the correction is the mean
+// of the first steps, not the first step's value. (The H200, seventeenth session: depth 3 at
+// batch 64 measured once, slow, and auto ran depth 5, 9% slower, for good.)
+TEST(StepCost, UndermeasuredDepthsNearTheBestAreMeasuredAgain) {
+  const std::vector<double> accept(5, 0.8);
+  // Step 1 + 0.3 d: rates 1.385, 1.525, 1.554, 1.527, 1.476 for d = 1..5.
+  StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+  for (int32_t d : {-1, 0, 1, 2, 4, 5}) {
+    for (int i = 0; i < StepCost::kExplore; ++i) c.record(1, d, c.step_s(1, d));
+  }
+  const double true3 = c.step_s(1, 3);
+  c.record(1, 3, true3 + 0.15);  // 2.952 / 2.05 = 1.44: 94% of depth 4's 1.527
+  ASSERT_EQ(c.best_depth(1, accept), 4);
+  EXPECT_EQ(c.choose(1, accept), 3);
+  c.record(1, 3, true3);
+  EXPECT_NEAR(c.step_s(1, 3), true3 + 0.075, 1e-9);  // the mean of the two
+  EXPECT_EQ(c.choose(1, accept), 3);
+  c.record(1, 3, true3);
+  EXPECT_NEAR(c.step_s(1, 3), true3 + 0.05, 1e-9);
+  EXPECT_EQ(c.choose(1, accept), c.best_depth(1, accept));  // kExplore steps: no more
+  // Not next to the best (3): depth 5 measured once, as predicted (1.476, 95% of 1.554), is
+  // measured again; one step 1.0 s slow (3.689 / 3.5 = 1.05) leaves it far from the best: not.
+  for (double slow : {0.0, 1.0}) {
+    StepCost f(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+    for (int32_t d : {-1, 0, 1, 2, 3, 4}) {
+      for (int i = 0; i < StepCost::kExplore; ++i) f.record(1, d, f.step_s(1, d));
+    }
+    f.record(1, 5, f.step_s(1, 5) + slow);
+    ASSERT_EQ(f.best_depth(1, accept), 3);
+    EXPECT_EQ(f.choose(1, accept), slow > 0 ? 3 : 5) << slow;
+  }
+}
+
 // The engine under auto, step by step on synthetic timings: each step runs StepCost::choose's
 // depth and records the step's true time. A choice of off (-1) stops speculation for the running
 // requests (Engine::plan_drafts), so from then on every step is a plain decode. Returns the
