@@ -48,16 +48,22 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // were no faster at batch 1 and slower at batch 64 (faster at batch 4). Seventeenth session: two
 // or four K blocks per ring stage instead of one (longer runs of each row per request) took the
 // decode step -2% / -1% / -7% / -8% at batch 1 / 4 / 16 / 64; ncu at batch 64 gate/up 963 -> 847
-// us with 2 (867 with 4), down 440 -> 393 us with 4 (422 with 2).
+// us with 2 (867 with 4), down 440 -> 393 us with 4 (422 with 2). A grid of only the blocks that
+// fit at once, each looping over the work items (no last partial wave, no blocks past the last
+// tile), was slower: batch 16 / 64 +6% / +9%.
 
 constexpr int kWgRows = 64;
 constexpr int kWgThreads = 128;
 // The ring for kRun 128-wide K blocks per stage (kRun x 64 contiguous bytes of each row per
 // request run): a stage holds 64 rows at a pitch of 64 kRun + 16 bytes (lane (g, t)'s words of
-// rows g = 0..7 fall in distinct banks), then the rows' scale words [row][kRun].
+// rows g = 0..7 fall in distinct banks), then the rows' scale words [row][kRun]. Stages: 4 of 2 K
+// blocks (gate/up) or 3 of 4 (down), 72 KiB of shared memory per block at V4-Flash's widths, so
+// three blocks still fit an SM. Measured (H200, seventeenth session) against 3 and 2 stages: decode
+// batch 1 / 16 / 64 -1.5% / -1% / -1.6%; 7 stages of 1 and 5 of 2 were slower (+2% / +9% / +11%).
 template <int kRun>
 struct Ring {
-  static constexpr int kStages = kRun == 1 ? 5 : kRun == 2 ? 3 : 2;
+  static_assert(kRun == 2 || kRun == 4, "expert GEMV ring: 2 or 4 K blocks per stage");
+  static constexpr int kStages = kRun == 2 ? 4 : 3;
   static constexpr int kPitch = 64 * kRun + 16;
   static constexpr int kScales = kWgRows * kPitch;
   static constexpr int kBytes = kScales + kWgRows * 4 * kRun;
