@@ -30,7 +30,11 @@ double now_s() {
 struct Run {
   double tokens_per_s = 0;       // while all b requests of a wave decode (the batch is b)
   double wave_tokens_per_s = 0;  // over each wave's whole decode, its tail included
-  spec::Stats spec;              // this run's share of the engine's counters
+  // Waves in which a request finished before the last one started (the state memory or the
+  // scheduler never ran all b at once): no step of them is a batch of b, and tokens_per_s is the
+  // whole waves' figure instead.
+  int64_t short_waves = 0;
+  spec::Stats spec;  // this run's share of the engine's counters
 };
 
 spec::Stats minus(const spec::Stats& a, const spec::Stats& b) {
@@ -129,7 +133,7 @@ Result<Run> run_once(
     engine::Engine& e, const SpecBenchArgs& a, const PromptSource& src, int64_t b, int64_t round) {
   const int64_t waves = (kMinRequests + b - 1) / b;
   const spec::Stats before = e.stats().spec;
-  int64_t tokens = 0, full_tokens = 0;
+  int64_t tokens = 0, full_tokens = 0, short_waves = 0;
   double dt = 0, full_dt = 0;
   for (int64_t w = 0; w < waves; ++w) {
     std::vector<engine::RequestId> ids;
@@ -165,6 +169,8 @@ Result<Run> run_once(
     const int64_t g0 = e.stats().generated_tokens;
     const double t0 = now_s();
     bool full = !any_done();
+    if (!full)
+      ++short_waves;
     while (e.step()) {
       if (full && any_done()) {
         full = false;
@@ -186,7 +192,9 @@ Result<Run> run_once(
   }
   Run run;
   run.wave_tokens_per_s = dt > 0 ? static_cast<double>(tokens) / dt : 0;
-  run.tokens_per_s = full_dt > 0 ? static_cast<double>(full_tokens) / full_dt : 0;
+  run.short_waves = short_waves;
+  run.tokens_per_s = short_waves > 0 || full_dt <= 0 ? run.wave_tokens_per_s
+                                                     : static_cast<double>(full_tokens) / full_dt;
   run.spec = minus(e.stats().spec, before);
   return run;
 }
@@ -272,6 +280,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   // [batch][mode]: each round's tokens/s and the summed speculation counters.
   std::vector<std::vector<std::vector<double>>> tps(nb, std::vector<std::vector<double>>(nm));
   auto wave_tps = tps;
+  std::vector<std::vector<bool>> short_runs(nb, std::vector<bool>(nm, false));
   std::vector<std::vector<spec::Stats>> stats(nb, std::vector<spec::Stats>(nm));
   std::vector<spec::Mode> kinds(nm, spec::Mode::kOff);
   std::string backend_name;
@@ -311,6 +320,17 @@ int run_spec_bench(const SpecBenchArgs& a) {
           return fail(run.status().with_context("--speculative " + m));
         tps[bi][mi].push_back(run->tokens_per_s);
         wave_tps[bi][mi].push_back(run->wave_tokens_per_s);
+        if (run->short_waves > 0) {
+          std::fprintf(stderr,
+                       "[bench speculative] batch %lld %s: %lld wave(s) never ran all %lld "
+                       "requests at once (state memory: --state-memory); tokens/s is the whole "
+                       "waves' figure\n",
+                       static_cast<long long>(a.batch[bi]),
+                       m.c_str(),
+                       static_cast<long long>(run->short_waves),
+                       static_cast<long long>(a.batch[bi]));
+          short_runs[bi][mi] = true;
+        }
         add(stats[bi][mi], run->spec);
         std::fprintf(stderr,
                      "[bench speculative] round %lld batch %lld %s: %.1f tokens/s (whole "
@@ -367,6 +387,9 @@ int run_spec_bench(const SpecBenchArgs& a) {
       row["tokens_per_s_runs"] = tps[bi][mi];
       if (off > 0)
         row["ratio_to_off"] = med / off;
+      // false: some wave never had all b requests decoding at once (tokens_per_s is then the
+      // whole waves' figure for those rounds).
+      row["full_batch"] = !short_runs[bi][mi];
       row["wave_tokens_per_s"] = wave_med;
       row["wave_tokens_per_s_runs"] = wave_tps[bi][mi];
       if (wave_off > 0)

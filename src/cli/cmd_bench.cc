@@ -554,10 +554,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                 "the host, then from tables on the device (both in one process), and print the "
                 "host/device step-time ratio (issue 15: within 5%)");
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
-  cmd->add_option("--state-memory",
-                  a->state_memory,
-                  "Report how many tokens of context one sequence's state fits in this budget "
-                  "(default 1GiB)");
+  auto* o_state = cmd->add_option("--state-memory",
+                                  a->state_memory,
+                                  "Report how many tokens of context one sequence's state fits "
+                                  "in this budget (default 1GiB); with --speculative, each "
+                                  "engine's state memory (default 512MiB)");
   cmd->add_flag("--no-ceilings", a->no_ceilings, "Skip the copy/GEMM ceiling measurements");
   cmd->add_flag("--no-cuda-graphs", a->no_cuda_graphs, "Decode eagerly");
   cmd->add_flag("--batch-invariant",
@@ -618,6 +619,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
         s.generate = a->decode_steps;
       if (o_repeats->count() > 0)
         s.repeats = a->repeats;
+      if (o_state->count() > 0)
+        s.state_memory = a->state_memory;
       s.output = a->output;
       exit_code = run_spec_bench(s);
       return;

@@ -185,6 +185,14 @@ check "generate: greedy output is not empty" test -s "$TMP/g_fast.txt"
   --decode-steps 24 --output "$TMP/bench_spec.json" >/dev/null 2>&1
 check "bench --speculative: drafts at depths 4 and 5 are accepted at batch 1" \
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; a=r["acceptance_by_position"]; assert r["batch"]==1 and len(a)==5 and a[3]>0 and a[4]>0, a' "$TMP/bench_spec.json"
+check "bench --speculative: batch 1 ran whole batches (full_batch)" \
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; assert r["full_batch"] is True and r["tokens_per_s"] > 0, r' "$TMP/bench_spec.json"
+# A batch the state memory cannot hold at once: flagged, and the whole waves' figure stands in
+# (not 0 tokens/s for a window that never opened).
+"$DSI" bench --device cpu --model "$MINI" --speculative off --decode-batch 16 --repeats 1 --warmup 1 \
+  --decode-steps 4 --state-memory 24MiB --output "$TMP/bench_short.json" >/dev/null 2>&1
+check "bench --speculative: a batch that never ran whole is flagged, with the waves' figure" \
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; assert r["full_batch"] is False and r["tokens_per_s"] == r["wave_tokens_per_s"] > 0, r' "$TMP/bench_short.json"
 # --prompt-text: prompts are windows of a tokenized text (natural text: the drafter's acceptance).
 "$DSI" bench --device cpu --model "$MINI" --speculative fixed:2 --decode-batch 1 --repeats 1 \
   --warmup 1 --decode-steps 8 --prompt-text "$SRC/tools/train/data.py" --output "$TMP/bench_text.json" \
