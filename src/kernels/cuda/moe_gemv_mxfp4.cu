@@ -57,13 +57,15 @@ constexpr int kWgThreads = 128;
 // The ring for kRun 128-wide K blocks per stage (kRun x 64 contiguous bytes of each row per
 // request run): a stage holds 64 rows at a pitch of 64 kRun + 16 bytes (lane (g, t)'s words of
 // rows g = 0..7 fall in distinct banks), then the rows' scale words [row][kRun]. Stages: 4 of 2 K
-// blocks (gate/up) or 3 of 4 (down), 72 KiB of shared memory per block at V4-Flash's widths, so
-// three blocks still fit an SM. Measured (H200, seventeenth session) against 3 and 2 stages: decode
-// batch 1 / 16 / 64 -1.5% / -1% / -1.6%; 7 stages of 1 and 5 of 2 were slower (+2% / +9% / +11%).
+// blocks (gate/up: 72 KiB of shared memory per block at V4-Flash's widths, three blocks per SM
+// still) or 2 of 4 (down). Measured (H200, seventeenth session, ncu per layer at batch 64):
+// gate/up 855 -> 788 us with 4 stages instead of 3; down 395 -> 428 us with 3 instead of 2, so
+// down keeps 2; 7 stages of 1 and 5 of 2 were slower still (decode +2% / +9% / +11% at batch 1 /
+// 16 / 64).
 template <int kRun>
 struct Ring {
   static_assert(kRun == 2 || kRun == 4, "expert GEMV ring: 2 or 4 K blocks per stage");
-  static constexpr int kStages = kRun == 2 ? 4 : 3;
+  static constexpr int kStages = kRun == 2 ? 4 : 2;
   static constexpr int kPitch = 64 * kRun + 16;
   static constexpr int kScales = kWgRows * kPitch;
   static constexpr int kBytes = kScales + kWgRows * 4 * kRun;
