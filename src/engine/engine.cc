@@ -650,13 +650,30 @@ void Engine::run_chunks() {
     verify_reqs_.resize(n);
   }
   chunk_k_.assign(n, 0);
-  const double t_step = cost_ ? now_s() : 0.0;
-  const int64_t warmups = cost_ ? model_->shape_warmups() : 0;
+  // Timed under auto (its step-cost model) and, with DSINFER_SPEC_TRACE, in every mode (so that
+  // a fixed depth's steps can be set beside auto's).
+  const bool timed = cost_ || (trace_spec_ && drafter_);
+  const double t_step = timed ? now_s() : 0.0;
+  const int64_t warmups = timed ? model_->shape_warmups() : 0;
   step_depth_ = 0;
   if (drafter_ && !plan_drafts())
     return;
-  if (cost_)
+  if (timed) {
     classify_step();
+    if (!cost_ && step_b_ > 0) {
+      // Fixed: the depth its decode chunks verify; a step in which they verify different numbers
+      // (a request near its limits) is not traced.
+      int32_t k = -1;
+      for (size_t i = 0; i < n && k != -2; ++i) {
+        if (is_decode_chunk(plan_.chunks[i]))
+          k = k < 0 || k == chunk_k_[i] ? chunk_k_[i] : -2;
+      }
+      if (k == -2)
+        step_b_ = 0;
+      else if (step_depth_ >= 0)
+        step_depth_ = std::max(k, 0);
+    }
+  }
   items_.clear();
   item_chunk_.clear();
   for (size_t i = 0; i < n; ++i) {
@@ -717,7 +734,7 @@ void Engine::run_chunks() {
   }
   // (Not a step that ran a shape for the first times: its eager launches and graph capture
   // are one-time costs, and counted they taught auto that a depth costs far more than it does.)
-  if (cost_ && step_b_ > 0) {
+  if (timed && step_b_ > 0) {
     const double took = now_s() - t_step;
     const int64_t warmed = model_->shape_warmups() - warmups;
     if (trace_spec_) {
@@ -731,9 +748,10 @@ void Engine::run_chunks() {
           warmed > 0
               ? str_format("not recorded (%lld shape warm-ups)", static_cast<long long>(warmed))
                     .c_str()
-              : str_format("predicted %.3f", cost_->step_s(step_b_, step_depth_) * 1e3).c_str());
+          : cost_ ? str_format("predicted %.3f", cost_->step_s(step_b_, step_depth_) * 1e3).c_str()
+                  : "fixed");
     }
-    if (warmed == 0)
+    if (cost_ && warmed == 0)
       cost_->record(step_b_, step_depth_, took);
   }
 }

@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
-"""What speculative decoding's `auto` chose, step by step, summarised.
+"""What speculative decoding chose and what its steps took, step by step, summarised.
 
 Reads the stderr of an engine run with DSINFER_SPEC_TRACE=1 (e.g. `dsinfer bench --speculative
-auto ...`), whose lines are
+fixed:2,auto ...`), whose lines are
 
+  [bench speculative] auto: starting the engine...
   [spec-trace] step 12: 3 drafting, depth 2 | 1:2 2:2 4:1x
   [spec-trace] step 12: 3 at depth 2 took 1.234 ms, predicted 1.200
   [spec-trace] step 13: 3 at depth 2 took 4.321 ms, not recorded (2 shape warm-ups)
+  [spec-trace] step 14: 3 at depth 2 took 1.100 ms, fixed
 
-and prints, per batch size: how many steps ran at each depth, how many of them auto measured,
-the median and mean measured step time against auto's mean prediction, the mean drafts each
-request verified, and the runs of consecutive depths (e.g. `3x40 2x5 3x120`), so that a run
-where auto settles on a depth the fixed modes beat shows whether it mispredicts the step time,
-explores, or never tries the better depth.
+(`fixed`: a fixed mode's step, timed the same way), and prints, per mode (from the bench's
+"starting the engine" lines; `-` without them) and batch size: how many steps ran at each depth,
+how many were measured (not first runs of a shape), the median and mean measured step time
+against auto's mean prediction, the mean drafts each request verified, and the runs of
+consecutive depths (e.g. `3x40 2x5 3x120`), so that a run where auto settles on a depth the
+fixed modes beat shows whether it mispredicts the step time, explores, never tries the better
+depth, or runs the same depth's steps slower than the fixed mode does.
 
 Usage: tools/bench/spec_trace.py LOG [--last N]
        tools/bench/spec_trace.py --self-test
@@ -26,24 +30,31 @@ import sys
 DRAFT_RE = re.compile(r"\[spec-trace\] step (\d+): (\d+) drafting, depth (-?\d+) \|(.*)$")
 TIME_RE = re.compile(
     r"\[spec-trace\] step (\d+): (\d+) at depth (-?\d+) took ([0-9.]+) ms, "
-    r"(?:predicted ([0-9.]+)|not recorded)")
+    r"(?:predicted ([0-9.]+)|(not recorded)|fixed)")
+MODE_RE = re.compile(r"\[bench speculative\] (\S+): starting the engine")
 
 
 class Depth:
   def __init__(self):
     self.steps = 0
-    self.took = []  # measured steps only (auto's measurements)
+    self.took = []  # measured steps only (not a shape's first runs)
     self.warmups = 0
     self.predicted = []
     self.verified = []  # drafts per request
 
 
 def parse(lines):
-  """-> {batch: {depth: Depth}}, {batch: [depth per step in order]}."""
+  """-> {(mode, batch): {depth: Depth}}, {(mode, batch): [depth per step in order]}."""
   by_batch = collections.defaultdict(lambda: collections.defaultdict(Depth))
   order = collections.defaultdict(list)
   drafting = {}  # step -> (batch, depth, [k per request])
+  mode = "-"
   for line in lines:
+    m = MODE_RE.search(line)
+    if m:
+      mode = m.group(1)
+      drafting = {}
+      continue
     m = DRAFT_RE.search(line)
     if m:
       ks = []
@@ -55,15 +66,16 @@ def parse(lines):
     m = TIME_RE.search(line)
     if not m:
       continue
-    step, b, d = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    step, b, d = int(m.group(1)), (mode, int(m.group(2))), int(m.group(3))
     rec = by_batch[b][d]
     rec.steps += 1
     order[b].append(d)
-    if m.group(5) is None:
+    if m.group(6) is not None:
       rec.warmups += 1
     else:
       rec.took.append(float(m.group(4)))
-      rec.predicted.append(float(m.group(5)))
+      if m.group(5) is not None:
+        rec.predicted.append(float(m.group(5)))
     if step in drafting:
       rec.verified.extend(drafting.pop(step)[2])
   return by_batch, order
@@ -81,8 +93,8 @@ def runs(seq):
 
 def report(by_batch, order, last):
   lines = []
-  for b in sorted(by_batch):
-    lines.append(f"batch {b}: {len(order[b])} steps")
+  for b in sorted(by_batch, key=lambda k: (k[1], k[0])):
+    lines.append(f"batch {b[1]} ({b[0]}): {len(order[b])} steps")
     lines.append("  depth  steps  measured  warm-ups  median ms  mean ms  predicted ms  "
                  "drafts/request")
     for d in sorted(by_batch[b]):
@@ -100,6 +112,10 @@ def report(by_batch, order, last):
 
 def self_test():
   log = """\
+[bench speculative] fixed:2: starting the engine...
+[spec-trace] step 3: 2 drafting, depth 0 | 1:2 2:2
+[spec-trace] step 3: 2 at depth 2 took 1.500 ms, fixed
+[bench speculative] auto: starting the engine...
 [bench speculative] round 1 batch 64 auto: 1.0 tokens/s
 [spec-trace] step 10: 2 drafting, depth 3 | 1:3 2:2x
 [spec-trace] step 10: 2 at depth 3 took 4.000 ms, not recorded (2 shape warm-ups)
@@ -112,16 +128,19 @@ def self_test():
 [spec-trace] step 14: 1 at depth -1 took 1.000 ms, predicted 1.100
 """
   by_batch, order = parse(log.splitlines())
-  assert sorted(by_batch) == [1, 2], sorted(by_batch)
-  d3 = by_batch[2][3]
+  assert sorted(by_batch) == [("auto", 1), ("auto", 2), ("fixed:2", 2)], sorted(by_batch)
+  f2 = by_batch[("fixed:2", 2)][2]
+  assert (f2.steps, f2.took, f2.predicted, f2.verified) == (1, [1.5], [], [2, 2]), vars(f2)
+  d3 = by_batch[("auto", 2)][3]
   assert (d3.steps, len(d3.took), d3.warmups) == (3, 2, 1), vars(d3)
   assert d3.took == [3.0, 5.0] and d3.predicted == [2.5, 2.7]
   assert d3.verified == [3, 2, 3, 3, 3, 3], d3.verified
-  assert by_batch[2][2].verified == [2, 1]
-  assert order[2] == [3, 3, 3, 2] and runs(order[2]) == "3x3 2x1"
-  assert by_batch[1][-1].took == [1.0] and by_batch[1][-1].verified == []
+  assert by_batch[("auto", 2)][2].verified == [2, 1]
+  assert order[("auto", 2)] == [3, 3, 3, 2] and runs(order[("auto", 2)]) == "3x3 2x1"
+  assert by_batch[("auto", 1)][-1].took == [1.0] and by_batch[("auto", 1)][-1].verified == []
   text = report(by_batch, order, 0)
-  assert "batch 2: 4 steps" in text and "4.000" in text and "3x3 2x1" in text, text
+  assert "batch 2 (auto): 4 steps" in text and "4.000" in text and "3x3 2x1" in text, text
+  assert "batch 2 (fixed:2): 1 steps" in text and "1.500" in text, text
   assert "depth runs (last 1 steps): 2x1" in report(by_batch, order, 1)
   assert parse(["nothing to see"]) == ({}, {})
   print("spec_trace self-test passed")
