@@ -442,8 +442,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
 
   // Fixed-shape steps: every sequence the same number of tokens L (a decode step: 1; a
   // speculative verification: the pending token and its drafts), the MTP pass run by all or none
-  // of them. Their kernels are the decode steps' (no host round trip: moe_sm90 stays off), and
-  // they are graph-replayed when the MTP pass, if any, has as many rows for every sequence and
+  // of them. Their kernels are the decode steps' (chosen by the row count alone), and they are
+  // graph-replayed when the MTP pass, if any, has as many rows for every sequence and
   // nobody asked for its logits (a drafting engine's steady state).
   const int64_t L0 = static_cast<int64_t>(items[active[0]].tokens.size());
   const bool mtp0 = items[active[0]].options.run_mtp;

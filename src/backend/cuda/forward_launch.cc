@@ -2,6 +2,7 @@
 // compressors, Lightning indexer, sink attention over paged keys, grouped output projection),
 // MoE and the head — the order of operations of backend/cpu, op by op.
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/launch_helpers.h"
@@ -11,6 +12,7 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/paged.h"
 
 namespace dsinfer::gpu {
@@ -20,13 +22,26 @@ LinearCtx CudaModel::lin() const {
 }
 
 bool CudaModel::use_moe_sm90_rows(int64_t n) const {
-  // Prefill-sized batches only: decode steps (which CUDA graphs replay) keep the W4A8 kernels,
-  // which read half the expert bytes, whatever their batch size, so graphs equal eager.
+  // Prefill-sized batches only: decode steps (which CUDA graphs replay) keep the shared expert's
+  // W8A8 kernels whatever their batch size (the routed experts: use_moe_sm90).
   return n >= kMoeSm90MinTokens && !options_.batch_invariant && !decode_step_;
 }
 
 bool CudaModel::use_moe_sm90(const DMoe& w, int64_t n) const {
-  return w.routed_fp8.n_experts > 0 && use_moe_sm90_rows(n);
+  if (w.routed_fp8.n_experts == 0 || n < kMoeSm90MinTokens || options_.batch_invariant)
+    return false;
+  if (!decode_step_)
+    return true;
+  // A decode step (or verification) of more pairs per expert than the expert GEMV takes: the
+  // W4A8 mma.sync tiles streamed 0.41 TB/s there on the H200, the grouped wgmma over the FP8 copy
+  // 4.2 TB/s (`bench --ops`, 384 tokens of top-6 over 256 experts: 8.58 against 1.64 ms), where
+  // the experts are large enough to be streamed (CudaModelOptions). A function of n and the
+  // weights, so replayed graphs still equal eager launches.
+  const int64_t fp4_bytes = w.num_local_experts * 3 * config_.hidden_size * w.inter / 2;
+  if (fp4_bytes < options_.moe_grouped_decode_min_bytes)
+    return false;
+  return !(w.routed_gemv && cuda::expert_gemv_supports(config_.hidden_size, w.inter) &&
+           n * config_.num_experts_per_tok <= cuda::kExpertGemvTokens * w.num_local_experts);
 }
 
 Status CudaModel::moe_sm90_scratch(cuda::MoeSm90Params* p) {
@@ -630,6 +645,7 @@ Status CudaModel::launch_moe(const DMoe& w,
   ep.y = y;
   if (fast_routed && use_moe_sm90(w, n)) {
 #if DSINFER_HAVE_CUTLASS
+    stats_.moe_grouped_decode += decode_step_ ? 1 : 0;
     cuda::MoeSm90Params mp;
     mp.w = w.routed_fp8;
     mp.expert_begin = expert_begin;

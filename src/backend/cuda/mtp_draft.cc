@@ -49,8 +49,8 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   // Each step a fixed-shape pass (one row per sequence, padded to a power of two) replayed from
   // a graph, as the decode steps are; the rows beyond the sequences read row 0 and write nothing.
   const bool fixed = options_.cuda_graphs && n <= options_.max_graph_batch;
-  // The kernels of decode steps (no host round trip inside a capture: moe_sm90 off), whether or
-  // not graphs are on, so that eager and replayed drafts are the same.
+  // The kernels of decode steps (chosen by the row count alone), whether or not graphs are on, so
+  // that eager and replayed drafts are the same.
   decode_step_ = n <= options_.max_graph_batch;
   const int64_t n_rows = fixed ? pow2_at_least(n) : n;
   const size_t stream_bytes = static_cast<size_t>(n_rows * width) * sizeof(float);
