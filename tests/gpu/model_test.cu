@@ -822,6 +822,78 @@ TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
   EXPECT_EQ(eager->stats().graph_replays, 0);
 }
 
+// Drafting calls whose sequence counts share a power of two share a graph (the drafting steps
+// and their greedy picks, mtp_draft.cc): captured with 3 sequences and replayed with 4, every
+// sequence still gets its own drafts, the same bits as eager launches (batch-invariant kernels),
+// one step per call and three chained.
+TEST_P(CudaModelTest, DraftsReplayedForOtherCountsOfTheirPowerOfTwoAreEachSequencesOwn) {
+  OPEN_CASE_OR_SKIP();
+  if (!ckpt->has_mtp())
+    GTEST_SKIP() << mc.path << " has no MTP block";
+  const int kSeqs = 4;
+  auto drafts = [&](gpu::CudaModel& m, std::vector<std::vector<float>>* out) {
+    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
+    std::vector<std::unique_ptr<state::SequenceState>> st;
+    std::vector<backend::ForwardItem> items(kSeqs);
+    std::vector<backend::ForwardOutputs> outs(kSeqs);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < kSeqs; ++i) {
+      st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, 4));
+      prompts.push_back(random_ids(4 + 5 * i, cfg.vocab_size, 700 + static_cast<uint32_t>(i)));
+      items[i].state = st.back().get();
+      items[i].tokens = prompts.back();
+      items[i].options.last_logits_only = true;
+      items[i].options.run_mtp = true;
+      items[i].out = &outs[i];
+    }
+    forward_ok(m, items);
+    for (const int32_t steps : {1, 3}) {
+      for (const int count : {3, 3, 4, 2, 4, 3}) {
+        std::vector<backend::DraftItem> d(static_cast<size_t>(count));
+        std::vector<std::vector<int32_t>> tok(count, std::vector<int32_t>(4, -1));
+        std::vector<std::vector<float>> prob(count, std::vector<float>(4, -1.0f));
+        for (int i = 0; i < count; ++i) {
+          d[i].state = st[i].get();
+          d[i].next_token = static_cast<int32_t>((37 * (i + 1)) % cfg.vocab_size);
+          d[i].num_steps = steps;
+          d[i].tokens = tok[i].data();
+          d[i].probs = prob[i].data();
+        }
+        EXPECT_TRUE(m.mtp_draft_batch(d).ok());
+        for (int i = 0; i < count; ++i) {
+          EXPECT_TRUE(d[i].status.ok()) << d[i].status.to_string();
+          st[i]->set_mtp_num_tokens(st[i]->num_tokens() - 1);  // the next call drafts again
+          std::vector<float> row;
+          for (int32_t j = 0; j < steps; ++j) {
+            EXPECT_GE(tok[i][j], 0);
+            EXPECT_LT(tok[i][j], cfg.vocab_size);
+            row.push_back(static_cast<float>(tok[i][j]));
+            row.push_back(prob[i][j]);
+          }
+          out->push_back(row);
+        }
+      }
+    }
+  };
+  auto make = [&](bool graphs) {
+    auto m = gpu::CudaModel::create(
+        cfg,
+        ckpt->weights(),
+        model::Numerics::kDeepSeek,
+        gpu::CudaModelOptions{.cuda_graphs = graphs, .batch_invariant = true});
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return std::move(m).value();
+  };
+  auto eager = make(false);
+  auto graphs = make(true);
+  std::vector<std::vector<float>> le, lg;
+  drafts(*eager, &le);
+  drafts(*graphs, &lg);
+  ASSERT_EQ(le.size(), lg.size());
+  for (size_t i = 0; i < le.size(); ++i) EXPECT_EQ(le[i], lg[i]) << "draft row " << i;
+  EXPECT_GT(graphs->stats().graph_replays, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models,
                          CudaModelTest,
                          ::testing::Values(ModelCase{"tests/fixtures/tiny-a/official", 80},

@@ -15,6 +15,7 @@
 #include <map>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "sampling/sampler.h"
@@ -410,6 +411,65 @@ TEST_F(GpuTest, SamplingTimings) {
   }
 }
 
+// The chained drafting's greedy picks (launch_greedy_pick: no request blob, graph-capturable)
+// are the bits a greedy request with logprobs gets from launch_sample: the first maximum under
+// heavy ties and -inf entries, the same log-softmax, rows of a wider matrix (ld), the tokens
+// also written to `next`.
+TEST_F(GpuTest, GreedyPickEqualsGreedySamplingBitForBit) {
+  std::mt19937 rng(41);
+  for (const int64_t vocab : {int64_t{1}, int64_t{7}, int64_t{8192}, int64_t{129280}}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + " kind " + std::to_string(kind));
+      const int64_t n = 5;
+      const int64_t ld = vocab + (kind == 1 ? 3 : 0);
+      std::vector<float> logits(static_cast<size_t>(n * ld), -7.0f);
+      for (int64_t r = 0; r < n; ++r) {
+        const std::vector<float> row = make_logits(vocab, kind, rng);
+        std::copy(row.begin(), row.end(), logits.begin() + r * ld);
+      }
+      std::vector<SamplingRequest> reqs(static_cast<size_t>(n));
+      for (SamplingRequest& q : reqs) q.temperature = 0.0f;
+      std::vector<uint8_t> req_bytes(reqs.size() * sizeof(SamplingRequest));
+      std::memcpy(req_bytes.data(), reqs.data(), req_bytes.size());
+      DevVec<float> d_logits(logits);
+      DevVec<uint8_t> d_reqs(req_bytes);
+      const size_t ws = sample_workspace_bytes(n, vocab);
+      DevVec<double> d_ws(ws / 8 + 1);
+      DevVec<int32_t> d_tok(static_cast<size_t>(n)), d_pick(static_cast<size_t>(n)),
+          d_next(static_cast<size_t>(n));
+      DevVec<float> d_lp(static_cast<size_t>(n)), d_pick_lp(static_cast<size_t>(n));
+      DSI_EXPECT_OK(launch_sample(
+          SampleParams{.logits = d_logits.get(),
+                       .ld = ld,
+                       .n = n,
+                       .vocab = vocab,
+                       .requests = reinterpret_cast<const SamplingRequest*>(d_reqs.get()),
+                       .workspace = d_ws.get(),
+                       .workspace_bytes = ws,
+                       .out_tokens = d_tok.get(),
+                       .out_logprobs = d_lp.get()},
+          nullptr));
+      DSI_EXPECT_OK(launch_greedy_pick(GreedyPickParams{.logits = d_logits.get(),
+                                                        .ld = ld,
+                                                        .n = n,
+                                                        .vocab = vocab,
+                                                        .tokens = d_pick.get(),
+                                                        .logprobs = d_pick_lp.get(),
+                                                        .next = d_next.get()},
+                                       nullptr));
+      sync();
+      const std::vector<int32_t> want = d_tok.download();
+      EXPECT_EQ(d_pick.download(), want);
+      EXPECT_EQ(d_next.download(), want);
+      EXPECT_EQ(d_pick_lp.download(), d_lp.download());  // bit for bit
+      for (int64_t r = 0; r < n; ++r) {
+        const float* row = logits.data() + r * ld;
+        EXPECT_EQ(want[r], std::max_element(row, row + vocab) - row) << "row " << r;
+      }
+    }
+  }
+}
+
 TEST(GpuOpsArgs, SamplingValidates) {
   EXPECT_TRUE(launch_sample(SampleParams{.n = 0, .vocab = 10}, nullptr).ok());
   EXPECT_EQ(launch_sample(SampleParams{.n = 1, .vocab = 10}, nullptr).code(),
@@ -417,6 +477,17 @@ TEST(GpuOpsArgs, SamplingValidates) {
   EXPECT_EQ(sample_workspace_bytes(0, 10), 0u);
   EXPECT_GE(sample_workspace_bytes(2, 129280), 2u * 129280u * 26u);
   EXPECT_GE(sample_workspace_bytes(2, 129280, true), 2u * 129280u * 28u);
+  EXPECT_TRUE(launch_greedy_pick(GreedyPickParams{.n = 0, .vocab = 10}, nullptr).ok());
+  EXPECT_EQ(launch_greedy_pick(GreedyPickParams{.n = 1, .vocab = 10}, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  float f = 0.0f;
+  int32_t t = 0;
+  EXPECT_EQ(launch_greedy_pick(
+                GreedyPickParams{
+                    .logits = &f, .ld = 4, .n = 1, .vocab = 10, .tokens = &t, .logprobs = &f},
+                nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);  // ld < vocab
 }
 
 }  // namespace

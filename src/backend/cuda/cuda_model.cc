@@ -63,7 +63,7 @@ CudaModel::~CudaModel() {
     const cudaError_t err = cudaFree(pool.p);
     DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
   }
-  for (void* p : {pack_dev_, draft_streams_[0], draft_streams_[1]}) {
+  for (void* p : {pack_dev_, draft_streams_[0], draft_streams_[1], draft_picks_}) {
     if (p) {
       const cudaError_t err = cudaFree(p);
       DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));

@@ -305,9 +305,10 @@ class CudaModel final : public backend::Model {
   device::PinnedBuffer pinned_;
   device::PinnedBuffer logits_pinned_;  // logits (and MTP logits) copied back, reused
   DeviceSampler sampler_;
-  // Chained drafting (mtp_draft.cc): one sampler per step, so that every step's picks stay put
-  // until the call's single synchronisation.
-  std::vector<std::unique_ptr<DeviceSampler>> draft_samplers_;
+  // Drafting (mtp_draft.cc): every step's picks on the device, and their copy back.
+  void* draft_picks_ = nullptr;
+  int64_t draft_picks_cap_ = 0;
+  device::PinnedBuffer draft_results_;
   void* draft_streams_[2] = {nullptr, nullptr};  // MTP drafting: a step's streams, ping-pong
   int64_t draft_cap_[2] = {0, 0};
   // Decode graphs by layout; invalidated when a buffer they point into moves.

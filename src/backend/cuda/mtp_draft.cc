@@ -2,17 +2,20 @@
 // decoding (backend::DraftItem). Step 0 runs the block at each sequence's last position with the
 // sampled token and the main model's final streams of that position (kept in the pool); step s
 // feeds the block's own output streams of step s - 1 back with the previous draft. Each step is
-// one eager pass for every sequence still drafting; the drafts are the greedy picks of the
-// block's head, chosen on the device (DeviceSampler) with their probabilities.
+// one pass for every sequence still drafting (all steps of a call one CUDA graph when every
+// sequence drafts as many); the drafts are the greedy picks of the block's head, chosen on the
+// device (cuda::launch_greedy_pick) with their probabilities.
 #include "backend/mtp_draft.h"
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
 #include "base/check.h"
 #include "device/device_error.h"
+#include "kernels/cuda/sampling.h"
 
 namespace dsinfer::gpu {
 
@@ -59,15 +62,48 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   DSI_RETURN_IF_ERROR(ensure_device_buffer(
       &draft_streams_[1], &draft_cap_[1], static_cast<int64_t>(stream_bytes), "cudaMalloc (MTP)"));
 
-  sampling::SamplingConfig greedy;
-  greedy.temperature = 0.0f;
-  greedy.logprobs = true;  // the draft's probability under the block's softmax
-  const sampling::PenaltyState no_penalties;
-  std::vector<backend::SampleRequest> sreq(active.size());
-  for (backend::SampleRequest& q : sreq) {
-    q.config = &greedy;
-    q.penalties = &no_penalties;
+  // Every step's greedy picks on the device ([steps][n_rows] tokens, then as many logprobs: the
+  // log-softmax of the block's head at the pick), copied back in one piece.
+  const int64_t pick_rows = static_cast<int64_t>(max_steps) * n_rows;
+  const size_t pick_bytes = static_cast<size_t>(pick_rows) * (sizeof(int32_t) + sizeof(float));
+  DSI_RETURN_IF_ERROR(ensure_device_buffer(&draft_picks_,
+                                           &draft_picks_cap_,
+                                           static_cast<int64_t>(pick_bytes),
+                                           "cudaMalloc (MTP picks)"));
+  if (draft_results_.size() < pick_bytes) {
+    DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP picks"));
+    DSI_ASSIGN_OR_RETURN(draft_results_, device::PinnedBuffer::allocate(2 * pick_bytes));
   }
+  int32_t* pick_tokens = static_cast<int32_t*>(draft_picks_);
+  float* pick_logprobs = reinterpret_cast<float*>(pick_tokens + pick_rows);
+  // Step `step`'s picks of its `rows` rows, also written to `next` (the next step's tokens) when
+  // chained. Every row of the plan, the padding rows included: a graph replays its launches for
+  // any number of sequences its power of two holds.
+  auto pick = [&](const float* logits, int64_t rows, int32_t step, int32_t* next) {
+    cuda::GreedyPickParams gp;
+    gp.logits = logits;
+    gp.n = rows;
+    gp.vocab = c.vocab_size;
+    gp.tokens = pick_tokens + step * n_rows;
+    gp.logprobs = pick_logprobs + step * n_rows;
+    gp.next = next;
+    return cuda::launch_greedy_pick(gp, stream_.get());
+  };
+  // The picks back on the host (fetch), and row k of step `step`'s into the item (take). The
+  // launches write at offsets of max_steps and n_rows: both are in the graph keys.
+  auto fetch = [&]() -> Status {
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpyAsync(
+            draft_results_.get(), draft_picks_, pick_bytes, cudaMemcpyDeviceToHost, stream_.get()),
+        "copying the drafts"));
+    return device::sync_stream(stream_.get(), "MTP draft");
+  };
+  auto take = [&](int32_t step, int64_t k, backend::DraftItem& it) {
+    const auto* tok = draft_results_.as<int32_t>();
+    const auto* lp = reinterpret_cast<const float*>(tok + pick_rows);
+    it.tokens[step] = tok[step * n_rows + k];
+    it.probs[step] = std::exp(lp[step * n_rows + k]);
+  };
   std::vector<int64_t> row_of(items.size(), -1);  // item -> its row in the previous step
   // One step's pass over the sequences `now` into pack: step 0 starts from the main model's final
   // streams of each sequence's last position with its pending token, step s from the streams of
@@ -129,43 +165,47 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
       clear_graphs();
     return Status();
   };
-  // One step's launch (graph-replayed when fixed): its logits stay in the workspace.
-  auto run_step = [&](int32_t step,
-                      const std::vector<int64_t>& key_head,
-                      const PassPlan& plan,
-                      int32_t src_id,
-                      int32_t bcast_id,
-                      uint8_t* dev,
-                      const HostPack& pack,
-                      float** logits) -> Status {
+  // Step `step`'s pass and its picks (the head's logits stay in the workspace until the next
+  // step's reset, after the picks in stream order).
+  auto launch_step = [&](int32_t step,
+                         const PassPlan& plan,
+                         int32_t src_id,
+                         int32_t bcast_id,
+                         uint8_t* dev,
+                         const HostPack& pack,
+                         int64_t rows,
+                         int32_t* next) -> Status {
     ws_->reset();
     float* in = static_cast<float*>(draft_streams_[step % 2]);
     float* out = static_cast<float*>(draft_streams_[(step + 1) % 2]);
-    auto launch = [&] { return launch_mtp(plan, src_id, bcast_id, in, dev, pack, out, logits); };
-    if (!fixed)
-      return launch();
-    // Keyed apart from the forwards' graphs (a negative marker first), then the step's buffers,
-    // the plan's layout and shape.
-    std::vector<int64_t> key = key_head;
-    key.push_back(step);
-    const std::vector<int64_t> layout = pack.layout_key();
-    key.insert(key.end(), layout.begin(), layout.end());
-    key.push_back(plan.rows);
-    key.push_back(reinterpret_cast<int64_t>(pool_));
-    key.push_back(reinterpret_cast<int64_t>(in));
-    for (const LayerPass& lp : plan.layers) key.push_back(lp.visible_room);
-    return run_fixed_shape(key, launch, logits, nullptr, /*profile_eager=*/false);
+    float* logits = nullptr;
+    DSI_RETURN_IF_ERROR(launch_mtp(plan, src_id, bcast_id, in, dev, pack, out, &logits));
+    return pick(logits, rows, step, next);
   };
+  // A fixed-shape launch's graph key: apart from the forwards' (a negative marker first), then
+  // the buffers it points into, the plan's layout and shape.
+  auto key_of =
+      [&](std::vector<int64_t> key, const HostPack& pack, std::span<const PassPlan> plans) {
+        const std::vector<int64_t> layout = pack.layout_key();
+        key.insert(key.end(), layout.begin(), layout.end());
+        key.push_back(reinterpret_cast<int64_t>(pool_));
+        key.push_back(reinterpret_cast<int64_t>(draft_streams_[0]));
+        key.push_back(reinterpret_cast<int64_t>(draft_streams_[1]));
+        key.push_back(reinterpret_cast<int64_t>(draft_picks_));
+        for (const PassPlan& plan : plans) {
+          key.push_back(plan.rows);
+          for (const LayerPass& lp : plan.layers) key.push_back(lp.visible_room);
+        }
+        return key;
+      };
 
   // Every sequence drafting the same number of steps (fixed:K, auto's one depth per step): all
-  // steps planned into one upload, each step's picks copied on the device into the next step's
-  // tokens, one synchronisation for the call.
+  // steps planned into one upload and launched as one graph, each step's picks written on the
+  // device into the next step's tokens, one copy back and one synchronisation for the call.
   bool same_steps = max_steps >= 2;
   for (size_t i : active) same_steps = same_steps && items[i].num_steps == max_steps;
   if (same_steps) {
     for (size_t k = 0; k < active.size(); ++k) row_of[active[k]] = static_cast<int64_t>(k);
-    while (draft_samplers_.size() < static_cast<size_t>(max_steps))
-      draft_samplers_.push_back(std::make_unique<DeviceSampler>());
     HostPack pack;
     std::vector<PassPlan> plans(static_cast<size_t>(max_steps));
     std::vector<int32_t> src_ids(plans.size()), bcast_ids(plans.size());
@@ -175,34 +215,29 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
     }
     uint8_t* dev = nullptr;
     DSI_RETURN_IF_ERROR(upload(pack, &dev));
-    std::vector<DeviceSampler::Row> srows;
-    for (int64_t k = 0; k < n; ++k) srows.push_back({&sreq[static_cast<size_t>(k)], k});
-    for (int32_t step = 0; step < max_steps; ++step) {
-      const size_t s = static_cast<size_t>(step);
-      float* logits = nullptr;
-      DSI_RETURN_IF_ERROR(
-          run_step(step, {-8, max_steps}, plans[s], src_ids[s], bcast_ids[s], dev, pack, &logits));
-      DeviceSampler& sampler = *draft_samplers_[s];
-      DSI_RETURN_IF_ERROR(sampler.launch(logits, c.vocab_size, srows, stream_.get()));
-      if (step + 1 < max_steps) {
-        int32_t* next = pack.resolve<int32_t>(dev, plans[s + 1].tokens);
+    auto chain = [&]() -> Status {
+      for (int32_t step = 0; step < max_steps; ++step) {
+        const size_t s = static_cast<size_t>(step);
+        int32_t* next =
+            step + 1 < max_steps ? pack.resolve<int32_t>(dev, plans[s + 1].tokens) : nullptr;
         DSI_RETURN_IF_ERROR(
-            device::check_cuda(cudaMemcpyAsync(next,
-                                               sampler.device_tokens(),
-                                               static_cast<size_t>(n) * sizeof(int32_t),
-                                               cudaMemcpyDeviceToDevice,
-                                               stream_.get()),
-                               "chaining the drafts"));
+            launch_step(step, plans[s], src_ids[s], bcast_ids[s], dev, pack, n_rows, next));
       }
+      return Status();
+    };
+    if (fixed) {
+      DSI_RETURN_IF_ERROR(run_fixed_shape(key_of({-9, max_steps, n_rows}, pack, plans),
+                                          chain,
+                                          nullptr,
+                                          nullptr,
+                                          /*profile_eager=*/false));
+    } else {
+      DSI_RETURN_IF_ERROR(chain());
     }
-    DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
+    DSI_RETURN_IF_ERROR(fetch());
     for (int32_t step = 0; step < max_steps; ++step) {
-      const DeviceSampler& sampler = *draft_samplers_[static_cast<size_t>(step)];
-      for (size_t k = 0; k < active.size(); ++k) {
-        const sampling::SampleResult r = sampler.result(k);
-        items[active[k]].tokens[step] = r.token;
-        items[active[k]].probs[step] = std::exp(r.logprob);
-      }
+      for (size_t k = 0; k < active.size(); ++k)
+        take(step, static_cast<int64_t>(k), items[active[k]]);
     }
   } else {
     // Steps of different lengths: one step at a time, its picks read back before the next.
@@ -218,17 +253,21 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
       plan_step(step, now, false, pack, &plan, &src_id, &bcast_id);
       uint8_t* dev = nullptr;
       DSI_RETURN_IF_ERROR(upload(pack, &dev));
-      float* logits = nullptr;
-      DSI_RETURN_IF_ERROR(run_step(step, {-7}, plan, src_id, bcast_id, dev, pack, &logits));
-      std::vector<DeviceSampler::Row> srows;
-      for (size_t k = 0; k < now.size(); ++k) srows.push_back({&sreq[k], static_cast<int64_t>(k)});
-      DSI_RETURN_IF_ERROR(sampler_.launch(logits, c.vocab_size, srows, stream_.get()));
-      DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
+      auto one = [&] {
+        return launch_step(step, plan, src_id, bcast_id, dev, pack, plan.rows, nullptr);
+      };
+      if (fixed) {
+        DSI_RETURN_IF_ERROR(run_fixed_shape(key_of({-7, step, max_steps, n_rows}, pack, {&plan, 1}),
+                                            one,
+                                            nullptr,
+                                            nullptr,
+                                            /*profile_eager=*/false));
+      } else {
+        DSI_RETURN_IF_ERROR(one());
+      }
+      DSI_RETURN_IF_ERROR(fetch());
       for (size_t k = 0; k < now.size(); ++k) {
-        backend::DraftItem& it = items[now[k]];
-        const sampling::SampleResult r = sampler_.result(k);
-        it.tokens[step] = r.token;
-        it.probs[step] = std::exp(r.logprob);
+        take(step, static_cast<int64_t>(k), items[now[k]]);
         row_of[now[k]] = static_cast<int64_t>(k);
       }
     }

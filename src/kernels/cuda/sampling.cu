@@ -797,6 +797,46 @@ size_t sample_workspace_bytes(int64_t n, int64_t vocab, bool full_sort) {
   return n <= 0 || vocab <= 0 ? 0 : static_cast<size_t>(n) * request_bytes(vocab, full_sort);
 }
 
+// kSelThreads threads, as sample_select_kernel (which greedy requests take): the same block
+// reductions, so the same bits.
+__global__ void __launch_bounds__(kSelThreads) greedy_pick_kernel(GreedyPickParams p) {
+  pdl_begin();
+  __shared__ double dscratch[32];
+  __shared__ float fscratch[32];
+  __shared__ int best_idx;
+  const int64_t ld = p.ld > 0 ? p.ld : p.vocab;
+  for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
+    const float* raw = p.logits + r * ld;
+    const double lse = raw_log_sum_exp(raw, p.vocab, fscratch, dscratch);
+    const int32_t chosen = first_max(raw, p.vocab, fscratch, &best_idx);
+    if (threadIdx.x == 0) {
+      p.tokens[r] = chosen;
+      p.logprobs[r] = static_cast<float>(raw[chosen] - lse);
+      if (p.next)
+        p.next[r] = chosen;
+    }
+    __syncthreads();
+  }
+}
+
+Status launch_greedy_pick(const GreedyPickParams& p, cudaStream_t stream) {
+  DSI_RETURN_IF_ERROR(check_nonneg("greedy_pick", {p.n, p.vocab, p.ld}));
+  DSI_RETURN_IF_ERROR(require(p.ld == 0 || p.ld >= p.vocab, "greedy_pick", "ld < vocab"));
+  DSI_RETURN_IF_ERROR(require(p.vocab < (int64_t{1} << 31), "greedy_pick", "vocab too large"));
+  if (p.n == 0)
+    return Status();
+  DSI_RETURN_IF_ERROR(require(p.vocab > 0, "greedy_pick", "empty vocabulary"));
+  if (!p.logits || !p.tokens || !p.logprobs)
+    return null_pointer("greedy_pick");
+  launch_pdl(greedy_pick_kernel,
+             static_cast<unsigned>(std::min(p.n, kMaxGrid)),
+             kSelThreads,
+             0,
+             stream,
+             p);
+  return launched("greedy_pick launch");
+}
+
 Status launch_sample(const SampleParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_nonneg("sample", {p.n, p.vocab, p.ld}));
   DSI_RETURN_IF_ERROR(require(p.ld == 0 || p.ld >= p.vocab, "sample", "ld < vocab"));

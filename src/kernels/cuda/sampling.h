@@ -70,4 +70,18 @@ struct SampleParams {
 size_t sample_workspace_bytes(int64_t n, int64_t vocab, bool full_sort = false);
 Status launch_sample(const SampleParams& p, cudaStream_t stream);
 
+// Greedy picks without a request blob (chained drafting steps, graph-captured whole): per row
+// the first maximum and its log-softmax, the same bits as launch_sample gives a greedy request
+// with logprobs; `next` (optional) gets the tokens too (the next step's input).
+struct GreedyPickParams {
+  const float* logits = nullptr;  // [n, ld]
+  int64_t ld = 0;                 // 0: vocab
+  int64_t n = 0;
+  int64_t vocab = 0;
+  int32_t* tokens = nullptr;  // [n]
+  float* logprobs = nullptr;  // [n]
+  int32_t* next = nullptr;    // [n] or null
+};
+Status launch_greedy_pick(const GreedyPickParams& p, cudaStream_t stream);
+
 }  // namespace dsinfer::cuda
