@@ -142,6 +142,18 @@ class CudaModelTest : public ::testing::TestWithParam<ModelCase> {};
   const auto& cfg = ckpt->config();        \
   (void)cfg
 
+// The batch-invariant kernels (padding rows change nothing), eager or replaying graphs: the pair
+// the bit-for-bit comparisons of fixed-shape steps run.
+std::unique_ptr<gpu::CudaModel> invariant_model(const model::Checkpoint& ckpt, bool graphs) {
+  auto m =
+      gpu::CudaModel::create(ckpt.config(),
+                             ckpt.weights(),
+                             model::Numerics::kDeepSeek,
+                             gpu::CudaModelOptions{.cuda_graphs = graphs, .batch_invariant = true});
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
 // Greedy decode of all prompts together: prefill as one batch, then `decode` batched steps; every
 // step's last-token logits of every sequence appended to step_logits. Returns the tokens.
 std::vector<std::vector<int32_t>> greedy_decode_all(
@@ -793,17 +805,9 @@ TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
     }
     for (auto& q : st) q->check_integrity();
   };
-  auto make = [&](bool graphs) {
-    auto m = gpu::CudaModel::create(
-        cfg,
-        ckpt->weights(),
-        model::Numerics::kDeepSeek,
-        gpu::CudaModelOptions{.cuda_graphs = graphs, .batch_invariant = true});
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    return std::move(m).value();
-  };
-  auto eager = make(false);
-  auto graphs = make(true);
+  auto eager = invariant_model(*ckpt, false);
+  auto graphs = invariant_model(*ckpt, true);
+  ASSERT_TRUE(eager && graphs);
   std::vector<std::vector<float>> le, lg;
   steps(*eager, &le);
   steps(*graphs, &lg);
@@ -875,17 +879,9 @@ TEST_P(CudaModelTest, DraftsReplayedForOtherCountsOfTheirPowerOfTwoAreEachSequen
       }
     }
   };
-  auto make = [&](bool graphs) {
-    auto m = gpu::CudaModel::create(
-        cfg,
-        ckpt->weights(),
-        model::Numerics::kDeepSeek,
-        gpu::CudaModelOptions{.cuda_graphs = graphs, .batch_invariant = true});
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    return std::move(m).value();
-  };
-  auto eager = make(false);
-  auto graphs = make(true);
+  auto eager = invariant_model(*ckpt, false);
+  auto graphs = invariant_model(*ckpt, true);
+  ASSERT_TRUE(eager && graphs);
   std::vector<std::vector<float>> le, lg;
   drafts(*eager, &le);
   drafts(*graphs, &lg);
