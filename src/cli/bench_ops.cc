@@ -12,6 +12,7 @@
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/moe_sm90.h"
 #include "perf/fill.h"
 
@@ -311,6 +312,19 @@ Result<json> bench_ops(const OpBenchOptions& o) {
   DSI_RETURN_IF_ERROR(arena.alloc(&hs, max_pairs * kInter / 128));
   DSI_RETURN_IF_ERROR(arena.alloc(&ye, max_pairs * kHidden));
   const double expert_bytes = static_cast<double>(w1[0].nbytes() + w3[0].nbytes() + w2[0].nbytes());
+  // The decode path (the expert GEMV, up to kExpertGemvTokens pairs per expert on average), where
+  // these experts pass its scale check (what DeviceWeights::enable_expert_gemv asks).
+  bool gemv_ok = false;
+  if (cuda::expert_gemv_supports(kHidden, kInter)) {
+    int* bad = nullptr;
+    DSI_RETURN_IF_ERROR(arena.alloc(&bad, 1));
+    cudaMemset(bad, 0, sizeof(int));
+    DSI_RETURN_IF_ERROR(cuda::launch_expert_gemv_check(
+        refs, refs + kExperts, refs + 2 * kExperts, kExperts, kHidden, kInter, bad, nullptr));
+    int count = 0;
+    cudaMemcpy(&count, bad, sizeof(int), cudaMemcpyDeviceToHost);
+    gemv_ok = count == 0;
+  }
   // The prefill path of the model (from 128 tokens, CudaModel::kMoeSm90MinTokens): the experts
   // re-encoded once into FP8, grouped wgmma GEMMs (moe_sm90.h), with one scale per 128 x 128 block
   // (what the model takes where exact) and with one per row and 128-wide K block.
@@ -403,6 +417,14 @@ Result<json> bench_ops(const OpBenchOptions& o) {
       out.push_back(j);
     };
     add_moe("moe routed experts (W4A8)", *ms, bytes);
+    if (gemv_ok && t * kTopK <= cuda::kExpertGemvTokens * kExperts) {
+      p.gemv = true;
+      auto gms = time_ms([&] { return cuda::launch_fp8_expert_ffn(p, nullptr); }, o.iters);
+      p.gemv = false;
+      if (!gms.ok())
+        return gms.status();
+      add_moe("moe routed experts (W4A8 expert GEMV: the decode path)", *gms, bytes);
+    }
 #if DSINFER_HAVE_CUTLASS
     for (int i = 0; i < 2 && t >= 128; ++i) {
       if (!fp8w_exact[i])
