@@ -164,6 +164,14 @@ class Model {
   // How many forwards and drafting steps so far ran a shape for the first times (CUDA: eagerly,
   // then captured into a graph): one-time costs that a step-time measurement must not count.
   virtual int64_t shape_warmups() const { return 0; }
+  // The device's time in decode-shaped work (fixed-shape forwards and drafting calls) and idle
+  // between consecutive such launches, in milliseconds (CUDA: events on the stream; the host's
+  // share of a decode step). Zeros where not measured.
+  struct DeviceTiming {
+    double busy_ms = 0;
+    double idle_ms = 0;
+  };
+  virtual DeviceTiming decode_timing() const { return {}; }
   // Whether a fixed-shape step of `batch` sequences x `tokens_per_seq` tokens each would replay
   // what an earlier one prepared (CUDA: a captured graph of that padded batch and length) rather
   // than run a shape for the first times. A speculating engine that picks its depth per step

@@ -35,6 +35,9 @@ struct Run {
   // whole waves' figure instead.
   int64_t short_waves = 0;
   spec::Stats spec;  // this run's share of the engine's counters
+  // The device's idle share of the window's decode steps (drafting calls included; the host's
+  // part of a step: planning, synchronisations): Model::decode_timing. < 0: not measured.
+  double gpu_idle_fraction = -1;
 };
 
 spec::Stats minus(const spec::Stats& a, const spec::Stats& b) {
@@ -134,7 +137,7 @@ Result<Run> run_once(
   const int64_t waves = (kMinRequests + b - 1) / b;
   const spec::Stats before = e.stats().spec;
   int64_t tokens = 0, full_tokens = 0, short_waves = 0;
-  double dt = 0, full_dt = 0;
+  double dt = 0, full_dt = 0, busy_ms = 0, idle_ms = 0;
   for (int64_t w = 0; w < waves; ++w) {
     std::vector<engine::RequestId> ids;
     for (int64_t i = 0; i < b; ++i) {
@@ -168,22 +171,26 @@ Result<Run> run_once(
     }
     const int64_t g0 = e.stats().generated_tokens;
     const double t0 = now_s();
+    const backend::Model::DeviceTiming d0 = e.model().decode_timing();
     bool full = !any_done();
     if (!full)
       ++short_waves;
+    auto close_window = [&] {
+      full = false;
+      full_dt += now_s() - t0;
+      full_tokens += e.stats().generated_tokens - g0;
+      const backend::Model::DeviceTiming d1 = e.model().decode_timing();
+      busy_ms += d1.busy_ms - d0.busy_ms;
+      idle_ms += d1.idle_ms - d0.idle_ms;
+    };
     while (e.step()) {
-      if (full && any_done()) {
-        full = false;
-        full_dt += now_s() - t0;
-        full_tokens += e.stats().generated_tokens - g0;
-      }
+      if (full && any_done())
+        close_window();
     }
     dt += now_s() - t0;
     tokens += e.stats().generated_tokens - g0;
-    if (full) {  // (e.step() returned false in the step that finished the wave)
-      full_dt += now_s() - t0;
-      full_tokens += e.stats().generated_tokens - g0;
-    }
+    if (full)  // (e.step() returned false in the step that finished the wave)
+      close_window();
     for (engine::RequestId id : ids) {
       const engine::Request* r = e.request(id);
       if (r->state != engine::RequestState::kFinished || !r->error.empty())
@@ -196,6 +203,8 @@ Result<Run> run_once(
   run.tokens_per_s = short_waves > 0 || full_dt <= 0 ? run.wave_tokens_per_s
                                                      : static_cast<double>(full_tokens) / full_dt;
   run.spec = minus(e.stats().spec, before);
+  if (busy_ms + idle_ms > 0)
+    run.gpu_idle_fraction = idle_ms / (busy_ms + idle_ms);
   return run;
 }
 
@@ -280,6 +289,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   // [batch][mode]: each round's tokens/s and the summed speculation counters.
   std::vector<std::vector<std::vector<double>>> tps(nb, std::vector<std::vector<double>>(nm));
   auto wave_tps = tps;
+  auto idle = tps;  // each round's GPU idle fraction, where measured
   std::vector<std::vector<bool>> short_runs(nb, std::vector<bool>(nm, false));
   std::vector<std::vector<spec::Stats>> stats(nb, std::vector<spec::Stats>(nm));
   std::vector<spec::Mode> kinds(nm, spec::Mode::kOff);
@@ -320,6 +330,8 @@ int run_spec_bench(const SpecBenchArgs& a) {
           return fail(run.status().with_context("--speculative " + m));
         tps[bi][mi].push_back(run->tokens_per_s);
         wave_tps[bi][mi].push_back(run->wave_tokens_per_s);
+        if (run->gpu_idle_fraction >= 0)
+          idle[bi][mi].push_back(run->gpu_idle_fraction);
         if (run->short_waves > 0) {
           std::fprintf(stderr,
                        "[bench speculative] batch %lld %s: %lld wave(s) never ran all %lld "
@@ -334,12 +346,15 @@ int run_spec_bench(const SpecBenchArgs& a) {
         add(stats[bi][mi], run->spec);
         std::fprintf(stderr,
                      "[bench speculative] round %lld batch %lld %s: %.1f tokens/s (whole "
-                     "waves %.1f)\n",
+                     "waves %.1f)%s\n",
                      static_cast<long long>(r + 1),
                      static_cast<long long>(a.batch[bi]),
                      m.c_str(),
                      run->tokens_per_s,
-                     run->wave_tokens_per_s);
+                     run->wave_tokens_per_s,
+                     run->gpu_idle_fraction >= 0
+                         ? str_format("; GPU idle %.1f%%", 100.0 * run->gpu_idle_fraction).c_str()
+                         : "");
       }
     }
   }  // the engine and its weights go here, before the next mode's
@@ -392,6 +407,9 @@ int run_spec_bench(const SpecBenchArgs& a) {
       row["full_batch"] = !short_runs[bi][mi];
       row["wave_tokens_per_s"] = wave_med;
       row["wave_tokens_per_s_runs"] = wave_tps[bi][mi];
+      // The device idle between the window's decode launches (forwards and drafting calls), as a
+      // fraction of their time: the host's share of a step (null where not measured: CPU).
+      row["gpu_idle_fraction"] = idle[bi][mi].empty() ? json(nullptr) : json(median(idle[bi][mi]));
       if (wave_off > 0)
         row["wave_ratio_to_off"] = wave_med / wave_off;
       json acc = json::array();

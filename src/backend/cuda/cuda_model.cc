@@ -228,9 +228,25 @@ Status CudaModel::mark(size_t i) {
   return device::check_cuda(cudaEventRecord(events_[i], stream_.get()), "cudaEventRecord");
 }
 
-// After a forward's final synchronisation: its GPU time and, when the forward before it was a
-// decode forward too, the idle gap between them (CudaModelStats). Measurement only: a failing
-// event call leaves the figures out, never the forward.
+void CudaModel::mark_launch_start() {
+  if (!fwd_start_) {  // timing events for CudaModelStats::decode_idle_ms (none: not measured)
+    for (cudaEvent_t* e : {&fwd_start_, &fwd_end_, &prev_end_}) {
+      if (cudaEventCreate(e) != cudaSuccess)
+        *e = nullptr;
+    }
+  }
+  if (fwd_start_)
+    (void)cudaEventRecord(fwd_start_, stream_.get());
+}
+
+void CudaModel::mark_launch_end() {
+  if (fwd_end_)
+    (void)cudaEventRecord(fwd_end_, stream_.get());
+}
+
+// After a forward's (or drafting call's) final synchronisation: its GPU time and, when the launch
+// before it was decode-shaped too, the idle gap between them (CudaModelStats). Measurement only:
+// a failing event call leaves the figures out, never the forward.
 void CudaModel::account_decode_gap(bool decode) {
   if (!decode || !fwd_start_ || !fwd_end_ || !prev_end_) {
     have_prev_end_ = false;
@@ -599,14 +615,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
 
   // One transfer of the plan.
   L->pack.layout(decode);
-  if (!fwd_start_) {  // timing events for CudaModelStats::decode_idle_ms (none: not measured)
-    for (cudaEvent_t* e : {&fwd_start_, &fwd_end_, &prev_end_}) {
-      if (cudaEventCreate(e) != cudaSuccess)
-        *e = nullptr;
-    }
-  }
-  if (fwd_start_)
-    (void)cudaEventRecord(fwd_start_, stream_.get());
+  mark_launch_start();
   DSI_RETURN_IF_ERROR(upload_pack(L->pack, &L->dev));
   stats_.host_plan_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now() - plan_start)
@@ -688,8 +697,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
                                                            stream_.get()),
                                            "copying MTP logits"));
   }
-  if (fwd_end_)
-    (void)cudaEventRecord(fwd_end_, stream_.get());
+  mark_launch_end();
   DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "forward"));
   account_decode_gap(decode);
   spare_pack_ = std::move(L->pack);

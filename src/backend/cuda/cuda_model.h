@@ -89,9 +89,9 @@ struct CudaModelStats {
   // Host time spent planning forwards (key lists, page tables, the pack) until the plan's copy
   // is enqueued: the part of a forward the GPU waits for (issue 13's step loop hides it).
   int64_t host_plan_ns = 0;
-  // Decode forwards on the device (timing events on the stream: from the plan's upload to the
-  // last result copy) and the GPU's idle time between consecutive decode forwards, end of one to
-  // start of the next: the host's share of a decode step that the GPU waits for (issue 13's
+  // Decode forwards and drafting calls on the device (timing events on the stream: from the plan's
+  // upload to the last result copy) and the GPU's idle time between consecutive ones, end of one
+  // to start of the next: the host's share of a decode step that the GPU waits for (issue 13's
   // step-loop target). In milliseconds; decode_gaps counts the gaps measured.
   double decode_gpu_ms = 0;
   double decode_idle_ms = 0;
@@ -121,6 +121,9 @@ class CudaModel final : public backend::Model {
   // ForwardOptions::sample: sampled on the device (DeviceSampler, kernels/cuda/sampling.h).
   bool can_sample() const override { return true; }
   int64_t shape_warmups() const override { return stats_.shape_warmups; }
+  DeviceTiming decode_timing() const override {
+    return {stats_.decode_gpu_ms, stats_.decode_idle_ms};
+  }
   bool fixed_shape_warm(int64_t batch, int64_t tokens_per_seq) const override;
   bool prefers_uniform_steps() const override {
     return options_.cuda_graphs && options_.max_graph_tokens > 1;
@@ -336,6 +339,10 @@ class CudaModel final : public backend::Model {
   cudaEvent_t fwd_end_ = nullptr;
   cudaEvent_t prev_end_ = nullptr;
   bool have_prev_end_ = false;
+  // Timing events around one forward or drafting call (from the plan's upload to the last
+  // result copy), then its accounting after the synchronisation.
+  void mark_launch_start();
+  void mark_launch_end();
   void account_decode_gap(bool decode);
   std::vector<float> profile_ms_;
 };

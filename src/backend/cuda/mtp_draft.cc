@@ -91,12 +91,17 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   };
   // The picks back on the host (fetch), and row k of step `step`'s into the item (take). The
   // launches write at offsets of max_steps and n_rows: both are in the graph keys.
+  // Each synchronisation ends a timed launch (CudaModelStats::decode_idle_ms: the gaps around a
+  // drafting call count as a decode step's host time, its work as busy).
   auto fetch = [&]() -> Status {
     DSI_RETURN_IF_ERROR(device::check_cuda(
         cudaMemcpyAsync(
             draft_results_.get(), draft_picks_, pick_bytes, cudaMemcpyDeviceToHost, stream_.get()),
         "copying the drafts"));
-    return device::sync_stream(stream_.get(), "MTP draft");
+    mark_launch_end();
+    DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
+    account_decode_gap(fixed);
+    return Status();
   };
   auto take = [&](int32_t step, int64_t k, backend::DraftItem& it) {
     const auto* tok = draft_results_.as<int32_t>();
@@ -159,6 +164,7 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   // drops the captured graphs).
   auto upload = [&](HostPack& pack, uint8_t** dev) -> Status {
     pack.layout(fixed);
+    mark_launch_start();
     DSI_RETURN_IF_ERROR(upload_pack(pack, dev));
     DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
     if (moved)
