@@ -243,8 +243,8 @@ void StepCost::record(int64_t b, int32_t depth, double seconds) {
   // of load within a few dozen steps while one slow step moves it little. (The first measurement
   // used to replace the prior's 0 and the EWMA start from it: one slow step after a depth's
   // captures, 3.21 ms against the ~2.97 its steps take, kept it 0.2 ms too dear after three
-  // steps. On the H200 this did not change auto's standing against the fixed depths: its own
-  // steps cost more than theirs at the same depth; docs/performance.md, seventeenth session.)
+  // steps. On the H200 auto's steps then cost what the fixed modes' steps of the same depth
+  // cost, within 1.5%: docs/performance.md, eighteenth session.)
   ++seen_[bk][d];
   delta_[bk][d] += (x - delta_[bk][d]) / static_cast<double>(std::min<int64_t>(seen_[bk][d], 8));
 }
