@@ -212,13 +212,13 @@ __device__ __forceinline__ float dot16(const float (&w)[16], const float4 (&x)[4
 
 // Rows r of [0, groups * rows): weight row r, x columns from (r / rows) * group_x, y column
 // (r / rows) * group_y + r % rows. Lane l takes the 16 values at k = 16 l + 512 j. SharedX (rows a
-// multiple of kRows, so a warp's rows lie in one group, and at most 2 tokens): each K step loads
-// the tokens' x values once for the warp's rows, not once per row (wo_a at decode waited on 16 x
-// loads per 4 weight loads).
+// multiple of kRows, so a warp's rows lie in one group): each K step loads each token's x values
+// once for the warp's rows, not once per row (wo_a at decode waited on 16 x loads per 4 weight
+// loads; a 6-token verification on the bundled model took 10.4 us against 4.5 for one token).
+// The same products in the same order either way.
 template <int N, bool SharedX>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_fp8_kernel(GemvFp8Params p, int64_t rows, int64_t ldx, int64_t ldy) {
-  static_assert(!SharedX || N <= 2, "gemv_fp8: shared x holds at most 2 tokens");
   const int lane = threadIdx.x & 31;
   const int64_t total = p.groups * rows;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     if (k + 512 < K)
       load(k + 512);
-    if constexpr (SharedX) {
+    if constexpr (SharedX && N <= 2) {
       float4 xv[N][4];
 #pragma unroll
       for (int t = 0; t < N; ++t) {
@@ -281,21 +281,38 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int t = 0; t < N; ++t)
           acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(dot16(wf, xv[t]), sc[i]));
       }
-      continue;
-    }
+    } else if constexpr (SharedX) {
+      // More tokens: the rows' weights converted once, then token by token its x for every row.
+      float wf[kRows][16];
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      float wf[16];
-      e4m3x16_to_f32(wv[i], wf);
+      for (int i = 0; i < kRows; ++i) e4m3x16_to_f32(wv[i], wf[i]);
 #pragma unroll
       for (int t = 0; t < N; ++t) {
         if (t >= p.n)
           break;  // bucket padding: no such token
-        const float4* xp = reinterpret_cast<const float4*>(p.x + t * ldx + xoff[i] + k);
+        const float4* xp = reinterpret_cast<const float4*>(p.x + t * ldx + xoff[0] + k);
         float4 xv[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) xv[q] = __ldg(xp + q);
-        acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(dot16(wf, xv), sc[i]));
+#pragma unroll
+        for (int i = 0; i < kRows; ++i)
+          acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(dot16(wf[i], xv), sc[i]));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        float wf[16];
+        e4m3x16_to_f32(wv[i], wf);
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+          if (t >= p.n)
+            break;  // bucket padding: no such token
+          const float4* xp = reinterpret_cast<const float4*>(p.x + t * ldx + xoff[i] + k);
+          float4 xv[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) xv[q] = __ldg(xp + q);
+          acc[i][t] = __fadd_rn(acc[i][t], __fmul_rn(dot16(wf, xv), sc[i]));
+        }
       }
     }
   }
@@ -330,11 +347,7 @@ template <int N>
 Status launch_fp8_n(
     const GemvFp8Params& p, int64_t rows, int64_t ldx, int64_t ldy, cudaStream_t s) {
   const int64_t blocks = ceil_div(p.groups * rows, kRows * kWarps);
-  auto* kernel = gemv_fp8_kernel<N, false>;
-  if constexpr (N <= 2) {
-    if (rows % kRows == 0)
-      kernel = gemv_fp8_kernel<N, true>;
-  }
+  auto* kernel = rows % kRows == 0 ? gemv_fp8_kernel<N, true> : gemv_fp8_kernel<N, false>;
   launch_pdl(kernel, static_cast<unsigned>(blocks), kWarps * 32, 0, s, p, rows, ldx, ldy);
   return launched("gemv_fp8 launch");
 }
