@@ -12,6 +12,8 @@
 //   sort (SampleParams::full_sort): a stable LSD radix sort of the whole vocabulary (4-bit
 //     digits, 8 passes) and the host's serial walk; the first implementation, kept as a second
 //     reference for the tests.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <string>
 
@@ -799,23 +801,106 @@ size_t sample_workspace_bytes(int64_t n, int64_t vocab, bool full_sort) {
 
 // kSelThreads threads, as sample_select_kernel (which greedy requests take): the same block
 // reductions, so the same bits.
-__global__ void __launch_bounds__(kSelThreads) greedy_pick_kernel(GreedyPickParams p) {
+// Greedy picks: each row over a thread-block cluster of up to kPickBlocks blocks, block k of it a
+// contiguous slice of the vocabulary (one block per row spent ~10 us on 8k logits, most of it in
+// the serial double-precision exps of its 16 logits per thread, and would take ~40 us at V4's
+// 129k). Pass 1: every block's (maximum, first index holding it), combined in rank order by
+// every block from the others' shared memory; pass 2: the exps' sums under that maximum, added
+// in rank order by rank 0. The token is the first maximum, as the sampler's greedy pick; the
+// log-softmax sums in another order than the sampler's single block (a few ulps of the double
+// sum, below float's resolution nearly always).
+constexpr int kPickThreads = 512;
+constexpr int kPickBlocks = 8;
+constexpr int64_t kPickMinPerBlock = 1024;  // logits per block before another block pays
+
+struct PickBest {
+  float v;
+  int32_t i;  // -1: none yet
+};
+
+// b beats a: larger, or as large at a smaller index; NaNs never win (a NaN row picks token 0).
+__device__ __forceinline__ bool pick_better(const PickBest& b, const PickBest& a) {
+  return b.i >= 0 && (a.i < 0 || b.v > a.v || (b.v == a.v && b.i < a.i));
+}
+
+__device__ __forceinline__ PickBest warp_best(PickBest x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const PickBest o{__shfl_xor_sync(0xffffffffu, x.v, off),
+                     __shfl_xor_sync(0xffffffffu, x.i, off)};
+    if (pick_better(o, x))
+      x = o;
+  }
+  return x;
+}
+
+__global__ void __launch_bounds__(kPickThreads) greedy_pick_kernel(GreedyPickParams p) {
+  namespace cg = cooperative_groups;
   pdl_begin();
+  __shared__ PickBest warp_s[kPickThreads / 32];
   __shared__ double dscratch[32];
-  __shared__ float fscratch[32];
-  __shared__ int best_idx;
+  __shared__ PickBest block_best;  // read by the cluster's other blocks
+  __shared__ double block_sum_s;   // read by rank 0
+  cg::cluster_group cluster = cg::this_cluster();
+  const int nb = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int64_t ld = p.ld > 0 ? p.ld : p.vocab;
-  for (int64_t r = blockIdx.x; r < p.n; r += gridDim.x) {
+  const int64_t per = (p.vocab + nb - 1) / nb;
+  const int64_t begin = min(p.vocab, rank * per);
+  const int64_t end = min(p.vocab, begin + per);
+  for (int64_t r = blockIdx.y; r < p.n; r += gridDim.y) {
     const float* raw = p.logits + r * ld;
-    const double lse = raw_log_sum_exp(raw, p.vocab, fscratch, dscratch);
-    const int32_t chosen = first_max(raw, p.vocab, fscratch, &best_idx);
-    if (threadIdx.x == 0) {
+    PickBest best{-INFINITY, -1};
+    for_tokens(
+        end - begin,
+        [&](int64_t i) { return raw[begin + i]; },
+        [&](int64_t i, float v, bool ok) {
+          const PickBest c{v, static_cast<int32_t>(begin + i)};
+          if (ok && !isnan(v) && pick_better(c, best))
+            best = c;
+        });
+    best = warp_best(best);
+    if (lane == 0)
+      warp_s[warp] = best;
+    __syncthreads();
+    if (warp == 0) {
+      best = lane < static_cast<int>(blockDim.x >> 5) ? warp_s[lane] : PickBest{-INFINITY, -1};
+      best = warp_best(best);
+      if (lane == 0)
+        block_best = best;
+    }
+    cluster.sync();  // every block's best is written
+    PickBest all{-INFINITY, -1};
+    for (int k = 0; k < nb; ++k) {
+      const PickBest o = *cluster.map_shared_rank(&block_best, k);
+      if (pick_better(o, all))
+        all = o;
+    }
+    const float mx = all.i >= 0 ? all.v : -INFINITY;
+    double s = 0.0;
+    for_tokens(
+        end - begin,
+        [&](int64_t i) { return raw[begin + i]; },
+        [&](int64_t, float v, bool ok) {
+          if (ok)
+            s += exp(static_cast<double>(v) - mx);
+        });
+    s = block_sum(s, dscratch);
+    if (threadIdx.x == 0)
+      block_sum_s = s;
+    cluster.sync();  // every block's sum is written
+    if (rank == 0 && threadIdx.x == 0) {
+      double total = 0.0;
+      for (int k = 0; k < nb; ++k) total += *cluster.map_shared_rank(&block_sum_s, k);
+      const int32_t chosen = all.i >= 0 ? all.i : 0;
       p.tokens[r] = chosen;
-      p.logprobs[r] = static_cast<float>(raw[chosen] - lse);
+      p.logprobs[r] = static_cast<float>(raw[chosen] - (log(total) + mx));
       if (p.next)
         p.next[r] = chosen;
     }
-    __syncthreads();
+    cluster.sync();  // rank 0 has read the sums before any block writes the next row's
   }
 }
 
@@ -828,12 +913,15 @@ Status launch_greedy_pick(const GreedyPickParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(require(p.vocab > 0, "greedy_pick", "empty vocabulary"));
   if (!p.logits || !p.tokens || !p.logprobs)
     return null_pointer("greedy_pick");
-  launch_pdl(greedy_pick_kernel,
-             static_cast<unsigned>(std::min(p.n, kMaxGrid)),
-             kSelThreads,
-             0,
-             stream,
-             p);
+  const auto nb = static_cast<unsigned>(
+      std::clamp<int64_t>((p.vocab + kPickMinPerBlock - 1) / kPickMinPerBlock, 1, kPickBlocks));
+  launch_pdl_cluster(greedy_pick_kernel,
+                     dim3(nb, static_cast<unsigned>(std::min(p.n, kMaxGrid))),
+                     kPickThreads,
+                     0,
+                     stream,
+                     dim3(nb, 1, 1),
+                     p);
   return launched("greedy_pick launch");
 }
 

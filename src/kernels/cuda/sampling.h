@@ -71,8 +71,9 @@ size_t sample_workspace_bytes(int64_t n, int64_t vocab, bool full_sort = false);
 Status launch_sample(const SampleParams& p, cudaStream_t stream);
 
 // Greedy picks without a request blob (chained drafting steps, graph-captured whole): per row
-// the first maximum and its log-softmax, the same bits as launch_sample gives a greedy request
-// with logprobs; `next` (optional) gets the tokens too (the next step's input).
+// the first maximum (the token launch_sample gives a greedy request) and its log-softmax (equal
+// to launch_sample's to a few ulps: the double sum runs in another order, over a cluster of
+// blocks); `next` (optional) gets the tokens too (the next step's input).
 struct GreedyPickParams {
   const float* logits = nullptr;  // [n, ld]
   int64_t ld = 0;                 // 0: vocab
