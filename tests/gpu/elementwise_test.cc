@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/fp8_gemm.h"
+#include "numeric/float_formats.h"
 #include "numeric/quant.h"
 #include "test_util.h"
 
@@ -122,6 +124,66 @@ TEST_F(GpuTest, RmsNormMatchesCpu) {
       }
     }
   }
+}
+
+// RMSNorm that also writes the FP8 activations of its output (RmsNormParams::act_codes, a norm
+// feeding an FP8 linear): the fp32 rows are the plain norm's bit for bit, and the codes and scales
+// are numeric::fp8_block_quantize of those rows bit for bit (written by the one-warp-per-row
+// kernel at 128 and 256 dims, by the quantisation pass after the norm elsewhere). Half-set
+// outputs are refused.
+TEST_F(GpuTest, RmsNormWritesTheFp8ActivationsOfItsOutput) {
+  uint32_t seed = 13000;
+  for (int64_t rows : {1, 3, 70}) {
+    for (int64_t dim : {128, 256, 1024, 200, 4096}) {
+      SCOPED_TRACE("rms fp8 " + std::to_string(rows) + "x" + std::to_string(dim));
+      std::vector<float> x = normal_floats(static_cast<size_t>(rows * dim), seed++, 3.0f);
+      for (int64_t r = 0; r < rows; ++r) {  // rows of very different magnitude, one all zero
+        for (int64_t c = 0; c < dim; ++c) {
+          float& v = x[r * dim + c];
+          v = r % 7 == 2 ? 0.0f : std::ldexp(v, static_cast<int>(r % 5) * 9 - 20);
+        }
+      }
+      const std::vector<float> w = normal_floats(static_cast<size_t>(dim), seed++);
+      const int64_t ld = fp8_acts_ld(dim);
+      DevVec<float> d_x(x), d_w(w), d_plain(x.size()), d_out(x.size());
+      DevVec<uint8_t> d_codes(static_cast<size_t>(rows * ld));
+      DevVec<float> d_scales(static_cast<size_t>(rows * ld / 128));
+      const RmsNormParams base{
+          .x = d_x.get(), .rows = rows, .dim = dim, .weight = d_w.get(), .eps = 1e-6f};
+      RmsNormParams plain = base;
+      plain.out = d_plain.get();
+      DSI_EXPECT_OK(launch_rms_norm(plain, nullptr));
+      RmsNormParams fused = base;
+      fused.out = d_out.get();
+      fused.act_codes = d_codes.get();
+      fused.act_scales = d_scales.get();
+      DSI_EXPECT_OK(launch_rms_norm(fused, nullptr));
+      sync();
+      const std::vector<float> out = d_out.download();
+      const std::vector<float> want_out = d_plain.download();
+      int64_t differ = 0;
+      for (size_t i = 0; i < out.size(); ++i) differ += same_bits(out[i], want_out[i]) ? 0 : 1;
+      EXPECT_EQ(differ, 0) << "fp32 rows differ from the plain norm's";
+      std::vector<uint8_t> want_codes(static_cast<size_t>(rows * ld), 0);
+      std::vector<float> want_scales(static_cast<size_t>(rows * ld / 128), 0.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<uint8_t> sb(static_cast<size_t>(ld / 128));
+        numeric::fp8_block_quantize(
+            out.data() + r * dim, dim, 128, want_codes.data() + r * ld, sb.data());
+        for (int64_t b = 0; b < ld / 128; ++b)
+          want_scales[r * (ld / 128) + b] = numeric::e8m0_to_f32(sb[b]);
+      }
+      EXPECT_EQ(d_codes.download(), want_codes);
+      EXPECT_EQ(d_scales.download(), want_scales);
+    }
+  }
+  float dummy[4] = {};
+  uint8_t codes[4] = {};
+  EXPECT_EQ(
+      launch_rms_norm(
+          RmsNormParams{.x = dummy, .rows = 1, .dim = 4, .out = dummy, .act_codes = codes}, nullptr)
+          .code(),
+      StatusCode::kInvalidArgument);
 }
 
 // RMSNorm with the RoPE of the last 2 * half dims in the same launch (q: rows_per_token heads;

@@ -778,7 +778,13 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
   DSI_RETURN_IF_ERROR(ws_->get(&e, nm * hidden));
   DSI_RETURN_IF_ERROR(ws_->get(&eproj, nm * hidden));
   DSI_RETURN_IF_ERROR(ws_->get(&h, nm * width));
-  DSI_RETURN_IF_ERROR(ws_->get(&xm, nm * width));
+  // The block's streams are built in streams_out where one is given (the layer's output lands
+  // back in its input buffer: no copy after it, below).
+  if (streams_out != nullptr) {
+    xm = streams_out;
+  } else {
+    DSI_RETURN_IF_ERROR(ws_->get(&xm, nm * width));
+  }
   DSI_RETURN_IF_ERROR(ws_->get(&xma, nm * width));
   cuda::EmbedParams me;
   me.table = weights_->embed;
@@ -788,8 +794,22 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
   me.out = e;
   DSI_RETURN_IF_ERROR(cuda::launch_embed(me, s));
   DSI_RETURN_IF_ERROR(expand_keys(plan, pack, hp));
-  DSI_RETURN_IF_ERROR(rms_norm(e, nm, hidden, w.enorm, eps, s));
-  DSI_RETURN_IF_ERROR(linear(lin(), w.e_proj, e, nm, eproj, q8(), s));
+  // Each norm also writes its projection's FP8 activations where the projection takes them.
+  auto norm = [&](const MatrixRef& proj,
+                  float* x,
+                  int64_t rows,
+                  const float* weight,
+                  cuda::Fp8Acts* acts) -> Result<const cuda::Fp8Acts*> {
+    if (rows > 0 && fp8_linear_path(proj, q8()) && proj.cols == hidden) {
+      DSI_RETURN_IF_ERROR(rms_norm_fp8(ws_.get(), x, rows, hidden, weight, eps, s, acts));
+      return static_cast<const cuda::Fp8Acts*>(acts);
+    }
+    DSI_RETURN_IF_ERROR(rms_norm(x, rows, hidden, weight, eps, s));
+    return static_cast<const cuda::Fp8Acts*>(nullptr);
+  };
+  cuda::Fp8Acts eq, hq;
+  DSI_ASSIGN_OR_RETURN(const cuda::Fp8Acts* eqp, norm(w.e_proj, e, nm, w.enorm, &eq));
+  DSI_RETURN_IF_ERROR(linear(lin(), w.e_proj, e, nm, eproj, q8(), s, false, eqp));
   cuda::GatherRowsParams gp;
   gp.pool = pool_;
   gp.local = local;
@@ -798,7 +818,7 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
   gp.width = width;
   gp.dst = h;
   DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
-  DSI_RETURN_IF_ERROR(rms_norm(h, nm * hc, hidden, w.hnorm, eps, s));
+  DSI_ASSIGN_OR_RETURN(const cuda::Fp8Acts* hqp, norm(w.h_proj, h, nm * hc, w.hnorm, &hq));
   gp.pool = nullptr;
   gp.local = eproj;
   gp.src_refs = hp.resolve<int64_t>(pack, broadcast);
@@ -807,7 +827,7 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
   gp.dst = xm;
   DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
   // h_proj(h) + e_proj(e), as the CPU adds them.
-  DSI_RETURN_IF_ERROR(linear(lin(), w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true));
+  DSI_RETURN_IF_ERROR(linear(lin(), w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true, hqp));
   HcCarry carry;
   DSI_RETURN_IF_ERROR(alloc_hc_carry(nm, &carry));
   DSI_RETURN_IF_ERROR(launch_layer(w.layer,
@@ -822,7 +842,7 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
                                    &xma,
                                    &carry,
                                    /*flush=*/true));
-  if (streams_out) {
+  if (streams_out != nullptr && xm != streams_out) {
     DSI_RETURN_IF_ERROR(device::check_cuda(
         cudaMemcpyAsync(
             streams_out, xm, static_cast<size_t>(nm * width) * 4, cudaMemcpyDeviceToDevice, s),

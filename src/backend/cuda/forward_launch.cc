@@ -218,13 +218,14 @@ Status CudaModel::launch_attention(const DAttention& w,
         linear(lin(), w.indexer_weights_proj, u, n, hw, false, is, false, nullptr, usp));
   }
   DSI_RETURN_IF_ERROR(linear(lin(), w.wq_a, u, n, qr, q8, s, false, uqp));
-  DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
+  // The q norm also writes wq_b's FP8 activations (and the indexer's wq_b's: the same columns).
   cuda::Fp8Acts qrq;
   const cuda::Fp8Acts* qrqp = nullptr;
-  if (n > 0 && csa && fp8_linear_path(w.wq_b, q8) && fp8_linear_path(w.indexer_wq_b, q8) &&
-      w.wq_b.cols == w.indexer_wq_b.cols) {
-    DSI_RETURN_IF_ERROR(quantize_fp8(ws_.get(), qr, n, w.wq_b.cols, s, &qrq));
+  if (n > 0 && fp8_linear_path(w.wq_b, q8) && w.wq_b.cols == c.q_lora_rank) {
+    DSI_RETURN_IF_ERROR(rms_norm_fp8(ws_.get(), qr, n, c.q_lora_rank, w.q_norm, eps, s, &qrq));
     qrqp = &qrq;
+  } else {
+    DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
   }
   DSI_RETURN_IF_ERROR(linear(lin(), w.wq_b, qr, n, q, q8, s, false, qrqp));
   // deepseek numerics at the wgmma attention's shape: the q norm writes the BF16 q attention
@@ -244,7 +245,15 @@ Status CudaModel::launch_attention(const DAttention& w,
   if (csa) {
     float* qi = nullptr;
     DSI_RETURN_IF_ERROR(ws_->get(&qi, n * ih * ihd));
-    DSI_RETURN_IF_ERROR(linear(lin(), w.indexer_wq_b, qr, n, qi, q8, s, false, qrqp));
+    DSI_RETURN_IF_ERROR(linear(lin(),
+                               w.indexer_wq_b,
+                               qr,
+                               n,
+                               qi,
+                               q8,
+                               s,
+                               false,
+                               w.indexer_wq_b.cols == c.q_lora_rank ? qrqp : nullptr));
     DSI_RETURN_IF_ERROR(rope(qi, n, ih, ihd, positions, freqs, rd / 2, false, s));
     if (numerics_ == model::Numerics::kDeepSeek) {
       cuda::QuantSimParams qs;

@@ -235,6 +235,37 @@ inline Status rms_norm(
   return rms_norm_rope(x, rows, dim, w, eps, 1, nullptr, nullptr, 0, s);
 }
 
+// rms_norm in place, the result also quantised as FP8 activations for the linears it feeds
+// (codes and scales taken from ws; the bits of quantize_fp8): by the norm kernel itself where
+// that is faster (short rows: one launch less on a decode step's chain), else by a quantisation
+// pass after it (cuda::RmsNormParams::act_codes).
+inline Status rms_norm_fp8(Workspace* ws,
+                           float* x,
+                           int64_t rows,
+                           int64_t dim,
+                           const float* w,
+                           float eps,
+                           cudaStream_t s,
+                           cuda::Fp8Acts* out) {
+  const int64_t ld = cuda::fp8_acts_ld(dim);
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  DSI_RETURN_IF_ERROR(ws->get(&codes, rows * ld));
+  DSI_RETURN_IF_ERROR(ws->get(&scales, rows * (ld / 128)));
+  cuda::RmsNormParams p;
+  p.x = x;
+  p.rows = rows;
+  p.dim = dim;
+  p.weight = w;
+  p.eps = eps;
+  p.out = x;
+  p.act_codes = codes;
+  p.act_scales = scales;
+  DSI_RETURN_IF_ERROR(cuda::launch_rms_norm(p, s));
+  *out = cuda::Fp8Acts{codes, scales, ld};
+  return Status();
+}
+
 inline Status rope(float* x,
                    int64_t tokens,
                    int64_t heads,

@@ -8,6 +8,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -143,6 +144,21 @@ __global__ void rms_norm_warp_kernel(RmsNormParams p) {
             make_uint2(mma::pack_bf16(e[0], e[1]), mma::pack_bf16(e[2], e[3]));
       } else {
         *reinterpret_cast<float4*>(p.out + r * p.dim + c) = make_float4(e[0], e[1], e[2], e[3]);
+      }
+      if (p.act_codes != nullptr) {  // warp-uniform; block j is this warp's 4 values per lane,
+        // laid out as quantize_fp8_kernel reads a block (lane * 4 + i), so the same bits
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(e[i]));
+        amax = warp_max(amax);
+        const float s = act_block_scale(amax);
+        const float inv_s = 1.0f / s;  // exact: s is a power of two
+        uint32_t packed = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) packed |= act_quant_code_pow2(e[i], inv_s) << (8 * i);
+        *reinterpret_cast<uint32_t*>(p.act_codes + r * p.dim + c) = packed;
+        if (lane == 0)
+          p.act_scales[r * (p.dim / 128) + j] = s;
       }
     }
   }
@@ -332,6 +348,28 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
         "rms_norm: BF16 output needs dim a multiple of 128 (<= 1024), 16-byte "
         "aligned rows and a RoPE slice starting at a multiple of 4");
   DSI_RETURN_IF_ERROR(require(p.store_fp8_block >= 0, "rms_norm", "store_fp8_block < 0"));
+  if (p.act_codes != nullptr || p.act_scales != nullptr) {
+    if (!p.act_codes || !p.act_scales || !p.out || p.out_bf16)
+      return invalid_argument(
+          "rms_norm: FP8 activations need codes, scales and the fp32 output (not BF16)");
+    // In the norm kernel only for rows of up to 256 dims: its one warp per row then quantises
+    // one or two blocks (the bundled model's q norm and MTP norms: +2% tokens/s at batch 1 on
+    // the H200); at V4's 1024-dim q norm the eight blocks in one warp made the batch-1 step 4%
+    // slower than the separate pass (nineteenth session, A/B on one machine).
+    if (!warp_path || v > 2 || p.store_fp8_block > 0) {  // the norm, then the quantisation pass
+      RmsNormParams q = p;
+      q.act_codes = nullptr;
+      q.act_scales = nullptr;
+      DSI_RETURN_IF_ERROR(launch_rms_norm(q, stream));
+      QuantizeFp8Params a;
+      a.x = p.out;
+      a.n = p.rows;
+      a.k = p.dim;
+      a.codes = p.act_codes;
+      a.scales = p.act_scales;
+      return launch_quantize_fp8(a, stream);
+    }
+  }
   if (p.store_fp8_block > 0 &&
       !(warp_path && rms_norm_stores_records(p.dim, rope ? p.rope_half : 0, p.store_fp8_block))) {
     // The record rounding as passes of their own after the norm (and its RoPE).

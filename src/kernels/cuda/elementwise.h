@@ -50,6 +50,13 @@ struct RmsNormParams {
   // values, the RoPE dims to BF16 -- the bits of launch_quant_sim's kFp8 pass over the former and
   // kBf16 pass over the latter. Only where rms_norm_stores_records.
   int64_t store_fp8_block = 0;
+  // Optional: the fp32 output rows also quantised as a linear's FP8 activations (fp8_gemm.h
+  // Fp8Acts, 1x128 UE8M0 blocks, launch_quantize_fp8's bits): codes [rows, fp8_acts_ld(dim)],
+  // scales [rows, fp8_acts_ld(dim) / 128]. Written by the norm kernel itself for rows of 128 or
+  // 256 dims (a norm feeding an FP8 linear without a quantisation launch between them); elsewhere
+  // by a launch_quantize_fp8 after it. Needs `out`, not `out_bf16`.
+  uint8_t* act_codes = nullptr;
+  float* act_scales = nullptr;
 };
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 bool rms_norm_writes_bf16(int64_t dim, int64_t rope_half);
