@@ -799,8 +799,6 @@ size_t sample_workspace_bytes(int64_t n, int64_t vocab, bool full_sort) {
   return n <= 0 || vocab <= 0 ? 0 : static_cast<size_t>(n) * request_bytes(vocab, full_sort);
 }
 
-// kSelThreads threads, as sample_select_kernel (which greedy requests take): the same block
-// reductions, so the same bits.
 // Greedy picks: each row over a thread-block cluster of up to kPickBlocks blocks, block k of it a
 // contiguous slice of the vocabulary (one block per row spent ~10 us on 8k logits, most of it in
 // the serial double-precision exps of its 16 logits per thread, and would take ~40 us at V4's
