@@ -518,9 +518,10 @@ Status CudaModel::fp8_experts(const cuda::ExpertFfnParams& p,
   q.h = p.h;
   q.y = p.y;
   q.gemv = gemv && !options_.batch_invariant;
-  const int64_t ld = cuda::fp8_acts_ld(p.inter);
-  DSI_RETURN_IF_ERROR(ws_->get(&q.h_codes, p.num_pairs * ld));
-  DSI_RETURN_IF_ERROR(ws_->get(&q.h_scales, p.num_pairs * (ld / 128)));
+  Fp8ActsRoom h;
+  DSI_RETURN_IF_ERROR(fp8_acts_room(ws_.get(), p.num_pairs, p.inter, &h));
+  q.h_codes = h.codes;
+  q.h_scales = h.scales;
   return cuda::launch_fp8_expert_ffn(q, s);
 }
 

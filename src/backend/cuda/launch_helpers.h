@@ -15,22 +15,33 @@
 
 namespace dsinfer::gpu {
 
-// x [n, k] quantised into FP8 codes and 1x128 scales taken from ws (fp8_gemm.h).
-inline Status quantize_fp8(
-    Workspace* ws, const float* x, int64_t n, int64_t k, cudaStream_t s, cuda::Fp8Acts* out) {
-  const int64_t ld = cuda::fp8_acts_ld(k);
+// Room in ws for the FP8 activations of n rows of k columns (codes and 1x128 scales, fp8_gemm.h),
+// not yet written.
+struct Fp8ActsRoom {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
-  DSI_RETURN_IF_ERROR(ws->get(&codes, n * ld));
-  DSI_RETURN_IF_ERROR(ws->get(&scales, n * (ld / 128)));
+  int64_t ld = 0;
+  cuda::Fp8Acts acts() const { return cuda::Fp8Acts{codes, scales, ld}; }
+};
+inline Status fp8_acts_room(Workspace* ws, int64_t n, int64_t k, Fp8ActsRoom* out) {
+  out->ld = cuda::fp8_acts_ld(k);
+  DSI_RETURN_IF_ERROR(ws->get(&out->codes, n * out->ld));
+  return ws->get(&out->scales, n * (out->ld / 128));
+}
+
+// x [n, k] quantised into FP8 codes and 1x128 scales taken from ws.
+inline Status quantize_fp8(
+    Workspace* ws, const float* x, int64_t n, int64_t k, cudaStream_t s, cuda::Fp8Acts* out) {
+  Fp8ActsRoom room;
+  DSI_RETURN_IF_ERROR(fp8_acts_room(ws, n, k, &room));
   cuda::QuantizeFp8Params q;
   q.x = x;
   q.n = n;
   q.k = k;
-  q.codes = codes;
-  q.scales = scales;
+  q.codes = room.codes;
+  q.scales = room.scales;
   DSI_RETURN_IF_ERROR(cuda::launch_quantize_fp8(q, s));
-  *out = cuda::Fp8Acts{codes, scales, ld};
+  *out = room.acts();
   return Status();
 }
 
@@ -247,11 +258,8 @@ inline Status rms_norm_fp8(Workspace* ws,
                            float eps,
                            cudaStream_t s,
                            cuda::Fp8Acts* out) {
-  const int64_t ld = cuda::fp8_acts_ld(dim);
-  uint8_t* codes = nullptr;
-  float* scales = nullptr;
-  DSI_RETURN_IF_ERROR(ws->get(&codes, rows * ld));
-  DSI_RETURN_IF_ERROR(ws->get(&scales, rows * (ld / 128)));
+  Fp8ActsRoom room;
+  DSI_RETURN_IF_ERROR(fp8_acts_room(ws, rows, dim, &room));
   cuda::RmsNormParams p;
   p.x = x;
   p.rows = rows;
@@ -259,10 +267,10 @@ inline Status rms_norm_fp8(Workspace* ws,
   p.weight = w;
   p.eps = eps;
   p.out = x;
-  p.act_codes = codes;
-  p.act_scales = scales;
+  p.act_codes = room.codes;
+  p.act_scales = room.scales;
   DSI_RETURN_IF_ERROR(cuda::launch_rms_norm(p, s));
-  *out = cuda::Fp8Acts{codes, scales, ld};
+  *out = room.acts();
   return Status();
 }
 
