@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/common.cuh"
 #include "numeric/float_formats.h"
 #include "numeric/quant.h"
 #include "tensor/matrix_ref.h"
@@ -45,6 +46,23 @@ __device__ __forceinline__ uint32_t act_quant_code_pow2(float x, float inv_s) {
   if (c != c)
     return numeric::f32_to_fp8_e4m3(c);
   return __nv_cvt_float_to_fp8(c, __NV_SATFINITE, __NV_E4M3);
+}
+
+// One 1x128 activation block held by a warp, four values per lane (block element lane * 4 + i):
+// its scale (act_block_scale of the block's amax, returned to every lane) and this lane's four
+// E4M3 codes packed little-endian into *packed. Warp-wide: every lane of the warp calls it.
+__device__ __forceinline__ float act_quant_warp_block(const float (&v)[4], uint32_t* packed) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  amax = warp_max(amax);
+  const float s = act_block_scale(amax);
+  const float inv_s = 1.0f / s;  // exact: s is a power of two
+  uint32_t q = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) q |= act_quant_code_pow2(v[i], inv_s) << (8 * i);
+  *packed = q;
+  return s;
 }
 
 // Element (r, c) of a weight in its checkpoint format, dequantised to fp32 exactly as

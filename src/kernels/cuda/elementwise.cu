@@ -145,17 +145,9 @@ __global__ void rms_norm_warp_kernel(RmsNormParams p) {
       } else {
         *reinterpret_cast<float4*>(p.out + r * p.dim + c) = make_float4(e[0], e[1], e[2], e[3]);
       }
-      if (p.act_codes != nullptr) {  // warp-uniform; block j is this warp's 4 values per lane,
-        // laid out as quantize_fp8_kernel reads a block (lane * 4 + i), so the same bits
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(e[i]));
-        amax = warp_max(amax);
-        const float s = act_block_scale(amax);
-        const float inv_s = 1.0f / s;  // exact: s is a power of two
+      if (p.act_codes != nullptr) {  // warp-uniform; activation block j is this warp's e values
         uint32_t packed = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) packed |= act_quant_code_pow2(e[i], inv_s) << (8 * i);
+        const float s = act_quant_warp_block(e, &packed);
         *reinterpret_cast<uint32_t*>(p.act_codes + r * p.dim + c) = packed;
         if (lane == 0)
           p.act_scales[r * (p.dim / 128) + j] = s;

@@ -45,21 +45,10 @@ __global__ void quantize_fp8_kernel(QuantizeFp8Params p, int64_t ld, int64_t blo
     const int64_t t = b / blocks_per_row;
     const int64_t c0 = (b % blocks_per_row) * 128 + lane * 4;
     float v[4];
-    float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[i] = c0 + i < p.k ? p.x[t * p.ldx + c0 + i] : 0.0f;
-      amax = fmaxf(amax, fabsf(v[i]));
-    }
-    amax = warp_max(amax);
-    const float s = act_block_scale(amax);
-    const float inv_s = 1.0f / s;  // exact: s is a power of two
-    uint32_t packed = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t code = c0 + i < p.k ? act_quant_code_pow2(v[i], inv_s) : 0u;
-      packed |= code << (8 * i);
-    }
+    for (int i = 0; i < 4; ++i) v[i] = c0 + i < p.k ? p.x[t * p.ldx + c0 + i] : 0.0f;
+    uint32_t packed = 0;  // the columns past k are zeros: code 0
+    const float s = act_quant_warp_block(v, &packed);
     *reinterpret_cast<uint32_t*>(p.codes + t * ld + c0) = packed;
     if (lane == 0)
       p.scales[b] = s;

@@ -121,18 +121,10 @@ __global__ void swiglu_quant_kernel(MoeSm90Params p, Scratch s) {
       const float4 uv4 = *reinterpret_cast<const float4*>(row + I + c0);
       float h[4] = {gv4.x, gv4.y, gv4.z, gv4.w};
       const float u[4] = {uv4.x, uv4.y, uv4.z, uv4.w};
-      float amax = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        h[i] = swiglu_gated(h[i], u[i], lim, gate);
-        amax = fmaxf(amax, fabsf(h[i]));
-      }
-      amax = warp_max(amax);
-      const float sc = act_block_scale(amax);
-      const float inv_sc = 1.0f / sc;  // exact: sc is a power of two
+      for (int i = 0; i < 4; ++i) h[i] = swiglu_gated(h[i], u[i], lim, gate);
       uint32_t packed = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) packed |= act_quant_code_pow2(h[i], inv_sc) << (8 * i);
+      const float sc = act_quant_warp_block(h, &packed);
       *reinterpret_cast<uint32_t*>(s.hq + g * I + c0) = packed;
       if (lane == 0)
         s.sfa2[b * kb + blk * m + (g - b)] = sc;
