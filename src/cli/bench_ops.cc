@@ -314,17 +314,17 @@ Result<json> bench_ops(const OpBenchOptions& o) {
   const double expert_bytes = static_cast<double>(w1[0].nbytes() + w3[0].nbytes() + w2[0].nbytes());
   // The decode path (the expert GEMV, up to kExpertGemvTokens pairs per expert on average), where
   // these experts pass its scale check (what DeviceWeights::enable_expert_gemv asks).
-  bool gemv_ok = false;
-  if (cuda::expert_gemv_supports(kHidden, kInter)) {
-    int* bad = nullptr;
-    DSI_RETURN_IF_ERROR(arena.alloc(&bad, 1));
-    cudaMemset(bad, 0, sizeof(int));
-    DSI_RETURN_IF_ERROR(cuda::launch_expert_gemv_check(
-        refs, refs + kExperts, refs + 2 * kExperts, kExperts, kHidden, kInter, bad, nullptr));
-    int count = 0;
-    cudaMemcpy(&count, bad, sizeof(int), cudaMemcpyDeviceToHost);
-    gemv_ok = count == 0;
-  }
+  int* bad = nullptr;
+  DSI_RETURN_IF_ERROR(arena.alloc(&bad, 1));
+  DSI_ASSIGN_OR_RETURN(const bool gemv_ok,
+                       cuda::expert_gemv_takes(refs,
+                                               refs + kExperts,
+                                               refs + 2 * kExperts,
+                                               WeightFormat::kMxfp4,
+                                               kExperts,
+                                               kHidden,
+                                               kInter,
+                                               bad));
   // The prefill path of the model (from 128 tokens, CudaModel::kMoeSm90MinTokens): the experts
   // re-encoded once into FP8, grouped wgmma GEMMs (moe_sm90.h), with one scale per 128 x 128 block
   // (what the model takes where exact) and with one per row and 128-wide K block.

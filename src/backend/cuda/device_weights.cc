@@ -349,19 +349,8 @@ Result<int64_t> DeviceWeights::enable_expert_gemv() {
     MatrixRef first;
     DSI_RETURN_IF_ERROR(device::check_cuda(
         cudaMemcpy(&first, w1, sizeof(MatrixRef), cudaMemcpyDeviceToHost), "expert table"));
-    if (!cuda::expert_gemv_supports(first.cols, inter))
-      return Status();
-    if (format == WeightFormat::kFp8Block128) {
-      *ok = true;
-      return Status();
-    }
-    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemset(bad, 0, sizeof(int)), "GEMV check counter"));
-    DSI_RETURN_IF_ERROR(
-        cuda::launch_expert_gemv_check(w1, w3, w2, n_experts, first.cols, inter, bad, nullptr));
-    int count = 0;
-    DSI_RETURN_IF_ERROR(device::check_cuda(
-        cudaMemcpy(&count, bad, sizeof(int), cudaMemcpyDeviceToHost), "GEMV check counter"));
-    *ok = count == 0;
+    DSI_ASSIGN_OR_RETURN(
+        *ok, cuda::expert_gemv_takes(w1, w3, w2, format, n_experts, first.cols, inter, bad));
     return Status();
   };
   auto mark = [&](DMoe& m) -> Status {

@@ -37,8 +37,9 @@ bool CudaModel::use_moe_sm90(const DMoe& w, int64_t n) const {
   // 4.2 TB/s (`bench --ops`, 384 tokens of top-6 over 256 experts: 8.58 against 1.64 ms), where
   // the experts are large enough to be streamed (CudaModelOptions). A function of n and the
   // weights, so replayed graphs still equal eager launches.
-  const int64_t fp4_bytes = w.num_local_experts * 3 * config_.hidden_size * w.inter / 2;
-  if (fp4_bytes < options_.moe_grouped_decode_min_bytes)
+  const int64_t weights = w.num_local_experts * 3 * config_.hidden_size * w.inter;
+  const int64_t expert_bytes = w.routed_format == WeightFormat::kMxfp4 ? weights / 2 : weights;
+  if (expert_bytes < options_.moe_grouped_decode_min_bytes)
     return false;
   return !(w.routed_gemv && cuda::expert_gemv_supports(config_.hidden_size, w.inter) &&
            n * config_.num_experts_per_tok <= cuda::kExpertGemvTokens * w.num_local_experts);

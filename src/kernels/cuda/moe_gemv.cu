@@ -401,6 +401,27 @@ Status launch_expert_gemv_check(const MatrixRef* w1,
   return launched("expert_gemv_check launch");
 }
 
+Result<bool> expert_gemv_takes(const MatrixRef* w1,
+                               const MatrixRef* w3,
+                               const MatrixRef* w2,
+                               WeightFormat format,
+                               int64_t n_experts,
+                               int64_t hidden,
+                               int64_t inter,
+                               int* bad) {
+  if (n_experts == 0 || inter == 0 || !expert_gemv_supports(hidden, inter))
+    return false;
+  if (format == WeightFormat::kFp8Block128)
+    return true;
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaMemset(bad, 0, sizeof(int)), "expert GEMV check counter"));
+  DSI_RETURN_IF_ERROR(launch_expert_gemv_check(w1, w3, w2, n_experts, hidden, inter, bad, nullptr));
+  int count = 0;
+  DSI_RETURN_IF_ERROR(device::check_cuda(
+      cudaMemcpy(&count, bad, sizeof(int), cudaMemcpyDeviceToHost), "expert GEMV check counter"));
+  return count == 0;
+}
+
 Status launch_expert_gemv(const Fp8ExpertFfnParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(
       check_nonneg("expert_gemv", {p.n_experts, p.hidden, p.inter, p.num_pairs, p.k - 1}));

@@ -55,6 +55,18 @@ Status launch_expert_gemv_check(const MatrixRef* w1,
                                 int* bad,
                                 cudaStream_t stream);
 
+// Whether launch_expert_gemv takes these experts: their shape passes expert_gemv_supports and
+// they are FP8 block-128, or MXFP4 whose launch_expert_gemv_check counts nothing (bad: one device
+// int of scratch). Synchronises with the device (the model asks at load, bench --ops once).
+Result<bool> expert_gemv_takes(const MatrixRef* w1,
+                               const MatrixRef* w3,
+                               const MatrixRef* w2,
+                               WeightFormat format,
+                               int64_t n_experts,
+                               int64_t hidden,
+                               int64_t inter,
+                               int* bad);
+
 // The experts of p (MXFP4 or FP8 block-128, passing expert_gemv_supports and, for MXFP4, the
 // check) as GEMVs: gate/up + SwiGLU into h, h quantised into h_codes/h_scales, then down into y.
 Status launch_expert_gemv(const Fp8ExpertFfnParams& p, cudaStream_t stream);
