@@ -34,13 +34,9 @@ inline Status quantize_fp8(
     Workspace* ws, const float* x, int64_t n, int64_t k, cudaStream_t s, cuda::Fp8Acts* out) {
   Fp8ActsRoom room;
   DSI_RETURN_IF_ERROR(fp8_acts_room(ws, n, k, &room));
-  cuda::QuantizeFp8Params q;
-  q.x = x;
-  q.n = n;
-  q.k = k;
-  q.codes = room.codes;
-  q.scales = room.scales;
-  DSI_RETURN_IF_ERROR(cuda::launch_quantize_fp8(q, s));
+  DSI_RETURN_IF_ERROR(cuda::launch_quantize_fp8(
+      cuda::QuantizeFp8Params{.x = x, .n = n, .k = k, .codes = room.codes, .scales = room.scales},
+      s));
   *out = room.acts();
   return Status();
 }
@@ -260,13 +256,7 @@ inline Status rms_norm_fp8(Workspace* ws,
                            cuda::Fp8Acts* out) {
   Fp8ActsRoom room;
   DSI_RETURN_IF_ERROR(fp8_acts_room(ws, rows, dim, &room));
-  cuda::RmsNormParams p;
-  p.x = x;
-  p.rows = rows;
-  p.dim = dim;
-  p.weight = w;
-  p.eps = eps;
-  p.out = x;
+  cuda::RmsNormParams p{.x = x, .rows = rows, .dim = dim, .weight = w, .eps = eps, .out = x};
   p.act_codes = room.codes;
   p.act_scales = room.scales;
   DSI_RETURN_IF_ERROR(cuda::launch_rms_norm(p, s));

@@ -353,13 +353,10 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
       q.act_codes = nullptr;
       q.act_scales = nullptr;
       DSI_RETURN_IF_ERROR(launch_rms_norm(q, stream));
-      QuantizeFp8Params a;
-      a.x = p.out;
-      a.n = p.rows;
-      a.k = p.dim;
-      a.codes = p.act_codes;
-      a.scales = p.act_scales;
-      return launch_quantize_fp8(a, stream);
+      return launch_quantize_fp8(
+          QuantizeFp8Params{
+              .x = p.out, .n = p.rows, .k = p.dim, .codes = p.act_codes, .scales = p.act_scales},
+          stream);
     }
   }
   if (p.store_fp8_block > 0 &&
