@@ -2,6 +2,7 @@
 #include "cli/bench_spec.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -38,7 +39,18 @@ struct Run {
   // The device's idle share of the window's decode steps (drafting calls included; the host's
   // part of a step: planning, synchronisations): Model::decode_timing. < 0: not measured.
   double gpu_idle_fraction = -1;
+  // Milliseconds per step of the engine's phases over the same window (EngineStats::StepPhases:
+  // schedule, draft, prepare, forward, finish); all 0 where no step ran at batch b.
+  std::array<double, 5> phase_ms{};
 };
+
+constexpr std::array<const char*, 5> kPhaseNames = {
+    "schedule", "draft", "prepare", "forward", "finish"};
+
+std::array<double, 5> phase_seconds(const engine::EngineStats& st) {
+  const auto& p = st.phases;
+  return {p.schedule, p.draft, p.prepare, p.forward, p.finish};
+}
 
 spec::Stats minus(const spec::Stats& a, const spec::Stats& b) {
   spec::Stats d = a;
@@ -136,8 +148,9 @@ Result<Run> run_once(
     engine::Engine& e, const SpecBenchArgs& a, const PromptSource& src, int64_t b, int64_t round) {
   const int64_t waves = (kMinRequests + b - 1) / b;
   const spec::Stats before = e.stats().spec;
-  int64_t tokens = 0, full_tokens = 0, short_waves = 0;
+  int64_t tokens = 0, full_tokens = 0, short_waves = 0, full_steps = 0;
   double dt = 0, full_dt = 0, busy_ms = 0, idle_ms = 0;
+  std::array<double, 5> phase_s{};
   for (int64_t w = 0; w < waves; ++w) {
     std::vector<engine::RequestId> ids;
     for (int64_t i = 0; i < b; ++i) {
@@ -172,6 +185,8 @@ Result<Run> run_once(
     const int64_t g0 = e.stats().generated_tokens;
     const double t0 = now_s();
     const backend::Model::DeviceTiming d0 = e.model().decode_timing();
+    const int64_t steps0 = e.stats().steps;
+    const std::array<double, 5> p0 = phase_seconds(e.stats());
     bool full = !any_done();
     if (!full)
       ++short_waves;
@@ -182,6 +197,9 @@ Result<Run> run_once(
       const backend::Model::DeviceTiming d1 = e.model().decode_timing();
       busy_ms += d1.busy_ms - d0.busy_ms;
       idle_ms += d1.idle_ms - d0.idle_ms;
+      full_steps += e.stats().steps - steps0;
+      const std::array<double, 5> p1 = phase_seconds(e.stats());
+      for (size_t i = 0; i < p1.size(); ++i) phase_s[i] += p1[i] - p0[i];
     };
     while (e.step()) {
       if (full && any_done())
@@ -205,6 +223,8 @@ Result<Run> run_once(
   run.spec = minus(e.stats().spec, before);
   if (busy_ms + idle_ms > 0)
     run.gpu_idle_fraction = idle_ms / (busy_ms + idle_ms);
+  for (size_t i = 0; i < phase_s.size() && full_steps > 0; ++i)
+    run.phase_ms[i] = 1e3 * phase_s[i] / static_cast<double>(full_steps);
   return run;
 }
 
@@ -290,6 +310,9 @@ int run_spec_bench(const SpecBenchArgs& a) {
   std::vector<std::vector<std::vector<double>>> tps(nb, std::vector<std::vector<double>>(nm));
   auto wave_tps = tps;
   auto idle = tps;  // each round's GPU idle fraction, where measured
+  // [batch][mode][phase]: each round's milliseconds per step of the engine's phases.
+  std::vector<std::vector<std::array<std::vector<double>, kPhaseNames.size()>>> phases(
+      nb, std::vector<std::array<std::vector<double>, kPhaseNames.size()>>(nm));
   std::vector<std::vector<bool>> short_runs(nb, std::vector<bool>(nm, false));
   std::vector<std::vector<spec::Stats>> stats(nb, std::vector<spec::Stats>(nm));
   std::vector<spec::Mode> kinds(nm, spec::Mode::kOff);
@@ -332,6 +355,8 @@ int run_spec_bench(const SpecBenchArgs& a) {
         wave_tps[bi][mi].push_back(run->wave_tokens_per_s);
         if (run->gpu_idle_fraction >= 0)
           idle[bi][mi].push_back(run->gpu_idle_fraction);
+        for (size_t p = 0; p < kPhaseNames.size(); ++p)
+          phases[bi][mi][p].push_back(run->phase_ms[p]);
         if (run->short_waves > 0) {
           std::fprintf(stderr,
                        "[bench speculative] batch %lld %s: %lld wave(s) never ran all %lld "
@@ -346,7 +371,8 @@ int run_spec_bench(const SpecBenchArgs& a) {
         add(stats[bi][mi], run->spec);
         std::fprintf(stderr,
                      "[bench speculative] round %lld batch %lld %s: %.1f tokens/s (whole "
-                     "waves %.1f)%s\n",
+                     "waves %.1f)%s; ms per step: schedule %.3f, draft %.3f, prepare %.3f, "
+                     "forward %.3f, finish %.3f\n",
                      static_cast<long long>(r + 1),
                      static_cast<long long>(a.batch[bi]),
                      m.c_str(),
@@ -354,7 +380,12 @@ int run_spec_bench(const SpecBenchArgs& a) {
                      run->wave_tokens_per_s,
                      run->gpu_idle_fraction >= 0
                          ? str_format("; GPU idle %.1f%%", 100.0 * run->gpu_idle_fraction).c_str()
-                         : "");
+                         : "",
+                     run->phase_ms[0],
+                     run->phase_ms[1],
+                     run->phase_ms[2],
+                     run->phase_ms[3],
+                     run->phase_ms[4]);
       }
     }
   }  // the engine and its weights go here, before the next mode's
@@ -410,6 +441,12 @@ int run_spec_bench(const SpecBenchArgs& a) {
       // The device idle between the window's decode launches (forwards and drafting calls), as a
       // fraction of their time: the host's share of a step (null where not measured: CPU).
       row["gpu_idle_fraction"] = idle[bi][mi].empty() ? json(nullptr) : json(median(idle[bi][mi]));
+      // Milliseconds per step of the engine's phases (medians over the rounds): the drafter's
+      // and the forward's calls whole, the engine's own host work beside them.
+      json ph;
+      for (size_t p = 0; p < kPhaseNames.size(); ++p)
+        ph[kPhaseNames[p]] = median(phases[bi][mi][p]);
+      row["step_phase_ms"] = ph;
       if (wave_off > 0)
         row["wave_ratio_to_off"] = wave_med / wave_off;
       json acc = json::array();

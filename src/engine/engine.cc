@@ -656,8 +656,11 @@ void Engine::run_chunks() {
   const double t_step = timed ? now_s() : 0.0;
   const int64_t warmups = timed ? model_->shape_warmups() : 0;
   step_depth_ = 0;
+  const double t_draft = now_s();
   if (drafter_ && !plan_drafts())
     return;
+  const double t_prepare = now_s();
+  stats_.phases.draft += t_prepare - t_draft;
   if (timed) {
     classify_step();
     if (!cost_ && step_b_ > 0) {
@@ -718,7 +721,11 @@ void Engine::run_chunks() {
   }
   if (items_.empty() && !model_->lockstep())
     return;
+  const double t_forward = now_s();
+  stats_.phases.prepare += t_forward - t_prepare;
   const Status s = model_->forward_batch(items_);
+  const double t_finish = now_s();
+  stats_.phases.forward += t_finish - t_forward;
   if (!s.ok() && !model_->health().ok()) {
     fail_all(model_->health());
     return;
@@ -732,6 +739,7 @@ void Engine::run_chunks() {
       finish_chunk(plan_.chunks[i], items_[k].status, outs_[i]);
     }
   }
+  stats_.phases.finish += now_s() - t_finish;
   // (Not a step that ran a shape for the first times: its eager launches and graph capture
   // are one-time costs, and counted they taught auto that a depth costs far more than it does.)
   if (timed && step_b_ > 0) {
@@ -1189,7 +1197,9 @@ bool Engine::step() {
     }
     return !captures_.empty();  // polled again next step
   }
+  const double t_plan = now_s();
   scheduler_->plan(plan_);
+  stats_.phases.schedule += now_s() - t_plan;
   stats_.preemptions += static_cast<int64_t>(plan_.preempted.size());
   if (!pending_fault_.ok()) {  // a state admitted without its contents (cache_restore)
     fail_all(model_->health().ok() ? pending_fault_ : model_->health());

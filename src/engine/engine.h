@@ -115,6 +115,17 @@ struct EngineStats {
   DeviceTierStats device_tier;  // the prefix cache's device tier (hits there never reach the store)
   spec::Config speculative;     // in effect (off when the checkpoint or backend has no drafter)
   spec::Stats spec;
+  // Wall seconds of the step loop's phases, summed over steps (`bench --speculative` reports
+  // them per step): where a step's time goes on the host beside the backend's calls. draft and
+  // forward are the drafter's and the batched forward's calls whole (their device work and
+  // synchronisation included); the rest is host work of the engine alone.
+  struct StepPhases {
+    double schedule = 0;  // the scheduler's plan (admission, preemption, chunking)
+    double draft = 0;     // choosing the drafts and the drafter's call
+    double prepare = 0;   // the forward's items: tokens, drafts, sampling requests
+    double forward = 0;   // Model::forward_batch
+    double finish = 0;    // sampling on the host where needed, acceptance, rollback, outputs
+  } phases;
 };
 
 // Sequence-state footprint of a model in pages of page_bytes (what `bench` and /metrics report):

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -434,6 +435,34 @@ TEST(Speculative, ForcedAcceptanceAcceptsDraftsAtTheGivenRate) {
   bad.model_dir = std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official";
   bad.forced_acceptance = 1.5;
   EXPECT_EQ(Engine::create(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+// EngineStats::phases: the step loop's wall time by phase. With speculation the drafter's calls
+// and the forwards take time, the phases never sum to more than the steps' wall time, and
+// without a drafter no step drafts.
+TEST(Speculative, StepPhasesAccountForTheStepsTime) {
+  const auto cases = mixed_cases(4, 43, 512, 12);
+  for (const char* mode : {"fixed:2", "off"}) {
+    SCOPED_TRACE(mode);
+    EngineSetup s;
+    s.ckpt = fixture();
+    s.speculative = mode;
+    auto e = make_engine(s);
+    const auto t0 = std::chrono::steady_clock::now();
+    run_all(*e, greedy_specs(cases));
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const EngineStats::StepPhases& p = e->stats().phases;
+    for (double v : {p.schedule, p.draft, p.prepare, p.forward, p.finish}) EXPECT_GE(v, 0.0);
+    EXPECT_GT(p.forward, 0.0);
+    EXPECT_LE(p.schedule + p.draft + p.prepare + p.forward + p.finish, wall);
+    if (std::string(mode) == "off") {
+      EXPECT_LT(p.draft, 0.1 * p.forward);  // two clock reads a step, no drafter call
+    } else {
+      EXPECT_GT(e->stats().spec.drafted, 0);
+      EXPECT_GT(p.draft, 0.0);
+    }
+  }
 }
 
 TEST(Speculative, NoDrafterIsAnErrorWhenAskedForAndOffByDefault) {
