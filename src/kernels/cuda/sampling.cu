@@ -833,8 +833,8 @@ __device__ __forceinline__ PickBest warp_best(PickBest x) {
 }
 
 __global__ void __launch_bounds__(kPickThreads) greedy_pick_kernel(GreedyPickParams p) {
-  namespace cg = cooperative_groups;
   pdl_begin();
+  namespace cg = cooperative_groups;
   __shared__ PickBest warp_s[kPickThreads / 32];
   __shared__ double dscratch[32];
   __shared__ PickBest block_best;  // read by the cluster's other blocks
