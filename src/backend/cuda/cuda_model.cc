@@ -795,20 +795,10 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
   DSI_RETURN_IF_ERROR(cuda::launch_embed(me, s));
   DSI_RETURN_IF_ERROR(expand_keys(plan, pack, hp));
   // Each norm also writes its projection's FP8 activations where the projection takes them.
-  auto norm = [&](const MatrixRef& proj,
-                  float* x,
-                  int64_t rows,
-                  const float* weight,
-                  cuda::Fp8Acts* acts) -> Result<const cuda::Fp8Acts*> {
-    if (rows > 0 && fp8_linear_path(proj, q8()) && proj.cols == hidden) {
-      DSI_RETURN_IF_ERROR(rms_norm_fp8(ws_.get(), x, rows, hidden, weight, eps, s, acts));
-      return static_cast<const cuda::Fp8Acts*>(acts);
-    }
-    DSI_RETURN_IF_ERROR(rms_norm(x, rows, hidden, weight, eps, s));
-    return static_cast<const cuda::Fp8Acts*>(nullptr);
-  };
   cuda::Fp8Acts eq, hq;
-  DSI_ASSIGN_OR_RETURN(const cuda::Fp8Acts* eqp, norm(w.e_proj, e, nm, w.enorm, &eq));
+  DSI_ASSIGN_OR_RETURN(
+      const cuda::Fp8Acts* eqp,
+      rms_norm_for(ws_.get(), w.e_proj, q8(), e, nm, hidden, w.enorm, eps, s, &eq));
   DSI_RETURN_IF_ERROR(linear(lin(), w.e_proj, e, nm, eproj, q8(), s, false, eqp));
   cuda::GatherRowsParams gp;
   gp.pool = pool_;
@@ -818,7 +808,9 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
   gp.width = width;
   gp.dst = h;
   DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
-  DSI_ASSIGN_OR_RETURN(const cuda::Fp8Acts* hqp, norm(w.h_proj, h, nm * hc, w.hnorm, &hq));
+  DSI_ASSIGN_OR_RETURN(
+      const cuda::Fp8Acts* hqp,
+      rms_norm_for(ws_.get(), w.h_proj, q8(), h, nm * hc, hidden, w.hnorm, eps, s, &hq));
   gp.pool = nullptr;
   gp.local = eproj;
   gp.src_refs = hp.resolve<int64_t>(pack, broadcast);

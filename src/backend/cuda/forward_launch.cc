@@ -221,13 +221,9 @@ Status CudaModel::launch_attention(const DAttention& w,
   DSI_RETURN_IF_ERROR(linear(lin(), w.wq_a, u, n, qr, q8, s, false, uqp));
   // The q norm also writes wq_b's FP8 activations (and the indexer's wq_b's: the same columns).
   cuda::Fp8Acts qrq;
-  const cuda::Fp8Acts* qrqp = nullptr;
-  if (n > 0 && fp8_linear_path(w.wq_b, q8) && w.wq_b.cols == c.q_lora_rank) {
-    DSI_RETURN_IF_ERROR(rms_norm_fp8(ws_.get(), qr, n, c.q_lora_rank, w.q_norm, eps, s, &qrq));
-    qrqp = &qrq;
-  } else {
-    DSI_RETURN_IF_ERROR(rms_norm(qr, n, c.q_lora_rank, w.q_norm, eps, s));
-  }
+  DSI_ASSIGN_OR_RETURN(
+      const cuda::Fp8Acts* qrqp,
+      rms_norm_for(ws_.get(), w.wq_b, q8, qr, n, c.q_lora_rank, w.q_norm, eps, s, &qrq));
   DSI_RETURN_IF_ERROR(linear(lin(), w.wq_b, qr, n, q, q8, s, false, qrqp));
   // deepseek numerics at the wgmma attention's shape: the q norm writes the BF16 q attention
   // rounds to anyway (half the bytes written and read, and the attention copies it in unconverted).

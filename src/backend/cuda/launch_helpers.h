@@ -264,6 +264,27 @@ inline Status rms_norm_fp8(Workspace* ws,
   return Status();
 }
 
+// rms_norm in place before the linear `proj` reads x: with FP8 activations written for it where
+// proj takes them (rms_norm_fp8; *acts receives them and the result points at it), else plain
+// (null). The caller passes the result to linear() as its quantised x.
+inline Result<const cuda::Fp8Acts*> rms_norm_for(Workspace* ws,
+                                                 const MatrixRef& proj,
+                                                 bool q8,
+                                                 float* x,
+                                                 int64_t rows,
+                                                 int64_t dim,
+                                                 const float* w,
+                                                 float eps,
+                                                 cudaStream_t s,
+                                                 cuda::Fp8Acts* acts) {
+  if (rows > 0 && fp8_linear_path(proj, q8) && proj.cols == dim) {
+    DSI_RETURN_IF_ERROR(rms_norm_fp8(ws, x, rows, dim, w, eps, s, acts));
+    return static_cast<const cuda::Fp8Acts*>(acts);
+  }
+  DSI_RETURN_IF_ERROR(rms_norm(x, rows, dim, w, eps, s));
+  return static_cast<const cuda::Fp8Acts*>(nullptr);
+}
+
 inline Status rope(float* x,
                    int64_t tokens,
                    int64_t heads,

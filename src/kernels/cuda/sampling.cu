@@ -902,13 +902,19 @@ __global__ void __launch_bounds__(kPickThreads) greedy_pick_kernel(GreedyPickPar
   }
 }
 
+// The checks of every launcher over rows of logits: shape, row stride, vocabulary size (a
+// vocabulary is needed only when there are rows).
+Status check_logit_rows(const char* what, int64_t n, int64_t vocab, int64_t ld) {
+  DSI_RETURN_IF_ERROR(check_nonneg(what, {n, vocab, ld}));
+  DSI_RETURN_IF_ERROR(require(ld == 0 || ld >= vocab, what, "ld < vocab"));
+  DSI_RETURN_IF_ERROR(require(vocab < (int64_t{1} << 31), what, "vocab too large"));
+  return require(n == 0 || vocab > 0, what, "empty vocabulary");
+}
+
 Status launch_greedy_pick(const GreedyPickParams& p, cudaStream_t stream) {
-  DSI_RETURN_IF_ERROR(check_nonneg("greedy_pick", {p.n, p.vocab, p.ld}));
-  DSI_RETURN_IF_ERROR(require(p.ld == 0 || p.ld >= p.vocab, "greedy_pick", "ld < vocab"));
-  DSI_RETURN_IF_ERROR(require(p.vocab < (int64_t{1} << 31), "greedy_pick", "vocab too large"));
+  DSI_RETURN_IF_ERROR(check_logit_rows("greedy_pick", p.n, p.vocab, p.ld));
   if (p.n == 0)
     return Status();
-  DSI_RETURN_IF_ERROR(require(p.vocab > 0, "greedy_pick", "empty vocabulary"));
   if (!p.logits || !p.tokens || !p.logprobs)
     return null_pointer("greedy_pick");
   const auto nb = static_cast<unsigned>(
@@ -924,12 +930,9 @@ Status launch_greedy_pick(const GreedyPickParams& p, cudaStream_t stream) {
 }
 
 Status launch_sample(const SampleParams& p, cudaStream_t stream) {
-  DSI_RETURN_IF_ERROR(check_nonneg("sample", {p.n, p.vocab, p.ld}));
-  DSI_RETURN_IF_ERROR(require(p.ld == 0 || p.ld >= p.vocab, "sample", "ld < vocab"));
-  DSI_RETURN_IF_ERROR(require(p.vocab < (int64_t{1} << 31), "sample", "vocab too large"));
+  DSI_RETURN_IF_ERROR(check_logit_rows("sample", p.n, p.vocab, p.ld));
   if (p.n == 0)
     return Status();
-  DSI_RETURN_IF_ERROR(require(p.vocab > 0, "sample", "empty vocabulary"));
   if (!p.logits || !p.requests || !p.workspace || !p.out_tokens)
     return null_pointer("sample");
   if (p.penalty_begin && (!p.penalty_token || !p.penalty_count))
