@@ -161,6 +161,7 @@ StepCost::StepCost(StepTimes prior, int32_t max_k, bool padded_buckets)
       padded_(padded_buckets),
       delta_(kBuckets, std::vector<double>(static_cast<size_t>(max_k_ + 2), 0.0)),
       seen_(kBuckets, std::vector<int64_t>(static_cast<size_t>(max_k_ + 2), 0)),
+      level_(kBuckets, 1.0),
       last_(kBuckets, -2) {
   DSI_CHECK(prior_.valid(), "StepCost: invalid step-time model");
 }
@@ -175,13 +176,27 @@ int StepCost::bucket(int64_t b) const {
   return i;  // b in [2^i, 2^(i+1)), the last bucket open-ended
 }
 
+int64_t StepCost::model_batch(int64_t b) const {
+  // A padding backend runs b sequences as the bucket's power of two (where the start-up model
+  // measured that batch; beyond, it runs them eagerly as they are).
+  if (!padded_ || b < 1)
+    return b;
+  const int64_t pad = int64_t{1} << bucket(b);
+  return pad >= b && pad <= prior_.batch.back() ? pad : b;
+}
+
 double StepCost::prior_s(int64_t b, int32_t depth) const {
   // A verification runs the drafter's forward work on top of a plain decode's: never cheaper
   // than off, whatever the noise of the start-up measurement says.
+  b = model_batch(b);
   const double off = prior_.off(b);
   if (depth < 0)
     return off;
   return std::max(off, prior_.verify(b, 1.0 + depth) + prior_.draft(b, static_cast<double>(depth)));
+}
+
+double StepCost::level(int64_t b) const {
+  return b < 1 ? 1.0 : level_[static_cast<size_t>(bucket(b))];
 }
 
 double StepCost::correction(int bk, int32_t depth) const {
@@ -238,22 +253,28 @@ void StepCost::record(int64_t b, int32_t depth, double seconds) {
     return;
   const size_t bk = static_cast<size_t>(bucket(b));
   const size_t d = static_cast<size_t>(depth + 1);
-  const double x = seconds - prior_s(b, depth);
-  // The mean of the first eight measurements, then an EWMA (weight 1/8) that follows a change
-  // of load within a few dozen steps while one slow step moves it little. (The first measurement
-  // used to replace the prior's 0 and the EWMA start from it: one slow step after a depth's
-  // captures, 3.21 ms against the ~2.97 its steps take, kept it 0.2 ms too dear after three
-  // steps. On the H200 auto's steps then cost what the fixed modes' steps of the same depth
-  // cost, within 1.5%: docs/performance.md, eighteenth session.)
-  ++seen_[bk][d];
-  delta_[bk][d] += (x - delta_[bk][d]) / static_cast<double>(std::min<int64_t>(seen_[bk][d], 8));
+  const double p = prior_s(b, depth);
+  double& level = level_[bk];
+  // A depth whose correction has settled: what it mispredicts now is a change common to the
+  // bucket (the level's EWMA, in the log, 1/8 per step; one step moves it by at most 9%).
+  if (seen_[bk][d] >= kSettled) {
+    const double predicted = std::max(p + delta_[bk][d], 0.1 * p) * level;
+    level *= std::pow(std::clamp(seconds / predicted, 0.5, 2.0), 1.0 / 8.0);
+  }
+  const double x = seconds / level - p;
+  // The mean of the first eight measurements, then an EWMA of weight 1/64 (the level follows a
+  // change of load within a few dozen steps). (The first measurement used to replace the
+  // prior's 0 and the EWMA start from it: one slow step after a depth's captures, 3.21 ms
+  // against the ~2.97 its steps take, kept it 0.2 ms too dear after three steps.)
+  const int64_t n = ++seen_[bk][d];
+  delta_[bk][d] += (x - delta_[bk][d]) / static_cast<double>(n <= kSettled ? n : 64);
 }
 
 double StepCost::step_s(int64_t b, int32_t depth) const {
   // Never below a tenth of the prior (a burst of noise in the corrections cannot make a step
   // free).
   const double p = prior_s(b, depth);
-  return std::max(p + correction(bucket(b), depth), 0.1 * p);
+  return std::max(p + correction(bucket(b), depth), 0.1 * p) * level(b);
 }
 
 double StepCost::rate(int64_t b, int32_t depth, std::span<const double> accept) const {
@@ -292,7 +313,7 @@ int32_t StepCost::choose(int64_t b, std::span<const double> accept) const {
   // first depth 0, kExplore times, which measures what off's prediction rests on (the engine's
   // cost of a one-token step) without stopping speculation.
   if (measured(b, -1) == 0 && measured(b, 0) < kExplore) {
-    const double off_s = prior_s(b, -1) + std::min(0.0, correction(bucket(b), -1));
+    const double off_s = (prior_s(b, -1) + std::min(0.0, correction(bucket(b), -1))) * level(b);
     if (off_s > 0 && rate(b, best, accept) <= static_cast<double>(b) / off_s)
       return 0;
   }

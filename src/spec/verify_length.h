@@ -56,17 +56,27 @@ Choice choose_verify_lengths(const StepTimes& times,
 
 // Auto's cost-aware depth choice: the whole step's wall time as the engine measures it, by batch
 // size bucket (powers of two) and depth (the drafts each request verifies; -1: speculation off, a
-// plain decode without the drafter's forward work), predicted as the start-up model's time for
-// that step (StepTimes: verify + draft, or off) plus a correction learnt online, the mean
-// of measured - predicted per (bucket, depth) over its first eight steps, an EWMA after. The
-// correction carries what the start-up model does not see (per-step host work, sampling every
-// verified position, graphs against eager launches); a depth not yet measured in a bucket takes the
-// corrections of the measured depths of that bucket, interpolated linearly in the depth (off
-// counting as depth -1), continued along the line through the two deepest measured beyond the
-// deepest while it rises (else held), held below the shallowest, 0 when the bucket has none. Off,
-// unmeasured, takes depth 0's correction (a depth-0 step is a plain decode plus the drafter's
-// forward work, which the start-up model times), never one held down from the speculating depths:
-// theirs carry the cost of every verified position, and made off look too slow ever to be tried.
+// plain decode without the drafter's forward work), predicted as
+//     (start-up model's time for that step + correction(bucket, depth)) * level(bucket).
+// The start-up model (StepTimes: verify + draft, or off) is taken at the batch the backend runs
+// (with padded buckets the bucket's power of two while the start-up model measured it: the graph
+// a step of 190 sequences replays is the 256 one). The correction is the mean of measured / level
+// - model over a depth's first eight steps, then an EWMA of weight 1/64; the level (1 at first) is
+// the bucket's common factor: each step of a depth past its first eight moves it by 1/8 of the
+// log of measured / predicted. A change that slows every depth alike (a wave of other prompts, the
+// device's clocks) goes to the level and leaves the depths' ratios, which the choice rests on,
+// as they were: learnt per depth alone, it raised only the depth being run, so that auto left
+// the best depth for one measured before the change (the bundled model at batch 256: depth-2
+// steps 3.95 then 4.4 ms in a slower wave; auto moved to depth 3 at 5.6 ms; 0.88x fixed:2,
+// twentieth session). The correction carries what the start-up model does not see (per-step host
+// work, sampling every verified position, graphs against eager launches); a depth not yet measured
+// in a bucket takes the corrections of the measured depths of that bucket, interpolated linearly in
+// the depth (off counting as depth -1), continued along the line through the two deepest measured
+// beyond the deepest while it rises (else held), held below the shallowest, 0 when the bucket has
+// none. Off, unmeasured, takes depth 0's correction (a depth-0 step is a plain decode plus the
+// drafter's forward work, which the start-up model times), never one held down from the speculating
+// depths: theirs carry the cost of every verified position, and made off look too slow ever to be
+// tried.
 class StepCost {
  public:
   // padded_buckets: batch buckets (2^(i-1), 2^i] instead of [2^i, 2^(i+1)), for a backend that
@@ -99,12 +109,13 @@ class StepCost {
   int32_t choose(int64_t b, std::span<const double> accept) const;
   static constexpr double kNoise = 0.10;
   // choose, except that where it picks the best depth and the bucket's previous choice (a
-  // speculating depth) is within kStay of the best's rate, the previous one: on a backend that
-  // replays graphs per shape, every switch of depth meets shapes not yet captured (eager runs and
-  // captures: 53 of 119 steps at batch 64 on the bundled model, tenth session). Remembers the
-  // choice per bucket.
+  // speculating depth) is within kStay of the best's rate, the previous one, so that two depths
+  // of nearly the same rate do not alternate with every change of the acceptance estimates.
+  // Remembers the choice per bucket. (kStay was 5% while a switch of depth met shapes not yet
+  // captured, 53 of 119 steps at batch 64 on the bundled model in the tenth session; choose_warm
+  // now keeps auto off cold shapes, and a 5% hold kept it on a depth 4% slower than the best.)
   int32_t choose_steady(int64_t b, std::span<const double> accept);
-  static constexpr double kStay = 0.05;
+  static constexpr double kStay = 0.02;
   // choose_steady, except that where it picks the best depth d >= 1 (not an exploring pick: only
   // steps run at a depth measure it) and d is cold (warm[d] == 0: the backend has not prepared
   // that step's shape, so the step would run it eagerly and capture it, 2-5 ms against ~2 ms
@@ -117,18 +128,24 @@ class StepCost {
   static constexpr double kCold = 0.08;
   int64_t measured(int64_t b, int32_t depth) const;
   static constexpr int64_t kExplore = 3;
+  // The bucket's level (see above; 1 until a depth has more than kSettled steps).
+  double level(int64_t b) const;
+  static constexpr int64_t kSettled = 8;
 
  private:
   static constexpr int kBuckets = 16;
   int bucket(int64_t b) const;
+  int64_t model_batch(int64_t b) const;
   double prior_s(int64_t b, int32_t depth) const;
   double correction(int bucket, int32_t depth) const;
   StepTimes prior_;
   int32_t max_k_;
   bool padded_ = false;
-  // [bucket][depth + 1]: mean, then EWMA, of measured - prior (seconds); count of measurements.
+  // [bucket][depth + 1]: mean, then EWMA, of measured / level - prior (seconds); count of
+  // measurements.
   std::vector<std::vector<double>> delta_;
   std::vector<std::vector<int64_t>> seen_;
+  std::vector<double> level_;  // [bucket]
   std::vector<int32_t> last_;  // [bucket]: choose_steady's previous choice (-2: none)
 };
 
