@@ -79,18 +79,26 @@ struct ForwardItem {
   Status status;
 };
 
-// One sequence's MTP drafting (speculative decoding, src/spec): the MTP block, one position
-// behind the sequence (every forward ran with run_mtp), runs at the sequence's last position with
-// `next_token` (sampled, not yet in the state), then num_steps - 1 more times on its own output
-// streams with its previous draft (spec 3.11 step 6). Each step's draft is the argmax of the
-// draft logits; tokens[i] / probs[i] get draft i and its probability under the draft softmax.
-// Afterwards the MTP block has consumed next_token (mtp_num_tokens == num_tokens); what the later
-// steps wrote lies beyond it and is overwritten by the verifying forward. 1 <= num_steps <=
-// state->max_rollback().
+// One sequence's MTP drafting (speculative decoding, src/spec): the MTP block runs at the
+// sequence's last position with `next_token` (sampled, not yet in the state), then num_steps - 1
+// more times on its own output streams with its previous draft (spec 3.11 step 6). Each step's
+// draft is the argmax of the draft logits; tokens[i] / probs[i] get draft i and its probability
+// under the draft softmax. Afterwards the MTP block has consumed next_token (mtp_num_tokens ==
+// num_tokens); what the later steps wrote lies beyond it and is overwritten before it is read.
+// 0 <= num_steps <= state->max_rollback().
+//
+// Catch-up: the MTP block may be behind by more than one position (a verification forward ran
+// without its MTP pass, ForwardOptions::run_mtp false, keeping the final streams of its
+// positions): catch_up then holds the tokens at positions mtp_num_tokens + 1 .. num_tokens - 1,
+// and the first step runs the block over those positions too (their final streams, each with
+// its next token) before the last one, in one pass. With num_steps 0 only the catch-up runs
+// (no drafts; afterwards mtp_num_tokens == num_tokens - 1, what a forward with run_mtp needs).
+// catch_up.size() <= state->max_rollback().
 struct DraftItem {
   state::SequenceState* state = nullptr;
   int32_t next_token = 0;
   int32_t num_steps = 1;
+  std::span<const int32_t> catch_up;
   int32_t* tokens = nullptr;  // [num_steps]
   float* probs = nullptr;     // [num_steps]
   Status status;

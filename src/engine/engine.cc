@@ -642,8 +642,10 @@ void Engine::run_chunks() {
     chunk_tokens_.resize(n);
   if (outs_.size() < n)
     outs_.resize(n);
-  if (drafts_.size() < n)
+  if (drafts_.size() < n) {
     drafts_.resize(n);
+    catch_up_.resize(n);
+  }
   if (sample_reqs_.size() < n) {
     sample_reqs_.resize(n);
     sample_masks_.resize(n);
@@ -709,7 +711,7 @@ void Engine::run_chunks() {
     item.options.last_logits_only = k == 0;
     item.options.prefill_end = r.num_tokens();
     if (drafter_ && !r.spec_disabled)
-      drafter_->prepare(item.options);
+      drafter_->prepare(item.options, k);
     outs_[i].sampled = false;
     if (k == 0 && prepare_backend_sample(c, i))
       item.options.sample = &sample_reqs_[i];
@@ -871,12 +873,22 @@ bool Engine::plan_drafts() {
   for (size_t j = 0; j < draft_chunk_.size(); ++j) {
     const size_t i = draft_chunk_[j];
     Request& r = *plan_.chunks[i].request;
-    if (want[j] < 1 || r.spec_disabled)
+    if (r.spec_disabled)
+      continue;
+    // The positions the drafter's state is behind (an MTP block whose verifications skipped it):
+    // caught up in this call, also without drafts (the forward then runs the drafter's work).
+    state::SequenceState& st = memory_->state(r.id);
+    std::vector<int32_t>& up = catch_up_[i];
+    up.clear();
+    for (int64_t p = drafter_->catch_up_from(st) + 1; p < st.num_tokens(); ++p)
+      up.push_back(r.token_at(p));
+    if (want[j] < 1 && up.empty())
       continue;
     spec::DraftRequest q;
-    q.state = &memory_->state(r.id);
+    q.state = &st;
     q.next_token = r.output.back();
-    q.max_drafts = want[j];
+    q.max_drafts = std::max(want[j], 0);
+    q.catch_up = up;
     q.out = &drafts_[i];
     draft_reqs_.push_back(q);
   }

@@ -342,6 +342,8 @@ class Engine {
   std::vector<uint8_t> warm_;        // auto_depth: per depth, whether its fixed shape is prepared
   std::vector<int32_t> chunk_k_;     // drafts verified by each chunk of the plan
   std::vector<spec::Draft> drafts_;  // each chunk's drafts
+  // Each chunk's catch-up tokens (spec::DraftRequest::catch_up).
+  std::vector<std::vector<int32_t>> catch_up_;
   std::vector<spec::DraftRequest> draft_reqs_;
   std::vector<size_t> draft_chunk_;  // chunk of each draft request / accept_ row
   std::vector<std::vector<double>> accept_;

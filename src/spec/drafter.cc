@@ -14,9 +14,13 @@ MtpDrafter::MtpDrafter(backend::Model* model, int32_t max_drafts)
   DSI_CHECK(max_drafts_ >= 1, "MtpDrafter: max_drafts %d", max_drafts_);
 }
 
-void MtpDrafter::prepare(backend::ForwardOptions& options) const {
-  options.run_mtp = true;
+void MtpDrafter::prepare(backend::ForwardOptions& options, int32_t drafts) const {
+  options.run_mtp = drafts == 0;
   options.want_mtp_logits = false;
+}
+
+int64_t MtpDrafter::catch_up_from(const state::SequenceState& st) const {
+  return st.mtp_num_tokens();
 }
 
 Status MtpDrafter::draft(std::span<DraftRequest> requests) {
@@ -25,17 +29,20 @@ Status MtpDrafter::draft(std::span<DraftRequest> requests) {
   for (size_t i = 0; i < requests.size(); ++i) {
     DraftRequest& r = requests[i];
     r.status = Status();
-    if (r.max_drafts < 1 || r.max_drafts > max_drafts_ || r.out == nullptr) {
+    if (r.max_drafts < 0 || r.max_drafts > max_drafts_ || r.out == nullptr) {
       r.status = invalid_argument(str_format(
-          "draft: %d drafts requested (this drafter proposes 1..%d)", r.max_drafts, max_drafts_));
+          "draft: %d drafts requested (this drafter proposes 0..%d)", r.max_drafts, max_drafts_));
       continue;
     }
     r.out->tokens.resize(static_cast<size_t>(r.max_drafts));
     r.out->confidence.resize(static_cast<size_t>(r.max_drafts));
+    if (r.max_drafts == 0 && r.catch_up.empty())
+      continue;  // nothing to do
     backend::DraftItem it;
     it.state = r.state;
     it.next_token = r.next_token;
     it.num_steps = r.max_drafts;
+    it.catch_up = r.catch_up;
     it.tokens = r.out->tokens.data();
     it.probs = r.out->confidence.data();
     items_.push_back(it);

@@ -33,7 +33,12 @@ struct Draft {
 struct DraftRequest {
   state::SequenceState* state = nullptr;
   int32_t next_token = 0;
-  int32_t max_drafts = 0;  // >= 1, <= Drafter::max_drafts() and <= state->max_rollback()
+  // <= Drafter::max_drafts() and <= state->max_rollback(); 0: no drafts, the drafter's state
+  // brought up to date only (see catch_up_from)
+  int32_t max_drafts = 0;
+  // The sequence's tokens from position catch_up_from(*state) + 1 to N - 1 (empty when it is
+  // N): what a drafter whose verifications skip its forward work needs to catch up.
+  std::span<const int32_t> catch_up;
   Draft* out = nullptr;
   Status status;  // per-request failure (that request is verified without drafts)
 };
@@ -46,9 +51,17 @@ class Drafter {
   virtual int32_t max_drafts() const = 0;
   // True when every draft costs one drafter step (the engine chooses k before drafting).
   virtual bool sequential() const = 0;
-  // What the target model's forwards must do so that the drafter's state follows the sequence
-  // (MTP: run the MTP block over every position whose next token is known).
-  virtual void prepare(backend::ForwardOptions& options) const = 0;
+  // What the target model's forward must do so that the drafter's state follows the sequence,
+  // for a forward that verifies `drafts` drafts (0: a prompt chunk or a plain decode). MTP: a
+  // forward without drafts runs the MTP block over every position whose next token it makes
+  // known; a verification skips it (the next draft call catches up over the accepted positions
+  // in its first pass, one MTP pass per step fewer).
+  virtual void prepare(backend::ForwardOptions& options, int32_t drafts) const = 0;
+  // The first position whose drafter state is not up to date (the catch-up starts after it):
+  // the sequence's last position where nothing is behind.
+  virtual int64_t catch_up_from(const state::SequenceState& st) const {
+    return st.num_tokens() - 1;
+  }
   // Proposes drafts for every request (per-request errors in request.status). The returned
   // Status is a failure of the whole call (a device error).
   virtual Status draft(std::span<DraftRequest> requests) = 0;
@@ -63,7 +76,9 @@ class MtpDrafter final : public Drafter {
   const char* name() const override { return "mtp"; }
   int32_t max_drafts() const override { return max_drafts_; }
   bool sequential() const override { return true; }
-  void prepare(backend::ForwardOptions& options) const override;
+  void prepare(backend::ForwardOptions& options, int32_t drafts) const override;
+  // The MTP block's position (mtp_num_tokens).
+  int64_t catch_up_from(const state::SequenceState& st) const override;
   Status draft(std::span<DraftRequest> requests) override;
 
  private:
@@ -85,7 +100,10 @@ class BlockDrafter final : public Drafter {
   const char* name() const override { return "dspark"; }
   int32_t max_drafts() const override { return block_; }
   bool sequential() const override { return false; }
-  void prepare(backend::ForwardOptions& options) const override { (void)options; }
+  void prepare(backend::ForwardOptions& options, int32_t drafts) const override {
+    (void)options;
+    (void)drafts;
+  }
   Status draft(std::span<DraftRequest> requests) override;
 
  private:

@@ -55,8 +55,8 @@ Result<StepTimes> measure_step_times(backend::Model& model,
   std::vector<int32_t> tail(static_cast<size_t>(max_k + 1));
   for (int32_t i = 0; i <= max_k; ++i) tail[static_cast<size_t>(i)] = token(kPrompt + i);
 
-  backend::ForwardOptions spec_opts;
-  drafter.prepare(spec_opts);
+  backend::ForwardOptions spec_opts;  // a prompt chunk's
+  drafter.prepare(spec_opts, 0);
   std::vector<backend::ForwardItem> items;
   std::vector<backend::ForwardOutputs> outs(seqs.size());
   auto run = [&](size_t b, std::span<const int32_t> tokens, backend::ForwardOptions o) {
@@ -103,7 +103,8 @@ Result<StepTimes> measure_step_times(backend::Model& model,
   const std::vector<backend::SampleRequest> device_rows_greedy(static_cast<size_t>(max_k + 1),
                                                                device_greedy);
   auto verify_opts = [&](int32_t len) {
-    backend::ForwardOptions o = spec_opts;
+    backend::ForwardOptions o;
+    drafter.prepare(o, len - 1);
     o.last_logits_only = len == 1;
     if (len == 1 && backend_sampling)  // depth 0: no drafts, sampled where a plain step is
       o.sample = &device_greedy;
@@ -160,8 +161,12 @@ Result<StepTimes> measure_step_times(backend::Model& model,
       // new shape eagerly once, captures it as a graph the second time and replays it from then
       // on, as it does for the engine's steps; timing the eager runs made off look as costly as
       // a verification, and a verification twice as costly as it is).
-      DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), tail.size()), spec_opts));
-      DSI_RETURN_IF_ERROR(rollback(b, max_k + 1));
+      {
+        backend::ForwardOptions o;
+        drafter.prepare(o, max_k);
+        DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), tail.size()), o));
+        DSI_RETURN_IF_ERROR(rollback(b, max_k + 1));
+      }
       for (int w = 0; w < 2; ++w) {
         for (int32_t len = 1; len <= max_k + 1; ++len) {
           DSI_RETURN_IF_ERROR(run(b,

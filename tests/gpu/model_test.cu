@@ -826,6 +826,115 @@ TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
   EXPECT_EQ(eager->stats().graph_replays, 0);
 }
 
+// The MTP catch-up (backend::DraftItem::catch_up): verifications without their MTP pass, each
+// drafting call's first pass running the block over the accepted positions (a slot of the most
+// catch-up rows + 1 per sequence, right-aligned; the head over each sequence's last row). Its
+// drafts and probabilities equal those of verifications that ran the MTP pass, eager and
+// replayed from graphs (batch-invariant kernels), over rounds whose acceptance varies per
+// sequence (slots of 2 and 4 rows); a catch-up-only call followed by a forward with MTP logits
+// finds the same MTP state.
+TEST_P(CudaModelTest, CatchUpDraftsEqualThoseAfterAnMtpPassAndReplayBitForBit) {
+  OPEN_CASE_OR_SKIP();
+  if (!ckpt->has_mtp())
+    GTEST_SKIP() << mc.path << " has no MTP block";
+  const int kSeqs = 5;
+  const int kRounds = 8;
+  const int32_t K = 3;
+  auto run = [&](gpu::CudaModel& m, bool catch_up, std::vector<std::vector<float>>* out) {
+    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
+    std::vector<std::unique_ptr<state::SequenceState>> st;
+    std::vector<backend::ForwardItem> items(kSeqs);
+    std::vector<backend::ForwardOutputs> outs(kSeqs);
+    std::vector<std::vector<int32_t>> toks(kSeqs);
+    for (int i = 0; i < kSeqs; ++i) {
+      st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, K));
+      toks[i] = random_ids(6 + 4 * i, cfg.vocab_size, 900 + static_cast<uint32_t>(i));
+      items[i].state = st.back().get();
+      items[i].tokens = toks[i];
+      items[i].options.last_logits_only = true;
+      items[i].options.run_mtp = true;
+      items[i].out = &outs[i];
+    }
+    forward_ok(m, items);
+    std::mt19937 g(11);
+    std::vector<std::vector<int32_t>> up(kSeqs);
+    std::vector<int32_t> pending(kSeqs);
+    for (int round = 0; round <= kRounds; ++round) {
+      for (int i = 0; i < kSeqs; ++i)
+        pending[i] = static_cast<int32_t>(g() % static_cast<uint32_t>(cfg.vocab_size));
+      std::vector<backend::DraftItem> d(kSeqs);
+      std::vector<std::vector<int32_t>> dtok(kSeqs, std::vector<int32_t>(K, -1));
+      std::vector<std::vector<float>> dprob(kSeqs, std::vector<float>(K, -1.0f));
+      const bool last = round == kRounds;
+      for (int i = 0; i < kSeqs; ++i) {
+        d[i].state = st[i].get();
+        d[i].next_token = pending[i];
+        d[i].num_steps = last ? 0 : K;  // the last round: catch-up only
+        if (catch_up)
+          d[i].catch_up = up[i];
+        d[i].tokens = dtok[i].data();
+        d[i].probs = dprob[i].data();
+      }
+      if (!last || catch_up) {
+        EXPECT_TRUE(m.mtp_draft_batch(d).ok());
+        for (int i = 0; i < kSeqs; ++i)
+          ASSERT_TRUE(d[i].status.ok()) << d[i].status.to_string() << " round " << round;
+      }
+      if (last) {
+        // A forward of the pending token with MTP and its logits: the same state either way.
+        for (int i = 0; i < kSeqs; ++i) {
+          EXPECT_EQ(st[i]->mtp_num_tokens(), st[i]->num_tokens() - 1);
+          toks[i] = {pending[i]};
+          items[i].tokens = toks[i];
+          items[i].options.run_mtp = true;
+          items[i].options.want_mtp_logits = true;
+        }
+        forward_ok(m, items);
+        for (int i = 0; i < kSeqs; ++i) {
+          out->push_back(outs[i].logits);
+          out->push_back(outs[i].mtp_logits);
+        }
+        break;
+      }
+      for (int i = 0; i < kSeqs; ++i) {
+        std::vector<float> row(dprob[i]);
+        for (int32_t t : dtok[i]) row.push_back(static_cast<float>(t));
+        out->push_back(row);
+        toks[i] = {pending[i]};
+        toks[i].insert(toks[i].end(), dtok[i].begin(), dtok[i].end());
+        items[i].tokens = toks[i];
+        items[i].options.last_logits_only = false;
+        items[i].options.run_mtp = !catch_up;  // the MTP pass, or the catch-up next round
+        items[i].options.want_mtp_logits = false;
+      }
+      forward_ok(m, items);
+      // Accepted drafts per sequence: 0 or 1 on even rounds, 0..K on odd ones.
+      for (int i = 0; i < kSeqs; ++i) {
+        out->push_back(outs[i].logits);
+        const int32_t a = round % 2 == 0 ? i % 2 : (round + i) % (K + 1);
+        EXPECT_TRUE(st[i]->rollback(K - a).ok());
+        up[i].assign(dtok[i].begin(), dtok[i].begin() + a);
+      }
+    }
+    for (auto& q : st) q->check_integrity();
+  };
+  auto eager = invariant_model(*ckpt, false);
+  auto graphs = invariant_model(*ckpt, true);
+  ASSERT_TRUE(eager && graphs);
+  std::vector<std::vector<float>> with_pass, eager_up, graphs_up;
+  run(*eager, false, &with_pass);
+  run(*eager, true, &eager_up);
+  run(*graphs, true, &graphs_up);
+  ASSERT_EQ(with_pass.size(), eager_up.size());
+  ASSERT_EQ(with_pass.size(), graphs_up.size());
+  for (size_t i = 0; i < with_pass.size(); ++i) {
+    ASSERT_FALSE(with_pass[i].empty()) << "output " << i;
+    EXPECT_EQ(with_pass[i], eager_up[i]) << "output " << i;
+    EXPECT_EQ(eager_up[i], graphs_up[i]) << "output " << i;
+  }
+  EXPECT_GT(graphs->stats().graph_replays, 0);
+}
+
 // Drafting calls whose sequence counts share a power of two share a graph (the drafting steps
 // and their greedy picks, mtp_draft.cc): captured with 3 sequences and replayed with 4, every
 // sequence still gets its own drafts, the same bits as eager launches (batch-invariant kernels),

@@ -415,17 +415,44 @@ int32_t top1(const float* logits, int64_t vocab, float* prob) {
 
 Status CpuModel::check_draft(const state::SequenceState& st,
                              int32_t next_token,
-                             int32_t steps) const {
-  return backend::check_mtp_draft(config_, !weights_.mtp.empty(), st, next_token, steps);
+                             int32_t steps,
+                             std::span<const int32_t> catch_up) const {
+  return backend::check_mtp_draft(config_, !weights_.mtp.empty(), st, next_token, steps, catch_up);
+}
+
+void CpuModel::mtp_catch_up(state::SequenceState& st, std::span<const int32_t> catch_up) const {
+  const auto& c = config_;
+  const int64_t m = static_cast<int64_t>(catch_up.size());
+  if (m == 0)
+    return;
+  const int64_t width = c.hc_mult * c.hidden_size;
+  const int64_t first = st.mtp_num_tokens();
+  std::vector<float> streams(static_cast<size_t>(m * width));
+  for (int64_t i = 0; i < m; ++i) {
+    const float* src = st.final_streams(first + i);
+    std::copy(src, src + width, streams.data() + i * width);
+  }
+  mtp(weights_.mtp[0],
+      c.mtp_layers[0],
+      st.mtp_layers()[0],
+      streams.data(),
+      catch_up,
+      first,
+      nullptr);
+  st.set_mtp_num_tokens(first + m);
 }
 
 Status CpuModel::mtp_draft(state::SequenceState& st,
                            int32_t next_token,
                            int32_t steps,
+                           std::span<const int32_t> catch_up,
                            int32_t* tokens,
                            float* probs) const {
   const auto& c = config_;
-  DSI_RETURN_IF_ERROR(check_draft(st, next_token, steps));
+  DSI_RETURN_IF_ERROR(check_draft(st, next_token, steps, catch_up));
+  mtp_catch_up(st, catch_up);
+  if (steps == 0)
+    return Status();
   const int64_t pos0 = st.num_tokens() - 1;
   const model::LayerPlan& plan = c.mtp_layers[0];
   const int64_t width = c.hc_mult * c.hidden_size;
@@ -454,7 +481,7 @@ Status CpuModel::mtp_draft(state::SequenceState& st,
 
 Status CpuModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   for (backend::DraftItem& it : items) {
-    it.status = mtp_draft(*it.state, it.next_token, it.num_steps, it.tokens, it.probs);
+    it.status = mtp_draft(*it.state, it.next_token, it.num_steps, it.catch_up, it.tokens, it.probs);
   }
   return Status();
 }

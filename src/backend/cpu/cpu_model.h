@@ -41,15 +41,23 @@ class CpuModel final : public backend::Model {
     return static_cast<const CpuModel*>(this)->forward(st, tokens, options, out);
   }
 
-  // MTP drafting (backend::Model::mtp_draft_batch): `steps` top-1 drafts after next_token.
+  // MTP drafting (backend::Model::mtp_draft_batch, DraftItem): the catch-up, then `steps` top-1
+  // drafts after next_token.
   Status mtp_draft(state::SequenceState& st,
                    int32_t next_token,
                    int32_t steps,
+                   std::span<const int32_t> catch_up,
                    int32_t* tokens,
                    float* probs) const;
   Status mtp_draft_batch(std::span<backend::DraftItem> items) override;
   // mtp_draft's preconditions (OK: it may run).
-  Status check_draft(const state::SequenceState& st, int32_t next_token, int32_t steps) const;
+  Status check_draft(const state::SequenceState& st,
+                     int32_t next_token,
+                     int32_t steps,
+                     std::span<const int32_t> catch_up) const;
+  // The MTP block over the catch-up positions (DraftItem::catch_up) of a sequence that passed
+  // check_draft: afterwards it is one position behind.
+  void mtp_catch_up(state::SequenceState& st, std::span<const int32_t> catch_up) const;
   bool can_draft() const override { return !weights_.mtp.empty(); }
   // The MTP part of a forward (ForwardOptions::run_mtp) over a chunk whose main-model final
   // streams are `x` ([tokens.size(), hc * hidden]), called before the state advances; and the

@@ -760,7 +760,9 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
                              uint8_t* pack,
                              const HostPack& hp,
                              float* streams_out,
-                             float** logits) {
+                             float** logits,
+                             int32_t head_refs,
+                             int64_t head_rows) {
   const auto& c = config_;
   const cudaStream_t s = stream_.get();
   const int64_t hc = c.hc_mult;
@@ -842,8 +844,22 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
   }
   if (logits == nullptr)
     return Status();  // the MTP layer's state only (no draft head)
-  DSI_RETURN_IF_ERROR(ws_->get(logits, nm * c.vocab_size));
-  return launch_head(w.hc_head, w.norm, xm, nm, *logits);
+  if (head_refs < 0) {
+    DSI_RETURN_IF_ERROR(ws_->get(logits, nm * c.vocab_size));
+    return launch_head(w.hc_head, w.norm, xm, nm, *logits);
+  }
+  float* hx = nullptr;
+  DSI_RETURN_IF_ERROR(ws_->get(&hx, head_rows * width));
+  DSI_RETURN_IF_ERROR(ws_->get(logits, head_rows * c.vocab_size));
+  cuda::GatherRowsParams hg;
+  hg.pool = nullptr;
+  hg.local = xm;
+  hg.src_refs = hp.resolve<int64_t>(pack, head_refs);
+  hg.n = head_rows;
+  hg.width = width;
+  hg.dst = hx;
+  DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(hg, s));
+  return launch_head(w.hc_head, w.norm, hx, head_rows, *logits);
 }
 
 Status CudaModel::upload_pack(const HostPack& pack, uint8_t** dev) {

@@ -201,8 +201,15 @@ class CudaModel final : public backend::Model {
   Status ensure_pool(const state::PageArena& arena);
   Status ensure_device_buffer(void** buf, int64_t* cap, int64_t bytes, const char* what);
   Status launch_all(Launch& L);
+  // The MTP block over the catch-up positions of drafting items without drafts
+  // (DraftItem::catch_up, num_steps 0), one eager pass without the head (mtp_draft.cc).
+  Status mtp_catch_up_only(std::span<backend::DraftItem> items,
+                           const std::vector<size_t>& which,
+                           const state::PageArena& arena);
   // Copies the plan's host arrays to the device (one transfer through pinned staging).
   Status upload_pack(const HostPack& pack, uint8_t** dev);
+  // head_refs (>= 0): the head runs over head_rows rows gathered from the block's output (local
+  // refs into it) instead of over every row (a drafting call's first pass with catch-up rows).
   Status launch_mtp(const PassPlan& plan,
                     int32_t src_refs,
                     int32_t broadcast,
@@ -210,7 +217,9 @@ class CudaModel final : public backend::Model {
                     uint8_t* pack,
                     const HostPack& hp,
                     float* streams_out,
-                    float** logits);
+                    float** logits,
+                    int32_t head_refs = -1,
+                    int64_t head_rows = 0);
   // The post step of the last sub-layer, carried to the next sub-layer's mixing kernel
   // (cuda::HcPending) in one of two buffer sets; launch_layer applies it itself when told the
   // layer is the last of its stack. Allocated outside the layers' workspace scopes.

@@ -145,9 +145,12 @@ void plan_pass(const PlanContext& ctx,
   }
   if (span_pos.empty())
     span_pos.assign(2, 0);
-  // Fixed shape: every span L rows, rows = the padded sequence count x L.
-  const int64_t seq_pad =
-      ctx.fixed_shape && !spans.empty() ? rows / std::max<int64_t>(spans.front().n, 1) : 0;
+  // Fixed shape: a slot of L rows per sequence (every span L rows unless slot_rows says
+  // otherwise), rows = the padded sequence count x L.
+  const int64_t slot = ctx.slot_rows > 0 ? ctx.slot_rows
+                       : spans.empty()   ? 1
+                                         : std::max<int64_t>(spans.front().n, 1);
+  const int64_t seq_pad = ctx.fixed_shape && !spans.empty() ? rows / slot : 0;
   pad_to(span_pos, 2 * seq_pad);
   out->row_span = pack.add(row_span);
   out->span_pos = pack.add(span_pos);

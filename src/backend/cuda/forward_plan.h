@@ -84,6 +84,9 @@ struct PlanContext {
   const model::ModelConfig* config = nullptr;
   int64_t page_floats = 0;
   bool fixed_shape = false;  // pad per-entry launches to the row count, bucket score columns
+  // Fixed shape: the rows of each sequence's slot (its span anywhere inside, the other rows
+  // padding); 0: every span is a whole slot (the first span's length).
+  int64_t slot_rows = 0;
 };
 
 // Plans pass rows: tokens (one per real row; padding rows get token 0 and position 0) and the

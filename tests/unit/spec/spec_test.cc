@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
+#include "backend/cpu/fast/fast_model.h"
 #include "model/checkpoint.h"
 #include "spec/config.h"
 #include "spec/drafter.h"
@@ -643,6 +644,102 @@ TEST(MtpDrafter, FirstDraftIsTheMtpPredictionAndLaterOnesFollowTheChain) {
   reqs[0].max_drafts = 2;
   ASSERT_TRUE(drafter.draft(reqs).ok());
   EXPECT_EQ(reqs[0].status.code(), StatusCode::kFailedPrecondition);
+}
+
+// A verification that skips its MTP pass (MtpDrafter::prepare with drafts) leaves the MTP block
+// behind by the accepted positions; the next drafting call catches up over them in its first
+// pass. Its drafts, and the state after a catch-up-only call (no drafts) followed by a forward
+// with MTP, equal those of the path that ran the MTP pass in the verification, on both CPU
+// backends.
+TEST(MtpDrafter, CatchUpAfterAVerificationWithoutMtpEqualsTheMtpPass) {
+  const auto& mc = fixture()->config();
+  cpu::CpuModel reference(mc, fixture()->weights(), model::Numerics::kReference);
+  cpu::fast::FastCpuModel fast(mc, fixture()->weights(), model::Numerics::kReference, nullptr);
+  for (backend::Model* model :
+       {static_cast<backend::Model*>(&reference), static_cast<backend::Model*>(&fast)}) {
+    SCOPED_TRACE(model == &fast ? "fast" : "reference");
+    auto arena = state::PageArena::growable(state::default_page_bytes(mc));
+    MtpDrafter drafter(model, 3);
+    backend::ForwardOptions prompt_opts;
+    drafter.prepare(prompt_opts, 0);
+    ASSERT_TRUE(prompt_opts.run_mtp);
+    backend::ForwardOptions verify_opts;
+    drafter.prepare(verify_opts, 3);
+    ASSERT_FALSE(verify_opts.run_mtp);
+    const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 123};
+    const int64_t P = static_cast<int64_t>(prompt.size());
+    const int32_t t = 42, bonus = 11;
+    auto draft = [&](state::SequenceState& st,
+                     int32_t next,
+                     int32_t k,
+                     std::span<const int32_t> up,
+                     Draft* d) {
+      std::vector<DraftRequest> reqs(1);
+      reqs[0].state = &st;
+      reqs[0].next_token = next;
+      reqs[0].max_drafts = k;
+      reqs[0].catch_up = up;
+      reqs[0].out = d;
+      EXPECT_TRUE(drafter.draft(reqs).ok());
+      return reqs[0].status;
+    };
+    // Three sequences through the prompt and a first drafting call (nothing behind).
+    std::vector<std::unique_ptr<state::SequenceState>> seqs;
+    Draft first;
+    for (int64_t id = 1; id <= 3; ++id) {
+      seqs.push_back(std::make_unique<state::SequenceState>(mc, arena.get(), id, 3));
+      ASSERT_TRUE(model->forward(*seqs.back(), prompt, prompt_opts, nullptr).ok());
+      Draft d;
+      ASSERT_TRUE(draft(*seqs.back(), t, 3, {}, &d).ok());
+      if (id > 1) {
+        ASSERT_EQ(d.tokens, first.tokens);
+      }
+      first = d;
+    }
+    // Verify [t, d0, d1, d2] and keep t, d0, d1 (two drafts accepted): sequence 0 with its MTP
+    // pass, 1 and 2 without it.
+    std::vector<int32_t> verify = {t};
+    verify.insert(verify.end(), first.tokens.begin(), first.tokens.end());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      ASSERT_TRUE(seqs[i]->reserve(4));
+      ASSERT_TRUE(
+          model->forward(*seqs[i], verify, i == 0 ? prompt_opts : verify_opts, nullptr).ok());
+      ASSERT_TRUE(seqs[i]->rollback(1).ok());
+    }
+    EXPECT_EQ(seqs[0]->mtp_num_tokens(), P + 2);  // one behind
+    EXPECT_EQ(seqs[1]->mtp_num_tokens(), P);      // behind by t, d0, d1
+    const std::vector<int32_t> up = {first.tokens[0], first.tokens[1]};
+    Draft a, b;
+    ASSERT_TRUE(draft(*seqs[0], bonus, 3, {}, &a).ok());
+    ASSERT_TRUE(draft(*seqs[1], bonus, 3, up, &b).ok());
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.confidence, b.confidence);
+    EXPECT_EQ(seqs[1]->mtp_num_tokens(), P + 3);
+    // The wrong catch-up (too short; nothing when behind): refused, the state untouched.
+    Draft bad;
+    EXPECT_EQ(draft(*seqs[2], bonus, 3, std::span<const int32_t>(up.data(), 1), &bad).code(),
+              StatusCode::kFailedPrecondition);
+    EXPECT_EQ(draft(*seqs[2], bonus, 3, {}, &bad).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(seqs[2]->mtp_num_tokens(), P);
+    // Catch-up only (no drafts), then a forward of the bonus token with MTP: the same logits and
+    // MTP predictions as the sequence whose verification ran the MTP pass.
+    Draft none;
+    ASSERT_TRUE(draft(*seqs[2], bonus, 0, up, &none).ok());
+    EXPECT_TRUE(none.tokens.empty());
+    EXPECT_EQ(seqs[2]->mtp_num_tokens(), P + 2);
+    state::SequenceState& ref = *seqs[0];
+    ASSERT_TRUE(ref.rollback(0).ok());  // the MTP block back to one position behind
+    backend::ForwardOptions o = prompt_opts;
+    o.want_mtp_logits = true;
+    backend::ForwardOutputs x, y;
+    const std::vector<int32_t> next = {bonus, 300};
+    ASSERT_TRUE(ref.reserve(2) && seqs[2]->reserve(2));
+    ASSERT_TRUE(model->forward(ref, next, o, &x).ok());
+    ASSERT_TRUE(model->forward(*seqs[2], next, o, &y).ok());
+    EXPECT_EQ(x.logits, y.logits);
+    EXPECT_EQ(x.mtp_logits, y.mtp_logits);
+    EXPECT_EQ(x.mtp_first_pos, y.mtp_first_pos);
+  }
 }
 
 TEST(MeasureStepTimes, MeasuresEveryBatchSizeAndLength) {

@@ -316,10 +316,38 @@ Status FastCpuModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   int32_t max_steps = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     backend::DraftItem& it = items[i];
-    it.status = reference_.check_draft(*it.state, it.next_token, it.num_steps);
+    it.status = reference_.check_draft(*it.state, it.next_token, it.num_steps, it.catch_up);
     draft_items_[i].state = it.state;
     if (it.status.ok())
       max_steps = std::max(max_steps, it.num_steps);
+  }
+  // The catch-up (DraftItem::catch_up): every item's positions behind as rows of one pass,
+  // without the head.
+  segs_.clear();
+  mtp_tokens_.clear();
+  mtp_pos_.clear();
+  mtp_in_.clear();
+  for (size_t i = 0; i < items.size(); ++i) {
+    backend::DraftItem& it = items[i];
+    if (!it.status.ok() || it.catch_up.empty())
+      continue;
+    Seg s;
+    s.item = &draft_items_[i];
+    s.row0 = static_cast<int64_t>(mtp_tokens_.size());
+    s.n = static_cast<int64_t>(it.catch_up.size());
+    s.first_pos = it.state->mtp_num_tokens();
+    segs_.push_back(s);
+    for (int64_t t = 0; t < s.n; ++t) {
+      const float* src = it.state->final_streams(s.first_pos + t);
+      mtp_in_.insert(mtp_in_.end(), src, src + width);
+      mtp_tokens_.push_back(it.catch_up[static_cast<size_t>(t)]);
+      mtp_pos_.push_back(s.first_pos + t);
+    }
+  }
+  if (!segs_.empty()) {
+    rows_ = static_cast<int64_t>(mtp_tokens_.size());
+    set_rows(mtp_tokens_.data(), mtp_pos_.data());
+    mtp_rows(mtp_in_.data(), nullptr, nullptr);
   }
   draft_tok_.resize(items.size());
   for (int32_t step = 0; step < max_steps; ++step) {
@@ -369,7 +397,7 @@ Status FastCpuModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   }
   for (backend::DraftItem& it : items) {
     if (it.status.ok())
-      it.state->set_mtp_num_tokens(it.state->num_tokens());
+      it.state->set_mtp_num_tokens(it.state->num_tokens() - (it.num_steps > 0 ? 0 : 1));
   }
   return Status();
 }
