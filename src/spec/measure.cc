@@ -116,32 +116,16 @@ Result<StepTimes> measure_step_times(backend::Model& model,
   StepTimes t;
   std::vector<Draft> drafts(seqs.size());
   std::vector<DraftRequest> reqs;
-  // Drafting `steps` for the first b sequences as after a verification of as many drafts that
-  // accepted them all: that verification (untimed, with its forward options: an MTP drafter's
-  // skips the MTP pass) and the rollback of its last position first, so that the drafting call
-  // has the catch-up it would have (all `steps` positions: the most, which a fixed-shape call
-  // pads every sequence to once one of them accepted all). undo_draft puts the state back.
-  std::vector<std::vector<int32_t>> catch_up(seqs.size());
-  auto set_reqs = [&](size_t b, int32_t steps) -> Status {
-    DSI_RETURN_IF_ERROR(run(b,
-                            std::span<const int32_t>(tail.data(), static_cast<size_t>(steps + 1)),
-                            verify_opts(steps + 1)));
-    DSI_RETURN_IF_ERROR(rollback(b, 1));
+  // Drafting `steps` from the first tail token for the first b sequences.
+  auto set_reqs = [&](size_t b, int32_t steps) {
     reqs.assign(b, DraftRequest{});
     for (size_t i = 0; i < b; ++i) {
-      state::SequenceState& st = *seqs[i];
-      catch_up[i].clear();
-      for (int64_t p = drafter.catch_up_from(st) + 1; p < st.num_tokens(); ++p)
-        catch_up[i].push_back(tail[static_cast<size_t>(p - kPrompt)]);
-      reqs[i].state = &st;
-      reqs[i].next_token = tail[static_cast<size_t>(steps)];
+      reqs[i].state = seqs[i].get();
+      reqs[i].next_token = tail[0];
       reqs[i].max_drafts = steps;
-      reqs[i].catch_up = catch_up[i];
       reqs[i].out = &drafts[i];
     }
-    return Status();
   };
-  auto undo_draft = [&](size_t b, int32_t steps) { return rollback(b, steps); };
   // Every measurement is the minimum over `reps` rounds, the rounds interleaved (each round
   // times every length once) so that a burst of load from elsewhere spoils one round of several
   // lengths rather than every round of one length.
@@ -191,16 +175,16 @@ Result<StepTimes> measure_step_times(backend::Model& model,
           DSI_RETURN_IF_ERROR(rollback(b, len));
         }
         for (int32_t st = 1; st <= max_k; ++st) {
-          DSI_RETURN_IF_ERROR(set_reqs(b, st));
+          set_reqs(b, st);
           DSI_RETURN_IF_ERROR(drafter.draft(reqs));
           for (const auto& q : reqs) DSI_RETURN_IF_ERROR(q.status);
-          DSI_RETURN_IF_ERROR(undo_draft(b, st));
+          DSI_RETURN_IF_ERROR(rollback(b, 0));
         }
       }
-      DSI_RETURN_IF_ERROR(set_reqs(b, max_k));
+      set_reqs(b, max_k);
       DSI_RETURN_IF_ERROR(drafter.draft(reqs));
       for (const auto& q : reqs) DSI_RETURN_IF_ERROR(q.status);
-      DSI_RETURN_IF_ERROR(undo_draft(b, max_k));
+      DSI_RETURN_IF_ERROR(rollback(b, 0));
       for (int w = 0; w < 2; ++w) {
         DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), 1), plain));
         DSI_RETURN_IF_ERROR(rollback(b, 1));
@@ -224,13 +208,13 @@ Result<StepTimes> measure_step_times(backend::Model& model,
         DSI_RETURN_IF_ERROR(rollback(b, len));
       }
       for (int32_t s = 1; s <= max_k; ++s) {
-        DSI_RETURN_IF_ERROR(set_reqs(b, s));
+        set_reqs(b, s);
         const double t0 = now_s();
         DSI_RETURN_IF_ERROR(drafter.draft(reqs));
         double& v = draft[static_cast<size_t>(s - 1)];
         v = std::min(v, now_s() - t0);
         for (const auto& q : reqs) DSI_RETURN_IF_ERROR(q.status);
-        DSI_RETURN_IF_ERROR(undo_draft(b, s));  // the MTP block back to one position behind
+        DSI_RETURN_IF_ERROR(rollback(b, 0));  // the MTP block back to one position behind
       }
       if (now_s() - t_start > budget_s / 4)
         break;  // a slow backend (the reference kernels): one round is all it gets

@@ -628,12 +628,11 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     std::vector<int64_t> key = L->pack.layout_key();
     key.push_back(rows);
     key.push_back(reinterpret_cast<int64_t>(pool_));
-    for (const LayerPass& lp : L->main.layers) key.push_back(lp.visible_room);
+    append_geometry_key(L->main, &key);
     key.push_back(L0);  // tokens per sequence (rows alone would let 2 x 4 replay 8 x 1's graph)
     key.push_back(L->has_mtp ? L->mtp.rows : 0);
-    if (L->has_mtp) {
-      for (const LayerPass& lp : L->mtp.layers) key.push_back(lp.visible_room);
-    }
+    if (L->has_mtp)
+      append_geometry_key(L->mtp, &key);
     DSI_RETURN_IF_ERROR(run_fixed_shape(
         key, [&] { return launch_all(*L); }, &L->logits, &L->mtp_logits, /*profile_eager=*/true));
     if (graphs_.count(key) > 0)

@@ -115,6 +115,17 @@ CompressorPlan plan_compressor(const PlanContext& ctx,
 
 }  // namespace
 
+void append_geometry_key(const PassPlan& plan, std::vector<int64_t>* key) {
+  key->push_back(static_cast<int64_t>(plan.layers.size()));
+  for (const LayerPass& lp : plan.layers) {
+    key->push_back(lp.ring_capacity);
+    key->push_back(lp.ring_rows_per_page);
+    key->push_back(lp.entry_rows_per_page);
+    key->push_back(lp.hca_ratio);
+    key->push_back(lp.visible_room);
+  }
+}
+
 void plan_pass(const PlanContext& ctx,
                const std::vector<SeqSpan>& spans,
                const std::vector<int32_t>& tokens,

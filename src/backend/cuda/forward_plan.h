@@ -89,6 +89,13 @@ struct PlanContext {
   int64_t slot_rows = 0;
 };
 
+// Appends to a graph key what a pass's launches take by value rather than from the plan's
+// arrays, layer by layer: the ring capacity and page geometry, the HCA ratio and the score
+// columns. Two sequences of one model differ in these (the ring holds sliding_window +
+// max_rollback rows: the engine's states and the speculative start-up measurement's differ by
+// one), and a graph replayed for the other would index its rings wrongly.
+void append_geometry_key(const PassPlan& plan, std::vector<int64_t>* key);
+
 // Plans pass rows: tokens (one per real row; padding rows get token 0 and position 0) and the
 // layers `layer_ids` (main layer indices, or the MTP block when the spans are mtp). Mutates the
 // sequences' compressor and entry metadata.

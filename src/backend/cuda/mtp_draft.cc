@@ -245,7 +245,7 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
         key.push_back(reinterpret_cast<int64_t>(draft_picks_));
         for (const PassPlan& plan : plans) {
           key.push_back(plan.rows);
-          for (const LayerPass& lp : plan.layers) key.push_back(lp.visible_room);
+          append_geometry_key(plan, &key);
         }
         return key;
       };
