@@ -801,24 +801,22 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
       const cuda::Fp8Acts* eqp,
       rms_norm_for(ws_.get(), w.e_proj, q8(), e, nm, hidden, w.enorm, eps, s, &eq));
   DSI_RETURN_IF_ERROR(linear(lin(), w.e_proj, e, nm, eproj, q8(), s, false, eqp));
-  cuda::GatherRowsParams gp;
-  gp.pool = pool_;
-  gp.local = local;
-  gp.src_refs = hp.resolve<int64_t>(pack, src_refs);
-  gp.n = nm;
-  gp.width = width;
-  gp.dst = h;
-  DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
+  DSI_RETURN_IF_ERROR(cuda::launch_gather_rows({.pool = pool_,
+                                                .local = local,
+                                                .src_refs = hp.resolve<int64_t>(pack, src_refs),
+                                                .n = nm,
+                                                .width = width,
+                                                .dst = h},
+                                               s));
   DSI_ASSIGN_OR_RETURN(
       const cuda::Fp8Acts* hqp,
       rms_norm_for(ws_.get(), w.h_proj, q8(), h, nm * hc, hidden, w.hnorm, eps, s, &hq));
-  gp.pool = nullptr;
-  gp.local = eproj;
-  gp.src_refs = hp.resolve<int64_t>(pack, broadcast);
-  gp.n = nm * hc;
-  gp.width = hidden;
-  gp.dst = xm;
-  DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
+  DSI_RETURN_IF_ERROR(cuda::launch_gather_rows({.local = eproj,
+                                                .src_refs = hp.resolve<int64_t>(pack, broadcast),
+                                                .n = nm * hc,
+                                                .width = hidden,
+                                                .dst = xm},
+                                               s));
   // h_proj(h) + e_proj(e), as the CPU adds them.
   DSI_RETURN_IF_ERROR(linear(lin(), w.h_proj, h, nm * hc, xm, q8(), s, /*accumulate=*/true, hqp));
   HcCarry carry;
@@ -850,14 +848,12 @@ Status CudaModel::launch_mtp(const PassPlan& plan,
   float* hx = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&hx, head_rows * width));
   DSI_RETURN_IF_ERROR(ws_->get(logits, head_rows * c.vocab_size));
-  cuda::GatherRowsParams hg;
-  hg.pool = nullptr;
-  hg.local = xm;
-  hg.src_refs = hp.resolve<int64_t>(pack, head_refs);
-  hg.n = head_rows;
-  hg.width = width;
-  hg.dst = hx;
-  DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(hg, s));
+  DSI_RETURN_IF_ERROR(cuda::launch_gather_rows({.local = xm,
+                                                .src_refs = hp.resolve<int64_t>(pack, head_refs),
+                                                .n = head_rows,
+                                                .width = width,
+                                                .dst = hx},
+                                               s));
   return launch_head(w.hc_head, w.norm, hx, head_rows, *logits);
 }
 
@@ -942,13 +938,12 @@ Status CudaModel::launch_all(Launch& L) {
   DSI_RETURN_IF_ERROR(ws_->get(&hx, L.head_rows * width));
   DSI_RETURN_IF_ERROR(ws_->get(&L.logits, L.head_rows * c.vocab_size));
   if (L.head_rows > 0) {
-    cuda::GatherRowsParams gp;
-    gp.local = x;
-    gp.src_refs = hp.resolve<int64_t>(pack, L.head_src);
-    gp.n = L.head_rows;
-    gp.width = width;
-    gp.dst = hx;
-    DSI_RETURN_IF_ERROR(cuda::launch_gather_rows(gp, s));
+    DSI_RETURN_IF_ERROR(cuda::launch_gather_rows({.local = x,
+                                                  .src_refs = hp.resolve<int64_t>(pack, L.head_src),
+                                                  .n = L.head_rows,
+                                                  .width = width,
+                                                  .dst = hx},
+                                                 s));
     DSI_RETURN_IF_ERROR(launch_head(weights_->hc_head, weights_->norm, hx, L.head_rows, L.logits));
   }
   if (L.final_dest >= 0) {
