@@ -909,6 +909,8 @@ bool Engine::plan_drafts() {
       const spec::DraftRequest& dr = draft_reqs_[q++];
       if (dr.status.ok())
         k = static_cast<int32_t>(drafts_[i].tokens.size());
+      else  // its drafter state cannot follow it: it decodes on without speculation
+        plan_.chunks[i].request->spec_disabled = true;
       stats_.spec.drafted += k;
     }
     chunk_k_[i] = k;
