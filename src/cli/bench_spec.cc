@@ -304,7 +304,9 @@ int run_spec_bench(const SpecBenchArgs& a) {
   base.scheduler.max_running = max_b;
   base.scheduler.max_tokens_per_step = std::max<int64_t>(256, max_b * 8);
   // One engine at a time (each holds its own copy of the weights: a multi-GiB checkpoint does not
-  // fit several times), every batch size and round on it, then the next mode.
+  // fit several times), every batch size and round on it, then the next mode; with --interleave-
+  // modes every engine at once and the rounds round-robin over the modes, so that a drift of the
+  // machine's speed spreads over them instead of falling on the last modes.
   const size_t nb = a.batch.size(), nm = modes->size();
   // [batch][mode]: each round's tokens/s and the summed speculation counters.
   std::vector<std::vector<std::vector<double>>> tps(nb, std::vector<std::vector<double>>(nm));
@@ -317,14 +319,15 @@ int run_spec_bench(const SpecBenchArgs& a) {
   std::vector<std::vector<spec::Stats>> stats(nb, std::vector<spec::Stats>(nm));
   std::vector<spec::Mode> kinds(nm, spec::Mode::kOff);
   std::string backend_name;
-  for (size_t mi = 0; mi < nm; ++mi) {
+  // Mode mi's engine, warmed up: every batch size --warmup times, untimed.
+  auto start_mode = [&](size_t mi) -> Result<std::unique_ptr<engine::Engine>> {
     const std::string& m = (*modes)[mi];
     engine::EngineConfig cfg = base;
     cfg.speculative = *spec::parse_config(m);
     std::fprintf(stderr, "[bench speculative] %s: starting the engine...\n", m.c_str());
     auto e = engine::Engine::create(cfg);
     if (!e.ok())
-      return fail(e.status().with_context("--speculative " + m));
+      return e.status().with_context("--speculative " + m);
     engine::Engine& eng = **e;
     kinds[mi] = eng.speculative().mode;
     prompts.vocab = eng.model().config().vocab_size;
@@ -343,52 +346,80 @@ int run_spec_bench(const SpecBenchArgs& a) {
       for (int64_t b : a.batch) {
         auto run = run_once(eng, a, prompts, b, -1 - 1000 * w);
         if (!run.ok())
-          return fail(run.status());
+          return run.status();
       }
     }
-    for (int64_t r = 0; r < a.repeats; ++r) {
-      for (size_t bi = 0; bi < nb; ++bi) {
-        auto run = run_once(eng, a, prompts, a.batch[bi], r);
-        if (!run.ok())
-          return fail(run.status().with_context("--speculative " + m));
-        tps[bi][mi].push_back(run->tokens_per_s);
-        wave_tps[bi][mi].push_back(run->wave_tokens_per_s);
-        if (run->gpu_idle_fraction >= 0)
-          idle[bi][mi].push_back(run->gpu_idle_fraction);
-        for (size_t p = 0; p < kPhaseNames.size(); ++p)
-          phases[bi][mi][p].push_back(run->phase_ms[p]);
-        if (run->short_waves > 0) {
-          std::fprintf(stderr,
-                       "[bench speculative] batch %lld %s: %lld wave(s) never ran all %lld "
-                       "requests at once (state memory: --state-memory); tokens/s is the whole "
-                       "waves' figure\n",
-                       static_cast<long long>(a.batch[bi]),
-                       m.c_str(),
-                       static_cast<long long>(run->short_waves),
-                       static_cast<long long>(a.batch[bi]));
-          short_runs[bi][mi] = true;
-        }
-        add(stats[bi][mi], run->spec);
+    return std::move(e).value();
+  };
+  // Round r of mode mi: every batch size once, recorded.
+  auto measure = [&](size_t mi, engine::Engine& eng, int64_t r) -> Status {
+    const std::string& m = (*modes)[mi];
+    for (size_t bi = 0; bi < nb; ++bi) {
+      auto run = run_once(eng, a, prompts, a.batch[bi], r);
+      if (!run.ok())
+        return run.status().with_context("--speculative " + m);
+      tps[bi][mi].push_back(run->tokens_per_s);
+      wave_tps[bi][mi].push_back(run->wave_tokens_per_s);
+      if (run->gpu_idle_fraction >= 0)
+        idle[bi][mi].push_back(run->gpu_idle_fraction);
+      for (size_t p = 0; p < kPhaseNames.size(); ++p) phases[bi][mi][p].push_back(run->phase_ms[p]);
+      if (run->short_waves > 0) {
         std::fprintf(stderr,
-                     "[bench speculative] round %lld batch %lld %s: %.1f tokens/s (whole "
-                     "waves %.1f)%s; ms per step: schedule %.3f, draft %.3f, prepare %.3f, "
-                     "forward %.3f, finish %.3f\n",
-                     static_cast<long long>(r + 1),
+                     "[bench speculative] batch %lld %s: %lld wave(s) never ran all %lld "
+                     "requests at once (state memory: --state-memory); tokens/s is the whole "
+                     "waves' figure\n",
                      static_cast<long long>(a.batch[bi]),
                      m.c_str(),
-                     run->tokens_per_s,
-                     run->wave_tokens_per_s,
-                     run->gpu_idle_fraction >= 0
-                         ? str_format("; GPU idle %.1f%%", 100.0 * run->gpu_idle_fraction).c_str()
-                         : "",
-                     run->phase_ms[0],
-                     run->phase_ms[1],
-                     run->phase_ms[2],
-                     run->phase_ms[3],
-                     run->phase_ms[4]);
+                     static_cast<long long>(run->short_waves),
+                     static_cast<long long>(a.batch[bi]));
+        short_runs[bi][mi] = true;
+      }
+      add(stats[bi][mi], run->spec);
+      std::fprintf(stderr,
+                   "[bench speculative] round %lld batch %lld %s: %.1f tokens/s (whole "
+                   "waves %.1f)%s; ms per step: schedule %.3f, draft %.3f, prepare %.3f, "
+                   "forward %.3f, finish %.3f\n",
+                   static_cast<long long>(r + 1),
+                   static_cast<long long>(a.batch[bi]),
+                   m.c_str(),
+                   run->tokens_per_s,
+                   run->wave_tokens_per_s,
+                   run->gpu_idle_fraction >= 0
+                       ? str_format("; GPU idle %.1f%%", 100.0 * run->gpu_idle_fraction).c_str()
+                       : "",
+                   run->phase_ms[0],
+                   run->phase_ms[1],
+                   run->phase_ms[2],
+                   run->phase_ms[3],
+                   run->phase_ms[4]);
+    }
+    return Status();
+  };
+  if (a.interleave) {
+    std::vector<std::unique_ptr<engine::Engine>> engines(nm);
+    for (size_t mi = 0; mi < nm; ++mi) {
+      auto e = start_mode(mi);
+      if (!e.ok())
+        return fail(e.status());
+      engines[mi] = std::move(e).value();
+    }
+    for (int64_t r = 0; r < a.repeats; ++r) {
+      for (size_t mi = 0; mi < nm; ++mi) {
+        if (Status s = measure(mi, *engines[mi], r); !s.ok())
+          return fail(s);
       }
     }
-  }  // the engine and its weights go here, before the next mode's
+  } else {
+    for (size_t mi = 0; mi < nm; ++mi) {
+      auto e = start_mode(mi);
+      if (!e.ok())
+        return fail(e.status());
+      for (int64_t r = 0; r < a.repeats; ++r) {
+        if (Status s = measure(mi, **e, r); !s.ok())
+          return fail(s);
+      }
+    }  // the engine and its weights go here, before the next mode's
+  }
   json out;
   out["device"] = a.device;
   out["model"] = base.model_dir;
@@ -399,6 +430,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   out["generated_tokens"] = a.generate;
   out["repeats"] = a.repeats;
   out["warmup_rounds"] = a.warmup;
+  out["interleaved"] = a.interleave;
   out["min_requests_per_run"] = kMinRequests;
   // Forced: the drafts' acceptance is injected (step costs real, tokens not the model's).
   out["forced_acceptance"] = a.forced_acceptance;

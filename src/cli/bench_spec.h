@@ -3,7 +3,8 @@
 // mean accepted length and the mean verify length, as JSON and a table on stderr. Same
 // checkpoint, same requests (greedy; random token ids, or windows of a text with --prompt-text),
 // same run for every mode, so that the
-// ratios to `off` are what the run measures; the modes are interleaved over `repeats` rounds.
+// ratios to `off` are what the run measures; one mode after the other (each engine holds its own
+// weights), or with `interleave` every engine at once and the rounds round-robin over the modes.
 // Every measurement covers at least 16 different prompts (waves of b requests at batch sizes
 // below 16), new ones each round: greedy decoding of one prompt is a single deterministic
 // sequence, not a measure of the drafter. tokens/s is timed while all b requests of a wave
@@ -34,8 +35,12 @@ struct SpecBenchArgs {
   int64_t generate = 96;                // tokens generated per request
   int64_t repeats = 3;                  // rounds over every (batch, mode)
   int64_t warmup = 3;                   // untimed rounds first, per mode (steady state)
-  std::string state_memory = "512MiB";  // per engine (one engine per mode, all alive at once)
-  double forced_acceptance = 0;         // EngineConfig::forced_acceptance (0: the drafter's own)
+  std::string state_memory = "512MiB";  // per engine (one engine per mode)
+  // Every mode's engine alive at once, each round running every mode in turn (a drift of the
+  // machine's speed spreads over the modes instead of falling on the last ones); needs the
+  // memory for every mode's weights and state.
+  bool interleave = false;
+  double forced_acceptance = 0;  // EngineConfig::forced_acceptance (0: the drafter's own)
   std::string output;
 };
 

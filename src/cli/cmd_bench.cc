@@ -58,6 +58,7 @@ struct BenchArgs {
   double forced_acceptance = 0;          // --forced-acceptance (with --speculative)
   std::string prompt_text;               // --prompt-text (with --speculative)
   int64_t spec_warmup = 3;               // --warmup (with --speculative)
+  bool spec_interleave = false;          // --interleave-modes (with --speculative)
   std::string state_memory = "1GiB";     // the budget the state footprint's context is given for
   // --device cpu (cli/bench_cpu.h): the CPU run's own defaults unless the flags were given.
   CpuBenchArgs cpu;
@@ -594,6 +595,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "model's tokenizer.json) instead of random token ids, for the drafter's "
                   "acceptance on natural text")
       ->check(CLI::ExistingFile);
+  cmd->add_flag("--interleave-modes",
+                a->spec_interleave,
+                "With --speculative: keep every mode's engine (its own copy of the weights) alive "
+                "and run the rounds round-robin over the modes, so that a drift of the machine's "
+                "speed spreads over them instead of falling on the last modes");
   cmd->add_option("--forced-acceptance",
                   a->forced_acceptance,
                   "With --speculative: accept each verified draft with this probability whatever "
@@ -611,6 +617,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       s.forced_acceptance = a->forced_acceptance;
       s.prompt_text = a->prompt_text;
       s.warmup = a->spec_warmup;
+      s.interleave = a->spec_interleave;
       if (o_numerics->count() > 0)
         s.numerics = a->numerics;
       if (o_batch->count() > 0)
