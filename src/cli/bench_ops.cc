@@ -357,6 +357,24 @@ Result<json> bench_ops(const OpBenchOptions& o) {
     sm90_scratch_bytes = cuda::moe_sm90_scratch_bytes(kExperts, max_pairs, kHidden, kInter);
     DSI_RETURN_IF_ERROR(arena.alloc(&sm90_scratch, sm90_scratch_bytes + 256));
   }
+  // The same experts read as they are by the grouped W4A8 GEMMs (moe_w4a8_sm90.h: the prefill
+  // path where E4M3 holds every row block, no FP8 copy).
+  cuda::MoeMxfp4Weights w4;
+  bool w4_exact = false;
+  if (cuda::moe_w4a8_available()) {
+    int* inexact = nullptr;
+    uint8_t* mem = nullptr;
+    DSI_RETURN_IF_ERROR(arena.alloc(&inexact, 1));
+    DSI_RETURN_IF_ERROR(
+        arena.alloc(&mem, cuda::moe_mxfp4_exponent_bytes(kExperts, kHidden, kInter)));
+    cudaMemset(inexact, 0, sizeof(int));
+    w4 = cuda::moe_mxfp4_weights_carve(
+        mem, refs, refs + kExperts, refs + 2 * kExperts, kExperts, kHidden, kInter);
+    DSI_RETURN_IF_ERROR(cuda::launch_moe_mxfp4_scales(w4, inexact, nullptr));
+    int bad = 0;
+    cudaMemcpy(&bad, inexact, sizeof(int), cudaMemcpyDeviceToHost);
+    w4_exact = bad == 0;
+  }
 #endif
   for (int64_t t : o.tokens) {
     std::mt19937 g(static_cast<uint32_t>(t));
@@ -454,6 +472,31 @@ Result<json> bench_ops(const OpBenchOptions& o) {
                      : "moe routed experts (FP8 re-encoded, per-row scales, grouped wgmma)",
               *ms9,
               bytes9);
+    }
+    if (w4_exact && t >= 128) {
+      cuda::MoeSm90Params sp;
+      sp.w4 = w4;
+      sp.expert_begin = begin;
+      sp.pair_src = src;
+      sp.k = kTopK;
+      sp.gates = gates;
+      sp.x = p.x;
+      sp.num_pairs = t * kTopK;
+      sp.swiglu_limit = 10.0f;
+      sp.scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(sm90_scratch) + 255) &
+                                           ~uintptr_t{255});
+      sp.scratch_bytes = sm90_scratch_bytes;
+      sp.y = ye;
+      auto msw = time_ms([&] { return cuda::launch_moe_sm90(sp, nullptr); }, o.iters);
+      if (!msw.ok())
+        return msw.status();
+      // MXFP4 weights and fp32 gate/up rows written and read back.
+      const double bytes_w =
+          distinct * expert_bytes +
+          pairs * (kHidden + 8.0 * kInter + 8.0 * kInter + kInter + 4.0 * kHidden);
+      add_moe("moe routed experts (MXFP4 as they are, grouped W4A8 wgmma: prefill path)",
+              *msw,
+              bytes_w);
     }
 #endif
   }

@@ -227,6 +227,7 @@ int run_bench(const BenchArgs& a) {
                   {"numerics", model::numerics_name(*numerics)},
                   {"weight_bytes_on_device", m.stats().weight_bytes},
                   {"moe_fp8_layers", m.stats().moe_fp8_layers},
+                  {"moe_w4a8_layers", m.stats().moe_w4a8_layers},
                   {"moe_gemv_layers", m.stats().moe_gemv_layers},
                   {"batch_invariant", a.batch_invariant},
                   {"upload_s", now_s() - t_up}};

@@ -653,7 +653,8 @@ TEST_P(CudaModelTest, SideStreamsGiveTheSameBitsAsOneStream) {
 // any expert size), in eager forwards and inside captured graphs alike: 128 sequences (a power of
 // two, so that eager and graph steps have the same rows) decoding on the bundled model's 8 experts
 // of top-2, graphs bit for bit equal to eager, the greedy tokens equal to those of the
-// batch-invariant kernels where their logits are not near a tie.
+// batch-invariant kernels where their logits are not near a tie; without the FP8 copy, the W4A8
+// GEMMs (moe_w4a8_sm90.h) give the copy's logits bit for bit.
 TEST_P(CudaModelTest, LargeDecodeStepsRunTheGroupedExpertsInGraphsBitForBit) {
   OPEN_CASE_OR_SKIP();
   const int kSeqs = 128;
@@ -661,26 +662,32 @@ TEST_P(CudaModelTest, LargeDecodeStepsRunTheGroupedExpertsInGraphsBitForBit) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < kSeqs; ++i)
     prompts.push_back(random_ids(2 + i % 13, cfg.vocab_size, 900 + static_cast<uint32_t>(i)));
-  std::vector<std::vector<float>> eager_logits, graph_logits, invariant_logits;
+  std::vector<std::vector<float>> eager_logits, graph_logits, invariant_logits, w4a8_logits;
   std::vector<std::vector<int32_t>> eager_tokens, invariant_tokens;
-  for (int mode = 0; mode < 3; ++mode) {
+  for (int mode = 0; mode < 4; ++mode) {  // eager, graphs, batch-invariant, W4A8 (no FP8 copy)
     auto m = gpu::CudaModel::create(cfg,
                                     ckpt->weights(),
                                     model::Numerics::kDeepSeek,
                                     gpu::CudaModelOptions{.cuda_graphs = mode == 1,
                                                           .batch_invariant = mode == 2,
+                                                          .moe_fp8_copy = mode != 3,
                                                           .moe_grouped_decode_min_bytes = 0});
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     if (mode == 0 && (*m)->stats().moe_fp8_layers == 0)
       GTEST_SKIP() << mc.path << ": no routed expert set with an FP8 copy (moe_sm90_supports)";
-    auto* logits = mode == 0 ? &eager_logits : mode == 1 ? &graph_logits : &invariant_logits;
+    if (mode == 3 && (*m)->stats().moe_w4a8_layers == 0)
+      continue;  // experts the W4A8 GEMMs do not take (not MXFP4, or not sm_90)
+    auto* logits = mode == 0   ? &eager_logits
+                   : mode == 1 ? &graph_logits
+                   : mode == 2 ? &invariant_logits
+                               : &w4a8_logits;
     const auto tokens = greedy_decode_all(**m, cfg, prompts, kDecode, logits);
     if (mode == 0)
       eager_tokens = tokens;
     if (mode == 2)
       invariant_tokens = tokens;
     const gpu::CudaModelStats st = (*m)->stats();
-    if (mode < 2)
+    if (mode != 2)
       EXPECT_GT(st.moe_grouped_decode, 0) << "mode " << mode;
     else
       EXPECT_EQ(st.moe_grouped_decode, 0);
@@ -690,6 +697,13 @@ TEST_P(CudaModelTest, LargeDecodeStepsRunTheGroupedExpertsInGraphsBitForBit) {
   ASSERT_EQ(eager_logits.size(), graph_logits.size());
   for (size_t i = 0; i < eager_logits.size(); ++i)
     EXPECT_EQ(eager_logits[i], graph_logits[i]) << "step row " << i;
+  // The W4A8 GEMMs on the MXFP4 experts as they are: the FP8 copy's logits bit for bit (prefill
+  // and decode steps alike).
+  if (!w4a8_logits.empty()) {
+    ASSERT_EQ(eager_logits.size(), w4a8_logits.size());
+    for (size_t i = 0; i < eager_logits.size(); ++i)
+      EXPECT_EQ(eager_logits[i], w4a8_logits[i]) << "W4A8, step row " << i;
+  }
   // Another summation order: the same argmax where the top two logits are clearly apart. Rows are
   // step-major (greedy_decode_all); a sequence is compared up to its first differing token.
   int compared = 0;

@@ -385,6 +385,25 @@ int reencode_mxfp4(const DevVec<uint8_t>& w1,
   sync();
   return bad.download()[0];
 }
+
+// The MXFP4 experts (device tables w1, w3, w2) for the grouped W4A8 GEMMs, their block exponents
+// in exp (moe_mxfp4_exponent_bytes); expects none outside E4M3's range.
+MoeMxfp4Weights mxfp4_direct(const DevVec<uint8_t>& w1,
+                             const DevVec<uint8_t>& w3,
+                             const DevVec<uint8_t>& w2,
+                             const DevVec<uint8_t>& exp,
+                             int64_t n_experts,
+                             int64_t hidden,
+                             int64_t inter) {
+  const MoeMxfp4Weights w = moe_mxfp4_weights_carve(
+      exp.get(), as_refs(w1), as_refs(w3), as_refs(w2), n_experts, hidden, inter);
+  DevVec<int> bad(1, 0);
+  const Status st = launch_moe_mxfp4_scales(w, bad.get(), nullptr);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  sync();
+  EXPECT_EQ(bad.download()[0], 0) << "test experts are within E4M3's range";
+  return w;
+}
 #endif
 
 void run_moe(int64_t n,
@@ -515,15 +534,26 @@ void run_moe(int64_t n,
     const Fp8Acts xq{d_xq.get(), d_xs.get(), ld};
     if (sm90) {
 #if DSINFER_HAVE_CUTLASS
-      // The routed experts re-encoded once, then the grouped wgmma GEMMs (moe_sm90.h).
+      // The routed experts re-encoded once, then the grouped wgmma GEMMs (moe_sm90.h); or
+      // (scale_rows 0) read as they are by the grouped W4A8 GEMMs (moe_w4a8_sm90.h).
+      const int fp8_rows = sm90_scale_rows == 0 ? 1 : sm90_scale_rows;
       DevVec<uint8_t> d_wfp8(
-          static_cast<size_t>(moe_fp8_weights_bytes(n_experts, hidden, inter, sm90_scale_rows)));
-      const MoeFp8Weights wf =
-          moe_fp8_weights_carve(d_wfp8.get(), n_experts, hidden, inter, sm90_scale_rows);
-      EXPECT_EQ(reencode_mxfp4(d_w1, d_w3, d_w2, wf), 0) << "test experts are within E4M3's range";
+          static_cast<size_t>(moe_fp8_weights_bytes(n_experts, hidden, inter, fp8_rows)));
+      MoeFp8Weights wf = moe_fp8_weights_carve(d_wfp8.get(), n_experts, hidden, inter, fp8_rows);
+      DevVec<uint8_t> d_exp(
+          static_cast<size_t>(moe_mxfp4_exponent_bytes(n_experts, hidden, inter)));
+      MoeMxfp4Weights w4;
+      if (sm90_scale_rows == 0) {
+        w4 = mxfp4_direct(d_w1, d_w3, d_w2, d_exp, n_experts, hidden, inter);
+        wf = MoeFp8Weights{};
+      } else {
+        EXPECT_EQ(reencode_mxfp4(d_w1, d_w3, d_w2, wf), 0)
+            << "test experts are within E4M3's range";
+      }
       const int64_t sb = moe_sm90_scratch_bytes(n_experts, pairs, hidden, inter);
       DevVec<uint8_t> d_scratch(static_cast<size_t>(sb + 256));
       DSI_EXPECT_OK(launch_moe_sm90(MoeSm90Params{.w = wf,
+                                                  .w4 = w4,
                                                   .expert_begin = d_begin.get(),
                                                   .pair_src = d_src.get(),
                                                   .k = k,
@@ -762,7 +792,7 @@ TEST_F(GpuTest, MoeExpertGemvCheckCountsNanScales) {
 // at prefill sizes.
 #if DSINFER_HAVE_CUTLASS
 TEST_F(GpuTest, MoeSm90GroupedExpertsMatchCpu) {
-  for (const int sr : {128, 1}) {
+  for (const int sr : {128, 1, 0}) {  // 0: the W4A8 GEMMs on the MXFP4 experts as they are
     uint32_t seed = 91000;
     run_moe(1, 16, 6, 256, 128, false, true, 4, seed += 500, true, true, false, sr);
     run_moe(33, 16, 6, 256, 128, false, true, 4, seed += 500, true, true, false, sr);
@@ -778,14 +808,20 @@ TEST_F(GpuTest, MoeSm90GroupedExpertsMatchCpu) {
 
 // One scale per 128 x 128 weight block gives the per-row scales' outputs bit for bit (every scale
 // a power of two: the products and their sums move by exact powers of two), in both tile
-// configurations (64-row ping-pong at ~24 rows per expert, 128-row cooperative on one expert).
-TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
+// configurations (64-row ping-pong at ~24 rows per expert, 128-row cooperative on one expert);
+// and the W4A8 GEMMs, which make the per-row copy's E4M3 values on the way and sum each 128-wide
+// K block's products in the same MMAs, give them too (tails of their 128-row tiles, an expert
+// with one 64-row half empty, every token on one expert, experts with no rows).
+TEST_F(GpuTest, MoeSm90BlockScalesRowScalesAndW4a8AgreeBitForBit) {
   struct Case {
     int64_t n, n_experts, k, hidden, inter;
   };
-  std::vector<Case> cases = {{96, 8, 2, 256, 256}, {300, 1, 1, 384, 256}};
-  if (!small_mode())
+  std::vector<Case> cases = {
+      {96, 8, 2, 256, 256}, {300, 1, 1, 384, 256}, {45, 40, 3, 256, 128}, {1000, 12, 4, 512, 384}};
+  if (!small_mode()) {
     cases.push_back({512, 64, 6, 2048, 1024});
+    cases.push_back({1024, 256, 6, 4096, 2048});  // V4-Flash's routed experts at a 1k prefill
+  }
   uint32_t seed = 97000;
   for (const Case& c : cases) {
     SCOPED_TRACE("n " + std::to_string(c.n) + " experts " + std::to_string(c.n_experts));
@@ -826,13 +862,22 @@ TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
     const int64_t sb = moe_sm90_scratch_bytes(c.n_experts, pairs, c.hidden, c.inter);
     DevVec<uint8_t> d_scratch(static_cast<size_t>(sb));
     std::vector<std::vector<float>> ys;
-    for (const int sr : {128, 1}) {
-      DevVec<uint8_t> mem(
-          static_cast<size_t>(moe_fp8_weights_bytes(c.n_experts, c.hidden, c.inter, sr)));
-      const MoeFp8Weights wf = moe_fp8_weights_carve(mem.get(), c.n_experts, c.hidden, c.inter, sr);
-      EXPECT_EQ(reencode_mxfp4(d1, d3, d2, wf), 0) << "scale_rows " << sr;
+    for (const int sr : {128, 1, 0}) {  // 0: W4A8
+      DevVec<uint8_t> mem(static_cast<size_t>(
+          moe_fp8_weights_bytes(c.n_experts, c.hidden, c.inter, sr == 0 ? 1 : sr)));
+      DevVec<uint8_t> exp(
+          static_cast<size_t>(moe_mxfp4_exponent_bytes(c.n_experts, c.hidden, c.inter)));
+      MoeFp8Weights wf;
+      MoeMxfp4Weights w4;
+      if (sr == 0) {
+        w4 = mxfp4_direct(d1, d3, d2, exp, c.n_experts, c.hidden, c.inter);
+      } else {
+        wf = moe_fp8_weights_carve(mem.get(), c.n_experts, c.hidden, c.inter, sr);
+        EXPECT_EQ(reencode_mxfp4(d1, d3, d2, wf), 0) << "scale_rows " << sr;
+      }
       DevVec<float> d_y(static_cast<size_t>(pairs * c.hidden), -1.0f);
       DSI_EXPECT_OK(launch_moe_sm90(MoeSm90Params{.w = wf,
+                                                  .w4 = w4,
                                                   .expert_begin = d_begin.get(),
                                                   .pair_src = d_src.get(),
                                                   .k = c.k,
@@ -847,12 +892,15 @@ TEST_F(GpuTest, MoeSm90BlockScalesEqualRowScalesBitForBit) {
       sync();
       ys.push_back(d_y.download());
     }
-    int64_t differ = 0;
-    for (size_t i = 0; i < ys[0].size(); ++i) {
-      if (std::memcmp(&ys[0][i], &ys[1][i], 4) != 0 && differ++ < 5)
-        ADD_FAILURE() << "y[" << i << "]: block scales " << ys[0][i] << " row scales " << ys[1][i];
+    for (size_t v = 1; v < ys.size(); ++v) {
+      int64_t differ = 0;
+      for (size_t i = 0; i < ys[0].size(); ++i) {
+        if (std::memcmp(&ys[0][i], &ys[v][i], 4) != 0 && differ++ < 5)
+          ADD_FAILURE() << "y[" << i << "]: block scales " << ys[0][i]
+                        << (v == 1 ? " row scales " : " W4A8 ") << ys[v][i];
+      }
+      EXPECT_EQ(differ, 0) << (v == 1 ? "row scales" : "W4A8");
     }
-    EXPECT_EQ(differ, 0);
   }
 }
 
@@ -896,6 +944,15 @@ TEST_F(GpuTest, MoeFp8ReencodeExactAndCountsOutOfRange) {
         const MoeFp8Weights wf = moe_fp8_weights_carve(mem.get(), 2, hidden, inter, scale_rows);
         const bool out_of_range = spread > 14 && (!across_rows || scale_rows == 128);
         EXPECT_EQ(reencode_mxfp4(d1, d3, d2, wf), out_of_range ? 1 : 0);
+        if (scale_rows == 1) {  // the W4A8 GEMMs' block exponents follow the per-row rule
+          DevVec<uint8_t> exp(static_cast<size_t>(moe_mxfp4_exponent_bytes(2, hidden, inter)));
+          const MoeMxfp4Weights w4 = moe_mxfp4_weights_carve(
+              exp.get(), as_refs(d1), as_refs(d3), as_refs(d2), 2, hidden, inter);
+          DevVec<int> bad(1, 0);
+          DSI_EXPECT_OK(launch_moe_mxfp4_scales(w4, bad.get(), nullptr));
+          sync();
+          EXPECT_EQ(bad.download()[0], out_of_range ? 1 : 0) << "W4A8 block exponents";
+        }
         if (out_of_range)
           continue;
         // Every value of W1 | W3 equals its MXFP4 value exactly.

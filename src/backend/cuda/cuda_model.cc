@@ -103,10 +103,19 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
   }
   DSI_ASSIGN_OR_RETURN(m->weights_,
                        DeviceWeights::upload(m->config_, weights, expert_first, expert_count));
-  if (numerics == model::Numerics::kDeepSeek && options.comm == nullptr && options.moe_fp8_copy &&
-      !options.batch_invariant) {
-    DSI_ASSIGN_OR_RETURN(m->stats_.moe_fp8_layers,
-                         m->weights_->add_moe_fp8_copies(options.moe_fp8_reserve_bytes));
+  if (const char* v = std::getenv("DSINFER_MOE_FP8_COPY"); v != nullptr && *v != '\0')
+    m->options_.moe_fp8_copy = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("DSINFER_MOE_W4A8"); v != nullptr && *v != '\0')
+    m->options_.moe_w4a8 = std::strcmp(v, "0") != 0;
+  const bool grouped =
+      numerics == model::Numerics::kDeepSeek && options.comm == nullptr && !options.batch_invariant;
+  if (grouped) {  // the shared experts' copies whatever moe_fp8_copy says
+    DSI_ASSIGN_OR_RETURN(
+        m->stats_.moe_fp8_layers,
+        m->weights_->add_moe_fp8_copies(options.moe_fp8_reserve_bytes, m->options_.moe_fp8_copy));
+  }
+  if (grouped && m->options_.moe_w4a8) {  // the layers left without a copy
+    DSI_ASSIGN_OR_RETURN(m->stats_.moe_w4a8_layers, m->weights_->add_moe_w4a8());
   }
   if (!options.batch_invariant) {
     DSI_RETURN_IF_ERROR(m->weights_->add_wo_a_bf16_copies().status());

@@ -65,6 +65,13 @@ struct CudaModelOptions {
   // per expert than the expert GEMV takes (moe_sm90.h; 2x the expert bytes), layer by layer while
   // moe_fp8_reserve_bytes of device memory stay free.
   bool moe_fp8_copy = true;
+  // (DSINFER_MOE_FP8_COPY=0 in the environment: none; the shared expert's copy is made either
+  // way.) MXFP4 routed experts left without a copy (it did not fit, or the option is off) run the
+  // same grouped path on the W4A8 wgmma GEMMs that read them as they are (moe_w4a8_sm90.h; bit
+  // for bit the copy's results): on the H200 (V4-Flash's routed experts, one layer) 2.3x the
+  // copy's time at 8,192 tokens and 1.7x at 128-1,024, 1.5-4x faster than the W4A8 mma.sync
+  // tiles they replace there. Off (DSINFER_MOE_W4A8=0): those layers keep the tiles.
+  bool moe_w4a8 = true;
   int64_t moe_fp8_reserve_bytes = int64_t{8} << 30;
   // Decode steps beyond the expert GEMV (more pairs per expert than it takes) run the grouped
   // wgmma path when a layer's routed experts are at least this many bytes (streamed from HBM:
@@ -82,6 +89,7 @@ struct CudaModelStats {
   int64_t graph_captures = 0;
   int64_t shape_warmups = 0;   // fixed-shape runs before their graph replays (Model::shape_warmups)
   int64_t moe_fp8_layers = 0;  // layers with the re-encoded experts (CudaModelOptions)
+  int64_t moe_w4a8_layers = 0;  // layers whose routed experts run the grouped W4A8 GEMMs
   int64_t moe_gemv_layers = 0;  // routed expert sets the decode GEMVs may run (moe_gemv.h)
   // MoE launches of decode-shaped steps on the grouped wgmma path (use_moe_sm90): a graph's
   // capture counts once, its replays do not.

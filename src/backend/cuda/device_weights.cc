@@ -240,7 +240,7 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const model::ModelC
   return d;
 }
 
-Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes) {
+Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes, bool routed) {
 #if DSINFER_HAVE_CUTLASS
   int* inexact = nullptr;
   DSI_RETURN_IF_ERROR(
@@ -294,7 +294,8 @@ Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes) {
     return Status();
   };
   auto convert = [&](DMoe& m) -> Status {
-    if (m.routed_fast && m.num_local_experts > 0 && m.routed_fp8.n_experts == 0) {
+    if (routed && m.routed_fast && m.num_local_experts > 0 && m.routed_fp8.n_experts == 0 &&
+        m.routed_w4.n_experts == 0) {
       DSI_RETURN_IF_ERROR(
           copy_set(m.w1, m.w3, m.w2, m.routed_format, m.num_local_experts, m.inter, &m.routed_fp8));
       done += m.routed_fp8.n_experts > 0;
@@ -326,6 +327,66 @@ Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes) {
   return done;
 #else
   (void)reserve_bytes;
+  (void)routed;
+  return int64_t{0};
+#endif
+}
+
+Result<int64_t> DeviceWeights::add_moe_w4a8() {
+#if DSINFER_HAVE_CUTLASS
+  if (!cuda::moe_w4a8_available())
+    return int64_t{0};
+  int* inexact = nullptr;
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaMalloc(reinterpret_cast<void**>(&inexact), sizeof(int)),
+                         "cudaMalloc (W4A8 exponent counter)"));
+  int64_t done = 0;
+  auto prepare = [&](DMoe& m) -> Status {
+    if (!m.routed_fast || m.num_local_experts == 0 || m.routed_format != WeightFormat::kMxfp4 ||
+        m.routed_w4.n_experts > 0 || m.routed_fp8.n_experts > 0)
+      return Status();
+    MatrixRef first;
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpy(&first, m.w1, sizeof(MatrixRef), cudaMemcpyDeviceToHost), "expert table"));
+    const int64_t hidden = first.cols;
+    if (!cuda::moe_w4a8_supports(hidden, m.inter))
+      return Status();
+    const int64_t bytes = cuda::moe_mxfp4_exponent_bytes(m.num_local_experts, hidden, m.inter);
+    void* mem = nullptr;
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaMalloc(&mem, static_cast<size_t>(bytes)),
+                                           "cudaMalloc (W4A8 block exponents)"));
+    const cuda::MoeMxfp4Weights w =
+        cuda::moe_mxfp4_weights_carve(mem, m.w1, m.w3, m.w2, m.num_local_experts, hidden, m.inter);
+    DSI_RETURN_IF_ERROR(
+        device::check_cuda(cudaMemset(inexact, 0, sizeof(int)), "W4A8 exponent counter"));
+    DSI_RETURN_IF_ERROR(cuda::launch_moe_mxfp4_scales(w, inexact, nullptr));
+    int bad = 0;
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaMemcpy(&bad, inexact, sizeof(int), cudaMemcpyDeviceToHost), "W4A8 exponent counter"));
+    if (bad > 0)  // E4M3 cannot hold these experts under one scale per row block
+      return device::check_cuda(cudaFree(mem), "cudaFree (W4A8 block exponents)");
+    fp8_mem_.push_back(mem);
+    bytes_ += bytes;
+    m.routed_w4 = w;
+    ++done;
+    return Status();
+  };
+  Status st;
+  for (DLayer& l : layers) {
+    st = prepare(l.moe);
+    if (!st.ok())
+      break;
+  }
+  for (DMtp& t : mtp) {
+    if (!st.ok())
+      break;
+    st = prepare(t.layer.moe);
+  }
+  const cudaError_t err = cudaFree(inexact);
+  DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
+  DSI_RETURN_IF_ERROR(st);
+  return done;
+#else
   return int64_t{0};
 #endif
 }

@@ -9,6 +9,7 @@
 
 #include "base/status.h"
 #include "kernels/cuda/moe_sm90.h"
+#include "kernels/cuda/moe_w4a8_sm90.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "tensor/matrix_ref.h"
@@ -65,6 +66,9 @@ struct DMoe {
   // or n_experts == 0 when this layer has none.
   cuda::MoeFp8Weights routed_fp8;
   cuda::MoeFp8Weights shared_fp8;  // the shared expert, likewise
+  // Or the MXFP4 routed experts as they are, with their block exponents, for the grouped W4A8
+  // wgmma GEMMs (moe_w4a8_sm90.h; add_moe_w4a8), n_experts == 0 when unused.
+  cuda::MoeMxfp4Weights routed_w4;
   // Whether decode-sized batches may run these experts on the grouped GEMVs (moe_gemv.h; set by
   // enable_expert_gemv after the scale check).
   bool routed_gemv = false;
@@ -111,10 +115,16 @@ class DeviceWeights {
   int64_t bytes() const { return bytes_; }
 
   // Builds every layer's routed-expert copy for the grouped wgmma path (moe_sm90.h: E4M3 with
-  // per-row 128-block scales, twice the bytes of MXFP4) while the device keeps reserve_bytes
-  // free. A layer whose experts E4M3 cannot hold exactly, or that does not fit, keeps none and
-  // runs the W4A8 kernels only. Returns how many layers got a copy (0 in builds without CUTLASS).
-  Result<int64_t> add_moe_fp8_copies(int64_t reserve_bytes);
+  // per-row 128-block scales, twice the bytes of MXFP4; not with routed false) and the shared
+  // expert's, while the device keeps reserve_bytes free. A layer whose experts E4M3 cannot hold
+  // exactly, or that does not fit, keeps none. Returns how many layers got a routed copy (0 in
+  // builds without CUTLASS).
+  Result<int64_t> add_moe_fp8_copies(int64_t reserve_bytes, bool routed = true);
+  // Gives the MXFP4 routed experts of every layer without an FP8 copy (add_moe_fp8_copies) the
+  // block exponents of the grouped W4A8 GEMMs (DMoe::routed_w4; 1/64 of the experts' bytes) where
+  // E4M3 holds their values exactly under them. Returns how many layers qualified (0 in builds
+  // without CUTLASS or off sm_90).
+  Result<int64_t> add_moe_w4a8();
   // Gives every FP8 wo_a a BF16 copy (DAttention::wo_a_bf16, exact) for the wgmma BF16x2 path of
   // prefill-sized batches; builds without CUTLASS make none. Returns the copies made.
   Result<int64_t> add_wo_a_bf16_copies();
@@ -127,7 +137,7 @@ class DeviceWeights {
   DeviceWeights() = default;
   void* mem_ = nullptr;
   void* refs_mem_ = nullptr;
-  std::vector<void*> fp8_mem_;  // add_moe_fp8_copies
+  std::vector<void*> fp8_mem_;  // add_moe_fp8_copies, add_moe_w4a8
   int64_t bytes_ = 0;
 };
 

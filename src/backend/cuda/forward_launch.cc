@@ -28,7 +28,8 @@ bool CudaModel::use_moe_sm90_rows(int64_t n) const {
 }
 
 bool CudaModel::use_moe_sm90(const DMoe& w, int64_t n) const {
-  if (w.routed_fp8.n_experts == 0 || n < kMoeSm90MinTokens || options_.batch_invariant)
+  if ((w.routed_fp8.n_experts == 0 && w.routed_w4.n_experts == 0) || n < kMoeSm90MinTokens ||
+      options_.batch_invariant)
     return false;
   if (!decode_step_)
     return true;
@@ -47,8 +48,11 @@ bool CudaModel::use_moe_sm90(const DMoe& w, int64_t n) const {
 
 Status CudaModel::moe_sm90_scratch(cuda::MoeSm90Params* p) {
 #if DSINFER_HAVE_CUTLASS
-  p->scratch_bytes =
-      cuda::moe_sm90_scratch_bytes(p->w.n_experts, p->num_pairs, p->w.hidden, p->w.inter);
+  const bool w4 = p->w4.n_experts > 0;
+  p->scratch_bytes = cuda::moe_sm90_scratch_bytes(w4 ? p->w4.n_experts : p->w.n_experts,
+                                                  p->num_pairs,
+                                                  w4 ? p->w4.hidden : p->w.hidden,
+                                                  w4 ? p->w4.inter : p->w.inter);
   uint8_t* scratch = nullptr;
   DSI_RETURN_IF_ERROR(ws_->get(&scratch, p->scratch_bytes + 256));
   p->scratch =
@@ -654,7 +658,10 @@ Status CudaModel::launch_moe(const DMoe& w,
 #if DSINFER_HAVE_CUTLASS
     stats_.moe_grouped_decode += decode_step_ ? 1 : 0;
     cuda::MoeSm90Params mp;
-    mp.w = w.routed_fp8;
+    if (w.routed_w4.n_experts > 0)
+      mp.w4 = w.routed_w4;  // MXFP4 as they are (moe_w4a8_sm90.h)
+    else
+      mp.w = w.routed_fp8;
     mp.expert_begin = expert_begin;
     mp.pair_src = pair_src;
     mp.k = k;

@@ -379,7 +379,15 @@ int64_t moe_sm90_scratch_bytes(int64_t n_experts,
   return carve_scratch(nullptr, n_experts, num_pairs, hidden, inter).bytes;
 }
 
-Status launch_moe_sm90(const MoeSm90Params& p, cudaStream_t stream) {
+Status launch_moe_sm90(const MoeSm90Params& p_in, cudaStream_t stream) {
+  const bool w4 = p_in.w4.n_experts > 0;
+  MoeSm90Params p = p_in;
+  if (w4) {  // the kernels below read the dimensions from w
+    p.w = MoeFp8Weights{};
+    p.w.n_experts = p.w4.n_experts;
+    p.w.hidden = p.w4.hidden;
+    p.w.inter = p.w4.inter;
+  }
   const int64_t ne = p.w.n_experts;
   const int64_t H = p.w.hidden;
   const int64_t I = p.w.inter;
@@ -397,18 +405,33 @@ Status launch_moe_sm90(const MoeSm90Params& p, cudaStream_t stream) {
   if (p.scratch_bytes < s.bytes)
     return invalid_argument("moe_sm90: scratch too small");
   const bool blocks = p.w.scale_rows == 128;
-  if (blocks)
-    Grouped<128>::setup(p, s, stream);
-  else
-    Grouped<1>::setup(p, s, stream);
-  DSI_RETURN_IF_ERROR(launched("moe_sm90 setup"));
+  if (!w4) {
+    if (blocks)
+      Grouped<128>::setup(p, s, stream);
+    else
+      Grouped<1>::setup(p, s, stream);
+    DSI_RETURN_IF_ERROR(launched("moe_sm90 setup"));
+  } else if (!p.expert_begin) {
+    return null_pointer("moe_sm90: W4A8 experts need expert_begin");
+  }
   const unsigned rows = static_cast<unsigned>(std::min<int64_t>(p.num_pairs, 1 << 20));
   gather_kernel<<<rows, 128, 0, stream>>>(p, s);
   DSI_RETURN_IF_ERROR(launched("moe_sm90 gather"));
   const bool ping = use_ping64(p);
   for (int pass = 0; pass < 2; ++pass) {
-    DSI_RETURN_IF_ERROR(blocks ? Grouped<128>::run(pass, ping, ne, s, stream)
-                               : Grouped<1>::run(pass, ping, ne, s, stream));
+    if (w4) {
+      DSI_RETURN_IF_ERROR(launch_moe_w4a8_gemm(MoeW4a8GemmParams{.w = p.w4,
+                                                                 .pass = pass,
+                                                                 .expert_begin = p.expert_begin,
+                                                                 .a = pass == 0 ? s.a1 : s.hq,
+                                                                 .sa = pass == 0 ? s.sfa1 : s.sfa2,
+                                                                 .num_pairs = p.num_pairs,
+                                                                 .d = pass == 0 ? s.d1 : p.y},
+                                               stream));
+    } else {
+      DSI_RETURN_IF_ERROR(blocks ? Grouped<128>::run(pass, ping, ne, s, stream)
+                                 : Grouped<1>::run(pass, ping, ne, s, stream));
+    }
     if (pass == 0) {
       swiglu_quant_kernel<<<rows, 128, 0, stream>>>(p, s);
       DSI_RETURN_IF_ERROR(launched("moe_sm90 swiglu"));

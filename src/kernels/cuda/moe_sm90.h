@@ -19,6 +19,7 @@
 
 #include "base/status.h"
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/moe_w4a8_sm90.h"
 #include "tensor/matrix_ref.h"
 
 namespace dsinfer::cuda {
@@ -63,6 +64,9 @@ Status launch_moe_fp8_reencode(const MatrixRef* w1,
 
 struct MoeSm90Params {
   MoeFp8Weights w;
+  // Or (n_experts > 0) the MXFP4 experts as they are, for the grouped W4A8 GEMMs instead of the
+  // FP8 copy's (moe_w4a8_sm90.h; w is then unused).
+  MoeMxfp4Weights w4;
   const int64_t* expert_begin = nullptr;  // device [n_experts + 1] (launch_moe_group); null: one
                                           // expert over every pair (the shared expert)
   const int32_t* pair_src = nullptr;      // device [num_pairs]: grouped row -> pair p; null: g
