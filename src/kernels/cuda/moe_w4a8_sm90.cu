@@ -25,7 +25,8 @@
 // registers (no shared-memory round trip) against 128-256 grouped rows, is the next step.
 // compute-sanitizer, run on this session's earlier versions of the kernel (not on this one):
 // memcheck clean; racecheck reported shared-memory writes against earlier reads that bar.arrive /
-// bar.sync pairs order, a pattern the tool does not model.
+// bar.sync pairs order (a pattern the tool does not model) on the first version, and two errors
+// it did not print on the second: to be run on this one with a higher print limit.
 #include <cuda_fp8.h>
 
 #include <algorithm>
