@@ -444,11 +444,9 @@ Result<json> bench_ops(const OpBenchOptions& o) {
       add_moe("moe routed experts (W4A8 expert GEMV: the decode path)", *gms, bytes);
     }
 #if DSINFER_HAVE_CUTLASS
-    for (int i = 0; i < 2 && t >= 128; ++i) {
-      if (!fp8w_exact[i])
-        continue;  // E4M3 cannot hold these random experts under that granularity
+    // The grouped path's launch at t tokens, its weights left to set.
+    auto sm90_params = [&] {
       cuda::MoeSm90Params sp;
-      sp.w = fp8w[i];
       sp.expert_begin = begin;
       sp.pair_src = src;
       sp.k = kTopK;
@@ -460,6 +458,13 @@ Result<json> bench_ops(const OpBenchOptions& o) {
                                            ~uintptr_t{255});
       sp.scratch_bytes = sm90_scratch_bytes;
       sp.y = ye;
+      return sp;
+    };
+    for (int i = 0; i < 2 && t >= 128; ++i) {
+      if (!fp8w_exact[i])
+        continue;  // E4M3 cannot hold these random experts under that granularity
+      cuda::MoeSm90Params sp = sm90_params();
+      sp.w = fp8w[i];
       auto ms9 = time_ms([&] { return cuda::launch_moe_sm90(sp, nullptr); }, o.iters);
       if (!ms9.ok())
         return ms9.status();
@@ -474,19 +479,8 @@ Result<json> bench_ops(const OpBenchOptions& o) {
               bytes9);
     }
     if (w4_exact && t >= 128) {
-      cuda::MoeSm90Params sp;
+      cuda::MoeSm90Params sp = sm90_params();
       sp.w4 = w4;
-      sp.expert_begin = begin;
-      sp.pair_src = src;
-      sp.k = kTopK;
-      sp.gates = gates;
-      sp.x = p.x;
-      sp.num_pairs = t * kTopK;
-      sp.swiglu_limit = 10.0f;
-      sp.scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(sm90_scratch) + 255) &
-                                           ~uintptr_t{255});
-      sp.scratch_bytes = sm90_scratch_bytes;
-      sp.y = ye;
       auto msw = time_ms([&] { return cuda::launch_moe_sm90(sp, nullptr); }, o.iters);
       if (!msw.ok())
         return msw.status();

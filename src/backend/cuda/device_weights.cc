@@ -247,7 +247,6 @@ Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes, bool ro
       device::check_cuda(cudaMalloc(reinterpret_cast<void**>(&inexact), sizeof(int)),
                          "cudaMalloc (re-encode counter)"));
   int64_t done = 0;
-  Status st;
   // One expert set (device MatrixRef arrays) -> its E4M3 copy in *out, when it fits and is exact.
   auto copy_set = [&](const MatrixRef* w1,
                       const MatrixRef* w3,
@@ -311,16 +310,7 @@ Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes, bool ro
     }
     return Status();
   };
-  for (DLayer& l : layers) {
-    st = convert(l.moe);
-    if (!st.ok())
-      break;
-  }
-  for (DMtp& t : mtp) {
-    if (!st.ok())
-      break;
-    st = convert(t.layer.moe);
-  }
+  const Status st = for_each_moe(convert);
   const cudaError_t err = cudaFree(inexact);
   DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
   DSI_RETURN_IF_ERROR(st);
@@ -371,17 +361,7 @@ Result<int64_t> DeviceWeights::add_moe_w4a8() {
     ++done;
     return Status();
   };
-  Status st;
-  for (DLayer& l : layers) {
-    st = prepare(l.moe);
-    if (!st.ok())
-      break;
-  }
-  for (DMtp& t : mtp) {
-    if (!st.ok())
-      break;
-    st = prepare(t.layer.moe);
-  }
+  const Status st = for_each_moe(prepare);
   const cudaError_t err = cudaFree(inexact);
   DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
   DSI_RETURN_IF_ERROR(st);
@@ -431,15 +411,7 @@ Result<int64_t> DeviceWeights::enable_expert_gemv() {
     }
     return Status();
   };
-  Status st;
-  for (DLayer& l : layers) {
-    if (st.ok())
-      st = mark(l.moe);
-  }
-  for (DMtp& t : mtp) {
-    if (st.ok())
-      st = mark(t.layer.moe);
-  }
+  const Status st = for_each_moe(mark);
   const cudaError_t err = cudaFree(bad);
   DSI_CHECK(device::release_ok(err), "cudaFree: %s", cudaGetErrorString(err));
   DSI_RETURN_IF_ERROR(st);

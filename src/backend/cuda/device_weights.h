@@ -135,6 +135,13 @@ class DeviceWeights {
 
  private:
   DeviceWeights() = default;
+  // f(DMoe&) -> Status over every layer's MoE, then the MTP layers'; stops at the first error.
+  template <class F>
+  Status for_each_moe(F&& f) {
+    for (DLayer& l : layers) DSI_RETURN_IF_ERROR(f(l.moe));
+    for (DMtp& t : mtp) DSI_RETURN_IF_ERROR(f(t.layer.moe));
+    return Status();
+  }
   void* mem_ = nullptr;
   void* refs_mem_ = nullptr;
   std::vector<void*> fp8_mem_;  // add_moe_fp8_copies, add_moe_w4a8

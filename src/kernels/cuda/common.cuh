@@ -6,6 +6,22 @@
 
 namespace dsinfer::cuda {
 
+// The last i in [0, n) with a[i] <= v, for a ascending and a[0] <= v (a segment's index from its
+// begin offsets: the expert of a grouped row, the expert of a tile).
+template <class T, class I>
+__device__ __forceinline__ I last_at_most(const T* a, I n, T v) {
+  I lo = 0;
+  I hi = n - 1;
+  while (lo < hi) {
+    const I mid = (lo + hi + 1) / 2;
+    if (a[mid] <= v)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe_gemv_tiles.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -84,28 +85,7 @@ __device__ __forceinline__ float* wg_red(uint8_t* smem, int64_t k) {
   return reinterpret_cast<float*>(smem + wg_x_bytes(k) + Ring<kRun>::kStages * Ring<kRun>::kBytes);
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using cp_async::smem_u32;
 
 // Byte j of an E8M0 scale word as a float (E8M0 0 is 2^-127, subnormal; 255, NaN, never reaches
 // these kernels: expert_gemv_check).
@@ -187,8 +167,8 @@ __device__ __forceinline__ void issue_block(const WgRows& rs, int64_t kb0, int n
     const int row = pc / (4 * kRun);
     const int part = pc % (4 * kRun);
     if (part / 4 < nkb)
-      cp_async16(st + row * R::kPitch + part * 16,
-                 (row < 32 ? rs.d0 : rs.d1) + (row & 31) * rs.ld + kb0 * 64 + part * 16);
+      cp_async::copy16(st + row * R::kPitch + part * 16,
+                       (row < 32 ? rs.d0 : rs.d1) + (row & 31) * rs.ld + kb0 * 64 + part * 16);
   }
 #pragma unroll
   for (int i = 0; i < (kRun + 1) / 2; ++i) {
@@ -196,8 +176,8 @@ __device__ __forceinline__ void issue_block(const WgRows& rs, int64_t kb0, int n
     const int row = q / kRun;
     const int sub = q % kRun;
     if (q < kWgRows * kRun && sub < nkb)
-      cp_async4(st + R::kScales + q * 4,
-                (row < 32 ? rs.s0 : rs.s1) + (row & 31) * rs.sld + (kb0 + sub) * 4);
+      cp_async::copy4(st + R::kScales + q * 4,
+                      (row < 32 ? rs.s0 : rs.s1) + (row & 31) * rs.sld + (kb0 + sub) * 4);
   }
 }
 
@@ -299,20 +279,20 @@ __device__ __forceinline__ void stream_fp4(RowsOf&& rows_of,
   for (int j = 0; j < kStages - 1; ++j) {
     if (j < total)
       issue_next(ring + j * R::kBytes);
-    cp_async_commit();
+    cp_async::commit();
   }
   stage();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const uint64_t desc0 = wgmma::desc_k_major(smem_addr(smem), 128, 128);
+  const uint64_t desc0 = wgmma::desc_k_major(smem_u32(smem), 128, 128);
   const auto* ss = reinterpret_cast<const float*>(smem + k * kTok);
   int g = 0;
   int64_t s = 0;  // stage of the current group
   for (int64_t j = 0; j < total; ++j) {
-    cp_async_wait<kStages - 2>();  // this lane's copies of stage j landed
-    __syncthreads();               // everyone's; and stage (j - 1) % kStages is no longer read
+    cp_async::wait<kStages - 2>();  // this lane's copies of stage j landed
+    __syncthreads();                // everyone's; and stage (j - 1) % kStages is no longer read
     if (j + kStages - 1 < total)
       issue_next(ring + ((j + kStages - 1) % kStages) * R::kBytes);
-    cp_async_commit();
+    cp_async::commit();
     const uint8_t* st = ring + (j % kStages) * R::kBytes;
     const int64_t kb0 = s * kRun;
 #pragma unroll

@@ -66,18 +66,7 @@ __device__ __forceinline__ int64_t pair_of(const MoeSm90Params& p, int64_t g) {
 }
 
 __device__ __forceinline__ int64_t expert_of(const int64_t* begin, int64_t ne, int64_t g) {
-  if (begin == nullptr)
-    return 0;
-  int64_t lo = 0;
-  int64_t hi = ne - 1;  // the last e with begin[e] <= g
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (begin[mid] <= g)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
+  return begin == nullptr ? 0 : last_at_most(begin, ne, g);
 }
 
 // One block per grouped row: the token's FP8 row (16-byte copies) and its scales, transposed

@@ -32,6 +32,8 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe_w4a8_sm90.h"
 #include "kernels/cuda/wgmma_fp8.cuh"
@@ -74,22 +76,8 @@ int64_t smem_bytes(int64_t n_experts) {
   return kOffTiles + 4 * (n_experts + 1) + 1024;  // + alignment slack
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using cp_async::smem_u32;
+
 __device__ __forceinline__ void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -124,15 +112,7 @@ struct Tile {
 };
 
 __device__ __forceinline__ Tile decode_tile(const int* tiles, int ne, const int64_t* begin, int t) {
-  int lo = 0;
-  int hi = ne - 1;  // the last e with tiles[e] <= t
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (tiles[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
+  const int lo = last_at_most(tiles, ne, t);  // the expert
   Tile r;
   r.e = lo;
   const int64_t b = begin[lo];
@@ -258,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1) w4a8_gemm_kernel(Args args) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (a_r + 16 * j < t.m)
-          cp16(st + a_dst + j * 2048, a_src + (16 * j) * K + kb * kBK);
+          cp_async::copy16(st + a_dst + j * 2048, a_src + (16 * j) * K + kb * kBK);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -266,24 +246,25 @@ __global__ void __launch_bounds__(kThreads, 1) w4a8_gemm_kernel(Args args) {
           continue;  // past the last weight row: the MMAs' columns there are not stored
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          cp16(st + w_dst + (4 * h + j) * 32 * kRawPitch, w_src[h] + (32 * j) * (K / 2) + kb * 64);
-        cp4(st + kOffSub + (h * kHalf + tid) * 4, sub_src[h] + kb * 4);
+          cp_async::copy16(st + w_dst + (4 * h + j) * 32 * kRawPitch,
+                           w_src[h] + (32 * j) * (K / 2) + kb * 64);
+        cp_async::copy4(st + kOffSub + (h * kHalf + tid) * 4, sub_src[h] + kb * 4);
       }
       if (tid < 16 && static_cast<int64_t>(t.nt) * kBN + tid * 16 < N)
-        cp16(st + kOffExp + tid * 16, exp_src + static_cast<int64_t>(kb) * N);
+        cp_async::copy16(st + kOffExp + tid * 16, exp_src + static_cast<int64_t>(kb) * N);
       if (tid < t.m)
-        cp4(st + kOffSa + tid * 4, sa_src + static_cast<int64_t>(kb) * t.m_e);
+        cp_async::copy4(st + kOffSa + tid * 4, sa_src + static_cast<int64_t>(kb) * t.m_e);
     };
     for (int s = 0; s < kAhead; ++s) {
       if (s < steps)
         load(s);
-      cp_commit();
+      cp_async::commit();
     }
     for (int s = 0; s < steps; ++s) {
       // Step s's copies done (the activation tile goes to the MMAs as CUTLASS's cp.async GMMA
       // pipelines hand theirs over, without a proxy fence: the fence compiles to a MEMBAR that
       // would wait for the later steps' copies in flight too, one memory latency per step).
-      cp_wait<kAhead - 1>();
+      cp_async::wait<kAhead - 1>();
       bar_arrive(kBarFull + s % kStages, kThreads);
       const int ns = s + kAhead;
       if (ns < steps) {
@@ -291,9 +272,9 @@ __global__ void __launch_bounds__(kThreads, 1) w4a8_gemm_kernel(Args args) {
           bar_sync(kBarEmpty + (ns - kStages) % kStages, kThreads);
         load(ns);
       }
-      cp_commit();
+      cp_async::commit();
     }
-    cp_wait<0>();
+    cp_async::wait<0>();
     return;
   }
 
