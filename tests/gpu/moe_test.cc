@@ -1033,6 +1033,44 @@ TEST(GpuOpsArgs, MoeValidates) {
   mp.w = odd;
   mp.num_pairs = 2;
   EXPECT_EQ(launch_moe_sm90(mp, nullptr).code(), StatusCode::kInvalidArgument);
+  // The grouped W4A8 GEMMs and their load-time exponents refuse shapes, passes, expert counts,
+  // missing pointers and unaligned activations before any device work; no pairs is a no-op.
+  MoeMxfp4Weights w4;
+  w4.n_experts = 2;
+  w4.hidden = 256;
+  w4.inter = 100;  // not a multiple of 128
+  EXPECT_EQ(launch_moe_mxfp4_scales(w4, &bad, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(launch_moe_w4a8_gemm(MoeW4a8GemmParams{.w = w4, .num_pairs = 2}, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  w4.inter = 128;
+  EXPECT_EQ(launch_moe_mxfp4_scales(w4, &bad, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      launch_moe_w4a8_gemm(MoeW4a8GemmParams{.w = w4, .pass = 2, .num_pairs = 2}, nullptr).code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_TRUE(launch_moe_w4a8_gemm(MoeW4a8GemmParams{.w = w4, .num_pairs = 0}, nullptr).ok());
+  EXPECT_EQ(launch_moe_w4a8_gemm(MoeW4a8GemmParams{.w = w4, .num_pairs = 2}, nullptr).code(),
+            StatusCode::kInvalidArgument);  // null pointers
+  MoeMxfp4Weights many = w4;
+  many.n_experts = 4096;
+  EXPECT_EQ(launch_moe_w4a8_gemm(MoeW4a8GemmParams{.w = many, .num_pairs = 2}, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  const auto* fake = reinterpret_cast<const MatrixRef*>(uintptr_t{256});
+  auto* fake_bytes = reinterpret_cast<uint8_t*>(uintptr_t{256});
+  MoeMxfp4Weights set = w4;
+  set.w1 = set.w3 = set.w2 = fake;
+  set.exp13 = set.exp2 = fake_bytes;
+  const int64_t begin_stub = 0;
+  const float scale_stub = 1.0f;
+  float d_stub = 0.0f;
+  EXPECT_EQ(launch_moe_w4a8_gemm(MoeW4a8GemmParams{.w = set,
+                                                   .expert_begin = &begin_stub,
+                                                   .a = fake_bytes + 8,  // not 16-byte aligned
+                                                   .sa = &scale_stub,
+                                                   .num_pairs = 2,
+                                                   .d = &d_stub},
+                                 nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
 #endif
 }
 
