@@ -25,7 +25,8 @@ PARTS = [
     ("indexer + top-k", r"indexer|top_k|refs_from_indices"),
     ("compressors", r"compressor"),
     ("mHC", r"\bhc_|::hc_|hc_(mix|pre|post|head|collapse)"),
-    ("MoE", r"moe_|gemv_gate_up|gemv_down|expert|grouped"),
+    # (the grouped GEMMs: CUTLASS's over the FP8 copy by their problem shape, ours by name)
+    ("MoE", r"moe_|gemv_gate_up|gemv_down|expert|grouped|GroupProblemShape|w4a8"),
     ("dense linears", r"gemv|gemm|dense_kernel|linear"),
     ("norms, RoPE, quantisation", r"rms_norm|rope|quant"),
     ("sampling", r"sampl"),
@@ -146,6 +147,11 @@ def self_test():
     _, parts = summarize(SELF_TEST_NSYS, steps=4, label="nsys")
     expect("nsys MoE us per step", parts["MoE"][0] / 1e3, 150.0)
     expect("nsys norm launches per step", parts["norms, RoPE, quantisation"][1], 10)
+    for name in ("void dsinfer::cuda::(anonymous namespace)::moe_w4a8_gemm_kernel(Args)",
+                 "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::"
+                 "GroupProblemShape<cute::tuple<int, int, int>>, ...>>(T1::Params)"):
+        if part_of(name) != "MoE":
+            failures.append(f"{name[:60]}... classified as {part_of(name)}, not MoE")
     try:
         summarize("no csv here")
         failures.append("text without CSV rows was accepted")

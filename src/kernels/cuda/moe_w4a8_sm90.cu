@@ -132,7 +132,7 @@ struct Args {
   int64_t n, k;
 };
 
-__global__ void __launch_bounds__(kThreads, 1) w4a8_gemm_kernel(Args args) {
+__global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(Args args) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
@@ -390,14 +390,14 @@ __global__ void __launch_bounds__(kThreads, 1) w4a8_gemm_kernel(Args args) {
 // One thread per (expert, matrix row, K block): S = max(largest nonzero 32-block exponent - 6, 0)
 // (127, a scale of 1, for an all-zero block), counting the blocks E4M3 cannot hold under it
 // (moe_sm90.cu's re-encoding rule, scale_rows 1).
-__global__ void exponents_kernel(const MatrixRef* mats,
-                                 int64_t n_experts,
-                                 int64_t rows,
-                                 int64_t cols,
-                                 uint8_t* out,
-                                 int64_t out_rows,
-                                 int64_t row_offset,
-                                 int* inexact) {
+__global__ void moe_w4a8_exponents_kernel(const MatrixRef* mats,
+                                          int64_t n_experts,
+                                          int64_t rows,
+                                          int64_t cols,
+                                          uint8_t* out,
+                                          int64_t out_rows,
+                                          int64_t row_offset,
+                                          int* inexact) {
   const int64_t kb = cols / 128;
   const int64_t total = n_experts * rows * kb;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -479,11 +479,11 @@ Status launch_moe_mxfp4_scales(const MoeMxfp4Weights& w, int* inexact, cudaStrea
   auto grid_for = [](int64_t total) {
     return static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 1 << 16));
   };
-  exponents_kernel<<<grid_for(w.n_experts * I * (H / 128)), 256, 0, stream>>>(
+  moe_w4a8_exponents_kernel<<<grid_for(w.n_experts * I * (H / 128)), 256, 0, stream>>>(
       w.w1, w.n_experts, I, H, w.exp13, 2 * I, 0, inexact);
-  exponents_kernel<<<grid_for(w.n_experts * I * (H / 128)), 256, 0, stream>>>(
+  moe_w4a8_exponents_kernel<<<grid_for(w.n_experts * I * (H / 128)), 256, 0, stream>>>(
       w.w3, w.n_experts, I, H, w.exp13, 2 * I, I, inexact);
-  exponents_kernel<<<grid_for(w.n_experts * H * (I / 128)), 256, 0, stream>>>(
+  moe_w4a8_exponents_kernel<<<grid_for(w.n_experts * H * (I / 128)), 256, 0, stream>>>(
       w.w2, w.n_experts, H, I, w.exp2, H, 0, inexact);
   return launched("moe_mxfp4_scales");
 }
@@ -507,7 +507,7 @@ Status launch_moe_w4a8_gemm(const MoeW4a8GemmParams& p, cudaStream_t stream) {
   const Args args{p, p.pass == 0 ? 2 * I : H, p.pass == 0 ? H : I};
   const int64_t smem = smem_bytes(p.w.n_experts);
   static const cudaError_t attr = cudaFuncSetAttribute(
-      w4a8_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+      moe_w4a8_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
   if (attr != cudaSuccess)
     return failed_precondition(std::string("moe_w4a8: shared memory: ") + cudaGetErrorString(attr));
   // Tiles: at most ceil(pairs / 128) + n_experts row tiles per weight tile; one block per SM
@@ -515,8 +515,10 @@ Status launch_moe_w4a8_gemm(const MoeW4a8GemmParams& p, cudaStream_t stream) {
   const int64_t max_tiles =
       ((p.num_pairs + kBM - 1) / kBM + p.w.n_experts) * ((args.n + kBN - 1) / kBN);
   const int64_t grid = std::min<int64_t>(max_tiles, sm_count());
-  w4a8_gemm_kernel<<<static_cast<unsigned>(grid), kThreads, static_cast<size_t>(smem), stream>>>(
-      args);
+  moe_w4a8_gemm_kernel<<<static_cast<unsigned>(grid),
+                         kThreads,
+                         static_cast<size_t>(smem),
+                         stream>>>(args);
   return launched("moe_w4a8 launch");
 }
 
