@@ -98,6 +98,41 @@ void forward_ok(backend::Model& m, std::vector<backend::ForwardItem>& items) {
   for (const backend::ForwardItem& it : items) EXPECT_TRUE(it.status.ok()) << it.status.to_string();
 }
 
+// n sequences (rollback limit `rollback`; prompt i: len(i) random ids seeded seed + i) after a
+// first forward with the MTP pass and each one's last logits: where the MTP drafting tests start.
+// Heap-held, so that the items' pointers into outs and toks stay valid.
+struct MtpBatch {
+  std::unique_ptr<state::PageArena> arena;
+  std::vector<std::unique_ptr<state::SequenceState>> st;
+  std::vector<backend::ForwardItem> items;
+  std::vector<backend::ForwardOutputs> outs;
+  std::vector<std::vector<int32_t>> toks;
+};
+template <class Len>
+std::unique_ptr<MtpBatch> mtp_batch(gpu::CudaModel& m,
+                                    const model::ModelConfig& cfg,
+                                    int n,
+                                    int64_t rollback,
+                                    Len len,
+                                    uint32_t seed) {
+  auto b = std::make_unique<MtpBatch>();
+  b->arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
+  b->items.resize(static_cast<size_t>(n));
+  b->outs.resize(static_cast<size_t>(n));
+  b->toks.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    b->st.push_back(std::make_unique<state::SequenceState>(cfg, b->arena.get(), i, rollback));
+    b->toks[i] = random_ids(len(i), cfg.vocab_size, seed + static_cast<uint32_t>(i));
+    b->items[i].state = b->st.back().get();
+    b->items[i].tokens = b->toks[i];
+    b->items[i].options.last_logits_only = true;
+    b->items[i].options.run_mtp = true;
+    b->items[i].out = &b->outs[i];
+  }
+  forward_ok(m, b->items);
+  return b;
+}
+
 struct ModelCase {
   const char* path;
   int64_t tokens;
@@ -855,21 +890,9 @@ TEST_P(CudaModelTest, CatchUpDraftsEqualThoseAfterAnMtpPassAndReplayBitForBit) {
   const int kRounds = 8;
   const int32_t K = 3;
   auto run = [&](gpu::CudaModel& m, bool catch_up, std::vector<std::vector<float>>* out) {
-    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
-    std::vector<std::unique_ptr<state::SequenceState>> st;
-    std::vector<backend::ForwardItem> items(kSeqs);
-    std::vector<backend::ForwardOutputs> outs(kSeqs);
-    std::vector<std::vector<int32_t>> toks(kSeqs);
-    for (int i = 0; i < kSeqs; ++i) {
-      st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, K));
-      toks[i] = random_ids(6 + 4 * i, cfg.vocab_size, 900 + static_cast<uint32_t>(i));
-      items[i].state = st.back().get();
-      items[i].tokens = toks[i];
-      items[i].options.last_logits_only = true;
-      items[i].options.run_mtp = true;
-      items[i].out = &outs[i];
-    }
-    forward_ok(m, items);
+    auto b = mtp_batch(
+        m, cfg, kSeqs, K, [](int i) { return 6 + 4 * i; }, 900);
+    auto& [arena, st, items, outs, toks] = *b;
     std::mt19937 g(11);
     std::vector<std::vector<int32_t>> up(kSeqs);
     std::vector<int32_t> pending(kSeqs);
@@ -963,22 +986,9 @@ TEST_P(CudaModelTest, GraphsAreNotReplayedForAnotherRingCapacity) {
     GTEST_SKIP() << mc.path << " has no MTP block";
   const int kSeqs = 2;
   auto run = [&](gpu::CudaModel& m, int64_t rollback, std::vector<std::vector<float>>* out) {
-    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
-    std::vector<std::unique_ptr<state::SequenceState>> st;
-    std::vector<backend::ForwardItem> items(kSeqs);
-    std::vector<backend::ForwardOutputs> outs(kSeqs);
-    std::vector<std::vector<int32_t>> toks(kSeqs);
-    for (int i = 0; i < kSeqs; ++i) {
-      st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, rollback));
-      toks[i] = random_ids(
-          2 * cfg.sliding_window + 9 + 3 * i, cfg.vocab_size, 40 + static_cast<uint32_t>(i));
-      items[i].state = st.back().get();
-      items[i].tokens = toks[i];
-      items[i].options.last_logits_only = true;
-      items[i].options.run_mtp = true;
-      items[i].out = &outs[i];
-    }
-    forward_ok(m, items);
+    auto b = mtp_batch(
+        m, cfg, kSeqs, rollback, [&](int i) { return 2 * cfg.sliding_window + 9 + 3 * i; }, 40);
+    auto& [arena, st, items, outs, toks] = *b;
     std::mt19937 g(3);
     for (int round = 0; round < 4; ++round) {
       std::vector<backend::DraftItem> d(kSeqs);
@@ -1039,21 +1049,9 @@ TEST_P(CudaModelTest, DraftsReplayedForOtherCountsOfTheirPowerOfTwoAreEachSequen
     GTEST_SKIP() << mc.path << " has no MTP block";
   const int kSeqs = 4;
   auto drafts = [&](gpu::CudaModel& m, std::vector<std::vector<float>>* out) {
-    auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
-    std::vector<std::unique_ptr<state::SequenceState>> st;
-    std::vector<backend::ForwardItem> items(kSeqs);
-    std::vector<backend::ForwardOutputs> outs(kSeqs);
-    std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < kSeqs; ++i) {
-      st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, 4));
-      prompts.push_back(random_ids(4 + 5 * i, cfg.vocab_size, 700 + static_cast<uint32_t>(i)));
-      items[i].state = st.back().get();
-      items[i].tokens = prompts.back();
-      items[i].options.last_logits_only = true;
-      items[i].options.run_mtp = true;
-      items[i].out = &outs[i];
-    }
-    forward_ok(m, items);
+    auto b = mtp_batch(
+        m, cfg, kSeqs, 4, [](int i) { return 4 + 5 * i; }, 700);
+    auto& st = b->st;
     for (const int32_t steps : {1, 3}) {
       for (const int count : {3, 3, 4, 2, 4, 3}) {
         std::vector<backend::DraftItem> d(static_cast<size_t>(count));

@@ -293,8 +293,7 @@ Result<int64_t> DeviceWeights::add_moe_fp8_copies(int64_t reserve_bytes, bool ro
     return Status();
   };
   auto convert = [&](DMoe& m) -> Status {
-    if (routed && m.routed_fast && m.num_local_experts > 0 && m.routed_fp8.n_experts == 0 &&
-        m.routed_w4.n_experts == 0) {
+    if (routed && m.routed_fast && m.num_local_experts > 0 && m.routed_fp8.n_experts == 0) {
       DSI_RETURN_IF_ERROR(
           copy_set(m.w1, m.w3, m.w2, m.routed_format, m.num_local_experts, m.inter, &m.routed_fp8));
       done += m.routed_fp8.n_experts > 0;
