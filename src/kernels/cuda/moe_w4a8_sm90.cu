@@ -46,7 +46,7 @@ constexpr int kBM = 64;     // grouped rows per tile
 constexpr int kBN = 256;    // weight rows per tile (two MMA warpgroups of 128)
 constexpr int kHalf = 128;  // weight rows per MMA warpgroup
 constexpr int kBK = 128;    // K per step
-constexpr int kStages = 5;
+constexpr int kStages = 4;
 constexpr int kAhead = kStages - 1;  // steps loaded ahead
 constexpr int kThreads = 384;
 constexpr int kRawPitch = 80;  // bytes per raw weight row in a stage (64 used; conflict-free)
@@ -67,10 +67,13 @@ constexpr int kOffLut = kOffSb + 2 * kBN * 4;  // [15][8] E4M3 magnitudes
 constexpr int kOffTiles = kOffLut + 128;       // int32 [n_experts + 1]
 
 // Named barriers: 0 is __syncthreads.
-constexpr int kBarFull = 1;                    // + stage
-constexpr int kBarEmpty = kBarFull + kStages;  // + stage
-constexpr int kBarMath = kBarEmpty + kStages;
-static_assert(kBarMath < 16);
+// Each MMA warpgroup converts and multiplies its own 128 weight rows, so the two wait for the
+// loads each on barriers of their own and run out of step: one's promotion beside the other's
+// MMAs.
+constexpr int kBarFull = 1;                        // + 2 * stage + warpgroup (loader + one MMA wg)
+constexpr int kBarEmpty = kBarFull + 2 * kStages;  // + stage (loader + both MMA warpgroups)
+constexpr int kBarMath = kBarEmpty + kStages;      // + warpgroup (its own 128 threads)
+static_assert(kBarMath + 1 < 16);
 
 int64_t smem_bytes(int64_t n_experts) {
   return kOffTiles + 4 * (n_experts + 1) + 1024;  // + alignment slack
@@ -260,12 +263,23 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(Args args) {
         load(s);
       cp_async::commit();
     }
+    // Each step's copies are handed over one iteration before the stage of the step kAhead later
+    // is refilled (which waits for the MMA warpgroups to finish a step), so that the MMA
+    // warpgroups' wait for step s + 1 does not include that wait and this warpgroup's refill.
+    // The activation tile goes to the MMAs as CUTLASS's cp.async GMMA pipelines hand theirs over,
+    // without a proxy fence (the fence compiles to a MEMBAR that would wait for the later steps'
+    // copies in flight too).
+    if (steps > 0) {
+      cp_async::wait<kAhead - 1>();  // step 0
+      bar_arrive(kBarFull, 256);
+      bar_arrive(kBarFull + 1, 256);
+    }
     for (int s = 0; s < steps; ++s) {
-      // Step s's copies done (the activation tile goes to the MMAs as CUTLASS's cp.async GMMA
-      // pipelines hand theirs over, without a proxy fence: the fence compiles to a MEMBAR that
-      // would wait for the later steps' copies in flight too, one memory latency per step).
-      cp_async::wait<kAhead - 1>();
-      bar_arrive(kBarFull + s % kStages, kThreads);
+      if (s + 1 < steps) {
+        cp_async::wait<kAhead - 2>();  // committed: steps 0 .. s + kAhead - 1; step s + 1 done
+        bar_arrive(kBarFull + 2 * ((s + 1) % kStages), 256);
+        bar_arrive(kBarFull + 2 * ((s + 1) % kStages) + 1, 256);
+      }
       const int ns = s + kAhead;
       if (ns < steps) {
         if (ns >= kStages)
@@ -316,9 +330,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(Args args) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) tot[i] = 0.0f;
   if (steps > 0) {
-    bar_sync(kBarFull, kThreads);
+    bar_sync(kBarFull + mw, 256);
     convert(0);
-    bar_sync(kBarMath, 256);
+    bar_sync(kBarMath + mw, 128);
   }
   Tile t;
   // Every MMA warpgroup runs every step's MMAs (rows past the tile's end and columns past the
@@ -340,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(Args args) {
     for (int j = 0; j < 4; ++j) wgmma::mma_m64n128k32_e4m3_ss(acc, da + 2 * j, db + 2 * j, j > 0);
     wgmma::commit();
     if (s + 1 < steps) {  // the next E4M3 tile while the MMAs run
-      bar_sync(kBarFull + (s + 1) % kStages, kThreads);
+      bar_sync(kBarFull + 2 * ((s + 1) % kStages) + mw, 256);
       convert(s + 1);
     }
     wgmma::wait<0>();
@@ -381,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(Args args) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) tot[i] = 0.0f;
     }
-    bar_sync(kBarMath, 256);  // tile s + 1 converted on both sides; the MMAs of s done on both
+    bar_sync(kBarMath + mw, 128);  // this half of tile s + 1 converted; this wg's MMAs of s done
   }
 }
 
