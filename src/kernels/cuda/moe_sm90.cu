@@ -16,6 +16,7 @@
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe_sm90.h"
 #include "kernels/cuda/moe_sm90_grouped.h"
+#include "kernels/cuda/moe_w4a8_k_order.cuh"
 #include "kernels/cuda/swiglu.cuh"
 #include "numeric/float_formats.h"
 
@@ -69,9 +70,9 @@ __device__ __forceinline__ int64_t expert_of(const int64_t* begin, int64_t ne, i
   return begin == nullptr ? 0 : last_at_most(begin, ne, g);
 }
 
-// One block per grouped row: the token's FP8 row (16-byte copies) and its scales, transposed
-// into the expert's [hidden / 128][m_e] block.
-__global__ void gather_kernel(MoeSm90Params p, Scratch s) {
+// One block per grouped row: the token's FP8 row (16-byte copies; in the W4A8 GEMM's K order
+// with w4a8_order) and its scales, transposed into the expert's [hidden / 128][m_e] block.
+__global__ void gather_kernel(MoeSm90Params p, Scratch s, bool w4a8_order) {
   const int64_t H = p.w.hidden;
   const int64_t kb = H / 128;
   for (int64_t g = blockIdx.x; g < p.num_pairs; g += gridDim.x) {
@@ -81,7 +82,12 @@ __global__ void gather_kernel(MoeSm90Params p, Scratch s) {
     const int64_t tok = pair_of(p, g) / p.k;
     const uint4* src = reinterpret_cast<const uint4*>(p.x.codes + tok * p.x.ld);
     uint4* dst = reinterpret_cast<uint4*>(s.a1 + g * H);
-    for (int64_t i = threadIdx.x; i < H / 16; i += blockDim.x) dst[i] = src[i];
+    if (w4a8_order) {
+      for (int64_t i = threadIdx.x; i < H / 32; i += blockDim.x)
+        w4a8_order_32(src[2 * i], src[2 * i + 1], dst + 2 * i);
+    } else {
+      for (int64_t i = threadIdx.x; i < H / 16; i += blockDim.x) dst[i] = src[i];
+    }
     const float* xs = p.x.scales + tok * (p.x.ld / 128);
     for (int64_t i = threadIdx.x; i < kb; i += blockDim.x) {
       s.sfa1[b * kb + i * m + (g - b)] = xs[i];
@@ -90,8 +96,9 @@ __global__ void gather_kernel(MoeSm90Params p, Scratch s) {
 }
 
 // h = silu(min(g, limit)) * clamp(u, +-limit) * gate (the fused kernel's operations, in its
-// order), quantised per 128 values exactly as launch_quantize_fp8 does; one warp per block.
-__global__ void swiglu_quant_kernel(MoeSm90Params p, Scratch s) {
+// order), quantised per 128 values exactly as launch_quantize_fp8 does (stored in the W4A8
+// GEMM's K order with w4a8_order); one warp per block.
+__global__ void swiglu_quant_kernel(MoeSm90Params p, Scratch s, bool w4a8_order) {
   const int64_t I = p.w.inter;
   const int64_t kb = I / 128;
   const int lane = threadIdx.x & 31;
@@ -114,7 +121,8 @@ __global__ void swiglu_quant_kernel(MoeSm90Params p, Scratch s) {
       for (int i = 0; i < 4; ++i) h[i] = swiglu_gated(h[i], u[i], lim, gate);
       uint32_t packed = 0;
       const float sc = act_quant_warp_block(h, &packed);
-      *reinterpret_cast<uint32_t*>(s.hq + g * I + c0) = packed;
+      const int64_t at = w4a8_order ? blk * 128 + 4 * w4a8_group_position(lane) : c0;
+      *reinterpret_cast<uint32_t*>(s.hq + g * I + at) = packed;
       if (lane == 0)
         s.sfa2[b * kb + blk * m + (g - b)] = sc;
     }
@@ -404,7 +412,7 @@ Status launch_moe_sm90(const MoeSm90Params& p_in, cudaStream_t stream) {
     return null_pointer("moe_sm90: W4A8 experts need expert_begin");
   }
   const unsigned rows = static_cast<unsigned>(std::min<int64_t>(p.num_pairs, 1 << 20));
-  gather_kernel<<<rows, 128, 0, stream>>>(p, s);
+  gather_kernel<<<rows, 128, 0, stream>>>(p, s, w4);
   DSI_RETURN_IF_ERROR(launched("moe_sm90 gather"));
   const bool ping = use_ping64(p);
   for (int pass = 0; pass < 2; ++pass) {
@@ -422,7 +430,7 @@ Status launch_moe_sm90(const MoeSm90Params& p_in, cudaStream_t stream) {
                                  : Grouped<1>::run(pass, ping, ne, s, stream));
     }
     if (pass == 0) {
-      swiglu_quant_kernel<<<rows, 128, 0, stream>>>(p, s);
+      swiglu_quant_kernel<<<rows, 128, 0, stream>>>(p, s, w4);
       DSI_RETURN_IF_ERROR(launched("moe_sm90 swiglu"));
     }
   }

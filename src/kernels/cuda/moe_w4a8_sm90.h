@@ -7,8 +7,8 @@
 // e2m1 x 2^(s - S) in E4M3, exact while the row block's 32-block exponents lie within 14 binades
 // of each other. The block exponents are computed once at load (launch_moe_mxfp4_scales, which
 // counts the row blocks outside that range: such an expert set must not use this path); the
-// E4M3 codes are made in shared memory on the way to the tensor cores, so the GEMM's products and
-// their scales are the FP8 copy's.
+// E4M3 codes are made in registers as the MMAs' A operand, so the GEMM's products and their
+// scales are the FP8 copy's. The activations come in moe_w4a8_k_order.cuh's K order.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -58,8 +58,8 @@ struct MoeW4a8GemmParams {
   MoeMxfp4Weights w;
   int pass = 0;
   const int64_t* expert_begin = nullptr;  // device [n_experts + 1]
-  const uint8_t* a = nullptr;             // [num_pairs][k] E4M3, 16-byte aligned rows
-  const float* sa = nullptr;  // per expert e at expert_begin[e] * (k / 128): [k / 128][m_e]
+  const uint8_t* a = nullptr;  // [num_pairs][k] E4M3 (moe_w4a8_k_order.cuh), 16-byte aligned rows
+  const float* sa = nullptr;   // per expert e at expert_begin[e] * (k / 128): [k / 128][m_e]
   int64_t num_pairs = 0;
   float* d = nullptr;  // [num_pairs][n]
 };

@@ -1,7 +1,7 @@
 // The few wgmma (sm_90a) pieces the hand-written FP8 kernels use, as inline PTX: the warpgroup
 // fences and groups, shared-memory descriptors for the unswizzled and the 128-byte-swizzled
-// K-major layouts, the m64n8k32 E4M3 MMA with A in registers (B in shared memory) and the
-// m64n128k32 one with both operands in shared memory, fp32 accumulators.
+// K-major layouts, and E4M3 MMAs with A in registers and B in shared memory (m64n8k32 and
+// m64nNk32 for N = 32, 64, 128), fp32 accumulators.
 //
 // Register fragments (per warp w of the warpgroup, lane = 4 g + t): A's four registers hold rows
 // 16 w + g (a0, a2) and 16 w + g + 8 (a1, a3), K bytes 4 t .. 4 t + 3 (a0, a1) and 16 + 4 t ..
@@ -78,88 +78,63 @@ __device__ __forceinline__ uint64_t desc_k_major_sw128(uint32_t saddr) {
   return d;
 }
 
-// d (+)= A[64 x 32] . B[32 x 128]^T, E4M3 operands both in shared memory (descriptors), fp32
-// accumulators: d[4 j + i] is row 16 w + g (i < 2) or + 8 (i >= 2), column 8 j + 2 t + (i % 2).
-__device__ __forceinline__ void mma_m64n128k32_e4m3_ss(float (&d)[64],
-                                                       uint64_t desc_a,
-                                                       uint64_t desc_b,
-                                                       bool accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
-      "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]),
-        "+f"(d[1]),
-        "+f"(d[2]),
-        "+f"(d[3]),
-        "+f"(d[4]),
-        "+f"(d[5]),
-        "+f"(d[6]),
-        "+f"(d[7]),
-        "+f"(d[8]),
-        "+f"(d[9]),
-        "+f"(d[10]),
-        "+f"(d[11]),
-        "+f"(d[12]),
-        "+f"(d[13]),
-        "+f"(d[14]),
-        "+f"(d[15]),
-        "+f"(d[16]),
-        "+f"(d[17]),
-        "+f"(d[18]),
-        "+f"(d[19]),
-        "+f"(d[20]),
-        "+f"(d[21]),
-        "+f"(d[22]),
-        "+f"(d[23]),
-        "+f"(d[24]),
-        "+f"(d[25]),
-        "+f"(d[26]),
-        "+f"(d[27]),
-        "+f"(d[28]),
-        "+f"(d[29]),
-        "+f"(d[30]),
-        "+f"(d[31]),
-        "+f"(d[32]),
-        "+f"(d[33]),
-        "+f"(d[34]),
-        "+f"(d[35]),
-        "+f"(d[36]),
-        "+f"(d[37]),
-        "+f"(d[38]),
-        "+f"(d[39]),
-        "+f"(d[40]),
-        "+f"(d[41]),
-        "+f"(d[42]),
-        "+f"(d[43]),
-        "+f"(d[44]),
-        "+f"(d[45]),
-        "+f"(d[46]),
-        "+f"(d[47]),
-        "+f"(d[48]),
-        "+f"(d[49]),
-        "+f"(d[50]),
-        "+f"(d[51]),
-        "+f"(d[52]),
-        "+f"(d[53]),
-        "+f"(d[54]),
-        "+f"(d[55]),
-        "+f"(d[56]),
-        "+f"(d[57]),
-        "+f"(d[58]),
-        "+f"(d[59]),
-        "+f"(d[60]),
-        "+f"(d[61]),
-        "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate ? 1 : 0));
+// Accumulator operand lists: d[i] .. d[i + 7] (and .. d[i + 31]) as read-write fp32 operands.
+#define DSI_WGMMA_D8(i)                                                                       \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define DSI_WGMMA_D32(i) \
+  DSI_WGMMA_D8(i), DSI_WGMMA_D8(i + 8), DSI_WGMMA_D8(i + 16), DSI_WGMMA_D8(i + 24)
+
+// d (+)= A[64 x 32] . B[32 x N]^T for N = 32, 64 or 128: A (E4M3) in registers as
+// mma_m64n8k32_e4m3 holds it, B (E4M3) in shared memory (descriptor), fp32 accumulators:
+// d[4 j + i] is row 16 w + g (i < 2) or + 8 (i >= 2), column 8 j + 2 t + (i % 2), j < N / 8.
+template <int N>
+__device__ __forceinline__ void mma_m64nNk32_e4m3_rs(float (&d)[N / 2],
+                                                     const uint32_t (&a)[4],
+                                                     uint64_t desc_b,
+                                                     bool accumulate) {
+  static_assert(N == 32 || N == 64 || N == 128, "wgmma RS: N of 32, 64 or 128");
+  if constexpr (N == 32) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1;\n"
+        "}\n"
+        : DSI_WGMMA_D8(0), DSI_WGMMA_D8(8)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate ? 1 : 0));
+  } else if constexpr (N == 64) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n"
+        "}\n"
+        : DSI_WGMMA_D32(0)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate ? 1 : 0));
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+        "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+        "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n"
+        "}\n"
+        : DSI_WGMMA_D32(0), DSI_WGMMA_D32(32)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate ? 1 : 0));
+  }
 }
+
+#undef DSI_WGMMA_D32
+#undef DSI_WGMMA_D8
 
 }  // namespace dsinfer::cuda::wgmma
