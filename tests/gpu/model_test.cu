@@ -697,15 +697,18 @@ TEST_P(CudaModelTest, LargeDecodeStepsRunTheGroupedExpertsInGraphsBitForBit) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < kSeqs; ++i)
     prompts.push_back(random_ids(2 + i % 13, cfg.vocab_size, 900 + static_cast<uint32_t>(i)));
-  std::vector<std::vector<float>> eager_logits, graph_logits, invariant_logits, w4a8_logits;
+  std::vector<std::vector<float>> eager_logits, graph_logits, invariant_logits, w4a8_logits,
+      copy_logits;
   std::vector<std::vector<int32_t>> eager_tokens, invariant_tokens;
-  for (int mode = 0; mode < 4; ++mode) {  // eager, graphs, batch-invariant, W4A8 (no FP8 copy)
+  // eager, graphs, batch-invariant, W4A8 only (no FP8 copy), the FP8 copy only (no W4A8)
+  for (int mode = 0; mode < 5; ++mode) {
     auto m = gpu::CudaModel::create(cfg,
                                     ckpt->weights(),
                                     model::Numerics::kDeepSeek,
                                     gpu::CudaModelOptions{.cuda_graphs = mode == 1,
                                                           .batch_invariant = mode == 2,
                                                           .moe_fp8_copy = mode != 3,
+                                                          .moe_w4a8 = mode != 4,
                                                           .moe_grouped_decode_min_bytes = 0});
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     if (mode == 0 && (*m)->stats().moe_fp8_layers == 0)
@@ -715,7 +718,8 @@ TEST_P(CudaModelTest, LargeDecodeStepsRunTheGroupedExpertsInGraphsBitForBit) {
     auto* logits = mode == 0   ? &eager_logits
                    : mode == 1 ? &graph_logits
                    : mode == 2 ? &invariant_logits
-                               : &w4a8_logits;
+                   : mode == 3 ? &w4a8_logits
+                               : &copy_logits;
     const auto tokens = greedy_decode_all(**m, cfg, prompts, kDecode, logits);
     if (mode == 0)
       eager_tokens = tokens;
@@ -734,11 +738,15 @@ TEST_P(CudaModelTest, LargeDecodeStepsRunTheGroupedExpertsInGraphsBitForBit) {
     EXPECT_EQ(eager_logits[i], graph_logits[i]) << "step row " << i;
   // The W4A8 GEMMs on the MXFP4 experts as they are: the FP8 copy's logits bit for bit (prefill
   // and decode steps alike).
+  // So is the copy alone (the default runs the W4A8 GEMMs for launches of few pairs per expert).
   if (!w4a8_logits.empty()) {
     ASSERT_EQ(eager_logits.size(), w4a8_logits.size());
     for (size_t i = 0; i < eager_logits.size(); ++i)
       EXPECT_EQ(eager_logits[i], w4a8_logits[i]) << "W4A8, step row " << i;
   }
+  ASSERT_EQ(eager_logits.size(), copy_logits.size());
+  for (size_t i = 0; i < eager_logits.size(); ++i)
+    EXPECT_EQ(eager_logits[i], copy_logits[i]) << "FP8 copy only, step row " << i;
   // Another summation order: the same argmax where the top two logits are clearly apart. Rows are
   // step-major (greedy_decode_all); a sequence is compared up to its first differing token.
   int compared = 0;

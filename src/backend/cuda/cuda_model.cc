@@ -114,7 +114,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
         m->stats_.moe_fp8_layers,
         m->weights_->add_moe_fp8_copies(options.moe_fp8_reserve_bytes, m->options_.moe_fp8_copy));
   }
-  if (grouped && m->options_.moe_w4a8) {  // the layers left without a copy
+  if (grouped && m->options_.moe_w4a8) {  // every MXFP4 layer, with a copy or not
     DSI_ASSIGN_OR_RETURN(m->stats_.moe_w4a8_layers, m->weights_->add_moe_w4a8());
   }
   if (!options.batch_invariant) {

@@ -66,11 +66,13 @@ struct CudaModelOptions {
   // moe_fp8_reserve_bytes of device memory stay free.
   bool moe_fp8_copy = true;
   // (DSINFER_MOE_FP8_COPY=0 in the environment: none; the shared expert's copy is made either
-  // way.) MXFP4 routed experts left without a copy (it did not fit, or the option is off) run the
-  // same grouped path on the W4A8 wgmma GEMMs that read them as they are (moe_w4a8_sm90.h; bit
-  // for bit the copy's results): on the H200 (V4-Flash's routed experts, one layer) 2.3x the
-  // copy's time at 8,192 tokens and 1.7x at 128-1,024, 1.5-4x faster than the W4A8 mma.sync
-  // tiles they replace there. Off (DSINFER_MOE_W4A8=0): those layers keep the tiles.
+  // way.) The MXFP4 routed experts also run the same grouped path on the W4A8 wgmma GEMMs that
+  // read them as they are (moe_w4a8_sm90.h; bit for bit the copy's results; block exponents of
+  // 1/64 of the experts' bytes): every launch of a layer without a copy (it did not fit, or the
+  // option is off), and those of up to 32 pairs per expert where there is one. On the H200
+  // (V4-Flash's routed experts, one layer) 0.92-1.0x the copy's time at 128-1,024 tokens, 1.5x
+  // at 8,192; 3-6x faster than the W4A8 mma.sync tiles. Off (DSINFER_MOE_W4A8=0): the copies
+  // only, and the layers without one keep the tiles.
   bool moe_w4a8 = true;
   int64_t moe_fp8_reserve_bytes = int64_t{8} << 30;
   // Decode steps beyond the expert GEMV (more pairs per expert than it takes) run the grouped
@@ -89,7 +91,7 @@ struct CudaModelStats {
   int64_t graph_captures = 0;
   int64_t shape_warmups = 0;   // fixed-shape runs before their graph replays (Model::shape_warmups)
   int64_t moe_fp8_layers = 0;  // layers with the re-encoded experts (CudaModelOptions)
-  int64_t moe_w4a8_layers = 0;  // layers whose routed experts run the grouped W4A8 GEMMs
+  int64_t moe_w4a8_layers = 0;  // layers whose routed experts may run the grouped W4A8 GEMMs
   int64_t moe_gemv_layers = 0;  // routed expert sets the decode GEMVs may run (moe_gemv.h)
   // MoE launches of decode-shaped steps on the grouped wgmma path (use_moe_sm90): a graph's
   // capture counts once, its replays do not.
@@ -301,6 +303,9 @@ class CudaModel final : public backend::Model {
   // Whether this MoE call of n tokens takes the grouped wgmma path (moe_sm90.h).
   static constexpr int64_t kMoeSm90MinTokens = 128;
   bool use_moe_sm90(const DMoe& w, int64_t n) const;
+  // On that path, the W4A8 GEMMs rather than the FP8 copy (a layer may have both).
+  static constexpr int64_t kW4a8MaxMeanPairs = 32;
+  bool use_moe_w4a8(const DMoe& w, int64_t n) const;
   bool use_moe_sm90_rows(int64_t n) const;
   Status moe_sm90_scratch(cuda::MoeSm90Params* p);  // from the workspace, 256-byte aligned
 

@@ -332,7 +332,7 @@ Result<int64_t> DeviceWeights::add_moe_w4a8() {
   int64_t done = 0;
   auto prepare = [&](DMoe& m) -> Status {
     if (!m.routed_fast || m.num_local_experts == 0 || m.routed_format != WeightFormat::kMxfp4 ||
-        m.routed_w4.n_experts > 0 || m.routed_fp8.n_experts > 0)
+        m.routed_w4.n_experts > 0)
       return Status();
     MatrixRef first;
     DSI_RETURN_IF_ERROR(device::check_cuda(

@@ -66,7 +66,7 @@ struct DMoe {
   // or n_experts == 0 when this layer has none.
   cuda::MoeFp8Weights routed_fp8;
   cuda::MoeFp8Weights shared_fp8;  // the shared expert, likewise
-  // Or the MXFP4 routed experts as they are, with their block exponents, for the grouped W4A8
+  // And/or the MXFP4 routed experts as they are, with their block exponents, for the grouped W4A8
   // wgmma GEMMs (moe_w4a8_sm90.h; add_moe_w4a8), n_experts == 0 when unused.
   cuda::MoeMxfp4Weights routed_w4;
   // Whether decode-sized batches may run these experts on the grouped GEMVs (moe_gemv.h; set by
@@ -120,10 +120,10 @@ class DeviceWeights {
   // exactly, or that does not fit, keeps none. Returns how many layers got a routed copy (0 in
   // builds without CUTLASS).
   Result<int64_t> add_moe_fp8_copies(int64_t reserve_bytes, bool routed = true);
-  // Gives the MXFP4 routed experts of every layer without an FP8 copy (add_moe_fp8_copies) the
-  // block exponents of the grouped W4A8 GEMMs (DMoe::routed_w4; 1/64 of the experts' bytes) where
-  // E4M3 holds their values exactly under them. Returns how many layers qualified (0 in builds
-  // without CUTLASS or off sm_90).
+  // Gives the MXFP4 routed experts of every layer (with an FP8 copy from add_moe_fp8_copies or
+  // not) the block exponents of the grouped W4A8 GEMMs (DMoe::routed_w4; 1/64 of the experts'
+  // bytes) where E4M3 holds their values exactly under them. Returns how many layers qualified
+  // (0 in builds without CUTLASS or off sm_90).
   Result<int64_t> add_moe_w4a8();
   // Gives every FP8 wo_a a BF16 copy (DAttention::wo_a_bf16, exact) for the wgmma BF16x2 path of
   // prefill-sized batches; builds without CUTLASS make none. Returns the copies made.
