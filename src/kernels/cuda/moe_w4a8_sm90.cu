@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(Layout<BN, W>::kThreads, 1) moe_w4a8_gemm_kern
     for (int s = 0; s < steps; ++s) {
       if (kb == 0) {
         t = tile_at(ti);
-        const int64_t r0 = static_cast<int64_t>(t.nt) * kBW;  // within one matrix: 128 | inter
+        const int64_t r0 = static_cast<int64_t>(t.nt) * kBW;  // in one matrix: kBW | inter
         const int64_t inter = p.w.inter;
         const MatrixRef* mats = p.pass == 1 ? p.w.w2 : (r0 < inter ? p.w.w1 : p.w.w3);
         const int64_t rbase = (p.pass == 0 && r0 >= inter) ? r0 - inter : r0;
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(Layout<BN, W>::kThreads, 1) moe_w4a8_gemm_kern
     return;
   }
 
-  // ---- conversion and MMAs (warpgroups 1 and 2) ----
+  // ---- conversion and MMAs (warpgroups 1 .. W) ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(L::kMmaRegs) : "memory");
   const int mw = wg - 1;
   const int warp = tid >> 5;
