@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Kernel-level profile of the 4-layer real-width V4-Flash checkpoint on a GPU host, one Nsight
 # Systems capture (or, where nsys is missing, one Nsight Compute pass timing every kernel) per run
-# kind (the timed prefill of 8192 tokens; the timed decode steps at batch
-# 1 and 64 with 8192 tokens of context), each reduced to a per-kernel CSV (total time, instances)
+# kind (the timed prefill of 8192 tokens, and of 1024 with DSINFER_PROFILE_KINDS=prefill1k; the
+# timed decode steps at batch 1 and 64 with 8192 tokens of context), each reduced to a per-kernel CSV (total time, instances)
 # and, on stdout, the top-15 kernels and the time by part of the model (kernel_parts.py).
 #
 # Usage: tools/bench/device_profile.sh [BIN_DIR] [OUT_DIR]   (defaults: build/bin, $OUT or /tmp)
@@ -28,6 +28,8 @@ if [ -z "$NSYS" ]; then
     case $kind in
       prefill) args=(--prefill 8192 --decode-batch 1 --context 256 --decode-steps 1
                      --profile-range prefill) ;;
+      prefill1k) args=(--prefill 1024 --decode-batch 1 --context 256 --decode-steps 1
+                       --profile-range prefill) ;;
       decode1) args=(--prefill 128 --decode-batch 1 --context 8192 --decode-steps 1
                      --profile-range decode) ;;
       decode64) args=(--prefill 128 --decode-batch 64 --context 8192 --decode-steps 1
@@ -42,10 +44,12 @@ if [ -z "$NSYS" ]; then
   done
   exit 0
 fi
-for kind in prefill decode1 decode64; do
+for kind in ${DSINFER_PROFILE_KINDS:-prefill decode1 decode64}; do
   case $kind in
     prefill) args=(--prefill 8192 --decode-batch 1 --context 256 --decode-steps 1 --repeats 1
                    --profile-range prefill) ;;
+    prefill1k) args=(--prefill 1024 --decode-batch 1 --context 256 --decode-steps 1 --repeats 1
+                     --profile-range prefill) ;;
     decode1) args=(--prefill 128 --decode-batch 1 --context 8192 --decode-steps 8 --repeats 1
                    --profile-range decode) ;;
     decode64) args=(--prefill 128 --decode-batch 64 --context 8192 --decode-steps 4 --repeats 1
