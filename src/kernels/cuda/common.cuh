@@ -6,6 +6,14 @@
 
 namespace dsinfer::cuda {
 
+// prmt in its generic mode (byte permute of a:b by the selector's nibbles; a nibble's bit 3 picks
+// the sign-replicate mode).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
 // The last i in [0, n) with a[i] <= v, for a ascending and a[0] <= v (a segment's index from its
 // begin offsets: the expert of a grouped row, the expert of a tile).
 template <class T, class I>

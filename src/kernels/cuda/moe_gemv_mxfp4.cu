@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/moe_gemv_tiles.cuh"
@@ -13,13 +14,6 @@
 
 namespace dsinfer::cuda::moe_gemv_detail {
 namespace {
-
-// prmt in its generic mode (byte permute of a:b by the selector's nibbles).
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
 
 // ---- MXFP4 experts on wgmma ------------------------------------------------------------------
 // A block is one warpgroup and one tile of <= 8 pairs; its 64 MMA rows are two halves of 32 weight

@@ -49,12 +49,6 @@ constexpr int kMaxExperts = 1024;
 
 using cp_async::smem_u32;
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-
 // Eight E2M1 codes (nibble i = K i) -> eight E4M3 bytes in K order: the magnitudes through the
 // table (lo, hi) of the block, the signs from the codes' top bits (a permute in its sign-replicate
 // mode: byte j of w << 4 ends in code 2j's sign bit, byte j of w in code 2j + 1's).
