@@ -150,6 +150,10 @@ struct Layout {
   // 65,536 / kThreads (168 for W = 2; 96 for W = 4).
   static constexpr int kLoaderRegs = W == 2 ? 72 : 56;
   static constexpr int kMmaRegs = W == 2 ? 216 : 104;
+  // setmaxnreg moves registers within the CTA's launch allocation only: past it the MMA
+  // warpgroups' setmaxnreg.inc never returns (a hang, not an error).
+  static_assert(kLoaderRegs + W * kMmaRegs <= (W + 1) * (65536 / kThreads / 8 * 8),
+                "setmaxnreg: more registers than the CTA is launched with");
   static constexpr int kOffAct = 0;                       // [BN][128] E4M3, 128-byte swizzle
   static constexpr int kOffRaw = BN * kBK;                // [kBW][kPitch] packed E2M1
   static constexpr int kOffSub = kOffRaw + kBW * kPitch;  // [kBW] u32: four 32-block exponents
