@@ -318,7 +318,7 @@ class Engine {
     }
     auto arena =
         state::PageArena::growable(state::default_page_bytes(cfg), score_model_->state_storage());
-    state::SequenceState st(cfg, arena.get(), 0, 0);
+    state::SequenceState st(cfg, arena.get(), 0, 0, score_model_->row_format());
     backend::ForwardOptions opts;
     backend::ForwardOutputs out;
     DSI_RETURN_IF_ERROR(score_model_->forward(st, std::span<const int32_t>(ids), opts, &out));

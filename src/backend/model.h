@@ -150,6 +150,9 @@ class Model {
   // The per-sequence state layout of a model that is not V4 (whose layout SequenceState derives
   // from config()); null for V4. The engine allocates its sequence states from it.
   virtual const state::StateShape* state_shape() const { return nullptr; }
+  // How a V4 state's K=V rows and index keys are stored for this backend (state::RowFormat):
+  // the engine makes its sequences with it, and forward() refuses sequences laid out otherwise.
+  virtual state::RowFormat row_format() const { return state::RowFormat::kFloat; }
   // How the prefix cache may store this backend's sequences; an error (with its reason) when it
   // cannot serve them correctly in the backend's current mode.
   virtual Result<PrefixCacheLayout> prefix_cache_layout() const { return PrefixCacheLayout(); }

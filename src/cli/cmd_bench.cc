@@ -238,11 +238,15 @@ int run_bench(const BenchArgs& a) {
   // The long-context run is one sequence (batch 1): room for it once, beside the batches'.
   const int64_t long_pages =
       a.long_context > 0
-          ? state::SequenceState::pages_for(
-                cfg, page_bytes, a.long_context + kDecodeRuns * a.decode_steps + 16, 0)
+          ? state::SequenceState::pages_for(cfg,
+                                            page_bytes,
+                                            a.long_context + kDecodeRuns * a.decode_steps + 16,
+                                            0,
+                                            m.row_format())
           : 0;
   const int64_t pages =
-      state::SequenceState::pages_for(cfg, page_bytes, max_tokens, 0) * (max_batch + 1) +
+      state::SequenceState::pages_for(cfg, page_bytes, max_tokens, 0, m.row_format()) *
+          (max_batch + 1) +
       long_pages + 64;
   auto arena = state::PageArena::with_budget(pages * page_bytes, page_bytes, m.state_storage());
   out["state_bytes_reserved"] = pages * page_bytes;
@@ -270,7 +274,7 @@ int run_bench(const BenchArgs& a) {
     double best_plan = 0.0;  // host planning within the best run
     std::vector<float> prof;
     for (int64_t r = 0; r <= a.repeats; ++r) {  // run 0: warm-up (workspace, autotuning)
-      state::SequenceState st(cfg, arena.get(), 1000 + r, 0);
+      state::SequenceState st(cfg, arena.get(), 1000 + r, 0, m.row_format());
       m.set_profile(r == a.repeats);  // the last run is profiled per layer (events only)
       const bool captured = a.profile_range == "prefill" && r == 1;  // the first timed run
       if (captured)
@@ -329,7 +333,7 @@ int run_bench(const BenchArgs& a) {
     runs.emplace_back(1, a.long_context);
   for (const auto& [batch, context] : runs) {
     std::vector<std::unique_ptr<state::SequenceState>> seqs;
-    seqs.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), 0, 0));
+    seqs.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), 0, 0, m.row_format()));
     const auto ctx_toks = random_tokens(context, cfg.vocab_size, 17);
     std::fprintf(stderr,
                  "[bench] decode batch %lld: prefilling %lld tokens...\n",
@@ -346,7 +350,8 @@ int run_bench(const BenchArgs& a) {
     }
     std::vector<std::pair<int32_t, int32_t>> pairs;
     for (int64_t i = 1; i < batch; ++i) {
-      seqs.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, 0));
+      seqs.push_back(
+          std::make_unique<state::SequenceState>(cfg, arena.get(), i, 0, m.row_format()));
       if (Status s = seqs.back()->fork_from(*seqs[0], &pairs); !s.ok())
         return fail(s);
     }
@@ -434,8 +439,14 @@ int run_bench(const BenchArgs& a) {
     const std::vector<float> prof = m.last_profile_ms();
     m.set_profile(false);
     m.set_cuda_graphs(!a.no_cuda_graphs);
+    // The state bytes as this backend stores them (records in deepseek numerics).
     const model::ForwardCost cost =
-        model::decode_cost(cfg, (*ckpt)->weights(), batch, context + warm);
+        model::decode_cost(cfg,
+                           (*ckpt)->weights(),
+                           batch,
+                           context + warm,
+                           4.0 * static_cast<double>(state::kv_row_floats(cfg, m.row_format())),
+                           4.0 * static_cast<double>(state::index_row_floats(cfg, m.row_format())));
     json row = {
         {"batch", batch},
         {"context", context},

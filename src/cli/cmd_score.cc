@@ -185,7 +185,7 @@ int run_score(const ScoreArgs& args) {
     return fail(model.status());
   auto arena =
       state::PageArena::growable(state::default_page_bytes(cfg), (*model)->state_storage());
-  state::SequenceState st(cfg, arena.get(), 0, 0);
+  state::SequenceState st(cfg, arena.get(), 0, 0, (*model)->row_format());
   const int64_t total = static_cast<int64_t>(ids->size());
   const int64_t chunk = args.chunk == 0 ? total : args.chunk;
   std::vector<float> logits;

@@ -31,15 +31,22 @@ namespace dsinfer::engine {
 class Engine::Memory : public MemoryHooks {
  public:
   // shape: the backend's state layout (null: V4's, from the config and max_rollback).
+  // format: how V4's K=V rows and index keys are stored (the backend's row_format()).
   Memory(const model::ModelConfig& config,
          const state::StateShape* shape,
          state::PageArena* arena,
-         int64_t max_rollback)
-      : config_(config), shape_(shape), arena_(arena), max_rollback_(max_rollback) {}
+         int64_t max_rollback,
+         state::RowFormat format)
+      : config_(config),
+        shape_(shape),
+        arena_(arena),
+        max_rollback_(max_rollback),
+        format_(format) {}
   // A fresh sequence of this engine's layout.
   std::unique_ptr<state::SequenceState> make(int64_t id) const {
     return shape_ ? std::make_unique<state::SequenceState>(*shape_, arena_, id)
-                  : std::make_unique<state::SequenceState>(config_, arena_, id, max_rollback_);
+                  : std::make_unique<state::SequenceState>(
+                        config_, arena_, id, max_rollback_, format_);
   }
   bool admit(Request& r) override {
     if (states_.count(r.id))
@@ -88,6 +95,7 @@ class Engine::Memory : public MemoryHooks {
   const state::StateShape* shape_;
   state::PageArena* arena_;
   int64_t max_rollback_;  // the most drafts a step verifies
+  state::RowFormat format_;
   std::map<RequestId, std::unique_ptr<state::SequenceState>> states_;
 };
 
@@ -100,7 +108,7 @@ int64_t sequence_pages(const backend::Model& m,
                        int64_t max_rollback) {
   if (const state::StateShape* s = m.state_shape())
     return state::SequenceState::pages_for(*s, page_bytes, n);
-  return state::SequenceState::pages_for(m.config(), page_bytes, n, max_rollback);
+  return state::SequenceState::pages_for(m.config(), page_bytes, n, max_rollback, m.row_format());
 }
 }  // namespace
 
@@ -398,7 +406,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
     e->cost_ = std::make_unique<spec::StepCost>(
         e->step_times_, e->spec_.k, e->model_->prefers_uniform_steps());
   }
-  e->memory_ = std::make_unique<Memory>(mc, shape, e->arena_.get(), max_rollback);
+  e->memory_ =
+      std::make_unique<Memory>(mc, shape, e->arena_.get(), max_rollback, e->model_->row_format());
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->memory_.get());
   e->max_model_len_ = config.max_model_len > 0
                           ? std::min(config.max_model_len, mc.max_position_embeddings)

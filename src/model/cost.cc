@@ -93,8 +93,13 @@ ForwardCost decode_cost(const ModelConfig& c,
                         const ModelWeights& w,
                         int64_t batch,
                         int64_t context,
-                        double state_float_bytes) {
+                        double kv_row_bytes,
+                        double index_row_bytes) {
   ForwardCost f;
+  if (kv_row_bytes <= 0)
+    kv_row_bytes = 4.0 * static_cast<double>(c.head_dim);
+  if (index_row_bytes <= 0)
+    index_row_bytes = 4.0 * static_cast<double>(c.index_head_dim);
   const double b = static_cast<double>(batch);
   const double k = static_cast<double>(c.num_experts_per_tok);
   for (size_t l = 0; l < c.layers.size() && l < w.layers.size(); ++l) {
@@ -108,9 +113,7 @@ ForwardCost decode_cost(const ModelConfig& c,
     double keys = 0, blocks = 0;
     keys_at(c, c.layers[l], context, &keys, &blocks);
     f.attention_flops += b * attention_flops(c, keys, blocks);
-    f.state_bytes +=
-        b * state_float_bytes *
-        (keys * static_cast<double>(c.head_dim) + blocks * static_cast<double>(c.index_head_dim));
+    f.state_bytes += b * (keys * kv_row_bytes + blocks * index_row_bytes);
   }
   f.matmul_flops += 2.0 * b * params(w.head);
   f.weight_bytes += static_cast<double>(w.head.nbytes());

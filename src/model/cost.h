@@ -26,11 +26,14 @@ struct ForwardCost {
 ForwardCost prefill_cost(const ModelConfig& c, const ModelWeights& w, int64_t tokens);
 
 // One decode step of `batch` sequences, each at `context` tokens before the step.
-// state_float_bytes: bytes per stored state value (4 while the state is kept in fp32).
+// kv_row_bytes / index_row_bytes: bytes of one stored K=V row and one index key as the backend
+// keeps them (0: fp32 rows, 4 * head_dim and 4 * index_head_dim; the CUDA backend's records in
+// deepseek numerics: state::kv_row_floats / index_row_floats times 4).
 ForwardCost decode_cost(const ModelConfig& c,
                         const ModelWeights& w,
                         int64_t batch,
                         int64_t context,
-                        double state_float_bytes = 4);
+                        double kv_row_bytes = 0,
+                        double index_row_bytes = 0);
 
 }  // namespace dsinfer::model

@@ -37,10 +37,10 @@ Result<StepTimes> measure_step_times(backend::Model& model,
   for (int64_t i = 0; i < max_batch; ++i) {
     // One more rollback than the engine's (a measured verification is undone entirely).
     // A backend with its own state layout (V4.1) has its own rollback limit (>= max_k + 1).
-    auto st =
-        model.state_shape()
-            ? std::make_unique<state::SequenceState>(*model.state_shape(), &arena, kIdBase + i)
-            : std::make_unique<state::SequenceState>(mc, &arena, kIdBase + i, max_k + 1);
+    auto st = model.state_shape() ? std::make_unique<state::SequenceState>(
+                                        *model.state_shape(), &arena, kIdBase + i)
+                                  : std::make_unique<state::SequenceState>(
+                                        mc, &arena, kIdBase + i, max_k + 1, model.row_format());
     if (!st->ok() || !st->reserve(kPrompt + max_k + 1))
       break;
     seqs.push_back(std::move(st));

@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/strings.h"
+#include "numeric/records.h"
 
 namespace dsinfer::state {
 
@@ -81,6 +82,51 @@ void LayerState::check_index_key(int64_t w) const {
       w < index_keys.capacity(), "index key %lld without reserved room", static_cast<long long>(w));
 }
 
+const char* row_format_name(RowFormat f) {
+  return f == RowFormat::kRecord ? "records" : "fp32";
+}
+
+bool records_fit(const model::ModelConfig& c) {
+  return numeric::kv_record_fits(c.head_dim, c.qk_rope_head_dim) &&
+         (c.index_head_dim == 0 || numeric::index_key_record_fits(c.index_head_dim));
+}
+
+int64_t kv_row_floats(const model::ModelConfig& c, RowFormat f) {
+  if (f == RowFormat::kFloat)
+    return c.head_dim;
+  DSI_CHECK(records_fit(c), "record rows for a model without a record layout");
+  return numeric::kv_record_floats(c.head_dim, c.qk_rope_head_dim);
+}
+
+int64_t index_row_floats(const model::ModelConfig& c, RowFormat f) {
+  if (f == RowFormat::kFloat || c.index_head_dim == 0)
+    return c.index_head_dim;
+  DSI_CHECK(records_fit(c), "record rows for a model without a record layout");
+  return numeric::index_key_record_floats(c.index_head_dim);
+}
+
+Status check_row_format(const SequenceState& st, const model::ModelConfig& c, RowFormat f) {
+  const int64_t kv = kv_row_floats(c, f);
+  const int64_t index = index_row_floats(c, f);
+  auto bad = [&](const LayerState& ls) {
+    return ls.head_dim != kv || (ls.index_head_dim != 0 && ls.index_head_dim != index);
+  };
+  for (const auto* layers : {&st.layers(), &st.mtp_layers()}) {
+    for (const LayerState& ls : *layers) {
+      if (bad(ls)) {
+        return invalid_argument(str_format(
+            "sequence %lld's state holds %lld-float K=V rows; this backend reads %s rows of %lld "
+            "floats (make its sequences with the backend's row_format())",
+            static_cast<long long>(st.id()),
+            static_cast<long long>(ls.head_dim),
+            row_format_name(f),
+            static_cast<long long>(kv)));
+      }
+    }
+  }
+  return Status();
+}
+
 namespace {
 LayerState make_layer_state(const model::ModelConfig& c,
                             const model::LayerPlan& plan,
@@ -88,24 +134,26 @@ LayerState make_layer_state(const model::ModelConfig& c,
                             int64_t seq,
                             int32_t layer,
                             int64_t max_rollback,
-                            bool mtp) {
+                            bool mtp,
+                            RowFormat format) {
   LayerState ls;
   ls.attention = plan.attention;
   ls.ratio = plan.compress_ratio;
-  ls.head_dim = c.head_dim;
+  const int64_t kv_w = kv_row_floats(c, format);
+  ls.head_dim = kv_w;
   ls.ring_capacity = c.sliding_window + max_rollback;
   auto owner = [&](StateKind k) { return PageOwner{seq, layer, mtp ? StateKind::kMtp : k}; };
-  ls.ring = PagedRows(arena, c.head_dim, owner(StateKind::kWindow));
+  ls.ring = PagedRows(arena, kv_w, owner(StateKind::kWindow));
   if (plan.attention == AttentionType::kSliding)
     return ls;
   const int64_t m = plan.compress_ratio;
   // Rows needed at once: two blocks for pooling with overlap, plus the rollback window, plus
   // one block of slack for the block-aligned retention boundary.
   const int64_t row_capacity = 3 * m + max_rollback;
-  ls.entries = PagedRows(arena, c.head_dim, owner(StateKind::kCompressed));
+  ls.entries = PagedRows(arena, kv_w, owner(StateKind::kCompressed));
   if (plan.attention == AttentionType::kCsa) {
-    ls.index_head_dim = c.index_head_dim;
-    ls.index_keys = PagedRows(arena, c.index_head_dim, owner(StateKind::kIndexKeys));
+    ls.index_head_dim = index_row_floats(c, format);
+    ls.index_keys = PagedRows(arena, ls.index_head_dim, owner(StateKind::kIndexKeys));
     ls.comp_rows = CompressorRows(arena, 2 * c.head_dim, row_capacity, owner(StateKind::kPartial));
     ls.index_rows =
         CompressorRows(arena, 2 * c.index_head_dim, row_capacity, owner(StateKind::kPartial));
@@ -240,7 +288,8 @@ int32_t SequenceState::token(int64_t pos) const {
 SequenceState::SequenceState(const model::ModelConfig& config,
                              PageArena* arena,
                              int64_t sequence_id,
-                             int64_t max_rollback)
+                             int64_t max_rollback,
+                             RowFormat format)
     : arena_(arena),
       id_(sequence_id),
       max_rollback_(max_rollback),
@@ -254,7 +303,8 @@ SequenceState::SequenceState(const model::ModelConfig& config,
                                        sequence_id,
                                        static_cast<int32_t>(l),
                                        max_rollback,
-                                       false));
+                                       false,
+                                       format));
     ok_ = ok_ && reserve_fixed(layers_.back());
   }
   for (size_t l = 0; l < config.mtp_layers.size(); ++l) {
@@ -264,7 +314,8 @@ SequenceState::SequenceState(const model::ModelConfig& config,
                                            sequence_id,
                                            static_cast<int32_t>(config.layers.size() + l),
                                            max_rollback,
-                                           true));
+                                           true,
+                                           format));
     ok_ = ok_ && reserve_fixed(mtp_layers_.back());
   }
   if (!config.mtp_layers.empty()) {
@@ -277,22 +328,25 @@ SequenceState::SequenceState(const model::ModelConfig& config,
 int64_t SequenceState::pages_for(const model::ModelConfig& c,
                                  int64_t page_bytes,
                                  int64_t num_tokens,
-                                 int64_t max_rollback) {
+                                 int64_t max_rollback,
+                                 RowFormat format) {
   const int64_t page_floats = page_bytes / 4;
+  const int64_t kv_w = kv_row_floats(c, format);
+  const int64_t index_w = index_row_floats(c, format);
   auto pages = [page_floats](int64_t width, int64_t rows) {
     const int64_t per_page = page_floats / width;
     return (rows + per_page - 1) / per_page;
   };
   int64_t total = 0;
   auto add_layer = [&](const model::LayerPlan& plan, bool grows) {
-    total += pages(c.head_dim, c.sliding_window + max_rollback);
+    total += pages(kv_w, c.sliding_window + max_rollback);
     if (plan.attention == AttentionType::kSliding)
       return;
     const int64_t m = plan.compress_ratio;
     const int64_t entries = grows ? num_tokens / m : 0;
-    total += pages(c.head_dim, entries);
+    total += pages(kv_w, entries);
     if (plan.attention == AttentionType::kCsa) {
-      total += pages(c.index_head_dim, entries);
+      total += pages(index_w, entries);
       total += pages(4 * c.head_dim, 3 * m + max_rollback);
       total += pages(4 * c.index_head_dim, 3 * m + max_rollback);
     } else {

@@ -69,9 +69,9 @@ class CompressorRows {
 
 struct LayerState {
   model::AttentionType attention = model::AttentionType::kSliding;
-  int64_t ratio = 0;  // compress ratio m (0 for sliding)
-  int64_t head_dim = 0;
-  int64_t index_head_dim = 0;  // CSA only
+  int64_t ratio = 0;           // compress ratio m (0 for sliding)
+  int64_t head_dim = 0;        // K=V row width (floats; a record's under RowFormat::kRecord)
+  int64_t index_head_dim = 0;  // CSA only: index-key row width (floats)
   int64_t ring_capacity = 0;   // sliding_window + max_rollback
   PagedRows ring;              // [ring_capacity, head_dim], slot = position % ring_capacity
   PagedRows entries;           // [num_entries, head_dim] compressed K=V entries
@@ -91,6 +91,24 @@ struct LayerState {
   void add_entry(int64_t w);
   void check_index_key(int64_t w) const;
 };
+
+// How the K=V rows (window rings, compressed entries) and the index keys of a V4 state are
+// stored: fp32 rows (head_dim / index_head_dim floats), or the storage records of
+// numeric/records.h in rows of *_record_floats floats (the CUDA backend in `deepseek` numerics:
+// 584 B instead of 2 KiB per V4-Flash K=V row, 68 B instead of 512 per index key). The
+// compressors' per-token rows and the MTP streams stay fp32 either way.
+enum class RowFormat { kFloat, kRecord };
+const char* row_format_name(RowFormat f);
+// Whether `c`'s rows have a record layout (nope dims a multiple of 64, index dims of 32).
+bool records_fit(const model::ModelConfig& c);
+// Row widths (floats) of one K=V row and one index key of `c` in format f.
+int64_t kv_row_floats(const model::ModelConfig& c, RowFormat f);
+int64_t index_row_floats(const model::ModelConfig& c, RowFormat f);
+
+class SequenceState;
+// invalid_argument unless st's K=V rows and index keys are laid out in format f for `c` (a
+// sequence made for another backend's row format).
+Status check_row_format(const SequenceState& st, const model::ModelConfig& c, RowFormat f);
 
 struct StateBytes {
   int64_t window = 0;      // raw-KV rings
@@ -199,10 +217,13 @@ class SequenceState {
  public:
   // Allocates the fixed-size parts (rings, compressor rows) from `arena`; ok() is false when the
   // arena had no room. max_rollback: how many of the latest tokens rollback() may remove.
+  // `format`: how K=V rows and index keys are stored (the backend's, backend::Model::
+  // row_format()).
   SequenceState(const model::ModelConfig& config,
                 PageArena* arena,
                 int64_t sequence_id,
-                int64_t max_rollback);
+                int64_t max_rollback,
+                RowFormat format = RowFormat::kFloat);
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
   // The same from a StateShape (max_rollback from the shape).
@@ -212,7 +233,8 @@ class SequenceState {
   static int64_t pages_for(const model::ModelConfig& config,
                            int64_t page_bytes,
                            int64_t num_tokens,
-                           int64_t max_rollback);
+                           int64_t max_rollback,
+                           RowFormat format = RowFormat::kFloat);
   static int64_t pages_for(const StateShape& shape, int64_t page_bytes, int64_t num_tokens);
 
   int64_t id() const { return id_; }

@@ -28,7 +28,9 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/kv_record.h"
 #include "numeric/quant.h"
+#include "numeric/records.h"
 #include "test_util.h"
 
 namespace dsinfer::cuda::test {
@@ -634,6 +636,60 @@ void run_compressor(int64_t m,
   }
   EXPECT_EQ(bad, 0);
   EXPECT_LE(flips, std::max<int64_t>(2, n_blocks * d / 50)) << "too many rounding flips";
+  // Written as records instead (the CUDA state's row format in deepseek numerics): they decode to
+  // the fp32 entries above, bit for bit.
+  const bool kv_rec = post == CompressorPost::kKvFp8;
+  if (post == CompressorPost::kNone ||
+      !(kv_rec ? numeric::kv_record_fits(d, 2 * rope_half) : numeric::index_key_record_fits(d)))
+    return;
+  const int64_t rec =
+      kv_rec ? numeric::kv_record_floats(d, 2 * rope_half) : numeric::index_key_record_floats(d);
+  std::vector<int64_t> rec_off(static_cast<size_t>(n_blocks)), byte_off(rec_off.size());
+  for (int64_t w = 0; w < n_blocks; ++w) {
+    rec_off[w] = (n_blocks - 1 - w) * rec;
+    byte_off[w] = rec_off[w] * 4;
+  }
+  DevVec<int64_t> d_rec_off(rec_off), d_byte_off(byte_off);
+  DevVec<float> d_recs(static_cast<size_t>(n_blocks * rec), 5.0f), d_dec(want.size(), 0.0f);
+  DSI_EXPECT_OK(launch_compressor_pool(CompressorPoolParams{.n_entries = n_blocks,
+                                                            .ratio = m,
+                                                            .d = d,
+                                                            .overlap = overlap,
+                                                            .pool = d_pool.get(),
+                                                            .token_refs = d_refs.get(),
+                                                            .block = d_blocks.get(),
+                                                            .norm_weight = d_norm.get(),
+                                                            .eps = 1e-6f,
+                                                            .inv_freq = d_inv.get(),
+                                                            .rope_half = rope_half,
+                                                            .post = post,
+                                                            .out = d_recs.get(),
+                                                            .out_offsets = d_rec_off.get(),
+                                                            .records = true},
+                                       nullptr));
+  auto* bytes = reinterpret_cast<const uint8_t*>(d_recs.get());
+  if (kv_rec) {
+    DSI_EXPECT_OK(launch_kv_record_unpack(KvRecordUnpackParams{.records = bytes,
+                                                               .offsets = d_byte_off.get(),
+                                                               .rows = n_blocks,
+                                                               .dim = d,
+                                                               .rope_dim = 2 * rope_half,
+                                                               .out = d_dec.get()},
+                                          nullptr));
+  } else {
+    DSI_EXPECT_OK(launch_index_key_unpack(IndexKeyUnpackParams{.records = bytes,
+                                                               .offsets = d_byte_off.get(),
+                                                               .rows = n_blocks,
+                                                               .dim = d,
+                                                               .out = d_dec.get()},
+                                          nullptr));
+  }
+  sync();
+  const std::vector<float> dec = d_dec.download();
+  int64_t differ = 0;
+  for (int64_t w = 0; w < n_blocks; ++w)
+    differ += std::memcmp(all.data() + out_off[w], dec.data() + w * d, d * sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0) << "entries whose records decode to other values than the fp32 entries";
 }
 
 TEST_F(GpuTest, CompressorMatchesCpu) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -72,7 +73,7 @@ struct Logits {
 Logits run(backend::Model& m, const std::vector<int32_t>& ids, int64_t chunk, bool mtp) {
   const auto& c = m.config();
   auto arena = state::PageArena::growable(state::default_page_bytes(c), m.state_storage());
-  state::SequenceState st(c, arena.get(), 0, 0);
+  state::SequenceState st(c, arena.get(), 0, 0, m.row_format());
   backend::ForwardOptions opts;
   opts.run_mtp = mtp;
   Logits r;
@@ -121,7 +122,8 @@ std::unique_ptr<MtpBatch> mtp_batch(gpu::CudaModel& m,
   b->outs.resize(static_cast<size_t>(n));
   b->toks.resize(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
-    b->st.push_back(std::make_unique<state::SequenceState>(cfg, b->arena.get(), i, rollback));
+    b->st.push_back(
+        std::make_unique<state::SequenceState>(cfg, b->arena.get(), i, rollback, m.row_format()));
     b->toks[i] = random_ids(len(i), cfg.vocab_size, seed + static_cast<uint32_t>(i));
     b->items[i].state = b->st.back().get();
     b->items[i].tokens = b->toks[i];
@@ -201,8 +203,8 @@ std::vector<std::vector<int32_t>> greedy_decode_all(
   auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
   std::vector<std::unique_ptr<state::SequenceState>> st;
   for (size_t i = 0; i < seqs; ++i) {
-    st.push_back(
-        std::make_unique<state::SequenceState>(cfg, arena.get(), static_cast<int64_t>(i), 0));
+    st.push_back(std::make_unique<state::SequenceState>(
+        cfg, arena.get(), static_cast<int64_t>(i), 0, m.row_format()));
   }
   std::vector<backend::ForwardOutputs> outs(seqs);
   std::vector<std::vector<int32_t>> toks = prompts;
@@ -278,6 +280,39 @@ TEST_P(CudaModelTest, LogitsMatchCpuInBothNumerics) {
   }
 }
 
+// deepseek numerics keep the state in records (584 B KV records, 68 B index keys at V4-Flash's
+// widths) holding exactly the values the fp32 rows held: the logits are the same bits, prefill
+// whole and chunked, decode, MTP included.
+TEST_P(CudaModelTest, KvRecordsGiveTheLogitsOfFp32RowsBitForBit) {
+  OPEN_CASE_OR_SKIP();
+  auto rec = gpu::CudaModel::create(cfg, ckpt->weights(), model::Numerics::kDeepSeek);
+  auto f32 = gpu::CudaModel::create(
+      cfg, ckpt->weights(), model::Numerics::kDeepSeek, gpu::CudaModelOptions{.kv_records = false});
+  ASSERT_TRUE(rec.ok() && f32.ok());
+  if (std::getenv("DSINFER_KV_RECORDS") == nullptr) {
+    ASSERT_EQ((*rec)->row_format(), state::RowFormat::kRecord);
+  }
+  ASSERT_EQ((*f32)->row_format(), state::RowFormat::kFloat);
+  const bool mtp = ckpt->has_mtp();
+  const auto ids = random_ids(mc.tokens, cfg.vocab_size, 23);
+  for (int64_t chunk : {int64_t{0}, int64_t{5}, int64_t{1}}) {
+    const Logits a = run(**rec, ids, chunk, mtp);
+    const Logits b = run(**f32, ids, chunk, mtp);
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    EXPECT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)))
+        << mc.path << " chunk " << chunk;
+    EXPECT_EQ(a.mtp, b.mtp) << mc.path << " chunk " << chunk;
+  }
+  // A sequence laid out for the other format is refused, not misread.
+  auto arena = state::PageArena::growable(state::default_page_bytes(cfg), (*rec)->state_storage());
+  state::SequenceState st(cfg, arena.get(), 0, 0, state::RowFormat::kFloat);
+  backend::ForwardOutputs out;
+  if ((*rec)->row_format() == state::RowFormat::kRecord) {
+    EXPECT_EQ((*rec)->forward(st, {ids.data(), 3}, {}, &out).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(st.num_tokens(), 0);
+  }
+}
+
 TEST_P(CudaModelTest, RollbackThenDecodeEqualsStraightRun) {
   OPEN_CASE_OR_SKIP();
   auto gm = gpu::CudaModel::create(cfg, ckpt->weights(), model::Numerics::kDeepSeek);
@@ -286,7 +321,7 @@ TEST_P(CudaModelTest, RollbackThenDecodeEqualsStraightRun) {
   const Logits straight = run(**gm, ids, 5, false);
   // Same sequence, but a wrong 4-token continuation is decoded and rolled back first.
   auto arena = state::PageArena::growable(state::default_page_bytes(cfg), (*gm)->state_storage());
-  state::SequenceState st(cfg, arena.get(), 0, 8);
+  state::SequenceState st(cfg, arena.get(), 0, 8, (*gm)->row_format());
   backend::ForwardOutputs out;
   std::vector<float> got;
   const int64_t half = mc.tokens / 2;
@@ -324,14 +359,14 @@ TEST_P(CudaModelTest, StateImageRestoredFromTheDevicePoolContinuesBitForBit) {
         continue;
       SCOPED_TRACE("capture after " + std::to_string(split) + " tokens");
       auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
-      state::SequenceState a(cfg, arena.get(), 0, 0);
+      state::SequenceState a(cfg, arena.get(), 0, 0, m.row_format());
       backend::ForwardOutputs out;
       ASSERT_TRUE(m.forward(a, {ids.data(), static_cast<size_t>(split)}, {}, &out).ok());
       auto image = state::capture_state(a, [&](std::span<const int32_t> pages, float* dst) {
         return m.read_state_pages(*arena, pages, dst);
       });
       ASSERT_TRUE(image.ok()) << image.status().to_string();
-      state::SequenceState b(cfg, arena.get(), 1, 0);
+      state::SequenceState b(cfg, arena.get(), 1, 0, m.row_format());
       ASSERT_TRUE(
           state::restore_state(*image, b, [&](std::span<const int32_t> pages, const float* src) {
             return m.write_state_pages(*arena, pages, src);
@@ -376,7 +411,7 @@ TEST_P(CudaModelTest, StateImageRestoredWithoutWaitingContinuesBitForBit) {
         continue;
       SCOPED_TRACE("restore after " + std::to_string(split) + " tokens");
       auto arena = state::PageArena::growable(page_bytes, m.state_storage());
-      state::SequenceState a(cfg, arena.get(), 0, 0);
+      state::SequenceState a(cfg, arena.get(), 0, 0, m.row_format());
       backend::ForwardOutputs out;
       ASSERT_TRUE(m.forward(a, {ids.data(), static_cast<size_t>(split)}, {}, &out).ok());
       auto image = state::capture_state(a, [&](std::span<const int32_t> pages, float* dst) {
@@ -400,7 +435,7 @@ TEST_P(CudaModelTest, StateImageRestoredWithoutWaitingContinuesBitForBit) {
       int64_t id = 1;
       // Each restore followed at once by its forward.
       for (int r = 0; r < restores; ++r) {
-        state::SequenceState b(cfg, arena.get(), id++, 0);
+        state::SequenceState b(cfg, arena.get(), id++, 0, m.row_format());
         ASSERT_TRUE(restore(b).ok());
         EXPECT_LE(m.state_writes_in_flight(), ring.slots);
         ASSERT_TRUE(m.forward(b, rest, {}, &out).ok());
@@ -409,7 +444,8 @@ TEST_P(CudaModelTest, StateImageRestoredWithoutWaitingContinuesBitForBit) {
       // Several restores queued before any of their forwards.
       std::vector<std::unique_ptr<state::SequenceState>> bs;
       for (int r = 0; r < restores; ++r) {
-        bs.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), id++, 0));
+        bs.push_back(
+            std::make_unique<state::SequenceState>(cfg, arena.get(), id++, 0, m.row_format()));
         ASSERT_TRUE(restore(*bs.back()).ok());
       }
       for (int r = 0; r < restores; ++r) {
@@ -443,11 +479,11 @@ TEST_P(CudaModelTest, StateImageCapturedInTheBackgroundContinuesBitForBit) {
         continue;
       SCOPED_TRACE("capture after " + std::to_string(split) + " tokens");
       auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
-      state::SequenceState a(cfg, arena.get(), 0, 0);
+      state::SequenceState a(cfg, arena.get(), 0, 0, m.row_format());
       backend::ForwardOutputs out;
       ASSERT_TRUE(m.forward(a, {ids.data(), static_cast<size_t>(split)}, {}, &out).ok());
       // The fork whose pages the capture reads; its page copy is queued, not waited for here.
-      state::SequenceState fork(cfg, arena.get(), 2, 0);
+      state::SequenceState fork(cfg, arena.get(), 2, 0, m.row_format());
       std::vector<std::pair<int32_t, int32_t>> pairs;
       ASSERT_TRUE(fork.fork_from(a, &pairs).ok());
       ASSERT_TRUE(m.copy_state_pages(*arena, pairs).ok());
@@ -490,7 +526,7 @@ TEST_P(CudaModelTest, StateImageCapturedInTheBackgroundContinuesBitForBit) {
       });
       ASSERT_TRUE(sync_image.ok()) << sync_image.status().to_string();
       EXPECT_TRUE(*image == *sync_image) << "the background copy differs from the synchronous one";
-      state::SequenceState b(cfg, arena.get(), 1, 0);
+      state::SequenceState b(cfg, arena.get(), 1, 0, m.row_format());
       ASSERT_TRUE(
           state::restore_state(*image, b, [&](std::span<const int32_t> p, const float* src) {
             return m.write_state_pages(*arena, p, src);
@@ -527,7 +563,7 @@ TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
   sampling::PenaltyState pen;
   pen.add_prompt(ids);
   // The reference: the chunk's logits on the host.
-  state::SequenceState ref(cfg, arena.get(), 0, 0);
+  state::SequenceState ref(cfg, arena.get(), 0, 0, m.row_format());
   backend::ForwardOutputs ref_out;
   ASSERT_TRUE(m.forward(ref, chunk, {}, &ref_out).ok());
   const size_t vocab = static_cast<size_t>(cfg.vocab_size);
@@ -545,8 +581,8 @@ TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
                            ref_out.logits.begin() + static_cast<std::ptrdiff_t>((j + 1) * vocab));
     want.push_back(sampling::sample(row, *rows[j].config, p, rows[j].step, scratch));
   }
-  state::SequenceState a(cfg, arena.get(), 1, 0);
-  state::SequenceState b(cfg, arena.get(), 2, 0);
+  state::SequenceState a(cfg, arena.get(), 1, 0, m.row_format());
+  state::SequenceState b(cfg, arena.get(), 2, 0, m.row_format());
   backend::ForwardOutputs out_a, out_b;
   std::vector<backend::ForwardItem> items(2);
   items[0].state = &a;
@@ -568,8 +604,8 @@ TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
   for (int bad = 0; bad < 3; ++bad) {
     SCOPED_TRACE("bad request " + std::to_string(bad));
     std::vector<backend::SampleRequest> r = rows;
-    state::SequenceState c(cfg, arena.get(), 10 + bad, 0);
-    state::SequenceState d(cfg, arena.get(), 20 + bad, 0);
+    state::SequenceState c(cfg, arena.get(), 10 + bad, 0, m.row_format());
+    state::SequenceState d(cfg, arena.get(), 20 + bad, 0, m.row_format());
     std::vector<backend::ForwardItem> it(2);
     it[0].state = &c;
     it[0].tokens = chunk;
@@ -635,7 +671,7 @@ TEST_P(CudaModelTest, BatchedForwardEqualsOneAtATimeAndGraphsAreBitIdentical) {
   for (int i = 0; i < kSeqs; ++i) {
     auto arena =
         state::PageArena::growable(state::default_page_bytes(cfg), (*eager)->state_storage());
-    state::SequenceState st(cfg, arena.get(), 0, 0);
+    state::SequenceState st(cfg, arena.get(), 0, 0, (*eager)->row_format());
     backend::ForwardOutputs out;
     backend::ForwardOptions o;
     o.last_logits_only = true;
@@ -782,7 +818,7 @@ TEST_P(CudaModelTest, VerificationShapedStepsReplayGraphsBitForBit) {
     auto arena = state::PageArena::growable(state::default_page_bytes(cfg), m.state_storage());
     std::vector<std::unique_ptr<state::SequenceState>> st;
     for (int i = 0; i < kSeqs; ++i)
-      st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, 4));
+      st.push_back(std::make_unique<state::SequenceState>(cfg, arena.get(), i, 4, m.row_format()));
     std::vector<backend::ForwardOutputs> outs(kSeqs);
     std::vector<std::vector<int32_t>> toks;
     for (int i = 0; i < kSeqs; ++i)
@@ -1127,7 +1163,7 @@ TEST(CudaModelMtp, PassWithoutLogitsKeepsTheSameState) {
   // Chunks of 8; `want` says which chunks ask for MTP logits. Returns the last chunk's.
   auto run_chunks = [&](const std::vector<bool>& want) {
     auto arena = state::PageArena::growable(state::default_page_bytes(cfg), (*gm)->state_storage());
-    state::SequenceState st(cfg, arena.get(), 0, 0);
+    state::SequenceState st(cfg, arena.get(), 0, 0, (*gm)->row_format());
     backend::ForwardOutputs out;
     for (size_t c = 0; c < want.size(); ++c) {
       backend::ForwardOptions o;

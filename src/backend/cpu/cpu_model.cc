@@ -91,6 +91,7 @@ Status CpuModel::forward(state::SequenceState& st,
                      static_cast<long long>(c.vocab_size)));
     }
   }
+  DSI_RETURN_IF_ERROR(state::check_row_format(st, c, state::RowFormat::kFloat));
   if (options.run_mtp)
     DSI_RETURN_IF_ERROR(check_mtp(st));
   const int64_t n = static_cast<int64_t>(tokens.size());

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <set>
+#include <string_view>
 
 #include "backend/cuda/launch_helpers.h"
 #include "backend/cuda/select_device.h"
@@ -48,7 +49,13 @@ CudaModel::CudaModel(const model::ModelConfig& config,
     : config_(config),
       numerics_(numerics),
       options_(options),
-      writes_(options.promote_staging_slots, options.promote_staging_slot_bytes) {}
+      writes_(options.promote_staging_slots, options.promote_staging_slot_bytes) {
+  const char* env = std::getenv("DSINFER_KV_RECORDS");
+  const bool off = env != nullptr && std::string_view(env) == "0";
+  if (numerics == model::Numerics::kDeepSeek && state::records_fit(config) && options.kv_records &&
+      !off)
+    row_format_ = state::RowFormat::kRecord;
+}
 
 CudaModel::~CudaModel() {
   (void)reads_.drain();  // no background read may outlive the pools
@@ -311,6 +318,10 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
     }
     if (bad)
       continue;
+    if (Status f = state::check_row_format(*it.state, c, row_format_); !f.ok()) {
+      it.status = f;
+      continue;
+    }
     if (it.options.run_mtp && options_.comm && options_.comm->size() > 1) {
       it.status = unimplemented(
           "MTP under expert parallelism over several ranks is not supported yet (the MTP "
@@ -519,6 +530,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   ctx.config = &c;
   ctx.page_floats = arena->page_floats();
   ctx.fixed_shape = decode;
+  ctx.kv_width = kv_width();
   plan_pass(ctx, spans, tokens, rows, L->pack, &L->main);
 
   // Head rows: per item the last row or all rows (fixed shape: every row).

@@ -80,6 +80,11 @@ struct CudaModelOptions {
   // 5x the W4A8 tiles' speed at V4-Flash's shapes); smaller sets stay on the W4A8 tiles, which
   // launch fewer kernels (the bundled model's 0.8 MB of experts: 16% faster at batch 64).
   int64_t moe_grouped_decode_min_bytes = int64_t{64} << 20;
+  // `deepseek` numerics: the state's K=V rows and index keys as storage records
+  // (numeric/records.h, state::RowFormat::kRecord: 3.5x / 7.5x fewer bytes than fp32 rows, the
+  // same values, bit for bit the same outputs). Off, or DSINFER_KV_RECORDS=0 in the environment:
+  // fp32 rows (for comparisons).
+  bool kv_records = true;
   // write_state_pages' pinned staging ring (gpu::AsyncPageWrites): buffers and bytes per buffer.
   int promote_staging_slots = 4;
   int64_t promote_staging_slot_bytes = int64_t{16} << 20;
@@ -146,6 +151,9 @@ class CudaModel final : public backend::Model {
   const char* name() const override { return "cuda"; }
   const model::ModelConfig& config() const override { return config_; }
   model::Numerics numerics() const override { return numerics_; }
+  // deepseek numerics: the storage records (numeric/records.h) where the model has their layout
+  // (CudaModelOptions::kv_records); fp32 rows otherwise.
+  state::RowFormat row_format() const override { return row_format_; }
   CudaModelStats stats() const;
   void set_cuda_graphs(bool on) { options_.cuda_graphs = on && options_.comm == nullptr; }
 
@@ -299,6 +307,10 @@ class CudaModel final : public backend::Model {
     return t == model::RopeTable::kMain ? weights_->inv_freq_main : weights_->inv_freq_compress;
   }
   bool q8() const { return numerics_ == model::Numerics::kDeepSeek; }
+  bool records() const { return row_format_ == state::RowFormat::kRecord; }
+  // Row widths (floats) of the state's K=V rows and index keys.
+  int64_t kv_width() const { return state::kv_row_floats(config_, row_format_); }
+  int64_t index_width() const { return state::index_row_floats(config_, row_format_); }
   LinearCtx lin() const;  // forward_launch.cc
   // Whether this MoE call of n tokens takes the grouped wgmma path (moe_sm90.h).
   static constexpr int64_t kMoeSm90MinTokens = 128;
@@ -311,6 +323,7 @@ class CudaModel final : public backend::Model {
 
   model::ModelConfig config_;
   model::Numerics numerics_;
+  state::RowFormat row_format_ = state::RowFormat::kFloat;
   CudaModelOptions options_;
   std::unique_ptr<DeviceWeights> weights_;
   std::optional<parallel::ExpertPartition> partition_;  // set with options_.comm

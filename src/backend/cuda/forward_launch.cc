@@ -10,6 +10,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/kv_record.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_gemv.h"
@@ -132,6 +133,7 @@ Status CudaModel::launch_compressor(const DCompressor& w,
                     : cuda::CompressorPost::kKvFp8;
   pp.out = pool_;
   pp.out_offsets = hp.resolve<int64_t>(pack, cp.out_offset);
+  pp.records = records();
   DSI_RETURN_IF_ERROR(cuda::launch_compressor_pool(pp, s));
   // The rows the ring keeps, written after pooling read the older ones.
   ap.local = nullptr;
@@ -196,6 +198,7 @@ Status CudaModel::launch_attention(const DAttention& w,
   // attention) and the compressor; side stream 1 (CSA): the indexer's compressor and head
   // weights. Both are joined before the first kernel that reads what they write.
   float* kv = nullptr;
+  float* kv_rec = nullptr;  // records(): the rows packed, kv_width() floats each
   DSI_RETURN_IF_ERROR(ws_->get(&kv, n * hd));
   DSI_ASSIGN_OR_RETURN(Branch kv_branch, sides_.fork(s, 0));
   {
@@ -215,6 +218,18 @@ Status CudaModel::launch_attention(const DAttention& w,
                                       ks,
                                       nullptr,
                                       numerics_ == model::Numerics::kDeepSeek ? 64 : 0));
+    if (records()) {
+      // The chunk's K=V rows as KV records: what attention reads them as (beside the pool's),
+      // and what the ring write copies.
+      DSI_RETURN_IF_ERROR(ws_->get(&kv_rec, n * kv_width()));
+      cuda::KvRecordPackParams kp;
+      kp.x = kv;
+      kp.rows = n;
+      kp.dim = hd;
+      kp.rope_dim = rd;
+      kp.out = reinterpret_cast<uint8_t*>(kv_rec);
+      DSI_RETURN_IF_ERROR(cuda::launch_kv_record_pack(kp, ks));
+    }
     if (plan.attention != AttentionType::kSliding) {
       DSI_RETURN_IF_ERROR(
           launch_compressor(w.comp, plan, lp.comp, false, n, positions, pack, hp, u, usp, ks));
@@ -295,7 +310,9 @@ Status CudaModel::launch_attention(const DAttention& w,
     ip.dim = ihd;
     ip.pool = pool_;
     ip.page_floats = page_floats;
-    ip.rows_per_page = page_floats / ihd;
+    ip.row_floats = index_width();
+    ip.rows_per_page = page_floats / index_width();
+    ip.key_records = records();
     ip.pages = hp.resolve<int32_t>(pack, lp.index_pages);
     ip.page_begin = hp.resolve<int64_t>(pack, lp.index_page_begin);
     ip.visible = hp.resolve<int64_t>(pack, lp.visible);
@@ -318,9 +335,9 @@ Status CudaModel::launch_attention(const DAttention& w,
     rp.k = c.index_topk;
     rp.pages = hp.resolve<int32_t>(pack, lp.entry_pages);
     rp.page_begin = hp.resolve<int64_t>(pack, lp.entry_page_begin);
-    rp.rows_per_page = page_floats / hd;
+    rp.rows_per_page = page_floats / kv_width();
     rp.page_floats = page_floats;
-    rp.width = hd;
+    rp.width = kv_width();
     rp.out_begin = hp.resolve<int64_t>(pack, lp.select_begin);
     rp.out = key_refs;
     DSI_RETURN_IF_ERROR(cuda::launch_refs_from_indices(rp, s));
@@ -345,7 +362,9 @@ Status CudaModel::launch_attention(const DAttention& w,
   sp.heads = heads;
   sp.dim = hd;
   sp.pool = pool_;
-  sp.local = kv;
+  sp.local = records() ? kv_rec : kv;
+  sp.kv_records = records();
+  sp.record_rope_dim = rd;
   sp.key_begin = hp.resolve<int64_t>(pack, lp.key_begin);
   sp.key_refs = key_refs;
   sp.sinks = w.sinks;
@@ -398,9 +417,9 @@ Status CudaModel::launch_attention(const DAttention& w,
   // This step's K=V rows into the ring (read by later steps only), on side stream 0 beside the
   // output projection; joined after it (before the layer's workspace is reused).
   cuda::ScatterRowsParams rw;
-  rw.src = kv;
+  rw.src = records() ? kv_rec : kv;
   rw.n = n;
-  rw.width = hd;
+  rw.width = kv_width();
   rw.pool = pool_;
   rw.dest_refs = hp.resolve<int64_t>(pack, lp.ring_dest);
   DSI_ASSIGN_OR_RETURN(Branch ring_write, sides_.fork(s, 0));
@@ -479,7 +498,7 @@ Status CudaModel::expand_keys(const PassPlan& plan, uint8_t* pack, const HostPac
   p.row_span = hp.resolve<int32_t>(pack, plan.row_span);
   p.span_pos = hp.resolve<int64_t>(pack, plan.span_pos);
   p.window = config_.sliding_window;
-  p.width = config_.head_dim;
+  p.width = kv_width();
   p.page_floats = arena_->page_floats();
   for (size_t l0 = 0; l0 < plan.layers.size(); l0 += cuda::kExpandKeysMaxLayers) {
     p.n_layers = 0;

@@ -220,6 +220,11 @@ void plan_pass(const PlanContext& ctx,
                     lp.ring_rows_per_page == ls.ring.rows_per_page() &&
                     lp.entry_rows_per_page == ls.entries.rows_per_page(),
                 "sequences of one pass disagree on a layer's ring or entry layout");
+      DSI_CHECK(ls.ring.width() == (ctx.kv_width > 0 ? ctx.kv_width : c.head_dim),
+                "sequence %lld's K=V rows are %lld floats wide, the pass plans %lld",
+                static_cast<long long>(s.st->id()),
+                static_cast<long long>(ls.ring.width()),
+                static_cast<long long>(ctx.kv_width > 0 ? ctx.kv_width : c.head_dim));
       ring_page_begin.push_back(static_cast<int32_t>(ring_pages.size()));
       ring_pages.insert(ring_pages.end(), ls.ring.pages().begin(), ls.ring.pages().end());
       if (hca) {
@@ -325,7 +330,7 @@ std::vector<int64_t> expand_keys_host(const PlanContext& ctx,
   const std::vector<int32_t> hca_pb =
       hca ? pack.read<int32_t>(lp.hca_page_begin) : std::vector<int32_t>();
   const int64_t ratio = lp.hca_ratio;
-  const int64_t hd = c.head_dim;
+  const int64_t hd = ctx.kv_width > 0 ? ctx.kv_width : c.head_dim;
   const int64_t pf = ctx.page_floats;
   std::vector<int64_t> out(static_cast<size_t>(begin.back()), kNone);
   for (int64_t r = 0; r < plan.rows; ++r) {

@@ -87,6 +87,9 @@ struct PlanContext {
   // Fixed shape: the rows of each sequence's slot (its span anywhere inside, the other rows
   // padding); 0: every span is a whole slot (the first span's length).
   int64_t slot_rows = 0;
+  // Row width (floats) of the sequences' K=V rows: state::kv_row_floats of the backend's row
+  // format (0: the config's head_dim, fp32 rows).
+  int64_t kv_width = 0;
 };
 
 // Appends to a graph key what a pass's launches take by value rather than from the plan's

@@ -188,6 +188,7 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
     ctx.config = &c;
     ctx.page_floats = arena->page_floats();
     ctx.fixed_shape = fixed;
+    ctx.kv_width = kv_width();
     ctx.slot_rows = L;
     plan_pass(ctx, spans, tokens, plan_rows, pack, plan);
     *src_id = pack.add(src);
@@ -365,6 +366,7 @@ Status CudaModel::mtp_catch_up_only(std::span<backend::DraftItem> items,
   PlanContext ctx;
   ctx.config = &c;
   ctx.page_floats = arena.page_floats();
+  ctx.kv_width = kv_width();
   plan_pass(ctx, spans, tokens, rows, pack, &plan);
   const int32_t src_id = pack.add(src);
   std::vector<int64_t> bcast;

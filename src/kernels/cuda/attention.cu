@@ -8,6 +8,7 @@
 #include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_record.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quant.cuh"
@@ -60,10 +61,13 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sink_attention_kernel(SinkAtt
         continue;  // warp-uniform
       float kv[kAttnPer];
       float part = 0.0f;
+      const uint8_t* kr = reinterpret_cast<const uint8_t*>(k);
 #pragma unroll
       for (int i = 0; i < kAttnPer; ++i) {
         const int64_t d = lane + 32 * i;
-        kv[i] = d < dim ? k[d] : 0.0f;
+        kv[i] = d >= dim       ? 0.0f
+                : p.kv_records ? numeric::kv_record_get(kr, dim, p.record_rope_dim, d)
+                               : k[d];
         part += qv[i] * kv[i];
       }
       if constexpr (kBf16) {
@@ -269,7 +273,16 @@ __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(Compresso
       quant_row_block(e, d, 32, QuantSim::kFp4);
     }
     float* out = p.out + (p.out_offsets ? p.out_offsets[en] : en * d);
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[c] = e[c];
+    if (p.records && p.post == CompressorPost::kKvFp8) {
+      __syncthreads();  // e complete
+      rec::pack_kv_row(e, d, 2 * p.rope_half, reinterpret_cast<uint8_t*>(out));
+    } else if (p.records) {
+      __syncthreads();
+      rec::pack_index_key_row(
+          e, d, reinterpret_cast<uint8_t*>(out), 4 * numeric::index_key_record_floats(d));
+    } else {
+      for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[c] = e[c];
+    }
     __syncthreads();  // e and cand_rows are rewritten for the next entry
   }
 }
@@ -298,13 +311,18 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_scores_kernel(IndexerSc
     const int64_t w = static_cast<int64_t>(blockIdx.x) * kScoreThreads + threadIdx.x;
     if (w < visible) {
       const int32_t* pages = p.pages + p.page_begin[qi];
+      const int64_t row = p.row_floats > 0 ? p.row_floats : p.dim;
       const float* key = p.pool + static_cast<int64_t>(pages[w / p.rows_per_page]) * p.page_floats +
-                         (w % p.rows_per_page) * p.dim;
+                         (w % p.rows_per_page) * row;
+      const uint8_t* kr = reinterpret_cast<const uint8_t*>(key);
       float s = 0.0f;
       for (int64_t h = 0; h < p.heads; ++h) {
         const float* v = qs + h * p.dim;
         float dot = 0.0f;
-        for (int64_t i = 0; i < p.dim; ++i) dot = __fadd_rn(dot, __fmul_rn(v[i], key[i]));
+        for (int64_t i = 0; i < p.dim; ++i) {
+          const float kv = p.key_records ? numeric::index_key_record_get(kr, p.dim, i) : key[i];
+          dot = __fadd_rn(dot, __fmul_rn(v[i], kv));
+        }
         s = __fadd_rn(s, __fmul_rn(hw[h], fmaxf(0.0f, dot)));
       }
       p.scores[qi * p.ld + w] = s;
@@ -487,6 +505,9 @@ Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream) 
     return invalid_argument(
         "sink_attention: finish_out needs the tensor-core path with key splits, fp32 out, "
         "2 * rope_half <= dim and the RoPE tables (sink_attention_finishes_out)");
+  if (p.kv_records && (!p.bf16_operands || !numeric::kv_record_fits(p.dim, p.record_rope_dim)))
+    return invalid_argument(
+        "sink_attention: KV records need bf16_operands and dim - record_rope_dim a multiple of 64");
   if (sink_attention_mma_supports(p))
     return launch_sink_attention_mma(p, stream);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(std::min(p.nq, kMaxGrid)));
@@ -547,6 +568,16 @@ Status launch_compressor_pool(const CompressorPoolParams& p, cudaStream_t stream
                                 "compressor_pool",
                                 "index keys need a power-of-two width (Hadamard)"));
   }
+  if (p.records) {
+    const bool fits =
+        p.post == CompressorPost::kKvFp8
+            ? numeric::kv_record_fits(p.d, 2 * p.rope_half)
+            : p.post == CompressorPost::kIndexFp4 && numeric::index_key_record_fits(p.d);
+    DSI_RETURN_IF_ERROR(
+        require(fits,
+                "compressor_pool",
+                "records need kKvFp8 (d - rope dims a multiple of 64) or kIndexFp4"));
+  }
   if (p.n_entries == 0 || p.d == 0)
     return Status();
   if (!p.token_refs || !p.block || !p.norm_weight || !p.out || (p.rope_half > 0 && !p.inv_freq))
@@ -568,9 +599,19 @@ Status launch_indexer_scores(const IndexerScoreParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(require(p.ld >= p.max_visible, "indexer_scores", "ld < max_visible"));
   if (p.nq == 0 || p.max_visible == 0)
     return Status();
-  DSI_RETURN_IF_ERROR(require(p.rows_per_page > 0 && p.page_floats >= p.rows_per_page * p.dim,
+  const int64_t row = p.row_floats > 0 ? p.row_floats : p.dim;
+  DSI_RETURN_IF_ERROR(require(p.rows_per_page > 0 && p.page_floats >= p.rows_per_page * row,
                               "indexer_scores",
                               "bad page geometry"));
+  if (p.key_records) {
+    DSI_RETURN_IF_ERROR(require(p.bf16_exact && numeric::index_key_record_fits(p.dim) &&
+                                    row >= numeric::index_key_record_floats(p.dim),
+                                "indexer_scores",
+                                "index-key records need bf16_exact, dim a multiple of 32 and "
+                                "rows of index_key_record_floats(dim)"));
+  } else {
+    DSI_RETURN_IF_ERROR(require(row == p.dim, "indexer_scores", "fp32 key rows are dim floats"));
+  }
   if (!p.q || !p.head_w || !p.pool || !p.pages || !p.page_begin || !p.visible || !p.scores)
     return null_pointer("indexer_scores");
   if (indexer_scores_mma_supports(p))

@@ -1,7 +1,7 @@
 // Attention-side kernels of the forward pass (spec §3.4-3.8) on the GPU: sink attention over
 // per-query key lists (sliding window, CSA, HCA; prefill and decode are the same op), the
 // compressors (token rows -> pooled entries), the Lightning indexer's scores and the per-query
-// top-k. fp32 K=V rows for now; see docs/gpu.md for the FP8 record layout that replaces them.
+// top-k. Keys are fp32 rows, or (deepseek numerics) the storage records of numeric/records.h.
 //
 // Addressing the engine's paged state. The state manager's PageArena is mirrored on the device
 // as one pool of pages (`pool`, page_floats floats per page); a PagedRows row i of a sequence
@@ -92,6 +92,12 @@ struct SinkAttentionParams {
   // (kept as fp32), by the kernel that merges the key splits: what launch_rope's inverse and a
   // BF16 launch_quant_sim over `out` would give, without their two launches (decode).
   bool finish_out = false;
+  // Keys stored as KV records (numeric/records.h), in the pool and the local buffer alike: a key
+  // reference is the float offset of a record of kv_record_floats(dim, record_rope_dim) floats.
+  // Only with bf16_operands (a record's values are BF16 values); the outputs equal those over the
+  // fp32 rows the records decode to, bit for bit.
+  bool kv_records = false;
+  int64_t record_rope_dim = 0;
 };
 Status launch_sink_attention(const SinkAttentionParams& p, cudaStream_t stream);
 // Whether launch_sink_attention takes out_bf16 for these parameters: the wgmma path
@@ -136,7 +142,9 @@ enum class CompressorPost { kNone, kKvFp8, kIndexFp4 };
 // (channel c). Then RMSNorm (norm_weight, eps), RoPE at position block[e] * ratio on the last
 // 2*rope_half dims, and the storage simulation: kKvFp8 = FP8 1x64 on [0, d - 2*rope_half) and
 // BF16 on the RoPE dims,
-// kIndexFp4 = Hadamard over d, FP4 1x32. Entry e is written to out + out_offsets[e] (or e * d).
+// kIndexFp4 = Hadamard over d, FP4 1x32. Entry e is written to out + out_offsets[e] (or e * d):
+// d floats, or with `records` its record (numeric/records.h: a KV record for kKvFp8, an index-key
+// record for kIndexFp4, padded to whole floats) of the same values.
 // An entry with block[e] < 0 is skipped (nothing read or written): fixed-size launches captured
 // in CUDA graphs pass every potential entry and mark the ones that do not close.
 struct CompressorPoolParams {
@@ -155,6 +163,7 @@ struct CompressorPoolParams {
   CompressorPost post = CompressorPost::kNone;
   float* out = nullptr;
   const int64_t* out_offsets = nullptr;  // [n_entries] or null
+  bool records = false;                  // kKvFp8 / kIndexFp4 only
 };
 Status launch_compressor_pool(const CompressorPoolParams& p, cudaStream_t stream);
 
@@ -189,6 +198,11 @@ struct IndexerScoreParams {
   // bf16_exact, dim 128, at least kIndexerGroupMinQueries queries (prefill): several queries per
   // block share each key tile (the same scores, bit for bit; false: one query per block).
   bool group_queries = true;
+  // Keys stored as index-key records (numeric/records.h) in rows of row_floats floats
+  // (index_key_record_floats(dim)); only with bf16_exact. The scores equal those over the fp32
+  // rows the records decode to, bit for bit.
+  bool key_records = false;
+  int64_t row_floats = 0;  // 0: dim (fp32 rows)
 };
 inline constexpr int64_t kIndexerGroupMinQueries = 64;
 Status launch_indexer_scores(const IndexerScoreParams& p, cudaStream_t stream);

@@ -18,8 +18,8 @@
 // exact, and the probabilities 2^(u - M) are rounded to BF16 as they become the A fragments of
 // P.V: the same rounded values as the CPU's one-pass attention_with_sink_bf16 whatever the
 // tiling or the splits. The key tiles are double buffered: while the warps run the MMAs of
-// tile t, cp.async copies the fp32 rows of tile t + 1 into a staging buffer, converted to BF16
-// once they are all in.
+// tile t, cp.async copies the fp32 rows (or KV records) of tile t + 1 into a staging buffer,
+// converted (decoded) to BF16 once they are all in.
 //
 // Indexer scores: one block per (query, run of 64-key tiles), heads as M again; the q fragments
 // stay in registers, the dots of a tile land in shared memory, and one thread per key sums
@@ -31,6 +31,7 @@
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_record.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -301,6 +302,10 @@ __global__ void __launch_bounds__(256, 1)
   const int tpk = nthreads / kTk;
   const int lj = threadIdx.x / tpk;
   const int lc = threadIdx.x % tpk;
+  // KV records: their geometry (8-byte units of a record; nope dims).
+  const int rope_dim = static_cast<int>(p.record_rope_dim);
+  const int nope = D - rope_dim;
+  const int rec_units = static_cast<int>(numeric::kv_record_bytes(D, rope_dim) / 8);
   for (int64_t qi = blockIdx.y; qi < p.nq; qi += gridDim.y) {
     const float* q = p.q + qi * heads * D;
     // q through the key staging buffer, kTk head rows at a time, every thread's copies in flight
@@ -341,11 +346,23 @@ __global__ void __launch_bounds__(256, 1)
       const int64_t idx = kb + tile * kTk + lj;
       return tile < t1 && idx < ke ? p.key_refs[idx] : kKvRefNone;
     };
-    // Starts the copies of one tile's rows into the staging buffer (one commit group).
+    // Starts the copies of one tile's rows into the staging buffer (one commit group). KV
+    // records: the record's bytes (8-byte units; 4-byte where a row is not 8-byte aligned).
     auto stage_tile = [&](int64_t ref) {
       const float* kp = kv_ref_ptr(p.pool, p.local, ref);
       float* dst = stage + lj * D;
-      if (kp == nullptr) {
+      if (p.kv_records) {
+        if (kp == nullptr) {
+          for (int c = lc; c < rec_units; c += tpk) reinterpret_cast<uint2*>(dst)[c] = uint2{};
+        } else if ((reinterpret_cast<uintptr_t>(kp) & 7u) == 0) {
+          for (int c = lc; c < rec_units; c += tpk) mma::cp_async8(dst + 2 * c, kp + 2 * c);
+        } else {
+          for (int c = lc; c < rec_units; c += tpk) {
+            mma::cp_async4(dst + 2 * c, kp + 2 * c);
+            mma::cp_async4(dst + 2 * c + 1, kp + 2 * c + 1);
+          }
+        }
+      } else if (kp == nullptr) {
         for (int c = lc; c < C4; c += tpk)
           *reinterpret_cast<float4*>(dst + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       } else if ((reinterpret_cast<uintptr_t>(kp) & 15u) == 0) {
@@ -367,6 +384,12 @@ __global__ void __launch_bounds__(256, 1)
       for (int i = threadIdx.x; i < kTk * C4; i += nthreads) {
         const int j = i / C4;
         const int c = (i % C4) * 4;
+        if (p.kv_records) {
+          const uint8_t* r = reinterpret_cast<const uint8_t*>(stage + j * D);
+          *reinterpret_cast<uint2*>(ks + j * SD + c) =
+              rec::kv4_to_bf16(rec::load_kv4(r, nope, rope_dim, c), c >= nope);
+          continue;
+        }
         const float4 v = *reinterpret_cast<const float4*>(stage + j * D + c);
         *reinterpret_cast<uint2*>(ks + j * SD + c) =
             make_uint2(mma::pack_bf16(v.x, v.y), mma::pack_bf16(v.z, v.w));
@@ -654,6 +677,43 @@ __host__ __device__ constexpr size_t indexer_smem_bytes(int dim) {
 // One key tile (kIk keys from `tile`, rows < limit, zeros past it) from the fp32 pool into
 // shared memory as BF16 (high halves into kh; with kLo the low halves into kl), kStage loads in
 // flight per thread before their stores (one at a time, each tile waited for ~30 round trips).
+// Index-key records (key_records, BF16-exact): each unit of 8 dims is one word of codes and its
+// 32-block's scale byte, loaded kStage units at a time and decoded into the BF16 tile (exact).
+template <int DI, int kThreadsT, int kStageT>
+__device__ __forceinline__ void stage_key_records(const IndexerScoreParams& p,
+                                                  const int32_t* pages,
+                                                  int64_t tile,
+                                                  int64_t limit,
+                                                  __nv_bfloat16* kh) {
+  constexpr int SD = attn_sd(DI);
+  constexpr int kUnits = kIk * DI / 8;
+  for (int i0 = threadIdx.x; i0 < kUnits; i0 += kStageT * kThreadsT) {
+    uint2 raw[kStageT];  // x: 8 codes, y: the scale byte
+#pragma unroll
+    for (int u = 0; u < kStageT; ++u) {
+      const int i = i0 + u * kThreadsT;
+      const int j = i / (DI / 8);
+      const int64_t w = tile * kIk + j;
+      raw[u] = make_uint2(0u, 0u);  // codes 0: zeros
+      if (i < kUnits && w < limit) {
+        const uint8_t* key = reinterpret_cast<const uint8_t*>(
+            p.pool + static_cast<int64_t>(pages[w / p.rows_per_page]) * p.page_floats +
+            (w % p.rows_per_page) * p.row_floats);
+        raw[u] = rec::load_index_unit(key, DI, (i % (DI / 8)) * 8);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kStageT; ++u) {
+      const int i = i0 + u * kThreadsT;
+      if (i < kUnits) {
+        const int j = i / (DI / 8);
+        const int c = (i % (DI / 8)) * 8;
+        *reinterpret_cast<uint4*>(kh + j * SD + c) = rec::index_unit_to_bf16(raw[u]);
+      }
+    }
+  }
+}
+
 template <int DI, int kThreadsT, int kStageT, bool kLo>
 __device__ __forceinline__ void stage_key_tile(const IndexerScoreParams& p,
                                                const int32_t* pages,
@@ -663,6 +723,12 @@ __device__ __forceinline__ void stage_key_tile(const IndexerScoreParams& p,
                                                __nv_bfloat16* kl) {
   constexpr int SD = attn_sd(DI);
   constexpr int kPairs = kIk * DI / 2;
+  if constexpr (!kLo) {
+    if (p.key_records) {  // block-uniform
+      stage_key_records<DI, kThreadsT, kStageT>(p, pages, tile, limit, kh);
+      return;
+    }
+  }
   for (int i0 = threadIdx.x; i0 < kPairs; i0 += kStageT * kThreadsT) {
     float2 v[kStageT];
 #pragma unroll

@@ -11,21 +11,24 @@
 //   2. the online softmax of the mma.sync kernel (integer base-2 maximum, probabilities rounded to
 //      BF16 as they become the A registers of P.V, the denominator from the unrounded ones);
 //   3. P.V into the warpgroup's 64 x 256 fp32 accumulators (2 x m64n256k16, A from registers).
-// The next tile's fp32 key rows are loaded into registers while the tensor cores run (its first
-// 256 dims around q.k, the rest around P.V), converted and stored into the other buffer: no fp32
-// staging in shared memory. With BF16 q (q_bf16) one block per SM walks its queries and copies the
+// The next tile's key rows (fp32, or KV records) are loaded into registers while the tensor cores
+// run (its first 256 dims around q.k, the rest around P.V), converted and stored into the other
+// buffer: no fp32 staging in shared memory. With BF16 q (q_bf16) one block per SM walks its queries and copies the
 // next query's q into the second q buffer while the current one runs.
 //
 // Measured (H200, 8k-token prefill of 4 V4-Flash layers, ncu): 17.5 ms for the mma.sync kernel
 // (of which most was a load-then-store q staging loop), 10.0 ms for this kernel's first version,
 // 8.7 ms now (~135 TFLOP/s). Tried and not kept: staging the next tile's second halves by
-// cp.async so that a whole tile is in flight (9.2 ms). What bounds it now: the fp32 key rows
-// (2 KiB each, 64 KiB per tile) and one block of 8 warps per SM running q.k, the exchange, the
-// softmax and P.V one after another; the FP8/BF16 KV records of docs/gpu.md are the next step.
+// cp.async so that a whole tile is in flight (9.2 ms). What bounds it: one block of 8 warps per SM
+// running q.k, the exchange, the softmax and P.V one after another. Keys as KV records (kRec,
+// deepseek numerics' state) load 584 B per key instead of 2 KiB and are decoded while stored
+// (E4M3 pairs through cvt.f16x2, scale, BF16 high halves): 8.95 against 8.46 ms for the 8k prefill
+// over fp32 rows (ncu, 4 layers), the decoding's instructions in the warps' issue slots.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "cute/arch/mma_sm90_desc.hpp"
@@ -33,6 +36,7 @@
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_record.cuh"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -105,12 +109,17 @@ __device__ __forceinline__ void pv_mma(const uint32_t (&a)[4],
       a[0], a[1], a[2], a[3], db, d[I]..., gmma::ScaleOut::One);
 }
 
-// Four fp32 values -> BF16 (RNE) at dims d .. d + 3 of row `row` of a swizzled [rows x 512]
+// Four BF16 values (two packed pairs) at dims d .. d + 3 of row `row` of a swizzled [rows x 512]
 // buffer made of chunks of chunk_bytes.
+__device__ __forceinline__ void store_bf4(
+    uint8_t* base, uint32_t chunk_bytes, int row, int d, uint2 v) {
+  *reinterpret_cast<uint2*>(base + (d >> 6) * chunk_bytes + sw128(row, (d & 63) * 2)) = v;
+}
+// Four fp32 values -> BF16 (RNE), stored as store_bf4.
 __device__ __forceinline__ void store4(
     uint8_t* base, uint32_t chunk_bytes, int row, int d, float4 v) {
-  uint8_t* p = base + (d >> 6) * chunk_bytes + sw128(row, (d & 63) * 2);
-  *reinterpret_cast<uint2*>(p) = make_uint2(mma::pack_bf16(v.x, v.y), mma::pack_bf16(v.z, v.w));
+  store_bf4(
+      base, chunk_bytes, row, d, make_uint2(mma::pack_bf16(v.x, v.y), mma::pack_bf16(v.z, v.w)));
 }
 
 __device__ __forceinline__ float4 load4(const float* row, int d, bool aligned) {
@@ -132,10 +141,13 @@ __device__ __forceinline__ void copy_q16(const SinkAttentionParams& p, int64_t q
   mma::cp_async_commit();
 }
 
-template <bool kQ16>
+// kRec: keys are KV records (numeric/records.h), loaded raw (kv_record.cuh: 4 + 1 or 8 bytes per
+// four dims instead of 16) and decoded to BF16 when stored into the tile.
+template <bool kQ16, bool kRec>
 __global__ void __launch_bounds__(kThreads, 1)
     sink_attention_sm90_kernel(SinkAttentionParams p, int nsplit, float* part) {
   pdl_begin();
+  using Raw = std::conditional_t<kRec, uint2, float4>;  // four dims of a key as loaded
   extern __shared__ uint8_t smem_raw[];
   // 1024-byte alignment for the swizzle atoms.
   const uint32_t raw = mma::smem_u32(smem_raw);
@@ -163,6 +175,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // half-warp stores one whole 128-byte swizzled chunk row: no bank conflicts).
   const int kr = threadIdx.x >> 4;
   const int l16 = threadIdx.x & 15;
+  const int rope_dim = kRec ? static_cast<int>(p.record_rope_dim) : 0;
+  const int nope = kD - rope_dim;
 
   if (kQ16 && blockIdx.y < p.nq)
     copy_q16(p, blockIdx.y, smem);  // the first query's q into buffer 0
@@ -202,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       return tile < t1 && idx < ke ? p.key_refs[idx] : kKvRefNone;
     };
     // One half (dims [256 part, 256 part + 256)) of this thread's two key rows: load, then store.
-    auto load_half = [&](const float* kp0, const float* kp1, int part_, float4(&v)[8]) {
+    auto load_half = [&](const float* kp0, const float* kp1, int part_, Raw(&v)[8]) {
 #pragma unroll
       for (int slot = 0; slot < 2; ++slot) {
         const float* kp = slot == 0 ? kp0 : kp1;
@@ -210,18 +224,36 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
           const int d = kHalf * part_ + 64 * cc + 4 * l16;
-          v[4 * slot + cc] =
-              kp != nullptr ? load4(kp, d, aligned) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if constexpr (kRec) {
+            v[4 * slot + cc] =
+                kp != nullptr
+                    ? rec::load_kv4(reinterpret_cast<const uint8_t*>(kp), nope, rope_dim, d)
+                    : make_uint2(0u, 0u);
+          } else {
+            v[4 * slot + cc] =
+                kp != nullptr ? load4(kp, d, aligned) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
         }
       }
     };
-    auto store_half = [&](int buf, int part_, const float4(&v)[8]) {
+    auto store_half = [&](int buf, int part_, const Raw(&v)[8]) {
       uint8_t* dst = sk0 + buf * kKBytes;
 #pragma unroll
       for (int slot = 0; slot < 2; ++slot) {
 #pragma unroll
-        for (int cc = 0; cc < 4; ++cc)
-          store4(dst, kKChunk, kr + 16 * slot, kHalf * part_ + 64 * cc + 4 * l16, v[4 * slot + cc]);
+        for (int cc = 0; cc < 4; ++cc) {
+          const int d = kHalf * part_ + 64 * cc + 4 * l16;
+          if constexpr (kRec) {
+            // (A null key's zero codes decode to zeros; its logits are masked anyway.)
+            store_bf4(dst,
+                      kKChunk,
+                      kr + 16 * slot,
+                      d,
+                      rec::kv4_to_bf16(v[4 * slot + cc], kHalf * part_ + 64 * cc >= nope));
+          } else {
+            store4(dst, kKChunk, kr + 16 * slot, d, v[4 * slot + cc]);
+          }
+        }
       }
     };
     // Row state in base 2, seeded by the sink (as the mma.sync BF16 kernel).
@@ -236,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t0 < t1) {
       const float* kp0 = kv_ref_ptr(p.pool, p.local, ref_of(t0, 0));
       const float* kp1 = kv_ref_ptr(p.pool, p.local, ref_of(t0, 1));
-      float4 va[8], vb[8];  // both halves in flight together (o is not live yet)
+      Raw va[8], vb[8];  // both halves in flight together (o is not live yet)
       load_half(kp0, kp1, 0, va);
       load_half(kp0, kp1, 1, vb);
       store_half(0, 0, va);
@@ -263,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         next_ref0 = ref_of(tile + 2, 0);
         next_ref1 = ref_of(tile + 2, 1);
       }
-      float4 v[8];
+      Raw v[8];
       if (more)
         load_half(kn0, kn1, 0, v);
       // 1. Partial q.k^T over this warpgroup's dims.
@@ -382,18 +414,19 @@ bool sink_attention_sm90_supports(const SinkAttentionParams& p) {
 
 namespace {
 
-template <bool kQ16>
+template <bool kQ16, bool kRec>
 Status launch_kernel(const SinkAttentionParams& p, int nsplit, float* part, cudaStream_t stream) {
   const int smem = static_cast<int>(smem_bytes(kQ16));
-  DSI_RETURN_IF_ERROR(device::check_cuda(
-      cudaFuncSetAttribute(
-          sink_attention_sm90_kernel<kQ16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-      "sink_attention_sm90 smem attribute"));
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaFuncSetAttribute(sink_attention_sm90_kernel<kQ16, kRec>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              smem),
+                         "sink_attention_sm90 smem attribute"));
   // With BF16 q one block per SM walks its queries in turn (each q copied in during the
   // previous one); otherwise one block per query.
   const int64_t gy = kQ16 ? std::max<int64_t>(1, sm_count() / nsplit) : kMaxGridY;
   const dim3 grid(static_cast<unsigned>(nsplit), static_cast<unsigned>(std::min(p.nq, gy)));
-  launch_pdl(sink_attention_sm90_kernel<kQ16>, grid, kThreads, smem, stream, p, nsplit, part);
+  launch_pdl(sink_attention_sm90_kernel<kQ16, kRec>, grid, kThreads, smem, stream, p, nsplit, part);
   return launched("sink_attention_sm90 launch");
 }
 
@@ -412,9 +445,11 @@ Status launch_sink_attention_sm90(const SinkAttentionParams& p,
   if (p.q_bf16 != nullptr) {
     if ((reinterpret_cast<uintptr_t>(p.q_bf16) & 15u) != 0)
       return invalid_argument("sink_attention_sm90: q_bf16 must be 16-byte aligned");
-    return launch_kernel<true>(p, nsplit, part, stream);
+    return p.kv_records ? launch_kernel<true, true>(p, nsplit, part, stream)
+                        : launch_kernel<true, false>(p, nsplit, part, stream);
   }
-  return launch_kernel<false>(p, nsplit, part, stream);
+  return p.kv_records ? launch_kernel<false, true>(p, nsplit, part, stream)
+                      : launch_kernel<false, false>(p, nsplit, part, stream);
 }
 
 }  // namespace dsinfer::cuda

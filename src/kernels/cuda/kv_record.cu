@@ -1,9 +1,10 @@
 // Pack/unpack of the state records (kv_record.h): one warp per 64-dim (KV) or 32-dim (index
-// key) quantisation block, the same arithmetic as numeric/quant.cc.
+// key) quantisation block (kv_record.cuh), the same arithmetic as numeric/quant.cc.
 #include <algorithm>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_record.cuh"
 #include "kernels/cuda/kv_record.h"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/quant.cuh"
@@ -15,32 +16,10 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxGrid = 65535;
 
 __global__ void kv_record_pack_kernel(KvRecordPackParams p) {
-  const int64_t nope = p.dim - p.rope_dim;
   const int64_t rec = kv_record_bytes(p.dim, p.rope_dim);
-  const int64_t nblocks = nope / 64;
-  const int lane = threadIdx.x & 31;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    const float* x = p.x + r * p.dim;
-    uint8_t* o = p.out + (p.out_offsets ? p.out_offsets[r] : r * rec);
-    uint8_t* scales = o + nope + 2 * p.rope_dim;
-    for (int64_t b = threadIdx.x >> 5; b < nblocks; b += blockDim.x >> 5) {
-      const float* v = x + b * 64;
-      float amax = fmaxf(fabsf(v[lane]), fabsf(v[lane + 32]));
-      amax = warp_max(amax);
-      const float s = numeric::pow2_ceil(fmaxf(amax, numeric::kActAmaxFloor) / numeric::kFp8Max);
-      o[b * 64 + lane] = numeric::f32_to_fp8_e4m3(clamp_sym(v[lane] / s, numeric::kFp8Max));
-      o[b * 64 + lane + 32] =
-          numeric::f32_to_fp8_e4m3(clamp_sym(v[lane + 32] / s, numeric::kFp8Max));
-      if (lane == 0)
-        scales[b] = numeric::e8m0_from_pow2(s);
-    }
-    uint16_t* rope = reinterpret_cast<uint16_t*>(o + nope);
-    for (int64_t i = threadIdx.x; i < p.rope_dim; i += blockDim.x) {
-      rope[i] = numeric::f32_to_bf16(x[nope + i]);
-    }
-    for (int64_t i = nope + 2 * p.rope_dim + nblocks + threadIdx.x; i < rec; i += blockDim.x) {
-      o[i] = 0;
-    }
+    rec::pack_kv_row(
+        p.x + r * p.dim, p.dim, p.rope_dim, p.out + (p.out_offsets ? p.out_offsets[r] : r * rec));
   }
 }
 
@@ -61,22 +40,9 @@ __global__ void kv_record_unpack_kernel(KvRecordUnpackParams p) {
 
 __global__ void index_key_pack_kernel(IndexKeyPackParams p) {
   const int64_t rec = index_key_record_bytes(p.dim);
-  const int64_t nblocks = p.dim / 32;
-  const int lane = threadIdx.x & 31;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    const float* x = p.x + r * p.dim;
-    uint8_t* o = p.out + (p.out_offsets ? p.out_offsets[r] : r * rec);
-    for (int64_t b = threadIdx.x >> 5; b < nblocks; b += blockDim.x >> 5) {
-      const float v = x[b * 32 + lane];
-      const float amax = warp_max(fabsf(v));
-      const float s = numeric::pow2_ceil(fmaxf(amax, numeric::kFp4AmaxFloor) / numeric::kFp4Max);
-      const uint8_t code = numeric::f32_to_fp4_e2m1(clamp_sym(v / s, numeric::kFp4Max));
-      const uint8_t hi = static_cast<uint8_t>(__shfl_down_sync(0xffffffffu, code, 1));
-      if ((lane & 1) == 0)
-        o[b * 16 + lane / 2] = static_cast<uint8_t>(code | (hi << 4));
-      if (lane == 0)
-        o[p.dim / 2 + b] = numeric::e8m0_from_pow2(s);
-    }
+    rec::pack_index_key_row(
+        p.x + r * p.dim, p.dim, p.out + (p.out_offsets ? p.out_offsets[r] : r * rec), rec);
   }
 }
 

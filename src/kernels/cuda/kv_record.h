@@ -1,23 +1,10 @@
-// Storage records of the decode state (spec §4.4), the layouts the paged state will hold on the
-// GPU instead of fp32 rows:
-//
-//   KV record (vLLM's V4 `fp8_ds_mla`; 584 B for head_dim 512, rope 64): K=V rows of the window
-//   ring and of the CSA/HCA compressed entries.
-//     [0, nope)                 E4M3 codes of the nope dims (nope = dim - rope_dim, a multiple of
-//     64) [nope, nope + 2*rope)     the rope dims as bf16 (RNE)
-//     [.., + nope/64)           one UE8M0 scale byte per 64 nope dims
-//     zero padding to a multiple of 8 bytes
-//   The nope dims hold exactly numeric::fp8_block_simulate(row, nope, 64) (codes and scales of
-//   fp8_block_quantize); the rope dims are rounded to bf16 (as `deepseek` numerics store them;
-//   `reference` numerics keep them fp32).
-//
-//   Index-key record (MXFP4; 68 B for index_head_dim 128): the indexer's keys.
-//     [0, dim/2)                packed E2M1 (low nibble = even dim)
-//     [dim/2, dim/2 + dim/32)   one UE8M0 scale byte per 32 dims
-//   Holds exactly numeric::fp4_block_simulate(row, dim, 32) of the (Hadamard-rotated) key.
-//
-// Pack kernels write record r at out + out_offsets[r] (bytes; null: r * record bytes) so records
-// can go straight into state pages; unpack kernels read them back to fp32 rows.
+// Pack / unpack kernels of the state records (numeric/records.h has the layouts). Pack kernels
+// write record r at out + out_offsets[r] (bytes; null: r * record bytes) so records can go
+// straight into state pages; unpack kernels read them back to fp32 rows. The nope dims hold
+// exactly numeric::fp8_block_simulate(row, nope, 64) (codes and scales of fp8_block_quantize),
+// the rope dims the row rounded to bf16, an index key exactly numeric::fp4_block_simulate(row,
+// dim, 32) of the (Hadamard-rotated) key; packing a row that already holds those values gives
+// the same values back (the quantisers are idempotent).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,18 +12,12 @@
 #include <cstdint>
 
 #include "base/status.h"
-#include "numeric/float_formats.h"  // DSI_HD
+#include "numeric/records.h"
 
 namespace dsinfer::cuda {
 
-DSI_HD constexpr int64_t kv_record_bytes(int64_t dim, int64_t rope_dim) {
-  return ((dim - rope_dim) + 2 * rope_dim + (dim - rope_dim) / 64 + 7) / 8 * 8;
-}
-DSI_HD constexpr int64_t index_key_record_bytes(int64_t dim) {
-  return dim / 2 + dim / 32;
-}
-static_assert(kv_record_bytes(512, 64) == 584);
-static_assert(index_key_record_bytes(128) == 68);
+using numeric::index_key_record_bytes;
+using numeric::kv_record_bytes;
 
 struct KvRecordPackParams {
   const float* x = nullptr;  // [rows, dim] post-RoPE K=V rows (before any simulation)

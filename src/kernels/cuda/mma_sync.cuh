@@ -18,6 +18,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
                "l"(src),
                "r"(src_bytes));
 }
+// 8-byte variant (8-byte aligned source and destination; cached at all levels).
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
 // 4-byte variant for sources that are not 16-byte aligned (cached at all levels).
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src));

@@ -90,6 +90,57 @@ TEST(KvRows, DeepSeekRowsAreBf16Exact) {
   }
 }
 
+// RowFormat::kRecord (the CUDA backend's deepseek layout): K=V rows and index keys one record
+// wide, the compressor rows fp32; pages_for counts exactly what a sequence reserves; a backend
+// refuses a sequence made for another row format.
+TEST(RowFormat, RecordRowsAreNarrowAndCountedExactly) {
+  auto ckpt = tiny();
+  const auto& c = ckpt->config();
+  ASSERT_TRUE(state::records_fit(c));
+  // tiny-a: head_dim 128 with 64 RoPE dims (64 FP8 + 128 B BF16 + 1 scale -> 200 B), index keys
+  // of 64 dims (32 B codes + 2 scales -> 36 B).
+  EXPECT_EQ(state::kv_row_floats(c, state::RowFormat::kRecord), 50);
+  EXPECT_EQ(state::index_row_floats(c, state::RowFormat::kRecord), 9);
+  EXPECT_EQ(state::kv_row_floats(c, state::RowFormat::kFloat), c.head_dim);
+  EXPECT_EQ(state::index_row_floats(c, state::RowFormat::kFloat), c.index_head_dim);
+  const int64_t page_bytes = state::min_page_bytes(c);
+  state::StateBytes bytes[2];
+  for (state::RowFormat f : {state::RowFormat::kFloat, state::RowFormat::kRecord}) {
+    SCOPED_TRACE(state::row_format_name(f));
+    for (int64_t n : {0, 1, 37, 500}) {
+      auto arena = state::PageArena::growable(page_bytes, state::PageArena::Storage::kNone);
+      state::SequenceState st(c, arena.get(), 1, 3, f);
+      ASSERT_TRUE(st.ok());
+      ASSERT_TRUE(st.reserve(n));
+      EXPECT_EQ(arena->used_bytes() / page_bytes,
+                state::SequenceState::pages_for(c, page_bytes, n, 3, f))
+          << n << " tokens";
+      EXPECT_TRUE(state::check_row_format(st, c, f).ok());
+      const state::RowFormat other =
+          f == state::RowFormat::kFloat ? state::RowFormat::kRecord : state::RowFormat::kFloat;
+      EXPECT_EQ(state::check_row_format(st, c, other).code(), StatusCode::kInvalidArgument);
+      for (const auto& ls : st.layers()) {
+        EXPECT_EQ(ls.ring.width(), state::kv_row_floats(c, f));
+        if (ls.comp_rows.enabled()) {  // the compressors' token rows stay fp32 [kv | score]
+          EXPECT_EQ(ls.comp_rows.rows().width() % c.head_dim, 0);
+        }
+      }
+    }
+    // Ring bytes per sequence (the window): 200 B against 512 B per row.
+    auto arena = state::PageArena::growable(page_bytes);
+    state::SequenceState st(c, arena.get(), 1, 0, f);
+    bytes[f == state::RowFormat::kRecord] = st.bytes();
+  }
+  EXPECT_LT(bytes[1].window, bytes[0].window);
+  // The CPU backends read fp32 rows only: a record-layout sequence is refused, not misread.
+  cpu::CpuModel m(c, ckpt->weights(), model::Numerics::kDeepSeek);
+  auto arena = state::PageArena::growable(page_bytes);
+  state::SequenceState st(c, arena.get(), 1, 0, state::RowFormat::kRecord);
+  backend::ForwardOutputs out;
+  EXPECT_EQ(m.forward(st, ids(5, 3), {}, &out).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.num_tokens(), 0);
+}
+
 TEST(Fork, OutOfPagesLeavesTheTargetFresh) {
   auto ckpt = tiny();
   const auto& c = ckpt->config();

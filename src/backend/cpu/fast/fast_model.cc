@@ -96,7 +96,9 @@ Status FastCpuModel::forward_batch(std::span<backend::ForwardItem> items) {
   segs_.clear();
   rows_ = 0;
   for (backend::ForwardItem& it : items) {
-    it.status = Status();
+    it.status = state::check_row_format(*it.state, c, state::RowFormat::kFloat);
+    if (!it.status.ok())
+      continue;
     if (it.options.run_mtp) {  // checked before the state changes
       it.status = reference_.check_mtp(*it.state);
       if (!it.status.ok())
