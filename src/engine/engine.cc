@@ -666,6 +666,9 @@ void Engine::run_chunks() {
   const bool timed = cost_ || (trace_spec_ && drafter_);
   const double t_step = timed ? now_s() : 0.0;
   const int64_t warmups = timed ? model_->shape_warmups() : 0;
+  // (Tokens emitted and verifications this step: the trace's, and auto's gain by depth.)
+  const int64_t spec_tokens = stats_.spec.spec_tokens;
+  const int64_t spec_steps = stats_.spec.spec_steps;
   step_depth_ = 0;
   const double t_draft = now_s();
   if (drafter_ && !plan_drafts())
@@ -759,11 +762,12 @@ void Engine::run_chunks() {
     if (trace_spec_) {
       std::fprintf(
           stderr,
-          "[spec-trace] step %lld: %lld at depth %d took %.3f ms, %s\n",
+          "[spec-trace] step %lld: %lld at depth %d took %.3f ms, emitted %lld, %s\n",
           static_cast<long long>(stats_.steps),
           static_cast<long long>(step_b_),
           step_depth_,
           took * 1e3,
+          static_cast<long long>(stats_.spec.spec_tokens - spec_tokens),
           warmed > 0
               ? str_format("not recorded (%lld shape warm-ups)", static_cast<long long>(warmed))
                     .c_str()
@@ -772,6 +776,17 @@ void Engine::run_chunks() {
     }
     if (cost_ && warmed == 0)
       cost_->record(step_b_, step_depth_, took);
+    // What the step's verifications emitted against what auto's choice counted on.
+    const int64_t verified = stats_.spec.spec_steps - spec_steps;
+    if (cost_ && step_depth_ >= 1 && verified > 0 &&
+        static_cast<size_t>(step_depth_) < expected_.size()) {
+      cost_->record_tokens(step_b_,
+                           step_depth_,
+                           expected_[static_cast<size_t>(step_depth_)],
+                           static_cast<double>(stats_.spec.spec_tokens - spec_tokens) /
+                               static_cast<double>(verified),
+                           verified);
+    }
   }
 }
 
@@ -779,6 +794,13 @@ int32_t Engine::auto_depth(int64_t b) {
   rates_.resize(static_cast<size_t>(spec_.k));
   for (int32_t d = 0; d < spec_.k; ++d)
     rates_[static_cast<size_t>(d)] = predictor_->position_rate(d);
+  // E(depth) from these rates, for record_tokens once the step has run.
+  expected_.assign(static_cast<size_t>(spec_.k) + 1, 1.0);
+  double reach = 1.0;
+  for (int32_t d = 1; d <= spec_.k; ++d) {
+    reach *= rates_[static_cast<size_t>(d - 1)];
+    expected_[static_cast<size_t>(d)] = expected_[static_cast<size_t>(d - 1)] + reach;
+  }
   if (!model_->prefers_uniform_steps())
     return cost_->choose(b, rates_);
   // The steady form on a backend that replays graphs per shape (a new depth costs captures),
@@ -965,6 +987,17 @@ bool Engine::plan_drafts() {
                          static_cast<long long>(r.id),
                          chunk_k_[draft_chunk_[j]],
                          r.spec_disabled ? "x" : "");
+    }
+    // Auto: the acceptance it predicts per draft position and the emitted tokens per second it
+    // predicts for each depth (tools/bench/spec_trace.py sets them beside the measured ones).
+    if (cost_ && !rates_.empty()) {
+      line += " | a";
+      for (double a : rates_) line += str_format(" %.3f", a);
+      line += " | rate";
+      for (int32_t d = -1; d <= cost_->max_k(); ++d) {
+        if (d != 0)
+          line += str_format(" %d:%.0f", d, cost_->rate(b, d, rates_));
+      }
     }
     std::fprintf(stderr, "%s\n", line.c_str());
   }

@@ -339,6 +339,7 @@ class Engine {
   int32_t step_depth_ = 0;
   int64_t step_b_ = 0;
   std::vector<double> rates_;        // the acceptance predictor's rate by draft position
+  std::vector<double> expected_;     // auto_depth: E(depth) from rates_ (tokens per request)
   std::vector<uint8_t> warm_;        // auto_depth: per depth, whether its fixed shape is prepared
   std::vector<int32_t> chunk_k_;     // drafts verified by each chunk of the plan
   std::vector<spec::Draft> drafts_;  // each chunk's drafts

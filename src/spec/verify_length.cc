@@ -162,7 +162,14 @@ StepCost::StepCost(StepTimes prior, int32_t max_k, bool padded_buckets)
       delta_(kBuckets, std::vector<double>(static_cast<size_t>(max_k_ + 2), 0.0)),
       seen_(kBuckets, std::vector<int64_t>(static_cast<size_t>(max_k_ + 2), 0)),
       level_(kBuckets, 1.0),
-      last_(kBuckets, -2) {
+      last_(kBuckets, -2),
+      cold_skips_(kBuckets, 0),
+      emitted_(static_cast<size_t>(max_k_ + 1), 0.0),
+      expected_(static_cast<size_t>(max_k_ + 1), 0.0),
+      b_emitted_(kBuckets, std::vector<double>(static_cast<size_t>(max_k_ + 1), 0.0)),
+      b_expected_(kBuckets, std::vector<double>(static_cast<size_t>(max_k_ + 1), 0.0)),
+      steps_(kBuckets, 0),
+      ran_at_(kBuckets, std::vector<int64_t>(static_cast<size_t>(max_k_ + 2), 0)) {
   DSI_CHECK(prior_.valid(), "StepCost: invalid step-time model");
 }
 
@@ -268,6 +275,7 @@ void StepCost::record(int64_t b, int32_t depth, double seconds) {
   // against the ~2.97 its steps take, kept it 0.2 ms too dear after three steps.)
   const int64_t n = ++seen_[bk][d];
   delta_[bk][d] += (x - delta_[bk][d]) / static_cast<double>(n <= kSettled ? n : 64);
+  ran_at_[bk][d] = ++steps_[bk];
 }
 
 double StepCost::step_s(int64_t b, int32_t depth) const {
@@ -284,7 +292,29 @@ double StepCost::rate(int64_t b, int32_t depth, std::span<const double> accept) 
     tokens += reach;
   }
   const double t = step_s(b, depth);
-  return t > 0 ? static_cast<double>(b) * tokens / t : 0.0;
+  return t > 0 ? static_cast<double>(b) * tokens * gain(b, depth) / t : 0.0;
+}
+
+void StepCost::record_tokens(
+    int64_t b, int32_t depth, double expected, double emitted, int64_t requests) {
+  if (b < 1 || depth < 1 || depth > max_k_ || requests < 1 || !(expected > 0) || !(emitted >= 0))
+    return;
+  const size_t d = static_cast<size_t>(depth);
+  const size_t bk = static_cast<size_t>(bucket(b));
+  const double n = static_cast<double>(requests);
+  expected_[d] += expected * n;
+  emitted_[d] += emitted * n;
+  b_expected_[bk][d] += expected * n;
+  b_emitted_[bk][d] += emitted * n;
+}
+
+double StepCost::gain(int64_t b, int32_t depth) const {
+  if (b < 1 || depth < 1 || depth > max_k_)
+    return 1.0;
+  const size_t d = static_cast<size_t>(depth);
+  const size_t bk = static_cast<size_t>(bucket(b));
+  const double all = (emitted_[d] + kGainPrior) / (expected_[d] + kGainPrior);
+  return (b_emitted_[bk][d] + kGainPrior * all) / (b_expected_[bk][d] + kGainPrior);
 }
 
 int32_t StepCost::best_depth(int64_t b, std::span<const double> accept) const {
@@ -337,6 +367,13 @@ int32_t StepCost::choose(int64_t b, std::span<const double> accept) const {
       pick_rate = r;
     }
   }
+  // The deeper neighbour, once every kProbeEvery of the bucket's steps: the acceptance of the
+  // draft positions past the best depth is learnt only from steps that verify them, so without
+  // this the estimates behind a deeper depth stayed those of the first steps.
+  const size_t bk = static_cast<size_t>(bucket(b));
+  if (pick == best && best + 1 <= top &&
+      steps_[bk] - ran_at_[bk][static_cast<size_t>(best + 2)] >= kProbeEvery)
+    pick = best + 1;
   return pick;
 }
 
@@ -362,8 +399,13 @@ int32_t StepCost::choose_warm(int64_t b,
   };
   // An exploring pick (not the best) runs as chosen: only steps run at a depth measure it, and a
   // depth never run would stay cold.
-  if (b < 1 || d < 1 || is_warm(d) || d != best_depth(b, accept))
+  if (b < 1 || d < 1 || d != best_depth(b, accept))
     return d;
+  int32_t& skips = cold_skips_[static_cast<size_t>(bucket(b))];
+  if (is_warm(d)) {
+    skips = 0;
+    return d;
+  }
   const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
   const double cold_rate = rate(b, d, accept);
   int32_t pick = d;
@@ -374,6 +416,12 @@ int32_t StepCost::choose_warm(int64_t b,
       pick = w;
       pick_rate = r;
     }
+  }
+  // The bucket keeps running while the best stays cold: past kColdPatience such steps the capture
+  // pays for itself, and the best is run (and so prepared).
+  if (pick != d && ++skips > kColdPatience) {
+    skips = 0;
+    pick = d;
   }
   last_[static_cast<size_t>(bucket(b))] = pick;
   return pick;

@@ -91,9 +91,24 @@ class StepCost {
   void record(int64_t b, int32_t depth, double seconds);
   // Predicted wall time of such a step.
   double step_s(int64_t b, int32_t depth) const;
-  // b * E(depth) / step_s(b, depth): the expected emitted tokens per second, where accept[i] is
-  // the probability that draft i is accepted given those before were (E(-1) = E(0) = 1).
+  // b * E(depth) * gain(b, depth) / step_s(b, depth): the expected emitted tokens per second, where
+  // accept[i] is the probability that draft i is accepted given those before were (E(-1) = E(0) =
+  // 1).
   double rate(int64_t b, int32_t depth, std::span<const double> accept) const;
+  // Tokens a step at `depth` emitted per speculating request, against the E(depth) its choice
+  // counted on (from the acceptance rates then), over `requests` requests. The acceptance at a
+  // draft position is not the same at every depth (where a verification starts depends on how
+  // far the last one got: the bundled model's second drafts are accepted 0.82 of the time
+  // verifying 2, 0.79 verifying 4), so rates pooled over the depths auto ran mispredict the
+  // others (depth 2 by -6% at batch 64 in the twenty-fourth session, which kept auto from the
+  // best depth at batch 256). Per bucket, shrunk towards the depth's gain over every bucket:
+  // gain(b, depth) = (emitted + kGainPrior * g) / (expected + kGainPrior) with the bucket's sums
+  // and g = (all emitted + kGainPrior) / (all expected + kGainPrior); 1 until the depth has run.
+  // (One gain for all batches made batch 1 read the 6% that depth 2 gained at 64 and 256, where
+  // its own depth-2 steps emitted 5% less than counted: depth 2 there, 6% slower than 3.)
+  void record_tokens(int64_t b, int32_t depth, double expected, double emitted, int64_t requests);
+  double gain(int64_t b, int32_t depth) const;
+  static constexpr double kGainPrior = 64.0;  // tokens
   // The depth, -1 or 1..max_k() (capped by accept.size()), with the highest rate (depth 0 would
   // emit what -1 does at a higher cost). Ties go to the shallower depth.
   int32_t best_depth(int64_t b, std::span<const double> accept) const;
@@ -105,9 +120,12 @@ class StepCost {
   // 1, >= 1) has fewer than kExplore measurements, that depth (the deeper first): the start-up
   // model's shape can be wrong where the measured steps would say otherwise, and only steps run
   // at a depth measure it; then a depth measured fewer than kExplore times whose rate is within
-  // kNoise of the best's (the highest rate first). Deterministic given what was recorded.
+  // kNoise of the best's (the highest rate first); otherwise, once every kProbeEvery steps of the
+  // bucket since it last ran, the depth next deeper than the best. Deterministic given what was
+  // recorded.
   int32_t choose(int64_t b, std::span<const double> accept) const;
   static constexpr double kNoise = 0.10;
+  static constexpr int64_t kProbeEvery = 64;
   // choose, except that where it picks the best depth and the bucket's previous choice (a
   // speculating depth) is within kStay of the best's rate, the previous one, so that two depths
   // of nearly the same rate do not alternate with every change of the acceptance estimates.
@@ -124,8 +142,14 @@ class StepCost {
   // i for i < warm.size(); deeper depths count as warm. Measured in the thirteenth session:
   // kCold 15% without the exploring exemption locked batch 16 into the first warm depth (2, where
   // 1 is best: 1.05x against 1.18x); dropping choose_steady's hold made no difference.
+  // A bucket whose best stays cold for more than kColdPatience consecutive choices runs it then
+  // (its capture amortised over the steps that keep coming): without that, a steady batch whose
+  // best depth was never run kept the warm substitute for good (the bundled model at batch 256,
+  // twenty-fourth session: depth 1 in 198 of 222 steps, 163.8k tok/s, where depth 2, predicted
+  // 7% faster and never run, gave 180.7k in fixed:2).
   int32_t choose_warm(int64_t b, std::span<const double> accept, std::span<const uint8_t> warm);
   static constexpr double kCold = 0.08;
+  static constexpr int32_t kColdPatience = 16;
   int64_t measured(int64_t b, int32_t depth) const;
   static constexpr int64_t kExplore = 3;
   // The bucket's level (see above; 1 until a depth has more than kSettled steps).
@@ -145,8 +169,14 @@ class StepCost {
   // measurements.
   std::vector<std::vector<double>> delta_;
   std::vector<std::vector<int64_t>> seen_;
-  std::vector<double> level_;  // [bucket]
-  std::vector<int32_t> last_;  // [bucket]: choose_steady's previous choice (-2: none)
+  std::vector<double> level_;        // [bucket]
+  std::vector<int32_t> last_;        // [bucket]: choose_steady's previous choice (-2: none)
+  std::vector<int32_t> cold_skips_;  // [bucket]: consecutive warm substitutes for a cold best
+  // record_tokens' sums: [depth] over every bucket, [bucket][depth].
+  std::vector<double> emitted_, expected_;
+  std::vector<std::vector<double>> b_emitted_, b_expected_;
+  std::vector<int64_t> steps_;                // [bucket]: steps recorded
+  std::vector<std::vector<int64_t>> ran_at_;  // [bucket][depth + 1]: steps_ at its latest
 };
 
 class AcceptancePredictor {

@@ -258,9 +258,12 @@ TEST(StepCost, SteadyChoiceKeepsANearlyAsGoodDepth) {
   // Depth 4 measured a little faster (2.14 s: 1.571 tokens/s, 3 within 2% of it; depth 3
   // measured again as before, so that the change is depth 4's alone, not the bucket's level):
   // 3 is kept.
+  // (Depth 5 run now and then as predicted: not the periodic probe's turn.)
   for (int i = 0; i < 400; ++i) {
     c.record(1, 4, 2.14);
     c.record(1, 3, 1.9);
+    if (i % 16 == 0)
+      c.record(1, 5, c.step_s(1, 5));
   }
   ASSERT_EQ(c.choose(1, accept), 4);
   EXPECT_EQ(c.choose_steady(1, accept), 3);
@@ -269,6 +272,8 @@ TEST(StepCost, SteadyChoiceKeepsANearlyAsGoodDepth) {
   for (int i = 0; i < 400; ++i) {
     c.record(1, 4, 2.08);
     c.record(1, 3, 1.9);
+    if (i % 16 == 0)
+      c.record(1, 5, c.step_s(1, 5));
   }
   EXPECT_EQ(c.choose_steady(1, accept), 4);
   // Other buckets keep their own previous choice.
@@ -313,6 +318,86 @@ TEST(StepCost, WarmChoiceAvoidsColdShapesThatGainLittle) {
   }
   ASSERT_EQ(x.choose(1, accept), 4);
   EXPECT_EQ(x.choose_warm(1, accept, std::vector<uint8_t>{1, 1, 1, 1, 0, 1}), 4);
+  // A best that stays cold gets its turn after kColdPatience substitutes in a row (a steady batch
+  // would otherwise never run, and so never prepare, its best depth); run once, it is warm.
+  // Only 5 warm (1.476: within kCold of 3's 1.554, not within choose_steady's kStay).
+  StepCost p = measured_all();
+  const std::vector<uint8_t> only5{1, 0, 0, 0, 0, 1};
+  for (int32_t i = 0; i < StepCost::kColdPatience; ++i)
+    ASSERT_EQ(p.choose_warm(1, accept, only5), 5) << i;
+  EXPECT_EQ(p.choose_warm(1, accept, only5), 3);
+  EXPECT_EQ(p.choose_warm(1, accept, all), 3);
+  // A warm best in between starts the count again.
+  StepCost q = measured_all();
+  for (int32_t i = 0; i + 1 < StepCost::kColdPatience; ++i) q.choose_warm(1, accept, only5);
+  EXPECT_EQ(q.choose_warm(1, accept, all), 3);
+  for (int32_t i = 0; i < StepCost::kColdPatience; ++i)
+    EXPECT_EQ(q.choose_warm(1, accept, only5), 5) << i;
+}
+
+// Once every kProbeEvery of a bucket's steps, the depth next deeper than the best runs again: the
+// acceptance of the draft positions past the best is learnt only from steps that verify them.
+TEST(StepCost, DeeperNeighbourIsProbedPeriodically) {
+  const std::vector<double> accept(5, 0.8);
+  StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);  // best 3 (see above)
+  for (int32_t d = -1; d <= 5; ++d) {
+    for (int i = 0; i < StepCost::kExplore; ++i) c.record(1, d, c.step_s(1, d));
+  }
+  ASSERT_EQ(c.choose(1, accept), 3);
+  // Depth 4 last ran 3 steps before the end of the set-up (depth 5's steps came after it).
+  for (int64_t i = 0; i + 3 < StepCost::kProbeEvery; ++i) {
+    ASSERT_EQ(c.choose(1, accept), 3) << i;
+    c.record(1, 3, c.step_s(1, 3));
+  }
+  EXPECT_EQ(c.choose(1, accept), 4);  // the probe
+  c.record(1, 4, c.step_s(1, 4));
+  for (int64_t i = 0; i < StepCost::kProbeEvery; ++i) {
+    ASSERT_EQ(c.choose(1, accept), 3) << i;
+    c.record(1, 3, c.step_s(1, 3));
+  }
+  EXPECT_EQ(c.choose(1, accept), 4);  // the next one
+  // The deepest depth has no deeper neighbour: no probe.
+  const std::vector<double> sure(5, 0.99);
+  StepCost d(flat_times(1.0, 1.0, 0.01, 0.01, 5), 5);
+  for (int32_t k = -1; k <= 5; ++k) {
+    for (int i = 0; i < StepCost::kExplore; ++i) d.record(1, k, d.step_s(1, k));
+  }
+  ASSERT_EQ(d.choose(1, sure), 5);
+  for (int64_t i = 0; i < 2 * StepCost::kProbeEvery; ++i) {
+    ASSERT_EQ(d.choose(1, sure), 5) << i;
+    d.record(1, 5, d.step_s(1, 5));
+  }
+}
+
+// The tokens a depth's steps emitted against what the pooled acceptance rates promised scale that
+// depth's rate in their bucket, shrunk (kGainPrior tokens) towards the depth's gain over every
+// bucket, which is what other buckets read; other depths keep theirs.
+TEST(StepCost, TokenGainScalesADepthsRate) {
+  const std::vector<double> accept(5, 0.8);
+  StepCost c(flat_times(1.0, 1.0, 0.25, 0.05, 5), 5);
+  const double r2 = c.rate(8, 2, accept), r2b = c.rate(64, 2, accept), r3 = c.rate(64, 3, accept);
+  EXPECT_EQ(c.gain(8, 2), 1.0);
+  c.record_tokens(8, 2, 2.44, 2.64, 100);  // 264 emitted against 244 expected, at batch 8
+  const double all = (264.0 + StepCost::kGainPrior) / (244.0 + StepCost::kGainPrior);
+  const double own = (264.0 + StepCost::kGainPrior * all) / (244.0 + StepCost::kGainPrior);
+  EXPECT_NEAR(c.gain(8, 2), own, 1e-12);
+  EXPECT_NEAR(c.rate(8, 2, accept), r2 * own, 1e-9 * r2);
+  EXPECT_NEAR(c.gain(64, 2), all, 1e-12);  // a bucket without depth-2 steps: every bucket's
+  EXPECT_NEAR(c.rate(64, 2, accept), r2b * all, 1e-9 * r2b);
+  EXPECT_EQ(c.rate(64, 3, accept), r3);
+  // A bucket's own steps outweigh the others' once they are many.
+  for (int i = 0; i < 100; ++i) c.record_tokens(64, 2, 2.44, 2.2, 64);
+  EXPECT_LT(c.gain(64, 2), 0.91);
+  EXPECT_GT(c.gain(8, 2), 1.0);
+  // Nothing learnt from steps without speculation, bad counts or depths past max_k.
+  c.record_tokens(8, 0, 1.0, 5.0, 10);
+  c.record_tokens(8, 3, 2.0, 3.0, 0);
+  c.record_tokens(8, 6, 2.0, 3.0, 10);
+  c.record_tokens(8, 3, 0.0, 3.0, 10);
+  c.record_tokens(0, 3, 2.0, 3.0, 10);
+  EXPECT_EQ(c.gain(8, 0), 1.0);
+  EXPECT_EQ(c.gain(8, 3), 1.0);
+  EXPECT_EQ(c.gain(8, -1), 1.0);
 }
 
 // With padded buckets (a backend that pads steps to a power of two of sequences and captures a
