@@ -21,25 +21,6 @@
 namespace dsinfer::cuda::test {
 namespace {
 
-// DSI_EXPECT_OK asserts (functions returning void only); these helpers return values.
-#define EXPECT_STATUS_OK(expr)                \
-  do {                                        \
-    const ::dsinfer::Status st_ = (expr);     \
-    EXPECT_TRUE(st_.ok()) << st_.to_string(); \
-  } while (0)
-
-void expect_same_bits(const std::vector<float>& want,
-                      const std::vector<float>& got,
-                      const std::string& what) {
-  ASSERT_EQ(want.size(), got.size());
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (std::memcmp(&want[i], &got[i], 4) != 0 && bad++ < 5)
-      ADD_FAILURE() << what << " [" << i << "]: fp32 rows " << want[i] << " records " << got[i];
-  }
-  EXPECT_EQ(bad, 0) << what;
-}
-
 // `rows` K=V rows of dim floats packed as KV records into a float buffer at `stride` floats per
 // record (>= kv_record_floats), and the fp32 rows they decode to (dim floats each).
 struct RecordRows {
@@ -55,20 +36,20 @@ RecordRows make_kv_records(int64_t rows, int64_t dim, int64_t rope, int64_t stri
   RecordRows out{DevVec<float>(static_cast<size_t>(rows * stride), 0.0f),
                  DevVec<float>(static_cast<size_t>(rows * dim), 0.0f)};
   auto* bytes = reinterpret_cast<uint8_t*>(out.records.get());
-  EXPECT_STATUS_OK(launch_kv_record_pack(KvRecordPackParams{.x = d_x.get(),
-                                                            .rows = rows,
-                                                            .dim = dim,
-                                                            .rope_dim = rope,
-                                                            .out = bytes,
-                                                            .out_offsets = d_off.get()},
-                                         nullptr));
-  EXPECT_STATUS_OK(launch_kv_record_unpack(KvRecordUnpackParams{.records = bytes,
-                                                                .offsets = d_off.get(),
-                                                                .rows = rows,
-                                                                .dim = dim,
-                                                                .rope_dim = rope,
-                                                                .out = out.rows.get()},
-                                           nullptr));
+  DSI_EXPECT_OK_CONTINUE(launch_kv_record_pack(KvRecordPackParams{.x = d_x.get(),
+                                                                  .rows = rows,
+                                                                  .dim = dim,
+                                                                  .rope_dim = rope,
+                                                                  .out = bytes,
+                                                                  .out_offsets = d_off.get()},
+                                               nullptr));
+  DSI_EXPECT_OK_CONTINUE(launch_kv_record_unpack(KvRecordUnpackParams{.records = bytes,
+                                                                      .offsets = d_off.get(),
+                                                                      .rows = rows,
+                                                                      .dim = dim,
+                                                                      .rope_dim = rope,
+                                                                      .out = out.rows.get()},
+                                                 nullptr));
   sync();
   return out;
 }
@@ -123,7 +104,7 @@ void run_attention_records(int64_t heads,
   auto run = [&](bool records) {
     DevVec<float> d_out(static_cast<size_t>(nq * heads * dim), 9.0f);
     DevVec<float> d_scratch(static_cast<size_t>(std::max<int64_t>(scratch, 1)), 0.0f);
-    EXPECT_STATUS_OK(launch_sink_attention(
+    DSI_EXPECT_OK_CONTINUE(launch_sink_attention(
         SinkAttentionParams{.q = q16 ? nullptr : d_q.get(),
                             .nq = nq,
                             .heads = heads,
@@ -148,7 +129,7 @@ void run_attention_records(int64_t heads,
   };
   const std::vector<float> want = run(false);
   const std::vector<float> got = run(true);
-  expect_same_bits(want, got, "sink attention");
+  expect_same_floats(want, got, "sink attention");
   double mass = 0.0;
   for (float v : want) mass += std::fabs(v);
   EXPECT_GT(mass, 0.0) << "the test attended to nothing";
@@ -199,16 +180,16 @@ void run_indexer_records(int64_t heads, int64_t dim, IdxPath path, uint32_t seed
   DevVec<float> d_pool_r(static_cast<size_t>(pages_r * page_floats), 0.0f);
   DevVec<int64_t> d_off_r(off_r);
   auto* bytes = reinterpret_cast<uint8_t*>(d_pool_r.get());
-  EXPECT_STATUS_OK(launch_index_key_pack(
+  DSI_EXPECT_OK_CONTINUE(launch_index_key_pack(
       IndexKeyPackParams{
           .x = d_x.get(), .rows = keys, .dim = dim, .out = bytes, .out_offsets = d_off_r.get()},
       nullptr));
-  EXPECT_STATUS_OK(launch_index_key_unpack(IndexKeyUnpackParams{.records = bytes,
-                                                                .offsets = d_off_r.get(),
-                                                                .rows = keys,
-                                                                .dim = dim,
-                                                                .out = d_dense.get()},
-                                           nullptr));
+  DSI_EXPECT_OK_CONTINUE(launch_index_key_unpack(IndexKeyUnpackParams{.records = bytes,
+                                                                      .offsets = d_off_r.get(),
+                                                                      .rows = keys,
+                                                                      .dim = dim,
+                                                                      .out = d_dense.get()},
+                                                 nullptr));
   sync();
   const std::vector<float> dense = d_dense.download();
   std::vector<float> pool_f(static_cast<size_t>(pages_f * page_floats), 0.0f);
@@ -227,7 +208,7 @@ void run_indexer_records(int64_t heads, int64_t dim, IdxPath path, uint32_t seed
   DevVec<int64_t> d_vis(visible), d_pb(page_begin);
   auto run = [&](bool records) {
     DevVec<float> d_scores(static_cast<size_t>(nq * keys), -3.0f);
-    EXPECT_STATUS_OK(launch_indexer_scores(
+    DSI_EXPECT_OK_CONTINUE(launch_indexer_scores(
         IndexerScoreParams{.q = d_q.get(),
                            .head_w = d_hw.get(),
                            .w_scale = 0.02f,
@@ -253,7 +234,7 @@ void run_indexer_records(int64_t heads, int64_t dim, IdxPath path, uint32_t seed
     return d_scores.download();
   };
   const std::vector<float> want = run(false);
-  expect_same_bits(want, run(true), "indexer scores");
+  expect_same_floats(want, run(true), "indexer scores");
   int64_t written = 0;
   for (float v : want) written += v != -3.0f ? 1 : 0;
   EXPECT_GT(written, nq);

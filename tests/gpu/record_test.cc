@@ -30,18 +30,6 @@ std::vector<float> spread_rows(int64_t rows, int64_t dim, uint32_t seed) {
   return x;
 }
 
-void expect_same_floats(const std::vector<float>& want,
-                        const std::vector<float>& got,
-                        const std::string& what) {
-  ASSERT_EQ(want.size(), got.size());
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (std::memcmp(&want[i], &got[i], 4) != 0 && bad++ < 5)
-      ADD_FAILURE() << what << " [" << i << "]: cpu " << want[i] << " gpu " << got[i];
-  }
-  EXPECT_EQ(bad, 0) << what;
-}
-
 TEST_F(GpuTest, KvRecordIsBitExact) {
   uint32_t seed = 1;
   for (auto [dim, rope] : {std::pair<int64_t, int64_t>{512, 64}, {128, 64}, {64, 0}, {200, 8}}) {

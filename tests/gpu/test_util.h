@@ -88,6 +88,26 @@ class GpuTest : public ::testing::Test {
     ASSERT_TRUE(dsi_st_.ok()) << dsi_st_.to_string(); \
   } while (0)
 
+// A non-asserting DSI_EXPECT_OK, for helpers that return values.
+#define DSI_EXPECT_OK_CONTINUE(expr)                  \
+  do {                                                \
+    const ::dsinfer::Status dsi_st_ = (expr);         \
+    EXPECT_TRUE(dsi_st_.ok()) << dsi_st_.to_string(); \
+  } while (0)
+
+// want and got hold the same bits (NaN payloads included); reports the first few differences.
+inline void expect_same_floats(const std::vector<float>& want,
+                               const std::vector<float>& got,
+                               const std::string& what) {
+  ASSERT_EQ(want.size(), got.size());
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::memcmp(&want[i], &got[i], 4) != 0 && bad++ < 5)
+      ADD_FAILURE() << what << " [" << i << "]: want " << want[i] << " got " << got[i];
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
 inline std::vector<float> normal_floats(size_t n, uint32_t seed, float sigma = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, sigma);

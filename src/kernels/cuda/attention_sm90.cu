@@ -13,8 +13,8 @@
 //   3. P.V into the warpgroup's 64 x 256 fp32 accumulators (2 x m64n256k16, A from registers).
 // The next tile's key rows (fp32, or KV records) are loaded into registers while the tensor cores
 // run (its first 256 dims around q.k, the rest around P.V), converted and stored into the other
-// buffer: no fp32 staging in shared memory. With BF16 q (q_bf16) one block per SM walks its queries and copies the
-// next query's q into the second q buffer while the current one runs.
+// buffer: no fp32 staging in shared memory. With BF16 q (q_bf16) one block per SM walks its queries
+// and copies the next query's q into the second q buffer while the current one runs.
 //
 // Measured (H200, 8k-token prefill of 4 V4-Flash layers, ncu): 17.5 ms for the mma.sync kernel
 // (of which most was a load-then-store q staging loop), 10.0 ms for this kernel's first version,
