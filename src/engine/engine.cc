@@ -707,7 +707,7 @@ void Engine::run_chunks() {
     if (c.first_pos == 0) {  // (re)computation from the start: speculation starts over
       // Under auto, not at all (not even the drafter's forward work over the prompt) while the
       // cost model says that speculation does not pay at this batch size.
-      r.spec_disabled = cost_ && auto_depth(static_cast<int64_t>(n)) < 0;
+      r.spec_disabled = cost_ && auto_says_off(static_cast<int64_t>(n));
       r.spec_idle_steps = 0;
     }
     const int32_t k = chunk_k_[i];
@@ -790,10 +790,19 @@ void Engine::run_chunks() {
   }
 }
 
-int32_t Engine::auto_depth(int64_t b) {
+void Engine::refresh_rates() {
   rates_.resize(static_cast<size_t>(spec_.k));
   for (int32_t d = 0; d < spec_.k; ++d)
     rates_[static_cast<size_t>(d)] = predictor_->position_rate(d);
+}
+
+bool Engine::auto_says_off(int64_t b) {
+  refresh_rates();
+  return cost_->choose(b, rates_) < 0;
+}
+
+int32_t Engine::auto_depth(int64_t b) {
+  refresh_rates();
   // E(depth) from these rates, for record_tokens once the step has run.
   expected_.assign(static_cast<size_t>(spec_.k) + 1, 1.0);
   double reach = 1.0;

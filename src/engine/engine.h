@@ -222,8 +222,16 @@ class Engine {
   // Speculative decoding: chooses each decode chunk's number of drafts and drafts them
   // (chunk_k_, drafts_); false after a device failure.
   bool plan_drafts();
-  // Auto: the depth the cost model picks for b decoding requests (-1: no speculation).
+  // Auto: the depth the cost model picks for b decoding requests (-1: no speculation); the step's
+  // choice (it keeps E(depth) for record_tokens and advances the cost model's per-bucket hold
+  // and cold-shape counters).
   int32_t auto_depth(int64_t b);
+  // Auto: whether the cost model would run b decoding requests without speculation, asked
+  // without a step (at a request's admission): nothing recorded, no counter advanced. The hold
+  // and warm-shape substitutions of auto_depth only move between depths >= 1, so the answer is
+  // auto_depth's.
+  bool auto_says_off(int64_t b);
+  void refresh_rates();  // rates_ from the predictor's acceptance at each draft position
   // Auto: whether this step's wall time goes to the cost model (a step of decode chunks only,
   // all speculating or none): step_b_ > 0, with its depth in step_depth_.
   void classify_step();
