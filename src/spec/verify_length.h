@@ -119,10 +119,10 @@ class StepCost {
   // nothing that step); then while a speculating depth next to the best (best +-
   // 1, >= 1) has fewer than kExplore measurements, that depth (the deeper first): the start-up
   // model's shape can be wrong where the measured steps would say otherwise, and only steps run
-  // at a depth measure it; then a depth measured fewer than kExplore times whose rate is within
-  // kNoise of the best's (the highest rate first); otherwise, once every kProbeEvery steps of the
-  // bucket since it last ran, the depth next deeper than the best. Deterministic given what was
-  // recorded.
+  // at a depth measure it; then a depth measured fewer than kExplore times (or not at all) whose
+  // rate is within kNoise of the best's (the highest rate first); otherwise, once every
+  // kProbeEvery steps of the bucket since it last ran, the depth next deeper than the best.
+  // Deterministic given what was recorded.
   int32_t choose(int64_t b, std::span<const double> accept) const;
   static constexpr double kNoise = 0.10;
   static constexpr int64_t kProbeEvery = 64;
