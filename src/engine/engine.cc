@@ -359,8 +359,6 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
       why = "expert parallelism over several processes does not speculate yet";
     else if (!e->model_->can_draft())
       why = "this backend cannot draft yet";
-    else if (config.prefix_cache.store)
-      why = "the prefix cache's state images do not cover the MTP block's state yet";
     if (why != nullptr) {
       if (!e->spec_.defaulted) {
         return invalid_argument(
@@ -1387,6 +1385,12 @@ void Engine::cache_restore(Request& r, state::SequenceState& st) {
     r.cached_tokens = r.cache_len;
     ++stats_.cache_hits;
     stats_.cached_prompt_tokens += r.cache_len;
+    // The MTP block's state comes with the prefix (state images and device-tier copies carry
+    // it), in step with it when the request that stored it speculated. One that did not (off,
+    // or auto keeping it off) left the block behind by the whole prefix, more than a drafting
+    // call catches up: this request then decodes without speculation.
+    if (drafter_ && !r.spec_disabled && drafter_->catch_up_from(st) + 1 < st.num_tokens())
+      r.spec_disabled = true;
   };
   const int64_t sp = cache_layout_.save_point;
   if (sp > 0 && (r.cache_len % sp != 0 || r.cache_len > static_cast<int64_t>(r.spec.prompt.size()) -

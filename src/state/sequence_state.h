@@ -169,7 +169,8 @@ struct ImageOptions {
 
 // State images (state/state_image.cc): a self-contained, page-size-independent copy of a
 // sequence's decode state (window rings, compressed entries, index keys, compressor rows, MTP
-// state, the token history) at its current length: what the prefix cache stores. With default
+// state -- V4's MTP block at its own position count, with the final streams it reads next --,
+// the token history) at its current length: what the prefix cache stores. With default
 // options, restoring it into a fresh sequence of the same model and rollback limit gives exactly
 // the state a forward over the same tokens leaves; with `options` leaving parts out, those parts
 // are unspecified after a restore (the caller's replay must not read them). Version 1 images

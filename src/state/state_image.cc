@@ -288,10 +288,10 @@ bool ImageOptions::full() const {
 }
 
 namespace {
-// Ring slots written after the sequence's positions: main layers and V4.1's extra (DSpark) rings
-// follow the sequence; V4's MTP ring is empty in an image (taken before the MTP block ran).
+// Positions written to a layer's ring: main layers and V4.1's extra (DSpark) rings follow the
+// sequence; V4's MTP ring follows the MTP block (mtp_num_tokens, 0 before it ran).
 int64_t ring_written(const SequenceState& st, bool main_layers) {
-  return main_layers || st.history_capacity() > 0 ? st.num_tokens() : 0;
+  return main_layers || st.history_capacity() > 0 ? st.num_tokens() : st.mtp_num_tokens();
 }
 // Final-stream slots in use (an unused slot's position is -1).
 auto final_written(const std::vector<int64_t>& positions) {
@@ -322,8 +322,8 @@ Status ImageAccess::capture(const SequenceState& st,
                             C& c,
                             const ImageOptions& options,
                             std::string& out) {
-  if (st.mtp_num_tokens_ != 0)
-    return unimplemented("state images of sequences whose MTP block ran are not supported");
+  if (st.mtp_num_tokens_ != 0 && st.history_capacity() > 0)
+    return unimplemented("state images of V4.1 sequences with an MTP position count");
   if (st.num_tokens_ < 1)
     return invalid_argument("no state to capture (empty sequence)");
   const size_t n_rings = st.layers_.size() + st.mtp_layers_.size();
@@ -502,7 +502,11 @@ Status restore_state(std::string_view image,
   if (n_layers != st.layers_.size() || n_mtp != st.mtp_layers_.size() ||
       n_final != static_cast<int64_t>(st.final_positions_.size()))
     return invalid_argument("state image is for another model or rollback limit");
-  if (num_tokens < 1 || mtp_tokens != 0)
+  // The MTP block (V4) at most one position behind the sequence (it reads the next token); none
+  // in a state without one, or with a token history (V4.1).
+  const bool mtp_ok = mtp_tokens == 0 || (n_mtp > 0 && st.history_capacity() == 0 &&
+                                          mtp_tokens > 0 && mtp_tokens <= num_tokens - 1);
+  if (num_tokens < 1 || !mtp_ok)
     return data_loss("state image token counts inconsistent");
   const bool comp_rows = !options.skip_compressor_rows;
   int64_t history = 0;
@@ -531,9 +535,9 @@ Status restore_state(std::string_view image,
     if (!get_shape(r, &shapes[l]))
       return data_loss("state image truncated");
     const LayerState& ls = l < n_layers ? st.layers_[l] : st.mtp_layers_[l - n_layers];
-    // MTP layers: only images taken before the MTP block ran (their state is empty).
+    // MTP layers: at the MTP block's position count.
     DSI_RETURN_IF_ERROR(
-        check_shape(shapes[l], shape_of(ls), l < n_layers ? num_tokens : 0, l, comp_rows));
+        check_shape(shapes[l], shape_of(ls), l < n_layers ? num_tokens : mtp_tokens, l, comp_rows));
   }
   std::vector<int64_t> finals(static_cast<size_t>(n_final));
   for (auto& p : finals) {
@@ -606,7 +610,7 @@ Status restore_state(std::string_view image,
   for (size_t l = 0; l < shapes.size() && s.ok(); ++l) {
     LayerState& ls = l < n_layers ? st.layers_[l] : st.mtp_layers_[l - n_layers];
     const bool main_layer = l < n_layers;
-    const int64_t written = main_layer || st.history_capacity() > 0 ? num_tokens : 0;
+    const int64_t written = main_layer || st.history_capacity() > 0 ? num_tokens : mtp_tokens;
     s = restore_layer(ls, shapes[l], ring_stored(options, l), written);
   }
   if (s.ok() && n_final > 0)

@@ -9,11 +9,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "backend/cpu/cpu_model.h"
 #include "engine/engine.h"
 #include "model/checkpoint.h"
+#include "spec/config.h"
 #include "state/sequence_state.h"
 #include "unit/engine/engine_test_util.h"
 
@@ -137,6 +139,59 @@ TEST(StateImage, RejectsImagesOfAnotherModelAndCorruption) {
     (void)state::restore_state(c, d, test_support::host_page_writer(*arena));
     d.check_integrity();
   }
+}
+
+// The MTP block's state in an image (V4): a sequence whose prefill ran the block captures with
+// its position count, window ring and final streams; restored into another arena (another page
+// size) it captures back to the same bytes, and its next drafts equal the original's. A count
+// past the sequence's last position is rejected.
+TEST(StateImage, MtpStateRoundTripsAndDraftsTheSame) {
+  const auto& mc = bundled()->config();
+  cpu::CpuModel model(mc, bundled()->weights(), model::Numerics::kReference);
+  ASSERT_TRUE(model.can_draft());
+  auto arena_a = state::PageArena::growable(state::min_page_bytes(mc));
+  auto arena_b = state::PageArena::growable(state::default_page_bytes(mc));
+  const int64_t rollback = 3;
+  const auto tokens = random_tokens(90, mc.vocab_size, 8);  // past the 64-token window
+  state::SequenceState a(mc, arena_a.get(), 1, rollback);
+  backend::ForwardOutputs out;
+  backend::ForwardOptions o;
+  o.run_mtp = true;
+  ASSERT_TRUE(model.forward(a, tokens, o, &out).ok());
+  ASSERT_EQ(a.mtp_num_tokens(), 89);
+  auto image = state::capture_state(a, test_support::host_page_reader(*arena_a));
+  ASSERT_TRUE(image.ok()) << image.status().to_string();
+  state::SequenceState b(mc, arena_b.get(), 2, rollback);
+  ASSERT_TRUE(state::restore_state(*image, b, test_support::host_page_writer(*arena_b)).ok());
+  EXPECT_EQ(b.num_tokens(), 90);
+  EXPECT_EQ(b.mtp_num_tokens(), 89);
+  auto again = state::capture_state(b, test_support::host_page_reader(*arena_b));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *image);
+  // Three drafts after the same next token, from each.
+  auto draft = [&](state::SequenceState& st) {
+    std::vector<int32_t> t(3);
+    std::vector<float> p(3);
+    backend::DraftItem it;
+    it.state = &st;
+    it.next_token = 7;
+    it.num_steps = 3;
+    it.tokens = t.data();
+    it.probs = p.data();
+    std::vector<backend::DraftItem> items{it};
+    EXPECT_TRUE(model.mtp_draft_batch(items).ok());
+    EXPECT_TRUE(items[0].status.ok()) << items[0].status.to_string();
+    return std::pair{t, p};
+  };
+  EXPECT_EQ(draft(a), draft(b));
+  // The MTP count (header bytes 20..27) past num_tokens - 1: rejected, the sequence left fresh.
+  std::string bad = *image;
+  const int64_t past = 90;
+  std::memcpy(bad.data() + 20, &past, sizeof(past));
+  state::SequenceState c(mc, arena_b.get(), 3, rollback);
+  const Status s = state::restore_state(bad, c, test_support::host_page_writer(*arena_b));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
+  EXPECT_EQ(c.num_tokens(), 0);
 }
 
 // Pages come back to the arena with whatever the last sequence wrote. An image of a sequence
@@ -361,6 +416,109 @@ TEST(PrefixCache, RestartHitsTheSsdTierAndCorruptionIsAMiss) {
     EXPECT_GE(e->stats().cache_restore_failures, 1);
   }
   fs::remove_all(dir);
+}
+
+// Speculative decoding with the prefix cache (docs/kv-store.md): state images and device-tier
+// copies carry the MTP block's state, so a request that starts from a cached prefix speculates
+// at once, with the block in step (its first drafts accepted as often as without the cache), and
+// its greedy outputs equal the plain engine's. A prefix stored by a request that did not
+// speculate leaves the block behind by the whole prefix: a request starting from it decodes
+// without speculation, still identically.
+std::unique_ptr<Engine> make_spec_engine(std::shared_ptr<const model::Checkpoint> ckpt,
+                                         std::shared_ptr<kvstore::KvStore> store,
+                                         const char* mode,
+                                         int64_t device_bytes = 0,
+                                         std::optional<spec::StepTimes> times = std::nullopt) {
+  EngineConfig cfg;
+  cfg.state_budget_bytes = int64_t{64} << 20;
+  cfg.prefix_cache.device_bytes = device_bytes;
+  cfg.page_bytes = state::min_page_bytes(ckpt->config());
+  cfg.scheduler.prefill_chunk = 32;
+  cfg.prefix_cache.store = std::move(store);
+  cfg.prefix_cache.block = 16;
+  cfg.prefix_cache.min_tokens = 4;
+  cfg.prefix_cache.promote_wait_ms = 5000;
+  cfg.prefix_cache.salt = "test-model-v1";
+  cfg.speculative = *spec::parse_config(mode);
+  cfg.step_times = std::move(times);
+  auto e = Engine::create(cfg, std::move(ckpt));
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return std::move(e).value();
+}
+
+TEST(PrefixCache, SpeculativeRequestsResumeTheMtpStateFromTheCache) {
+  auto ckpt = bundled();
+  auto plain = make_engine(ckpt, nullptr);
+  std::vector<Turn> expected;
+  const auto prompts = conversation_prompts(*plain, 3, 21, &expected);
+  // Per turn: the speculative engine's drafts verified and accepted at each position, without
+  // the cache (every prompt computed from the start).
+  auto spec_deltas = [](const spec::Stats& a, const spec::Stats& b) {
+    std::vector<int64_t> d;
+    for (size_t i = 0; i < b.verified.size(); ++i) {
+      d.push_back(b.verified[i] - a.verified[i]);
+      d.push_back(b.accepted[i] - a.accepted[i]);
+    }
+    return d;
+  };
+  std::vector<std::vector<int64_t>> uncached;
+  {
+    auto e = make_spec_engine(ckpt, nullptr, "fixed:3");
+    for (const auto& prompt : prompts) {
+      const spec::Stats before = e->stats().spec;
+      run(*e, prompt, 6);
+      uncached.push_back(spec_deltas(before, e->stats().spec));
+    }
+  }
+  for (int64_t device_bytes : {int64_t{0}, int64_t{32} << 20}) {
+    SCOPED_TRACE(device_bytes ? "device tier" : "host store");
+    auto e = make_spec_engine(ckpt, open_store(""), "fixed:3", device_bytes);
+    ASSERT_EQ(e->speculative().mode, spec::Mode::kFixed);
+    for (size_t t = 0; t < prompts.size(); ++t) {
+      SCOPED_TRACE("turn " + std::to_string(t));
+      const spec::Stats before = e->stats().spec;
+      const Turn got = run(*e, prompts[t], 6);
+      EXPECT_EQ(got.output, expected[t].output);
+      EXPECT_EQ(got.cached > 0, t > 0);
+      // A turn that started from the cache drafted what the same turn computed from the start
+      // drafts (the MTP block's restored state is the one the prefix left): the same drafts
+      // verified and accepted at every position.
+      const std::vector<int64_t> d = spec_deltas(before, e->stats().spec);
+      EXPECT_EQ(d, uncached[t]);
+      EXPECT_GT(d[0], 0);  // it speculated
+    }
+    EXPECT_EQ(e->stats().cache_restore_failures, 0);
+  }
+  // Stored by requests that did not speculate (auto, on a step-time model in which verifying
+  // never pays, keeps every request off), then read by an engine that drafts as many tokens
+  // (the same state shape): hits, no speculation for those requests, the same outputs.
+  spec::StepTimes dear;
+  for (int64_t b : {1, 64}) {
+    dear.batch.push_back(b);
+    dear.off_s.push_back(1.0);
+    dear.verify_s.emplace_back();
+    for (int32_t l = 1; l <= 6; ++l) dear.verify_s.back().push_back(10.0 * l);
+    dear.draft_s.emplace_back();
+    for (int32_t st = 1; st <= 5; ++st) dear.draft_s.back().push_back(1.0 * st);
+  }
+  auto store = open_store("");
+  {
+    auto off = make_spec_engine(ckpt, store, "auto", 0, dear);
+    ASSERT_EQ(off->speculative().k, 5);
+    const Turn got = run(*off, prompts[0], 6);
+    EXPECT_EQ(got.output, expected[0].output);
+    EXPECT_EQ(off->stats().spec.spec_steps, 0);
+  }
+  auto e = make_spec_engine(ckpt, store, "fixed:5");
+  const Turn got = run(*e, prompts[1], 6);
+  EXPECT_EQ(got.output, expected[1].output);
+  EXPECT_GT(got.cached, 0);
+  EXPECT_EQ(e->stats().spec.spec_steps, 0);
+  EXPECT_EQ(e->stats().cache_restore_failures, 0);
+  // A prompt not in the cache speculates in that engine as usual.
+  const Turn fresh = run(*e, random_tokens(40, ckpt->config().vocab_size, 77), 6);
+  EXPECT_EQ(fresh.cached, 0);
+  EXPECT_GT(e->stats().spec.spec_steps, 0);
 }
 
 // Shared prefixes under tiny RAM and disk budgets: every output equals the uncached engine's and
