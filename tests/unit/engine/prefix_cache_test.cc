@@ -261,17 +261,17 @@ std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
-std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::Checkpoint> ckpt,
-                                    std::shared_ptr<kvstore::KvStore> store,
-                                    int64_t block = 16,
-                                    const std::string& salt = "test-model-v1",
-                                    int64_t interval = 0,
-                                    int64_t device_bytes = 0,
-                                    int64_t state_bytes = int64_t{64} << 20) {
+EngineConfig cache_config(const model::Checkpoint& ckpt,
+                          std::shared_ptr<kvstore::KvStore> store,
+                          int64_t block = 16,
+                          const std::string& salt = "test-model-v1",
+                          int64_t interval = 0,
+                          int64_t device_bytes = 0,
+                          int64_t state_bytes = int64_t{64} << 20) {
   EngineConfig cfg;
   cfg.state_budget_bytes = state_bytes;
   cfg.prefix_cache.device_bytes = device_bytes;
-  cfg.page_bytes = state::min_page_bytes(ckpt->config());
+  cfg.page_bytes = state::min_page_bytes(ckpt.config());
   cfg.scheduler.prefill_chunk = 32;
   cfg.prefix_cache.store = std::move(store);
   cfg.prefix_cache.block = block;
@@ -279,6 +279,18 @@ std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::Checkpoint> ckp
   cfg.prefix_cache.interval = interval;
   cfg.prefix_cache.promote_wait_ms = 5000;
   cfg.prefix_cache.salt = salt;
+  return cfg;
+}
+
+std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::Checkpoint> ckpt,
+                                    std::shared_ptr<kvstore::KvStore> store,
+                                    int64_t block = 16,
+                                    const std::string& salt = "test-model-v1",
+                                    int64_t interval = 0,
+                                    int64_t device_bytes = 0,
+                                    int64_t state_bytes = int64_t{64} << 20) {
+  const EngineConfig cfg =
+      cache_config(*ckpt, std::move(store), block, salt, interval, device_bytes, state_bytes);
   auto e = Engine::create(cfg, std::move(ckpt));
   EXPECT_TRUE(e.ok()) << e.status().to_string();
   return std::move(e).value();
@@ -429,16 +441,7 @@ std::unique_ptr<Engine> make_spec_engine(std::shared_ptr<const model::Checkpoint
                                          const char* mode,
                                          int64_t device_bytes = 0,
                                          std::optional<spec::StepTimes> times = std::nullopt) {
-  EngineConfig cfg;
-  cfg.state_budget_bytes = int64_t{64} << 20;
-  cfg.prefix_cache.device_bytes = device_bytes;
-  cfg.page_bytes = state::min_page_bytes(ckpt->config());
-  cfg.scheduler.prefill_chunk = 32;
-  cfg.prefix_cache.store = std::move(store);
-  cfg.prefix_cache.block = 16;
-  cfg.prefix_cache.min_tokens = 4;
-  cfg.prefix_cache.promote_wait_ms = 5000;
-  cfg.prefix_cache.salt = "test-model-v1";
+  EngineConfig cfg = cache_config(*ckpt, std::move(store), 16, "test-model-v1", 0, device_bytes);
   cfg.speculative = *spec::parse_config(mode);
   cfg.step_times = std::move(times);
   auto e = Engine::create(cfg, std::move(ckpt));
