@@ -19,7 +19,8 @@ speculating requests emitted that step)
 how many were measured (not first runs of a shape), the median and mean measured step time
 against auto's mean prediction, the mean drafts each request verified, the measured emitted
 tokens per second against auto's predicted rate for that depth, and the runs of
-consecutive depths (e.g. `3x40 2x5 3x120`), so that a run where auto settles on a depth the
+consecutive depths; then per mode the steps, measured steps, shape warm-ups and (batch, depth)
+pairs over every batch size (e.g. `3x40 2x5 3x120`), so that a run where auto settles on a depth the
 fixed modes beat shows whether it mispredicts the step time, explores, never tries the better
 depth, or runs the same depth's steps slower than the fixed mode does.
 
@@ -155,7 +156,27 @@ def report(by_batch, order, last):
                    f"{mean:>7}  {pred:>12}  {ver:>14}  {rate:>5}  {prate:>15}")
     seq = order[b][-last:] if last > 0 else order[b]
     lines.append(f"  depth runs{' (last %d steps)' % last if last > 0 else ''}: {runs(seq)}")
+  lines.extend(totals(by_batch))
   return "\n".join(lines)
+
+
+def totals(by_batch):
+  """Per mode over every batch size: steps, measured steps, shape warm-ups (first runs of a
+  (batch, depth) shape, not measured) and the (batch, depth) pairs run: a mode that visits more
+  shapes pays more warm-ups (auto against a fixed depth)."""
+  acc = collections.defaultdict(lambda: [0, 0, 0, 0])
+  for (mode, _), depths in by_batch.items():
+    t = acc[mode]
+    for r in depths.values():
+      t[0] += r.steps
+      t[1] += len(r.took)
+      t[2] += r.warmups
+      t[3] += 1
+  out = ["per mode: steps  measured  warm-ups  (batch, depth) pairs"]
+  for mode in sorted(acc):
+    t = acc[mode]
+    out.append(f"  {mode:<10} {t[0]:>6}  {t[1]:>8}  {t[2]:>8}  {t[3]:>6}")
+  return out
 
 
 def self_test():
@@ -205,6 +226,10 @@ def self_test():
   assert "batch 2 (auto): 4 steps" in text and "4.000" in text and "3x3 2x1" in text, text
   assert "batch 2 (fixed:2): 1 steps" in text and "1.500" in text, text
   assert "depth runs (last 1 steps): 2x1" in report(by_batch, order, 1)
+  # auto: 5 steps (4 at batch 2, 1 at batch 1), 4 measured, 1 warm-up, 3 (batch, depth) pairs.
+  tot = totals(by_batch)
+  assert any(l.split() == ["auto", "5", "4", "1", "3"] for l in tot), tot
+  assert any(l.split() == ["fixed:2", "1", "1", "0", "1"] for l in tot), tot
   assert parse(["nothing to see"]) == ({}, {})
   print("spec_trace self-test passed")
 
