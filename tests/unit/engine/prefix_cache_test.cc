@@ -282,15 +282,12 @@ EngineConfig cache_config(const model::Checkpoint& ckpt,
   return cfg;
 }
 
+// An engine on cache_config(ckpt, store, rest...).
+template <typename... Rest>
 std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::Checkpoint> ckpt,
                                     std::shared_ptr<kvstore::KvStore> store,
-                                    int64_t block = 16,
-                                    const std::string& salt = "test-model-v1",
-                                    int64_t interval = 0,
-                                    int64_t device_bytes = 0,
-                                    int64_t state_bytes = int64_t{64} << 20) {
-  const EngineConfig cfg =
-      cache_config(*ckpt, std::move(store), block, salt, interval, device_bytes, state_bytes);
+                                    Rest&&... rest) {
+  const EngineConfig cfg = cache_config(*ckpt, std::move(store), std::forward<Rest>(rest)...);
   auto e = Engine::create(cfg, std::move(ckpt));
   EXPECT_TRUE(e.ok()) << e.status().to_string();
   return std::move(e).value();
