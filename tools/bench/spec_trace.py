@@ -19,10 +19,10 @@ speculating requests emitted that step)
 how many were measured (not first runs of a shape), the median and mean measured step time
 against auto's mean prediction, the mean drafts each request verified, the measured emitted
 tokens per second against auto's predicted rate for that depth, and the runs of
-consecutive depths; then per mode the steps, measured steps, shape warm-ups and (batch, depth)
-pairs over every batch size (e.g. `3x40 2x5 3x120`), so that a run where auto settles on a depth the
+consecutive depths (e.g. `3x40 2x5 3x120`), so that a run where auto settles on a depth the
 fixed modes beat shows whether it mispredicts the step time, explores, never tries the better
-depth, or runs the same depth's steps slower than the fixed mode does.
+depth, or runs the same depth's steps slower than the fixed mode does; then per mode the steps,
+measured steps, shape warm-ups and (batch, depth) pairs over every batch size.
 
 Usage: tools/bench/spec_trace.py LOG [--last N]
        tools/bench/spec_trace.py --self-test
