@@ -1616,6 +1616,111 @@ TEST(CudaEngine, SpeculativeGreedyEqualsOffAndDraftsAreAccepted) {
   }
 }
 
+// Speculation with the prefix cache on CUDA: the state images carry the MTP block's state, so a
+// turn that starts from the cache (host store, or the device tier) drafts what the same turn
+// computed from the start drafts: the greedy tokens of the engine without speculation, and the
+// same drafts verified and accepted at every position as the uncached speculative engine.
+TEST(CudaEngine, SpeculativePrefixCacheResumesTheMtpState) {
+  SKIP_WITHOUT_GPU();
+  auto ckpt = open_model("models/dsv4-mini");
+  if (!ckpt)
+    GTEST_SKIP() << "models/dsv4-mini is not here";
+  auto make = [&](const char* mode, std::shared_ptr<kvstore::KvStore> store, int64_t device_bytes) {
+    engine::EngineConfig ec;
+    ec.device = engine::Device::kCuda;
+    ec.numerics = model::Numerics::kDeepSeek;
+    ec.batch_invariant = true;
+    ec.state_budget_bytes = int64_t{512} << 20;
+    ec.scheduler.prefill_chunk = 32;
+    auto sp = spec::parse_config(mode);
+    EXPECT_TRUE(sp.ok());
+    ec.speculative = *sp;
+    if (store) {
+      ec.prefix_cache.store = std::move(store);
+      ec.prefix_cache.block = 16;
+      ec.prefix_cache.min_tokens = 4;
+      ec.prefix_cache.promote_wait_ms = 5000;
+      ec.prefix_cache.device_bytes = device_bytes;
+    }
+    auto e = engine::Engine::create(ec, ckpt);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return std::move(e).value();
+  };
+  struct Turn {
+    std::vector<int32_t> output;
+    int64_t cached = 0;
+    std::vector<int64_t> drafts;  // per draft position: verified, accepted (this turn's)
+  };
+  auto run = [](engine::Engine& e, const std::vector<int32_t>& prompt) {
+    const spec::Stats before = e.stats().spec;
+    engine::RequestSpec s;
+    s.prompt = prompt;
+    s.max_tokens = 12;
+    s.sampling.temperature = 0.0f;
+    s.ignore_eos = true;
+    auto id = e.submit(std::move(s));
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    while (!e.request(*id)->done()) {
+      e.step();
+      e.check_integrity();
+    }
+    Turn t;
+    t.output = e.request(*id)->output;
+    t.cached = e.request(*id)->cached_tokens;
+    e.release(*id);
+    for (int64_t i = 0; e.pending_captures() > 0; ++i) {  // let the captures land
+      e.step();
+      EXPECT_LT(i, int64_t{1} << 32) << "a background capture never finished";
+    }
+    const spec::Stats after = e.stats().spec;
+    for (size_t i = 0; i < after.verified.size(); ++i) {
+      t.drafts.push_back(after.verified[i] - (i < before.verified.size() ? before.verified[i] : 0));
+      t.drafts.push_back(after.accepted[i] - (i < before.accepted.size() ? before.accepted[i] : 0));
+    }
+    return t;
+  };
+  // A conversation: each turn's prompt is the previous one, its greedy reply and new text.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Turn> off;
+  {
+    auto e = make("off", nullptr, 0);
+    std::mt19937 g(33);
+    std::vector<int32_t> ctx;
+    for (int turn = 0; turn < 3; ++turn) {
+      const int more = turn == 0 ? 40 : 9 + 5 * turn;
+      for (int j = 0; j < more; ++j) ctx.push_back(static_cast<int32_t>(100 + g() % 3000));
+      prompts.push_back(ctx);
+      off.push_back(run(*e, ctx));
+      ctx.insert(ctx.end(), off.back().output.begin(), off.back().output.end());
+    }
+  }
+  std::vector<Turn> uncached;
+  {
+    auto e = make("fixed:3", nullptr, 0);
+    for (const auto& prompt : prompts) uncached.push_back(run(*e, prompt));
+  }
+  for (const int64_t device_bytes : {int64_t{0}, int64_t{32} << 20}) {
+    SCOPED_TRACE(device_bytes ? "device tier" : "host store");
+    kvstore::KvStoreOptions o;
+    o.host_bytes = int64_t{64} << 20;
+    auto store = kvstore::KvStore::open(o);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    auto e =
+        make("fixed:3", std::shared_ptr<kvstore::KvStore>(std::move(store).value()), device_bytes);
+    for (size_t t = 0; t < prompts.size(); ++t) {
+      SCOPED_TRACE("turn " + std::to_string(t));
+      const Turn got = run(*e, prompts[t]);
+      EXPECT_EQ(got.output, off[t].output);
+      EXPECT_EQ(got.cached > 0, t > 0);
+      EXPECT_EQ(got.drafts, uncached[t].drafts);
+      ASSERT_FALSE(got.drafts.empty());
+      EXPECT_GT(got.drafts[0], 0);  // it speculated
+    }
+    EXPECT_EQ(e->stats().cache_restore_failures, 0);
+    EXPECT_EQ(e->stats().cache_store_failures, 0);
+  }
+}
+
 // Expert parallelism through the same exchange path as several GPUs would use, on one GPU: a
 // size-1 communicator (LocalComm, and NCCL when built with it). Dispatch, count/id exchange,
 // receive grouping, the grouped expert GEMM, the return trip and the combine must reproduce the
