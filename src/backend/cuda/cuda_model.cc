@@ -424,31 +424,49 @@ Status CudaModel::run_empty_pass() {
   return device::sync_stream(stream_.get(), "empty expert-parallel pass");
 }
 
+Status CudaModel::capture_graph(const std::vector<int64_t>& key,
+                                const std::function<Status()>& launch,
+                                float** out0,
+                                float** out1) {
+  cudaGraph_t graph = nullptr;
+  DSI_RETURN_IF_ERROR(device::check_cuda(
+      cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeRelaxed), "graph capture"));
+  Status ls = launch();
+  const cudaError_t end = cudaStreamEndCapture(stream_.get(), &graph);
+  if (!ls.ok() || end != cudaSuccess) {
+    if (graph)
+      (void)cudaGraphDestroy(graph);
+    DSI_RETURN_IF_ERROR(ls);
+    return device::check_cuda(end, "graph capture");
+  }
+  Graph rec;
+  const cudaError_t inst = cudaGraphInstantiate(&rec.exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  DSI_RETURN_IF_ERROR(device::check_cuda(inst, "graph instantiation"));
+  rec.logits = out0 ? *out0 : nullptr;
+  rec.mtp_logits = out1 ? *out1 : nullptr;
+  graphs_.emplace(key, rec);
+  ++stats_.graph_captures;
+  return Status();
+}
+
 Status CudaModel::run_fixed_shape(const std::vector<int64_t>& key,
                                   const std::function<Status()>& launch,
                                   float** out0,
                                   float** out1,
                                   bool profile_eager) {
   auto g = graphs_.find(key);
-  if (g == graphs_.end())
+  if (g == graphs_.end()) {
     ++stats_.shape_warmups;
-  if (g == graphs_.end() && seen_[key]++ >= 1) {
-    // Second time this shape: capture it (the first eager run sized the workspace).
-    cudaGraph_t graph = nullptr;
-    DSI_RETURN_IF_ERROR(device::check_cuda(
-        cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeRelaxed), "graph capture"));
-    Status ls = launch();
-    const cudaError_t end = cudaStreamEndCapture(stream_.get(), &graph);
-    DSI_RETURN_IF_ERROR(ls);
-    DSI_RETURN_IF_ERROR(device::check_cuda(end, "graph capture"));
-    Graph rec;
-    const cudaError_t inst = cudaGraphInstantiate(&rec.exec, graph, 0);
-    (void)cudaGraphDestroy(graph);
-    DSI_RETURN_IF_ERROR(device::check_cuda(inst, "graph instantiation"));
-    rec.logits = out0 ? *out0 : nullptr;
-    rec.mtp_logits = out1 ? *out1 : nullptr;
-    g = graphs_.emplace(key, rec).first;
-    ++stats_.graph_captures;
+    const bool again = seen_[key]++ >= 1;
+    if (again || stats_.graph_captures > 0) {
+      const Status cs = capture_graph(key, launch, out0, out1);
+      if (!cs.ok() && (again || device::device_failed()))
+        return cs;
+      if (!cs.ok())
+        (void)cudaGetLastError();  // a first-time capture refused (not sticky): run it eagerly
+      g = graphs_.find(key);
+    }
   }
   if (g == graphs_.end()) {
     profiling_now_ = profile_eager && profile_;

@@ -208,14 +208,22 @@ class CudaModel final : public backend::Model {
 
   Status run_empty_pass();
   Status run_batch(std::span<backend::ForwardItem> items, const std::vector<size_t>& active);
-  // Runs `launch` on stream_ as a fixed-shape step: replayed from the graph captured for `key`
-  // (captured the second time the key comes), else eagerly (profiled when profile_eager). out0 /
-  // out1: where the launches leave their outputs (recorded with a capture, restored on replay).
+  // Runs `launch` on stream_ as a fixed-shape step: replayed from the graph captured for `key`,
+  // else eagerly (profiled when profile_eager). A key is captured the first time it comes once
+  // some graph exists (the process's first fixed shape runs eagerly first: it sizes the
+  // workspace and sets the kernels' attributes), else the second time; a first-time capture
+  // that fails runs the step eagerly instead. out0 / out1: where the launches leave their
+  // outputs (recorded with a capture, restored on replay).
   Status run_fixed_shape(const std::vector<int64_t>& key,
                          const std::function<Status()>& launch,
                          float** out0,
                          float** out1,
                          bool profile_eager);
+  // Captures `launch` into graphs_[key] (nothing added when it fails).
+  Status capture_graph(const std::vector<int64_t>& key,
+                       const std::function<Status()>& launch,
+                       float** out0,
+                       float** out1);
   Status ensure_pool(const state::PageArena& arena);
   Status ensure_device_buffer(void** buf, int64_t* cap, int64_t bytes, const char* what);
   Status launch_all(Launch& L);
