@@ -1209,22 +1209,12 @@ TEST(CudaEngine, PrefixCacheWithBackgroundCapturesEqualsUncached) {
     return std::move(e).value();
   };
   auto run = [](engine::Engine& e, const std::vector<int32_t>& prompt, int64_t* cached) {
-    engine::RequestSpec s;
-    s.prompt = prompt;
-    s.max_tokens = 6;
-    s.sampling.temperature = 0.0f;
-    s.ignore_eos = true;
-    auto id = e.submit(std::move(s));
-    EXPECT_TRUE(id.ok()) << id.status().to_string();
-    while (!e.request(*id)->done()) {
-      e.step();
-      e.check_integrity();
-    }
-    const engine::Request* r = e.request(*id);
+    const engine::RequestId id = engine::test_support::run_greedy(e, prompt, 6);
+    const engine::Request* r = e.request(id);
     std::pair<std::vector<int32_t>, std::vector<float>> got{r->output, r->output_logprobs};
     if (cached)
       *cached = r->cached_tokens;
-    e.release(*id);
+    e.release(id);
     return got;
   };
   for (const int64_t device_bytes : {int64_t{0}, int64_t{32} << 20}) {
@@ -1653,21 +1643,11 @@ TEST(CudaEngine, SpeculativePrefixCacheResumesTheMtpState) {
   };
   auto run = [](engine::Engine& e, const std::vector<int32_t>& prompt) {
     const spec::Stats before = e.stats().spec;
-    engine::RequestSpec s;
-    s.prompt = prompt;
-    s.max_tokens = 12;
-    s.sampling.temperature = 0.0f;
-    s.ignore_eos = true;
-    auto id = e.submit(std::move(s));
-    EXPECT_TRUE(id.ok()) << id.status().to_string();
-    while (!e.request(*id)->done()) {
-      e.step();
-      e.check_integrity();
-    }
+    const engine::RequestId id = engine::test_support::run_greedy(e, prompt, 12);
     Turn t;
-    t.output = e.request(*id)->output;
-    t.cached = e.request(*id)->cached_tokens;
-    e.release(*id);
+    t.output = e.request(id)->output;
+    t.cached = e.request(id)->cached_tokens;
+    e.release(id);
     for (int64_t i = 0; e.pending_captures() > 0; ++i) {  // let the captures land
       e.step();
       EXPECT_LT(i, int64_t{1} << 32) << "a background capture never finished";

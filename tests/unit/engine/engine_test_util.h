@@ -148,6 +148,24 @@ inline std::vector<std::vector<int32_t>> run_all(Engine& e, std::vector<RequestS
   return out;
 }
 
+// Submits one greedy request (temperature 0, EOS not stopping it) for prompt and steps the engine
+// until it is done, checking the engine's integrity after each step; returns its id (the request
+// is not released).
+inline RequestId run_greedy(Engine& e, const std::vector<int32_t>& prompt, int64_t max_tokens) {
+  RequestSpec s;
+  s.prompt = prompt;
+  s.max_tokens = max_tokens;
+  s.sampling.temperature = 0.0f;
+  s.ignore_eos = true;
+  auto id = e.submit(std::move(s));
+  EXPECT_TRUE(id.ok()) << id.status().to_string();
+  while (!e.request(*id)->done()) {
+    e.step();
+    e.check_integrity();
+  }
+  return *id;
+}
+
 // State-image page transfers for host-storage arenas (state::capture_state / restore_state).
 inline state::PageReader host_page_reader(const state::PageArena& a) {
   return [&a](std::span<const int32_t> pages, float* dst) {
