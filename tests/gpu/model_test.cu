@@ -1185,6 +1185,18 @@ TEST(CudaModelMtp, PassWithoutLogitsKeepsTheSameState) {
   EXPECT_EQ(last, all);
 }
 
+// The prefix cache of the CUDA engine tests: 16-token blocks from 4 tokens on, background
+// captures waited for up to 5 s before a hit, a device tier of device_bytes (0: none).
+void small_prefix_cache(engine::PrefixCacheConfig* pc,
+                        std::shared_ptr<kvstore::KvStore> store,
+                        int64_t device_bytes) {
+  pc->store = std::move(store);
+  pc->block = 16;
+  pc->min_tokens = 4;
+  pc->promote_wait_ms = 5000;
+  pc->device_bytes = device_bytes;
+}
+
 // The engine's prefix cache on CUDA with background captures: a conversation's turns give the
 // same tokens and logprobs as the uncached engine, with and without the device tier; captures
 // are pending after a turn ends, the units reach the store once step() has polled them, and the
@@ -1199,11 +1211,7 @@ TEST(CudaEngine, PrefixCacheWithBackgroundCapturesEqualsUncached) {
     ec.numerics = model::Numerics::kReference;
     ec.state_budget_bytes = int64_t{256} << 20;
     ec.scheduler.prefill_chunk = 16;
-    ec.prefix_cache.store = std::move(store);
-    ec.prefix_cache.block = 16;
-    ec.prefix_cache.min_tokens = 4;
-    ec.prefix_cache.promote_wait_ms = 5000;
-    ec.prefix_cache.device_bytes = device_bytes;
+    small_prefix_cache(&ec.prefix_cache, std::move(store), device_bytes);
     auto e = engine::Engine::create(ec, ckpt);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     return std::move(e).value();
@@ -1625,13 +1633,8 @@ TEST(CudaEngine, SpeculativePrefixCacheResumesTheMtpState) {
     auto sp = spec::parse_config(mode);
     EXPECT_TRUE(sp.ok());
     ec.speculative = *sp;
-    if (store) {
-      ec.prefix_cache.store = std::move(store);
-      ec.prefix_cache.block = 16;
-      ec.prefix_cache.min_tokens = 4;
-      ec.prefix_cache.promote_wait_ms = 5000;
-      ec.prefix_cache.device_bytes = device_bytes;
-    }
+    if (store)
+      small_prefix_cache(&ec.prefix_cache, std::move(store), device_bytes);
     auto e = engine::Engine::create(ec, ckpt);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     return std::move(e).value();
