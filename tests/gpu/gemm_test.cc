@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/fp8_gemm_decode.h"
 #if DSINFER_HAVE_CUTLASS
 #include "kernels/cuda/fp8_gemm_sm90.h"
 #endif
@@ -150,9 +151,10 @@ void run_linear(const LinearCase& c, uint32_t seed) {
                             .wgmma = c.wgmma,
                             .scratch = c.wgmma ? d_scratch.get() : nullptr,
                             .scratch_floats = scratch_floats};
-    const Fp8LinearPath want_path = !c.wgmma                ? Fp8LinearPath::kTile
-                                    : c.n <= kGemvMaxTokens ? Fp8LinearPath::kGemv
-                                                            : Fp8LinearPath::kWgmma;
+    const Fp8LinearPath want_path = !c.wgmma                   ? Fp8LinearPath::kTile
+                                    : c.n <= kGemvMaxTokens    ? Fp8LinearPath::kGemv
+                                    : c.n <= kFp8DecodeMaxRows ? Fp8LinearPath::kDecode
+                                                               : Fp8LinearPath::kWgmma;
     EXPECT_EQ(fp8_linear_path(p), want_path) << "the path under test did not run";
     DSI_EXPECT_OK(launch_fp8_linear(p, nullptr));
   } else {
@@ -343,7 +345,7 @@ TEST_F(GpuTest, Fp8WgmmaLinearMatchesCpu) {
 // rounding of the whole-K tiles (the scratch without the split's workspace).
 #if DSINFER_HAVE_CUTLASS
 TEST_F(GpuTest, Fp8WgmmaSplitKIsDeterministic) {
-  const int64_t rows = 512, cols = 4096, n = 64;
+  const int64_t rows = 512, cols = 4096, n = 96;
   auto w = make_weight(Fmt::kFp8E8M0, rows, cols, 53001);
   if (fp8_linear_scratch_floats(w->dev, -1, n) == 0)
     GTEST_SKIP() << "built without CUTLASS: no wgmma path";
@@ -381,6 +383,92 @@ TEST_F(GpuTest, Fp8WgmmaSplitKIsDeterministic) {
   }
 }
 #endif  // DSINFER_HAVE_CUTLASS
+
+// The decode-sized wgmma path (fp8_gemm_decode.h, 8 < n <= 64): both scale types, tiles of 64
+// and 128 rows with tails, one K block to V4's 8192 (K split over clusters of up to 8 blocks),
+// row ranges that start inside a scale block, padded output rows and accumulation, and the
+// V4-Flash decode shapes (wq_b, wo_b, wq_a, wkv, the indexer's wq_b).
+TEST_F(GpuTest, Fp8DecodeLinearMatchesCpu) {
+  {
+    MatrixRef probe;
+    probe.format = WeightFormat::kFp8Block128;
+    probe.dtype = DType::kF8E4M3;
+    probe.rows = 128;
+    probe.cols = 128;
+    if (!fp8_gemm_decode_supports(probe))
+      GTEST_SKIP() << "not an sm_90 device";
+  }
+  uint32_t seed = 54000;
+  const bool small = small_mode();
+  for (Fmt f : {Fmt::kFp8E8M0, Fmt::kFp8F32}) {
+    for (int64_t rows : {1, 17, 64, 129, 300}) {
+      for (int64_t cols : {128, 384, 4096}) {
+        for (int64_t n : {9, 16, 32, 33, 64}) {
+          if (small && rows * n * cols > 20'000'000)
+            continue;
+          LinearCase c{f, rows, cols, n, true};
+          c.tensor_core = true;
+          c.wgmma = true;
+          run_linear(c, seed += 3);
+        }
+      }
+    }
+    for (int64_t cols : {256, 4096}) {
+      LinearCase ranged{f, 512, cols, 40, true, 64, 200, 0, 4, true};
+      ranged.tensor_core = true;
+      ranged.wgmma = true;
+      run_linear(ranged, seed += 3);
+    }
+  }
+  if (!small) {
+    for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{32768, 1024, 16},
+                                 {32768, 1024, 64},
+                                 {4096, 8192, 64},
+                                 {1024, 4096, 33},
+                                 {512, 4096, 64},
+                                 {8192, 1024, 64}}) {
+      LinearCase c{Fmt::kFp8E8M0, rows, cols, n, true};
+      c.tensor_core = true;
+      c.wgmma = true;
+      run_linear(c, seed += 3);
+    }
+  }
+}
+
+// A (row, token) sum of the decode path does not depend on the launch or on how many tokens run
+// with it: token rows 0..8 of 64-, 33- and 9-token launches agree bit for bit, and a second
+// 64-token launch repeats the first (K split over a cluster, and whole-K tiles).
+TEST_F(GpuTest, Fp8DecodeLinearIsBatchInvariant) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1024, 4096}, {2048, 512}}) {
+    auto w = make_weight(Fmt::kFp8E8M0, rows, cols, 54501);
+    if (!fp8_gemm_decode_supports(w->dev))
+      GTEST_SKIP() << "not an sm_90 device";
+    const int64_t ld = fp8_acts_ld(cols);
+    const int64_t n_max = 64;
+    DevVec<float> d_x(normal_floats(static_cast<size_t>(n_max * cols), 54502));
+    DevVec<uint8_t> d_q(static_cast<size_t>(n_max * ld));
+    DevVec<float> d_s(static_cast<size_t>(n_max * ld / 128));
+    DSI_EXPECT_OK(launch_quantize_fp8(
+        QuantizeFp8Params{
+            .x = d_x.get(), .n = n_max, .k = cols, .codes = d_q.get(), .scales = d_s.get()},
+        nullptr));
+    std::vector<std::vector<float>> ys;
+    for (const int64_t n : {n_max, n_max, int64_t{33}, int64_t{9}}) {
+      DevVec<float> d_y(static_cast<size_t>(n * rows), 0.0f);
+      const Fp8LinearParams p{
+          .w = w->dev, .x = Fp8Acts{d_q.get(), d_s.get(), ld}, .n = n, .y = d_y.get()};
+      ASSERT_EQ(fp8_linear_path(p), Fp8LinearPath::kDecode);
+      DSI_EXPECT_OK(launch_fp8_linear(p, nullptr));
+      sync();
+      ys.push_back(d_y.download());
+    }
+    EXPECT_EQ(0, std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(float)));
+    for (size_t v = 2; v < ys.size(); ++v) {
+      EXPECT_EQ(0, std::memcmp(ys[0].data(), ys[v].data(), 9 * rows * sizeof(float)))
+          << rows << "x" << cols << ", launch " << v;
+    }
+  }
+}
 
 // fp32 activations on the BF16 tensor cores (hi + lo halves, fp8_gemm.h) against the CPU, with
 // the reference tolerance: FP8 and BF16 weights, every tile shape, tails, ranges, strides, and the

@@ -11,6 +11,7 @@
 #include "kernels/cuda/bf16_gemm_sm90.h"
 #include "kernels/cuda/fp8_gemm_sm90.h"
 #endif
+#include "kernels/cuda/fp8_gemm_decode.h"
 #include "kernels/cuda/fp8_mma_tile.cuh"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/launch_util.h"
@@ -530,6 +531,8 @@ Status launch_fp8_linear(const Fp8LinearParams& p, cudaStream_t stream) {
     g.scratch_floats = q.scratch_floats;
     return launch_fp8_gemv(g, stream);
   }
+  if (path == Fp8LinearPath::kDecode)
+    return launch_fp8_gemm_decode(q, stream);
 #if DSINFER_HAVE_CUTLASS
   if (path == Fp8LinearPath::kWgmma) {
     const int64_t ldy = q.ldy == 0 ? q.rows : q.ldy;
@@ -570,6 +573,8 @@ Fp8LinearPath fp8_linear_path(const Fp8LinearParams& p) {
       p.scratch_floats >= fp8_gemv_scratch_floats(rows, p.w.cols, p.n)) {
     return Fp8LinearPath::kGemv;
   }
+  if (p.n > kGemvMaxTokens && p.n <= kFp8DecodeMaxRows && fp8_gemm_decode_supports(p.w))
+    return Fp8LinearPath::kDecode;
 #if DSINFER_HAVE_CUTLASS
   const int64_t ldy = p.ldy == 0 ? rows : p.ldy;
   if (p.n >= kFp8Sm90MinRows && p.scratch != nullptr &&
@@ -586,6 +591,8 @@ int64_t fp8_linear_scratch_floats(const MatrixRef& w, int64_t rows, int64_t n) {
     rows = w.rows;
   if (n <= kGemvMaxTokens && fp8_gemv_supports(w, 0, rows))
     return fp8_gemv_scratch_floats(rows, w.cols, n);
+  if (n > kGemvMaxTokens && n <= kFp8DecodeMaxRows && fp8_gemm_decode_supports(w))
+    return 0;
 #if DSINFER_HAVE_CUTLASS
   if (n >= kFp8Sm90MinRows && fp8_gemm_sm90_supports(w, 0, rows, rows))
     return fp8_gemm_sm90_scratch_floats(n, w.cols, rows);

@@ -54,18 +54,18 @@ struct Fp8LinearParams {
   float* y = nullptr;  // [n, ldy]
   int64_t ldy = 0;     // 0: rows
   bool accumulate = false;
-  // wgmma (the fast shapes): n <= 8 rows run the GEMV (gemv.h: launch_fp8_gemv) and n >=
-  // kFp8Sm90MinRows the wgmma kernel (fp8_gemm_sm90.h, builds with CUTLASS) when the shape fits
-  // and scratch_floats >= fp8_linear_scratch_floats(w, rows, n). Otherwise, and always with
-  // wgmma false, the mma.sync tile kernels run: their sums are in one fixed order whatever n is
-  // (batch invariant); the other two paths sum in other orders.
+  // wgmma (the fast shapes): n <= 8 rows run the GEMV (gemv.h: launch_fp8_gemv), 8 < n <= 64
+  // the decode-sized wgmma kernel (fp8_gemm_decode.h) and larger n the CUTLASS wgmma kernel
+  // (fp8_gemm_sm90.h) when the shape fits and scratch_floats >= fp8_linear_scratch_floats(w,
+  // rows, n). Otherwise, and always with wgmma false, the mma.sync tile kernels run: their sums
+  // are in one fixed order whatever n is (batch invariant); the other paths sum in other orders.
   bool wgmma = true;
   float* scratch = nullptr;
   int64_t scratch_floats = 0;
 };
 Status launch_fp8_linear(const Fp8LinearParams& p, cudaStream_t stream);
 // Which kernel launch_fp8_linear(p) runs.
-enum class Fp8LinearPath { kTile, kGemv, kWgmma };
+enum class Fp8LinearPath { kTile, kGemv, kDecode, kWgmma };
 Fp8LinearPath fp8_linear_path(const Fp8LinearParams& p);
 
 inline constexpr int64_t kFp8Sm90MinRows = 64;

@@ -1,7 +1,7 @@
 // The few wgmma (sm_90a) pieces the hand-written FP8 kernels use, as inline PTX: the warpgroup
 // fences and groups, shared-memory descriptors for the unswizzled and the 128-byte-swizzled
 // K-major layouts, and E4M3 MMAs with A in registers and B in shared memory (m64n8k32 and
-// m64nNk32 for N = 32, 64, 128), fp32 accumulators.
+// m64nNk32 for N = 32, 64, 128) or both in shared memory (N = 32, 64), fp32 accumulators.
 //
 // Register fragments (per warp w of the warpgroup, lane = 4 g + t): A's four registers hold rows
 // 16 w + g (a0, a2) and 16 w + g + 8 (a1, a3), K bytes 4 t .. 4 t + 3 (a0, a1) and 16 + 4 t ..
@@ -131,6 +131,40 @@ __device__ __forceinline__ void mma_m64nNk32_e4m3_rs(float (&d)[N / 2],
         "}\n"
         : DSI_WGMMA_D32(0), DSI_WGMMA_D32(32)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate ? 1 : 0));
+  }
+}
+
+// d (+)= A[64 x 32] . B[32 x N]^T for N = 32 or 64 with both operands in shared memory
+// (descriptors), E4M3, fp32 accumulators in mma_m64nNk32_e4m3_rs's layout.
+template <int N>
+__device__ __forceinline__ void mma_m64nNk32_e4m3_ss(float (&d)[N / 2],
+                                                     uint64_t desc_a,
+                                                     uint64_t desc_b,
+                                                     bool accumulate) {
+  static_assert(N == 32 || N == 64, "wgmma SS: N of 32 or 64");
+  if constexpr (N == 32) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1;\n"
+        "}\n"
+        : DSI_WGMMA_D8(0), DSI_WGMMA_D8(8)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate ? 1 : 0));
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1;\n"
+        "}\n"
+        : DSI_WGMMA_D32(0)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate ? 1 : 0));
   }
 }
 
