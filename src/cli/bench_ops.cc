@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/fp8_gemm_decode.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_gemv.h"
@@ -61,6 +62,57 @@ Result<double> time_ms(const std::function<Status()>& f, int iters) {
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return static_cast<double>(ms[ms.size() / 2]);
+}
+
+// Time per launch of `count` launches back to back in one CUDA graph (as a decode step runs its
+// linears: launched with PDL, one after another), launch(i, stream) making the i-th; the median of
+// `iters` replays after one untimed replay.
+Result<double> graph_ms_per_launch(const std::function<Status(int, cudaStream_t)>& launch,
+                                   int count,
+                                   int iters) {
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+    return Status(StatusCode::kInternal, "bench --ops: cannot create a stream");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  Status st;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+    st = Status(StatusCode::kInternal, "bench --ops: stream capture failed");
+  } else {
+    for (int i = 0; i < count && st.ok(); ++i) st = launch(i, stream);
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    if (st.ok() && (end != cudaSuccess || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess))
+      st = Status(StatusCode::kInternal, "bench --ops: graph capture failed");
+  }
+  std::vector<float> ms;
+  if (st.ok()) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaGraphLaunch(exec, stream);
+    for (int i = 0; i < iters; ++i) {
+      cudaEventRecord(a, stream);
+      cudaGraphLaunch(exec, stream);
+      cudaEventRecord(b, stream);
+      cudaEventSynchronize(b);
+      float t = 0;
+      cudaEventElapsedTime(&t, a, b);
+      ms.push_back(t / static_cast<float>(count));
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    if (cudaStreamSynchronize(stream) != cudaSuccess)
+      st = Status(StatusCode::kInternal, "bench --ops: graph replay failed");
+  }
+  if (exec)
+    cudaGraphExecDestroy(exec);
+  if (graph)
+    cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  cudaGetLastError();
+  DSI_RETURN_IF_ERROR(st);
   std::sort(ms.begin(), ms.end());
   return static_cast<double>(ms[ms.size() / 2]);
 }
@@ -169,6 +221,29 @@ Result<json> bench_ops(const OpBenchOptions& o) {
     MatrixRef w;
     DSI_RETURN_IF_ERROR(
         random_weight(arena, WeightFormat::kFp8Block128, d.rows, d.cols, seed++, &w));
+    // Copies of w totalling at least 256 MB (at least 4), made on first use and freed with the op.
+    DeviceArena copy_arena;
+    std::vector<MatrixRef> copies;
+    auto ensure_copies = [&](const MatrixRef& src, std::vector<MatrixRef>* out) -> Status {
+      if (!out->empty())
+        return Status();
+      const int64_t data_bytes = src.rows * src.cols;
+      const int64_t scale_bytes = ((src.rows + 127) / 128) * ((src.cols + 127) / 128);
+      const int64_t n = std::clamp<int64_t>((256 << 20) / data_bytes + 1, 4, 256);
+      for (int64_t i = 0; i < n; ++i) {
+        MatrixRef c = src;
+        uint8_t* data = nullptr;
+        uint8_t* scale = nullptr;
+        DSI_RETURN_IF_ERROR(copy_arena.alloc(&data, data_bytes));
+        DSI_RETURN_IF_ERROR(copy_arena.alloc(&scale, scale_bytes));
+        cudaMemcpy(data, src.data, static_cast<size_t>(data_bytes), cudaMemcpyDeviceToDevice);
+        cudaMemcpy(scale, src.scale, static_cast<size_t>(scale_bytes), cudaMemcpyDeviceToDevice);
+        c.data = data;
+        c.scale = scale;
+        out->push_back(c);
+      }
+      return Status();
+    };
     for (int64_t t : o.tokens) {
       cuda::QuantizeFp8Params q{x, d.cols, t, d.cols, codes, scales};
       DSI_RETURN_IF_ERROR(cuda::launch_quantize_fp8(q, nullptr));
@@ -192,6 +267,32 @@ Result<json> bench_ops(const OpBenchOptions& o) {
                            2.0 * t * d.rows * d.cols,
                            bytes,
                            o));
+      // Decode sizes also as a decode step runs them: launches back to back in a graph, each on
+      // another copy of the weight (together past L2, so every launch reads its weight from HBM).
+      if (t <= cuda::kFp8DecodeMaxRows) {
+        DSI_RETURN_IF_ERROR(ensure_copies(w, &copies));
+        auto sms = graph_ms_per_launch(
+            [&](int i, cudaStream_t stream) {
+              cuda::Fp8LinearParams pi = p;
+              pi.w = copies[static_cast<size_t>(i)];
+              return cuda::launch_fp8_linear(pi, stream);
+            },
+            static_cast<int>(copies.size()),
+            std::max(o.iters / 4, 3));
+        if (!sms.ok())
+          return sms.status();
+        json j = figure(std::string("linear ") + d.name + " (graph, HBM)",
+                        std::to_string(d.rows) + "x" + std::to_string(d.cols),
+                        t,
+                        *sms,
+                        2.0 * t * d.rows * d.cols,
+                        bytes,
+                        o);
+        j["note"] = std::to_string(copies.size()) +
+                    " launches back to back in one CUDA graph over as many copies of the weight; "
+                    "time per launch";
+        out.push_back(j);
+      }
       auto qms = time_ms([&] { return cuda::launch_quantize_fp8(q, nullptr); }, o.iters);
       if (!qms.ok())
         return qms.status();
