@@ -402,11 +402,19 @@ __device__ void gather_mix_warp(
   const int lane = threadIdx.x & 31;
   const int per = rows + 1;
   const double* part = scratch + t * kSplits * per;
+  // The first row's partials are requested with the sums of squares (one round trip, not two).
+  double acc0 = 0.0;
+  if (lane < rows) {
+#pragma unroll
+    for (int64_t s = 0; s < kSplits; ++s) acc0 += part[s * per + lane];
+  }
   double ss = 0.0;
 #pragma unroll
   for (int64_t s = 0; s < kSplits; ++s) ss += part[s * per + rows];
   const float r = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(width)) + eps);
-  for (int i = lane; i < rows; i += 32) {
+  if (lane < rows)
+    mix[lane] = static_cast<float>(static_cast<double>(r) * acc0);
+  for (int i = lane + 32; i < rows; i += 32) {
     double acc = 0.0;
 #pragma unroll
     for (int64_t s = 0; s < kSplits; ++s) acc += part[s * per + i];
@@ -423,6 +431,61 @@ __device__ void gather_mix_warp(
 // faster at batch 1 (fourteenth session): the amax reduction lengthens this single block.
 constexpr int kPreThreads = 512;
 constexpr int kCollapsePer = 8;
+
+// One token's collapse operands in registers for hc 4 at hidden <= kCollapsePer * blockDim.x
+// (every released model): the four streams at this thread's columns and the norm weight there.
+// Loaded ahead (the weight before the PDL wait, the streams before the gates are known), so that
+// the collapse itself waits on no memory; collapse_norm_regs does collapse_norm<4>'s arithmetic.
+struct CollapseRegs {
+  float x[4][kCollapsePer];
+  float w[kCollapsePer];
+};
+
+__device__ __forceinline__ void load_collapse_weight(const float* weight,
+                                                     int64_t hidden,
+                                                     CollapseRegs& r) {
+#pragma unroll
+  for (int i = 0; i < kCollapsePer; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    r.w[i] = c < hidden ? __ldg(weight + c) : 0.0f;
+  }
+}
+
+__device__ __forceinline__ void load_collapse_x(const float* x, int64_t hidden, CollapseRegs& r) {
+#pragma unroll
+  for (int i = 0; i < kCollapsePer; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r.x[j][i] = c < hidden ? x[j * hidden + c] : 0.0f;
+  }
+}
+
+__device__ void collapse_norm_regs(
+    const float* pre, const CollapseRegs& r, int64_t hidden, bool norm, float eps, float* out) {
+  __shared__ double red[32];
+  float u[kCollapsePer];
+#pragma unroll
+  for (int i = 0; i < kCollapsePer; ++i) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc = __fadd_rn(acc, __fmul_rn(pre[j], r.x[j][i]));
+    u[i] = threadIdx.x + static_cast<int64_t>(i) * blockDim.x < hidden ? acc : 0.0f;
+  }
+  double ss = 0.0;
+#pragma unroll
+  for (int i = 0; i < kCollapsePer; ++i) ss += static_cast<double>(u[i]) * u[i];
+  float rinv = 1.0f;
+  if (norm) {
+    ss = block_sum(ss, red);
+    rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(hidden)) + eps);
+  }
+#pragma unroll
+  for (int i = 0; i < kCollapsePer; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (c < hidden)
+      out[c] = norm ? __fmul_rn(r.w[i], __fmul_rn(u[i], rinv)) : u[i];
+  }
+}
 
 template <int HC>
 __device__ void collapse_norm(const float* pre,
@@ -631,7 +694,15 @@ __device__ __forceinline__ float* pre_slot(double* scratch, int64_t t, int rows)
 template <bool kHead, bool kSplit>
 __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
     hc_pre_kernel(HcPreParams p, const float* xs) {
-  pdl_begin();
+  // The decode-sized pre step of every released model (hc 4, hidden <= 4,096) collapses from
+  // registers (CollapseRegs): the head's variant keeps two blocks per SM's registers instead.
+  const bool regs = !kHead && !kSplit && p.hc == 4 && p.hidden <= kCollapsePer * kPreThreads &&
+                    !(gridDim.y > 1 && blockIdx.y == 1);
+  CollapseRegs cr;
+  pdl_begin_after([&] {
+    if (regs && p.norm_weight != nullptr)
+      load_collapse_weight(p.norm_weight, p.hidden, cr);
+  });
   __shared__ float mix_s[kPreTokens][kMaxMix];
   __shared__ float comb_s[kPreTokens][kMaxHc * kMaxHc];
   __shared__ float pre_s[kPreTokens][kMaxHc];
@@ -650,6 +721,8 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
   for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kPreTokens; t0 < p.n;
        t0 += static_cast<int64_t>(gridDim.x) * kPreTokens) {
     const int count = p.n - t0 < kPreTokens ? static_cast<int>(p.n - t0) : kPreTokens;
+    if (regs)  // the group's first token's streams, while its gates are formed
+      load_collapse_x(xs + t0 * width, p.hidden, cr);
     if (warp < count) {
       const int64_t t = t0 + warp;
       float* mix = mix_s[warp];
@@ -675,6 +748,17 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
       continue;  // no barrier needed: each warp's shared rows are its own
     __syncthreads();
     for (int j = 0; j < count; ++j) {
+      if (regs) {
+        if (j > 0)
+          load_collapse_x(xs + (t0 + j) * width, p.hidden, cr);
+        collapse_norm_regs(pre_s[j],
+                           cr,
+                           p.hidden,
+                           p.norm_weight != nullptr,
+                           p.norm_eps,
+                           p.collapsed + (t0 + j) * p.hidden);
+        continue;
+      }
       collapse_dispatch(pre_s[j],
                         hc,
                         xs + (t0 + j) * width,
