@@ -359,12 +359,23 @@ int32_t StepCost::choose(int64_t b, std::span<const double> accept) const {
   // estimate of its single measured step once the best moved away; and a depth two below a best
   // at the deepest (the bundled model at batch 64 on the H200: depth 3, 6% faster than the depth
   // 5 auto ran) was never run in the bucket.
+  // A depth never run in the bucket counts at the better of its two estimates: with the
+  // corrections carried over from the measured depths, and with the start-up model's time alone.
+  // The carried correction can be far off where the step time jumps between two token counts:
+  // the bundled model at batch 16 on the H200 (twenty-seventh session), depth 2's steps 0.23 ms
+  // over the model, held below it, made depth 1 look 15% slower than depth 3; it ran 0.11 ms
+  // under the model and was the best depth (fixed:1 1.46x off, auto 1.30x at depth 3).
   const double best_rate = rate(b, best, accept);
   int32_t pick = best;
   double pick_rate = 0.0;
   for (int32_t d = 1; d <= top; ++d) {
     const int64_t m = measured(b, d);
-    const double r = rate(b, d, accept);
+    double r = rate(b, d, accept);
+    if (m == 0) {
+      const double prior = prior_s(b, d) * level(b);
+      if (prior > 0)
+        r = std::max(r, r * step_s(b, d) / prior);
+    }
     if (d != best && m < kExplore && r >= (1.0 - kNoise) * best_rate && r > pick_rate) {
       pick = d;
       pick_rate = r;

@@ -120,7 +120,8 @@ class StepCost {
   // 1, >= 1) has fewer than kExplore measurements, that depth (the deeper first): the start-up
   // model's shape can be wrong where the measured steps would say otherwise, and only steps run
   // at a depth measure it; then a depth measured fewer than kExplore times (or not at all) whose
-  // rate is within kNoise of the best's (the highest rate first); otherwise, once every
+  // rate is within kNoise of the best's (the highest rate first; a depth not yet measured at the
+  // better of its rate and its rate at the start-up model's time alone); otherwise, once every
   // kProbeEvery steps of the bucket since it last ran, the depth next deeper than the best.
   // Deterministic given what was recorded.
   int32_t choose(int64_t b, std::span<const double> accept) const;
