@@ -12,8 +12,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -291,6 +293,40 @@ TEST_F(GpuTest, Fp8TensorCoreLinearMatchesCpu) {
   }
 }
 
+// One sweep of a wgmma linear path (the path run_linear expects for the token count): both scale
+// types over rows x cols x n (small mode: up to 2e7 multiply-adds each), K of 256 and 4096 over
+// rows [ranged[1], +ranged[2]) of a 512-row weight at ranged[0] tokens, output rows 4 floats
+// apart, accumulated; outside small mode the given (rows, cols, n) shapes.
+struct WgmmaSweep {
+  std::vector<int64_t> rows, cols, n;
+  std::array<int64_t, 3> ranged;
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> real;
+};
+
+void run_wgmma_sweep(const WgmmaSweep& w, uint32_t seed) {
+  auto run = [&](LinearCase c) {
+    c.tensor_core = true;
+    c.wgmma = true;
+    run_linear(c, seed += 3);
+  };
+  const bool small = small_mode();
+  for (Fmt f : {Fmt::kFp8E8M0, Fmt::kFp8F32}) {
+    for (int64_t rows : w.rows) {
+      for (int64_t cols : w.cols) {
+        for (int64_t n : w.n) {
+          if (!small || rows * n * cols <= 20'000'000)
+            run(LinearCase{f, rows, cols, n, true});
+        }
+      }
+    }
+    for (int64_t cols : {256, 4096})
+      run(LinearCase{f, 512, cols, w.ranged[0], true, w.ranged[1], w.ranged[2], 0, 4, true});
+  }
+  if (!small) {
+    for (auto [rows, cols, n] : w.real) run(LinearCase{Fmt::kFp8E8M0, rows, cols, n, true});
+  }
+}
+
 // The many-row wgmma path (fp8_gemm_sm90.h, builds with CUTLASS): E8M0 and F32 block scales,
 // row counts that are not multiples of the 128-row tile, K from one block to V4's 8192, row
 // ranges, padded output rows and accumulation, and the V4-Flash prefill shapes.
@@ -304,40 +340,14 @@ TEST_F(GpuTest, Fp8WgmmaLinearMatchesCpu) {
     if (fp8_linear_scratch_floats(probe, -1, kFp8Sm90MinRows) == 0)
       GTEST_SKIP() << "built without CUTLASS: no wgmma path";
   }
-  uint32_t seed = 52000;
-  const bool small = small_mode();
-  for (Fmt f : {Fmt::kFp8E8M0, Fmt::kFp8F32}) {
-    for (int64_t rows : {128, 272, 1024}) {
-      for (int64_t cols : {128, 384, 4096}) {
-        for (int64_t n : {64, 65, 127, 300}) {
-          if (small && rows * n * cols > 20'000'000)
-            continue;
-          LinearCase c{f, rows, cols, n, true};
-          c.tensor_core = true;
-          c.wgmma = true;
-          run_linear(c, seed += 3);
-        }
-      }
-    }
-    // Rows [128, +256) of 512, output rows 4 floats apart, accumulated: over 2 K blocks (whole
-    // K per tile) and over 32 (two tiles at 97 tokens: split-K, the fixup adding C once).
-    for (int64_t cols : {256, 4096}) {
-      LinearCase ranged{f, 512, cols, 97, true, 128, 256, 0, 4, true};
-      ranged.tensor_core = true;
-      ranged.wgmma = true;
-      run_linear(ranged, seed += 3);
-    }
-  }
-  if (!small) {
-    for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1024, 4096, 300},
-                                 {4096, 8192, 65},
-                                 {32768, 1024, 67}}) {
-      LinearCase c{Fmt::kFp8E8M0, rows, cols, n, true};
-      c.tensor_core = true;
-      c.wgmma = true;
-      run_linear(c, seed += 3);
-    }
-  }
+  run_wgmma_sweep({.rows = {128, 272, 1024},
+                   .cols = {128, 384, 4096},
+                   .n = {64, 65, 127, 300},
+                   // Rows [128, +256) of 512 at 97 tokens: over 2 K blocks (whole K per tile) and
+                   // over 32 (two tiles: split-K, the fixup adding C once).
+                   .ranged = {97, 128, 256},
+                   .real = {{1024, 4096, 300}, {4096, 8192, 65}, {32768, 1024, 67}}},
+                  52000);
 }
 
 // Split-K (decode-sized token counts over few output tiles, fp8_gemm_sm90_gemm.h) sums its K
@@ -398,41 +408,17 @@ TEST_F(GpuTest, Fp8DecodeLinearMatchesCpu) {
     if (!fp8_gemm_decode_supports(probe))
       GTEST_SKIP() << "not an sm_90 device";
   }
-  uint32_t seed = 54000;
-  const bool small = small_mode();
-  for (Fmt f : {Fmt::kFp8E8M0, Fmt::kFp8F32}) {
-    for (int64_t rows : {1, 17, 64, 129, 300}) {
-      for (int64_t cols : {128, 384, 4096}) {
-        for (int64_t n : {9, 16, 32, 33, 64}) {
-          if (small && rows * n * cols > 20'000'000)
-            continue;
-          LinearCase c{f, rows, cols, n, true};
-          c.tensor_core = true;
-          c.wgmma = true;
-          run_linear(c, seed += 3);
-        }
-      }
-    }
-    for (int64_t cols : {256, 4096}) {
-      LinearCase ranged{f, 512, cols, 40, true, 64, 200, 0, 4, true};
-      ranged.tensor_core = true;
-      ranged.wgmma = true;
-      run_linear(ranged, seed += 3);
-    }
-  }
-  if (!small) {
-    for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{32768, 1024, 16},
-                                 {32768, 1024, 64},
-                                 {4096, 8192, 64},
-                                 {1024, 4096, 33},
-                                 {512, 4096, 64},
-                                 {8192, 1024, 64}}) {
-      LinearCase c{Fmt::kFp8E8M0, rows, cols, n, true};
-      c.tensor_core = true;
-      c.wgmma = true;
-      run_linear(c, seed += 3);
-    }
-  }
+  run_wgmma_sweep({.rows = {1, 17, 64, 129, 300},
+                   .cols = {128, 384, 4096},
+                   .n = {9, 16, 32, 33, 64},
+                   .ranged = {40, 64, 200},  // a range starting inside a scale block
+                   .real = {{32768, 1024, 16},
+                            {32768, 1024, 64},
+                            {4096, 8192, 64},
+                            {1024, 4096, 33},
+                            {512, 4096, 64},
+                            {8192, 1024, 64}}},
+                  54000);
 }
 
 // A (row, token) sum of the decode path does not depend on the launch or on how many tokens run

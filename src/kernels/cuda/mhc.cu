@@ -432,6 +432,21 @@ __device__ void gather_mix_warp(
 constexpr int kPreThreads = 512;
 constexpr int kCollapsePer = 8;
 
+// 1 / sqrt(mean of the block's squares + eps) from each thread's part of the sum of squares (the
+// RMSNorm factor as rms_norm_kernel forms it: double sums, one block).
+__device__ __forceinline__ float block_rms_inv(double ss, int64_t hidden, float eps, double* red) {
+  ss = block_sum(ss, red);
+  return 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(hidden)) + eps);
+}
+
+// This thread's sum of squares of its kCollapsePer values, in order.
+__device__ __forceinline__ double sum_squares(const float (&u)[kCollapsePer]) {
+  double ss = 0.0;
+#pragma unroll
+  for (int i = 0; i < kCollapsePer; ++i) ss += static_cast<double>(u[i]) * u[i];
+  return ss;
+}
+
 // One token's collapse operands in registers for hc 4 at hidden <= kCollapsePer * blockDim.x
 // (every released model): the four streams at this thread's columns and the norm weight there.
 // Loaded ahead (the weight before the PDL wait, the streams before the gates are known), so that
@@ -471,14 +486,7 @@ __device__ void collapse_norm_regs(
     for (int j = 0; j < 4; ++j) acc = __fadd_rn(acc, __fmul_rn(pre[j], r.x[j][i]));
     u[i] = threadIdx.x + static_cast<int64_t>(i) * blockDim.x < hidden ? acc : 0.0f;
   }
-  double ss = 0.0;
-#pragma unroll
-  for (int i = 0; i < kCollapsePer; ++i) ss += static_cast<double>(u[i]) * u[i];
-  float rinv = 1.0f;
-  if (norm) {
-    ss = block_sum(ss, red);
-    rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(hidden)) + eps);
-  }
+  const float rinv = norm ? block_rms_inv(sum_squares(u), hidden, eps, red) : 1.0f;
 #pragma unroll
   for (int i = 0; i < kCollapsePer; ++i) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
@@ -506,7 +514,6 @@ __device__ void collapse_norm(const float* pre,
     }
     return acc;
   };
-  double ss = 0.0;
   if (hidden <= kCollapsePer * static_cast<int64_t>(blockDim.x)) {
     float u[kCollapsePer];
 #pragma unroll
@@ -514,13 +521,7 @@ __device__ void collapse_norm(const float* pre,
       const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
       u[i] = c < hidden ? value(c) : 0.0f;
     }
-#pragma unroll
-    for (int i = 0; i < kCollapsePer; ++i) ss += static_cast<double>(u[i]) * u[i];
-    float rinv = 1.0f;
-    if (weight != nullptr) {
-      ss = block_sum(ss, red);
-      rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(hidden)) + eps);
-    }
+    const float rinv = weight != nullptr ? block_rms_inv(sum_squares(u), hidden, eps, red) : 1.0f;
 #pragma unroll
     for (int i = 0; i < kCollapsePer; ++i) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
@@ -529,6 +530,7 @@ __device__ void collapse_norm(const float* pre,
     }
     return;
   }
+  double ss = 0.0;
 #pragma unroll 4
   for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
     const float acc = value(c);
@@ -537,8 +539,7 @@ __device__ void collapse_norm(const float* pre,
   }
   if (weight == nullptr)
     return;
-  ss = block_sum(ss, red);
-  const float rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(hidden)) + eps);
+  const float rinv = block_rms_inv(ss, hidden, eps, red);
   for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x)
     out[c] = __fmul_rn(weight[c], __fmul_rn(out[c], rinv));  // this thread's own stores
 }
