@@ -895,6 +895,37 @@ TEST(GpuOpsArgs, LinearValidates) {
   EXPECT_EQ(launch_linear(LinearParams{.w = w, .row_begin = 5, .rows = 6, .n = 1}, nullptr).code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(launch_linear(LinearParams{.w = w, .n = 0}, nullptr).ok());  // empty batch
+  // The decode-sized FP8 path called directly: row counts outside (8, 64], a row range past the
+  // weight, activation rows shorter than K, a weight that is not FP8 block-128 with K % 128 == 0.
+  static const uint8_t codes[256] = {};
+  static const float scales[2] = {};
+  MatrixRef f;
+  f.format = WeightFormat::kFp8Block128;
+  f.dtype = DType::kF8E4M3;
+  f.rows = 64;
+  f.cols = 256;
+  f.data = codes;
+  f.scale = scales;
+  const Fp8Acts x{codes, scales, 256};
+  for (int64_t n : {8, 65}) {
+    EXPECT_EQ(
+        launch_fp8_gemm_decode(Fp8LinearParams{.w = f, .rows = 64, .x = x, .n = n}, nullptr).code(),
+        StatusCode::kInvalidArgument)
+        << n;
+  }
+  EXPECT_EQ(launch_fp8_gemm_decode(
+                Fp8LinearParams{.w = f, .row_begin = 32, .rows = 64, .x = x, .n = 16}, nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      launch_fp8_gemm_decode(
+          Fp8LinearParams{.w = f, .rows = 64, .x = Fp8Acts{codes, scales, 128}, .n = 16}, nullptr)
+          .code(),
+      StatusCode::kInvalidArgument);
+  f.cols = 200;
+  EXPECT_EQ(
+      launch_fp8_gemm_decode(Fp8LinearParams{.w = f, .rows = 64, .x = x, .n = 16}, nullptr).code(),
+      StatusCode::kInvalidArgument);
 }
 
 }  // namespace
