@@ -27,6 +27,7 @@
 #include "model/checkpoint.h"
 #include "model/cost.h"
 #include "perf/ceilings.h"
+#include "perf/kernel_trace.h"
 
 namespace dsinfer::cli {
 namespace {
@@ -277,8 +278,11 @@ int run_bench(const BenchArgs& a) {
       state::SequenceState st(cfg, arena.get(), 1000 + r, 0, m.row_format());
       m.set_profile(r == a.repeats);  // the last run is profiled per layer (events only)
       const bool captured = a.profile_range == "prefill" && r == 1;  // the first timed run
-      if (captured)
+      if (captured) {
         cudaProfilerStart();
+        if (Status t = perf::kernel_trace_begin(); !t.ok())
+          return fail(t);
+      }
       const int64_t plan0 = m.stats().host_plan_ns;
       const double t0 = now_s();
       Status s = m.forward(st, toks, last, &fo);
@@ -287,6 +291,8 @@ int run_bench(const BenchArgs& a) {
       if (captured) {
         cudaDeviceSynchronize();
         cudaProfilerStop();
+        if (Status t = perf::kernel_trace_end(); !t.ok())
+          return fail(t);
       }
       if (!s.ok())
         return fail(s);
@@ -407,14 +413,21 @@ int run_bench(const BenchArgs& a) {
         return fail(s);
     }
     const gpu::CudaModelStats before = m.stats();
-    if (a.profile_range == "decode")
+    if (a.profile_range == "decode") {
       cudaProfilerStart();
+      if (Status t = perf::kernel_trace_begin(); !t.ok())
+        return fail(t);
+    }
     Result<double> timed = time_steps(SampleMode::kDeviceGreedy, a.decode_steps);
     if (!timed.ok())
       return fail(timed.status());
     const double step_s = *timed;
-    if (a.profile_range == "decode")
+    if (a.profile_range == "decode") {
+      cudaDeviceSynchronize();
       cudaProfilerStop();
+      if (Status t = perf::kernel_trace_end(); !t.ok())
+        return fail(t);
+    }
     const gpu::CudaModelStats after = m.stats();
     // The other ways of choosing the tokens, for the ratios (the host sampler sorts the whole
     // vocabulary per row: a few steps are enough).
@@ -580,7 +593,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--profile-range",
                   a->profile_range,
                   "prefill | decode: bracket the first timed prefill run or the timed decode "
-                  "steps with cudaProfilerStart/Stop (nsys --capture-range=cudaProfilerApi)")
+                  "steps with cudaProfilerStart/Stop (nsys --capture-range=cudaProfilerApi); "
+                  "with DSINFER_KERNEL_TRACE=FILE also record the kernels' timeline there "
+                  "(CUPTI; tools/bench/kernel_trace.py)")
       ->check(CLI::IsMember({"prefill", "decode"}));
   cmd->add_flag("--ops",
                 a->ops,
