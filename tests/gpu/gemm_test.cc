@@ -293,6 +293,16 @@ TEST_F(GpuTest, Fp8TensorCoreLinearMatchesCpu) {
   }
 }
 
+// A 128 x 128 FP8 block-128 weight's shape (no data), to ask which paths a build and device have.
+MatrixRef fp8_probe() {
+  MatrixRef probe;
+  probe.format = WeightFormat::kFp8Block128;
+  probe.dtype = DType::kF8E4M3;
+  probe.rows = 128;
+  probe.cols = 128;
+  return probe;
+}
+
 // One sweep of a wgmma linear path (the path run_linear expects for the token count): both scale
 // types over rows x cols x n (small mode: up to 2e7 multiply-adds each), K of 256 and 4096 over
 // rows [ranged[1], +ranged[2]) of a 512-row weight at ranged[0] tokens, output rows 4 floats
@@ -331,15 +341,8 @@ void run_wgmma_sweep(const WgmmaSweep& w, uint32_t seed) {
 // row counts that are not multiples of the 128-row tile, K from one block to V4's 8192, row
 // ranges, padded output rows and accumulation, and the V4-Flash prefill shapes.
 TEST_F(GpuTest, Fp8WgmmaLinearMatchesCpu) {
-  {
-    MatrixRef probe;
-    probe.format = WeightFormat::kFp8Block128;
-    probe.dtype = DType::kF8E4M3;
-    probe.rows = 128;
-    probe.cols = 128;
-    if (fp8_linear_scratch_floats(probe, -1, kFp8Sm90MinRows) == 0)
-      GTEST_SKIP() << "built without CUTLASS: no wgmma path";
-  }
+  if (fp8_linear_scratch_floats(fp8_probe(), -1, kFp8Sm90MinRows) == 0)
+    GTEST_SKIP() << "built without CUTLASS: no wgmma path";
   run_wgmma_sweep({.rows = {128, 272, 1024},
                    .cols = {128, 384, 4096},
                    .n = {64, 65, 127, 300},
@@ -399,15 +402,8 @@ TEST_F(GpuTest, Fp8WgmmaSplitKIsDeterministic) {
 // row ranges that start inside a scale block, padded output rows and accumulation, and the
 // V4-Flash decode shapes (wq_b, wo_b, wq_a, wkv, the indexer's wq_b).
 TEST_F(GpuTest, Fp8DecodeLinearMatchesCpu) {
-  {
-    MatrixRef probe;
-    probe.format = WeightFormat::kFp8Block128;
-    probe.dtype = DType::kF8E4M3;
-    probe.rows = 128;
-    probe.cols = 128;
-    if (!fp8_gemm_decode_supports(probe))
-      GTEST_SKIP() << "not an sm_90 device";
-  }
+  if (!fp8_gemm_decode_supports(fp8_probe()))
+    GTEST_SKIP() << "not an sm_90 device";
   run_wgmma_sweep({.rows = {1, 17, 64, 129, 300},
                    .cols = {128, 384, 4096},
                    .n = {9, 16, 32, 33, 64},
