@@ -2,6 +2,7 @@
 #include "perf/kernel_trace.h"
 
 #include <cupti_activity.h>
+#include <cxxabi.h>
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -13,6 +14,18 @@
 
 namespace dsinfer::perf {
 namespace {
+
+// The kernel's source-level name (CUPTI reports the mangled symbol); the symbol when it does not
+// demangle (extern "C" kernels).
+std::string demangled(const char* symbol) {
+  if (symbol == nullptr)
+    return "?";
+  int status = 0;
+  char* d = abi::__cxa_demangle(symbol, nullptr, nullptr, &status);
+  std::string out = status == 0 && d != nullptr ? d : symbol;
+  std::free(d);
+  return out;
+}
 
 struct Row {
   std::string name;
@@ -65,7 +78,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
     Row r;
-    r.name = k->name != nullptr ? k->name : "?";
+    r.name = k->name != nullptr ? k->name : "";  // demangled when written (off the callback)
     r.start = k->start;
     r.end = k->end;
     r.stream = k->streamId;
@@ -166,7 +179,7 @@ Status kernel_trace_end() {
     std::fprintf(f, "range,name,start_ns,end_ns,stream,correlation,graph,graph_node,grid,block\n");
   for (const Row& r : rows) {
     std::string name;  // the CSV field is quoted: any quote in it doubled
-    for (char c : r.name) {
+    for (char c : demangled(r.name.empty() ? nullptr : r.name.c_str())) {
       name.push_back(c);
       if (c == '"')
         name.push_back('"');

@@ -10,7 +10,8 @@ kernel its mean share of the step: the step's timeline is cut at every kernel's 
 piece goes to the kernel that ends there (with programmatic dependent launch a kernel starts
 before its predecessor ends, so durations overlap and their sum exceeds the step; the shares
 add up to the span less the idle time). The shares are also summed by part of the model
-(kernel_parts.py's parts).
+(kernel_parts.py's parts). A range without graph replays (prefill, eager steps) is reported as
+one pass over all its kernels, its idle time included (the host's launch gaps).
 
 Usage: tools/bench/kernel_trace.py CSV [--range N] [--top K]
        tools/bench/kernel_trace.py --self-test
@@ -20,6 +21,8 @@ import collections
 import csv
 import io
 import os
+import shutil
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +36,17 @@ def read(text):
         out[int(row["range"])].append((row["name"], int(row["start_ns"]), int(row["end_ns"]),
                                        int(row["correlation"]), int(row["graph"])))
     return out
+
+
+def demangle(ranges):
+    """Mangled names (traces written before the recorder demangled) through c++filt, if any."""
+    names = sorted({k[0] for ks in ranges.values() for k in ks if k[0].startswith("_Z")})
+    tool = shutil.which("c++filt")
+    if not names or not tool:
+        return ranges
+    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True)
+    plain = dict(zip(names, out.stdout.splitlines())) if out.returncode == 0 else {}
+    return {r: [(plain.get(k[0], k[0]),) + k[1:] for k in ks] for r, ks in ranges.items()}
 
 
 def steps_of(kernels):
@@ -59,8 +73,11 @@ def shares(step):
 
 def report(kernels, label, top):
     steps = steps_of(kernels)
+    what = "replays"
     if not steps:
-        return f"[trace] {label}: no graph replays in the range ({len(kernels)} kernels)\n"
+        if not kernels:
+            return f"[trace] {label}: no kernels\n"
+        steps, what = [kernels], "eager pass"
     spans, idles, gaps = [], [], []
     total = collections.defaultdict(float)
     launches = collections.Counter()
@@ -79,7 +96,7 @@ def report(kernels, label, top):
         prev_end = end
     n = len(steps)
     span = sum(spans) / n
-    lines = [f"[trace] {label}: {n} replays, {len(kernels) / n:.0f} kernels each, span "
+    lines = [f"[trace] {label}: {n} {what}, {len(kernels) / n:.0f} kernels each, span "
              f"{span / 1e3:.1f} us, idle inside {sum(idles) / n / 1e3:.1f} us, between replays "
              f"{(sum(gaps) / len(gaps) if gaps else 0) / 1e3:.1f} us"]
     for name, v in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
@@ -112,6 +129,8 @@ def self_test():
     out = report(ranges[1], "test", 10)
     assert "2 replays" in out and "span 0.1 us" in out and "between replays 0.0 us" in out, out
     assert "dense linears" in out, out
+    eager = report([k for k in ranges[1] if k[4] == 0], "eager", 10)
+    assert "1 eager pass" in eager and "span 0.0 us" in eager, eager
     print("kernel_trace self-test: ok")
 
 
@@ -128,7 +147,7 @@ def main():
     if not a.csv:
         ap.error("a CSV is required")
     with open(a.csv) as f:
-        ranges = read(f.read())
+        ranges = demangle(read(f.read()))
     for r in sorted(ranges):
         if a.range and r != a.range:
             continue
