@@ -630,6 +630,9 @@ Status launch_attention_d(const SinkAttentionParams& p, cudaStream_t stream) {
                      p.split_scratch_floats < sink_attention_scratch_floats(p.nq, p.heads, D))) {
     nsplit = 1;
   }
+  // finish_query stores the partials' column pairs as 8-byte words.
+  if (nsplit > 1 && (reinterpret_cast<uintptr_t>(p.split_scratch) & 7u) != 0)
+    return invalid_argument("sink_attention: split scratch must be 8-byte aligned");
   bool launched_sm90 = false;
   if constexpr (sink_attention_sm90_available()) {  // discarded (not linked) without CUTLASS
     if (sink_attention_sm90_supports(p)) {

@@ -95,17 +95,17 @@ __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
     // part = [nsplit][nq][heads][D + 2]: the unnormalised accumulators, then m and l.
     const int64_t stride = D + 2;
     float* base = part + (static_cast<int64_t>(split) * p.nq + qi) * heads * stride;
+    // Column pairs as one 8-byte store each (rows are 8-byte aligned: D + 2 floats apart, the
+    // scratch from the workspace): half the store instructions of scalar stores, each sector of
+    // a row written by one instruction. Measured (H200, decode batch 1, ncu): two thirds of the
+    // kernel's stall samples sat on the scalar stores.
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int d = half * HALF + 8 * nt + 2 * t;
-      if (r0 < heads) {
-        base[r0 * stride + d] = o[nt][0];
-        base[r0 * stride + d + 1] = o[nt][1];
-      }
-      if (r1 < heads) {
-        base[r1 * stride + d] = o[nt][2];
-        base[r1 * stride + d + 1] = o[nt][3];
-      }
+      if (r0 < heads)
+        *reinterpret_cast<float2*>(base + r0 * stride + d) = make_float2(o[nt][0], o[nt][1]);
+      if (r1 < heads)
+        *reinterpret_cast<float2*>(base + r1 * stride + d) = make_float2(o[nt][2], o[nt][3]);
     }
     if (half == 0 && t == 0) {
       if (r0 < heads) {
