@@ -48,6 +48,7 @@ struct LinearCase {
   bool wgmma = false;        // the wgmma path must run (fp8: scratch given; bf16x2: allowed)
   bool split_k = false;      // bf16x2: scratch given, the tile kernel must split K
   bool hi_only = false;      // bf16x2: x rounded to BF16, split without low halves (one pass)
+  bool gemv = false;         // fp8: launch_fp8_gemv itself, whichever path launch_fp8_linear takes
 };
 
 void run_linear(const LinearCase& c, uint32_t seed) {
@@ -57,7 +58,8 @@ void run_linear(const LinearCase& c, uint32_t seed) {
                " rows [" + std::to_string(c.row_begin) + ", +" + std::to_string(count) + ")" +
                (c.accumulate ? " acc" : "") + (c.tensor_core ? " tensor-core" : "") +
                (c.bf16x2 ? " bf16x2" : "") + (c.wgmma ? " wgmma" : "") +
-               (c.split_k ? " split-k" : "") + (c.hi_only ? " hi-only" : ""));
+               (c.split_k ? " split-k" : "") + (c.hi_only ? " hi-only" : "") +
+               (c.gemv ? " gemv" : ""));
   auto w = make_weight(c.fmt, c.rows, c.cols, seed);
   const int64_t ldx = c.cols + c.ldx_pad;
   const int64_t ldy = count + c.ldy_pad;
@@ -84,6 +86,10 @@ void run_linear(const LinearCase& c, uint32_t seed) {
   }
   std::vector<float> want = y0;
   std::vector<double> tol(want.size(), 0.0);
+  // The wgmma paths (the decode-sized kernel, CUTLASS) against the GEMV's and the tiles' exact
+  // per-32 MMA sums.
+  const bool fast_accumulation = c.wgmma && c.tensor_core && !c.gemv &&
+                                 (c.n > kGemvMaxTokens || fp8_gemm_decode_takes(w->dev, c.n));
   std::vector<float> wrow(static_cast<size_t>(c.cols));
   for (int64_t r = 0; r < count; ++r) {
     w->host.dequant_row(c.row_begin + r, wrow.data());
@@ -95,7 +101,7 @@ void run_linear(const LinearCase& c, uint32_t seed) {
       // FP8 wgmma keeps ~14 bits while it accumulates inside one 128-wide K block (Hopper's FP8
       // tensor cores, as DeepSeek's own kernels; promoted to fp32 per block): measured up to
       // 6.4e-4 of mag on one-block dot products (~12 bits), bounded here by 2^-10.
-      const double rel = c.wgmma && c.tensor_core && c.n > kGemvMaxTokens ? 1e-3 : 1e-5;
+      const double rel = fast_accumulation ? 1e-3 : 1e-5;
       tol[i] = rel * mag + (c.accumulate ? 1.2e-7 * std::fabs(want[i]) : 0.0) + 1e-35;
     }
   }
@@ -140,7 +146,9 @@ void run_linear(const LinearCase& c, uint32_t seed) {
                                                         .codes = d_q.get(),
                                                         .scales = d_s.get()},
                                       nullptr));
-    const int64_t scratch_floats = c.wgmma ? fp8_linear_scratch_floats(w->dev, -1, c.n) : 0;
+    const int64_t scratch_floats = c.gemv    ? fp8_gemv_scratch_floats(count, c.cols, c.n)
+                                   : c.wgmma ? fp8_linear_scratch_floats(w->dev, -1, c.n)
+                                             : 0;
     DevVec<float> d_scratch(static_cast<size_t>(std::max<int64_t>(scratch_floats, 1)));
     const Fp8LinearParams p{.w = w->dev,
                             .row_begin = c.row_begin,
@@ -153,12 +161,28 @@ void run_linear(const LinearCase& c, uint32_t seed) {
                             .wgmma = c.wgmma,
                             .scratch = c.wgmma ? d_scratch.get() : nullptr,
                             .scratch_floats = scratch_floats};
-    const Fp8LinearPath want_path = !c.wgmma                   ? Fp8LinearPath::kTile
-                                    : c.n <= kGemvMaxTokens    ? Fp8LinearPath::kGemv
-                                    : c.n <= kFp8DecodeMaxRows ? Fp8LinearPath::kDecode
-                                                               : Fp8LinearPath::kWgmma;
-    EXPECT_EQ(fp8_linear_path(p), want_path) << "the path under test did not run";
-    DSI_EXPECT_OK(launch_fp8_linear(p, nullptr));
+    const Fp8LinearPath want_path = !c.wgmma                             ? Fp8LinearPath::kTile
+                                    : fp8_gemm_decode_takes(w->dev, c.n) ? Fp8LinearPath::kDecode
+                                    : c.n <= kGemvMaxTokens              ? Fp8LinearPath::kGemv
+                                                                         : Fp8LinearPath::kWgmma;
+    if (c.gemv) {
+      DSI_EXPECT_OK(launch_fp8_gemv(Fp8GemvParams{.w = p.w,
+                                                  .row_begin = p.row_begin,
+                                                  .rows = p.rows,
+                                                  .x_codes = p.x.codes,
+                                                  .x_scales = p.x.scales,
+                                                  .x_ld = p.x.ld,
+                                                  .n = p.n,
+                                                  .y = p.y,
+                                                  .ldy = p.ldy,
+                                                  .accumulate = p.accumulate,
+                                                  .scratch = p.scratch,
+                                                  .scratch_floats = p.scratch_floats},
+                                    nullptr));
+    } else {
+      EXPECT_EQ(fp8_linear_path(p), want_path) << "the path under test did not run";
+      DSI_EXPECT_OK(launch_fp8_linear(p, nullptr));
+    }
   } else {
     DSI_EXPECT_OK(launch_linear(LinearParams{.w = w->dev,
                                              .row_begin = c.row_begin,
@@ -397,29 +421,35 @@ TEST_F(GpuTest, Fp8WgmmaSplitKIsDeterministic) {
 }
 #endif  // DSINFER_HAVE_CUTLASS
 
-// The decode-sized wgmma path (fp8_gemm_decode.h, 8 < n <= 64): both scale types, tiles of 64
-// and 128 rows with tails, one K block to V4's 8192 (K split over clusters of up to 8 blocks),
-// row ranges that start inside a scale block, padded output rows and accumulation, and the
-// V4-Flash decode shapes (wq_b, wo_b, wq_a, wkv, the indexer's wq_b).
+// The decode-sized wgmma path (fp8_gemm_decode.h, 1 <= n <= 64; n <= 8 for K <= 4096): both
+// scale types, tiles of 64 and 128 rows with tails, one K block to V4's 8192 (K split over
+// clusters of up to 8 blocks), row ranges that start inside a scale block, padded output rows and
+// accumulation, one token, and the V4-Flash decode shapes (wq_b, wo_b, wq_a, wkv, the indexer's
+// wq_b).
 TEST_F(GpuTest, Fp8DecodeLinearMatchesCpu) {
   if (!fp8_gemm_decode_supports(fp8_probe()))
     GTEST_SKIP() << "not an sm_90 device";
   run_wgmma_sweep({.rows = {1, 17, 64, 129, 300},
                    .cols = {128, 384, 4096},
-                   .n = {9, 16, 32, 33, 64},
+                   .n = {1, 3, 8, 9, 16, 32, 33, 64},
                    .ranged = {40, 64, 200},  // a range starting inside a scale block
-                   .real = {{32768, 1024, 16},
+                   .real = {{32768, 1024, 1},
+                            {32768, 1024, 16},
                             {32768, 1024, 64},
                             {4096, 8192, 64},
+                            {1024, 4096, 1},
                             {1024, 4096, 33},
+                            {512, 4096, 8},
                             {512, 4096, 64},
+                            {8192, 1024, 5},
                             {8192, 1024, 64}}},
                   54000);
 }
 
 // A (row, token) sum of the decode path does not depend on the launch or on how many tokens run
-// with it: token rows 0..8 of 64-, 33- and 9-token launches agree bit for bit, and a second
-// 64-token launch repeats the first (K split over a cluster, and whole-K tiles).
+// with it: token rows 0..8 of 64-, 33-, 9-, 8- and 1-token launches agree bit for bit (K <= 4096:
+// one path from 1 to 64 tokens), and a second 64-token launch repeats the first (K split over a
+// cluster, and whole-K tiles).
 TEST_F(GpuTest, Fp8DecodeLinearIsBatchInvariant) {
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1024, 4096}, {2048, 512}}) {
     auto w = make_weight(Fmt::kFp8E8M0, rows, cols, 54501);
@@ -435,7 +465,7 @@ TEST_F(GpuTest, Fp8DecodeLinearIsBatchInvariant) {
             .x = d_x.get(), .n = n_max, .k = cols, .codes = d_q.get(), .scales = d_s.get()},
         nullptr));
     std::vector<std::vector<float>> ys;
-    for (const int64_t n : {n_max, n_max, int64_t{33}, int64_t{9}}) {
+    for (const int64_t n : {n_max, n_max, int64_t{33}, int64_t{9}, int64_t{8}, int64_t{1}}) {
       DevVec<float> d_y(static_cast<size_t>(n * rows), 0.0f);
       const Fp8LinearParams p{
           .w = w->dev, .x = Fp8Acts{d_q.get(), d_s.get(), ld}, .n = n, .y = d_y.get()};
@@ -446,7 +476,8 @@ TEST_F(GpuTest, Fp8DecodeLinearIsBatchInvariant) {
     }
     EXPECT_EQ(0, std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(float)));
     for (size_t v = 2; v < ys.size(); ++v) {
-      EXPECT_EQ(0, std::memcmp(ys[0].data(), ys[v].data(), 9 * rows * sizeof(float)))
+      const int64_t n = static_cast<int64_t>(ys[v].size()) / rows;
+      EXPECT_EQ(0, std::memcmp(ys[0].data(), ys[v].data(), std::min<int64_t>(n, 9) * rows * 4))
           << rows << "x" << cols << ", launch " << v;
     }
   }
@@ -735,7 +766,8 @@ TEST_F(GpuTest, GemvBf16MatchesCpuAndIsBatchInvariant) {
   }
 }
 
-// The W8A8 GEMV (gemv.h: launch_fp8_gemv, launch_fp8_linear's path for n <= 8) against the CPU:
+// The W8A8 GEMV (gemv.h: launch_fp8_gemv, called directly: launch_fp8_linear's path for n <= 8
+// where the decode-sized kernel does not take them, fp8_gemm_decode_takes) against the CPU:
 // both scale formats, one to eight tokens, row groups that straddle nothing, K split over
 // blocks (small weights) or not (tall ones), row ranges, padded outputs, accumulation, and the
 // V4-Flash decode shapes; then batch invariance: each token alone gives the same bits.
@@ -748,6 +780,7 @@ TEST_F(GpuTest, Fp8GemvLinearMatchesCpuAndIsBatchInvariant) {
           LinearCase c{f, rows, cols, n, true};
           c.tensor_core = true;
           c.wgmma = true;
+          c.gemv = true;
           run_linear(c, seed += 3);
         }
       }
@@ -755,6 +788,7 @@ TEST_F(GpuTest, Fp8GemvLinearMatchesCpuAndIsBatchInvariant) {
     LinearCase ranged{f, 512, 256, 6, true, 128, 256, 0, 3, true};
     ranged.tensor_core = true;
     ranged.wgmma = true;
+    ranged.gemv = true;
     run_linear(ranged, seed += 3);
     // Tall weights with one K block per warp: blocks of 4 row groups, the last block partly past
     // the rows.
@@ -763,6 +797,7 @@ TEST_F(GpuTest, Fp8GemvLinearMatchesCpuAndIsBatchInvariant) {
         LinearCase c{f, rows, cols, n, true};
         c.tensor_core = true;
         c.wgmma = true;
+        c.gemv = true;
         run_linear(c, seed += 3);
       }
     }
@@ -773,6 +808,7 @@ TEST_F(GpuTest, Fp8GemvLinearMatchesCpuAndIsBatchInvariant) {
       LinearCase c{Fmt::kFp8E8M0, rows, cols, 1, true};
       c.tensor_core = true;
       c.wgmma = true;
+      c.gemv = true;
       run_linear(c, seed += 3);
     }
   }
@@ -788,28 +824,31 @@ TEST_F(GpuTest, Fp8GemvLinearMatchesCpuAndIsBatchInvariant) {
         QuantizeFp8Params{
             .x = d_x.get(), .n = n, .k = cols, .codes = d_q.get(), .scales = d_s.get()},
         nullptr));
-    const int64_t sf = fp8_linear_scratch_floats(w->dev, -1, n);
+    const int64_t sf = fp8_gemv_scratch_floats(rows, cols, n);
     DevVec<float> d_scratch(static_cast<size_t>(std::max<int64_t>(sf, 1)));
     DevVec<float> d_all(static_cast<size_t>(n * rows), 0.0f);
-    DSI_EXPECT_OK(launch_fp8_linear(Fp8LinearParams{.w = w->dev,
-                                                    .x = Fp8Acts{d_q.get(), d_s.get(), ld},
-                                                    .n = n,
-                                                    .y = d_all.get(),
-                                                    .scratch = d_scratch.get(),
-                                                    .scratch_floats = sf},
-                                    nullptr));
+    DSI_EXPECT_OK(launch_fp8_gemv(Fp8GemvParams{.w = w->dev,
+                                                .x_codes = d_q.get(),
+                                                .x_scales = d_s.get(),
+                                                .x_ld = ld,
+                                                .n = n,
+                                                .y = d_all.get(),
+                                                .scratch = d_scratch.get(),
+                                                .scratch_floats = sf},
+                                  nullptr));
     sync();
     const std::vector<float> all = d_all.download();
     for (int64_t t = 0; t < n; ++t) {
       DevVec<float> d_one(static_cast<size_t>(rows), 0.0f);
-      DSI_EXPECT_OK(launch_fp8_linear(
-          Fp8LinearParams{.w = w->dev,
-                          .x = Fp8Acts{d_q.get() + t * ld, d_s.get() + t * ld / 128, ld},
-                          .n = 1,
-                          .y = d_one.get(),
-                          .scratch = d_scratch.get(),
-                          .scratch_floats = sf},
-          nullptr));
+      DSI_EXPECT_OK(launch_fp8_gemv(Fp8GemvParams{.w = w->dev,
+                                                  .x_codes = d_q.get() + t * ld,
+                                                  .x_scales = d_s.get() + t * ld / 128,
+                                                  .x_ld = ld,
+                                                  .n = 1,
+                                                  .y = d_one.get(),
+                                                  .scratch = d_scratch.get(),
+                                                  .scratch_floats = sf},
+                                    nullptr));
       sync();
       EXPECT_EQ(d_one.download(),
                 std::vector<float>(all.begin() + t * rows, all.begin() + (t + 1) * rows))
@@ -891,7 +930,7 @@ TEST(GpuOpsArgs, LinearValidates) {
   EXPECT_EQ(launch_linear(LinearParams{.w = w, .row_begin = 5, .rows = 6, .n = 1}, nullptr).code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(launch_linear(LinearParams{.w = w, .n = 0}, nullptr).ok());  // empty batch
-  // The decode-sized FP8 path called directly: row counts outside (8, 64], a row range past the
+  // The decode-sized FP8 path called directly: row counts outside [1, 64], a row range past the
   // weight, activation rows shorter than K, a weight that is not FP8 block-128 with K % 128 == 0.
   static const uint8_t codes[256] = {};
   static const float scales[2] = {};
@@ -903,7 +942,7 @@ TEST(GpuOpsArgs, LinearValidates) {
   f.data = codes;
   f.scale = scales;
   const Fp8Acts x{codes, scales, 256};
-  for (int64_t n : {8, 65}) {
+  for (int64_t n : {0, 65}) {
     EXPECT_EQ(
         launch_fp8_gemm_decode(Fp8LinearParams{.w = f, .rows = 64, .x = x, .n = n}, nullptr).code(),
         StatusCode::kInvalidArgument)

@@ -568,12 +568,13 @@ Fp8LinearPath fp8_linear_path(const Fp8LinearParams& p) {
   if (!p.wgmma)
     return Fp8LinearPath::kTile;
   const int64_t rows = p.rows < 0 ? p.w.rows - p.row_begin : p.rows;
-  if (p.n <= kGemvMaxTokens && fp8_gemv_supports(p.w, p.row_begin, rows) &&
+  const bool decode = fp8_gemm_decode_takes(p.w, p.n);
+  if (p.n <= kGemvMaxTokens && !decode && fp8_gemv_supports(p.w, p.row_begin, rows) &&
       (p.scratch != nullptr || fp8_gemv_scratch_floats(rows, p.w.cols, p.n) == 0) &&
       p.scratch_floats >= fp8_gemv_scratch_floats(rows, p.w.cols, p.n)) {
     return Fp8LinearPath::kGemv;
   }
-  if (p.n > kGemvMaxTokens && p.n <= kFp8DecodeMaxRows && fp8_gemm_decode_supports(p.w))
+  if (decode)
     return Fp8LinearPath::kDecode;
 #if DSINFER_HAVE_CUTLASS
   const int64_t ldy = p.ldy == 0 ? rows : p.ldy;

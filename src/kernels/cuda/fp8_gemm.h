@@ -54,8 +54,9 @@ struct Fp8LinearParams {
   float* y = nullptr;  // [n, ldy]
   int64_t ldy = 0;     // 0: rows
   bool accumulate = false;
-  // wgmma (the fast shapes): n <= 8 rows run the GEMV (gemv.h: launch_fp8_gemv), 8 < n <= 64
-  // the decode-sized wgmma kernel (fp8_gemm_decode.h) and larger n the CUTLASS wgmma kernel
+  // wgmma (the fast shapes): n <= 64 rows run the decode-sized wgmma kernel (fp8_gemm_decode.h;
+  // n <= 8 only for K <= 4096, fp8_gemm_decode_takes), other n <= 8 the GEMV (gemv.h:
+  // launch_fp8_gemv), and larger n the CUTLASS wgmma kernel
   // (fp8_gemm_sm90.h) when the shape fits and scratch_floats >= fp8_linear_scratch_floats(w,
   // rows, n). Otherwise, and always with wgmma false, the mma.sync tile kernels run: their sums
   // are in one fixed order whatever n is (batch invariant); the other paths sum in other orders.

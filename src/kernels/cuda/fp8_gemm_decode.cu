@@ -387,11 +387,16 @@ bool fp8_gemm_decode_supports(const MatrixRef& w) {
          w.cols > 0 && w.cols % kBK == 0 && (reinterpret_cast<uintptr_t>(w.data) & 15u) == 0;
 }
 
+bool fp8_gemm_decode_takes(const MatrixRef& w, int64_t n) {
+  return n >= 1 && n <= kFp8DecodeMaxRows &&
+         (n > kGemvMaxTokens || w.cols <= kFp8DecodeSmallBatchMaxK) && fp8_gemm_decode_supports(w);
+}
+
 Status launch_fp8_gemm_decode(const Fp8LinearParams& p, cudaStream_t stream) {
   if (!fp8_gemm_decode_supports(p.w))
     return invalid_argument("fp8_gemm_decode: needs FP8 block-128 weights, K % 128 == 0, sm_90");
-  if (p.n <= kGemvMaxTokens || p.n > kFp8DecodeMaxRows)
-    return invalid_argument("fp8_gemm_decode: " + std::to_string(p.n) + " rows out of (8, 64]");
+  if (p.n < 1 || p.n > kFp8DecodeMaxRows)
+    return invalid_argument("fp8_gemm_decode: " + std::to_string(p.n) + " rows out of [1, 64]");
   if (p.rows < 0 || p.row_begin < 0 || p.row_begin + p.rows > p.w.rows)
     return invalid_argument("fp8_gemm_decode: row range exceeds the weight");
   if (p.x.ld % kBK != 0 || p.x.ld < p.w.cols || (reinterpret_cast<uintptr_t>(p.x.codes) & 15u) != 0)
