@@ -590,10 +590,10 @@ Fp8LinearPath fp8_linear_path(const Fp8LinearParams& p) {
 int64_t fp8_linear_scratch_floats(const MatrixRef& w, int64_t rows, int64_t n) {
   if (rows < 0)
     rows = w.rows;
+  if (fp8_gemm_decode_takes(w, n))
+    return 0;
   if (n <= kGemvMaxTokens && fp8_gemv_supports(w, 0, rows))
     return fp8_gemv_scratch_floats(rows, w.cols, n);
-  if (n > kGemvMaxTokens && n <= kFp8DecodeMaxRows && fp8_gemm_decode_supports(w))
-    return 0;
 #if DSINFER_HAVE_CUTLASS
   if (n >= kFp8Sm90MinRows && fp8_gemm_sm90_supports(w, 0, rows, rows))
     return fp8_gemm_sm90_scratch_floats(n, w.cols, rows);
