@@ -192,6 +192,10 @@ class Model {
     (void)tokens_per_seq;
     return true;
   }
+  // Whether this backend's MTP block honours a window floor (state::LayerState::window_floor),
+  // so that a request whose MTP state fell behind can resume drafting from the kept final
+  // streams (SequenceState::resume_mtp). False: such a request decodes on without speculation.
+  virtual bool can_resume_drafting() const { return false; }
   // MTP drafting for several sequences (per-item errors in item.status). Backends without it
   // report can_draft() false and the engine does not speculate.
   virtual bool can_draft() const { return false; }

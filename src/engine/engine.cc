@@ -135,6 +135,7 @@ class OwnedPoolFastModel final : public backend::Model {
     return model_.forward_batch(items);
   }
   bool can_draft() const override { return model_.can_draft(); }
+  bool can_resume_drafting() const override { return model_.can_resume_drafting(); }
   Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
     return model_.mtp_draft_batch(items);
   }
@@ -841,6 +842,39 @@ void Engine::classify_step() {
   step_depth_ = off == b ? -1 : std::max(step_depth_, 0);
 }
 
+// Steps in a row for which auto must find that speculation pays at the step's decode batch
+// before a request that stopped speculating resumes (as many as a speculating request needs to
+// stop while the acceptance rates still lean on their prior): a batch size at the edge does not
+// switch it back and forth.
+constexpr int32_t kResumeAfterSteps = 16;
+
+void Engine::resume_drafting() {
+  int64_t decodes = 0;
+  bool any_off = false;
+  for (const ScheduledChunk& c : plan_.chunks) {
+    if (!is_decode_chunk(c))
+      continue;
+    ++decodes;
+    any_off |= c.request->spec_disabled;
+  }
+  if (!any_off)
+    return;
+  // The test a new request passes at its first chunk, at the batch this step decodes.
+  const bool pays = !auto_says_off(decodes);
+  for (const ScheduledChunk& c : plan_.chunks) {
+    Request& r = *c.request;
+    if (!is_decode_chunk(c) || !r.spec_disabled)
+      continue;
+    r.spec_idle_steps = pays ? r.spec_idle_steps + 1 : 0;
+    // The MTP block restarts from the kept final streams; the next drafting call catches it up.
+    if (r.spec_idle_steps >= kResumeAfterSteps && memory_->state(r.id).resume_mtp()) {
+      r.spec_disabled = false;
+      r.spec_idle_steps = 0;
+      ++stats_.spec.resumed;
+    }
+  }
+}
+
 bool Engine::plan_drafts() {
   // Decode chunks of requests that speculate: the pending token is the last output token.
   const size_t n = plan_.chunks.size();
@@ -848,6 +882,9 @@ bool Engine::plan_drafts() {
   draft_chunk_.clear();
   accept_.clear();
   std::vector<int32_t> caps;
+  if (spec_.mode == spec::Mode::kAuto && cost_ && drafter_ && drafter_->sequential() &&
+      model_->can_resume_drafting())
+    resume_drafting();
   if (spec_.mode == spec::Mode::kAuto && model_->prefers_uniform_steps()) {
     // One kind of decode step on a backend that prefers uniform steps: once a running request
     // stopped speculating, the others stop too (a plain decode beside verifications, or beside
@@ -892,8 +929,10 @@ bool Engine::plan_drafts() {
     // acceptance, the rate observed at each position): the one with the most expected tokens
     // per second of measured step time, -1 (no speculation: a plain decode, without the
     // drafter's forward work) included. A request stops speculating when that is -1 (after 16
-    // such steps while the acceptance rates still lean on their prior); it cannot resume (its
-    // drafter state would be behind), but new requests decide again at their first chunk.
+    // such steps while the acceptance rates still lean on their prior); it resumes when
+    // speculation pays again at its batch (resume_drafting, where the backend's MTP block can
+    // restart from the kept final streams; elsewhere it decodes on without speculation), and
+    // new requests decide again at their first chunk.
     const int32_t depth = auto_depth(b);
     step_depth_ = depth;
     for (size_t j = 0; j < draft_chunk_.size(); ++j) {

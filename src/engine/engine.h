@@ -231,6 +231,9 @@ class Engine {
   // and warm-shape substitutions of auto_depth only move between depths >= 1, so the answer is
   // auto_depth's.
   bool auto_says_off(int64_t b);
+  // Under auto: requests that stopped speculating resume when speculation pays again (a smaller
+  // batch), on a backend whose MTP block can restart from the kept final streams.
+  void resume_drafting();
   void refresh_rates();  // rates_ from the predictor's acceptance at each draft position
   // Auto: whether this step's wall time goes to the cost model (a step of decode chunks only,
   // all speculating or none): step_b_ > 0, with its depth in step_depth_.

@@ -106,7 +106,8 @@ struct Request {
   kvstore::Key128 cache_key;
   int64_t cache_len = 0;
   int64_t snapshot_at = -1;
-  // Speculative decoding (auto): decode steps in a row for which drafting did not pay, and
+  // Speculative decoding (auto): decode steps in a row for which drafting did not pay (once it
+  // stopped drafting: for which it pays again, until it resumes where the backend can), and
   // whether this request stopped drafting (its forwards then skip the drafter's work; a
   // preemption's recomputation starts over).
   int32_t spec_idle_steps = 0;

@@ -422,6 +422,7 @@ void EngineLoop::publish() {
     g.spec_accepted = st.spec.accepted;
     g.spec_verify_len = st.spec.verify_len;
     g.spec_steps = st.spec.spec_steps;
+    g.spec_resumed = st.spec.resumed;
     g.spec_tokens = st.spec.spec_tokens;
   }
   metrics_->set_gauges(g);

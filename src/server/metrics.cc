@@ -452,6 +452,13 @@ std::string Metrics::render() const {
            "Speculative decoding: tokens those steps emitted (accepted drafts + the model's own "
            "token); divided by dsinfer_spec_verify_steps_total, the mean accepted length.");
     sample(&out, "dsinfer_spec_emitted_tokens_total", gauges_.spec_tokens);
+    header(
+        &out,
+        "dsinfer_spec_resumed_total",
+        "counter",
+        "Speculative decoding (auto): requests that stopped speculating and resumed once it paid "
+        "again at their batch.");
+    sample(&out, "dsinfer_spec_resumed_total", gauges_.spec_resumed);
   }
   return out;
 }

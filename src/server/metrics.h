@@ -67,6 +67,7 @@ struct EngineGauges {
   std::vector<int64_t> spec_accepted;
   std::vector<int64_t> spec_verify_len;
   int64_t spec_steps = 0;
+  int64_t spec_resumed = 0;
   int64_t spec_tokens = 0;
 };
 

@@ -40,7 +40,10 @@ std::string Stats::summary() const {
                   mean_verify_len());
   for (size_t k = 0; k < verify_len.size(); ++k)
     s += str_format(" %zu:%lld", k, static_cast<long long>(verify_len[k]));
-  return s + ")";
+  s += ")";
+  if (resumed > 0)
+    s += str_format(" | %lld resumed", static_cast<long long>(resumed));
+  return s;
 }
 
 }  // namespace dsinfer::spec

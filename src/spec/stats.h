@@ -16,6 +16,7 @@ struct Stats {
   int64_t spec_steps = 0;   // request-steps that verified >= 1 draft
   int64_t spec_tokens = 0;  // tokens those steps emitted (accepted drafts + the target's token)
   int64_t drafted = 0;      // drafts proposed (drafted but trimmed before verification included)
+  int64_t resumed = 0;      // requests that stopped speculating (auto) and later resumed
 
   void resize(int32_t max_k);
   // Acceptance rate at draft position i (0 when none verified there).

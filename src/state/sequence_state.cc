@@ -417,6 +417,20 @@ int64_t SequenceState::mark_final_streams(int64_t pos) {
   return slot;
 }
 
+bool SequenceState::resume_mtp() {
+  if (mtp_layers_.empty() || final_positions_.empty() || num_tokens_ < 1)
+    return false;
+  int64_t from = num_tokens_ - 1;
+  if (final_streams_row(from) < 0)
+    return false;
+  while (from > 0 && final_streams_row(from - 1) >= 0) --from;
+  if (mtp_num_tokens_ >= from)
+    return true;  // within the catch-up's reach already
+  mtp_num_tokens_ = from;
+  for (LayerState& ls : mtp_layers_) ls.window_floor = from;
+  return true;
+}
+
 int64_t SequenceState::final_streams_row(int64_t pos) const {
   if (final_positions_.empty() || pos < 0)
     return -1;
@@ -551,6 +565,8 @@ Status SequenceState::fork_from(const SequenceState& src,
   }
   num_tokens_ = src.num_tokens_;
   mtp_num_tokens_ = src.mtp_num_tokens_;
+  for (size_t l = 0; l < mtp_layers_.size(); ++l)
+    mtp_layers_[l].window_floor = src.mtp_layers_[l].window_floor;
   history_ = src.history_;
   history_first_ = src.history_first_;
   rollback_floor_ = src.rollback_floor_;
@@ -635,6 +651,14 @@ void SequenceState::check_integrity() const {
   }
   DSI_CHECK(mtp_layers_.empty() || mtp_num_tokens_ <= std::max<int64_t>(0, num_tokens_ - 1),
             "MTP is ahead of the main model");
+  for (const LayerState& ls : mtp_layers_) {
+    DSI_CHECK(ls.window_floor >= 0 && ls.window_floor <= num_tokens_,
+              "MTP window floor %lld past the sequence (%lld tokens)",
+              static_cast<long long>(ls.window_floor),
+              static_cast<long long>(num_tokens_));
+  }
+  for (const LayerState& ls : layers_)
+    DSI_CHECK(ls.window_floor == 0, "a main layer with a window floor");
 }
 
 }  // namespace dsinfer::state

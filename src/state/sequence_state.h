@@ -77,6 +77,9 @@ struct LayerState {
   PagedRows entries;           // [num_entries, head_dim] compressed K=V entries
   PagedRows index_keys;        // [num_entries, index_head_dim] (CSA)
   int64_t num_entries = 0;
+  // Positions below it are never attended: their window rows were not written (a drafter's
+  // block resumed after skipping them, SequenceState::resume_mtp). 0 everywhere else.
+  int64_t window_floor = 0;
   CompressorRows comp_rows;   // main compressor (CSA/HCA)
   CompressorRows index_rows;  // indexer compressor (CSA)
 
@@ -255,6 +258,13 @@ class SequenceState {
   const std::vector<LayerState>& mtp_layers() const { return mtp_layers_; }
   int64_t mtp_num_tokens() const { return mtp_num_tokens_; }
   void set_mtp_num_tokens(int64_t n) { mtp_num_tokens_ = n; }
+  // Brings a MTP block that fell behind by more than the kept final streams back within catch-up
+  // reach: its position moves to the oldest of the latest positions whose final streams are all
+  // kept (up to max_rollback + 1 of them, ending at num_tokens() - 1), and its window attends
+  // from there on (window_floor: the ring rows before it were never written). The drafts made
+  // from it are weaker for one window (outputs are verified, so they stay exact). False, and
+  // nothing changed, when there is no MTP state or the last position's streams are not kept.
+  bool resume_mtp();
   void store_final_streams(int64_t pos, const float* streams);
   const float* final_streams(int64_t pos) const;  // null when not kept
   // Metadata-only variants (contents kept elsewhere, e.g. on the device): the row of

@@ -210,7 +210,7 @@ void CpuModel::attention(const model::AttentionWeights& w,
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = first_pos + t;
     keys.clear();
-    for (int64_t p = std::max<int64_t>(0, pos - window + 1); p <= pos; ++p) {
+    for (int64_t p = std::max<int64_t>(ls.window_floor, pos - window + 1); p <= pos; ++p) {
       keys.push_back(p < first_pos ? ls.ring_slot(p) : kv.data() + (p - first_pos) * hd);
     }
     if (plan.attention == AttentionType::kHca) {

@@ -657,5 +657,58 @@ TEST(FastModel, MtpAndDraftsMatchTheReference) {
   }
 }
 
+// A MTP block that fell behind (forwards without run_mtp) resumes from the kept final streams:
+// SequenceState::resume_mtp moves it to the oldest of the kept positions and floors its window
+// there, so the ring rows it never wrote (NaN here) are not attended. The catch-up and drafts
+// then run on both paths with finite probabilities and the same drafts.
+TEST(FastModel, MtpResumesFromTheKeptFinalStreams) {
+  auto ckpt = model::Checkpoint::open(bundled_model());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  const model::ModelConfig& cfg = (*ckpt)->config();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 30; ++i) ids.push_back((i * 37 + 11) % static_cast<int>(cfg.vocab_size));
+  const int64_t total = static_cast<int64_t>(ids.size());
+  const int64_t rollback = 4;
+  cpu::CpuModel ref(cfg, (*ckpt)->weights(), model::Numerics::kReference);
+  cpu::fast::ThreadPool pool(2);
+  cpu::fast::FastCpuModel fast(cfg, (*ckpt)->weights(), model::Numerics::kReference, &pool);
+  EXPECT_TRUE(ref.can_resume_drafting());
+  EXPECT_TRUE(fast.can_resume_drafting());
+  auto arena = state::PageArena::growable(state::default_page_bytes(cfg));
+  std::vector<int32_t> dr(3), df(3);
+  std::vector<float> pr(3), pf(3);
+  for (backend::Model* m :
+       {static_cast<backend::Model*>(&ref), static_cast<backend::Model*>(&fast)}) {
+    const bool is_ref = m == &ref;
+    state::SequenceState st(cfg, arena.get(), 0, rollback);
+    backend::ForwardOutputs out;
+    ASSERT_TRUE(m->forward(st, ids, {}, &out).ok());  // without the MTP block
+    EXPECT_EQ(st.mtp_num_tokens(), 0);
+    state::LayerState& ls = st.mtp_layers()[0];
+    for (int64_t r = 0; r < ls.ring.capacity(); ++r)
+      std::fill(ls.ring.row(r), ls.ring.row(r) + ls.ring.width(), std::nanf(""));
+    ASSERT_TRUE(st.resume_mtp());
+    const int64_t from = total - (rollback + 1);
+    EXPECT_EQ(st.mtp_num_tokens(), from);
+    EXPECT_EQ(ls.window_floor, from);
+    st.check_integrity();
+    backend::DraftItem it;
+    it.state = &st;
+    it.next_token = 5;
+    it.num_steps = 3;
+    it.catch_up = std::span<const int32_t>(ids.data() + from + 1, total - 1 - from);
+    it.tokens = (is_ref ? dr : df).data();
+    it.probs = (is_ref ? pr : pf).data();
+    ASSERT_TRUE(m->mtp_draft_batch(std::span<backend::DraftItem>(&it, 1)).ok());
+    ASSERT_TRUE(it.status.ok()) << it.status.to_string();
+    EXPECT_EQ(st.mtp_num_tokens(), total);
+    for (float p : is_ref ? pr : pf) EXPECT_TRUE(std::isfinite(p) && p > 0.0f) << p;
+  }
+  EXPECT_EQ(df, dr);
+  // Nothing to resume from: no final streams of the last position (a fresh sequence).
+  state::SequenceState empty(cfg, arena.get(), 1, rollback);
+  EXPECT_FALSE(empty.resume_mtp());
+}
+
 }  // namespace
 }  // namespace dsinfer

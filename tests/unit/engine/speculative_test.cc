@@ -324,6 +324,76 @@ TEST(Speculative, AutoMixesSpeculatingAndPlainRequestsInOneForward) {
   EXPECT_GT(mixed_spec_steps, 0) << st.spec.summary();
 }
 
+// Auto stops a request's speculation at a batch where it does not pay and resumes it once the
+// batch has shrunk to where it does: two requests start together at batch 2 (verification made
+// costly there), both without speculation; once the short one finishes, the long one decodes
+// alone (verification cheap) and, after the resume's 16 steps, drafts again from the kept final
+// streams with its MTP block's window floored there. Greedy outputs equal those without
+// speculation; drafts are proposed and accepted after the resume.
+TEST_P(Speculative, AStoppedRequestResumesWhenTheBatchShrinks) {
+  const int32_t k = 3;
+  spec::StepTimes t;
+  for (int64_t b : {1, 2, 64}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(static_cast<double>(b));
+    t.verify_s.emplace_back();
+    for (int32_t l = 1; l <= k + 1; ++l)
+      t.verify_s.back().push_back(b == 1 ? 1.0 + 0.01 * l : b + 10.0 * l);
+    t.draft_s.emplace_back();
+    for (int32_t d = 1; d <= k; ++d) t.draft_s.back().push_back(b == 1 ? 0.02 * d : 1.0 * d);
+  }
+  std::mt19937 g(71);
+  std::vector<std::vector<int32_t>> prompts(2);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int j = 0; j < 24 + 9 * static_cast<int>(i); ++j)
+      prompts[i].push_back(static_cast<int32_t>(100 + g() % 3000));
+  }
+  auto run = [&](const char* mode, EngineStats* stats, std::vector<bool>* disabled_early) {
+    EngineSetup s;
+    s.ckpt = bundled();
+    s.kernels = GetParam();
+    s.speculative = mode;
+    s.step_times = t;
+    auto e = make_engine(s);
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestSpec r;
+      r.prompt = prompts[i];
+      r.max_tokens = i == 0 ? 72 : 6;
+      r.sampling.temperature = 0.0f;
+      r.ignore_eos = true;
+      auto id = e->submit(std::move(r));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    while (e->step()) {
+      e->check_integrity();
+      // Both decoding, the short one not done: neither speculates.
+      const Request* a = e->request(ids[0]);
+      const Request* b = e->request(ids[1]);
+      if (disabled_early && disabled_early->empty() && !a->output.empty() && !b->done() &&
+          b->output.size() >= 2)
+        *disabled_early = {a->spec_disabled, b->spec_disabled};
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (RequestId id : ids) out.push_back(e->request(id)->output);
+    if (stats)
+      *stats = e->stats();
+    return out;
+  };
+  const auto off = run("off", nullptr, nullptr);
+  EngineStats st;
+  std::vector<bool> early;
+  EXPECT_EQ(run("auto:3", &st, &early), off);
+  ASSERT_EQ(early.size(), 2u);
+  EXPECT_TRUE(early[0]);
+  EXPECT_TRUE(early[1]);
+  EXPECT_EQ(st.spec.resumed, 1) << st.spec.summary();
+  EXPECT_GT(st.spec.drafted, 0) << st.spec.summary();
+  EXPECT_GT(st.spec.spec_steps, 0) << st.spec.summary();
+  EXPECT_GT(st.spec.accepted[0], 0) << st.spec.summary();
+}
+
 TEST(Speculative, SharedPromptForksKeepTheirOutputs) {
   // n = 4 on the bundled model: three requests fork the first one's prompt state (MTP block
   // included) and then speculate on their own; each output equals the same seeded request run

@@ -460,6 +460,7 @@ TEST(ServerMetrics, SpeculativeDecoding) {
   g.spec_verify_len = {1, 2, 8};
   g.spec_steps = 10;
   g.spec_tokens = 20;
+  g.spec_resumed = 3;
   m.set_gauges(g);
   const std::string text = m.render();
   for (const char* line : {
@@ -471,6 +472,7 @@ TEST(ServerMetrics, SpeculativeDecoding) {
            "dsinfer_spec_verify_length_total{drafts=\"2\"} 8\n",
            "dsinfer_spec_verify_steps_total 10\n",
            "dsinfer_spec_emitted_tokens_total 20\n",
+           "dsinfer_spec_resumed_total 3\n",
            "# TYPE dsinfer_spec_drafts_verified_total counter\n",
        }) {
     EXPECT_NE(text.find(line), std::string::npos) << line;

@@ -338,7 +338,7 @@ void FastCpuModel::attention(size_t l, const float* x, float* out) {
         sc.selected.assign(sc.order.begin(), sc.order.begin() + k);
       }
       sc.keys.clear();
-      for (int64_t p = std::max<int64_t>(0, pos - window + 1); p <= pos; ++p) {
+      for (int64_t p = std::max<int64_t>(ls.window_floor, pos - window + 1); p <= pos; ++p) {
         sc.keys.push_back(p < s.first_pos ? ls.ring_slot(p)
                                           : kv_.data() + (s.row0 + (p - s.first_pos)) * hd);
       }

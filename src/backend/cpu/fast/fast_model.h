@@ -52,6 +52,7 @@ class FastCpuModel final : public backend::Model {
                  backend::ForwardOutputs* out) override;
   Status forward_batch(std::span<backend::ForwardItem> items) override;
   bool can_draft() const override { return reference_.can_draft(); }
+  bool can_resume_drafting() const override { return reference_.can_resume_drafting(); }
   Status mtp_draft_batch(std::span<backend::DraftItem> items) override;
 
   const char* name() const override { return "cpu-fast"; }
