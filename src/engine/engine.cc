@@ -635,9 +635,11 @@ void Engine::start_forks(Request& parent, std::span<const float> logits) {
     c->num_computed = parent.num_computed;
     c->state = RequestState::kDecoding;
     // The forked state carries the parent's drafter state: speculating only if the parent did
-    // (a parent that ran its prompt without the MTP block leaves that state behind).
+    // (a parent that ran its prompt without the MTP block leaves that state behind; such a fork
+    // can resume later, resume_drafting).
     c->spec_disabled = parent.spec_disabled;
     c->spec_idle_steps = parent.spec_idle_steps;
+    c->spec_resume_steps = parent.spec_resume_steps;
     fork_logits_.assign(logits.begin(), logits.end());
     accept_token(*c, sample_for(*c, fork_logits_));
   }
@@ -708,6 +710,7 @@ void Engine::run_chunks() {
       // cost model says that speculation does not pay at this batch size.
       r.spec_disabled = cost_ && auto_says_off(static_cast<int64_t>(n));
       r.spec_idle_steps = 0;
+      r.spec_resume_steps = 0;
     }
     const int32_t k = chunk_k_[i];
     std::vector<int32_t>& tokens = chunk_tokens_[i];
@@ -865,11 +868,12 @@ void Engine::resume_drafting() {
     Request& r = *c.request;
     if (!is_decode_chunk(c) || !r.spec_disabled)
       continue;
-    r.spec_idle_steps = pays ? r.spec_idle_steps + 1 : 0;
+    r.spec_resume_steps = pays ? r.spec_resume_steps + 1 : 0;
     // The MTP block restarts from the kept final streams; the next drafting call catches it up.
-    if (r.spec_idle_steps >= kResumeAfterSteps && memory_->state(r.id).resume_mtp()) {
+    if (r.spec_resume_steps >= kResumeAfterSteps && memory_->state(r.id).resume_mtp()) {
       r.spec_disabled = false;
       r.spec_idle_steps = 0;
+      r.spec_resume_steps = 0;
       ++stats_.spec.resumed;
     }
   }

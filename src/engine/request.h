@@ -106,11 +106,12 @@ struct Request {
   kvstore::Key128 cache_key;
   int64_t cache_len = 0;
   int64_t snapshot_at = -1;
-  // Speculative decoding (auto): decode steps in a row for which drafting did not pay (once it
-  // stopped drafting: for which it pays again, until it resumes where the backend can), and
-  // whether this request stopped drafting (its forwards then skip the drafter's work; a
-  // preemption's recomputation starts over).
+  // Speculative decoding (auto): decode steps in a row for which drafting did not pay, once it
+  // stopped drafting those for which it pays again (it resumes after enough of them where the
+  // backend can), and whether this request stopped drafting (its forwards then skip the
+  // drafter's work; a preemption's recomputation starts over).
   int32_t spec_idle_steps = 0;
+  int32_t spec_resume_steps = 0;
   bool spec_disabled = false;
 
   // Tokens the model must see: prompt followed by generated output.
