@@ -1614,6 +1614,77 @@ TEST(CudaEngine, SpeculativeGreedyEqualsOffAndDraftsAreAccepted) {
   }
 }
 
+// Auto on CUDA where drafting pays only at batch 1: both requests stop speculating while they
+// decode together; once the short one is done, the long one (its MTP block now behind the kept
+// final streams) resumes after 16 steps, drafting from the kept streams with its MTP window
+// floored there (forward_plan.h: span_pos). Greedy outputs equal those without speculation, with
+// graphs and eager, and drafts made after the resume are accepted.
+TEST(CudaEngine, SpeculativeStoppedRequestResumesWhenTheBatchShrinks) {
+  SKIP_WITHOUT_GPU();
+  auto ckpt = open_model("models/dsv4-mini");
+  if (!ckpt)
+    GTEST_SKIP() << "models/dsv4-mini is not here";
+  const int32_t k = 3;
+  spec::StepTimes t;
+  for (int64_t b : {1, 2, 64}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(static_cast<double>(b));
+    t.verify_s.emplace_back();
+    for (int32_t l = 1; l <= k + 1; ++l)
+      t.verify_s.back().push_back(b == 1 ? 1.0 + 0.01 * l : b + 10.0 * l);
+    t.draft_s.emplace_back();
+    for (int32_t d = 1; d <= k; ++d) t.draft_s.back().push_back(b == 1 ? 0.02 * d : 1.0 * d);
+  }
+  std::mt19937 g(71);
+  std::vector<std::vector<int32_t>> prompts(2);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int j = 0; j < 24 + 9 * static_cast<int>(i); ++j)
+      prompts[i].push_back(static_cast<int32_t>(100 + g() % 3000));
+  }
+  auto run = [&](const char* mode, bool graphs, engine::EngineStats* stats) {
+    engine::EngineConfig ec;
+    ec.device = engine::Device::kCuda;
+    ec.numerics = model::Numerics::kDeepSeek;
+    ec.batch_invariant = true;
+    ec.cuda_graphs = graphs;
+    ec.state_budget_bytes = int64_t{512} << 20;
+    ec.scheduler.prefill_chunk = 32;
+    auto sp = spec::parse_config(mode);
+    EXPECT_TRUE(sp.ok());
+    ec.speculative = *sp;
+    if (sp->mode == spec::Mode::kAuto)
+      ec.step_times = t;
+    auto e = engine::Engine::create(ec, ckpt);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    std::vector<engine::RequestId> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      engine::RequestSpec s;
+      s.prompt = prompts[i];
+      s.max_tokens = i == 0 ? 72 : 6;
+      s.sampling.temperature = 0.0f;
+      s.ignore_eos = true;
+      auto id = (*e)->submit(std::move(s));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    while ((*e)->step()) (*e)->check_integrity();
+    std::vector<std::vector<int32_t>> out;
+    for (engine::RequestId id : ids) out.push_back((*e)->request(id)->output);
+    if (stats)
+      *stats = (*e)->stats();
+    return out;
+  };
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    const auto off = run("off", graphs, nullptr);
+    engine::EngineStats st;
+    EXPECT_EQ(run("auto:3", graphs, &st), off);
+    EXPECT_EQ(st.spec.resumed, 1) << st.spec.summary();
+    ASSERT_FALSE(st.spec.accepted.empty()) << st.spec.summary();
+    EXPECT_GT(st.spec.accepted[0], 0) << st.spec.summary();
+  }
+}
+
 // Speculation with the prefix cache on CUDA: the state images carry the MTP block's state, so a
 // turn that starts from the cache (host store, or the device tier) drafts what the same turn
 // computed from the start drafts: the greedy tokens of the engine without speculation, and the

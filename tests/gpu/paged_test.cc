@@ -143,14 +143,16 @@ TEST_F(GpuTest, ExpandKeysFromPageTables) {
   const int64_t window = 8, width = 16, page_floats = 64, rpp = page_floats / width, cap = 11;
   const int64_t hca_ratio = 4;
   struct Span {
-    int64_t first, n;
+    int64_t first, n, floor;
   };
-  const std::vector<Span> spans = {{0, 5}, {30, 1}, {9, 13}, {100, 3}};
+  // The span at 50 has a window floor at 47 (a resumed MTP block): keys 43-46 stay kKvRefNone.
+  const std::vector<Span> spans = {{0, 5, 0}, {30, 1, 0}, {9, 13, 0}, {100, 3, 0}, {50, 4, 47}};
   std::vector<int32_t> row_span;
   std::vector<int64_t> span_pos;
   for (size_t s = 0; s < spans.size(); ++s) {
     span_pos.push_back(spans[s].first);
     span_pos.push_back(static_cast<int64_t>(row_span.size()));
+    span_pos.push_back(spans[s].floor);
     for (int64_t t = 0; t < spans[s].n; ++t) row_span.push_back(static_cast<int32_t>(s));
   }
   row_span.push_back(-1);  // a padding row
@@ -174,10 +176,12 @@ TEST_F(GpuTest, ExpandKeysFromPageTables) {
       const int32_t s = row_span[r];
       if (s >= 0) {
         const int64_t first = spans[s].first;
-        const int64_t row0 = span_pos[2 * s + 1];
+        const int64_t row0 = span_pos[kExpandKeysSpanWidth * s + 1];
         const int64_t p0 = first + r - row0;
         for (int64_t p = std::max<int64_t>(0, p0 - window + 1); p <= p0; ++p) {
-          if (p < first) {
+          if (p < first && p < spans[s].floor) {
+            want[l].push_back(kKvRefNone);
+          } else if (p < first) {
             const int64_t row = p % cap;
             want[l].push_back(static_cast<int64_t>(ring_pages[l][ring_begin[l][s] + row / rpp]) *
                                   page_floats +

@@ -145,6 +145,8 @@ class CudaModel final : public backend::Model {
   }
   // V4's MTP block drafting on the device (mtp_draft.cc); not under expert parallelism.
   bool can_draft() const override;
+  // Its window floor travels in the pass plan (forward_plan.h: span_pos).
+  bool can_resume_drafting() const override { return can_draft(); }
   Status mtp_draft_batch(std::span<backend::DraftItem> items) override;
   bool lockstep() const override { return options_.comm != nullptr; }
   Result<int64_t> all_ranks_sum(int64_t v) override;

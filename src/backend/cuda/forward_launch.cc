@@ -492,6 +492,8 @@ Status CudaModel::launch_attention(const DAttention& w,
   return ring_write.join();
 }
 
+static_assert(kSpanPosWidth == cuda::kExpandKeysSpanWidth, "span_pos layout");
+
 Status CudaModel::expand_keys(const PassPlan& plan, uint8_t* pack, const HostPack& hp) {
   cuda::ExpandKeysParams p;
   p.rows = plan.rows;

@@ -153,16 +153,19 @@ void plan_pass(const PlanContext& ctx,
       row_span[static_cast<size_t>(s.begin + t)] = static_cast<int32_t>(i);
     span_pos.push_back(s.first);
     span_pos.push_back(s.begin);
+    // The MTP block's window floor (SequenceState::resume_mtp): ring rows below it were never
+    // written, so its keys there are left out (kKvRefNone).
+    span_pos.push_back(s.mtp ? s.st->mtp_layers()[0].window_floor : 0);
   }
   if (span_pos.empty())
-    span_pos.assign(2, 0);
+    span_pos.assign(kSpanPosWidth, 0);
   // Fixed shape: a slot of L rows per sequence (every span L rows unless slot_rows says
   // otherwise), rows = the padded sequence count x L.
   const int64_t slot = ctx.slot_rows > 0 ? ctx.slot_rows
                        : spans.empty()   ? 1
                                          : std::max<int64_t>(spans.front().n, 1);
   const int64_t seq_pad = ctx.fixed_shape && !spans.empty() ? rows / slot : 0;
-  pad_to(span_pos, 2 * seq_pad);
+  pad_to(span_pos, kSpanPosWidth * seq_pad);
   out->row_span = pack.add(row_span);
   out->span_pos = pack.add(span_pos);
 
@@ -337,13 +340,16 @@ std::vector<int64_t> expand_keys_host(const PlanContext& ctx,
     const int32_t s = row_span[static_cast<size_t>(r)];
     if (s < 0)
       continue;
-    const int64_t first = span_pos[static_cast<size_t>(2 * s)];
-    const int64_t row0 = span_pos[static_cast<size_t>(2 * s + 1)];
+    const int64_t first = span_pos[static_cast<size_t>(kSpanPosWidth * s)];
+    const int64_t row0 = span_pos[static_cast<size_t>(kSpanPosWidth * s + 1)];
+    const int64_t floor = span_pos[static_cast<size_t>(kSpanPosWidth * s + 2)];
     const int64_t p0 = first + (r - row0);
     const int64_t lo = std::max<int64_t>(0, p0 - c.sliding_window + 1);
     int64_t j = begin[static_cast<size_t>(r)];
     for (int64_t p = lo; p <= p0; ++p, ++j) {
-      if (p < first) {
+      if (p < first && p < floor) {
+        out[static_cast<size_t>(j)] = kNone;
+      } else if (p < first) {
         const int64_t row = p % lp.ring_capacity;
         const int32_t page = ring_pages[static_cast<size_t>(ring_pb[static_cast<size_t>(s)] +
                                                             row / lp.ring_rows_per_page)];

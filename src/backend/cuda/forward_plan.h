@@ -58,12 +58,16 @@ struct LayerPass {
   int32_t select_begin = -1;      // [N] where row t's index_topk selected refs go in key_refs
 };
 
+// span_pos columns: the span's first position, its first row, and its window floor (the lowest
+// position its window keys may read: the MTP block's LayerState::window_floor, else 0).
+inline constexpr int64_t kSpanPosWidth = 3;
+
 struct PassPlan {
   int64_t rows = 0;        // N (padding rows included)
   int32_t tokens = -1;     // [N] int32
   int32_t positions = -1;  // [N] int64
   int32_t row_span = -1;   // [N] int32: the span of each row, -1 for padding rows
-  int32_t span_pos = -1;   // [spans, 2] int64: first position, first row
+  int32_t span_pos = -1;   // [spans, kSpanPosWidth] int64: first position, first row, floor
   std::vector<LayerPass> layers;
 };
 

@@ -84,8 +84,9 @@ __global__ void expand_keys_kernel(ExpandKeysParams p) {
     const int32_t s = p.row_span[r];
     if (s < 0)
       continue;  // block-uniform
-    const int64_t first = p.span_pos[2 * s];
-    const int64_t row0 = p.span_pos[2 * s + 1];
+    const int64_t first = p.span_pos[kExpandKeysSpanWidth * s];
+    const int64_t row0 = p.span_pos[kExpandKeysSpanWidth * s + 1];
+    const int64_t floor = p.span_pos[kExpandKeysSpanWidth * s + 2];
     const int64_t p0 = first + (r - row0);
     const int64_t lo = p0 - p.window + 1 > 0 ? p0 - p.window + 1 : 0;
     const int64_t nw = p0 - lo + 1;
@@ -96,10 +97,13 @@ __global__ void expand_keys_kernel(ExpandKeysParams p) {
       int64_t ref;
       if (j < nw) {
         const int64_t pos = lo + j;
-        ref = pos < first
-                  ? paged_ref(
-                        ring, pos % L.ring_capacity, L.ring_rows_per_page, p.page_floats, p.width)
-                  : -2 - (row0 + pos - first) * p.width;
+        if (pos >= first)
+          ref = -2 - (row0 + pos - first) * p.width;
+        else if (pos < floor)
+          ref = kKvRefNone;  // a ring row never written
+        else
+          ref =
+              paged_ref(ring, pos % L.ring_capacity, L.ring_rows_per_page, p.page_floats, p.width);
       } else {
         ref = paged_ref(L.hca_pages + L.hca_page_begin[s],
                         j - nw,

@@ -57,10 +57,11 @@ Status launch_refs_from_indices(const RefsFromIndicesParams& p, cudaStream_t str
 
 // The attention key lists of a pass, expanded on the device from page tables instead of copied
 // from the host (an 8k-token prefill has millions of keys). Row r of span s (first position
-// span_pos[2s], first row span_pos[2s + 1]) at position p0 gets, from key_begin[r] of each
-// layer, its window keys p = max(0, p0 - window + 1) .. p0 — the ring row p % ring_capacity
-// through the span's ring page table for p before the span, the local row (first row + p - first)
-// * width (key reference -2 - offset) otherwise — and then, in HCA layers, entries 0 .. (p0 + 1) /
+// span_pos[3s], first row span_pos[3s + 1], window floor span_pos[3s + 2]) at position p0 gets,
+// from key_begin[r] of each layer, its window keys p = max(0, p0 - window + 1) .. p0 — the ring
+// row p % ring_capacity through the span's ring page table for p before the span (kKvRefNone for
+// p below the floor: ring rows never written), the local row (first row + p - first) * width
+// (key reference -2 - offset) otherwise — and then, in HCA layers, entries 0 .. (p0 + 1) /
 // hca_ratio - 1 through the span's entry page table. CSA selection slots are left to
 // refs_from_indices; padding rows (row_span -1) are skipped.
 struct ExpandKeysLayer {
@@ -76,10 +77,11 @@ struct ExpandKeysLayer {
   int32_t entry_rows_per_page = 0;
 };
 inline constexpr int kExpandKeysMaxLayers = 24;  // per launch (kernel parameter space)
+inline constexpr int kExpandKeysSpanWidth = 3;   // span_pos columns
 struct ExpandKeysParams {
   int64_t rows = 0;
   const int32_t* row_span = nullptr;  // [rows]
-  const int64_t* span_pos = nullptr;  // [spans, 2]
+  const int64_t* span_pos = nullptr;  // [spans, kExpandKeysSpanWidth]
   int64_t window = 0;
   int64_t width = 0;  // floats per key row
   int64_t page_floats = 0;

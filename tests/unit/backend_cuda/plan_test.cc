@@ -162,6 +162,54 @@ TEST(ForwardPlan, ReferencesAddressTheRowsTheCpuForwardReads) {
   }
 }
 
+// A resumed MTP block (SequenceState::resume_mtp) reads its window only from its floor on: the
+// ring rows below it were never written, so their keys are kKvRefNone, while the rows between the
+// floor and the span stay ring references and the span's own rows stay local. The main layers of
+// the same sequence are not floored.
+TEST(ForwardPlan, MtpWindowKeysBelowTheFloorAreLeftOut) {
+  auto ckpt =
+      model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/tests/fixtures/tiny-a/official");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  const auto& c = (*ckpt)->config();
+  ASSERT_FALSE(c.mtp_layers.empty());
+  cpu::CpuModel m(c, (*ckpt)->weights(), model::Numerics::kReference);
+  auto arena = state::PageArena::growable(state::min_page_bytes(c));
+  state::SequenceState a(c, arena.get(), 1, 3);
+  backend::ForwardOutputs out;
+  ASSERT_TRUE(m.forward(a, ids(30, 3), {}, &out).ok());
+  // The MTP block two positions past its floor (a later drafting step); the main layers at the
+  // sequence's end.
+  const int64_t floor = 27, n = 2;
+  ASSERT_LT(29 - c.sliding_window + 1, floor);  // the window reaches below the floor
+  a.mtp_layers()[0].window_floor = floor;
+  ASSERT_TRUE(a.reserve(n));
+  PlanContext ctx;
+  ctx.config = &c;
+  ctx.page_floats = arena->page_floats();
+  for (bool mtp : {true, false}) {
+    SCOPED_TRACE(mtp ? "MTP block" : "main layers");
+    const int64_t first = mtp ? 29 : a.num_tokens();
+    HostPack pack;
+    PassPlan plan;
+    plan_pass(ctx, {SeqSpan{&a, first, n, 0, mtp}}, {5, 6}, n, pack, &plan);
+    const auto begin = pack.read<int64_t>(plan.layers[0].key_begin);
+    const auto keys = expand_keys_host(ctx, pack, plan, 0);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = first + t;
+      int64_t j = begin[static_cast<size_t>(t)];
+      for (int64_t p = std::max<int64_t>(0, pos - c.sliding_window + 1); p <= pos; ++p, ++j) {
+        const int64_t k = keys[static_cast<size_t>(j)];
+        if (p >= first)
+          EXPECT_EQ(k, -2 - (p - first) * c.head_dim) << "local key " << p;
+        else if (mtp && p < floor)
+          EXPECT_EQ(k, -1) << "key " << p << " below the floor";
+        else
+          EXPECT_GE(k, 0) << "ring key " << p;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsinfer::gpu
 
