@@ -29,6 +29,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/kv_record.h"
+#include "kernels/cuda/launch_util.h"
 #include "numeric/quant.h"
 #include "numeric/records.h"
 #include "test_util.h"
@@ -921,9 +922,11 @@ TEST_F(GpuTest, IndexerScoresAndTopKMatchCpu) {
   run_indexer(64, 128, {1, 129, 2048}, 7, IdxPath::kSimple, false);
 }
 
-void run_top_k(int64_t n, int64_t k, int kind, uint32_t seed) {
+// copies > 1: the three queries repeated, enough of them (>= 4 per SM) for the launcher's
+// many-queries block size.
+void run_top_k(int64_t n, int64_t k, int kind, uint32_t seed, int64_t copies = 1) {
   SCOPED_TRACE("top_k n " + std::to_string(n) + " k " + std::to_string(k) + " kind " +
-               std::to_string(kind));
+               std::to_string(kind) + " copies " + std::to_string(copies));
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> s(static_cast<size_t>(std::max<int64_t>(n, 1)));
@@ -942,7 +945,8 @@ void run_top_k(int64_t n, int64_t k, int kind, uint32_t seed) {
         v = (rng() % 3 == 0) ? -INFINITY : -std::ldexp(1.0f, -static_cast<int>(rng() % 100));
     }
   }
-  std::vector<int64_t> ns{n, std::min<int64_t>(n, 3), 0};
+  std::vector<int64_t> ns;
+  for (int64_t c = 0; c < copies; ++c) ns.insert(ns.end(), {n, std::min<int64_t>(n, 3), 0});
   const int64_t nq = static_cast<int64_t>(ns.size());
   std::vector<float> scores;
   for (int64_t qi = 0; qi < nq; ++qi) scores.insert(scores.end(), s.begin(), s.end());
@@ -971,6 +975,11 @@ TEST_F(GpuTest, TopKMatchesCpu) {
     for (int64_t k : {1, 7, 512, 2048}) {
       for (int kind = 0; kind < 4; ++kind) run_top_k(n, k, kind, seed++);
     }
+  }
+  // Many queries (a prefill's indexer): the launcher's smaller blocks.
+  const int64_t copies = 4 * sm_count() / 3 + 1;
+  for (int64_t k : {512, 2048}) {
+    for (int kind = 0; kind < 4; ++kind) run_top_k(5000, k, kind, seed++, copies);
   }
   if (!small_mode()) {
     for (int kind = 0; kind < 4; ++kind) run_top_k(262144, 512, kind, seed++);

@@ -336,7 +336,14 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_scores_kernel(IndexerSc
 // order-preserving uint32) and how many of its ties to keep; the selected (score, index) pairs
 // are then sorted in shared memory by a bitonic sort on 64-bit keys (score desc, index asc).
 
+// Threads per query: 1024 for few queries (decode: each query's passes are the step's latency),
+// 256 from kTopKManyPerSm queries per SM on (prefill: a 512-of-2048 select keeps 256 threads busy
+// in every bitonic stage, where 1024 left three quarters idle at each of its ~55 barriers, and
+// more blocks per SM overlap one query's barriers with another's loads). The result does not
+// depend on the block size (the tie rule is by index).
 constexpr int kTopKThreads = 1024;
+constexpr int kTopKThreadsMany = 256;
+constexpr int64_t kTopKManyPerSm = 4;
 
 // Order-preserving map float -> uint32 (larger float, larger key); -0 and +0 map together.
 __device__ __forceinline__ uint32_t ordered_key(float f) {
@@ -639,8 +646,8 @@ Status launch_top_k(const TopKParams& p, cudaStream_t stream) {
     return Status();
   if (!p.scores || !p.n || !p.out)
     return null_pointer("top_k");
-  launch_pdl(
-      top_k_kernel, static_cast<unsigned>(std::min(p.nq, kMaxGrid)), kTopKThreads, 0, stream, p);
+  const int threads = p.nq >= kTopKManyPerSm * sm_count() ? kTopKThreadsMany : kTopKThreads;
+  launch_pdl(top_k_kernel, static_cast<unsigned>(std::min(p.nq, kMaxGrid)), threads, 0, stream, p);
   return launched("top_k launch");
 }
 
