@@ -174,9 +174,13 @@ DSI_HD float pow2_ceil(float x) {
 }
 
 // ---- FP4 E2M1 (bit 3 = sign; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6) -----------------------------
+// Without a table: codes 0 and 1 are 0 and 0.5, codes 2-7 are (1 + m / 2) * 2^(e - 1) with
+// e = code >> 1, m = code & 1 (an indexed table went to the GPU's local memory: every warp of
+// the quantisation kernels wrote it there, which bound them on L2 traffic).
 DSI_HD float fp4_e2m1_to_f32(uint8_t nibble) {
-  const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = mags[nibble & 7u];
+  const uint32_t c = nibble & 7u;
+  const float v = c < 2u ? 0.5f * static_cast<float>(c)
+                         : f32_from_bits((((c >> 1) + 126u) << 23) | ((c & 1u) << 22));
   return (nibble & 8u) ? -v : v;
 }
 
