@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -161,11 +162,12 @@ TEST_F(GpuTest, HcPreMatchesCpu) {
   }
 }
 
-// Batch invariance of the pre step: a token's post, comb and collapsed (with a pending post step
-// and the norm) are the same bits whatever the token count, across the one-kernel (few tokens) and
-// two-kernel (many tokens) paths and the mixing kernel's token groups.
+// Batch invariance of the pre step: a token's post, comb, collapsed and pending post output (with
+// a pending post step and the norm) are the same bits whatever the token count, across the
+// one-kernel (few tokens) and two-kernel (many tokens) paths and the mixing kernel's token groups
+// (from 1,024 tokens on, each block walks several of them).
 TEST_F(GpuTest, HcPreIsTheSameForAnyTokenCount) {
-  const int64_t hc = 4, hidden = 4096, mix = (2 + hc) * hc, big = 70;
+  const int64_t hc = 4, hidden = 4096, mix = (2 + hc) * hc, big = 1037;
   const HcData d = make_hc(hc, hidden, mix, big, 4242);
   const std::vector<float> f = normal_floats(static_cast<size_t>(big * hidden), 4300);
   const std::vector<float> pp = normal_floats(static_cast<size_t>(big * hc), 4301);
@@ -194,10 +196,12 @@ TEST_F(GpuTest, HcPreIsTheSameForAnyTokenCount) {
     const Status st = launch_hc_pre(p, nullptr);
     EXPECT_TRUE(st.ok()) << st.to_string();
     sync();
-    return std::vector<std::vector<float>>{post.download(), comb.download(), col.download()};
+    std::vector<float> xout = xo.download();
+    xout.resize(static_cast<size_t>(std::min<int64_t>(n, 17) * hc * hidden));
+    return std::vector<std::vector<float>>{post.download(), comb.download(), col.download(), xout};
   };
   const auto all = run(big);
-  for (int64_t n : {1, 5, 17}) {
+  for (int64_t n : {1, 5, 17, 70}) {
     SCOPED_TRACE("n " + std::to_string(n));
     const auto few = run(n);
     for (size_t k = 0; k < few.size(); ++k) {

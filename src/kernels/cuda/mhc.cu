@@ -475,8 +475,16 @@ __device__ __forceinline__ void load_collapse_x(const float* x, int64_t hidden, 
   }
 }
 
-__device__ void collapse_norm_regs(
-    const float* pre, const CollapseRegs& r, int64_t hidden, bool norm, float eps, float* out) {
+// then_load() runs once the values are formed (r.x is free then): the collapse kernel loads its
+// next token's streams there, so that they arrive during this token's reduction and stores.
+template <typename ThenLoad>
+__device__ __forceinline__ void collapse_norm_regs(const float* pre,
+                                                   CollapseRegs& r,
+                                                   int64_t hidden,
+                                                   bool norm,
+                                                   float eps,
+                                                   float* out,
+                                                   ThenLoad&& then_load) {
   __shared__ double red[32];
   float u[kCollapsePer];
 #pragma unroll
@@ -486,6 +494,7 @@ __device__ void collapse_norm_regs(
     for (int j = 0; j < 4; ++j) acc = __fadd_rn(acc, __fmul_rn(pre[j], r.x[j][i]));
     u[i] = threadIdx.x + static_cast<int64_t>(i) * blockDim.x < hidden ? acc : 0.0f;
   }
+  then_load();
   const float rinv = norm ? block_rms_inv(sum_squares(u), hidden, eps, red) : 1.0f;
 #pragma unroll
   for (int i = 0; i < kCollapsePer; ++i) {
@@ -687,7 +696,8 @@ __device__ __noinline__ void sinkhorn_warp_wide(const float* mix,
 constexpr int kPreTokens = kPreThreads / 32;
 
 // kSplit (many tokens): the gates and Sinkhorn only, each token's pre written over the start of
-// its (consumed) scratch slot for hc_collapse_kernel, which then runs one block per token.
+// its (consumed) scratch slot for hc_collapse_kernel, which then collapses one token per block at
+// a time.
 __device__ __forceinline__ float* pre_slot(double* scratch, int64_t t, int rows) {
   return reinterpret_cast<float*>(scratch + t * kSplits * (rows + 1));
 }
@@ -757,7 +767,8 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
                            p.hidden,
                            p.norm_weight != nullptr,
                            p.norm_eps,
-                           p.collapsed + (t0 + j) * p.hidden);
+                           p.collapsed + (t0 + j) * p.hidden,
+                           [] {});
         continue;
       }
       collapse_dispatch(pre_s[j],
@@ -772,14 +783,47 @@ __global__ void __launch_bounds__(kPreThreads, kHead && !kSplit ? 2 : 1)
   }
 }
 
+// One block per token at a time. hc 4 at hidden <= kCollapsePer * kPreThreads (every released
+// model) collapses from registers and loads the block's next token while it reduces and stores
+// this one (grid: kCollapseBlocksPerSm per SM); one token per block waited for each token's loads
+// (61% of copy bandwidth at an 8k prefill).
+constexpr int kCollapseBlocksPerSm = 1;
+
 template <bool kHead>
-__global__ void __launch_bounds__(kPreThreads, 2)
+__global__ void __launch_bounds__(kPreThreads, kCollapseBlocksPerSm)
     hc_collapse_kernel(HcPreParams p, const float* xs) {
-  pdl_begin();
+  const bool regs = p.hc == 4 && p.hidden <= kCollapsePer * kPreThreads;
+  CollapseRegs cr;
+  pdl_begin_after([&] {
+    if (regs && p.norm_weight != nullptr)
+      load_collapse_weight(p.norm_weight, p.hidden, cr);
+  });
   __shared__ float pre_s[kMaxHc];
   const int hc = static_cast<int>(p.hc);
   const int rows = kHead ? hc : (2 + hc) * hc;
   const int64_t width = p.hc * p.hidden;
+  if (regs) {
+    if (blockIdx.x < p.n)
+      load_collapse_x(xs + blockIdx.x * width, p.hidden, cr);
+    for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
+      if (threadIdx.x < hc)
+        pre_s[threadIdx.x] = pre_slot(p.scratch, t, rows)[threadIdx.x];
+      __syncthreads();
+      const int64_t next = t + gridDim.x;
+      collapse_norm_regs(pre_s,
+                         cr,
+                         p.hidden,
+                         p.norm_weight != nullptr,
+                         p.norm_eps,
+                         p.collapsed + t * p.hidden,
+                         [&] {
+                           if (next < p.n)
+                             load_collapse_x(xs + next * width, p.hidden, cr);
+                         });
+      __syncthreads();
+    }
+    return;
+  }
   for (int64_t t = blockIdx.x; t < p.n; t += gridDim.x) {
     if (threadIdx.x < hc)
       pre_s[threadIdx.x] = pre_slot(p.scratch, t, rows)[threadIdx.x];
@@ -790,9 +834,9 @@ __global__ void __launch_bounds__(kPreThreads, 2)
   }
 }
 
-// From this many tokens the pre step runs as two kernels (gates, then one block per token for the
-// collapse; one kernel would collapse its tokens one after another): the same arithmetic in the
-// same order, so both paths give the same bits.
+// From this many tokens the pre step runs as two kernels (gates, then a block per token at a time
+// for the collapse; one kernel would collapse its tokens one after another): the same arithmetic in
+// the same order, so both paths give the same bits.
 constexpr int64_t kPreSplitMinTokens = 4;
 
 template <bool kHead>
@@ -805,13 +849,14 @@ Status launch_pre(const HcPreParams& p, const float* xs, cudaStream_t stream) {
   }
   launch_pdl(hc_pre_kernel<kHead, true>, blocks, kPreThreads, 0, stream, p, xs);
   DSI_RETURN_IF_ERROR(launched(kHead ? "hc_head gates launch" : "hc_pre gates launch"));
-  launch_pdl(hc_collapse_kernel<kHead>,
-             static_cast<unsigned>(std::min(p.n, kMaxBlocks)),
-             kPreThreads,
-             0,
-             stream,
-             p,
-             xs);
+  launch_pdl(
+      hc_collapse_kernel<kHead>,
+      static_cast<unsigned>(std::min<int64_t>(p.n, int64_t{kCollapseBlocksPerSm} * sm_count())),
+      kPreThreads,
+      0,
+      stream,
+      p,
+      xs);
   return launched(kHead ? "hc_head collapse launch" : "hc_pre collapse launch");
 }
 
