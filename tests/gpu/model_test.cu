@@ -1504,6 +1504,24 @@ TEST(CudaEngine, DeviceSamplingEqualsHostSampling) {
   }
 }
 
+// The CUDA engine configuration of the speculative tests: deepseek numerics, batch-invariant
+// (a position's logits do not depend on the chunk that computes it), 512 MiB of state, 32-token
+// prefill chunks, speculation `mode` (spec::parse_config).
+engine::EngineConfig speculative_cuda_config(const char* mode, bool graphs = true) {
+  engine::EngineConfig ec;
+  ec.device = engine::Device::kCuda;
+  ec.numerics = model::Numerics::kDeepSeek;
+  ec.batch_invariant = true;
+  ec.cuda_graphs = graphs;
+  ec.state_budget_bytes = int64_t{512} << 20;
+  ec.scheduler.prefill_chunk = 32;
+  auto sp = spec::parse_config(mode);
+  EXPECT_TRUE(sp.ok()) << mode;
+  if (sp.ok())
+    ec.speculative = *sp;
+  return ec;
+}
+
 // A step-time model for auto (verify_length.h) independent of this GPU's timings: verification of
 // L tokens costs 1 + slope * L off-steps' time, drafting 0.02 per step. slope 0.01: drafting pays
 // and auto drafts; slope 10: it never pays and auto disables speculation per request.
@@ -1534,21 +1552,12 @@ TEST(CudaEngine, SpeculativeGreedyEqualsOffAndDraftsAreAccepted) {
   // slope < 0: auto measures its step-time model on the GPU (its choices then depend on timing).
   auto run =
       [&](const char* mode, engine::EngineStats* stats, bool graphs = true, double slope = 0.01) {
-        engine::EngineConfig ec;
-        ec.device = engine::Device::kCuda;
-        ec.numerics = model::Numerics::kDeepSeek;
-        ec.batch_invariant = true;
-        ec.cuda_graphs = graphs;
-        ec.state_budget_bytes = int64_t{512} << 20;
-        ec.scheduler.prefill_chunk = 32;
-        auto sp = spec::parse_config(mode);
-        EXPECT_TRUE(sp.ok());
-        ec.speculative = *sp;
-        if (sp->mode == spec::Mode::kAuto && slope >= 0)
-          ec.step_times = fixed_step_times(sp->k, slope);
+        engine::EngineConfig ec = speculative_cuda_config(mode, graphs);
+        if (ec.speculative.mode == spec::Mode::kAuto && slope >= 0)
+          ec.step_times = fixed_step_times(ec.speculative.k, slope);
         auto e = engine::Engine::create(ec, ckpt);
         EXPECT_TRUE(e.ok()) << e.status().to_string();
-        EXPECT_EQ((*e)->speculative().mode, sp->mode) << mode;
+        EXPECT_EQ((*e)->speculative().mode, ec.speculative.mode) << mode;
         std::mt19937 g(21);
         std::vector<engine::RequestId> ids;
         for (int i = 0; i < 12; ++i) {
@@ -1624,52 +1633,24 @@ TEST(CudaEngine, SpeculativeStoppedRequestResumesWhenTheBatchShrinks) {
   auto ckpt = open_model("models/dsv4-mini");
   if (!ckpt)
     GTEST_SKIP() << "models/dsv4-mini is not here";
-  const int32_t k = 3;
-  spec::StepTimes t;
-  for (int64_t b : {1, 2, 64}) {
-    t.batch.push_back(b);
-    t.off_s.push_back(static_cast<double>(b));
-    t.verify_s.emplace_back();
-    for (int32_t l = 1; l <= k + 1; ++l)
-      t.verify_s.back().push_back(b == 1 ? 1.0 + 0.01 * l : b + 10.0 * l);
-    t.draft_s.emplace_back();
-    for (int32_t d = 1; d <= k; ++d) t.draft_s.back().push_back(b == 1 ? 0.02 * d : 1.0 * d);
-  }
-  std::mt19937 g(71);
-  std::vector<std::vector<int32_t>> prompts(2);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    for (int j = 0; j < 24 + 9 * static_cast<int>(i); ++j)
-      prompts[i].push_back(static_cast<int32_t>(100 + g() % 3000));
-  }
+  const spec::StepTimes t = engine::test_support::pays_only_alone_times(3);
+  const std::vector<std::vector<int32_t>> prompts = engine::test_support::resume_test_prompts();
   auto run = [&](const char* mode, bool graphs, engine::EngineStats* stats) {
-    engine::EngineConfig ec;
-    ec.device = engine::Device::kCuda;
-    ec.numerics = model::Numerics::kDeepSeek;
-    ec.batch_invariant = true;
-    ec.cuda_graphs = graphs;
-    ec.state_budget_bytes = int64_t{512} << 20;
-    ec.scheduler.prefill_chunk = 32;
-    auto sp = spec::parse_config(mode);
-    EXPECT_TRUE(sp.ok());
-    ec.speculative = *sp;
-    if (sp->mode == spec::Mode::kAuto)
+    engine::EngineConfig ec = speculative_cuda_config(mode, graphs);
+    if (ec.speculative.mode == spec::Mode::kAuto)
       ec.step_times = t;
     auto e = engine::Engine::create(ec, ckpt);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
-    std::vector<engine::RequestId> ids;
+    std::vector<engine::RequestSpec> specs;
     for (size_t i = 0; i < prompts.size(); ++i) {
       engine::RequestSpec s;
       s.prompt = prompts[i];
       s.max_tokens = i == 0 ? 72 : 6;
       s.sampling.temperature = 0.0f;
       s.ignore_eos = true;
-      auto id = (*e)->submit(std::move(s));
-      EXPECT_TRUE(id.ok()) << id.status().to_string();
-      ids.push_back(*id);
+      specs.push_back(std::move(s));
     }
-    while ((*e)->step()) (*e)->check_integrity();
-    std::vector<std::vector<int32_t>> out;
-    for (engine::RequestId id : ids) out.push_back((*e)->request(id)->output);
+    auto out = engine::test_support::run_all(**e, std::move(specs));
     if (stats)
       *stats = (*e)->stats();
     return out;
@@ -1695,15 +1676,7 @@ TEST(CudaEngine, SpeculativePrefixCacheResumesTheMtpState) {
   if (!ckpt)
     GTEST_SKIP() << "models/dsv4-mini is not here";
   auto make = [&](const char* mode, std::shared_ptr<kvstore::KvStore> store, int64_t device_bytes) {
-    engine::EngineConfig ec;
-    ec.device = engine::Device::kCuda;
-    ec.numerics = model::Numerics::kDeepSeek;
-    ec.batch_invariant = true;
-    ec.state_budget_bytes = int64_t{512} << 20;
-    ec.scheduler.prefill_chunk = 32;
-    auto sp = spec::parse_config(mode);
-    EXPECT_TRUE(sp.ok());
-    ec.speculative = *sp;
+    engine::EngineConfig ec = speculative_cuda_config(mode);
     if (store)
       small_prefix_cache(&ec.prefix_cache, std::move(store), device_bytes);
     auto e = engine::Engine::create(ec, ckpt);

@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/request.h"
 #include "model/checkpoint.h"
+#include "spec/verify_length.h"
 #include "state/page_arena.h"
 #include "state/sequence_state.h"
 
@@ -209,5 +210,33 @@ class PositionalMask : public TokenMask {
  private:
   int64_t accepted_ = 0;
 };
+
+// A step-time model (spec/verify_length.h) in which drafting up to k tokens pays for a request
+// decoding alone and never at batch 2 or more (verification costly there), for the tests of a
+// request that stops speculating and resumes once its batch shrinks; and those tests' two
+// prompts (24 and 33 tokens).
+inline spec::StepTimes pays_only_alone_times(int32_t k) {
+  spec::StepTimes t;
+  for (int64_t b : {1, 2, 64}) {
+    t.batch.push_back(b);
+    t.off_s.push_back(static_cast<double>(b));
+    t.verify_s.emplace_back();
+    for (int32_t l = 1; l <= k + 1; ++l)
+      t.verify_s.back().push_back(b == 1 ? 1.0 + 0.01 * l : static_cast<double>(b) + 10.0 * l);
+    t.draft_s.emplace_back();
+    for (int32_t d = 1; d <= k; ++d) t.draft_s.back().push_back(b == 1 ? 0.02 * d : 1.0 * d);
+  }
+  return t;
+}
+
+inline std::vector<std::vector<int32_t>> resume_test_prompts() {
+  std::mt19937 g(71);
+  std::vector<std::vector<int32_t>> prompts(2);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int j = 0; j < 24 + 9 * static_cast<int>(i); ++j)
+      prompts[i].push_back(static_cast<int32_t>(100 + g() % 3000));
+  }
+  return prompts;
+}
 
 }  // namespace dsinfer::engine::test_support

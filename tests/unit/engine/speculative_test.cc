@@ -92,6 +92,8 @@ std::unique_ptr<Engine> make_engine(const EngineSetup& s,
 
 using test_support::Case;
 using test_support::greedy;
+using test_support::pays_only_alone_times;
+using test_support::resume_test_prompts;
 using test_support::run_all;
 
 std::vector<Case> mixed_cases(int n, uint32_t seed, int32_t vocab, int max_out) {
@@ -331,23 +333,8 @@ TEST(Speculative, AutoMixesSpeculatingAndPlainRequestsInOneForward) {
 // streams with its MTP block's window floored there. Greedy outputs equal those without
 // speculation; drafts are proposed and accepted after the resume.
 TEST_P(Speculative, AStoppedRequestResumesWhenTheBatchShrinks) {
-  const int32_t k = 3;
-  spec::StepTimes t;
-  for (int64_t b : {1, 2, 64}) {
-    t.batch.push_back(b);
-    t.off_s.push_back(static_cast<double>(b));
-    t.verify_s.emplace_back();
-    for (int32_t l = 1; l <= k + 1; ++l)
-      t.verify_s.back().push_back(b == 1 ? 1.0 + 0.01 * l : b + 10.0 * l);
-    t.draft_s.emplace_back();
-    for (int32_t d = 1; d <= k; ++d) t.draft_s.back().push_back(b == 1 ? 0.02 * d : 1.0 * d);
-  }
-  std::mt19937 g(71);
-  std::vector<std::vector<int32_t>> prompts(2);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    for (int j = 0; j < 24 + 9 * static_cast<int>(i); ++j)
-      prompts[i].push_back(static_cast<int32_t>(100 + g() % 3000));
-  }
+  const spec::StepTimes t = pays_only_alone_times(3);
+  const std::vector<std::vector<int32_t>> prompts = resume_test_prompts();
   auto run = [&](const char* mode, EngineStats* stats, std::vector<bool>* disabled_early) {
     EngineSetup s;
     s.ckpt = bundled();
