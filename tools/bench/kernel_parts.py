@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Where a profiled run's GPU time goes, per kernel and per part of the model.
 
-Reads an Nsight Compute CSV (`ncu --metrics gpu__time_duration.sum[,dram__bytes_read.sum] --csv`:
-one row per kernel launch and metric) or an Nsight Systems `cuda_gpu_kern_sum` CSV, and prints
-the top kernels and the time by part -- attention, indexer and top-k, compressors, mHC, MoE,
-dense linears (GEMMs, GEMVs, the LM head), norms / RoPE / quantisation, sampling, the rest --
-each with its launches, its share, and (ncu with dram__bytes_read.sum) the DRAM bytes read and
-the achieved TB/s. `--steps N` divides by the number of steps the capture holds (a decode
+Reads an Nsight Compute CSV (`ncu --metrics gpu__time_duration.sum[,dram__bytes_read.sum]
+[,dram__bytes_write.sum] --csv`: one row per kernel launch and metric) or an Nsight Systems
+`cuda_gpu_kern_sum` CSV, and prints the top kernels and the time by part -- attention, indexer
+and top-k, compressors, mHC, MoE, dense linears (GEMMs, GEMVs, the LM head), norms / RoPE /
+quantisation, sampling, the rest -- each with its launches, its share, and (ncu with the DRAM
+metrics) the DRAM bytes moved (read, plus written where measured: what `bench`'s copy ceiling
+counts) and the achieved TB/s. `--steps N` divides by the number of steps the capture holds (a decode
 profile of N steps), so the figures are per step.
 
 Usage: tools/bench/kernel_parts.py CSV [--steps N] [--label TEXT] [--top K]
@@ -27,7 +28,8 @@ PARTS = [
     ("mHC", r"\bhc_|::hc_|hc_(mix|pre|post|head|collapse)"),
     # (the grouped GEMMs: CUTLASS's over the FP8 copy by their problem shape, ours by name)
     ("MoE", r"moe_|gemv_gate_up|gemv_down|expert|grouped|GroupProblemShape|w4a8"),
-    ("dense linears", r"gemv|gemm|dense_kernel|linear"),
+    # (CUTLASS's dense GEMMs are device_kernel<GemmUniversal<...>>)
+    ("dense linears", r"gemv|gemm|GemmUniversal|dense_kernel|linear"),
     ("norms, RoPE, quantisation", r"rms_norm|rope|quant"),
     ("sampling", r"sampl"),
     ("other", r"."),
@@ -75,7 +77,7 @@ def read_kernels(text):
         if r[m] == "gpu__time_duration.sum" and r[u] in TIME_NS:
             a[0] += value * TIME_NS[r[u]]
             a[1] += 1
-        elif r[m] == "dram__bytes_read.sum" and r[u] in BYTES:
+        elif r[m] in ("dram__bytes_read.sum", "dram__bytes_write.sum") and r[u] in BYTES:
             a[2] = (a[2] or 0.0) + value * BYTES[r[u]]
     return agg
 
@@ -115,6 +117,7 @@ SELF_TEST_NCU = """==PROF== Connected to process 1
 "0","1","dsinfer","h","void dsinfer::cuda::(anonymous namespace)::hc_pre_kernel<0, 0>(HcPreParams, const float *)","1","13","(512, 1, 1)","(1, 2, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","Kbyte","150.50"
 "0","1","dsinfer","h","void dsinfer::cuda::(anonymous namespace)::hc_pre_kernel<0, 0>(HcPreParams, const float *)","1","13","(512, 1, 1)","(1, 2, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","us","13.00"
 "1","1","dsinfer","h","void dsinfer::cuda::(anonymous namespace)::gemv_gate_up_kernel<0, 0>(Fp8ExpertFfnParams, int)","1","13","(128, 1, 1)","(64, 6, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","Mbyte","53.50"
+"1","1","dsinfer","h","void dsinfer::cuda::(anonymous namespace)::gemv_gate_up_kernel<0, 0>(Fp8ExpertFfnParams, int)","1","13","(128, 1, 1)","(64, 6, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","Kbyte","13,200"
 "1","1","dsinfer","h","void dsinfer::cuda::(anonymous namespace)::gemv_gate_up_kernel<0, 0>(Fp8ExpertFfnParams, int)","1","13","(128, 1, 1)","(64, 6, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","33,000"
 "2","1","dsinfer","h","void dsinfer::cuda::(anonymous namespace)::fp8_gemv_kernel<1, 1>(Fp8GemvArgs)","1","13","(256, 1, 1)","(512, 2, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","us","17.00"
 "3","1","dsinfer","h","void dsinfer::cuda::(anonymous namespace)::hc_pre_kernel<0, 0>(HcPreParams, const float *)","1","13","(512, 1, 1)","(1, 2, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","us","11.00"
@@ -140,8 +143,8 @@ def self_test():
     expect("MoE us (ns with a thousands separator)", parts["MoE"][0] / 1e3, 33.0)
     expect("dense us", parts["dense linears"][0] / 1e3, 17.0)
     expect("attention us", parts["attention"][0] / 1e3, 5.0)
-    if "1.62 TB/s" not in report:  # 53.5 MB in 33 us
-        failures.append("MoE bandwidth not reported as 1.62 TB/s:\n" + report)
+    if "2.02 TB/s" not in report:  # 53.5 MB read + 13.2 MB written in 33 us
+        failures.append("MoE bandwidth not reported as 2.02 TB/s:\n" + report)
     _, parts = summarize(SELF_TEST_NCU, steps=2, label="ncu")
     expect("per-step mHC us", parts["mHC"][0] / 1e3, 12.0)
     _, parts = summarize(SELF_TEST_NSYS, steps=4, label="nsys")
@@ -152,6 +155,10 @@ def self_test():
                  "GroupProblemShape<cute::tuple<int, int, int>>, ...>>(T1::Params)"):
         if part_of(name) != "MoE":
             failures.append(f"{name[:60]}... classified as {part_of(name)}, not MoE")
+    dense = ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, "
+             "int, int>, ...>>(T1::Params)")
+    if part_of(dense) != "dense linears":
+        failures.append(f"CUTLASS's dense GEMM classified as {part_of(dense)}, not dense linears")
     try:
         summarize("no csv here")
         failures.append("text without CSV rows was accepted")
