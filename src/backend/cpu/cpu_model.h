@@ -59,7 +59,8 @@ class CpuModel final : public backend::Model {
   // check_draft: afterwards it is one position behind.
   void mtp_catch_up(state::SequenceState& st, std::span<const int32_t> catch_up) const;
   bool can_draft() const override { return !weights_.mtp.empty(); }
-  bool can_resume_drafting() const override { return !weights_.mtp.empty(); }
+  // Its MTP attention honours LayerState::window_floor (attention.cc).
+  bool can_resume_drafting() const override { return can_draft(); }
   // The MTP part of a forward (ForwardOptions::run_mtp) over a chunk whose main-model final
   // streams are `x` ([tokens.size(), hc * hidden]), called before the state advances; and the
   // final streams the MTP block needs later. Public for the fast CPU backend.
