@@ -397,7 +397,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
                                         *e->arena_,
                                         std::min<int64_t>(sc.max_running, 256),
                                         e->spec_.k,
-                                        config.backend_sampling && e->model_->can_sample());
+                                        config.backend_sampling && e->model_->can_sample(),
+                                        4,
+                                        2.0,
+                                        config.clock);
       if (!t.ok())
         return t.status();
       e->step_times_ = std::move(t).value();
@@ -477,6 +480,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
 }
 
 double Engine::now_s() const {
+  if (config_.clock)
+    return config_.clock() - t0_;
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count() - t0_;
 }

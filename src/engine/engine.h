@@ -79,6 +79,10 @@ struct EngineConfig {
   // step's work (drafting, verification, sampling, rollback) is real, the tokens are not the
   // model's. For models whose drafter accepts nothing (random weights). 0: off.
   double forced_acceptance = 0;
+  // The clock the engine reads (seconds, monotonic): step times (auto's start-up measurement and
+  // corrections, the step phases) and request timestamps. Unset: std::chrono::steady_clock.
+  // Tests run the engine on a simulated device's clock (tests/unit/engine/auto_sim_test.cc).
+  std::function<double()> clock;
 };
 
 // The backend for config.device (CPU reference or CUDA); errors say why a device is unusable.

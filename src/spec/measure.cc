@@ -12,13 +12,6 @@
 
 namespace dsinfer::spec {
 
-namespace {
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
 Result<StepTimes> measure_step_times(backend::Model& model,
                                      Drafter& drafter,
                                      state::PageArena& arena,
@@ -26,7 +19,14 @@ Result<StepTimes> measure_step_times(backend::Model& model,
                                      int32_t max_k,
                                      bool backend_sampling,
                                      int reps,
-                                     double budget_s) {
+                                     double budget_s,
+                                     const std::function<double()>& clock) {
+  auto now_s = [&clock] {
+    if (clock)
+      return clock();
+    using namespace std::chrono;
+    return duration<double>(steady_clock::now().time_since_epoch()).count();
+  };
   const auto& mc = model.config();
   if (max_k < 1 || max_batch < 1 || reps < 1)
     return invalid_argument("measure_step_times: max_k, max_batch and reps must be >= 1");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "backend/model.h"
 #include "base/status.h"
@@ -23,6 +24,7 @@ namespace dsinfer::spec {
 // its captured graph, as the engine's plain steps are). backend_sampling: the engine samples
 // steps without drafts in the backend (Engine::prepare_backend_sample), so off and depth 0 are
 // timed that way (only the token comes back); otherwise every returned row is sampled on the host.
+// clock: seconds on the engine's clock (EngineConfig::clock); unset: the steady clock.
 Result<StepTimes> measure_step_times(backend::Model& model,
                                      Drafter& drafter,
                                      state::PageArena& arena,
@@ -30,6 +32,7 @@ Result<StepTimes> measure_step_times(backend::Model& model,
                                      int32_t max_k,
                                      bool backend_sampling = false,
                                      int reps = 4,
-                                     double budget_s = 2.0);
+                                     double budget_s = 2.0,
+                                     const std::function<double()>& clock = {});
 
 }  // namespace dsinfer::spec
