@@ -42,6 +42,9 @@ struct Run {
   // Milliseconds per step of the engine's phases over the same window (EngineStats::StepPhases:
   // schedule, draft, prepare, forward, finish); all 0 where no step ran at batch b.
   std::array<double, 5> phase_ms{};
+  // Steps that ran a shape for the first times during the run's waves (Model::shape_warmups:
+  // CUDA's graph captures and eager first runs), one-time costs inside the timed rounds.
+  int64_t shape_warmups = 0;
 };
 
 constexpr std::array<const char*, 5> kPhaseNames = {
@@ -148,6 +151,7 @@ Result<Run> run_once(
     engine::Engine& e, const SpecBenchArgs& a, const PromptSource& src, int64_t b, int64_t round) {
   const int64_t waves = (kMinRequests + b - 1) / b;
   const spec::Stats before = e.stats().spec;
+  const int64_t warmups0 = e.model().shape_warmups();
   int64_t tokens = 0, full_tokens = 0, short_waves = 0, full_steps = 0;
   double dt = 0, full_dt = 0, busy_ms = 0, idle_ms = 0;
   std::array<double, 5> phase_s{};
@@ -221,6 +225,7 @@ Result<Run> run_once(
   run.tokens_per_s = short_waves > 0 || full_dt <= 0 ? run.wave_tokens_per_s
                                                      : static_cast<double>(full_tokens) / full_dt;
   run.spec = minus(e.stats().spec, before);
+  run.shape_warmups = e.model().shape_warmups() - warmups0;
   if (busy_ms + idle_ms > 0)
     run.gpu_idle_fraction = idle_ms / (busy_ms + idle_ms);
   for (size_t i = 0; i < phase_s.size() && full_steps > 0; ++i)
@@ -311,7 +316,8 @@ int run_spec_bench(const SpecBenchArgs& a) {
   // [batch][mode]: each round's tokens/s and the summed speculation counters.
   std::vector<std::vector<std::vector<double>>> tps(nb, std::vector<std::vector<double>>(nm));
   auto wave_tps = tps;
-  auto idle = tps;  // each round's GPU idle fraction, where measured
+  auto idle = tps;     // each round's GPU idle fraction, where measured
+  auto warmups = tps;  // each round's shape warm-ups
   // [batch][mode][phase]: each round's milliseconds per step of the engine's phases.
   std::vector<std::vector<std::array<std::vector<double>, kPhaseNames.size()>>> phases(
       nb, std::vector<std::array<std::vector<double>, kPhaseNames.size()>>(nm));
@@ -362,6 +368,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
       wave_tps[bi][mi].push_back(run->wave_tokens_per_s);
       if (run->gpu_idle_fraction >= 0)
         idle[bi][mi].push_back(run->gpu_idle_fraction);
+      warmups[bi][mi].push_back(static_cast<double>(run->shape_warmups));
       for (size_t p = 0; p < kPhaseNames.size(); ++p) phases[bi][mi][p].push_back(run->phase_ms[p]);
       if (run->short_waves > 0) {
         std::fprintf(stderr,
@@ -377,7 +384,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
       add(stats[bi][mi], run->spec);
       std::fprintf(stderr,
                    "[bench speculative] round %lld batch %lld %s: %.1f tokens/s (whole "
-                   "waves %.1f)%s; ms per step: schedule %.3f, draft %.3f, prepare %.3f, "
+                   "waves %.1f)%s%s; ms per step: schedule %.3f, draft %.3f, prepare %.3f, "
                    "forward %.3f, finish %.3f\n",
                    static_cast<long long>(r + 1),
                    static_cast<long long>(a.batch[bi]),
@@ -387,6 +394,10 @@ int run_spec_bench(const SpecBenchArgs& a) {
                    run->gpu_idle_fraction >= 0
                        ? str_format("; GPU idle %.1f%%", 100.0 * run->gpu_idle_fraction).c_str()
                        : "",
+                   run->shape_warmups > 0 ? str_format("; %lld shape warm-ups",
+                                                       static_cast<long long>(run->shape_warmups))
+                                                .c_str()
+                                          : "",
                    run->phase_ms[0],
                    run->phase_ms[1],
                    run->phase_ms[2],
@@ -473,6 +484,9 @@ int run_spec_bench(const SpecBenchArgs& a) {
       // The device idle between the window's decode launches (forwards and drafting calls), as a
       // fraction of their time: the host's share of a step (null where not measured: CPU).
       row["gpu_idle_fraction"] = idle[bi][mi].empty() ? json(nullptr) : json(median(idle[bi][mi]));
+      // Steps of each round's waves that ran a shape for the first times (0 where the backend
+      // prepares nothing): the one-time costs the timed rounds still met.
+      row["shape_warmups_runs"] = warmups[bi][mi];
       // Milliseconds per step of the engine's phases (medians over the rounds): the drafter's
       // and the forward's calls whole, the engine's own host work beside them.
       json ph;
