@@ -31,6 +31,7 @@
 #include "engine/engine.h"
 #include "model/checkpoint.h"
 #include "spec/config.h"
+#include "unit/engine/engine_test_util.h"
 
 namespace dsinfer::engine {
 namespace {
@@ -270,14 +271,6 @@ class SimDevice final : public backend::Model {
   std::set<std::pair<int64_t, int64_t>> warm_;
 };
 
-std::shared_ptr<const model::Checkpoint> open_mini() {
-  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
-  EXPECT_TRUE(opened.ok()) << opened.status().to_string();
-  if (!opened.ok())
-    return nullptr;
-  return std::shared_ptr<const model::Checkpoint>(std::move(opened).value());
-}
-
 struct SimRun {
   double tokens_per_s = 0;  // while all b requests of a wave decode (bench's figure)
   double mean_verify = 0;   // drafts verified per decode request-step (verify_len's mean)
@@ -403,7 +396,7 @@ Table run_table(const std::vector<int64_t>& batches,
   Table t;
   t.batches = batches;
   t.modes = {"off", "fixed:1", "fixed:2", "fixed:3", "fixed:4", "fixed:5", "auto"};
-  const std::shared_ptr<const model::Checkpoint> mini = open_mini();
+  const std::shared_ptr<const model::Checkpoint> mini = test_support::bundled_model();
   if (!mini)
     return t;
   for (int64_t b : batches) {

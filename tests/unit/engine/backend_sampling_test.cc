@@ -312,9 +312,8 @@ TEST(BackendSampling, SpeculatingEngineSamplesChunksWithoutDraftsInTheBackend) {
 // accepted, so that the positions after accepted drafts (and their penalties) are exercised.
 // Without backend sampling no row goes through sample_rows.
 TEST(BackendSampling, VerificationRowsSampledInTheBackendEqualHostVerification) {
-  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
-  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
-  const std::shared_ptr<const model::Checkpoint> mini(std::move(opened).value());
+  const std::shared_ptr<const model::Checkpoint> mini = test_support::bundled_model();
+  ASSERT_TRUE(mini);
   const auto cases = test_support::random_cases(4, 33, 12, 2, 3000, 12);
   for (bool seeded : {false, true}) {
     SCOPED_TRACE(seeded ? "seeded" : "greedy");
@@ -364,9 +363,8 @@ class UniformStepsModel : public test_support::CpuBackedModel {
 };
 
 TEST(BackendSampling, UniformStepsVerifyAsManyDraftsPastMaxTokens) {
-  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
-  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
-  const std::shared_ptr<const model::Checkpoint> mini(std::move(opened).value());
+  const std::shared_ptr<const model::Checkpoint> mini = test_support::bundled_model();
+  ASSERT_TRUE(mini);
   const auto cases = test_support::random_cases(6, 77, 10, 2, 3000, 9);
   auto run = [&](const char* mode, EngineStats* stats) {
     EngineConfig cfg;
@@ -391,14 +389,7 @@ TEST(BackendSampling, UniformStepsVerifyAsManyDraftsPastMaxTokens) {
   EXPECT_EQ(vl[1] + vl[2], 0) << spec_stats.spec.summary();
 }
 
-// The bundled model (null when it cannot be opened), and an engine config running auto on it.
-std::shared_ptr<const model::Checkpoint> open_mini() {
-  auto opened = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
-  EXPECT_TRUE(opened.ok()) << opened.status().to_string();
-  if (!opened.ok())
-    return nullptr;
-  return std::shared_ptr<const model::Checkpoint>(std::move(opened).value());
-}
+// An engine config running auto on a checkpoint.
 
 EngineConfig auto_config(const model::Checkpoint& ckpt) {
   EngineConfig cfg;
@@ -438,7 +429,7 @@ class WarmupModel final : public UniformStepsModel {
 };
 
 TEST(BackendSampling, AutoDoesNotLearnFromShapeWarmups) {
-  const std::shared_ptr<const model::Checkpoint> mini = open_mini();
+  const std::shared_ptr<const model::Checkpoint> mini = test_support::bundled_model();
   ASSERT_TRUE(mini);
   EngineConfig cfg = auto_config(*mini);
   // A start-up model in which every step costs 1 ms (drafting free): deeper always pays.
@@ -500,7 +491,7 @@ class MixedStepProbe final : public UniformStepsModel {
 };
 
 TEST(BackendSampling, AutoKeepsUniformStepsWhenARequestStopsSpeculating) {
-  const std::shared_ptr<const model::Checkpoint> mini = open_mini();
+  const std::shared_ptr<const model::Checkpoint> mini = test_support::bundled_model();
   ASSERT_TRUE(mini);
   EngineConfig cfg = auto_config(*mini);
   spec::StepTimes t;

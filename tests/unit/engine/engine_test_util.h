@@ -35,6 +35,19 @@ inline std::shared_ptr<const model::Checkpoint> tiny_fixture() {
   return ckpt;
 }
 
+// The bundled model (models/dsv4-mini), opened once; null (with a test failure) when it cannot be.
+inline std::shared_ptr<const model::Checkpoint> bundled_model() {
+  static std::shared_ptr<const model::Checkpoint> ckpt =
+      []() -> std::shared_ptr<const model::Checkpoint> {
+    auto r = model::Checkpoint::open(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini");
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.ok())
+      return nullptr;
+    return std::shared_ptr<const model::Checkpoint>(std::move(r).value());
+  }();
+  return ckpt;
+}
+
 // The CPU reference forward behind backend::Model, for test backends that change one part of a
 // backend's behaviour (in-backend sampling, background page reads, ...) and override it.
 class CpuBackedModel : public backend::Model {
