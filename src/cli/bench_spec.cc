@@ -527,6 +527,44 @@ int run_spec_bench(const SpecBenchArgs& a) {
     }
   }
   out["speculative"] = rows;
+  // Auto against the best of the other modes measured (off and the fixed depths) at each batch
+  // size: the ratio of the medians, and whether the rounds' ranges overlap (within the run's
+  // spread), the check issue 16's acceptance asks for.
+  json verdicts = json::array();
+  for (size_t bi = 0; bi < nb; ++bi) {
+    int best = -1, autom = -1;
+    for (size_t mi = 0; mi < nm; ++mi) {
+      if (tps[bi][mi].empty())
+        continue;
+      if (kinds[mi] == spec::Mode::kAuto) {
+        autom = autom < 0 ? static_cast<int>(mi) : autom;
+      } else if (best < 0 || median(tps[bi][mi]) > median(tps[bi][static_cast<size_t>(best)])) {
+        best = static_cast<int>(mi);
+      }
+    }
+    if (best < 0 || autom < 0)
+      continue;
+    const std::vector<double>& a_runs = tps[bi][static_cast<size_t>(autom)];
+    const std::vector<double>& b_runs = tps[bi][static_cast<size_t>(best)];
+    const double ratio = median(a_runs) / median(b_runs);
+    const bool overlap = *std::max_element(a_runs.begin(), a_runs.end()) >=
+                         *std::min_element(b_runs.begin(), b_runs.end());
+    json v;
+    v["batch"] = a.batch[bi];
+    v["best_mode"] = (*modes)[static_cast<size_t>(best)];
+    v["ratio"] = ratio;
+    v["ranges_overlap"] = overlap;
+    verdicts.push_back(v);
+    table += str_format("batch %lld: auto %.2fx the best other mode (%s)%s\n",
+                        static_cast<long long>(a.batch[bi]),
+                        ratio,
+                        (*modes)[static_cast<size_t>(best)].c_str(),
+                        ratio >= 1.0 ? ""
+                        : overlap    ? ", within the rounds' spread"
+                                     : ", outside the rounds' spread");
+  }
+  if (!verdicts.empty())
+    out["auto_vs_best"] = verdicts;
   std::fprintf(stderr, "%s", table.c_str());
   return write_output(out.dump(2), a.output, "bench speculative");
 }

@@ -207,13 +207,15 @@ check "bench --prompt-text measures acceptance" \
 check "bench --speculative --warmup 0 is refused" contains "$TMP/err.txt" "--warmup >= 1"
 # --interleave-modes: every engine alive, each round runs every mode in turn (round 1 of the
 # second mode before round 2 of the first).
-"$DSI" bench --device cpu --model "$FIX" --speculative off,fixed:1 --interleave-modes \
+"$DSI" bench --device cpu --model "$FIX" --speculative off,fixed:1,auto --interleave-modes \
   --decode-batch 1 --repeats 2 --warmup 1 --decode-steps 8 --output "$TMP/bench_il.json" \
   >/dev/null 2>"$TMP/bench_il.err"
 check "bench --interleave-modes: rounds round-robin over the modes" \
   python3 -c 'import sys; t=open(sys.argv[1]).read(); a=t.index("round 1 batch 1 fixed:1"); b=t.index("round 2 batch 1 off"); assert a < b' "$TMP/bench_il.err"
 check "bench --interleave-modes: said in the JSON, every mode measured twice" \
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["interleaved"] is True and all(len(r["tokens_per_s_runs"])==2 for r in d["speculative"]), d' "$TMP/bench_il.json"
+check "bench --speculative: auto against the best other mode, and each round's shape warm-ups" \
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); v=d["auto_vs_best"]; assert len(v)==1 and v[0]["batch"]==1 and v[0]["best_mode"] in ("off","fixed:1") and v[0]["ratio"]>0 and isinstance(v[0]["ranges_overlap"],bool), v; assert all(r["shape_warmups_runs"]==[0,0] for r in d["speculative"]), d["speculative"]' "$TMP/bench_il.json"
 printf 'def f' >"$TMP/short.txt"
 "$DSI" bench --device cpu --model "$MINI" --speculative fixed:2 --prompt-text "$TMP/short.txt" \
   >"$TMP/err.txt" 2>&1
