@@ -302,10 +302,12 @@ void StepCost::record_tokens(
   const size_t d = static_cast<size_t>(depth);
   const size_t bk = static_cast<size_t>(bucket(b));
   const double n = static_cast<double>(requests);
-  expected_[d] += expected * n;
-  emitted_[d] += emitted * n;
-  b_expected_[bk][d] += expected * n;
-  b_emitted_[bk][d] += emitted * n;
+  // Sums that forget (kGainWindow request-steps): a depth's gain follows the traffic.
+  const double keep = std::pow(1.0 - 1.0 / kGainWindow, n);
+  expected_[d] = expected_[d] * keep + expected * n;
+  emitted_[d] = emitted_[d] * keep + emitted * n;
+  b_expected_[bk][d] = b_expected_[bk][d] * keep + expected * n;
+  b_emitted_[bk][d] = b_emitted_[bk][d] * keep + emitted * n;
 }
 
 double StepCost::gain(int64_t b, int32_t depth) const {
@@ -459,13 +461,14 @@ double AcceptancePredictor::calibrated(int32_t i, float c) const {
 }
 
 void AcceptancePredictor::record(int32_t i, float confidence, bool accepted) {
+  constexpr double kKeep = 1.0 - 1.0 / kWindow;
   const size_t p = std::min(static_cast<size_t>(std::max(i, 0)), pos_verified_.size() - 1);
-  pos_verified_[p] += 1;
-  pos_accepted_[p] += accepted ? 1 : 0;
+  pos_verified_[p] = pos_verified_[p] * kKeep + 1;
+  pos_accepted_[p] = pos_accepted_[p] * kKeep + (accepted ? 1 : 0);
   const double conf = std::clamp(static_cast<double>(confidence), 0.0, 1.0);
   const int b = std::min(kBins - 1, static_cast<int>(conf * kBins));
-  bin_verified_[b] += 1;
-  bin_accepted_[b] += accepted ? 1 : 0;
+  bin_verified_[b] = bin_verified_[b] * kKeep + 1;
+  bin_accepted_[b] = bin_accepted_[b] * kKeep + (accepted ? 1 : 0);
 }
 
 }  // namespace dsinfer::spec

@@ -109,6 +109,9 @@ class StepCost {
   void record_tokens(int64_t b, int32_t depth, double expected, double emitted, int64_t requests);
   double gain(int64_t b, int32_t depth) const;
   static constexpr double kGainPrior = 64.0;  // tokens
+  // Request-steps the sums of record_tokens remember (weights decaying by 1/e over this many),
+  // so that a depth's gain follows the traffic as the acceptance rates do.
+  static constexpr double kGainWindow = 1024.0;
   // The depth, -1 or 1..max_k() (capped by accept.size()), with the highest rate (depth 0 would
   // emit what -1 does at a higher cost). Ties go to the shallower depth.
   int32_t best_depth(int64_t b, std::span<const double> accept) const;
@@ -191,6 +194,12 @@ class AcceptancePredictor {
   // never seen verified do not cut verification short before there is evidence).
   double calibrated(int32_t i, float c) const;
   void record(int32_t i, float confidence, bool accepted);
+  // Drafts each position's (and confidence bin's) counts remember (weights decaying by 1/e over
+  // this many): the rates follow a change of traffic within about a window. With counts that
+  // never forgot, a fall in acceptance after a long run at a high one kept auto drafting deep
+  // (tests/unit/engine/auto_sim_test.cc, AutoSim.AcceptanceFallingAfterTheWarmUp, over three
+  // timed rounds: 0.89-0.92 of the best mode, 0.93-0.97 with the window).
+  static constexpr double kWindow = 512.0;
   // True when further steps cannot change position_rate much: none verified yet (the prior then
   // stays as it is until a draft is verified) or enough (64 first drafts) that it no longer leans
   // on the prior.

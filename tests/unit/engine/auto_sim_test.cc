@@ -64,6 +64,9 @@ struct Costs {
   // 0.82 verifying 2, 0.79 verifying 4).
   std::vector<double> accept;
   double depth_penalty = 0;
+  // After the warm-up rounds, every acceptance above times this (a change of traffic: prompts
+  // whose drafts the target accepts less often).
+  double timed_accept_scale = 1.0;
 };
 
 int64_t pow2_at_least(int64_t v) {
@@ -82,6 +85,7 @@ class SimDevice final : public backend::Model {
 
   double now() const { return now_; }
   void started() { starting_ = false; }
+  void timed() { accept_scale_ = costs_.timed_accept_scale; }
 
   Status forward(state::SequenceState& st,
                  std::span<const int32_t> tokens,
@@ -218,7 +222,9 @@ class SimDevice final : public backend::Model {
           if (i + 1 < n && !costs_.accept.empty()) {
             const int32_t draft = it.tokens[static_cast<size_t>(i + 1)];
             const size_t j = std::min(static_cast<size_t>(i), costs_.accept.size() - 1);
-            const double a = costs_.accept[j] - costs_.depth_penalty * static_cast<double>(n - 2);
+            const double a =
+                (costs_.accept[j] - costs_.depth_penalty * static_cast<double>(n - 2)) *
+                accept_scale_;
             alive = alive && uniform_(rng_) < a;
             r.token = alive ? draft : 3 + (draft - 3 + 1) % (config_.vocab_size - 3);
           }
@@ -266,6 +272,7 @@ class SimDevice final : public backend::Model {
   std::vector<float> streams_;
   double now_ = 0;
   bool starting_ = true;
+  double accept_scale_ = 1.0;
   int64_t warmups_ = 0;
   std::set<std::tuple<int, int64_t, int64_t, int>> shapes_;  // (kind, padded batch, length, mtp)
   std::set<std::pair<int64_t, int64_t>> warm_;
@@ -312,6 +319,7 @@ SimRun run_mode(const std::shared_ptr<const model::Checkpoint>& ckpt,
   for (int round = 0; round < warmup + rounds; ++round) {
     const bool timed = round >= warmup;
     if (round == warmup) {
+      sim->timed();
       run.warmups = -sim->shape_warmups();
       vl0 = e.stats().spec.verify_len;
     }
@@ -392,7 +400,8 @@ struct Table {
 Table run_table(const std::vector<int64_t>& batches,
                 const Costs& costs,
                 double acceptance,
-                uint32_t seed) {
+                uint32_t seed,
+                int rounds = 3) {
   Table t;
   t.batches = batches;
   t.modes = {"off", "fixed:1", "fixed:2", "fixed:3", "fixed:4", "fixed:5", "auto"};
@@ -402,7 +411,7 @@ Table run_table(const std::vector<int64_t>& batches,
   for (int64_t b : batches) {
     t.runs.emplace_back();
     for (const std::string& m : t.modes)
-      t.runs.back().push_back(run_mode(mini, m.c_str(), b, costs, acceptance, seed));
+      t.runs.back().push_back(run_mode(mini, m.c_str(), b, costs, acceptance, seed, 2, rounds));
     std::string line = "[auto sim] batch " + std::to_string(b) + ":";
     const double off = t.runs.back()[0].tokens_per_s;
     for (size_t i = 0; i < t.modes.size(); ++i) {
@@ -425,7 +434,7 @@ Table run_table(const std::vector<int64_t>& batches,
 // at every batch size of the table.
 constexpr double kNear = 0.96;
 
-void expect_auto_keeps_up(const Table& t) {
+void expect_auto_keeps_up(const Table& t, double near = kNear) {
   ASSERT_EQ(t.runs.size(), t.batches.size());
   for (size_t bi = 0; bi < t.batches.size(); ++bi) {
     const std::vector<SimRun>& r = t.runs[bi];
@@ -433,7 +442,7 @@ void expect_auto_keeps_up(const Table& t) {
     double best = 0;
     for (size_t m = 0; m + 1 < r.size(); ++m) best = std::max(best, r[m].tokens_per_s);
     EXPECT_GT(r[0].tokens_per_s, 0) << "batch " << t.batches[bi];
-    EXPECT_GE(r.back().tokens_per_s, kNear * best) << "batch " << t.batches[bi];
+    EXPECT_GE(r.back().tokens_per_s, near * best) << "batch " << t.batches[bi];
   }
 }
 
@@ -490,6 +499,19 @@ TEST(AutoSim, AcceptanceFallingWithTheDepthVerified) {
     costs.depth_penalty = penalty;
     expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5));
   }
+}
+
+// Traffic whose drafts are accepted far less often than the warm-up's (0.9 at every position,
+// then 0.405 from the first timed round on; eight timed rounds): auto must follow. With counts
+// that never forget (before the thirtieth session) it reached 0.96 / 0.94 / 0.94 of the best mode
+// at batch 1 / 16 / 64 (0.92 / 0.89 / 0.90 over three rounds); with AcceptancePredictor::kWindow
+// and StepCost::kGainWindow 0.99 / 0.96 / 0.96 (the rest is choose_steady's hold: depth 2 kept at
+// batch 64, 3% below depth 1, predicted within kStay of it).
+TEST(AutoSim, AcceptanceFallingAfterTheWarmUp) {
+  Costs costs = h200_costs();
+  costs.accept = {0.9, 0.9, 0.9, 0.9, 0.9};
+  costs.timed_accept_scale = 0.45;
+  expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5, 8), 0.95);
 }
 
 }  // namespace

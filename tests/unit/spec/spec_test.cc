@@ -687,6 +687,19 @@ TEST(AcceptancePredictor, LearnsRatesAndCalibration) {
   EXPECT_NEAR(p.calibrated(2, 0.55f), 0.8, 1e-9);
 }
 
+// The counts forget (kWindow drafts): a change of traffic moves the rate within about a window.
+TEST(AcceptancePredictor, FollowsAChangeOfTraffic) {
+  AcceptancePredictor p(2);
+  for (int i = 0; i < 20 * static_cast<int>(AcceptancePredictor::kWindow); ++i)
+    p.record(0, 0.9f, i % 10 != 0);  // 90% accepted for a long time
+  EXPECT_NEAR(p.position_rate(0), 0.9, 0.02);
+  const int w = static_cast<int>(AcceptancePredictor::kWindow);
+  for (int i = 0; i < 3 * w; ++i) p.record(0, 0.9f, i % 10 < 3);  // then 30%
+  EXPECT_NEAR(p.position_rate(0), 0.3, 0.05);
+  EXPECT_NEAR(p.calibrated(0, 0.9f), 0.3, 0.05);
+  EXPECT_TRUE(p.settled());
+}
+
 TEST(SpecStats, Summaries) {
   Stats s;
   s.resize(3);
