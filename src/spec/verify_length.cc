@@ -448,10 +448,13 @@ AcceptancePredictor::AcceptancePredictor(int32_t max_k)
       pos_verified_(static_cast<size_t>(std::max(max_k, 1)), 0.0) {}
 
 double AcceptancePredictor::position_rate(int32_t i) const {
-  // Optimistic prior (0.8 over 4 pseudo-drafts) so that auto tries drafting before it has seen
-  // any; the observations take over within a few steps.
+  // Prior of 4 pseudo-drafts: optimistic at the first position (0.8) so that auto tries drafting
+  // before it has seen any; at a deeper one the rate of the position before it (whose drafts are
+  // verified more often), so that a change of traffic seen at the shallow positions carries to
+  // the deep ones whose own counts have faded. The observations take over within a few steps.
   const size_t p = std::min(static_cast<size_t>(std::max(i, 0)), pos_verified_.size() - 1);
-  return (pos_accepted_[p] + 3.2) / (pos_verified_[p] + 4.0);
+  const double prior = p == 0 ? 0.8 : position_rate(static_cast<int32_t>(p) - 1);
+  return (pos_accepted_[p] + 4.0 * prior) / (pos_verified_[p] + 4.0);
 }
 
 double AcceptancePredictor::calibrated(int32_t i, float c) const {
@@ -463,8 +466,17 @@ double AcceptancePredictor::calibrated(int32_t i, float c) const {
 void AcceptancePredictor::record(int32_t i, float confidence, bool accepted) {
   constexpr double kKeep = 1.0 - 1.0 / kWindow;
   const size_t p = std::min(static_cast<size_t>(std::max(i, 0)), pos_verified_.size() - 1);
-  pos_verified_[p] = pos_verified_[p] * kKeep + 1;
-  pos_accepted_[p] = pos_accepted_[p] * kKeep + (accepted ? 1 : 0);
+  // Every position's counts fade with the first drafts' (one per verifying request-step), so
+  // that a deep position's old evidence gives way to its prior when its drafts are seldom
+  // verified.
+  if (p == 0) {
+    for (size_t j = 0; j < pos_verified_.size(); ++j) {
+      pos_verified_[j] *= kKeep;
+      pos_accepted_[j] *= kKeep;
+    }
+  }
+  pos_verified_[p] += 1;
+  pos_accepted_[p] += accepted ? 1 : 0;
   const double conf = std::clamp(static_cast<double>(confidence), 0.0, 1.0);
   const int b = std::min(kBins - 1, static_cast<int>(conf * kBins));
   bin_verified_[b] = bin_verified_[b] * kKeep + 1;

@@ -187,15 +187,17 @@ class AcceptancePredictor {
  public:
   explicit AcceptancePredictor(int32_t max_k);
   // Probability that the draft at position i (0-based) is accepted given those before were, from
-  // the acceptance observed so far at that position (optimistic prior while there is little).
+  // the acceptance observed at that position (prior: 0.8 at the first, the previous position's
+  // rate at the others).
   double position_rate(int32_t i) const;
   // Same for a draft at position i whose drafter confidence is c: the observed acceptance of
   // drafts with similar confidence, with position_rate(i) as the prior (so that confidences
   // never seen verified do not cut verification short before there is evidence).
   double calibrated(int32_t i, float c) const;
   void record(int32_t i, float confidence, bool accepted);
-  // Drafts each position's (and confidence bin's) counts remember (weights decaying by 1/e over
-  // this many): the rates follow a change of traffic within about a window. With counts that
+  // First drafts verified that every position's counts remember (weights decaying by 1/e over
+  // this many; the confidence bins' over this many drafts in them): the rates follow a change of
+  // traffic within about a window. With counts that
   // never forgot, a fall in acceptance after a long run at a high one kept auto drafting deep
   // (tests/unit/engine/auto_sim_test.cc, AutoSim.AcceptanceFallingAfterTheWarmUp, over three
   // timed rounds: 0.89-0.92 of the best mode, 0.93-0.97 with the window).

@@ -680,11 +680,12 @@ TEST(AcceptancePredictor, LearnsRatesAndCalibration) {
   }
   EXPECT_NEAR(p.position_rate(0), 0.9, 0.02);
   EXPECT_NEAR(p.position_rate(1), 0.5, 0.02);
-  EXPECT_NEAR(p.position_rate(2), 0.8, 1e-9);  // nothing seen there yet
+  // Nothing seen at position 2 yet: the rate of position 1.
+  EXPECT_NEAR(p.position_rate(2), p.position_rate(1), 1e-9);
   EXPECT_NEAR(p.calibrated(0, 0.97f), 0.9, 0.02);
   EXPECT_NEAR(p.calibrated(2, 0.12f), 0.5, 0.02);  // the drafter is underconfident there
   EXPECT_NEAR(p.calibrated(0, 0.55f), p.position_rate(0), 1e-9);  // no data: the rate
-  EXPECT_NEAR(p.calibrated(2, 0.55f), 0.8, 1e-9);
+  EXPECT_NEAR(p.calibrated(2, 0.55f), p.position_rate(2), 1e-9);
 }
 
 // The counts forget (kWindow drafts): a change of traffic moves the rate within about a window.
@@ -698,6 +699,16 @@ TEST(AcceptancePredictor, FollowsAChangeOfTraffic) {
   EXPECT_NEAR(p.position_rate(0), 0.3, 0.05);
   EXPECT_NEAR(p.calibrated(0, 0.9f), 0.3, 0.05);
   EXPECT_TRUE(p.settled());
+  // A second position last seen at 90%, its drafts no longer verified: its old counts fade with
+  // the first position's, and its prior (the first position's rate) takes over.
+  AcceptancePredictor q(2);
+  for (int i = 0; i < 4 * w; ++i) {
+    q.record(0, 0.9f, i % 10 != 0);
+    q.record(1, 0.9f, i % 10 != 0);
+  }
+  EXPECT_NEAR(q.position_rate(1), 0.9, 0.02);
+  for (int i = 0; i < 10 * w; ++i) q.record(0, 0.9f, i % 10 < 3);
+  EXPECT_NEAR(q.position_rate(1), 0.3, 0.05);
 }
 
 TEST(SpecStats, Summaries) {
