@@ -763,31 +763,40 @@ void Engine::run_chunks() {
   stats_.phases.finish += now_s() - t_finish;
   // (Not a step that ran a shape for the first times: its eager launches and graph capture
   // are one-time costs, and counted they taught auto that a depth costs far more than it does.)
-  if (timed && step_b_ > 0) {
+  const int64_t sb = step_b_ > 0 ? step_b_ : mixed_b_;
+  if (timed && sb > 0) {
     const double took = now_s() - t_step;
     const int64_t warmed = model_->shape_warmups() - warmups;
     if (trace_spec_) {
-      std::fprintf(
-          stderr,
-          "[spec-trace] step %lld: %lld at depth %d took %.3f ms, emitted %lld, %s\n",
-          static_cast<long long>(stats_.steps),
-          static_cast<long long>(step_b_),
-          step_depth_,
-          took * 1e3,
-          static_cast<long long>(stats_.spec.spec_tokens - spec_tokens),
-          warmed > 0
-              ? str_format("not recorded (%lld shape warm-ups)", static_cast<long long>(warmed))
-                    .c_str()
-          : cost_ ? str_format("predicted %.3f", cost_->step_s(step_b_, step_depth_) * 1e3).c_str()
-                  : "fixed");
+      std::fprintf(stderr,
+                   "[spec-trace] step %lld: %lld at depth %d%s took %.3f ms, emitted %lld, %s\n",
+                   static_cast<long long>(stats_.steps),
+                   static_cast<long long>(sb),
+                   step_depth_,
+                   step_b_ > 0 ? "" : " beside prefill chunks",
+                   took * 1e3,
+                   static_cast<long long>(stats_.spec.spec_tokens - spec_tokens),
+                   warmed > 0 ? str_format("not recorded (%lld shape warm-ups)",
+                                           static_cast<long long>(warmed))
+                                    .c_str()
+                   : cost_ ? str_format("predicted %.3f",
+                                        (cost_->step_s(sb, step_depth_) +
+                                         (step_b_ > 0 ? 0.0 : cost_->mixed_extra(sb))) *
+                                            1e3)
+                                 .c_str()
+                           : "fixed");
     }
-    if (cost_ && warmed == 0)
-      cost_->record(step_b_, step_depth_, took);
+    if (cost_ && warmed == 0) {
+      if (step_b_ > 0)
+        cost_->record(step_b_, step_depth_, took);
+      else
+        cost_->record_mixed(mixed_b_, step_depth_, took);
+    }
     // What the step's verifications emitted against what auto's choice counted on.
     const int64_t verified = stats_.spec.spec_steps - spec_steps;
     if (cost_ && step_depth_ >= 1 && verified > 0 &&
         static_cast<size_t>(step_depth_) < expected_.size()) {
-      cost_->record_tokens(step_b_,
+      cost_->record_tokens(sb,
                            step_depth_,
                            expected_[static_cast<size_t>(step_depth_)],
                            static_cast<double>(stats_.spec.spec_tokens - spec_tokens) /
@@ -808,7 +817,7 @@ bool Engine::auto_says_off(int64_t b) {
   return cost_->choose(b, rates_) < 0;
 }
 
-int32_t Engine::auto_depth(int64_t b) {
+int32_t Engine::auto_depth(int64_t b, bool mixed) {
   refresh_rates();
   // E(depth) from these rates, for record_tokens once the step has run.
   expected_.assign(static_cast<size_t>(spec_.k) + 1, 1.0);
@@ -817,6 +826,11 @@ int32_t Engine::auto_depth(int64_t b) {
     reach *= rates_[static_cast<size_t>(d - 1)];
     expected_[static_cast<size_t>(d)] = expected_[static_cast<size_t>(d - 1)] + reach;
   }
+  // A step with prefill chunks: the decode steps' choice, without advancing their hold and
+  // cold-shape counters (the step is not one of theirs), deepened where the mixed steps' own time
+  // makes deeper drafts pay.
+  if (mixed)
+    return cost_->choose_mixed(b, rates_, cost_->choose(b, rates_));
   if (!model_->prefers_uniform_steps())
     return cost_->choose(b, rates_);
   // The steady form on a backend that replays graphs per shape (a new depth costs captures),
@@ -835,14 +849,26 @@ bool Engine::is_decode_chunk(const ScheduledChunk& c) {
 
 void Engine::classify_step() {
   // Steps of decode chunks only (a prefill's time says nothing of a decode step's), all of them
-  // speculating at this step's depth or none of them speculating (then depth -1).
+  // speculating at this step's depth or none of them speculating (then depth -1). Steps with
+  // prefill chunks beside decode chunks that all verified the step's depth (>= 1) are mixed
+  // steps (StepCost::record_mixed).
   step_b_ = 0;
-  int64_t b = 0, off = 0;
-  for (const ScheduledChunk& c : plan_.chunks) {
-    if (!is_decode_chunk(c))
-      return;
+  mixed_b_ = 0;
+  int64_t b = 0, off = 0, other = 0, at_depth = 0;
+  for (size_t i = 0; i < plan_.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan_.chunks[i];
+    if (!is_decode_chunk(c)) {
+      ++other;
+      continue;
+    }
     ++b;
     off += c.request->spec_disabled ? 1 : 0;
+    at_depth += i < chunk_k_.size() && chunk_k_[i] == step_depth_ ? 1 : 0;
+  }
+  if (other > 0) {
+    if (b > 0 && step_depth_ >= 1 && at_depth == b)
+      mixed_b_ = b;
+    return;
   }
   if (b == 0 || (off != 0 && off != b))
     return;
@@ -942,7 +968,9 @@ bool Engine::plan_drafts() {
     // speculation pays again at its batch (resume_drafting, where the backend's MTP block can
     // restart from the kept final streams; elsewhere it decodes on without speculation), and
     // new requests decide again at their first chunk.
-    const int32_t depth = auto_depth(b);
+    bool mixed = false;
+    for (const ScheduledChunk& c : plan_.chunks) mixed |= !is_decode_chunk(c);
+    const int32_t depth = auto_depth(b, mixed);
     step_depth_ = depth;
     for (size_t j = 0; j < draft_chunk_.size(); ++j) {
       want[j] = depth < 1 ? 0 : drafter_->sequential() ? std::min(depth, caps[j]) : caps[j];

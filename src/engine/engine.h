@@ -227,9 +227,10 @@ class Engine {
   // (chunk_k_, drafts_); false after a device failure.
   bool plan_drafts();
   // Auto: the depth the cost model picks for b decoding requests (-1: no speculation); the step's
-  // choice (it keeps E(depth) for record_tokens and advances the cost model's per-bucket hold
-  // and cold-shape counters).
-  int32_t auto_depth(int64_t b);
+  // choice (it keeps E(depth) for record_tokens and, in a step of decode chunks only, advances
+  // the cost model's per-bucket hold and cold-shape counters). mixed: the step also runs prefill
+  // chunks (StepCost::choose_mixed).
+  int32_t auto_depth(int64_t b, bool mixed);
   // Auto: whether the cost model would run b decoding requests without speculation, asked
   // without a step (at a request's admission): nothing recorded, no counter advanced. The hold
   // and warm-shape substitutions of auto_depth only move between depths >= 1, so the answer is
@@ -240,7 +241,9 @@ class Engine {
   void resume_drafting();
   void refresh_rates();  // rates_ from the predictor's acceptance at each draft position
   // Auto: whether this step's wall time goes to the cost model (a step of decode chunks only,
-  // all speculating or none): step_b_ > 0, with its depth in step_depth_.
+  // all speculating or none): step_b_ > 0, with its depth in step_depth_; or as a mixed step's
+  // (prefill chunks beside decode chunks that all verified at the step's depth >= 1):
+  // mixed_b_ > 0, its decode chunks.
   void classify_step();
   static bool is_decode_chunk(const ScheduledChunk& c);
   // Verifies chunk i's drafts against the target's logits (out), emits the accepted tokens and
@@ -353,6 +356,7 @@ class Engine {
   std::unique_ptr<spec::StepCost> cost_;
   int32_t step_depth_ = 0;
   int64_t step_b_ = 0;
+  int64_t mixed_b_ = 0;
   std::vector<double> rates_;        // the acceptance predictor's rate by draft position
   std::vector<double> expected_;     // auto_depth: E(depth) from rates_ (tokens per request)
   std::vector<uint8_t> warm_;        // auto_depth: per depth, whether its fixed shape is prepared

@@ -168,6 +168,8 @@ StepCost::StepCost(StepTimes prior, int32_t max_k, bool padded_buckets)
       expected_(static_cast<size_t>(max_k_ + 1), 0.0),
       b_emitted_(kBuckets, std::vector<double>(static_cast<size_t>(max_k_ + 1), 0.0)),
       b_expected_(kBuckets, std::vector<double>(static_cast<size_t>(max_k_ + 1), 0.0)),
+      mixed_(kBuckets, 0.0),
+      mixed_seen_(kBuckets, 0),
       steps_(kBuckets, 0),
       ran_at_(kBuckets, std::vector<int64_t>(static_cast<size_t>(max_k_ + 2), 0)) {
   DSI_CHECK(prior_.valid(), "StepCost: invalid step-time model");
@@ -285,14 +287,39 @@ double StepCost::step_s(int64_t b, int32_t depth) const {
   return std::max(p + correction(bucket(b), depth), 0.1 * p) * level(b);
 }
 
-double StepCost::rate(int64_t b, int32_t depth, std::span<const double> accept) const {
+namespace {
+// E(depth): the tokens a request's verification of `depth` drafts is expected to emit.
+double expected_tokens(int32_t depth, std::span<const double> accept) {
   double tokens = 1.0, reach = 1.0;
   for (int32_t i = 0; i < depth && i < static_cast<int32_t>(accept.size()); ++i) {
     reach *= std::clamp(accept[static_cast<size_t>(i)], 0.0, 1.0);
     tokens += reach;
   }
-  const double t = step_s(b, depth);
-  return t > 0 ? static_cast<double>(b) * tokens * gain(b, depth) / t : 0.0;
+  return tokens;
+}
+}  // namespace
+
+double StepCost::rate(int64_t b,
+                      int32_t depth,
+                      std::span<const double> accept,
+                      double extra_s) const {
+  const double t = step_s(b, depth) + extra_s;
+  return t > 0 ? static_cast<double>(b) * expected_tokens(depth, accept) * gain(b, depth) / t : 0.0;
+}
+
+int32_t StepCost::best_mixed_depth(int64_t b, std::span<const double> accept) const {
+  const double extra = mixed_extra(b);
+  const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
+  int32_t best = -1;
+  double best_rate = rate(b, -1, accept, extra);
+  for (int32_t d = 1; d <= top; ++d) {
+    const double r = rate(b, d, accept, extra);
+    if (r > best_rate) {
+      best_rate = r;
+      best = d;
+    }
+  }
+  return best;
 }
 
 void StepCost::record_tokens(
@@ -391,6 +418,29 @@ int32_t StepCost::choose(int64_t b, std::span<const double> accept) const {
       steps_[bk] - ran_at_[bk][static_cast<size_t>(best + 2)] >= kProbeEvery)
     pick = best + 1;
   return pick;
+}
+
+void StepCost::record_mixed(int64_t b, int32_t depth, double seconds) {
+  if (b < 1 || depth < 1 || depth > max_k_ || !(seconds > 0))
+    return;
+  const size_t bk = static_cast<size_t>(bucket(b));
+  const double x = seconds - step_s(b, depth);
+  const int64_t n = ++mixed_seen_[bk];
+  mixed_[bk] += (x - mixed_[bk]) / static_cast<double>(n <= kSettled ? n : 16);
+}
+
+double StepCost::mixed_extra(int64_t b) const {
+  if (b < 1)
+    return 0.0;
+  const size_t bk = static_cast<size_t>(bucket(b));
+  return mixed_seen_[bk] > 0 ? std::max(0.0, mixed_[bk]) : 0.0;
+}
+
+int32_t StepCost::choose_mixed(int64_t b, std::span<const double> accept, int32_t pure) const {
+  if (pure < 1 || b < 1 || mixed_seen_[static_cast<size_t>(bucket(b))] == 0)
+    return pure;
+  // The requests speculate: the depth that pays best in a mixed step (at least 1).
+  return std::max(best_mixed_depth(b, accept), 1);
 }
 
 int32_t StepCost::choose_steady(int64_t b, std::span<const double> accept) {

@@ -91,10 +91,11 @@ class StepCost {
   void record(int64_t b, int32_t depth, double seconds);
   // Predicted wall time of such a step.
   double step_s(int64_t b, int32_t depth) const;
-  // b * E(depth) * gain(b, depth) / step_s(b, depth): the expected emitted tokens per second, where
-  // accept[i] is the probability that draft i is accepted given those before were (E(-1) = E(0) =
-  // 1).
-  double rate(int64_t b, int32_t depth, std::span<const double> accept) const;
+  // b * E(depth) * gain(b, depth) / (step_s(b, depth) + extra_s): the expected emitted tokens per
+  // second, where accept[i] is the probability that draft i is accepted given those before were
+  // (E(-1) = E(0) = 1), and extra_s time the step spends beside its decode requests (a mixed
+  // step's prefill share, choose_mixed).
+  double rate(int64_t b, int32_t depth, std::span<const double> accept, double extra_s = 0) const;
   // Tokens a step at `depth` emitted per speculating request, against the E(depth) its choice
   // counted on (from the acceptance rates then), over `requests` requests. The acceptance at a
   // draft position is not the same at every depth (where a verification starts depends on how
@@ -154,6 +155,21 @@ class StepCost {
   int32_t choose_warm(int64_t b, std::span<const double> accept, std::span<const uint8_t> warm);
   static constexpr double kCold = 0.08;
   static constexpr int32_t kColdPatience = 16;
+  // Mixed steps: decode requests verifying beside prefill chunks (CUDA runs such a step eagerly,
+  // without its graphs). Their time beyond a decode step's of the same batch and depth (the
+  // prefill's share, the eager launches) is learnt per bucket: the mean of the first kSettled
+  // mixed steps, then an EWMA of weight 1/16. In such a step the decode requests' drafts cost
+  // only the verification's own rows on top of that time, so deeper ones pay sooner: the
+  // depth of choose_mixed (1..max_k) maximises b E(d) gain / (step_s(b, d) + extra). Measured on
+  // a simulated device kept at 16 requests with 32-160 tokens each (tests/unit/engine/
+  // auto_sim_test.cc, AutoSim.ServingKeepsUpWithTheBestFixedDepth): a step in six was mixed, and
+  // choosing their depth as the decode steps' made auto 0.88x the best fixed depth.
+  void record_mixed(int64_t b, int32_t depth, double seconds);
+  double mixed_extra(int64_t b) const;  // 0 until a mixed step was recorded in b's bucket
+  // The depth for a mixed step: `pure` (the decode steps' choice) where that is below 1 or no
+  // mixed step of the bucket was measured yet, else the best of 1..max_k (capped by
+  // accept.size()) with mixed_extra(b) added to every depth's step time. Changes nothing.
+  int32_t choose_mixed(int64_t b, std::span<const double> accept, int32_t pure) const;
   int64_t measured(int64_t b, int32_t depth) const;
   static constexpr int64_t kExplore = 3;
   // The bucket's level (see above; 1 until a depth has more than kSettled steps).
@@ -165,6 +181,8 @@ class StepCost {
   int bucket(int64_t b) const;
   int64_t model_batch(int64_t b) const;
   double prior_s(int64_t b, int32_t depth) const;
+  // The depth of the highest rate with mixed_extra(b) added to every depth's step time (-1: off).
+  int32_t best_mixed_depth(int64_t b, std::span<const double> accept) const;
   double correction(int bucket, int32_t depth) const;
   StepTimes prior_;
   int32_t max_k_;
@@ -179,6 +197,8 @@ class StepCost {
   // record_tokens' sums: [depth] over every bucket, [bucket][depth].
   std::vector<double> emitted_, expected_;
   std::vector<std::vector<double>> b_emitted_, b_expected_;
+  std::vector<double> mixed_;                 // [bucket]: mixed steps' extra time (seconds)
+  std::vector<int64_t> mixed_seen_;           // [bucket]
   std::vector<int64_t> steps_;                // [bucket]: steps recorded
   std::vector<std::vector<int64_t>> ran_at_;  // [bucket][depth + 1]: steps_ at its latest
 };

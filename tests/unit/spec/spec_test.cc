@@ -185,6 +185,28 @@ TEST(StepCost, CheapVerificationDraftsDeepAndExpensiveTurnsSpeculationOff) {
   EXPECT_GE(noisy.step_s(8, 0), noisy.step_s(8, -1));
 }
 
+// Mixed steps (prefill chunks beside the decode requests) learn their extra time and draft
+// deeper where it makes the verification's own cost small beside the step's.
+TEST(StepCost, MixedStepsDraftDeeperWhereThePrefillDominates) {
+  const std::vector<double> accept(5, 0.8);
+  // Decode steps: E(d) / (1 + 0.6 d) is best at d = 1 (1.8 / 1.6 = 1.125; d = 2: 2.44 / 2.2).
+  StepCost c(flat_times(1.0, 1.0, 0.55, 0.05, 5), 5);
+  ASSERT_EQ(c.best_depth(1, accept), 1);
+  // No mixed step measured yet: the decode steps' choice.
+  EXPECT_EQ(c.choose_mixed(1, accept, 1), 1);
+  EXPECT_EQ(c.mixed_extra(1), 0.0);
+  // Mixed steps at depth 1 take 6 s more than a decode step: with E(d) / (7 + 0.6 d) the
+  // deepest depth pays (5: 3.69 / 10 = 0.369 against 1: 1.8 / 7.6 = 0.237).
+  for (int i = 0; i < 10; ++i) c.record_mixed(1, 1, c.step_s(1, 1) + 6.0);
+  EXPECT_NEAR(c.mixed_extra(1), 6.0, 1e-9);
+  EXPECT_EQ(c.choose_mixed(1, accept, 1), 5);
+  // Off stays off (the requests do not speculate), and the decode steps' choice is unchanged.
+  EXPECT_EQ(c.choose_mixed(1, accept, -1), -1);
+  EXPECT_EQ(c.best_depth(1, accept), 1);
+  // Another bucket has measured none.
+  EXPECT_EQ(c.choose_mixed(64, accept, 1), 1);
+}
+
 TEST(StepCost, MeasuredStepTimesCorrectTheStartUpModel) {
   const std::vector<double> accept(5, 0.8);
   // The start-up model says verification is cheap at every batch size.
