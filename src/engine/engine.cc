@@ -826,9 +826,9 @@ int32_t Engine::auto_depth(int64_t b, bool mixed) {
     reach *= rates_[static_cast<size_t>(d - 1)];
     expected_[static_cast<size_t>(d)] = expected_[static_cast<size_t>(d - 1)] + reach;
   }
-  // A step with prefill chunks: the decode steps' choice, without advancing their hold and
-  // cold-shape counters (the step is not one of theirs), deepened where the mixed steps' own time
-  // makes deeper drafts pay.
+  // A step with prefill chunks: once such steps' own time is measured, the depth that pays best
+  // with it (StepCost::choose_mixed), else the decode steps' choice; their hold and cold-shape
+  // counters are not advanced (the step is not one of theirs).
   if (mixed)
     return cost_->choose_mixed(b, rates_, cost_->choose(b, rates_));
   if (!model_->prefers_uniform_steps())
