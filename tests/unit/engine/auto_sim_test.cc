@@ -25,7 +25,6 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/forward_as_batch.h"
 #include "backend/model.h"
 #include "backend/mtp_draft.h"
 #include "engine/engine.h"
@@ -75,7 +74,7 @@ int64_t pow2_at_least(int64_t v) {
   return p;
 }
 
-class SimDevice final : public backend::Model {
+class SimDevice final : public test_support::BatchedTestModel {
  public:
   SimDevice(const model::ModelConfig& config, Costs costs, uint32_t seed)
       : config_(config),
@@ -86,13 +85,6 @@ class SimDevice final : public backend::Model {
   double now() const { return now_; }
   void started() { starting_ = false; }
   void timed() { accept_scale_ = costs_.timed_accept_scale; }
-
-  Status forward(state::SequenceState& st,
-                 std::span<const int32_t> tokens,
-                 const backend::ForwardOptions& options,
-                 backend::ForwardOutputs* out) override {
-    return backend::forward_as_batch(*this, st, tokens, options, out);
-  }
 
   Status forward_batch(std::span<backend::ForwardItem> items) override {
     if (items.empty())

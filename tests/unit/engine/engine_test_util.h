@@ -48,18 +48,23 @@ inline std::shared_ptr<const model::Checkpoint> bundled_model() {
   return ckpt;
 }
 
-// The CPU reference forward behind backend::Model, for test backends that change one part of a
-// backend's behaviour (in-backend sampling, background page reads, ...) and override it.
-class CpuBackedModel : public backend::Model {
+// A test backend whose single-sequence forward is its forward_batch of one item.
+class BatchedTestModel : public backend::Model {
  public:
-  explicit CpuBackedModel(const model::Checkpoint& ckpt)
-      : cpu_(ckpt.config(), ckpt.weights(), model::Numerics::kReference) {}
   Status forward(state::SequenceState& st,
                  std::span<const int32_t> tokens,
                  const backend::ForwardOptions& options,
                  backend::ForwardOutputs* out) override {
     return backend::forward_as_batch(*this, st, tokens, options, out);
   }
+};
+
+// The CPU reference forward behind backend::Model, for test backends that change one part of a
+// backend's behaviour (in-backend sampling, background page reads, ...) and override it.
+class CpuBackedModel : public BatchedTestModel {
+ public:
+  explicit CpuBackedModel(const model::Checkpoint& ckpt)
+      : cpu_(ckpt.config(), ckpt.weights(), model::Numerics::kReference) {}
   Status forward_batch(std::span<backend::ForwardItem> items) override {
     for (backend::ForwardItem& it : items)
       it.status = cpu_.forward(*it.state, it.tokens, it.options, it.out);
