@@ -329,8 +329,8 @@ void StepCost::record_tokens(
   const size_t d = static_cast<size_t>(depth);
   const size_t bk = static_cast<size_t>(bucket(b));
   const double n = static_cast<double>(requests);
-  // Sums that forget (kGainWindow request-steps): a depth's gain follows the traffic.
-  const double keep = std::pow(1.0 - 1.0 / kGainWindow, n);
+  // Sums that forget (kGainSteps steps of the depth): a depth's gain follows the traffic.
+  constexpr double keep = 1.0 - 1.0 / kGainSteps;
   expected_[d] = expected_[d] * keep + expected * n;
   emitted_[d] = emitted_[d] * keep + emitted * n;
   b_expected_[bk][d] = b_expected_[bk][d] * keep + expected * n;

@@ -110,9 +110,12 @@ class StepCost {
   void record_tokens(int64_t b, int32_t depth, double expected, double emitted, int64_t requests);
   double gain(int64_t b, int32_t depth) const;
   static constexpr double kGainPrior = 64.0;  // tokens
-  // Request-steps the sums of record_tokens remember (weights decaying by 1/e over this many),
-  // so that a depth's gain follows the traffic as the acceptance rates do.
-  static constexpr double kGainWindow = 1024.0;
+  // Steps the sums of record_tokens remember (each recorded step's weight decays by 1/e over
+  // this many of the depth's later steps), so that a depth's gain follows the traffic as the
+  // acceptance rates do. (Counted in request-steps, 1,024 of them, the window was four steps at
+  // batch 256: a wave's tail, whose requests stop at max_tokens mid-verification, set depth 2's
+  // gain at 0.956, and auto ran depth 3, 4% slower: AutoSim.Batch256.)
+  static constexpr double kGainSteps = 256.0;
   // The depth, -1 or 1..max_k() (capped by accept.size()), with the highest rate (depth 0 would
   // emit what -1 does at a higher cost). Ties go to the shallower depth.
   int32_t best_depth(int64_t b, std::span<const double> accept) const;
@@ -219,8 +222,7 @@ class AcceptancePredictor {
   // this many; the confidence bins' over this many drafts in them): the rates follow a change of
   // traffic within about a window. With counts that
   // never forgot, a fall in acceptance after a long run at a high one kept auto drafting deep
-  // (tests/unit/engine/auto_sim_test.cc, AutoSim.AcceptanceFallingAfterTheWarmUp, over three
-  // timed rounds: 0.89-0.92 of the best mode, 0.93-0.97 with the window).
+  // (tests/unit/engine/auto_sim_test.cc, AutoSim.AcceptanceFallingAfterTheWarmUp).
   static constexpr double kWindow = 512.0;
   // True when further steps cannot change position_rate much: none verified yet (the prior then
   // stays as it is until a draft is verified) or enough (64 first drafts) that it no longer leans
