@@ -307,13 +307,15 @@ double StepCost::rate(int64_t b,
   return t > 0 ? static_cast<double>(b) * expected_tokens(depth, accept) * gain(b, depth) / t : 0.0;
 }
 
-int32_t StepCost::best_mixed_depth(int64_t b, std::span<const double> accept) const {
-  const double extra = mixed_extra(b);
+int32_t StepCost::best_depth_with(int64_t b, std::span<const double> accept, double extra_s) const {
   const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
   int32_t best = -1;
-  double best_rate = rate(b, -1, accept, extra);
+  double best_rate = rate(b, -1, accept, extra_s);
+  // Depth 0 (the drafter's forward work, no drafts) emits what off does at a higher cost: not a
+  // choice. (It was: a start-up model in which noise made it look cheaper than off kept requests
+  // on the drafter's work without ever drafting.)
   for (int32_t d = 1; d <= top; ++d) {
-    const double r = rate(b, d, accept, extra);
+    const double r = rate(b, d, accept, extra_s);
     if (r > best_rate) {
       best_rate = r;
       best = d;
@@ -347,20 +349,7 @@ double StepCost::gain(int64_t b, int32_t depth) const {
 }
 
 int32_t StepCost::best_depth(int64_t b, std::span<const double> accept) const {
-  const int32_t top = std::min(max_k_, static_cast<int32_t>(accept.size()));
-  int32_t best = -1;
-  double best_rate = rate(b, -1, accept);
-  // Depth 0 (the drafter's forward work, no drafts) emits what off does at a higher cost: not a
-  // choice. (It was: a start-up model in which noise made it look cheaper than off kept requests
-  // on the drafter's work without ever drafting.)
-  for (int32_t d = 1; d <= top; ++d) {
-    const double r = rate(b, d, accept);
-    if (r > best_rate) {
-      best_rate = r;
-      best = d;
-    }
-  }
-  return best;
+  return best_depth_with(b, accept, 0.0);
 }
 
 int32_t StepCost::choose(int64_t b, std::span<const double> accept) const {
@@ -440,7 +429,7 @@ int32_t StepCost::choose_mixed(int64_t b, std::span<const double> accept, int32_
   if (pure < 1 || b < 1 || mixed_seen_[static_cast<size_t>(bucket(b))] == 0)
     return pure;
   // The requests speculate: the depth that pays best in a mixed step (at least 1).
-  return std::max(best_mixed_depth(b, accept), 1);
+  return std::max(best_depth_with(b, accept, mixed_extra(b)), 1);
 }
 
 int32_t StepCost::choose_steady(int64_t b, std::span<const double> accept) {

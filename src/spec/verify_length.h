@@ -184,8 +184,8 @@ class StepCost {
   int bucket(int64_t b) const;
   int64_t model_batch(int64_t b) const;
   double prior_s(int64_t b, int32_t depth) const;
-  // The depth of the highest rate with mixed_extra(b) added to every depth's step time (-1: off).
-  int32_t best_mixed_depth(int64_t b, std::span<const double> accept) const;
+  // best_depth with extra_s added to every depth's step time (choose_mixed: mixed_extra(b)).
+  int32_t best_depth_with(int64_t b, std::span<const double> accept, double extra_s) const;
   double correction(int bucket, int32_t depth) const;
   StepTimes prior_;
   int32_t max_k_;
