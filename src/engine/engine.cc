@@ -951,9 +951,17 @@ bool Engine::plan_drafts() {
     draft_chunk_.push_back(i);
     caps.push_back(std::max(cap, 0));
   }
-  if (draft_chunk_.empty())
-    return true;
   const bool automatic = spec_.mode == spec::Mode::kAuto;
+  if (draft_chunk_.empty()) {
+    // Requests decoded, none speculating: auto's evidence for that fades (unobserved_step).
+    if (automatic && predictor_) {
+      bool decodes = false;
+      for (const ScheduledChunk& c : plan_.chunks) decodes |= is_decode_chunk(c);
+      if (decodes)
+        predictor_->unobserved_step();
+    }
+    return true;
+  }
   const int64_t b = static_cast<int64_t>(draft_chunk_.size());
   // How many to draft: all allowed (fixed), or under auto what the acceptance observed so far
   // makes worth it (a block drafter then drafts its whole block or nothing: one pass proposes

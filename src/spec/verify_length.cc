@@ -502,6 +502,18 @@ double AcceptancePredictor::calibrated(int32_t i, float c) const {
   return (bin_accepted_[b] + 4.0 * position_rate(i)) / (bin_verified_[b] + 4.0);
 }
 
+void AcceptancePredictor::unobserved_step() {
+  constexpr double kKeep = 1.0 - 1.0 / kUnobservedSteps;
+  for (size_t j = 0; j < pos_verified_.size(); ++j) {
+    pos_verified_[j] *= kKeep;
+    pos_accepted_[j] *= kKeep;
+  }
+  for (int b = 0; b < kBins; ++b) {
+    bin_verified_[b] *= kKeep;
+    bin_accepted_[b] *= kKeep;
+  }
+}
+
 void AcceptancePredictor::record(int32_t i, float confidence, bool accepted) {
   constexpr double kKeep = 1.0 - 1.0 / kWindow;
   const size_t p = std::min(static_cast<size_t>(std::max(i, 0)), pos_verified_.size() - 1);

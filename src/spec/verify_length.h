@@ -224,6 +224,16 @@ class AcceptancePredictor {
   // never forgot, a fall in acceptance after a long run at a high one kept auto drafting deep
   // (tests/unit/engine/auto_sim_test.cc, AutoSim.AcceptanceFallingAfterTheWarmUp).
   static constexpr double kWindow = 512.0;
+  // A step in which requests decoded and none of them speculated (auto off): the counts fade by
+  // 1/e over kUnobservedSteps such steps, adding nothing, so that the evidence that turned
+  // speculation off does not outlive the traffic it came from. While off no draft is verified, so
+  // without it a fall in acceptance kept auto off for good after the traffic changed back
+  // (tests/unit/engine/auto_sim_test.cc, AutoSim.AcceptanceRisingAfterAnOffWarmUp: 1.00x off
+  // at batch 16 and 64 where fixed depths gave 1.8x and 2.3x). The rates drift back to the prior
+  // (0.8) until auto finds that speculation pays and tries it again; where it still does not, the
+  // drafts of those steps turn it off again.
+  void unobserved_step();
+  static constexpr double kUnobservedSteps = 64.0;
   // True when further steps cannot change position_rate much: none verified yet (the prior then
   // stays as it is until a draft is verified) or enough (64 first drafts) that it no longer leans
   // on the prior.

@@ -534,6 +534,29 @@ TEST(AutoSim, AcceptanceRisingAfterTheWarmUp) {
   expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5, 8), 0.95);
 }
 
+// Off through the warm-up (drafts accepted 0.05 of the time: no depth pays), then 0.9 at every
+// position: auto must find out that speculation pays again although, while off, no draft is
+// verified to tell it so. Before AcceptancePredictor::unobserved_step it stayed off: 0.98 /
+// 0.55 / 0.44 of the best fixed depth at batch 1 / 16 / 64; with the evidence fading over 256
+// off steps 1.00 / 0.90 / 0.83, over 64 (kept) 0.98 / 0.95 / 0.97: auto speculates from the
+// first timed wave on, and what is left is learning the deep positions' rates (0.78 of the best
+// in that wave at batch 16, as AcceptanceRisingAfterTheWarmUp's ramp).
+TEST(AutoSim, AcceptanceRisingAfterAnOffWarmUp) {
+  Costs costs = h200_costs();
+  costs.accept = {0.05, 0.05, 0.05, 0.05, 0.05};
+  costs.timed_accept_scale = 18.0;
+  expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5, 8), 0.93);
+}
+
+// Drafts accepted 0.05 of the time throughout: off is best at every batch size, and auto's
+// retries (AcceptancePredictor::unobserved_step lets the rates drift back to the prior while
+// off) must cost little: 1.00 / 0.98 / 0.99 of off at batch 1 / 16 / 64.
+TEST(AutoSim, AcceptanceLowThroughout) {
+  Costs costs = h200_costs();
+  costs.accept = {0.05, 0.05, 0.05, 0.05, 0.05};
+  expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5, 8), 0.97);
+}
+
 // A serving engine kept at b requests: each request that finishes is replaced by a new one
 // (prompts of 16-64 tokens, 32-160 tokens generated, greedy) until `total` ran; tokens per second
 // over the requests after the first 2 b (whose start-up and captures it leaves out).

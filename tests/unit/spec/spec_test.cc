@@ -733,6 +733,30 @@ TEST(AcceptancePredictor, FollowsAChangeOfTraffic) {
   EXPECT_NEAR(q.position_rate(1), 0.3, 0.05);
 }
 
+// Steps without verified drafts (auto off) fade the evidence, adding none: the rates go back to
+// the prior (0.8) within several kUnobservedSteps, and the first drafts verified after that count
+// at once.
+TEST(AcceptancePredictor, EvidenceFadesWhileNothingIsVerified) {
+  AcceptancePredictor p(2);
+  const int w = static_cast<int>(AcceptancePredictor::kWindow);
+  for (int i = 0; i < 4 * w; ++i) {
+    p.record(0, 0.2f, i % 20 == 0);  // 5% accepted
+    p.record(1, 0.2f, i % 20 == 0);
+  }
+  EXPECT_NEAR(p.position_rate(0), 0.05, 0.02);
+  EXPECT_NEAR(p.calibrated(0, 0.2f), 0.05, 0.02);
+  const int n = static_cast<int>(AcceptancePredictor::kUnobservedSteps);
+  for (int i = 0; i < n; ++i) p.unobserved_step();
+  EXPECT_LT(p.position_rate(0), 0.2);  // one window of steps: still mostly the evidence
+  for (int i = 0; i < 6 * n; ++i) p.unobserved_step();
+  EXPECT_GT(p.position_rate(0), 0.6);
+  EXPECT_GT(p.position_rate(1), 0.6);
+  EXPECT_GT(p.calibrated(0, 0.2f), 0.6);
+  EXPECT_FALSE(p.settled());
+  for (int i = 0; i < 16; ++i) p.record(0, 0.2f, false);
+  EXPECT_LT(p.position_rate(0), 0.3);
+}
+
 TEST(SpecStats, Summaries) {
   Stats s;
   s.resize(3);
