@@ -544,6 +544,7 @@ Result<RequestId> Engine::submit(RequestSpec spec, TokenCallback on_token) {
   auto r = std::make_unique<Request>();
   r->id = next_id_++;
   r->spec = std::move(spec);
+  r->penalties = sampling::PenaltyState(sampling::uses_penalties(r->spec.sampling));
   r->penalties.add_prompt(r->spec.prompt);
   r->timings.arrival_s = now_s();
   r->output.reserve(static_cast<size_t>(r->spec.max_tokens));

@@ -49,11 +49,19 @@ double uniform_from(uint64_t seed, uint64_t counter) {
   return rng::uniform_from(seed, counter);  // shared with the GPU sampling kernels
 }
 
+bool uses_penalties(const SamplingConfig& c) {
+  return c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f;
+}
+
 void PenaltyState::add_prompt(std::span<const int32_t> tokens) {
+  if (!counting_)
+    return;
   for (int32_t t : tokens) ++seen_[t];
 }
 
 void PenaltyState::add_output(int32_t token) {
+  if (!counting_)
+    return;
   ++output_counts_[token];
   ++seen_[token];
 }

@@ -49,15 +49,25 @@ struct SampleResult {
 // Counter-based uniform in [0, 1): a pure function of (seed, counter).
 double uniform_from(uint64_t seed, uint64_t counter);
 
-// Token-occurrence counts a request keeps for its penalties.
+// Whether c applies any penalty (repetition, presence or frequency).
+bool uses_penalties(const SamplingConfig& c);
+
+// Token-occurrence counts a request keeps for its penalties. A state made with counting = false
+// (the engine's, for a request whose config applies no penalty) keeps nothing: counting every
+// prompt and generated token in two hash maps was the engine's largest host cost per accepted
+// token (a quarter of a batch-256 speculative step's host work, thirty-first session).
 class PenaltyState {
  public:
+  PenaltyState() = default;
+  explicit PenaltyState(bool counting) : counting_(counting) {}
+  bool counting() const { return counting_; }
   void add_prompt(std::span<const int32_t> tokens);
   void add_output(int32_t token);
   const std::unordered_map<int32_t, int32_t>& output_counts() const { return output_counts_; }
   const std::unordered_map<int32_t, int32_t>& seen() const { return seen_; }
 
  private:
+  bool counting_ = true;
   std::unordered_map<int32_t, int32_t> output_counts_;
   std::unordered_map<int32_t, int32_t> seen_;  // prompt + output (repetition penalty)
 };

@@ -13,9 +13,6 @@ namespace {
 size_t align_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
 }
-bool has_penalties(const sampling::SamplingConfig& c) {
-  return c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f;
-}
 }  // namespace
 
 DeviceSampler::~DeviceSampler() {
@@ -77,7 +74,7 @@ Status DeviceSampler::launch(const float* logits,
     const backend::SampleRequest& q = *r.request;
     DSI_CHECK(q.config != nullptr && q.config->top_logprobs == 0,
               "device sampling needs a config without top_logprobs");
-    if (q.penalties && has_penalties(*q.config)) {
+    if (q.penalties && sampling::uses_penalties(*q.config)) {
       // extra_output (at most a verification's drafts) merged in: each token once in the list.
       std::vector<std::pair<int32_t, int32_t>> extra;  // (token, count)
       for (int32_t tok : q.extra_output) {

@@ -312,6 +312,39 @@ TEST(Engine, SeededDrawIsKeyedByAbsolutePosition) {
   EXPECT_NE(e->request(d)->output, first);
 }
 
+// Penalty counts are kept only for requests whose sampling applies a penalty (counting every
+// token of the others was the largest host cost per accepted token at large batches); a request
+// with one counts its prompt and its output (backend_sampling_test samples under penalties).
+TEST(Engine, RequestsWithoutPenaltiesCountNoTokens) {
+  Case c;
+  for (int i = 0; i < 9; ++i) c.prompt.push_back(11 + 5 * i);
+  c.max_tokens = 6;
+  auto e = make_engine(int64_t{64} << 20);
+  const RequestId plain = *e->submit(greedy(c));
+  RequestSpec with = greedy(c);
+  with.sampling.repetition_penalty = 1.3f;
+  const RequestId pen = *e->submit(std::move(with));
+  RequestSpec freq = greedy(c);
+  freq.sampling.frequency_penalty = 0.5f;
+  const RequestId fp = *e->submit(std::move(freq));
+  e->run_until_done();
+  const Request* a = e->request(plain);
+  ASSERT_EQ(a->output.size(), 6u);
+  EXPECT_FALSE(a->penalties.counting());
+  EXPECT_TRUE(a->penalties.seen().empty());
+  EXPECT_TRUE(a->penalties.output_counts().empty());
+  for (RequestId id : {pen, fp}) {
+    const Request* r = e->request(id);
+    ASSERT_EQ(r->output.size(), 6u);
+    EXPECT_TRUE(r->penalties.counting());
+    int64_t outputs = 0, seen = 0;
+    for (const auto& [tok, n] : r->penalties.output_counts()) outputs += n;
+    for (const auto& [tok, n] : r->penalties.seen()) seen += n;
+    EXPECT_EQ(outputs, 6);
+    EXPECT_EQ(seen, 9 + 6);
+  }
+}
+
 std::vector<int32_t> run_seeded_alone(const Case& c, uint64_t seed) {
   auto e = make_engine(int64_t{64} << 20);
   const RequestId id = *e->submit(seeded(c, seed));

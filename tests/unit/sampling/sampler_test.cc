@@ -135,6 +135,31 @@ TEST(Sampler, PenaltiesShiftLogits) {
   EXPECT_EQ(sample(l, c, prompt_only, 0).token, 5) << "presence covers generated tokens only";
 }
 
+// uses_penalties says whether a config applies any; a state made not counting keeps nothing.
+TEST(Sampler, PenaltyStateCountsOnlyWhenAsked) {
+  SamplingConfig c;
+  EXPECT_FALSE(uses_penalties(c));
+  c.repetition_penalty = 1.1f;
+  EXPECT_TRUE(uses_penalties(c));
+  c = SamplingConfig();
+  c.presence_penalty = -0.5f;
+  EXPECT_TRUE(uses_penalties(c));
+  c = SamplingConfig();
+  c.frequency_penalty = 0.1f;
+  EXPECT_TRUE(uses_penalties(c));
+  const std::vector<int32_t> prompt = {5, 5, 7};
+  PenaltyState off(false);
+  off.add_prompt(prompt);
+  off.add_output(5);
+  EXPECT_TRUE(off.seen().empty());
+  EXPECT_TRUE(off.output_counts().empty());
+  PenaltyState on;
+  on.add_prompt(prompt);
+  on.add_output(5);
+  EXPECT_EQ(on.seen().at(5), 3);
+  EXPECT_EQ(on.output_counts().at(5), 1);
+}
+
 TEST(Sampler, SeededDrawsAreReproducibleAndStepDependent) {
   SamplingConfig c;
   c.seed = 42;
