@@ -805,6 +805,9 @@ void Engine::run_chunks() {
                            verified);
     }
   }
+  // At least AcceptancePredictor::kMinDraftsPerStep first drafts' fading per verifying step.
+  if (predictor_ && stats_.spec.spec_steps > spec_steps)
+    predictor_->verified_step(stats_.spec.spec_steps - spec_steps);
 }
 
 void Engine::refresh_rates() {

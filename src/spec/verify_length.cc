@@ -514,6 +514,17 @@ void AcceptancePredictor::unobserved_step() {
   }
 }
 
+void AcceptancePredictor::verified_step(int64_t first_drafts) {
+  const double extra = kMinDraftsPerStep - static_cast<double>(first_drafts);
+  if (extra <= 0)
+    return;
+  const double keep = std::pow(1.0 - 1.0 / kWindow, extra);
+  for (size_t j = 0; j < pos_verified_.size(); ++j) {
+    pos_verified_[j] *= keep;
+    pos_accepted_[j] *= keep;
+  }
+}
+
 void AcceptancePredictor::record(int32_t i, float confidence, bool accepted) {
   constexpr double kKeep = 1.0 - 1.0 / kWindow;
   const size_t p = std::min(static_cast<size_t>(std::max(i, 0)), pos_verified_.size() - 1);

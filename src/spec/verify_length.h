@@ -234,6 +234,11 @@ class AcceptancePredictor {
   // drafts of those steps turn it off again.
   void unobserved_step();
   static constexpr double kUnobservedSteps = 64.0;
+  // A step that verified drafts of `first_drafts` requests: the counts fade as if at least
+  // kMinDraftsPerStep first drafts had been recorded, so that at small batches the window is
+  // kWindow / kMinDraftsPerStep steps rather than kWindow drafts (512 steps at batch 1).
+  void verified_step(int64_t first_drafts);
+  static constexpr double kMinDraftsPerStep = 4.0;
   // True when further steps cannot change position_rate much: none verified yet (the prior then
   // stays as it is until a draft is verified) or enough (64 first drafts) that it no longer leans
   // on the prior.

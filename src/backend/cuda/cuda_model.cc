@@ -98,6 +98,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
   }
   if (const char* v = std::getenv("DSINFER_SIDE_STREAMS"); v != nullptr && *v != '\0')
     m->options_.side_streams = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("DSINFER_DRAFT_SLOT"); v != nullptr && *v != '\0')
+    m->options_.draft_slot_by_steps = std::strcmp(v, "exact") != 0;
   int64_t expert_first = 0;
   int64_t expert_count = -1;
   if (options.comm != nullptr) {

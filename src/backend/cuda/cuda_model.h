@@ -85,6 +85,16 @@ struct CudaModelOptions {
   // same values, bit for bit the same outputs). Off, or DSINFER_KV_RECORDS=0 in the environment:
   // fp32 rows (for comparisons).
   bool kv_records = true;
+  // A drafting call's first pass (its sequences' catch-up rows and last position) in slots of at
+  // least min(steps + 1, max_rollback + 1) rows per sequence when graph-replayed, not of the most
+  // catch-up rows + 1: after a verification of `steps` drafts a sequence is behind by the drafts
+  // it accepted, so the slot, part of the graph key, stays one value per (batch, steps) instead
+  // of one per acceptance outcome, and auto's depth changes meet fewer first captures (twice
+  // auto's warm-ups against a fixed depth's in the H200's benches; in the simulated device of
+  // tests/unit/engine/auto_sim_test.cc 2.5% of tokens/s at batch 16). The rows past a
+  // sequence's own are padding (read row 0, write nothing). Off, or DSINFER_DRAFT_SLOT=exact in
+  // the environment: the most catch-up rows + 1.
+  bool draft_slot_by_steps = true;
   // write_state_pages' pinned staging ring (gpu::AsyncPageWrites): buffers and bytes per buffer.
   int promote_staging_slots = 4;
   int64_t promote_staging_slot_bytes = int64_t{16} << 20;

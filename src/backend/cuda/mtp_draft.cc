@@ -65,6 +65,12 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   // Each step a fixed-shape pass (one row per sequence, padded to a power of two) replayed from
   // a graph, as the decode steps are; the rows beyond the sequences read row 0 and write nothing.
   const bool fixed = options_.cuda_graphs && n <= options_.max_graph_batch;
+  // The first pass's slot by the steps drafted rather than by this call's catch-up rows
+  // (CudaModelOptions::draft_slot_by_steps): one graph per (batch, steps) in the steady state.
+  if (fixed && options_.draft_slot_by_steps) {
+    const int64_t bound = std::min<int64_t>(max_steps, items[active[0]].state->max_rollback()) + 1;
+    slot = std::max(slot, bound);
+  }
   // The kernels of decode steps (chosen by the row count alone), whether or not graphs are on, so
   // that eager and replayed drafts are the same.
   decode_step_ = n <= options_.max_graph_batch;

@@ -757,6 +757,34 @@ TEST(AcceptancePredictor, EvidenceFadesWhileNothingIsVerified) {
   EXPECT_LT(p.position_rate(0), 0.3);
 }
 
+// A verifying step of fewer than kMinDraftsPerStep requests fades the counts as that many first
+// drafts would: at batch 1 a change of traffic shows within a few kWindow / kMinDraftsPerStep
+// steps, at large batches nothing changes.
+TEST(AcceptancePredictor, SmallBatchStepsFadeAsSeveralDrafts) {
+  const int w = static_cast<int>(AcceptancePredictor::kWindow);
+  const int steps = w / static_cast<int>(AcceptancePredictor::kMinDraftsPerStep);
+  AcceptancePredictor one(2), plain(2);
+  for (AcceptancePredictor* p : {&one, &plain}) {
+    for (int i = 0; i < 4 * w; ++i) {
+      p->record(0, 0.5f, i % 10 < 3);  // 30%
+      p->verified_step(AcceptancePredictor::kMinDraftsPerStep);
+    }
+  }
+  EXPECT_NEAR(one.position_rate(0), plain.position_rate(0), 1e-12);
+  for (int i = 0; i < 2 * steps; ++i) {  // then 90%, one request per step
+    one.record(0, 0.5f, i % 10 != 0);
+    one.verified_step(1);
+    plain.record(0, 0.5f, i % 10 != 0);
+  }
+  EXPECT_GT(one.position_rate(0), 0.62);    // ~0.67
+  EXPECT_LT(plain.position_rate(0), 0.58);  // ~0.54
+  AcceptancePredictor big(2);
+  big.record(0, 0.5f, true);
+  const double before = big.position_rate(0);
+  big.verified_step(64);
+  EXPECT_EQ(big.position_rate(0), before);
+}
+
 TEST(SpecStats, Summaries) {
   Stats s;
   s.resize(3);
