@@ -537,6 +537,16 @@ TEST(AutoSim, AcceptanceFallingWithTheDepthVerified) {
   }
 }
 
+// Drafts accepted with probability `before` at every position through the warm-up rounds and
+// `before * scale` in the eight timed ones: auto at least `near` of the best mode at batch 1, 16
+// and 64.
+void expect_follows_traffic(double before, double scale, double near) {
+  Costs costs = h200_costs();
+  costs.accept.assign(5, before);
+  costs.timed_accept_scale = scale;
+  expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5, 8), near);
+}
+
 // Traffic whose drafts are accepted far less often than the warm-up's (0.9 at every position,
 // then 0.405 from the first timed round on; eight timed rounds): auto must follow. With counts
 // that never forget (before the thirtieth session) it reached 0.96 / 0.94 / 0.94 of the best mode
@@ -547,10 +557,7 @@ TEST(AutoSim, AcceptanceFallingWithTheDepthVerified) {
 // captured in the timed rounds (about twice a fixed depth's shape warm-ups at batch 16): over
 // three disjoint four-seed sets 0.98-0.99 / 0.96-0.97 / 0.95.
 TEST(AutoSim, AcceptanceFallingAfterTheWarmUp) {
-  Costs costs = h200_costs();
-  costs.accept = {0.9, 0.9, 0.9, 0.9, 0.9};
-  costs.timed_accept_scale = 0.45;
-  expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5, 8), 0.94);
+  expect_follows_traffic(0.9, 0.45, 0.94);
 }
 
 // The other way: 0.3 at every position in the warm-up, 0.9 from the first timed round on. Auto
@@ -566,10 +573,7 @@ TEST(AutoSim, AcceptanceFallingAfterTheWarmUp) {
 // over three disjoint four-seed sets 0.97-0.99 / 0.93-0.96 / 0.97-0.98 (batch 16: every depth
 // auto climbs through is a first capture in the timed rounds).
 TEST(AutoSim, AcceptanceRisingAfterTheWarmUp) {
-  Costs costs = h200_costs();
-  costs.accept = {0.3, 0.3, 0.3, 0.3, 0.3};
-  costs.timed_accept_scale = 3.0;
-  expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5, 8), 0.92);
+  expect_follows_traffic(0.3, 3.0, 0.92);
 }
 
 // Off through the warm-up (drafts accepted 0.05 of the time: no depth pays), then 0.9 at every
@@ -581,19 +585,14 @@ TEST(AutoSim, AcceptanceRisingAfterTheWarmUp) {
 // captures of every speculating shape, which the fixed depths made in the warm-up rounds (auto
 // was off there): over three disjoint four-seed sets 0.98-1.01 / 0.90-0.94 / 0.87-0.92.
 TEST(AutoSim, AcceptanceRisingAfterAnOffWarmUp) {
-  Costs costs = h200_costs();
-  costs.accept = {0.05, 0.05, 0.05, 0.05, 0.05};
-  costs.timed_accept_scale = 18.0;
-  expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5, 8), 0.85);
+  expect_follows_traffic(0.05, 18.0, 0.85);
 }
 
 // Drafts accepted 0.05 of the time throughout: off is best at every batch size, and auto's
 // retries (AcceptancePredictor::unobserved_step lets the rates drift back to the prior while
 // off) must cost little: 1.00 / 0.98 / 0.99 of off at batch 1 / 16 / 64.
 TEST(AutoSim, AcceptanceLowThroughout) {
-  Costs costs = h200_costs();
-  costs.accept = {0.05, 0.05, 0.05, 0.05, 0.05};
-  expect_auto_keeps_up(run_table({1, 16, 64}, costs, 0.0, 5, 8), 0.97);
+  expect_follows_traffic(0.05, 1.0, 0.97);
 }
 
 // A serving engine kept at b requests: each request that finishes is replaced by a new one
