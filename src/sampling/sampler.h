@@ -54,8 +54,8 @@ bool uses_penalties(const SamplingConfig& c);
 
 // Token-occurrence counts a request keeps for its penalties. A state made with counting = false
 // (the engine's, for a request whose config applies no penalty) keeps nothing: counting every
-// prompt and generated token in two hash maps was the engine's largest host cost per accepted
-// token (a quarter of a batch-256 speculative step's host work, thirty-first session).
+// prompt and generated token in two hash maps was most of the engine's finish phase (batch 256,
+// four drafts: 0.25-0.33 of 0.32-0.40 ms per step, thirty-first session).
 class PenaltyState {
  public:
   PenaltyState() = default;

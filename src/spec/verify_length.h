@@ -234,9 +234,11 @@ class AcceptancePredictor {
   // drafts of those steps turn it off again.
   void unobserved_step();
   static constexpr double kUnobservedSteps = 64.0;
-  // A step that verified drafts of `first_drafts` requests: the counts fade as if at least
-  // kMinDraftsPerStep first drafts had been recorded, so that at small batches the window is
-  // kWindow / kMinDraftsPerStep steps rather than kWindow drafts (512 steps at batch 1).
+  // A step that verified drafts of `first_drafts` requests: the position counts fade as if at
+  // least kMinDraftsPerStep first drafts had been recorded, so that at small batches the window is
+  // kWindow / kMinDraftsPerStep steps rather than kWindow drafts (512 steps at batch 1, where a
+  // rise in acceptance took most of the simulated timed rounds to show: auto 0.94 of the best
+  // fixed depth, 0.98 with this). The confidence bins keep fading by their own drafts.
   void verified_step(int64_t first_drafts);
   static constexpr double kMinDraftsPerStep = 4.0;
   // True when further steps cannot change position_rate much: none verified yet (the prior then

@@ -89,9 +89,10 @@ struct CudaModelOptions {
   // least min(steps + 1, max_rollback + 1) rows per sequence when graph-replayed, not of the most
   // catch-up rows + 1: after a verification of `steps` drafts a sequence is behind by the drafts
   // it accepted, so the slot, part of the graph key, stays one value per (batch, steps) instead
-  // of one per acceptance outcome, and auto's depth changes meet fewer first captures (twice
-  // auto's warm-ups against a fixed depth's in the H200's benches; in the simulated device of
-  // tests/unit/engine/auto_sim_test.cc 2.5% of tokens/s at batch 16). The rows past a
+  // of one per acceptance outcome, and auto's depth changes meet fewer first captures (auto ran
+  // several times a fixed depth's warm-ups in the H200's benches; in the simulated device of
+  // tests/unit/engine/auto_sim_test.cc, 3-4% of auto's tokens/s at batch 16 after a change of
+  // traffic, docs/speculative.md). Unmeasured on a GPU so far. The rows past a
   // sequence's own are padding (read row 0, write nothing). Off, or DSINFER_DRAFT_SLOT=exact in
   // the environment: the most catch-up rows + 1.
   bool draft_slot_by_steps = true;
