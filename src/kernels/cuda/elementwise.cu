@@ -19,6 +19,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;
+// rms_norm_warp_kernel: two rows per warp from this many blocks' worth of rows on.
+constexpr int kRmsPairsFromBlocks = 4096;
 
 unsigned grid_1d(int64_t work) {
   return static_cast<unsigned>(std::clamp<int64_t>(work, 1, kMaxBlocks));
@@ -66,9 +68,82 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
 // the CPU's two roundings per value, then the RoPE pairs of the rotated slice as rope_kernel, then
 // (store_fp8_block) the record rounding as quant_sim's kFp8 and kBf16 passes. The weight and the
 // RoPE frequencies are loaded before the PDL wait (constants: they arrive during the previous
-// kernel's tail instead of costing a round trip after the sum).
+// kernel's tail instead of costing a round trip after the sum). R rows per warp at a time (R = 2
+// for many rows: the second row's loads in flight with the first's, and each block works twice as
+// long), each row's arithmetic the same.
 template <int V>
-__global__ void rms_norm_warp_kernel(RmsNormParams p) {
+__device__ __forceinline__ void rms_norm_warp_row(const RmsNormParams& p,
+                                                  int64_t r,
+                                                  const float4 (&v)[V],
+                                                  const float (&wv)[V][4],
+                                                  const float (&fq)[V][2],
+                                                  int64_t c_rope,
+                                                  int sim_lanes) {
+  const int lane = threadIdx.x & 31;
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    ss += static_cast<double>(v[j].x) * v[j].x;
+    ss += static_cast<double>(v[j].y) * v[j].y;
+    ss += static_cast<double>(v[j].z) * v[j].z;
+    ss += static_cast<double>(v[j].w) * v[j].w;
+  }
+  ss = warp_sum(ss);
+  const float rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(p.dim)) + p.eps);
+  const float pos =
+      p.rope_half > 0 ? static_cast<float>(p.rope_positions[r / p.rope_rows_per_token]) : 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int64_t c = 128 * j + 4 * lane;
+    float e[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      e[i] = __fmul_rn(e[i], rinv);
+      if (p.weight)
+        e[i] = __fmul_rn(wv[j][i], e[i]);
+    }
+    if (p.rope_half > 0 && c >= c_rope) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float angle = __fmul_rn(pos, fq[j][h]);
+        const float cs = cosf(angle);
+        const float sn = sinf(angle);
+        const float a = e[2 * h];
+        const float b = e[2 * h + 1];
+        e[2 * h] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+        e[2 * h + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+      }
+    }
+    if (sim_lanes > 0) {  // warp-uniform: every lane reaches the shuffles
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(e[i]));
+      for (int m = 1; m < sim_lanes; m <<= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+      const bool fp8 = c < c_rope;  // the RoPE dims are stored as BF16
+      const float sc = fp8 ? quant_scale(amax, QuantSim::kFp8) : 1.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        e[i] = quant_value(e[i], sc, fp8 ? QuantSim::kFp8 : QuantSim::kBf16);
+    }
+    if (p.out_bf16 != nullptr) {
+      *reinterpret_cast<uint2*>(p.out_bf16 + r * p.dim + c) =
+          make_uint2(mma::pack_bf16(e[0], e[1]), mma::pack_bf16(e[2], e[3]));
+    } else {
+      *reinterpret_cast<float4*>(p.out + r * p.dim + c) = make_float4(e[0], e[1], e[2], e[3]);
+    }
+    if (p.act_codes != nullptr) {  // warp-uniform; activation block j is this warp's e values
+      uint32_t packed = 0;
+      const float s = act_quant_warp_block(e, &packed);
+      *reinterpret_cast<uint32_t*>(p.act_codes + r * p.dim + c) = packed;
+      if (lane == 0)
+        p.act_scales[r * (p.dim / 128) + j] = s;
+    }
+  }
+}
+
+template <int V, int R>
+__global__ void __launch_bounds__(kThreads, V <= 4 ? 3 : 1) rms_norm_warp_kernel(RmsNormParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t per_block = blockDim.x >> 5;
   const int64_t c_rope = p.dim - 2 * p.rope_half;
@@ -87,71 +162,24 @@ __global__ void rms_norm_warp_kernel(RmsNormParams p) {
     }
   });
   const int sim_lanes = static_cast<int>(p.store_fp8_block / 4);  // lanes per FP8 block
-  for (int64_t r = blockIdx.x * per_block + (threadIdx.x >> 5); r < p.rows;
-       r += static_cast<int64_t>(gridDim.x) * per_block) {
-    const float* x = p.x + r * p.dim;
-    float4 v[V];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * per_block;
+  for (int64_t r0 = blockIdx.x * per_block + (threadIdx.x >> 5); r0 < p.rows; r0 += R * stride) {
+    float4 v[R][V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = *reinterpret_cast<const float4*>(x + 128 * j + 4 * lane);
-    double ss = 0.0;
+    for (int k = 0; k < R; ++k) {
+      const int64_t r = r0 + k * stride;
+      if (r < p.rows) {
+        const float* x = p.x + r * p.dim;
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      ss += static_cast<double>(v[j].x) * v[j].x;
-      ss += static_cast<double>(v[j].y) * v[j].y;
-      ss += static_cast<double>(v[j].z) * v[j].z;
-      ss += static_cast<double>(v[j].w) * v[j].w;
+        for (int j = 0; j < V; ++j)
+          v[k][j] = *reinterpret_cast<const float4*>(x + 128 * j + 4 * lane);
+      }
     }
-    ss = warp_sum(ss);
-    const float rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(p.dim)) + p.eps);
-    const float pos =
-        p.rope_half > 0 ? static_cast<float>(p.rope_positions[r / p.rope_rows_per_token]) : 0.0f;
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int64_t c = 128 * j + 4 * lane;
-      float e[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        e[i] = __fmul_rn(e[i], rinv);
-        if (p.weight)
-          e[i] = __fmul_rn(wv[j][i], e[i]);
-      }
-      if (p.rope_half > 0 && c >= c_rope) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float angle = __fmul_rn(pos, fq[j][h]);
-          const float cs = cosf(angle);
-          const float sn = sinf(angle);
-          const float a = e[2 * h];
-          const float b = e[2 * h + 1];
-          e[2 * h] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-          e[2 * h + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
-        }
-      }
-      if (sim_lanes > 0) {  // warp-uniform: every lane reaches the shuffles
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(e[i]));
-        for (int m = 1; m < sim_lanes; m <<= 1)
-          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-        const bool fp8 = c < c_rope;  // the RoPE dims are stored as BF16
-        const float sc = fp8 ? quant_scale(amax, QuantSim::kFp8) : 1.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          e[i] = quant_value(e[i], sc, fp8 ? QuantSim::kFp8 : QuantSim::kBf16);
-      }
-      if (p.out_bf16 != nullptr) {
-        *reinterpret_cast<uint2*>(p.out_bf16 + r * p.dim + c) =
-            make_uint2(mma::pack_bf16(e[0], e[1]), mma::pack_bf16(e[2], e[3]));
-      } else {
-        *reinterpret_cast<float4*>(p.out + r * p.dim + c) = make_float4(e[0], e[1], e[2], e[3]);
-      }
-      if (p.act_codes != nullptr) {  // warp-uniform; activation block j is this warp's e values
-        uint32_t packed = 0;
-        const float s = act_quant_warp_block(e, &packed);
-        *reinterpret_cast<uint32_t*>(p.act_codes + r * p.dim + c) = packed;
-        if (lane == 0)
-          p.act_scales[r * (p.dim / 128) + j] = s;
-      }
+    for (int k = 0; k < R; ++k) {
+      const int64_t r = r0 + k * stride;
+      if (r < p.rows)  // warp-uniform
+        rms_norm_warp_row<V>(p, r, v[k], wv, fq, c_rope, sim_lanes);
     }
   }
 }
@@ -383,15 +411,20 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     return launch_quant_sim(qs, stream);
   }
   if (warp_path) {
-    const unsigned grid = grid_1d(ceil_div(p.rows, kThreads / 32));
+    // Two rows per warp at a time once there are more rows than one row per warp of a full
+    // grid would take (prefill: the per-head q norm's 64 rows per token).
+    const int64_t warps = kThreads / 32;
+    const bool pairs = p.rows > warps * int64_t{kRmsPairsFromBlocks};
+    const unsigned grid = grid_1d(ceil_div(p.rows, warps * (pairs ? 2 : 1)));
+    auto launch = [&](auto kernel) { launch_pdl(kernel, grid, kThreads, 0, stream, p); };
     if (v == 1) {
-      launch_pdl(rms_norm_warp_kernel<1>, grid, kThreads, 0, stream, p);
+      pairs ? launch(rms_norm_warp_kernel<1, 2>) : launch(rms_norm_warp_kernel<1, 1>);
     } else if (v == 2) {
-      launch_pdl(rms_norm_warp_kernel<2>, grid, kThreads, 0, stream, p);
+      pairs ? launch(rms_norm_warp_kernel<2, 2>) : launch(rms_norm_warp_kernel<2, 1>);
     } else if (v == 4) {
-      launch_pdl(rms_norm_warp_kernel<4>, grid, kThreads, 0, stream, p);
+      pairs ? launch(rms_norm_warp_kernel<4, 2>) : launch(rms_norm_warp_kernel<4, 1>);
     } else {
-      launch_pdl(rms_norm_warp_kernel<8>, grid, kThreads, 0, stream, p);
+      pairs ? launch(rms_norm_warp_kernel<8, 2>) : launch(rms_norm_warp_kernel<8, 1>);
     }
     return launched("rms_norm launch");
   }
