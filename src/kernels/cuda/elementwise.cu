@@ -143,7 +143,8 @@ __device__ __forceinline__ void rms_norm_warp_row(const RmsNormParams& p,
 }
 
 template <int V, int R>
-__global__ void __launch_bounds__(kThreads, V <= 4 ? 3 : 1) rms_norm_warp_kernel(RmsNormParams p) {
+__global__ void __launch_bounds__(kThreads, R == 2 && V <= 4 ? 3 : 1)
+    rms_norm_warp_kernel(RmsNormParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t per_block = blockDim.x >> 5;
   const int64_t c_rope = p.dim - 2 * p.rope_half;
