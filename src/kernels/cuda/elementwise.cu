@@ -417,16 +417,11 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     const int64_t warps = kThreads / 32;
     const bool pairs = p.rows > warps * int64_t{kRmsPairsFromBlocks};
     const unsigned grid = grid_1d(ceil_div(p.rows, warps * (pairs ? 2 : 1)));
-    auto launch = [&](auto kernel) { launch_pdl(kernel, grid, kThreads, 0, stream, p); };
-    if (v == 1) {
-      pairs ? launch(rms_norm_warp_kernel<1, 2>) : launch(rms_norm_warp_kernel<1, 1>);
-    } else if (v == 2) {
-      pairs ? launch(rms_norm_warp_kernel<2, 2>) : launch(rms_norm_warp_kernel<2, 1>);
-    } else if (v == 4) {
-      pairs ? launch(rms_norm_warp_kernel<4, 2>) : launch(rms_norm_warp_kernel<4, 1>);
-    } else {
-      pairs ? launch(rms_norm_warp_kernel<8, 2>) : launch(rms_norm_warp_kernel<8, 1>);
-    }
+    auto* k = v == 1   ? (pairs ? rms_norm_warp_kernel<1, 2> : rms_norm_warp_kernel<1, 1>)
+              : v == 2 ? (pairs ? rms_norm_warp_kernel<2, 2> : rms_norm_warp_kernel<2, 1>)
+              : v == 4 ? (pairs ? rms_norm_warp_kernel<4, 2> : rms_norm_warp_kernel<4, 1>)
+                       : (pairs ? rms_norm_warp_kernel<8, 2> : rms_norm_warp_kernel<8, 1>);
+    launch_pdl(k, grid, kThreads, 0, stream, p);
     return launched("rms_norm launch");
   }
   launch_pdl(rms_norm_kernel, grid_1d(p.rows), kThreads, 0, stream, p);
