@@ -899,13 +899,28 @@ void Engine::resume_drafting() {
     return;
   // The test a new request passes at its first chunk, at the batch this step decodes.
   const bool pays = !auto_says_off(decodes);
+  int32_t most = 0;
   for (const ScheduledChunk& c : plan_.chunks) {
     Request& r = *c.request;
     if (!is_decode_chunk(c) || !r.spec_disabled)
       continue;
     r.spec_resume_steps = pays ? r.spec_resume_steps + 1 : 0;
+    most = std::max(most, r.spec_resume_steps);
+  }
+  // On a backend that prefers uniform steps the step's requests resume together, once one of them
+  // counted enough steps: they joined the batch in different steps (a wave's prefill runs over
+  // several), so their counts differ, and one resuming alone was stopped again by plan_drafts'
+  // one-kind-of-step rule while the others' counts went on. They took turns for good: auto on the
+  // 4-layer checkpoint at batch 64 stayed off after the first round (0.93x fixed:1, thirty-first
+  // session; AutoSim.Flash4InOneEngine).
+  const bool together = model_->prefers_uniform_steps() && most >= kResumeAfterSteps;
+  for (const ScheduledChunk& c : plan_.chunks) {
+    Request& r = *c.request;
+    if (!is_decode_chunk(c) || !r.spec_disabled)
+      continue;
     // The MTP block restarts from the kept final streams; the next drafting call catches it up.
-    if (r.spec_resume_steps >= kResumeAfterSteps && memory_->state(r.id).resume_mtp()) {
+    if ((together || r.spec_resume_steps >= kResumeAfterSteps) &&
+        memory_->state(r.id).resume_mtp()) {
       r.spec_disabled = false;
       r.spec_idle_steps = 0;
       r.spec_resume_steps = 0;

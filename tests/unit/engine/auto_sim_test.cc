@@ -57,6 +57,16 @@ struct Costs {
   // Factors on the forwards of L = 1..6 tokens per sequence during the engine's start-up (auto's
   // step-time measurement): a start-up model that misjudges the steps the engine then runs.
   std::vector<double> startup_scale;
+  // Measured shapes beside `table`: padded batch -> a one-token forward without the MTP pass (a
+  // plain decode; else table's L = 1 entry), and one drafting step (a call's first pass adds
+  // draft_row per slot row beyond the first, as in the formula).
+  std::map<int64_t, double> plain_table;
+  std::map<int64_t, double> draft_table;
+  // Costs during the engine's start-up (auto's step-time model), where they differ from the steps
+  // it then runs (the 4-layer real-width checkpoint's start-up model timed its batch-64 steps at
+  // about half what they took in the bench: the forward alone, where a step adds sampling every
+  // row of 129k-entry logits and the host's work).
+  std::shared_ptr<const Costs> startup;
   // Acceptance decided by the device instead of EngineConfig::forced_acceptance (which then stays
   // 0): draft j (1-based) of a verification of d drafts is accepted, once those before it were,
   // with probability accept[j - 1] - depth_penalty * (d - 1) (the bundled model's second drafts:
@@ -104,15 +114,18 @@ class SimDevice final : public test_support::BatchedTestModel {
       it.status = run_item(it);
     }
     double t = 0;
+    const Costs& c = costs();
     if (uniform && len <= 8) {
       const int64_t p = pow2_at_least(static_cast<int64_t>(items.size()));
       const int64_t r = p * static_cast<int64_t>(len);
-      const auto row = costs_.table.find(p);
-      t = row != costs_.table.end() && len <= row->second.size()
+      const auto row = c.table.find(p);
+      const auto plain = c.plain_table.find(p);
+      t = !mtp && len == 1 && plain != c.plain_table.end() ? plain->second
+          : row != c.table.end() && len <= row->second.size()
               ? row->second[len - 1]
-              : costs_.base + costs_.row * static_cast<double>(r) +
-                    costs_.tile_jump * static_cast<double>((r - 1) / costs_.tile_rows);
-      t += mtp ? costs_.mtp_row * static_cast<double>(r) : 0.0;
+              : c.base + c.row * static_cast<double>(r) +
+                    c.tile_jump * static_cast<double>((r - 1) / c.tile_rows);
+      t += mtp ? c.mtp_row * static_cast<double>(r) : 0.0;
       if (starting_ && len <= costs_.startup_scale.size())
         t *= costs_.startup_scale[len - 1];
       if (shapes_.insert({0, p, static_cast<int64_t>(len), mtp ? 1 : 0}).second) {
@@ -121,7 +134,7 @@ class SimDevice final : public test_support::BatchedTestModel {
       }
       warm_.insert({p, static_cast<int64_t>(len)});
     } else {
-      t = costs_.eager_base + costs_.row * static_cast<double>(rows);
+      t = c.eager_base + c.row * static_cast<double>(rows);
     }
     advance(t);
     return Status();
@@ -155,9 +168,13 @@ class SimDevice final : public test_support::BatchedTestModel {
       slot = std::max<int64_t>(slot, std::min<int64_t>(steps, items[0].state->max_rollback()) + 1);
     }
     // Every step a pass over the padded sequences, the first one over their slots' rows.
-    double t = static_cast<double>(steps) *
-                   (costs_.draft_base + costs_.draft_row * static_cast<double>(p)) +
-               costs_.draft_row * static_cast<double>(p * (slot - 1));
+    const Costs& c = costs();
+    const auto row = c.draft_table.find(p);
+    const double pass = row != c.draft_table.end()
+                            ? row->second
+                            : c.draft_base + c.draft_row * static_cast<double>(p);
+    double t =
+        static_cast<double>(steps) * pass + c.draft_row * static_cast<double>(p * (slot - 1));
     if (shapes_.insert({1, p, steps, slot}).second) {
       t += costs_.capture;
       ++warmups_;
@@ -266,6 +283,9 @@ class SimDevice final : public test_support::BatchedTestModel {
 
   void advance(double t) { now_ += t * std::exp(costs_.noise * normal_(rng_)); }
 
+  // The step costs in force: the start-up's where they differ.
+  const Costs& costs() const { return starting_ && costs_.startup ? *costs_.startup : costs_; }
+
   model::ModelConfig config_;
   Costs costs_;
   std::mt19937 rng_;
@@ -297,14 +317,16 @@ std::pair<std::unique_ptr<Engine>, SimDevice*> sim_engine(
     int64_t b,
     const Costs& costs,
     double acceptance,
-    uint32_t seed) {
+    uint32_t seed,
+    int64_t tokens_per_step = 0) {
   auto device = std::make_unique<SimDevice>(ckpt->config(), costs, seed);
   SimDevice* sim = device.get();
   EngineConfig cfg;
   cfg.state_budget_bytes = std::max<int64_t>(int64_t{64} << 20, b * (int64_t{1} << 20));
   cfg.page_bytes = state::min_page_bytes(ckpt->config());
   cfg.scheduler.max_running = std::max<int64_t>(b, 16);
-  cfg.scheduler.max_tokens_per_step = std::max<int64_t>(256, 40 * b);
+  cfg.scheduler.max_tokens_per_step =
+      tokens_per_step > 0 ? tokens_per_step : std::max<int64_t>(256, 40 * b);
   cfg.speculative = *spec::parse_config(mode);
   cfg.forced_acceptance = costs.accept.empty() ? acceptance : 0.0;
   cfg.clock = [sim] { return sim->now(); };
@@ -316,95 +338,148 @@ std::pair<std::unique_ptr<Engine>, SimDevice*> sim_engine(
   return {std::move(created).value(), sim};
 }
 
-SimRun run_mode(const std::shared_ptr<const model::Checkpoint>& ckpt,
-                const char* mode,
-                int64_t b,
-                const Costs& costs,
-                double acceptance,
-                uint32_t seed,
-                int warmup = 2,
-                int rounds = 3,
-                int64_t generate = 96) {
-  auto [engine, sim] = sim_engine(ckpt, mode, b, costs, acceptance, seed);
-  if (!engine)
-    return {};
-  Engine& e = *engine;
-  std::mt19937 prompts(seed * 7 + 1);
-  SimRun run;
-  double tokens = 0, seconds = 0;
-  std::vector<int64_t> vl0;
-  for (int round = 0; round < warmup + rounds; ++round) {
-    const bool timed = round >= warmup;
-    if (round == warmup) {
-      sim->timed();
-      run.warmups = -sim->shape_warmups();
-      vl0 = e.stats().spec.verify_len;
+// One round's waves of b requests (32-token prompts from `prompts`, `generate` tokens, greedy)
+// until at least 16 requests ran; when `timed`, their tokens and seconds (bench's window) added to
+// *tokens and *seconds, and the drafts verified per decode request-step to *steps and *drafts.
+void run_waves(Engine& e,
+               SimDevice& sim,
+               int64_t b,
+               std::mt19937& prompts,
+               int64_t generate,
+               bool timed,
+               double* tokens,
+               double* seconds,
+               double* steps,
+               double* drafts) {
+  const std::vector<int64_t> vl0 = e.stats().spec.verify_len;
+  const int64_t waves = (16 + b - 1) / b;
+  for (int64_t w = 0; w < waves; ++w) {
+    std::vector<RequestId> ids;
+    for (int64_t i = 0; i < b; ++i) {
+      RequestSpec s;
+      for (int j = 0; j < 32; ++j) s.prompt.push_back(static_cast<int32_t>(3 + prompts() % 3000));
+      s.max_tokens = generate;
+      s.sampling.temperature = 0.0f;
+      s.ignore_eos = true;
+      auto id = e.submit(std::move(s));
+      ASSERT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
     }
-    const int64_t waves = (16 + b - 1) / b;
-    for (int64_t w = 0; w < waves; ++w) {
-      std::vector<RequestId> ids;
-      for (int64_t i = 0; i < b; ++i) {
-        RequestSpec s;
-        for (int j = 0; j < 32; ++j) s.prompt.push_back(static_cast<int32_t>(3 + prompts() % 3000));
-        s.max_tokens = generate;
-        s.sampling.temperature = 0.0f;
-        s.ignore_eos = true;
-        auto id = e.submit(std::move(s));
-        EXPECT_TRUE(id.ok()) << id.status().to_string();
-        if (!id.ok())
-          return {};
-        ids.push_back(*id);
-      }
-      auto all_started = [&] {
-        for (RequestId id : ids) {
-          const Request* r = e.request(id);
-          if (r->output.empty() && !r->done())
-            return false;
-        }
-        return true;
-      };
-      auto any_done = [&] {
-        for (RequestId id : ids)
-          if (e.request(id)->done())
-            return true;
-        return false;
-      };
-      while (!all_started() && e.step()) {
-      }
-      const int64_t g0 = e.stats().generated_tokens;
-      const double t0 = sim->now();
-      bool open = !any_done();
-      while (e.step()) {
-        if (open && any_done()) {
-          open = false;
-          if (timed) {
-            tokens += static_cast<double>(e.stats().generated_tokens - g0);
-            seconds += sim->now() - t0;
-          }
-        }
-      }
-      if (open && timed) {
-        tokens += static_cast<double>(e.stats().generated_tokens - g0);
-        seconds += sim->now() - t0;
-      }
+    auto all_started = [&] {
       for (RequestId id : ids) {
         const Request* r = e.request(id);
-        EXPECT_EQ(r->state, RequestState::kFinished);
-        EXPECT_TRUE(r->error.empty()) << r->error;
+        if (r->output.empty() && !r->done())
+          return false;
       }
+      return true;
+    };
+    auto any_done = [&] {
+      for (RequestId id : ids)
+        if (e.request(id)->done())
+          return true;
+      return false;
+    };
+    while (!all_started() && e.step()) {
+    }
+    const int64_t g0 = e.stats().generated_tokens;
+    const double t0 = sim.now();
+    bool open = !any_done();
+    auto close = [&] {
+      open = false;
+      if (timed) {
+        *tokens += static_cast<double>(e.stats().generated_tokens - g0);
+        *seconds += sim.now() - t0;
+      }
+    };
+    while (e.step()) {
+      if (open && any_done())
+        close();
+    }
+    if (open)
+      close();
+    for (RequestId id : ids) {
+      const Request* r = e.request(id);
+      EXPECT_EQ(r->state, RequestState::kFinished);
+      EXPECT_TRUE(r->error.empty()) << r->error;
     }
   }
-  run.warmups += sim->shape_warmups();
-  run.tokens_per_s = seconds > 0 ? tokens / seconds : 0;
+  if (!timed)
+    return;
   const std::vector<int64_t>& vl = e.stats().spec.verify_len;
-  double steps = 0, drafts = 0;
   for (size_t k = 0; k < vl.size(); ++k) {
     const double c = static_cast<double>(vl[k] - (k < vl0.size() ? vl0[k] : 0));
-    steps += c;
-    drafts += c * static_cast<double>(k);
+    *steps += c;
+    *drafts += c * static_cast<double>(k);
   }
-  run.mean_verify = steps > 0 ? drafts / steps : 0;
-  return run;
+}
+
+// bench_spec.cc's procedure on the virtual clock, for one mode: an engine for batches of up to
+// max(batches), `warmup` untimed rounds then `rounds` timed ones, each round running every batch
+// size of `batches` in turn (run_waves). With `one_engine` false, as bench ran in earlier
+// sessions' tables here: a fresh engine for each batch size, so that nothing one batch size taught
+// auto carries to the next. Returns one SimRun per batch size.
+std::vector<SimRun> run_mode(const std::shared_ptr<const model::Checkpoint>& ckpt,
+                             const char* mode,
+                             const std::vector<int64_t>& batches,
+                             bool one_engine,
+                             const Costs& costs,
+                             double acceptance,
+                             uint32_t seed,
+                             int warmup = 2,
+                             int rounds = 3,
+                             int64_t generate = 96) {
+  std::vector<SimRun> runs(batches.size());
+  const std::vector<std::vector<int64_t>> groups =
+      one_engine ? std::vector<std::vector<int64_t>>{batches} : [&] {
+        std::vector<std::vector<int64_t>> g;
+        for (int64_t b : batches) g.push_back({b});
+        return g;
+      }();
+  size_t first = 0;
+  for (const std::vector<int64_t>& group : groups) {
+    const int64_t most = *std::max_element(group.begin(), group.end());
+    // (One engine: bench's step budget, which prefills a batch of 64 32-token prompts in four
+    // steps; else every wave's prompts in one step.)
+    auto [engine, sim] = sim_engine(ckpt,
+                                    mode,
+                                    most,
+                                    costs,
+                                    acceptance,
+                                    seed,
+                                    one_engine ? std::max<int64_t>(256, 8 * most) : 0);
+    if (!engine)
+      return {};
+    std::mt19937 prompts(seed * 7 + 1);
+    std::vector<double> tokens(group.size()), seconds(group.size()), steps(group.size()),
+        drafts(group.size());
+    for (int round = 0; round < warmup + rounds; ++round) {
+      const bool timed = round >= warmup;
+      if (round == warmup)
+        sim->timed();
+      for (size_t i = 0; i < group.size(); ++i) {
+        const int64_t w0 = sim->shape_warmups();
+        run_waves(*engine,
+                  *sim,
+                  group[i],
+                  prompts,
+                  generate,
+                  timed,
+                  &tokens[i],
+                  &seconds[i],
+                  &steps[i],
+                  &drafts[i]);
+        if (timed)  // the first captures in the timed rounds of this batch size's waves
+          runs[first + i].warmups += sim->shape_warmups() - w0;
+      }
+    }
+    for (size_t i = 0; i < group.size(); ++i) {
+      SimRun& r = runs[first + i];
+      r.tokens_per_s = seconds[i] > 0 ? tokens[i] / seconds[i] : 0;
+      r.mean_verify = steps[i] > 0 ? drafts[i] / steps[i] : 0;
+    }
+    first += group.size();
+  }
+  return runs;
 }
 
 // Every mode at each batch size; auto against the best fixed depth and against off.
@@ -421,40 +496,46 @@ struct Table {
 // cell (thirty-first session).
 constexpr uint32_t kSeeds = 4;
 
+// With `one_engine`, each mode runs every batch size in one engine as bench does (run_mode).
 Table run_table(const std::vector<int64_t>& batches,
                 const Costs& costs,
                 double acceptance,
                 uint32_t seed,
-                int rounds = 3) {
+                int rounds = 3,
+                bool one_engine = false) {
   Table t;
   t.batches = batches;
   t.modes = {"off", "fixed:1", "fixed:2", "fixed:3", "fixed:4", "fixed:5", "auto"};
   const std::shared_ptr<const model::Checkpoint> mini = test_support::bundled_model();
   if (!mini)
     return t;
-  for (int64_t b : batches) {
-    t.runs.emplace_back();
-    for (const std::string& m : t.modes) {
-      SimRun mean;
-      for (uint32_t k = 0; k < kSeeds; ++k) {
-        const SimRun r = run_mode(mini, m.c_str(), b, costs, acceptance, seed + k, 2, rounds);
-        mean.tokens_per_s += r.tokens_per_s / kSeeds;
-        mean.mean_verify += r.mean_verify / kSeeds;
-        mean.warmups += r.warmups;
+  t.runs.assign(batches.size(), std::vector<SimRun>(t.modes.size()));
+  for (size_t m = 0; m < t.modes.size(); ++m) {
+    for (uint32_t k = 0; k < kSeeds; ++k) {
+      const std::vector<SimRun> r = run_mode(
+          mini, t.modes[m].c_str(), batches, one_engine, costs, acceptance, seed + k, 2, rounds);
+      for (size_t bi = 0; bi < r.size(); ++bi) {
+        SimRun& mean = t.runs[bi][m];
+        mean.tokens_per_s += r[bi].tokens_per_s / kSeeds;
+        mean.mean_verify += r[bi].mean_verify / kSeeds;
+        mean.warmups += r[bi].warmups;
       }
-      t.runs.back().push_back(mean);
     }
-    std::string line = "[auto sim] batch " + std::to_string(b) + ":";
-    const double off = t.runs.back()[0].tokens_per_s;
+  }
+  for (size_t bi = 0; bi < batches.size(); ++bi) {
+    std::string line =
+        std::string(one_engine ? "[auto sim, one engine] batch " : "[auto sim] batch ") +
+        std::to_string(batches[bi]) + ":";
+    const double off = t.runs[bi][0].tokens_per_s;
     for (size_t i = 0; i < t.modes.size(); ++i) {
       char buf[96];
       std::snprintf(buf,
                     sizeof(buf),
                     " %s %.2f (v %.2f, w %lld)",
                     t.modes[i].c_str(),
-                    off > 0 ? t.runs.back()[i].tokens_per_s / off : 0.0,
-                    t.runs.back()[i].mean_verify,
-                    static_cast<long long>(t.runs.back()[i].warmups));
+                    off > 0 ? t.runs[bi][i].tokens_per_s / off : 0.0,
+                    t.runs[bi][i].mean_verify,
+                    static_cast<long long>(t.runs[bi][i].warmups));
       line += buf;
     }
     std::fprintf(stderr, "%s\n", line.c_str());
@@ -484,6 +565,7 @@ void expect_auto_keeps_up(const Table& t, double near = kNear) {
 // and 16 (depth 1), not at 64, where auto must turn it off.
 TEST(AutoSim, AutoKeepsUpWithTheBestFixedDepth) {
   expect_auto_keeps_up(run_table({1, 16, 64}, Costs(), 0.75, 11));
+  expect_auto_keeps_up(run_table({1, 16, 64}, Costs(), 0.75, 11, 3, true));
 }
 
 // The bundled model's H200 shapes (twenty-first session's interleaved bench, the step times per
@@ -704,6 +786,45 @@ TEST(AutoSim, Batch256) {
       best = std::max(best, tps);
   }
   EXPECT_GE(autom, kNear * best);
+}
+
+// The 4-layer real-width checkpoint on the H200 (thirty-first session, forced acceptance 0.75):
+// the steps' times from the bench's phases at batch 1, 16 and 64 (others between), its start-up
+// model as measured (half the batch-64 steps' time). Speculation barely pays: fixed:1 1.03 /
+// 0.99 / 1.06x off at batch 1 / 16 / 64, deeper depths less.
+Costs flash4_costs() {
+  Costs costs;
+  costs.mtp_row = 0;
+  costs.draft_row = 0;
+  const double ms = 1e-3;
+  auto set = [&](Costs& c, int64_t p, double plain, std::vector<double> verify, double draft) {
+    c.plain_table[p] = plain * ms;
+    for (double& v : verify) v *= ms;
+    c.table[p] = verify;
+    c.draft_table[p] = draft * ms;
+  };
+  set(costs, 1, 1.068, {1.15, 1.23, 1.48, 1.65, 1.90, 2.21}, 0.56);
+  set(costs, 2, 1.14, {1.25, 1.40, 1.70, 1.90, 2.20, 2.50}, 0.62);
+  set(costs, 4, 1.35, {1.60, 1.80, 2.30, 2.60, 3.00, 3.40}, 0.80);
+  set(costs, 8, 1.80, {2.20, 2.60, 3.20, 3.60, 4.20, 4.60}, 1.00);
+  set(costs, 16, 2.95, {3.40, 3.88, 4.66, 5.25, 6.10, 6.60}, 1.31);
+  set(costs, 32, 3.60, {4.30, 5.00, 6.00, 6.80, 8.00, 8.50}, 1.60);
+  set(costs, 64, 5.24, {6.00, 6.72, 8.00, 8.60, 10.50, 11.00}, 1.93);
+  auto startup = std::make_shared<Costs>(costs);
+  set(*startup, 1, 1.06, {1.29, 1.29, 1.47, 1.63, 1.90, 2.21}, 0.58);
+  set(*startup, 2, 1.14, {1.37, 1.42, 1.99, 2.31, 3.51, 3.59}, 0.63);
+  set(*startup, 4, 1.29, {1.58, 2.23, 3.33, 3.33, 3.33, 3.33}, 0.77);
+  set(*startup, 8, 2.17, {2.57, 2.57, 2.57, 2.57, 2.57, 2.57}, 1.36);
+  set(*startup, 16, 1.93, {2.40, 2.40, 2.48, 2.72, 3.45, 3.70}, 0.98);
+  set(*startup, 32, 2.14, {2.59, 2.78, 3.77, 4.30, 5.58, 5.81}, 1.09);
+  set(*startup, 64, 2.76, {3.36, 4.32, 5.79, 6.75, 8.77, 8.77}, 1.39);
+  costs.startup = startup;
+  return costs;
+}
+
+TEST(AutoSim, Flash4InOneEngine) {
+  expect_auto_keeps_up(run_table({1, 16, 64}, flash4_costs(), 0.75, 5, 3, false));
+  expect_auto_keeps_up(run_table({1, 16, 64}, flash4_costs(), 0.75, 5, 3, true));
 }
 
 // The engine's own host work per step (its phases but the forward: scheduling, the drafting
