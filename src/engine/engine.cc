@@ -830,6 +830,13 @@ int32_t Engine::auto_depth(int64_t b, bool mixed) {
     reach *= rates_[static_cast<size_t>(d - 1)];
     expected_[static_cast<size_t>(d)] = expected_[static_cast<size_t>(d - 1)] + reach;
   }
+  // Where the rates still lean on their prior, what the step emits against them says how far
+  // the prior is off, not what the depth gains (StepCost::gain): no record_tokens. (After auto
+  // was off a while the rates drift back to the prior, 0.8; the 4-layer checkpoint's drafts,
+  // accepted 0.75 of the time, then set depth 1's gain at batch 1 near 0.95, counted again on
+  // top of the rates once they had come down, and auto stayed off where depth 1 gave 1.03x.)
+  if (!predictor_->evidenced())
+    expected_.clear();
   // A step with prefill chunks: once such steps' own time is measured, the depth that pays best
   // with it (StepCost::choose_mixed), else the decode steps' choice; their hold and cold-shape
   // counters are not advanced (the step is not one of theirs).

@@ -244,7 +244,10 @@ class AcceptancePredictor {
   // True when further steps cannot change position_rate much: none verified yet (the prior then
   // stays as it is until a draft is verified) or enough (64 first drafts) that it no longer leans
   // on the prior.
-  bool settled() const { return pos_verified_[0] == 0 || pos_verified_[0] >= 64; }
+  bool settled() const { return pos_verified_[0] == 0 || pos_verified_[0] >= kSettledDrafts; }
+  // True when position_rate rests on verified drafts rather than on its prior.
+  bool evidenced() const { return pos_verified_[0] >= kSettledDrafts; }
+  static constexpr double kSettledDrafts = 64.0;
 
  private:
   static constexpr int kBins = 10;
