@@ -67,6 +67,11 @@ struct ForwardOptions {
   // every row of the chunk in the backend, row i with sample_rows[i] (one per token), instead of
   // returning the logits (a speculative verification: only the picks come back). No masks.
   std::span<const SampleRequest> sample_rows;
+  // A verification of drafts the backend left on the device (DraftItem::deferred): tokens[1 ..
+  // device_drafts] are this sequence's drafts of the latest drafting call, taken where they lie
+  // (the values given there are ignored), and that call's DraftItem tokens and probs are written
+  // by the time forward_batch returns. 0: every token as given.
+  int32_t device_drafts = 0;
 };
 
 // One sequence's chunk in a batched forward. `status` reports a per-item failure (bad token id,
@@ -102,6 +107,14 @@ struct DraftItem {
   int32_t* tokens = nullptr;  // [num_steps]
   float* probs = nullptr;     // [num_steps]
   Status status;
+  // In: the caller verifies the drafts without reading them first (no penalties that count
+  // them), so the backend may return before they are known, leaving them on the device for the
+  // next forward_batch (ForwardOptions::device_drafts), which also writes tokens and probs; the
+  // drafting call and the verification then run back to back without a host round trip between
+  // them. Out: it did (then tokens and probs must stay valid until that forward_batch returns,
+  // and any other call of the backend first completes them).
+  bool may_defer = false;
+  bool deferred = false;
 };
 
 // How the prefix cache stores and resumes a backend's sequences (engine/prefix_cache.h,

@@ -668,6 +668,7 @@ void Engine::run_chunks() {
     verify_reqs_.resize(n);
   }
   chunk_k_.assign(n, 0);
+  chunk_deferred_.assign(n, 0);
   // Timed under auto (its step-cost model) and, with DSINFER_SPEC_TRACE, in every mode (so that
   // a fixed depth's steps can be set beside auto's).
   const bool timed = cost_ || (trace_spec_ && drafter_);
@@ -730,6 +731,10 @@ void Engine::run_chunks() {
     item.options.want_logits = c.samples;
     item.options.last_logits_only = k == 0;
     item.options.prefill_end = r.num_tokens();
+    // Drafts still on the device: the backend takes them there (the values copied above are
+    // placeholders) and writes drafts_[i] before forward_batch returns.
+    if (k > 0 && chunk_deferred_[i])
+      item.options.device_drafts = k;
     if (drafter_ && !r.spec_disabled)
       drafter_->prepare(item.options, k);
     outs_[i].sampled = false;
@@ -1038,6 +1043,11 @@ bool Engine::plan_drafts() {
     q.max_drafts = std::max(want[j], 0);
     q.catch_up = up;
     q.out = &drafts_[i];
+    // Drafts verified without being read first may stay on the device until the verification
+    // (DraftRequest::may_defer): not where the device sampler's penalties count them
+    // (prepare_backend_verify's extra_output), nor for a block drafter, whose confidences choose
+    // the verified lengths right after drafting.
+    q.may_defer = drafter_->sequential() && !sampling::uses_penalties(r.spec.sampling);
     draft_reqs_.push_back(q);
   }
   if (!draft_reqs_.empty()) {
@@ -1055,10 +1065,12 @@ bool Engine::plan_drafts() {
     int32_t k = 0;
     if (q < draft_reqs_.size() && draft_reqs_[q].out == &drafts_[i]) {
       const spec::DraftRequest& dr = draft_reqs_[q++];
-      if (dr.status.ok())
+      if (dr.status.ok()) {
         k = static_cast<int32_t>(drafts_[i].tokens.size());
-      else  // its drafter state cannot follow it: it decodes on without speculation
+        chunk_deferred_[i] = dr.deferred ? 1 : 0;
+      } else {  // its drafter state cannot follow it: it decodes on without speculation
         plan_.chunks[i].request->spec_disabled = true;
+      }
       stats_.spec.drafted += k;
     }
     chunk_k_[i] = k;

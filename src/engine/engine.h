@@ -357,11 +357,12 @@ class Engine {
   int32_t step_depth_ = 0;
   int64_t step_b_ = 0;
   int64_t mixed_b_ = 0;
-  std::vector<double> rates_;        // the acceptance predictor's rate by draft position
-  std::vector<double> expected_;     // auto_depth: E(depth) from rates_ (tokens per request)
-  std::vector<uint8_t> warm_;        // auto_depth: per depth, whether its fixed shape is prepared
-  std::vector<int32_t> chunk_k_;     // drafts verified by each chunk of the plan
-  std::vector<spec::Draft> drafts_;  // each chunk's drafts
+  std::vector<double> rates_;     // the acceptance predictor's rate by draft position
+  std::vector<double> expected_;  // auto_depth: E(depth) from rates_ (tokens per request)
+  std::vector<uint8_t> warm_;     // auto_depth: per depth, whether its fixed shape is prepared
+  std::vector<int32_t> chunk_k_;  // drafts verified by each chunk of the plan
+  std::vector<uint8_t> chunk_deferred_;  // its drafts left on the device (DraftRequest::deferred)
+  std::vector<spec::Draft> drafts_;      // each chunk's drafts
   // Each chunk's catch-up tokens (spec::DraftRequest::catch_up).
   std::vector<std::vector<int32_t>> catch_up_;
   std::vector<spec::DraftRequest> draft_reqs_;

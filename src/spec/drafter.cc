@@ -29,6 +29,7 @@ Status MtpDrafter::draft(std::span<DraftRequest> requests) {
   for (size_t i = 0; i < requests.size(); ++i) {
     DraftRequest& r = requests[i];
     r.status = Status();
+    r.deferred = false;
     if (r.max_drafts < 0 || r.max_drafts > max_drafts_ || r.out == nullptr) {
       r.status = invalid_argument(str_format(
           "draft: %d drafts requested (this drafter proposes 0..%d)", r.max_drafts, max_drafts_));
@@ -45,6 +46,7 @@ Status MtpDrafter::draft(std::span<DraftRequest> requests) {
     it.catch_up = r.catch_up;
     it.tokens = r.out->tokens.data();
     it.probs = r.out->confidence.data();
+    it.may_defer = r.may_defer;
     items_.push_back(it);
     item_req_.push_back(i);
   }
@@ -54,6 +56,7 @@ Status MtpDrafter::draft(std::span<DraftRequest> requests) {
   for (size_t k = 0; k < items_.size(); ++k) {
     DraftRequest& r = requests[item_req_[k]];
     r.status = items_[k].status;
+    r.deferred = r.status.ok() && items_[k].deferred;
     if (!r.status.ok()) {
       r.out->tokens.clear();
       r.out->confidence.clear();

@@ -41,6 +41,11 @@ struct DraftRequest {
   std::span<const int32_t> catch_up;
   Draft* out = nullptr;
   Status status;  // per-request failure (that request is verified without drafts)
+  // backend::DraftItem::may_defer / deferred: the drafts may be left on the device for the
+  // verification (ForwardOptions::device_drafts), out->tokens and out->confidence then written
+  // when that forward returns.
+  bool may_defer = false;
+  bool deferred = false;
 };
 
 class Drafter {

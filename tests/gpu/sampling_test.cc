@@ -476,6 +476,37 @@ TEST_F(GpuTest, GreedyPickEqualsGreedySampling) {
   }
 }
 
+// Deferred drafts into a verification's token rows (launch_scatter_tokens) against the host's
+// dst[dst_index[i]] = src[src_index[i]], over sizes past one block and the kernel's grid cap.
+TEST_F(GpuTest, ScatterTokensEqualsHost) {
+  std::mt19937 rng(43);
+  for (const int64_t n : {int64_t{1}, int64_t{5}, int64_t{129}, int64_t{20000}}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const int64_t rows = 2 * n + 3;
+    std::vector<int32_t> src(static_cast<size_t>(n + 7)), dst(static_cast<size_t>(rows));
+    for (int32_t& v : src) v = static_cast<int32_t>(rng() % 129280);
+    for (int32_t& v : dst) v = -1;
+    std::vector<int32_t> src_index(static_cast<size_t>(n)), dst_index(static_cast<size_t>(rows));
+    for (int32_t& v : src_index) v = static_cast<int32_t>(rng() % src.size());
+    for (int64_t r = 0; r < rows; ++r) dst_index[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+    std::shuffle(dst_index.begin(), dst_index.end(), rng);
+    dst_index.resize(static_cast<size_t>(n));  // distinct rows, some left as they were
+    std::vector<int32_t> want = dst;
+    for (int64_t i = 0; i < n; ++i)
+      want[static_cast<size_t>(dst_index[static_cast<size_t>(i)])] =
+          src[static_cast<size_t>(src_index[static_cast<size_t>(i)])];
+    DevVec<int32_t> d_src(src), d_src_index(src_index), d_dst(dst), d_dst_index(dst_index);
+    DSI_EXPECT_OK(launch_scatter_tokens(
+        d_src.get(), d_src_index.get(), d_dst.get(), d_dst_index.get(), n, nullptr));
+    sync();
+    EXPECT_EQ(d_dst.download(), want);
+  }
+  EXPECT_TRUE(launch_scatter_tokens(nullptr, nullptr, nullptr, nullptr, 0, nullptr).ok());
+  int32_t t = 0;
+  EXPECT_EQ(launch_scatter_tokens(&t, nullptr, &t, &t, 1, nullptr).code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(GpuOpsArgs, SamplingValidates) {
   EXPECT_TRUE(launch_sample(SampleParams{.n = 0, .vocab = 10}, nullptr).ok());
   EXPECT_EQ(launch_sample(SampleParams{.n = 1, .vocab = 10}, nullptr).code(),

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/paged.h"
+#include "kernels/cuda/sampling.h"
 
 namespace dsinfer::gpu {
 
@@ -62,7 +64,7 @@ CudaModel::~CudaModel() {
   (void)writes_.drain();
   clear_graphs();
   for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
-  for (cudaEvent_t e : {fwd_start_, fwd_end_, prev_end_}) {
+  for (cudaEvent_t e : {fwd_start_, fwd_end_, prev_end_, staging_free_}) {
     if (e)
       (void)cudaEventDestroy(e);
   }
@@ -100,6 +102,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
     m->options_.side_streams = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("DSINFER_DRAFT_SLOT"); v != nullptr && *v != '\0')
     m->options_.draft_slot_by_steps = std::strcmp(v, "exact") != 0;
+  if (const char* v = std::getenv("DSINFER_DEFER_DRAFTS"); v != nullptr && *v != '\0')
+    m->options_.defer_drafts = std::strcmp(v, "0") != 0;
   int64_t expert_first = 0;
   int64_t expert_count = -1;
   if (options.comm != nullptr) {
@@ -247,6 +251,8 @@ Status CudaModel::mark(size_t i) {
 }
 
 void CudaModel::mark_launch_start() {
+  if (launch_open_)
+    return;           // a drafting call's window, still open, takes this launch in
   if (!fwd_start_) {  // timing events for CudaModelStats::decode_idle_ms (none: not measured)
     for (cudaEvent_t* e : {&fwd_start_, &fwd_end_, &prev_end_}) {
       if (cudaEventCreate(e) != cudaSuccess)
@@ -290,6 +296,70 @@ Status CudaModel::forward(state::SequenceState& st,
 }
 
 Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
+  const Status s = forward_batch_impl(items);
+  const Status drafts = complete_deferred_drafts();
+  return s.ok() ? drafts : s;
+}
+
+Status CudaModel::complete_deferred_drafts() {
+  if (deferred_.empty())
+    return Status();
+  const bool open = launch_open_;
+  launch_open_ = false;
+  if (open) {  // (a forward that failed before its launches: close the drafting call's window)
+    mark_launch_end();
+  }
+  DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
+  if (open)
+    account_decode_gap(true);
+  const auto* tok = draft_results_.as<int32_t>();
+  const auto* lp = reinterpret_cast<const float*>(tok + deferred_picks_);
+  for (const DeferredDraft& d : deferred_) {
+    for (int32_t s = 0; s < d.steps; ++s) {
+      const int64_t at = s * deferred_rows_ + d.col;
+      d.tokens[s] = tok[at];
+      d.probs[s] = std::exp(lp[at]);
+    }
+  }
+  deferred_.clear();
+  return Status();
+}
+
+int64_t CudaModel::plan_device_drafts(std::span<const backend::ForwardItem> items,
+                                      std::span<const size_t> active,
+                                      std::span<const int64_t> row_begin,
+                                      HostPack& pack,
+                                      int32_t* src_id,
+                                      int32_t* dst_id) const {
+  std::vector<int32_t> src, dst;
+  for (size_t k = 0; k < active.size(); ++k) {
+    const backend::ForwardItem& it = items[active[k]];
+    if (it.options.device_drafts < 1)
+      continue;
+    const DeferredDraft* d = deferred_draft(it.state);
+    DSI_CHECK(d != nullptr && it.options.device_drafts <= d->steps,
+              "device drafts of a sequence without as many deferred drafts (checked on entry)");
+    for (int32_t j = 0; j < it.options.device_drafts; ++j) {
+      src.push_back(static_cast<int32_t>(j * deferred_rows_ + d->col));
+      dst.push_back(static_cast<int32_t>(row_begin[k] + 1 + j));
+    }
+  }
+  if (src.empty())
+    return 0;
+  *src_id = pack.add(src);
+  *dst_id = pack.add(dst);
+  return static_cast<int64_t>(src.size());
+}
+
+const CudaModel::DeferredDraft* CudaModel::deferred_draft(const state::SequenceState* st) const {
+  for (const DeferredDraft& d : deferred_) {
+    if (d.state == st)
+      return &d;
+  }
+  return nullptr;
+}
+
+Status CudaModel::forward_batch_impl(std::span<backend::ForwardItem> items) {
   DSI_RETURN_IF_ERROR(health());
   const auto& c = config_;
   std::vector<size_t> active;
@@ -307,8 +377,25 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
     DSI_CHECK(seen.insert(it.state).second,
               "sequence %lld twice in one batch",
               static_cast<long long>(it.state->id()));
+    if (it.options.device_drafts != 0) {
+      const DeferredDraft* d = deferred_draft(it.state);
+      if (d == nullptr || it.options.device_drafts < 0 || it.options.device_drafts > d->steps ||
+          static_cast<int64_t>(it.tokens.size()) < 1 + it.options.device_drafts ||
+          it.options.run_mtp) {
+        it.status = invalid_argument(
+            str_format("%d drafts to take on the device, where the latest drafting call left %d "
+                       "for this sequence (of %zu tokens%s)",
+                       it.options.device_drafts,
+                       d ? d->steps : 0,
+                       it.tokens.size(),
+                       it.options.run_mtp ? ", with the MTP pass" : ""));
+        continue;
+      }
+    }
     bool bad = false;
     for (size_t t = 0; t < it.tokens.size() && !bad; ++t) {
+      if (t >= 1 && t <= static_cast<size_t>(it.options.device_drafts))
+        continue;  // (placeholders: the drafts are taken on the device)
       if (it.tokens[t] < 0 || it.tokens[t] >= c.vocab_size) {
         it.status = invalid_argument(
             str_format("token id %d at index %zu is outside the vocabulary [0, %lld)",
@@ -654,6 +741,13 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     L->final_dest = L->pack.add(dest);
   }
 
+  // Drafts the drafting call left on the device (ForwardOptions::device_drafts): where they go.
+  std::vector<int64_t> row_begin;
+  for (const SeqSpan& s : spans) row_begin.push_back(s.begin);
+  int32_t drafts_src = -1, drafts_dst = -1;
+  const int64_t device_drafts =
+      plan_device_drafts(items, active, row_begin, L->pack, &drafts_src, &drafts_dst);
+
   // One transfer of the plan.
   L->pack.layout(decode);
   mark_launch_start();
@@ -664,6 +758,17 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
   if (moved)
     clear_graphs();
+  // The drafts into the token rows, in stream order after the drafting call's picks and the
+  // plan's copy, before the launches (or the graph) that read them.
+  if (device_drafts > 0) {
+    DSI_RETURN_IF_ERROR(
+        cuda::launch_scatter_tokens(static_cast<const int32_t*>(draft_picks_),
+                                    L->pack.resolve<int32_t>(L->dev, drafts_src),
+                                    L->pack.resolve<int32_t>(L->dev, L->main.tokens),
+                                    L->pack.resolve<int32_t>(L->dev, drafts_dst),
+                                    device_drafts,
+                                    stream_.get()));
+  }
 
   if (decode) {
     std::vector<int64_t> key = L->pack.layout_key();
@@ -908,14 +1013,22 @@ Status CudaModel::upload_pack(const HostPack& pack, uint8_t** dev) {
         pinned_,
         device::PinnedBuffer::allocate(static_cast<size_t>(std::max<int64_t>(2 * bytes, 1 << 20))));
   }
+  // The previous upload's copy out of pinned_ may still be queued (a deferred drafting call
+  // returns before it runs): wait for it before writing pinned_ again.
+  if (staging_free_)
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaEventSynchronize(staging_free_), "pinned staging"));
   pack.copy_to(pinned_.as<uint8_t>());
   *dev = static_cast<uint8_t*>(pack_dev_);
-  return device::check_cuda(cudaMemcpyAsync(pack_dev_,
-                                            pinned_.get(),
-                                            static_cast<size_t>(bytes),
-                                            cudaMemcpyHostToDevice,
-                                            stream_.get()),
-                            "copying the forward plan");
+  DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pack_dev_,
+                                                         pinned_.get(),
+                                                         static_cast<size_t>(bytes),
+                                                         cudaMemcpyHostToDevice,
+                                                         stream_.get()),
+                                         "copying the forward plan"));
+  if (!staging_free_)
+    DSI_RETURN_IF_ERROR(device::check_cuda(
+        cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming), "pinned staging event"));
+  return device::check_cuda(cudaEventRecord(staging_free_, stream_.get()), "pinned staging event");
 }
 
 Status CudaModel::launch_all(Launch& L) {

@@ -96,6 +96,14 @@ struct CudaModelOptions {
   // sequence's own are padding (read row 0, write nothing). Off, or DSINFER_DRAFT_SLOT=exact in
   // the environment: the most catch-up rows + 1.
   bool draft_slot_by_steps = true;
+  // Drafts of a graph-replayed drafting call (every sequence the same steps) left on the device
+  // when the caller allows it (DraftItem::may_defer): the call returns once its launches are
+  // queued, the verification's forward scatters the picks into its token rows on the device
+  // (cuda::launch_scatter_tokens) and the picks come back with its results, so that drafting and
+  // verification run back to back without the host round trip between them (batch 1 of the
+  // bundled model: ~45 us of GPU idle per ~1 ms step). Off, or DSINFER_DEFER_DRAFTS=0: each
+  // drafting call waits for its picks.
+  bool defer_drafts = true;
   // write_state_pages' pinned staging ring (gpu::AsyncPageWrites): buffers and bytes per buffer.
   int promote_staging_slots = 4;
   int64_t promote_staging_slot_bytes = int64_t{16} << 20;
@@ -139,6 +147,8 @@ class CudaModel final : public backend::Model {
                  std::span<const int32_t> tokens,
                  const backend::ForwardOptions& options,
                  backend::ForwardOutputs* out) override;
+  // (Completes the drafts a drafting call left on the device, DraftItem::deferred, whatever
+  // the outcome.)
   Status forward_batch(std::span<backend::ForwardItem> items) override;
   state::PageArena::Storage state_storage() const override {
     return state::PageArena::Storage::kNone;
@@ -369,6 +379,38 @@ class CudaModel final : public backend::Model {
   int64_t draft_picks_cap_ = 0;
   device::PinnedBuffer draft_results_;
   void* draft_streams_[2] = {nullptr, nullptr};  // MTP drafting: a step's streams, ping-pong
+  // A drafting call's drafts left on the device (DraftItem::deferred): where each sequence's
+  // picks lie in draft_picks_ (the pick of step s at s * n_rows + col), and where its item wants
+  // them written once draft_results_ holds their copy. complete_deferred_drafts() waits for
+  // that copy (stream order: after everything queued so far) and writes them.
+  struct DeferredDraft {
+    const state::SequenceState* state = nullptr;
+    int32_t* tokens = nullptr;
+    float* probs = nullptr;
+    int32_t steps = 0;
+    int64_t col = 0;
+  };
+  std::vector<DeferredDraft> deferred_;
+  int64_t deferred_rows_ = 0;   // n_rows of that call (picks [steps][n_rows], then logprobs)
+  int64_t deferred_picks_ = 0;  // steps * n_rows
+  Status complete_deferred_drafts();
+  const DeferredDraft* deferred_draft(const state::SequenceState* st) const;
+  // The ForwardOptions::device_drafts rows of a forward's items (item active[k]'s tokens at rows
+  // row_begin[k] ...): the picks' indices and the token rows they go to, added to the plan's
+  // pack (*src_id, *dst_id); returns their number (0: none, nothing added).
+  int64_t plan_device_drafts(std::span<const backend::ForwardItem> items,
+                             std::span<const size_t> active,
+                             std::span<const int64_t> row_begin,
+                             HostPack& pack,
+                             int32_t* src_id,
+                             int32_t* dst_id) const;
+  Status forward_batch_impl(std::span<backend::ForwardItem> items);
+  // Set by upload_pack after its copy from pinned_ is queued: the next upload_pack waits for it
+  // before it writes pinned_ again (a deferred drafting call returns with its copy queued).
+  cudaEvent_t staging_free_ = nullptr;
+  // A drafting call left its launches open (deferred drafts): the next forward's timing window
+  // starts at that call's start instead (mark_launch_start keeps it).
+  bool launch_open_ = false;
   int64_t draft_cap_[2] = {0, 0};
   // Decode graphs by layout; invalidated when a buffer they point into moves.
   struct Graph {

@@ -26,6 +26,8 @@ bool CudaModel::can_draft() const {
 
 Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   DSI_RETURN_IF_ERROR(health());
+  DSI_RETURN_IF_ERROR(complete_deferred_drafts());  // (a call with no verification after it)
+  for (backend::DraftItem& it : items) it.deferred = false;
   const auto& c = config_;
   const int64_t width = c.hc_mult * c.hidden_size;
   std::vector<size_t> active;    // items that draft
@@ -290,6 +292,33 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
                                           /*profile_eager=*/false));
     } else {
       DSI_RETURN_IF_ERROR(chain());
+    }
+    // Every drafting sequence verifies its drafts without reading them first: they stay on the
+    // device for the verification (CudaModelOptions::defer_drafts), their copy back queued
+    // behind the launches and written into the items when the verification completes.
+    bool defer = options_.defer_drafts && fixed;
+    for (size_t i : active) defer = defer && items[i].may_defer;
+    if (defer) {
+      DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(draft_results_.get(),
+                                                             draft_picks_,
+                                                             pick_bytes,
+                                                             cudaMemcpyDeviceToHost,
+                                                             stream_.get()),
+                                             "copying the drafts"));
+      deferred_rows_ = n_rows;
+      deferred_picks_ = pick_rows;
+      for (size_t k = 0; k < active.size(); ++k) {
+        backend::DraftItem& it = items[active[k]];
+        deferred_.push_back({it.state, it.tokens, it.probs, it.num_steps, static_cast<int64_t>(k)});
+        it.deferred = true;
+      }
+      launch_open_ = true;
+      for (size_t i : active) {
+        state::SequenceState& st = *items[i].state;
+        st.set_mtp_num_tokens(st.num_tokens());
+      }
+      ++stats_.forwards;
+      return Status();
     }
     DSI_RETURN_IF_ERROR(fetch());
     for (int32_t step = 0; step < max_steps; ++step) {

@@ -929,6 +929,42 @@ Status launch_greedy_pick(const GreedyPickParams& p, cudaStream_t stream) {
   return launched("greedy_pick launch");
 }
 
+__global__ void scatter_tokens_kernel(const int32_t* src,
+                                      const int32_t* src_index,
+                                      int32_t* dst,
+                                      const int32_t* dst_index,
+                                      int64_t n) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[dst_index[i]] = src[src_index[i]];
+}
+
+Status launch_scatter_tokens(const int32_t* src,
+                             const int32_t* src_index,
+                             int32_t* dst,
+                             const int32_t* dst_index,
+                             int64_t n,
+                             cudaStream_t stream) {
+  if (n == 0)
+    return Status();
+  if (!src || !src_index || !dst || !dst_index)
+    return null_pointer("scatter_tokens");
+  constexpr int kThreads = 128;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 64));
+  launch_pdl(scatter_tokens_kernel,
+             dim3(blocks),
+             dim3(kThreads),
+             0,
+             stream,
+             src,
+             src_index,
+             dst,
+             dst_index,
+             n);
+  return launched("scatter_tokens launch");
+}
+
 Status launch_sample(const SampleParams& p, cudaStream_t stream) {
   DSI_RETURN_IF_ERROR(check_logit_rows("sample", p.n, p.vocab, p.ld));
   if (p.n == 0)

@@ -85,4 +85,14 @@ struct GreedyPickParams {
 };
 Status launch_greedy_pick(const GreedyPickParams& p, cudaStream_t stream);
 
+// Drafts into a verification's token rows on the device: dst[dst_index[i]] = src[src_index[i]]
+// for i < n (the picks of a drafting call left on the device, written into the next forward's
+// token array before its embedding reads it). Indices are in range (the caller's plan).
+Status launch_scatter_tokens(const int32_t* src,
+                             const int32_t* src_index,
+                             int32_t* dst,
+                             const int32_t* dst_index,
+                             int64_t n,
+                             cudaStream_t stream);
+
 }  // namespace dsinfer::cuda

@@ -548,6 +548,126 @@ TEST(Speculative, ARequestWhoseDraftingFailsDecodesOnWithoutSpeculation) {
   }
 }
 
+// A backend that leaves the drafts where it made them (DraftItem::deferred), as the CUDA backend
+// does with its picks on the device: drafting returns placeholders, the verification's forward
+// takes the drafts it kept (ForwardOptions::device_drafts) and writes the items' tokens and
+// probabilities only when it returns.
+class DeferringDrafts final : public test_support::CpuBackedModel {
+ public:
+  DeferringDrafts(const model::Checkpoint& ckpt, bool defer)
+      : CpuBackedModel(ckpt), defer_(defer) {}
+  bool can_draft() const override { return cpu_.can_draft(); }
+  bool can_resume_drafting() const override { return cpu_.can_resume_drafting(); }
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
+    EXPECT_TRUE(held_.empty()) << "a drafting call before the deferred drafts were verified";
+    complete();
+    for (backend::DraftItem& it : items) {
+      it.deferred = false;
+      it.status =
+          cpu_.mtp_draft(*it.state, it.next_token, it.num_steps, it.catch_up, it.tokens, it.probs);
+      if (!it.status.ok() || it.num_steps == 0)
+        continue;
+      if (!defer_ || !it.may_defer) {
+        ++immediate_;
+        continue;
+      }
+      held_.push_back({it.state,
+                       it.tokens,
+                       it.probs,
+                       std::vector<int32_t>(it.tokens, it.tokens + it.num_steps),
+                       std::vector<float>(it.probs, it.probs + it.num_steps)});
+      std::fill(it.tokens, it.tokens + it.num_steps, 1);  // what a verification must not read
+      std::fill(it.probs, it.probs + it.num_steps, -1.0f);
+      it.deferred = true;
+      ++deferred_;
+    }
+    return Status();
+  }
+  Status forward_batch(std::span<backend::ForwardItem> items) override {
+    std::vector<std::vector<int32_t>> tokens(items.size());
+    std::vector<std::span<const int32_t>> given(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      backend::ForwardItem& it = items[i];
+      given[i] = it.tokens;
+      if (it.options.device_drafts == 0)
+        continue;
+      const Held* h = nullptr;
+      for (const Held& e : held_) h = e.state == it.state ? &e : h;
+      EXPECT_TRUE(h != nullptr &&
+                  it.options.device_drafts <= static_cast<int32_t>(h->tokens.size()) &&
+                  it.options.device_drafts < static_cast<int32_t>(it.tokens.size()));
+      if (h == nullptr)
+        return failed_precondition("device drafts of a sequence that has none");
+      tokens[i].assign(it.tokens.begin(), it.tokens.end());
+      for (int32_t j = 0; j < it.options.device_drafts; ++j)
+        tokens[i][static_cast<size_t>(1 + j)] = h->tokens[static_cast<size_t>(j)];
+      it.tokens = tokens[i];
+      ++verified_;
+    }
+    const Status s = CpuBackedModel::forward_batch(items);
+    for (size_t i = 0; i < items.size(); ++i) items[i].tokens = given[i];
+    complete();
+    return s;
+  }
+  const char* name() const override { return "deferring-drafts"; }
+  int64_t deferred() const { return deferred_; }
+  int64_t immediate() const { return immediate_; }
+  int64_t verified() const { return verified_; }
+
+ private:
+  struct Held {
+    const state::SequenceState* state;
+    int32_t* out_tokens;
+    float* out_probs;
+    std::vector<int32_t> tokens;
+    std::vector<float> probs;
+  };
+  void complete() {
+    for (const Held& h : held_) {
+      std::copy(h.tokens.begin(), h.tokens.end(), h.out_tokens);
+      std::copy(h.probs.begin(), h.probs.end(), h.out_probs);
+    }
+    held_.clear();
+  }
+  bool defer_;
+  std::vector<Held> held_;
+  int64_t deferred_ = 0, immediate_ = 0, verified_ = 0;
+};
+
+// Drafts left on the backend until their verification (the CUDA backend's deferred picks): the
+// outputs are those of the same backend returning its drafts at once, greedy and sampled (the
+// requests whose penalties count the drafts are never deferred), under fixed depths and auto,
+// and the verifications took the deferred drafts.
+TEST(Speculative, DraftsLeftOnTheBackendUntilTheVerificationKeepOutputs) {
+  const int32_t vocab = static_cast<int32_t>(bundled()->config().vocab_size);
+  const auto cases = mixed_cases(4, 17, vocab, 16);
+  for (const char* mode : {"fixed:3", "auto"}) {
+    EngineSetup s;
+    s.ckpt = bundled();
+    s.kernels = CpuKernels::kReference;
+    s.speculative = mode;
+    s.sc.max_tokens_per_step = 64;
+    s.sc.prefill_chunk = 16;
+    auto now_model = std::make_unique<DeferringDrafts>(*bundled(), false);
+    auto later_model = std::make_unique<DeferringDrafts>(*bundled(), true);
+    DeferringDrafts* later = later_model.get();
+    auto now = make_engine(s, std::move(now_model));
+    auto deferred = make_engine(s, std::move(later_model));
+    EXPECT_EQ(run_all(*deferred, greedy_specs(cases)), run_all(*now, greedy_specs(cases))) << mode;
+    const int64_t greedy_deferred = later->deferred();
+    EXPECT_GT(greedy_deferred, 0) << mode;
+    EXPECT_EQ(later->immediate(), 0) << mode;
+    EXPECT_EQ(run_all(*deferred, sampled_specs(cases)), run_all(*now, sampled_specs(cases)))
+        << mode;
+    EXPECT_GT(later->deferred(), greedy_deferred) << mode;
+    EXPECT_GT(later->immediate(), 0) << mode << ": requests with penalties draft at once";
+    EXPECT_EQ(later->verified(), later->deferred()) << mode;
+    // The same drafts accepted (the deferred ones were the drafts made, not the placeholders).
+    EXPECT_EQ(deferred->stats().spec.spec_tokens, now->stats().spec.spec_tokens) << mode;
+    EXPECT_GT(deferred->stats().spec.mean_accepted_length(), 1.3) << mode;
+  }
+}
+
 TEST(Speculative, StepPhasesAccountForTheStepsTime) {
   const auto cases = mixed_cases(4, 43, 512, 12);
   for (const char* mode : {"fixed:2", "off"}) {
