@@ -255,15 +255,8 @@ __global__ void __launch_bounds__(kPoolThreads) compressor_pool_kernel(Compresso
     // RoPE at the block's first position (cpu::rope_apply).
     const float pos = static_cast<float>(p.block[en] * m);
     float* r = e + (d - 2 * p.rope_half);
-    for (int64_t i = threadIdx.x; i < p.rope_half; i += blockDim.x) {
-      const float angle = __fmul_rn(pos, p.inv_freq[i]);
-      const float cs = cosf(angle);
-      const float sn = sinf(angle);
-      const float a = r[2 * i];
-      const float b = r[2 * i + 1];
-      r[2 * i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-      r[2 * i + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
-    }
+    for (int64_t i = threadIdx.x; i < p.rope_half; i += blockDim.x)
+      rope_rotate(r[2 * i], r[2 * i + 1], pos, p.inv_freq[i]);
     __syncthreads();
     if (p.post == CompressorPost::kKvFp8) {
       quant_row_block(e, d - 2 * p.rope_half, 64, QuantSim::kFp8);

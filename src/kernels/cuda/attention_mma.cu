@@ -592,14 +592,11 @@ __global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(con
           const int64_t d = d0 + threadIdx.x + k * kMergeThreads;  // parity of threadIdx.x
           const float other = __shfl_xor_sync(0xffffffffu, acc[k], 1);
           if (fin.rope_half > 0 && d >= c_rope && d < dim) {
-            const float angle = __fmul_rn(pos, fin.inv_freq[(d - c_rope) / 2]);
-            const float c = cosf(angle);
-            const float sn = -sinf(angle);
             const bool even = (d & 1) == 0;
-            const float a = even ? acc[k] : other;
-            const float b = even ? other : acc[k];
-            acc[k] = even ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn))
-                          : __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+            float a = even ? acc[k] : other;
+            float b = even ? other : acc[k];
+            rope_rotate(a, b, pos, fin.inv_freq[(d - c_rope) / 2], /*inverse=*/true);
+            acc[k] = even ? a : b;
           }
           acc[k] = numeric::round_to_bf16(acc[k]);
         }

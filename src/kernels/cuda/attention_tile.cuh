@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/common.cuh"
 #include "numeric/float_formats.h"
 
 namespace dsinfer::cuda::attn {
@@ -52,17 +53,9 @@ __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
       float a1 = o[nt][2] * i1;
       float b1 = o[nt][3] * i1;
       if (d >= rope_from) {
-        const float angle = __fmul_rn(pos, p.inv_freq[(d - rope_from) / 2]);
-        const float c = cosf(angle);
-        const float sn = -sinf(angle);
-        const float ra0 = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, sn));
-        const float rb0 = __fadd_rn(__fmul_rn(a0, sn), __fmul_rn(b0, c));
-        const float ra1 = __fsub_rn(__fmul_rn(a1, c), __fmul_rn(b1, sn));
-        const float rb1 = __fadd_rn(__fmul_rn(a1, sn), __fmul_rn(b1, c));
-        a0 = ra0;
-        b0 = rb0;
-        a1 = ra1;
-        b1 = rb1;
+        const float f = p.inv_freq[(d - rope_from) / 2];
+        rope_rotate(a0, b0, pos, f, /*inverse=*/true);
+        rope_rotate(a1, b1, pos, f, /*inverse=*/true);
       }
       uint16_t* row = p.out_bf16 + qi * p.out_bf16_ld + d;
       if (r0 < heads) {

@@ -30,6 +30,20 @@ __device__ __forceinline__ I last_at_most(const T* a, I n, T v) {
   return lo;
 }
 
+// RoPE's rotation of one pair (a, b) by the angle pos * inv_freq, each product and sum rounded
+// as cpu::rope_apply rounds them; inverse rotates back (the sine negated). Every kernel that
+// rotates (the fused norm, the RoPE op, the compressor, attention's output un-rotation) uses it.
+__device__ __forceinline__ void rope_rotate(
+    float& a, float& b, float pos, float inv_freq, bool inverse = false) {
+  const float angle = __fmul_rn(pos, inv_freq);
+  const float c = cosf(angle);
+  const float s = inverse ? -sinf(angle) : sinf(angle);
+  const float x = a;
+  const float y = b;
+  a = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+  b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);

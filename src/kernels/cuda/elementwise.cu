@@ -104,15 +104,7 @@ __device__ __forceinline__ void rms_norm_warp_row(const RmsNormParams& p,
     }
     if (p.rope_half > 0 && c >= c_rope) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float angle = __fmul_rn(pos, fq[j][h]);
-        const float cs = cosf(angle);
-        const float sn = sinf(angle);
-        const float a = e[2 * h];
-        const float b = e[2 * h + 1];
-        e[2 * h] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-        e[2 * h + 1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
-      }
+      for (int h = 0; h < 2; ++h) rope_rotate(e[2 * h], e[2 * h + 1], pos, fq[j][h]);
     }
     if (sim_lanes > 0) {  // warp-uniform: every lane reaches the shuffles
       float amax = 0.0f;
@@ -196,13 +188,7 @@ __global__ void rope_kernel(RopeParams p) {
     const int64_t i = w % p.half;
     float* r = p.x + row * ld + (p.dim - 2 * p.half);
     const float pos = static_cast<float>(p.positions[row / p.heads]);
-    const float angle = __fmul_rn(pos, p.inv_freq[i]);
-    const float c = cosf(angle);
-    const float s = p.inverse ? -sinf(angle) : sinf(angle);
-    const float a = r[2 * i];
-    const float b = r[2 * i + 1];
-    r[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    r[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    rope_rotate(r[2 * i], r[2 * i + 1], pos, p.inv_freq[i], p.inverse);
   }
 }
 
