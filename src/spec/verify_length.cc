@@ -502,12 +502,16 @@ double AcceptancePredictor::calibrated(int32_t i, float c) const {
   return (bin_accepted_[b] + 4.0 * position_rate(i)) / (bin_verified_[b] + 4.0);
 }
 
+void AcceptancePredictor::fade_positions(double keep) {
+  for (size_t j = 0; j < pos_verified_.size(); ++j) {
+    pos_verified_[j] *= keep;
+    pos_accepted_[j] *= keep;
+  }
+}
+
 void AcceptancePredictor::unobserved_step() {
   constexpr double kKeep = 1.0 - 1.0 / kUnobservedSteps;
-  for (size_t j = 0; j < pos_verified_.size(); ++j) {
-    pos_verified_[j] *= kKeep;
-    pos_accepted_[j] *= kKeep;
-  }
+  fade_positions(kKeep);
   for (int b = 0; b < kBins; ++b) {
     bin_verified_[b] *= kKeep;
     bin_accepted_[b] *= kKeep;
@@ -516,13 +520,8 @@ void AcceptancePredictor::unobserved_step() {
 
 void AcceptancePredictor::verified_step(int64_t first_drafts) {
   const double extra = kMinDraftsPerStep - static_cast<double>(first_drafts);
-  if (extra <= 0)
-    return;
-  const double keep = std::pow(1.0 - 1.0 / kWindow, extra);
-  for (size_t j = 0; j < pos_verified_.size(); ++j) {
-    pos_verified_[j] *= keep;
-    pos_accepted_[j] *= keep;
-  }
+  if (extra > 0)
+    fade_positions(std::pow(1.0 - 1.0 / kWindow, extra));
 }
 
 void AcceptancePredictor::record(int32_t i, float confidence, bool accepted) {
@@ -531,12 +530,8 @@ void AcceptancePredictor::record(int32_t i, float confidence, bool accepted) {
   // Every position's counts fade with the first drafts' (one per verifying request-step), so
   // that a deep position's old evidence gives way to its prior when its drafts are seldom
   // verified.
-  if (p == 0) {
-    for (size_t j = 0; j < pos_verified_.size(); ++j) {
-      pos_verified_[j] *= kKeep;
-      pos_accepted_[j] *= kKeep;
-    }
-  }
+  if (p == 0)
+    fade_positions(kKeep);
   pos_verified_[p] += 1;
   pos_accepted_[p] += accepted ? 1 : 0;
   const double conf = std::clamp(static_cast<double>(confidence), 0.0, 1.0);

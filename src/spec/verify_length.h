@@ -251,6 +251,7 @@ class AcceptancePredictor {
 
  private:
   static constexpr int kBins = 10;
+  void fade_positions(double keep);  // every position's counts times keep
   std::vector<double> pos_accepted_, pos_verified_;
   double bin_accepted_[kBins] = {};
   double bin_verified_[kBins] = {};
