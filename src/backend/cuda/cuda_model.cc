@@ -264,6 +264,7 @@ void CudaModel::mark_launch_start() {
 }
 
 void CudaModel::mark_launch_end() {
+  launch_open_ = false;  // (the forward after a deferred drafting call closes its window)
   if (fwd_end_)
     (void)cudaEventRecord(fwd_end_, stream_.get());
 }
@@ -304,11 +305,11 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
 Status CudaModel::complete_deferred_drafts() {
   if (deferred_.empty())
     return Status();
+  // Still open: no forward reached its launches after the drafting call (it failed before, or
+  // another drafting call came first); the window ends here.
   const bool open = launch_open_;
-  launch_open_ = false;
-  if (open) {  // (a forward that failed before its launches: close the drafting call's window)
+  if (open)
     mark_launch_end();
-  }
   DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
   if (open)
     account_decode_gap(true);
