@@ -261,8 +261,10 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
 
   // Every sequence drafting the same number of steps (fixed:K, auto's one depth per step): all
   // steps planned into one upload and launched as one graph, each step's picks written on the
-  // device into the next step's tokens, one copy back and one synchronisation for the call.
-  bool same_steps = max_steps >= 2;
+  // device into the next step's tokens, one copy back and one synchronisation for the call (or
+  // none, the drafts left on the device). One step too: only there can its drafts be deferred
+  // (depth 1, the best depth of the bundled model at batch 16, was the step-at-a-time path).
+  bool same_steps = max_steps >= 1;
   for (size_t i : active) same_steps = same_steps && items[i].num_steps == max_steps;
   if (same_steps) {
     HostPack pack;
