@@ -662,8 +662,11 @@ TEST(Speculative, DraftsLeftOnTheBackendUntilTheVerificationKeepOutputs) {
     EXPECT_GT(later->deferred(), greedy_deferred) << mode;
     EXPECT_GT(later->immediate(), 0) << mode << ": requests with penalties draft at once";
     EXPECT_EQ(later->verified(), later->deferred()) << mode;
-    // The same drafts accepted (the deferred ones were the drafts made, not the placeholders).
-    EXPECT_EQ(deferred->stats().spec.spec_tokens, now->stats().spec.spec_tokens) << mode;
+    // The same drafts accepted (the deferred ones were the drafts made, not the placeholders);
+    // under auto the depths follow the measured step times, so only at a fixed depth.
+    if (std::string(mode) != "auto") {
+      EXPECT_EQ(deferred->stats().spec.spec_tokens, now->stats().spec.spec_tokens) << mode;
+    }
     EXPECT_GT(deferred->stats().spec.mean_accepted_length(), 1.3) << mode;
   }
 }
