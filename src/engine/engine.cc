@@ -746,8 +746,13 @@ void Engine::run_chunks() {
     items_.push_back(item);
     item_chunk_.push_back(i);
   }
-  if (items_.empty() && !model_->lockstep())
+  if (items_.empty() && !model_->lockstep()) {
+    // (Drafts left on the device are completed by the forward that verifies them: the drafter
+    // resizes their storage at its next call.)
+    DSI_CHECK(std::find(chunk_deferred_.begin(), chunk_deferred_.end(), 1) == chunk_deferred_.end(),
+              "drafts left on the device without their verification");
     return;
+  }
   const double t_forward = now_s();
   stats_.phases.prepare += t_forward - t_prepare;
   const Status s = model_->forward_batch(items_);
