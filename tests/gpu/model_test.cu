@@ -1016,6 +1016,136 @@ TEST_P(CudaModelTest, CatchUpDraftsEqualThoseAfterAnMtpPassAndReplayBitForBit) {
   EXPECT_GT(graphs->stats().graph_replays, 0);
 }
 
+// Drafts left on the device (DraftItem::may_defer, CudaModelOptions::defer_drafts): the
+// verification takes them where they lie (ForwardOptions::device_drafts, placeholder tokens
+// given) and writes the drafting call's tokens and probabilities before it returns. Rounds of
+// drafting, verification without the MTP pass and the catch-up give the same drafts and logits
+// bit for bit as a model that reads its drafts back first. A verification item asking for more
+// drafts than the call left, or for the MTP pass beside them, fails alone: the others verify,
+// the failed one's drafts still arrive, and its retry with them as given gives the same bits.
+TEST_P(CudaModelTest, DraftsLeftOnTheDeviceVerifyAsReadDraftsAndBadItemsFailAlone) {
+  OPEN_CASE_OR_SKIP();
+  if (!ckpt->has_mtp())
+    GTEST_SKIP() << mc.path << " has no MTP block";
+  const int kSeqs = 5;
+  const int kRounds = 6;
+  const int32_t K = 2;
+  auto make = [&](bool defer) {
+    auto m = gpu::CudaModel::create(
+        cfg,
+        ckpt->weights(),
+        model::Numerics::kDeepSeek,
+        gpu::CudaModelOptions{.cuda_graphs = true, .batch_invariant = true, .defer_drafts = defer});
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  auto run = [&](gpu::CudaModel& m, bool defer, std::vector<std::vector<float>>* out) {
+    auto b = mtp_batch(
+        m, cfg, kSeqs, K, [](int i) { return 5 + 6 * i; }, 1300);
+    auto& [arena, st, items, outs, toks] = *b;
+    std::mt19937 g(17);
+    std::vector<std::vector<int32_t>> up(kSeqs);
+    std::vector<int32_t> pending(kSeqs);
+    for (int round = 0; round <= kRounds; ++round) {
+      for (int i = 0; i < kSeqs; ++i)
+        pending[i] = static_cast<int32_t>(g() % static_cast<uint32_t>(cfg.vocab_size));
+      std::vector<backend::DraftItem> d(kSeqs);
+      std::vector<std::vector<int32_t>> dtok(kSeqs, std::vector<int32_t>(K, -1));
+      std::vector<std::vector<float>> dprob(kSeqs, std::vector<float>(K, -1.0f));
+      const bool last = round == kRounds;
+      for (int i = 0; i < kSeqs; ++i) {
+        d[i].state = st[i].get();
+        d[i].next_token = pending[i];
+        d[i].num_steps = last ? 0 : K;
+        d[i].catch_up = up[i];
+        d[i].tokens = dtok[i].data();
+        d[i].probs = dprob[i].data();
+        d[i].may_defer = true;
+      }
+      EXPECT_TRUE(m.mtp_draft_batch(d).ok());
+      for (int i = 0; i < kSeqs; ++i) {
+        ASSERT_TRUE(d[i].status.ok()) << d[i].status.to_string() << " round " << round;
+        EXPECT_EQ(d[i].deferred, defer && !last) << "round " << round;
+      }
+      if (last) {
+        for (int i = 0; i < kSeqs; ++i) {
+          toks[i] = {pending[i]};
+          items[i].tokens = toks[i];
+          items[i].options.run_mtp = true;
+          items[i].options.want_mtp_logits = true;
+          items[i].options.device_drafts = 0;
+        }
+        forward_ok(m, items);
+        for (int i = 0; i < kSeqs; ++i) {
+          out->push_back(outs[i].logits);
+          out->push_back(outs[i].mtp_logits);
+        }
+        break;
+      }
+      // The bad item of rounds 2 and 4, sequence `bad`: of the deferring model, it asks for one
+      // draft more than the call left, or for the MTP pass beside its drafts; of the reading one,
+      // for a draft on the device where none was left. Both runs retry it alone.
+      const int bad = round == 2 || round == 4 ? round / 2 : -1;
+      for (int i = 0; i < kSeqs; ++i) {
+        toks[i] = {pending[i]};
+        if (defer)
+          toks[i].insert(toks[i].end(), K + (i == bad && round == 2 ? 1 : 0), 0);
+        else
+          toks[i].insert(toks[i].end(), dtok[i].begin(), dtok[i].end());
+        items[i].tokens = toks[i];
+        items[i].options.last_logits_only = false;
+        items[i].options.run_mtp = defer && i == bad && round == 4;
+        items[i].options.want_mtp_logits = false;
+        items[i].options.device_drafts = defer ? K + (i == bad && round == 2 ? 1 : 0) : i == bad;
+      }
+      if (bad < 0) {
+        forward_ok(m, items);
+      } else {
+        const int64_t before = st[bad]->num_tokens();
+        EXPECT_TRUE(m.forward_batch(items).ok());
+        for (int i = 0; i < kSeqs; ++i) {
+          if (i == bad) {
+            EXPECT_EQ(items[i].status.code(), StatusCode::kInvalidArgument)
+                << items[i].status.to_string();
+          } else {
+            EXPECT_TRUE(items[i].status.ok()) << items[i].status.to_string();
+          }
+        }
+        EXPECT_EQ(st[bad]->num_tokens(), before);
+        // Its drafts arrived all the same: the retry gives them as tokens.
+        toks[bad] = {pending[bad]};
+        toks[bad].insert(toks[bad].end(), dtok[bad].begin(), dtok[bad].end());
+        std::vector<backend::ForwardItem> retry{items[bad]};
+        retry[0].tokens = toks[bad];
+        retry[0].options.run_mtp = false;
+        retry[0].options.device_drafts = 0;
+        forward_ok(m, retry);
+      }
+      for (int i = 0; i < kSeqs; ++i) {
+        std::vector<float> row(dprob[i]);
+        for (int32_t t : dtok[i]) row.push_back(static_cast<float>(t));
+        out->push_back(row);
+        out->push_back(outs[i].logits);
+        const int32_t a = (round + i) % (K + 1);
+        EXPECT_TRUE(st[i]->rollback(K - a).ok());
+        up[i].assign(dtok[i].begin(), dtok[i].begin() + a);
+      }
+    }
+    for (auto& q : st) q->check_integrity();
+  };
+  auto deferring = make(true);
+  auto reading = make(false);
+  ASSERT_TRUE(deferring && reading);
+  std::vector<std::vector<float>> od, orr;
+  run(*deferring, true, &od);
+  run(*reading, false, &orr);
+  ASSERT_EQ(od.size(), orr.size());
+  for (size_t i = 0; i < od.size(); ++i) {
+    ASSERT_FALSE(od[i].empty()) << "output " << i;
+    EXPECT_EQ(od[i], orr[i]) << "output " << i;
+  }
+}
+
 // A graph is keyed by what its launches take by value (append_geometry_key): sequences whose
 // window rings differ in capacity only (sliding_window + max_rollback: the engine's states and
 // the speculative start-up measurement's differ by one rollback) while their page counts agree

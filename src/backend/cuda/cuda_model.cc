@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -313,22 +312,13 @@ Status CudaModel::complete_deferred_drafts() {
   DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
   if (open)
     account_decode_gap(true);
-  const auto* tok = draft_results_.as<int32_t>();
-  const auto* lp = reinterpret_cast<const float*>(tok + deferred_picks_);
-  for (const DeferredDraft& d : deferred_) {
-    for (int32_t s = 0; s < d.steps; ++s) {
-      const int64_t at = s * deferred_rows_ + d.col;
-      d.tokens[s] = tok[at];
-      d.probs[s] = std::exp(lp[at]);
-    }
-  }
-  deferred_.clear();
+  deferred_.deliver(draft_results_.get());
   return Status();
 }
 
 int64_t CudaModel::plan_device_drafts(std::span<const backend::ForwardItem> items,
                                       std::span<const size_t> active,
-                                      std::span<const int64_t> row_begin,
+                                      std::span<const SeqSpan> spans,
                                       HostPack& pack,
                                       int32_t* src_id,
                                       int32_t* dst_id) const {
@@ -337,12 +327,12 @@ int64_t CudaModel::plan_device_drafts(std::span<const backend::ForwardItem> item
     const backend::ForwardItem& it = items[active[k]];
     if (it.options.device_drafts < 1)
       continue;
-    const DeferredDraft* d = deferred_draft(it.state);
+    const backend::DeferredDrafts::Entry* d = deferred_.find(it.state);
     DSI_CHECK(d != nullptr && it.options.device_drafts <= d->steps,
               "device drafts of a sequence without as many deferred drafts (checked on entry)");
     for (int32_t j = 0; j < it.options.device_drafts; ++j) {
-      src.push_back(static_cast<int32_t>(j * deferred_rows_ + d->col));
-      dst.push_back(static_cast<int32_t>(row_begin[k] + 1 + j));
+      src.push_back(static_cast<int32_t>(deferred_.index(*d, j)));
+      dst.push_back(static_cast<int32_t>(spans[k].begin + 1 + j));
     }
   }
   if (src.empty())
@@ -350,14 +340,6 @@ int64_t CudaModel::plan_device_drafts(std::span<const backend::ForwardItem> item
   *src_id = pack.add(src);
   *dst_id = pack.add(dst);
   return static_cast<int64_t>(src.size());
-}
-
-const CudaModel::DeferredDraft* CudaModel::deferred_draft(const state::SequenceState* st) const {
-  for (const DeferredDraft& d : deferred_) {
-    if (d.state == st)
-      return &d;
-  }
-  return nullptr;
 }
 
 Status CudaModel::forward_batch_impl(std::span<backend::ForwardItem> items) {
@@ -379,7 +361,7 @@ Status CudaModel::forward_batch_impl(std::span<backend::ForwardItem> items) {
               "sequence %lld twice in one batch",
               static_cast<long long>(it.state->id()));
     if (it.options.device_drafts != 0) {
-      const DeferredDraft* d = deferred_draft(it.state);
+      const backend::DeferredDrafts::Entry* d = deferred_.find(it.state);
       if (d == nullptr || it.options.device_drafts < 0 || it.options.device_drafts > d->steps ||
           static_cast<int64_t>(it.tokens.size()) < 1 + it.options.device_drafts ||
           it.options.run_mtp) {
@@ -743,11 +725,9 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   }
 
   // Drafts the drafting call left on the device (ForwardOptions::device_drafts): where they go.
-  std::vector<int64_t> row_begin;
-  for (const SeqSpan& s : spans) row_begin.push_back(s.begin);
   int32_t drafts_src = -1, drafts_dst = -1;
   const int64_t device_drafts =
-      plan_device_drafts(items, active, row_begin, L->pack, &drafts_src, &drafts_dst);
+      plan_device_drafts(items, active, spans, L->pack, &drafts_src, &drafts_dst);
 
   // One transfer of the plan.
   L->pack.layout(decode);

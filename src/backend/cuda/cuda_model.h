@@ -26,6 +26,7 @@
 #include "backend/cuda/side_streams.h"
 #include "backend/cuda/state_pool.h"
 #include "backend/cuda/workspace.h"
+#include "backend/deferred_drafts.h"
 #include "backend/model.h"
 #include "comm/comm.h"
 #include "device/allocator.h"
@@ -380,27 +381,17 @@ class CudaModel final : public backend::Model {
   device::PinnedBuffer draft_results_;
   void* draft_streams_[2] = {nullptr, nullptr};  // MTP drafting: a step's streams, ping-pong
   // A drafting call's drafts left on the device (DraftItem::deferred): where each sequence's
-  // picks lie in draft_picks_ (the pick of step s at s * n_rows + col), and where its item wants
-  // them written once draft_results_ holds their copy. complete_deferred_drafts() waits for
-  // that copy (stream order: after everything queued so far) and writes them.
-  struct DeferredDraft {
-    const state::SequenceState* state = nullptr;
-    int32_t* tokens = nullptr;
-    float* probs = nullptr;
-    int32_t steps = 0;
-    int64_t col = 0;
-  };
-  std::vector<DeferredDraft> deferred_;
-  int64_t deferred_rows_ = 0;   // n_rows of that call (picks [steps][n_rows], then logprobs)
-  int64_t deferred_picks_ = 0;  // steps * n_rows
+  // picks lie in draft_picks_ and where its item wants them written once draft_results_ holds
+  // their copy. complete_deferred_drafts() waits for that copy (stream order: after everything
+  // queued so far) and writes them.
+  backend::DeferredDrafts deferred_;
   Status complete_deferred_drafts();
-  const DeferredDraft* deferred_draft(const state::SequenceState* st) const;
   // The ForwardOptions::device_drafts rows of a forward's items (item active[k]'s tokens at rows
-  // row_begin[k] ...): the picks' indices and the token rows they go to, added to the plan's
+  // spans[k].begin ...): the picks' indices and the token rows they go to, added to the plan's
   // pack (*src_id, *dst_id); returns their number (0: none, nothing added).
   int64_t plan_device_drafts(std::span<const backend::ForwardItem> items,
                              std::span<const size_t> active,
-                             std::span<const int64_t> row_begin,
+                             std::span<const SeqSpan> spans,
                              HostPack& pack,
                              int32_t* src_id,
                              int32_t* dst_id) const;

@@ -9,7 +9,6 @@
 #include "backend/mtp_draft.h"
 
 #include <algorithm>
-#include <cmath>
 #include <span>
 #include <vector>
 
@@ -112,8 +111,8 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
     gp.next = next;
     return cuda::launch_greedy_pick(gp, stream_.get());
   };
-  // The picks back on the host (fetch), and row k of step `step`'s into the item (take). The
-  // launches write at offsets of max_steps and n_rows: both are in the graph keys.
+  // The picks back on the host (fetch; deferred_ writes them into the items). The launches write
+  // at offsets of max_steps and n_rows: both are in the graph keys.
   // Each synchronisation ends a timed launch (CudaModelStats::decode_idle_ms: the gaps around a
   // drafting call count as a decode step's host time, its work as busy).
   auto fetch = [&]() -> Status {
@@ -125,12 +124,6 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
     DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
     account_decode_gap(fixed);
     return Status();
-  };
-  auto take = [&](int32_t step, int64_t k, backend::DraftItem& it) {
-    const auto* tok = draft_results_.as<int32_t>();
-    const auto* lp = reinterpret_cast<const float*>(tok + pick_rows);
-    it.tokens[step] = tok[step * n_rows + k];
-    it.probs[step] = std::exp(lp[step * n_rows + k]);
   };
   std::vector<int64_t> row_of(items.size(), -1);  // item -> its row in the previous step
   // One step's pass over the sequences `now` into pack: step 0 starts from the main model's final
@@ -307,26 +300,20 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
                                                              cudaMemcpyDeviceToHost,
                                                              stream_.get()),
                                              "copying the drafts"));
-      deferred_rows_ = n_rows;
-      deferred_picks_ = pick_rows;
-      for (size_t k = 0; k < active.size(); ++k) {
-        backend::DraftItem& it = items[active[k]];
-        deferred_.push_back({it.state, it.tokens, it.probs, it.num_steps, static_cast<int64_t>(k)});
-        it.deferred = true;
-      }
+    } else {
+      DSI_RETURN_IF_ERROR(fetch());
+    }
+    deferred_.reset(n_rows, pick_rows);
+    for (size_t k = 0; k < active.size(); ++k) {
+      backend::DraftItem& it = items[active[k]];
+      deferred_.add({it.state, it.tokens, it.probs, it.num_steps, static_cast<int64_t>(k)});
+      it.deferred = defer;
+    }
+    deferred_.seal();
+    if (defer)
       launch_open_ = true;
-      for (size_t i : active) {
-        state::SequenceState& st = *items[i].state;
-        st.set_mtp_num_tokens(st.num_tokens());
-      }
-      ++stats_.forwards;
-      return Status();
-    }
-    DSI_RETURN_IF_ERROR(fetch());
-    for (int32_t step = 0; step < max_steps; ++step) {
-      for (size_t k = 0; k < active.size(); ++k)
-        take(step, static_cast<int64_t>(k), items[active[k]]);
-    }
+    else
+      deferred_.deliver(draft_results_.get());
   } else {
     // Steps of different lengths: one step at a time, its picks read back before the next.
     for (int32_t step = 0; step < max_steps; ++step) {
@@ -356,7 +343,16 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
         DSI_RETURN_IF_ERROR(one());
       }
       DSI_RETURN_IF_ERROR(fetch());
-      for (size_t k = 0; k < now.size(); ++k) take(step, static_cast<int64_t>(k), items[now[k]]);
+      deferred_.reset(n_rows, pick_rows);
+      for (size_t k = 0; k < now.size(); ++k) {
+        backend::DraftItem& it = items[now[k]];
+        deferred_.add({it.state,
+                       it.tokens + step,
+                       it.probs + step,
+                       1,
+                       step * n_rows + static_cast<int64_t>(k)});
+      }
+      deferred_.deliver(draft_results_.get());
     }
   }
   // The block has consumed next_token; what the later steps wrote lies beyond it (the
