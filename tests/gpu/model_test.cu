@@ -135,6 +135,64 @@ std::unique_ptr<MtpBatch> mtp_batch(gpu::CudaModel& m,
   return b;
 }
 
+// One drafting call's items over every sequence of b: the pending token pending[i], `steps`
+// drafts into storage for k (-1 until written), the catch-up tokens up[i] (none: empty).
+struct DraftRound {
+  std::vector<backend::DraftItem> d;
+  std::vector<std::vector<int32_t>> tok;
+  std::vector<std::vector<float>> prob;
+  // Sequence i's drafts and their probabilities as one row of floats (for bitwise comparisons).
+  std::vector<float> row(size_t i) const {
+    std::vector<float> r(prob[i]);
+    for (int32_t t : tok[i]) r.push_back(static_cast<float>(t));
+    return r;
+  }
+};
+DraftRound draft_round(MtpBatch& b,
+                       const std::vector<int32_t>& pending,
+                       int32_t steps,
+                       int32_t k,
+                       const std::vector<std::vector<int32_t>>& up,
+                       bool may_defer = false) {
+  const size_t n = b.st.size();
+  DraftRound r;
+  r.d.resize(n);
+  r.tok.assign(n, std::vector<int32_t>(static_cast<size_t>(k), -1));
+  r.prob.assign(n, std::vector<float>(static_cast<size_t>(k), -1.0f));
+  for (size_t i = 0; i < n; ++i) {
+    r.d[i].state = b.st[i].get();
+    r.d[i].next_token = pending[i];
+    r.d[i].num_steps = steps;
+    if (!up.empty())
+      r.d[i].catch_up = up[i];
+    r.d[i].tokens = r.tok[i].data();
+    r.d[i].probs = r.prob[i].data();
+    r.d[i].may_defer = may_defer;
+  }
+  return r;
+}
+
+// The last forward of a drafting test: each sequence's pending token with the MTP pass and its
+// logits, both appended to out (the MTP state left by the rounds, compared).
+void mtp_logits_forward(gpu::CudaModel& m,
+                        MtpBatch& b,
+                        const std::vector<int32_t>& pending,
+                        std::vector<std::vector<float>>* out) {
+  for (size_t i = 0; i < b.st.size(); ++i) {
+    EXPECT_EQ(b.st[i]->mtp_num_tokens(), b.st[i]->num_tokens() - 1);
+    b.toks[i] = {pending[i]};
+    b.items[i].tokens = b.toks[i];
+    b.items[i].options.run_mtp = true;
+    b.items[i].options.want_mtp_logits = true;
+    b.items[i].options.device_drafts = 0;
+  }
+  forward_ok(m, b.items);
+  for (size_t i = 0; i < b.st.size(); ++i) {
+    out->push_back(b.outs[i].logits);
+    out->push_back(b.outs[i].mtp_logits);
+  }
+}
+
 struct ModelCase {
   const char* path;
   int64_t tokens;
@@ -943,44 +1001,21 @@ TEST_P(CudaModelTest, CatchUpDraftsEqualThoseAfterAnMtpPassAndReplayBitForBit) {
     for (int round = 0; round <= kRounds; ++round) {
       for (int i = 0; i < kSeqs; ++i)
         pending[i] = static_cast<int32_t>(g() % static_cast<uint32_t>(cfg.vocab_size));
-      std::vector<backend::DraftItem> d(kSeqs);
-      std::vector<std::vector<int32_t>> dtok(kSeqs, std::vector<int32_t>(K, -1));
-      std::vector<std::vector<float>> dprob(kSeqs, std::vector<float>(K, -1.0f));
       const bool last = round == kRounds;
-      for (int i = 0; i < kSeqs; ++i) {
-        d[i].state = st[i].get();
-        d[i].next_token = pending[i];
-        d[i].num_steps = last ? 0 : K;  // the last round: catch-up only
-        if (catch_up)
-          d[i].catch_up = up[i];
-        d[i].tokens = dtok[i].data();
-        d[i].probs = dprob[i].data();
-      }
+      // The last round: catch-up only.
+      DraftRound r = draft_round(*b, pending, last ? 0 : K, K, catch_up ? up : decltype(up){});
+      auto& [d, dtok, dprob] = r;
       if (!last || catch_up) {
         EXPECT_TRUE(m.mtp_draft_batch(d).ok());
         for (int i = 0; i < kSeqs; ++i)
           ASSERT_TRUE(d[i].status.ok()) << d[i].status.to_string() << " round " << round;
       }
       if (last) {
-        // A forward of the pending token with MTP and its logits: the same state either way.
-        for (int i = 0; i < kSeqs; ++i) {
-          EXPECT_EQ(st[i]->mtp_num_tokens(), st[i]->num_tokens() - 1);
-          toks[i] = {pending[i]};
-          items[i].tokens = toks[i];
-          items[i].options.run_mtp = true;
-          items[i].options.want_mtp_logits = true;
-        }
-        forward_ok(m, items);
-        for (int i = 0; i < kSeqs; ++i) {
-          out->push_back(outs[i].logits);
-          out->push_back(outs[i].mtp_logits);
-        }
+        mtp_logits_forward(m, *b, pending, out);
         break;
       }
       for (int i = 0; i < kSeqs; ++i) {
-        std::vector<float> row(dprob[i]);
-        for (int32_t t : dtok[i]) row.push_back(static_cast<float>(t));
-        out->push_back(row);
+        out->push_back(r.row(i));
         toks[i] = {pending[i]};
         toks[i].insert(toks[i].end(), dtok[i].begin(), dtok[i].end());
         items[i].tokens = toks[i];
@@ -1049,37 +1084,16 @@ TEST_P(CudaModelTest, DraftsLeftOnTheDeviceVerifyAsReadDraftsAndBadItemsFailAlon
     for (int round = 0; round <= kRounds; ++round) {
       for (int i = 0; i < kSeqs; ++i)
         pending[i] = static_cast<int32_t>(g() % static_cast<uint32_t>(cfg.vocab_size));
-      std::vector<backend::DraftItem> d(kSeqs);
-      std::vector<std::vector<int32_t>> dtok(kSeqs, std::vector<int32_t>(K, -1));
-      std::vector<std::vector<float>> dprob(kSeqs, std::vector<float>(K, -1.0f));
       const bool last = round == kRounds;
-      for (int i = 0; i < kSeqs; ++i) {
-        d[i].state = st[i].get();
-        d[i].next_token = pending[i];
-        d[i].num_steps = last ? 0 : K;
-        d[i].catch_up = up[i];
-        d[i].tokens = dtok[i].data();
-        d[i].probs = dprob[i].data();
-        d[i].may_defer = true;
-      }
+      DraftRound r = draft_round(*b, pending, last ? 0 : K, K, up, /*may_defer=*/true);
+      auto& [d, dtok, dprob] = r;
       EXPECT_TRUE(m.mtp_draft_batch(d).ok());
       for (int i = 0; i < kSeqs; ++i) {
         ASSERT_TRUE(d[i].status.ok()) << d[i].status.to_string() << " round " << round;
         EXPECT_EQ(d[i].deferred, defer && !last) << "round " << round;
       }
       if (last) {
-        for (int i = 0; i < kSeqs; ++i) {
-          toks[i] = {pending[i]};
-          items[i].tokens = toks[i];
-          items[i].options.run_mtp = true;
-          items[i].options.want_mtp_logits = true;
-          items[i].options.device_drafts = 0;
-        }
-        forward_ok(m, items);
-        for (int i = 0; i < kSeqs; ++i) {
-          out->push_back(outs[i].logits);
-          out->push_back(outs[i].mtp_logits);
-        }
+        mtp_logits_forward(m, *b, pending, out);
         break;
       }
       // The bad item of rounds 2 and 4, sequence `bad`: of the deferring model, it asks for one
@@ -1122,9 +1136,7 @@ TEST_P(CudaModelTest, DraftsLeftOnTheDeviceVerifyAsReadDraftsAndBadItemsFailAlon
         forward_ok(m, retry);
       }
       for (int i = 0; i < kSeqs; ++i) {
-        std::vector<float> row(dprob[i]);
-        for (int32_t t : dtok[i]) row.push_back(static_cast<float>(t));
-        out->push_back(row);
+        out->push_back(r.row(i));
         out->push_back(outs[i].logits);
         const int32_t a = (round + i) % (K + 1);
         EXPECT_TRUE(st[i]->rollback(K - a).ok());
