@@ -30,6 +30,7 @@ class DeferredDrafts {
   // (steps * rows) before the log-probabilities.
   void reset(int64_t rows, int64_t picks) {
     entries_.clear();
+    sealed_ = true;
     rows_ = rows;
     picks_ = picks;
   }
@@ -79,6 +80,7 @@ class DeferredDrafts {
       }
     }
     entries_.clear();
+    sealed_ = true;
   }
 
  private:

@@ -99,6 +99,7 @@ TEST(DeferredDrafts, OneStepAtATimeWritesThatStepOnly) {
   EXPECT_EQ(tok[0], -1);
   EXPECT_EQ(tok[1], 1001);
   EXPECT_FLOAT_EQ(pr[1], std::exp(-10.01f));
+  EXPECT_EQ(d.find(st.seqs[1].get()), nullptr);  // delivered: nothing left to find
 }
 
 TEST(DeferredDraftsDeath, ChecksItsInvariants) {
