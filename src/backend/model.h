@@ -194,6 +194,14 @@ class Model {
   struct DeviceTiming {
     double busy_ms = 0;
     double idle_ms = 0;
+    // The backend's host time in those calls, by phase: before the device can start (checks,
+    // planning, the plan's upload), enqueueing the work (launches or a graph, device sampling),
+    // blocked until the device is done, and after it (outputs written). The device idles
+    // through `before` and through the engine's host work between calls; `after` ends a call.
+    double host_before_ms = 0;
+    double host_launch_ms = 0;
+    double host_wait_ms = 0;
+    double host_after_ms = 0;
   };
   virtual DeviceTiming decode_timing() const { return {}; }
   // Whether a fixed-shape step of `batch` sequences x `tokens_per_seq` tokens each would replay

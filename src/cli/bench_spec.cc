@@ -42,6 +42,10 @@ struct Run {
   // Milliseconds per step of the engine's phases over the same window (EngineStats::StepPhases:
   // schedule, draft, prepare, forward, finish); all 0 where no step ran at batch b.
   std::array<double, 5> phase_ms{};
+  // Milliseconds per step of the backend's host phases in its decode-shaped calls over the same
+  // window (Model::DeviceTiming: before the device starts, enqueueing, waiting, after); all 0
+  // where not measured (CPU).
+  std::array<double, 4> host_ms{};
   // Steps that ran a shape for the first times during the run's waves (Model::shape_warmups:
   // CUDA's graph captures and eager first runs), one-time costs inside the timed rounds.
   int64_t shape_warmups = 0;
@@ -49,6 +53,11 @@ struct Run {
 
 constexpr std::array<const char*, 5> kPhaseNames = {
     "schedule", "draft", "prepare", "forward", "finish"};
+constexpr std::array<const char*, 4> kHostPhaseNames = {"before", "launch", "wait", "after"};
+
+std::array<double, 4> host_ms(const backend::Model::DeviceTiming& d) {
+  return {d.host_before_ms, d.host_launch_ms, d.host_wait_ms, d.host_after_ms};
+}
 
 std::array<double, 5> phase_seconds(const engine::EngineStats& st) {
   const auto& p = st.phases;
@@ -155,6 +164,7 @@ Result<Run> run_once(
   int64_t tokens = 0, full_tokens = 0, short_waves = 0, full_steps = 0;
   double dt = 0, full_dt = 0, busy_ms = 0, idle_ms = 0;
   std::array<double, 5> phase_s{};
+  std::array<double, 4> host_total{};
   for (int64_t w = 0; w < waves; ++w) {
     std::vector<engine::RequestId> ids;
     for (int64_t i = 0; i < b; ++i) {
@@ -201,6 +211,8 @@ Result<Run> run_once(
       const backend::Model::DeviceTiming d1 = e.model().decode_timing();
       busy_ms += d1.busy_ms - d0.busy_ms;
       idle_ms += d1.idle_ms - d0.idle_ms;
+      const std::array<double, 4> h0 = host_ms(d0), h1 = host_ms(d1);
+      for (size_t i = 0; i < h1.size(); ++i) host_total[i] += h1[i] - h0[i];
       full_steps += e.stats().steps - steps0;
       const std::array<double, 5> p1 = phase_seconds(e.stats());
       for (size_t i = 0; i < p1.size(); ++i) phase_s[i] += p1[i] - p0[i];
@@ -230,6 +242,8 @@ Result<Run> run_once(
     run.gpu_idle_fraction = idle_ms / (busy_ms + idle_ms);
   for (size_t i = 0; i < phase_s.size() && full_steps > 0; ++i)
     run.phase_ms[i] = 1e3 * phase_s[i] / static_cast<double>(full_steps);
+  for (size_t i = 0; i < host_total.size() && full_steps > 0; ++i)
+    run.host_ms[i] = host_total[i] / static_cast<double>(full_steps);
   return run;
 }
 
@@ -321,6 +335,9 @@ int run_spec_bench(const SpecBenchArgs& a) {
   // [batch][mode][phase]: each round's milliseconds per step of the engine's phases.
   std::vector<std::vector<std::array<std::vector<double>, kPhaseNames.size()>>> phases(
       nb, std::vector<std::array<std::vector<double>, kPhaseNames.size()>>(nm));
+  // [batch][mode][phase]: each round's backend host milliseconds per step (Run::host_ms).
+  std::vector<std::vector<std::array<std::vector<double>, kHostPhaseNames.size()>>> host_phases(
+      nb, std::vector<std::array<std::vector<double>, kHostPhaseNames.size()>>(nm));
   std::vector<std::vector<bool>> short_runs(nb, std::vector<bool>(nm, false));
   std::vector<std::vector<spec::Stats>> stats(nb, std::vector<spec::Stats>(nm));
   std::vector<spec::Mode> kinds(nm, spec::Mode::kOff);
@@ -370,6 +387,8 @@ int run_spec_bench(const SpecBenchArgs& a) {
         idle[bi][mi].push_back(run->gpu_idle_fraction);
       warmups[bi][mi].push_back(static_cast<double>(run->shape_warmups));
       for (size_t p = 0; p < kPhaseNames.size(); ++p) phases[bi][mi][p].push_back(run->phase_ms[p]);
+      for (size_t p = 0; p < kHostPhaseNames.size(); ++p)
+        host_phases[bi][mi][p].push_back(run->host_ms[p]);
       if (run->short_waves > 0) {
         std::fprintf(stderr,
                      "[bench speculative] batch %lld %s: %lld wave(s) never ran all %lld "
@@ -385,7 +404,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
       std::fprintf(stderr,
                    "[bench speculative] round %lld batch %lld %s: %.1f tokens/s (whole "
                    "waves %.1f)%s%s; ms per step: schedule %.3f, draft %.3f, prepare %.3f, "
-                   "forward %.3f, finish %.3f\n",
+                   "forward %.3f, finish %.3f%s\n",
                    static_cast<long long>(r + 1),
                    static_cast<long long>(a.batch[bi]),
                    m.c_str(),
@@ -402,7 +421,16 @@ int run_spec_bench(const SpecBenchArgs& a) {
                    run->phase_ms[1],
                    run->phase_ms[2],
                    run->phase_ms[3],
-                   run->phase_ms[4]);
+                   run->phase_ms[4],
+                   run->host_ms[0] + run->host_ms[1] + run->host_ms[2] + run->host_ms[3] > 0
+                       ? str_format("; backend host: before %.3f, launch %.3f, wait %.3f, "
+                                    "after %.3f",
+                                    run->host_ms[0],
+                                    run->host_ms[1],
+                                    run->host_ms[2],
+                                    run->host_ms[3])
+                             .c_str()
+                       : "");
     }
     return Status();
   };
@@ -493,6 +521,12 @@ int run_spec_bench(const SpecBenchArgs& a) {
       for (size_t p = 0; p < kPhaseNames.size(); ++p)
         ph[kPhaseNames[p]] = median(phases[bi][mi][p]);
       row["step_phase_ms"] = ph;
+      // Milliseconds per step of the backend's host phases in its decode-shaped calls (medians
+      // over the rounds): with the engine's phases, where the device's idle time goes.
+      json hp;
+      for (size_t p = 0; p < kHostPhaseNames.size(); ++p)
+        hp[kHostPhaseNames[p]] = median(host_phases[bi][mi][p]);
+      row["backend_host_ms"] = hp;
       if (wave_off > 0)
         row["wave_ratio_to_off"] = wave_med / wave_off;
       json acc = json::array();

@@ -429,6 +429,7 @@ int run_bench(const BenchArgs& a) {
         return fail(t);
     }
     const gpu::CudaModelStats after = m.stats();
+    const double steps_d = static_cast<double>(std::max<int64_t>(a.decode_steps, 1));
     // The other ways of choosing the tokens, for the ratios (the host sampler sorts the whole
     // vocabulary per row: a few steps are enough).
     json sampling_ms;
@@ -479,6 +480,13 @@ int run_bench(const BenchArgs& a) {
                    (after.decode_gpu_ms - before.decode_gpu_ms + after.decode_idle_ms -
                     before.decode_idle_ms)
              : 0.0},
+        // The backend's host time per timed step by phase (before the device starts, enqueueing,
+        // waiting, after: CudaModelStats::host_*_ms).
+        {"backend_host_ms",
+         {{"before", (after.host_before_ms - before.host_before_ms) / steps_d},
+          {"launch", (after.host_launch_ms - before.host_launch_ms) / steps_d},
+          {"wait", (after.host_wait_ms - before.host_wait_ms) / steps_d},
+          {"after", (after.host_after_ms - before.host_after_ms) / steps_d}}},
         {"step_ms_by_sampling", sampling_ms},
         {"bytes_per_step", cost.bytes()},
         {"achieved_bytes_per_s", cost.bytes() / step_s},

@@ -296,9 +296,42 @@ Status CudaModel::forward(state::SequenceState& st,
 }
 
 Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
+  host_begin();
   const Status s = forward_batch_impl(items);
   const Status drafts = complete_deferred_drafts();
+  host_end(call_decode_);
   return s.ok() ? drafts : s;
+}
+
+void CudaModel::host_begin() {
+  host_phases_.t[0] = std::chrono::steady_clock::now();
+  host_phases_.reached = 0;
+  call_decode_ = false;
+}
+
+void CudaModel::host_mark(int phase) {
+  host_phases_.t[phase] = std::chrono::steady_clock::now();
+  host_phases_.reached = std::max(host_phases_.reached, phase);
+}
+
+void CudaModel::host_end(bool decode) {
+  if (!decode)
+    return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto& t = host_phases_.t;
+  const int r = host_phases_.reached;
+  // A phase not reached (a drafting call that left its drafts on the device never waits) takes
+  // no time: it ends where the call does.
+  const auto e1 = r >= 1 ? t[1] : now;
+  const auto e2 = r >= 2 ? t[2] : now;
+  const auto e3 = r >= 3 ? t[3] : now;
+  auto ms = [](std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  stats_.host_before_ms += ms(t[0], e1);
+  stats_.host_launch_ms += ms(e1, e2);
+  stats_.host_wait_ms += ms(e2, e3);
+  stats_.host_after_ms += ms(e3, now);
 }
 
 Status CudaModel::complete_deferred_drafts() {
@@ -733,6 +766,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   L->pack.layout(decode);
   mark_launch_start();
   DSI_RETURN_IF_ERROR(upload_pack(L->pack, &L->dev));
+  host_mark(1);
+  call_decode_ = decode;
   stats_.host_plan_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now() - plan_start)
                              .count();
@@ -823,8 +858,10 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
                                                            stream_.get()),
                                            "copying MTP logits"));
   }
+  host_mark(2);
   mark_launch_end();
   DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "forward"));
+  host_mark(3);
   account_decode_gap(decode);
   spare_pack_ = std::move(L->pack);
   if (profiling_now_) {

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -131,6 +132,11 @@ struct CudaModelStats {
   double decode_gpu_ms = 0;
   double decode_idle_ms = 0;
   int64_t decode_gaps = 0;
+  // The host's time in the same calls by phase (backend::Model::DeviceTiming), milliseconds.
+  double host_before_ms = 0;
+  double host_launch_ms = 0;
+  double host_wait_ms = 0;
+  double host_after_ms = 0;
   int64_t weight_bytes = 0;
   int64_t pool_bytes = 0;
   int64_t workspace_bytes = 0;
@@ -159,7 +165,12 @@ class CudaModel final : public backend::Model {
   bool can_sample() const override { return true; }
   int64_t shape_warmups() const override { return stats_.shape_warmups; }
   DeviceTiming decode_timing() const override {
-    return {stats_.decode_gpu_ms, stats_.decode_idle_ms};
+    return {stats_.decode_gpu_ms,
+            stats_.decode_idle_ms,
+            stats_.host_before_ms,
+            stats_.host_launch_ms,
+            stats_.host_wait_ms,
+            stats_.host_after_ms};
   }
   bool fixed_shape_warm(int64_t batch, int64_t tokens_per_seq) const override;
   bool prefers_uniform_steps() const override {
@@ -402,6 +413,18 @@ class CudaModel final : public backend::Model {
   // A drafting call left its launches open (deferred drafts): the next forward's timing window
   // starts at that call's start instead (mark_launch_start keeps it).
   bool launch_open_ = false;
+  // The current call's host phases (CudaModelStats::host_*_ms): its start and the ends of its
+  // first three phases (host_mark), added to the stats at its end when it was decode-shaped.
+  struct HostPhases {
+    std::chrono::steady_clock::time_point t[4];
+    int reached = 0;  // phases ended so far
+  };
+  HostPhases host_phases_;
+  void host_begin();
+  void host_mark(int phase);  // phase 1..3 ends now (later marks of a phase move its end)
+  void host_end(bool decode);
+  bool call_decode_ = false;  // the current call is decode-shaped (run_batch, drafting)
+  Status mtp_draft_impl(std::span<backend::DraftItem> items);
   int64_t draft_cap_[2] = {0, 0};
   // Decode graphs by layout; invalidated when a buffer they point into moves.
   struct Graph {

@@ -24,6 +24,13 @@ bool CudaModel::can_draft() const {
 }
 
 Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
+  host_begin();
+  const Status s = mtp_draft_impl(items);
+  host_end(call_decode_);
+  return s;
+}
+
+Status CudaModel::mtp_draft_impl(std::span<backend::DraftItem> items) {
   DSI_RETURN_IF_ERROR(health());
   DSI_RETURN_IF_ERROR(complete_deferred_drafts());  // (a call with no verification after it)
   for (backend::DraftItem& it : items) it.deferred = false;
@@ -66,6 +73,7 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
   // Each step a fixed-shape pass (one row per sequence, padded to a power of two) replayed from
   // a graph, as the decode steps are; the rows beyond the sequences read row 0 and write nothing.
   const bool fixed = options_.cuda_graphs && n <= options_.max_graph_batch;
+  call_decode_ = fixed;  // (timed as decode-shaped work, as account_decode_gap does)
   // The first pass's slot by the steps drafted rather than by this call's catch-up rows
   // (CudaModelOptions::draft_slot_by_steps): one graph per (batch, steps) in the steady state.
   if (fixed && options_.draft_slot_by_steps) {
@@ -120,8 +128,10 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
         cudaMemcpyAsync(
             draft_results_.get(), draft_picks_, pick_bytes, cudaMemcpyDeviceToHost, stream_.get()),
         "copying the drafts"));
+    host_mark(2);
     mark_launch_end();
     DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "MTP draft"));
+    host_mark(3);
     account_decode_gap(fixed);
     return Status();
   };
@@ -211,6 +221,7 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
     pack.layout(fixed);
     mark_launch_start();
     DSI_RETURN_IF_ERROR(upload_pack(pack, dev));
+    host_mark(1);
     DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
     if (moved)
       clear_graphs();
