@@ -44,22 +44,7 @@ Err read_tools(const Reader& r, const Json& root, recipe::Conversation* conv) {
           return r.invalid(tp.key("type"),
                            "tools of type '" + type.substr(0, 64) + "' are not supported.");
         }
-        detail::FunctionFields f;
-        DSI_API_TRY(detail::read_function_fields(r, t, tp, seen, &f));
-        DSI_API_TRY(r.opt_object(t, tp, "parameters", &f.parameters));
-        DSI_API_TRY(r.opt_bool(t, tp, "strict", &f.strict));
-        Json strict_params;
-        // tool_choice "none" drops the tools before they are checked (deepseek-recipe).
-        const Json* choice = find(root, "tool_choice");
-        const bool offered = !(choice && choice->is_string() && *choice == "none");
-        if (f.strict.value_or(false) && offered) {
-          DSI_API_TRY(detail::normalize_strict_schema(
-              r, f.parameters, tp.key("parameters"), &strict_params));
-          f.parameters = &strict_params;
-        }
-        conv->tools.push_back(
-            recipe::ToolSpec{f.name, detail::function_json(f), f.strict.value_or(false)});
-        return std::nullopt;
+        return detail::read_openai_function(r, root, t, tp, seen, conv);
       });
 }
 

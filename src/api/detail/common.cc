@@ -121,6 +121,27 @@ std::string function_json(const FunctionFields& f) {
   return py_dumps(fn);
 }
 
+Err read_openai_function(const Reader& r,
+                         const Json& root,
+                         const Json& fn,
+                         const Path& fp,
+                         std::set<std::string>* seen,
+                         recipe::Conversation* conv) {
+  FunctionFields f;
+  DSI_API_TRY(read_function_fields(r, fn, fp, seen, &f));
+  DSI_API_TRY(r.opt_object(fn, fp, "parameters", &f.parameters));
+  DSI_API_TRY(r.opt_bool(fn, fp, "strict", &f.strict));
+  Json strict_params;
+  const Json* choice = find(root, "tool_choice");
+  const bool offered = !(choice && choice->is_string() && *choice == "none");
+  if (f.strict.value_or(false) && offered) {
+    DSI_API_TRY(normalize_strict_schema(r, f.parameters, fp.key("parameters"), &strict_params));
+    f.parameters = &strict_params;
+  }
+  conv->tools.push_back(recipe::ToolSpec{f.name, function_json(f), f.strict.value_or(false)});
+  return std::nullopt;
+}
+
 namespace {
 
 Err strict_schema(const Reader& r, const Json& in, const Path& p, Json* out) {

@@ -92,6 +92,17 @@ Err read_function_fields(const Reader& r,
 // ToolSpec::function_json: {"name", "description" ("" if none), "parameters" ({} if none)}.
 std::string function_json(const FunctionFields& f);
 
+// An OpenAI function definition (Chat's tools[i].function, a Responses function tool) at fp:
+// name, description, parameters and strict; a strict tool's parameters normalised
+// (normalize_strict_schema) unless root's tool_choice is "none" (which drops the tools before
+// they are checked, as deepseek-recipe does). Appended to conv->tools.
+Err read_openai_function(const Reader& r,
+                         const Json& root,
+                         const Json& fn,
+                         const Path& fp,
+                         std::set<std::string>* seen,
+                         recipe::Conversation* conv);
+
 // A `strict: true` tool's parameters as deepseek-recipe normalises them: canonical key order per
 // schema type, unsupported keywords (default, title, minItems, minLength, ...) dropped, missing
 // parameters an empty object schema. Errors (400, `p`): a schema without type / anyOf / $ref, a
