@@ -522,11 +522,16 @@ int run_spec_bench(const SpecBenchArgs& a) {
         ph[kPhaseNames[p]] = median(phases[bi][mi][p]);
       row["step_phase_ms"] = ph;
       // Milliseconds per step of the backend's host phases in its decode-shaped calls (medians
-      // over the rounds): with the engine's phases, where the device's idle time goes.
+      // over the rounds): with the engine's phases, where the device's idle time goes (null
+      // where the backend does not measure them: CPU).
       json hp;
-      for (size_t p = 0; p < kHostPhaseNames.size(); ++p)
-        hp[kHostPhaseNames[p]] = median(host_phases[bi][mi][p]);
-      row["backend_host_ms"] = hp;
+      double host_sum = 0;
+      for (size_t p = 0; p < kHostPhaseNames.size(); ++p) {
+        const double v = median(host_phases[bi][mi][p]);
+        hp[kHostPhaseNames[p]] = v;
+        host_sum += v;
+      }
+      row["backend_host_ms"] = host_sum > 0 ? hp : json(nullptr);
       if (wave_off > 0)
         row["wave_ratio_to_off"] = wave_med / wave_off;
       json acc = json::array();

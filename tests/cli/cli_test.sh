@@ -189,6 +189,8 @@ check "bench --speculative: batch 1 ran whole batches (full_batch)" \
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; assert r["full_batch"] is True and r["tokens_per_s"] > 0, r' "$TMP/bench_spec.json"
 check "bench --speculative: no GPU idle figure where nothing measures it (CPU)" \
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; assert "gpu_idle_fraction" in r and r["gpu_idle_fraction"] is None, r' "$TMP/bench_spec.json"
+check "bench --speculative: no backend host phases where nothing measures them (CPU)" \
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["speculative"][0]; assert "backend_host_ms" in r and r["backend_host_ms"] is None, r' "$TMP/bench_spec.json"
 # A batch the state memory cannot hold at once: flagged, and the whole waves' figure stands in
 # (not 0 tokens/s for a window that never opened).
 "$DSI" bench --device cpu --model "$MINI" --speculative off --decode-batch 16 --repeats 1 --warmup 1 \
