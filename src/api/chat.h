@@ -54,6 +54,9 @@ class ChatStreamEncoder {
       const recipe::Usage& usage,
       bool renumber);
 
+  // The choice's finish_reason chunk (usage on it where given); empty once done.
+  std::string close_choice(const recipe::Usage* usage);
+
   ResponseMeta meta_;
   int choice_index_ = 0;
   bool include_usage_ = false;

@@ -164,7 +164,7 @@ std::string ChatStreamEncoder::add(const recipe::OutputEvent& event) {
   return out;
 }
 
-std::string ChatStreamEncoder::finish(const recipe::Usage& usage) {
+std::string ChatStreamEncoder::close_choice(const recipe::Usage* usage) {
   if (done_)
     return "";
   std::string out = start();
@@ -180,31 +180,19 @@ std::string ChatStreamEncoder::finish(const recipe::Usage& usage) {
                     Json{{"content", ""}},
                     chat_finish_reason(tracker_->finish_reason()),
                     include_usage_,
-                    &usage,
+                    usage,
                     std::move(lp));
-  out += "data: [DONE]\n\n";
   return out;
 }
 
-std::string ChatStreamEncoder::finish_choice() {
+std::string ChatStreamEncoder::finish(const recipe::Usage& usage) {
   if (done_)
     return "";
-  std::string out = start();
-  tracker_->close_open();
-  done_ = true;
-  Json lp = nullptr;
-  if (!carry_logprobs_.empty()) {
-    lp = logprobs_json(carry_logprobs_);
-    carry_logprobs_.clear();
-  }
-  out += make_chunk(meta_,
-                    choice_index_,
-                    Json{{"content", ""}},
-                    chat_finish_reason(tracker_->finish_reason()),
-                    include_usage_,
-                    nullptr,
-                    std::move(lp));
-  return out;
+  return close_choice(&usage) + "data: [DONE]\n\n";
+}
+
+std::string ChatStreamEncoder::finish_choice() {
+  return close_choice(nullptr);
 }
 
 std::string chat_choices_done(const ChatStreamEncoder& first, const recipe::Usage& usage) {

@@ -273,6 +273,13 @@ Status CheckpointBinder::load_files() {
     }
     return Status::ok_status();
   }
+  DSI_ASSIGN_OR_RETURN(std::vector<std::string> names, list_safetensors_shards(dir));
+  for (const std::string& n : names) DSI_RETURN_IF_ERROR(open_shard(n));
+  return Status::ok_status();
+}
+
+Result<std::vector<std::string>> list_safetensors_shards(const std::string& dir) {
+  std::error_code ec;
   std::vector<std::string> names;
   fs::directory_iterator it(dir, ec), end;
   if (ec) {
@@ -292,8 +299,7 @@ Status CheckpointBinder::load_files() {
     return not_found(dir + ": no *.safetensors files (and no " + kIndexName + ")");
   }
   std::sort(names.begin(), names.end());
-  for (const std::string& n : names) DSI_RETURN_IF_ERROR(open_shard(n));
-  return Status::ok_status();
+  return names;
 }
 
 Status CheckpointBinder::index_tensors() {

@@ -53,4 +53,8 @@ class Checkpoint {
   friend class CheckpointBinder;
 };
 
+// The shards of a checkpoint directory without an index: its regular *.safetensors files, sorted
+// by name. Errors: the directory cannot be listed; it holds no such file.
+Result<std::vector<std::string>> list_safetensors_shards(const std::string& dir);
+
 }  // namespace dsinfer::model

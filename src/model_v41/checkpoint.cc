@@ -218,20 +218,7 @@ Status V41Binder::load_files() {
     }
     return Status::ok_status();
   }
-  std::vector<std::string> names;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string n = it->path().filename().string();
-    if (str_ends_with(n, ".safetensors") && it->is_regular_file()) {
-      names.push_back(n);
-    }
-  }
-  if (ec) {
-    return not_found(dir + ": cannot list directory: " + ec.message());
-  }
-  if (names.empty()) {
-    return not_found(dir + ": no *.safetensors files (and no " + kIndexName + ")");
-  }
-  std::sort(names.begin(), names.end());
+  DSI_ASSIGN_OR_RETURN(std::vector<std::string> names, model::list_safetensors_shards(dir));
   for (const std::string& n : names) DSI_RETURN_IF_ERROR(open_shard(n));
   return Status::ok_status();
 }
