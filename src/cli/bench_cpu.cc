@@ -292,7 +292,8 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
   cuda_only->push_back(cmd->add_flag("--ops", only));
   cuda_only->push_back(cmd->add_option("--profile-range", only));
   cuda_only->push_back(cmd->add_option("--op-tokens", only));
-  cmd->add_option("--numerics", a->numerics, "reference (default) | deepseek");
+  CLI::Option* o_numerics =
+      cmd->add_option("--numerics", a->numerics, "reference (default) | deepseek");
   CLI::Option* o_kernels =
       cmd->add_option("--cpu-kernels", a->kernels, "Kernels to compare (default fast,reference)")
           ->delimiter(',');
@@ -313,14 +314,8 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
       "--repeats",
       a->repeats,
       "Timed prefill runs after a warm-up (default 2; with --speculative: rounds, 3)");
-  auto spec_modes = std::make_shared<std::vector<std::string>>();
-  CLI::Option* o_spec =
-      cmd->add_option("--speculative",
-                      *spec_modes,
-                      "Speculative decoding speed through the engine instead: the modes to "
-                      "compare (off, fixed:K, auto; `all` = off,fixed:1..5,auto), decode tokens/s "
-                      "per batch size with acceptance by draft position")
-          ->delimiter(',');
+  auto spec = std::make_shared<SpecBenchFlags>();
+  spec->add_to(cmd);
   cmd->add_option("--prefill-keep-rows",
                   a->prefill_keep_rows,
                   "DeepSeek V4.1: also time the prefill early exit with the last K rows");
@@ -329,11 +324,15 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
                   "DeepSeek V4.1: where the Engram tables live: auto (default) | host | mapped "
                   "(device: --device cuda)");
   cuda_only->push_back(cmd->add_flag("--engram-compare", only));
+  cuda_only->push_back(cmd->add_option("--long-context", only));
+  cuda_only->push_back(cmd->add_flag("--batch-invariant", only));
   cmd->add_option("--output", a->output, "Write the JSON here instead of stdout");
-  cmd->add_option("--state-memory",
-                  a->state_memory,
-                  "Report how many tokens of context one sequence's state fits in this budget "
-                  "(default 1GiB)");
+  CLI::Option* o_state = cmd->add_option("--state-memory",
+                                         a->state_memory,
+                                         "Report how many tokens of context one sequence's state "
+                                         "fits in this budget (default 1GiB); with "
+                                         "--speculative, each engine's state memory (default "
+                                         "512MiB)");
   cmd->callback([=, &exit_code] {
     if (*device != "cpu") {
       exit_code = fail(Status(StatusCode::kUnimplemented,
@@ -351,13 +350,17 @@ void add_cpu_bench_command(CLI::App& app, int& exit_code) {
         return;
       }
     }
-    if (o_spec->count() > 0) {
+    if (spec->speculative->count() > 0) {
       SpecBenchArgs s;
       s.model_dir = a->model_dir;
       s.device = "cpu";
       s.cpu_kernels = o_kernels->count() > 0 ? a->kernels.front() : "fast";
       s.cpu_threads = a->threads;
-      s.modes = *spec_modes;
+      spec->apply(&s);
+      if (o_numerics->count() > 0)
+        s.numerics = a->numerics;
+      if (o_state->count() > 0)
+        s.state_memory = a->state_memory;
       if (o_batch->count() > 0)
         s.batch = a->decode_batch;
       if (o_steps->count() > 0)

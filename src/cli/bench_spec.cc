@@ -273,6 +273,45 @@ Result<std::vector<std::string>> expand_spec_modes(const std::vector<std::string
   return out;
 }
 
+void SpecBenchFlags::add_to(CLI::App* cmd) {
+  speculative =
+      cmd->add_option("--speculative",
+                      modes,
+                      "Speculative decoding speed through the engine instead: the modes to "
+                      "compare (off, fixed:K, auto; `all` = off,fixed:1..5,auto), decode tokens/s "
+                      "per batch size (default 1,16,64) with acceptance by draft position")
+          ->delimiter(',');
+  cmd->add_option("--warmup",
+                  warmup,
+                  "With --speculative: untimed rounds per mode before the timed ones (default 3: "
+                  "every shape's CUDA graphs captured and auto's exploration done, as in a "
+                  "serving engine's steady state)");
+  cmd->add_option("--prompt-text",
+                  prompt_text,
+                  "With --speculative: prompts are windows of this text file (tokenized with the "
+                  "model's tokenizer.json) instead of random token ids, for the drafter's "
+                  "acceptance on natural text")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--interleave-modes",
+                interleave,
+                "With --speculative: keep every mode's engine (its own copy of the weights) alive "
+                "and run the rounds round-robin over the modes, so that a drift of the machine's "
+                "speed spreads over them instead of falling on the last modes");
+  cmd->add_option("--forced-acceptance",
+                  forced_acceptance,
+                  "With --speculative: accept each verified draft with this probability whatever "
+                  "the target says (a trained-like acceptance for random-weight checkpoints whose "
+                  "drafter accepts nothing; step costs are real, tokens are not the model's)");
+}
+
+void SpecBenchFlags::apply(SpecBenchArgs* s) const {
+  s->modes = modes;
+  s->warmup = warmup;
+  s->prompt_text = prompt_text;
+  s->interleave = interleave;
+  s->forced_acceptance = forced_acceptance;
+}
+
 int run_spec_bench(const SpecBenchArgs& a) {
   auto modes = expand_spec_modes(a.modes);
   if (!modes.ok())

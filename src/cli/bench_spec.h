@@ -11,6 +11,7 @@
 // decode (the batch is b); the whole waves' figure, tails included, is reported beside it.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -48,5 +49,20 @@ struct SpecBenchArgs {
 Result<std::vector<std::string>> expand_spec_modes(const std::vector<std::string>& modes);
 
 int run_spec_bench(const SpecBenchArgs& a);
+
+// The flags of `bench --speculative` that both builds' bench commands take alike (the modes,
+// --warmup, --prompt-text, --interleave-modes, --forced-acceptance): registered on `cmd`, read
+// into the SpecBenchArgs they configure by apply().
+struct SpecBenchFlags {
+  std::vector<std::string> modes;
+  int64_t warmup = 3;
+  std::string prompt_text;
+  bool interleave = false;
+  double forced_acceptance = 0;
+  CLI::Option* speculative = nullptr;  // --speculative (count() > 0: the speculative bench)
+
+  void add_to(CLI::App* cmd);
+  void apply(SpecBenchArgs* s) const;
+};
 
 }  // namespace dsinfer::cli

@@ -55,12 +55,8 @@ struct BenchArgs {
   bool ops = false;
   std::string profile_range;  // "prefill" | "decode": cudaProfilerStart/Stop around those runs
   std::vector<int64_t> op_tokens = {1, 16, 64, 256, 1024, 8192};
-  std::vector<std::string> speculative;  // --speculative: the modes (cli/bench_spec.h)
-  double forced_acceptance = 0;          // --forced-acceptance (with --speculative)
-  std::string prompt_text;               // --prompt-text (with --speculative)
-  int64_t spec_warmup = 3;               // --warmup (with --speculative)
-  bool spec_interleave = false;          // --interleave-modes (with --speculative)
-  std::string state_memory = "1GiB";     // the budget the state footprint's context is given for
+  SpecBenchFlags spec;                // --speculative and its flags (cli/bench_spec.h)
+  std::string state_memory = "1GiB";  // the budget the state footprint's context is given for
   // --device cpu (cli/bench_cpu.h): the CPU run's own defaults unless the flags were given.
   CpuBenchArgs cpu;
   bool numerics_set = false;
@@ -612,47 +608,16 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option(
          "--op-tokens", a->op_tokens, "Token counts of --ops (default 1,16,64,256,1024,8192)")
       ->delimiter(',');
-  CLI::Option* o_spec =
-      cmd->add_option("--speculative",
-                      a->speculative,
-                      "Speculative decoding speed through the engine instead: the modes to "
-                      "compare (off, fixed:K, auto; `all` = off,fixed:1..5,auto), decode tokens/s "
-                      "per batch size (default 1,16,64) with acceptance by draft position")
-          ->delimiter(',');
-  cmd->add_option("--warmup",
-                  a->spec_warmup,
-                  "With --speculative: untimed rounds per mode before the timed ones (default 3: "
-                  "every shape's CUDA graphs captured and auto's exploration done, as in a "
-                  "serving engine's steady state)");
-  cmd->add_option("--prompt-text",
-                  a->prompt_text,
-                  "With --speculative: prompts are windows of this text file (tokenized with the "
-                  "model's tokenizer.json) instead of random token ids, for the drafter's "
-                  "acceptance on natural text")
-      ->check(CLI::ExistingFile);
-  cmd->add_flag("--interleave-modes",
-                a->spec_interleave,
-                "With --speculative: keep every mode's engine (its own copy of the weights) alive "
-                "and run the rounds round-robin over the modes, so that a drift of the machine's "
-                "speed spreads over them instead of falling on the last modes");
-  cmd->add_option("--forced-acceptance",
-                  a->forced_acceptance,
-                  "With --speculative: accept each verified draft with this probability whatever "
-                  "the target says (a trained-like acceptance for random-weight checkpoints whose "
-                  "drafter accepts nothing; step costs are real, tokens are not the model's)");
+  a->spec.add_to(cmd);
   cmd->callback([=, &exit_code] {
-    if (o_spec->count() > 0) {
+    if (a->spec.speculative->count() > 0) {
       SpecBenchArgs s;
       s.model_dir = a->model_dir;
       s.device = a->device;
       if (a->device == "cpu" && !a->cpu.kernels.empty())
         s.cpu_kernels = a->cpu.kernels.front();
       s.cpu_threads = a->cpu.threads;
-      s.modes = a->speculative;
-      s.forced_acceptance = a->forced_acceptance;
-      s.prompt_text = a->prompt_text;
-      s.warmup = a->spec_warmup;
-      s.interleave = a->spec_interleave;
+      a->spec.apply(&s);
       if (o_numerics->count() > 0)
         s.numerics = a->numerics;
       if (o_batch->count() > 0)

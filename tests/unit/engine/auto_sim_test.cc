@@ -199,7 +199,9 @@ class SimDevice final : public test_support::BatchedTestModel {
   // A target token that depends on the sequence and position only (forced acceptance decides
   // what is accepted; the tokens only have to be valid).
   int32_t token_at(int64_t seq, int64_t pos) const {
-    return static_cast<int32_t>(3 + (seq * 131 + pos * 7919) % (config_.vocab_size - 3));
+    // Unsigned: the start-up measurement's sequence ids are near 2^60.
+    const uint64_t h = static_cast<uint64_t>(seq) * 131u + static_cast<uint64_t>(pos) * 7919u;
+    return static_cast<int32_t>(3 + h % static_cast<uint64_t>(config_.vocab_size - 3));
   }
 
   // What a backend's forward does to the sequence's state (CpuModel::forward): the MTP block
