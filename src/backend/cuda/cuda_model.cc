@@ -310,8 +310,13 @@ void CudaModel::host_begin() {
 }
 
 void CudaModel::host_mark(int phase) {
+  // The first time only: a call of several rounds (drafting one step at a time, each step
+  // uploaded, launched and read back) counts its later rounds as `after`, so that the phases
+  // stay in order and none is negative.
+  if (phase <= host_phases_.reached)
+    return;
   host_phases_.t[phase] = std::chrono::steady_clock::now();
-  host_phases_.reached = std::max(host_phases_.reached, phase);
+  host_phases_.reached = phase;
 }
 
 void CudaModel::host_end(bool decode) {

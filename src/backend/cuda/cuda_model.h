@@ -421,7 +421,7 @@ class CudaModel final : public backend::Model {
   };
   HostPhases host_phases_;
   void host_begin();
-  void host_mark(int phase);  // phase 1..3 ends now (later marks of a phase move its end)
+  void host_mark(int phase);  // phase 1..3 ends now (its first mark; later ones are ignored)
   void host_end(bool decode);
   bool call_decode_ = false;  // the current call is decode-shaped (run_batch, drafting)
   Status mtp_draft_impl(std::span<backend::DraftItem> items);
