@@ -202,6 +202,10 @@ class Model {
     double host_launch_ms = 0;
     double host_wait_ms = 0;
     double host_after_ms = 0;
+    // Of `before`: the batch's checks (items validated, state reserved) and the planning (key
+    // lists, page tables, the pack laid out); the rest is the plan's staging and upload.
+    double host_checks_ms = 0;
+    double host_plan_ms = 0;
   };
   virtual DeviceTiming decode_timing() const { return {}; }
   // Whether a fixed-shape step of `batch` sequences x `tokens_per_seq` tokens each would replay

@@ -45,7 +45,7 @@ struct Run {
   // Milliseconds per step of the backend's host phases in its decode-shaped calls over the same
   // window (Model::DeviceTiming: before the device starts, enqueueing, waiting, after); all 0
   // where not measured (CPU).
-  std::array<double, 4> host_ms{};
+  std::array<double, 6> host_ms{};
   // Steps that ran a shape for the first times during the run's waves (Model::shape_warmups:
   // CUDA's graph captures and eager first runs), one-time costs inside the timed rounds.
   int64_t shape_warmups = 0;
@@ -53,10 +53,17 @@ struct Run {
 
 constexpr std::array<const char*, 5> kPhaseNames = {
     "schedule", "draft", "prepare", "forward", "finish"};
-constexpr std::array<const char*, 4> kHostPhaseNames = {"before", "launch", "wait", "after"};
+// The backend's host phases, then two parts of `before` (DeviceTiming::host_checks_ms, plan).
+constexpr std::array<const char*, 6> kHostPhaseNames = {
+    "before", "launch", "wait", "after", "before_checks", "before_plan"};
 
-std::array<double, 4> host_ms(const backend::Model::DeviceTiming& d) {
-  return {d.host_before_ms, d.host_launch_ms, d.host_wait_ms, d.host_after_ms};
+std::array<double, 6> host_ms(const backend::Model::DeviceTiming& d) {
+  return {d.host_before_ms,
+          d.host_launch_ms,
+          d.host_wait_ms,
+          d.host_after_ms,
+          d.host_checks_ms,
+          d.host_plan_ms};
 }
 
 std::array<double, 5> phase_seconds(const engine::EngineStats& st) {
@@ -164,7 +171,7 @@ Result<Run> run_once(
   int64_t tokens = 0, full_tokens = 0, short_waves = 0, full_steps = 0;
   double dt = 0, full_dt = 0, busy_ms = 0, idle_ms = 0;
   std::array<double, 5> phase_s{};
-  std::array<double, 4> host_total{};
+  std::array<double, 6> host_total{};
   for (int64_t w = 0; w < waves; ++w) {
     std::vector<engine::RequestId> ids;
     for (int64_t i = 0; i < b; ++i) {
@@ -211,7 +218,7 @@ Result<Run> run_once(
       const backend::Model::DeviceTiming d1 = e.model().decode_timing();
       busy_ms += d1.busy_ms - d0.busy_ms;
       idle_ms += d1.idle_ms - d0.idle_ms;
-      const std::array<double, 4> h0 = host_ms(d0), h1 = host_ms(d1);
+      const std::array<double, 6> h0 = host_ms(d0), h1 = host_ms(d1);
       for (size_t i = 0; i < h1.size(); ++i) host_total[i] += h1[i] - h0[i];
       full_steps += e.stats().steps - steps0;
       const std::array<double, 5> p1 = phase_seconds(e.stats());
@@ -462,9 +469,11 @@ int run_spec_bench(const SpecBenchArgs& a) {
                    run->phase_ms[3],
                    run->phase_ms[4],
                    run->host_ms[0] + run->host_ms[1] + run->host_ms[2] + run->host_ms[3] > 0
-                       ? str_format("; backend host: before %.3f, launch %.3f, wait %.3f, "
-                                    "after %.3f",
+                       ? str_format("; backend host: before %.3f (checks %.3f, plan %.3f), "
+                                    "launch %.3f, wait %.3f, after %.3f",
                                     run->host_ms[0],
+                                    run->host_ms[4],
+                                    run->host_ms[5],
                                     run->host_ms[1],
                                     run->host_ms[2],
                                     run->host_ms[3])
@@ -568,7 +577,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
       for (size_t p = 0; p < kHostPhaseNames.size(); ++p) {
         const double v = median(host_phases[bi][mi][p]);
         hp[kHostPhaseNames[p]] = v;
-        host_sum += v;
+        host_sum += p < 4 ? v : 0.0;
       }
       row["backend_host_ms"] = host_sum > 0 ? hp : json(nullptr);
       if (wave_off > 0)

@@ -997,13 +997,15 @@ TEST_P(CudaModelTest, CatchUpDraftsEqualThoseAfterAnMtpPassAndReplayBitForBit) {
     auto& [arena, st, items, outs, toks] = *b;
     std::mt19937 g(11);
     std::vector<std::vector<int32_t>> up(kSeqs);
+    const std::vector<std::vector<int32_t>> no_catch_up;
     std::vector<int32_t> pending(kSeqs);
     for (int round = 0; round <= kRounds; ++round) {
       for (int i = 0; i < kSeqs; ++i)
         pending[i] = static_cast<int32_t>(g() % static_cast<uint32_t>(cfg.vocab_size));
       const bool last = round == kRounds;
       // The last round: catch-up only.
-      DraftRound r = draft_round(*b, pending, last ? 0 : K, K, catch_up ? up : decltype(up){});
+      // (Not `catch_up ? up : {}`: that conditional is a copy whose catch-up spans dangle.)
+      DraftRound r = draft_round(*b, pending, last ? 0 : K, K, catch_up ? up : no_catch_up);
       auto& [d, dtok, dprob] = r;
       if (!last || catch_up) {
         EXPECT_TRUE(m.mtp_draft_batch(d).ok());

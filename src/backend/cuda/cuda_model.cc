@@ -306,6 +306,7 @@ Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
 void CudaModel::host_begin() {
   host_phases_.t[0] = std::chrono::steady_clock::now();
   host_phases_.reached = 0;
+  host_phases_.has_parts = false;
   call_decode_ = false;
 }
 
@@ -337,6 +338,10 @@ void CudaModel::host_end(bool decode) {
   stats_.host_launch_ms += ms(e1, e2);
   stats_.host_wait_ms += ms(e2, e3);
   stats_.host_after_ms += ms(e3, now);
+  if (host_phases_.has_parts && r >= 1) {
+    stats_.host_checks_ms += ms(t[0], host_phases_.checked);
+    stats_.host_plan_ms += ms(host_phases_.checked, host_phases_.planned);
+  }
 }
 
 Status CudaModel::complete_deferred_drafts() {
@@ -603,6 +608,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   DSI_RETURN_IF_ERROR(ensure_pool(*arena));
   ++stats_.forwards;
   const auto plan_start = std::chrono::steady_clock::now();
+  host_phases_.checked = plan_start;
 
   // Fixed-shape steps: every sequence the same number of tokens L (a decode step: 1; a
   // speculative verification: the pending token and its drafts), the MTP pass run by all or none
@@ -769,6 +775,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
 
   // One transfer of the plan.
   L->pack.layout(decode);
+  host_phases_.planned = std::chrono::steady_clock::now();
+  host_phases_.has_parts = true;
   mark_launch_start();
   DSI_RETURN_IF_ERROR(upload_pack(L->pack, &L->dev));
   host_mark(1);

@@ -137,6 +137,8 @@ struct CudaModelStats {
   double host_launch_ms = 0;
   double host_wait_ms = 0;
   double host_after_ms = 0;
+  double host_checks_ms = 0;  // of host_before_ms (DeviceTiming::host_checks_ms)
+  double host_plan_ms = 0;    // of host_before_ms (DeviceTiming::host_plan_ms)
   int64_t weight_bytes = 0;
   int64_t pool_bytes = 0;
   int64_t workspace_bytes = 0;
@@ -170,7 +172,9 @@ class CudaModel final : public backend::Model {
             stats_.host_before_ms,
             stats_.host_launch_ms,
             stats_.host_wait_ms,
-            stats_.host_after_ms};
+            stats_.host_after_ms,
+            stats_.host_checks_ms,
+            stats_.host_plan_ms};
   }
   bool fixed_shape_warm(int64_t batch, int64_t tokens_per_seq) const override;
   bool prefers_uniform_steps() const override {
@@ -418,6 +422,9 @@ class CudaModel final : public backend::Model {
   struct HostPhases {
     std::chrono::steady_clock::time_point t[4];
     int reached = 0;  // phases ended so far
+    // Inside `before` (a forward's, run_batch): where its checks end and its plan is laid out.
+    std::chrono::steady_clock::time_point checked, planned;
+    bool has_parts = false;
   };
   HostPhases host_phases_;
   void host_begin();
