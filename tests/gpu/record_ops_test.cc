@@ -148,6 +148,10 @@ TEST_F(GpuTest, SinkAttentionOverKvRecordsEqualsFp32Rows) {
     run_attention_records(64, 512, 64, 2, 300, AttnPath::kTensorSplit, false, aligned8, seed += 10);
     run_attention_records(64, 512, 64, 2, 300, AttnPath::kTensorSplit, true, aligned8, seed += 10);
     run_attention_records(64, 512, 64, 150, 40, AttnPath::kTensor, true, aligned8, seed += 10);
+    // Blocks walking three queries each, of 0-16 and of 25-41 keys (one and two tiles, some
+    // none): each query's last tile loads the next query's first.
+    run_attention_records(64, 512, 64, 400, 0, AttnPath::kTensor, true, aligned8, seed += 10);
+    run_attention_records(64, 512, 64, 400, 25, AttnPath::kTensor, true, aligned8, seed += 10);
     run_attention_records(61, 512, 64, 7, 130, AttnPath::kTensor, false, aligned8, seed += 10);
   }
 }

@@ -180,6 +180,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (kQ16 && blockIdx.y < p.nq)
     copy_q16(p, blockIdx.y, smem);  // the first query's q into buffer 0
+  // The block's queries as one stream of key tiles: the last tile of a query loads the next
+  // query's first tile (into the other key buffer, `first_buf` of that query), so that no query
+  // starts by waiting for its keys.
+  int first_buf = 0;
+  bool first_stored = false;
+  attn::SplitRange cur{};
+  if (blockIdx.y < p.nq)
+    cur = attn::split_range(p, blockIdx.y, split, nsplit, kTk);
   int it = 0;
   for (int64_t qi = blockIdx.y; qi < p.nq; qi += gridDim.y, ++it) {
     uint8_t* sq = smem + (kQ16 ? (it & 1) * kQBytes : 0);
@@ -210,10 +218,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         store4(sq, kQChunk, i >> 7, (i & 127) * 4, v[u]);
       }
     }
-    const auto [kb, ke, t0, t1] = attn::split_range(p, qi, split, nsplit, kTk);
+    const int64_t t0 = cur.t0;
+    const int64_t t1 = cur.t1;
+    const int64_t qn = qi + gridDim.y;  // the block's next query
+    attn::SplitRange nxt{};
+    if (qn < p.nq)
+      nxt = attn::split_range(p, qn, split, nsplit, kTk);
+    const bool next_tiles = qn < p.nq && nxt.t0 < nxt.t1;
+    auto ref_in = [&](const attn::SplitRange& r, int64_t tile, int slot) -> int64_t {
+      const int64_t idx = r.kb + tile * kTk + kr + 16 * slot;
+      return tile < r.t1 && idx < r.ke ? p.key_refs[idx] : kKvRefNone;
+    };
+    // Tile `tile` of this query, or past its last one the next query's first.
     auto ref_of = [&](int64_t tile, int slot) -> int64_t {
-      const int64_t idx = kb + tile * kTk + kr + 16 * slot;
-      return tile < t1 && idx < ke ? p.key_refs[idx] : kKvRefNone;
+      if (tile < t1)
+        return ref_in(cur, tile, slot);
+      return tile == t1 && next_tiles ? ref_in(nxt, nxt.t0, slot) : kKvRefNone;
     };
     // One half (dims [256 part, 256 part + 256)) of this thread's two key rows: load, then store.
     auto load_half = [&](const float* kp0, const float* kp1, int part_, Raw(&v)[8]) {
@@ -266,38 +286,53 @@ __global__ void __launch_bounds__(kThreads, 1)
     int64_t next_ref0 = kKvRefNone;
     int64_t next_ref1 = kKvRefNone;
     if (t0 < t1) {
-      const float* kp0 = kv_ref_ptr(p.pool, p.local, ref_of(t0, 0));
-      const float* kp1 = kv_ref_ptr(p.pool, p.local, ref_of(t0, 1));
-      Raw va[8], vb[8];  // both halves in flight together (o is not live yet)
-      load_half(kp0, kp1, 0, va);
-      load_half(kp0, kp1, 1, vb);
-      store_half(0, 0, va);
-      store_half(0, 1, vb);
-      if (l16 == 0) {
-        valid[kr] = kp0 != nullptr;
-        valid[kr + 16] = kp1 != nullptr;
+      if (!first_stored) {  // (the block's first query, or after a query without key tiles)
+        first_buf = 0;
+        const float* kp0 = kv_ref_ptr(p.pool, p.local, ref_of(t0, 0));
+        const float* kp1 = kv_ref_ptr(p.pool, p.local, ref_of(t0, 1));
+        Raw va[8], vb[8];  // both halves in flight together (o is not live yet)
+        load_half(kp0, kp1, 0, va);
+        load_half(kp0, kp1, 1, vb);
+        store_half(0, 0, va);
+        store_half(0, 1, vb);
+        if (l16 == 0) {
+          valid[kr] = kp0 != nullptr;
+          valid[kr + 16] = kp1 != nullptr;
+        }
       }
       next_ref0 = ref_of(t0 + 1, 0);
       next_ref1 = ref_of(t0 + 1, 1);
     }
+    first_stored = false;
     fence_async_smem();
     __syncthreads();  // q and the first tile stored, visible to the tensor cores
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
     for (int64_t tile = t0; tile < t1; ++tile) {
-      const int buf = static_cast<int>((tile - t0) & 1);
-      const bool more = tile + 1 < t1;
+      const int buf = static_cast<int>((tile - t0 + first_buf) & 1);
+      // The tile loaded during this one: this query's next, or the next query's first.
+      const bool more = tile + 1 < t1 || next_tiles;
       const uint32_t sk_addr = sk0_addr + buf * kKBytes;
       const float* kn0 = more ? kv_ref_ptr(p.pool, p.local, next_ref0) : nullptr;
       const float* kn1 = more ? kv_ref_ptr(p.pool, p.local, next_ref1) : nullptr;
-      if (more) {
+      if (tile + 1 < t1) {
         next_ref0 = ref_of(tile + 2, 0);
         next_ref1 = ref_of(tile + 2, 1);
+      } else if (more) {  // this query's last tile: the next query's first goes to buf ^ 1
+        first_stored = true;
+        first_buf = buf ^ 1;
       }
+      // The next tile's keys in flight through this whole tile: KV records (kRec, 8 bytes per
+      // four dims) both halves at once, stored after P.V; fp32 rows (16 bytes per four dims) one
+      // half around q.k and the other around P.V (registers: o is live).
       Raw v[8];
-      if (more)
+      Raw v2[kRec ? 8 : 1];
+      if (more) {
         load_half(kn0, kn1, 0, v);
+        if constexpr (kRec)
+          load_half(kn0, kn1, 1, v2);
+      }
       // 1. Partial q.k^T over this warpgroup's dims.
       float s[16];
 #pragma unroll
@@ -319,13 +354,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
       fence_regs(s);
-      if (more) {
+      if (more && !kRec) {
         store_half(buf ^ 1, 0, v);
-        if (l16 == 0) {
-          valid[(buf ^ 1) * kTk + kr] = kn0 != nullptr;
-          valid[(buf ^ 1) * kTk + kr + 16] = kn1 != nullptr;
-        }
         load_half(kn0, kn1, 1, v);
+      }
+      if (more && l16 == 0) {
+        valid[(buf ^ 1) * kTk + kr] = kn0 != nullptr;
+        valid[(buf ^ 1) * kTk + kr + 16] = kn1 != nullptr;
       }
       float* mine = sx + half * kRows * kSx;
 #pragma unroll
@@ -383,8 +418,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
       fence_regs(o);
-      if (more)
-        store_half(buf ^ 1, 1, v);
+      if (more) {
+        if constexpr (kRec) {
+          store_half(buf ^ 1, 0, v);
+          store_half(buf ^ 1, 1, v2);
+        } else {
+          store_half(buf ^ 1, 1, v);
+        }
+      }
       fence_async_smem();
       __syncthreads();  // the next tile stored; this tile's and the exchange's readers done
     }
@@ -403,6 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                      l1,
                                      reinterpret_cast<const float(&)[32][4]>(o));
     __syncthreads();  // q is rewritten by the next query
+    cur = nxt;
   }
 }
 
