@@ -797,7 +797,8 @@ void Engine::run_chunks() {
                                  .c_str()
                            : "fixed");
     }
-    if (cost_ && warmed == 0) {
+    // (A step the clock saw take no time teaches nothing: a stopped clock keeps auto's model.)
+    if (cost_ && warmed == 0 && took > 0) {
       if (step_b_ > 0)
         cost_->record(step_b_, step_depth_, took);
       else

@@ -81,7 +81,8 @@ struct EngineConfig {
   double forced_acceptance = 0;
   // The clock the engine reads (seconds, monotonic): step times (auto's start-up measurement and
   // corrections, the step phases) and request timestamps. Unset: std::chrono::steady_clock.
-  // Tests run the engine on a simulated device's clock (tests/unit/engine/auto_sim_test.cc).
+  // Tests run the engine on a simulated device's clock (tests/unit/engine/auto_sim_test.cc), or
+  // on a stopped one: steps measured at zero seconds leave auto's step-time model as given.
   std::function<double()> clock;
 };
 
