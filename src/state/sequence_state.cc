@@ -108,6 +108,10 @@ int64_t index_row_floats(const model::ModelConfig& c, RowFormat f) {
 Status check_row_format(const SequenceState& st, const model::ModelConfig& c, RowFormat f) {
   const int64_t kv = kv_row_floats(c, f);
   const int64_t index = index_row_floats(c, f);
+  // Every layer alike (the constructors' states): one comparison instead of a walk.
+  if (st.uniform_kv_width() >= 0 && st.uniform_index_width() >= 0 && st.uniform_kv_width() == kv &&
+      (st.uniform_index_width() == 0 || st.uniform_index_width() == index))
+    return Status();
   auto bad = [&](const LayerState& ls) {
     return ls.head_dim != kv || (ls.index_head_dim != 0 && ls.index_head_dim != index);
   };
@@ -250,6 +254,20 @@ SequenceState::SequenceState(const StateShape& shape, PageArena* arena, int64_t 
     ok_ = ok_ && reserve_fixed(mtp_layers_.back());
   }
   history_.assign(static_cast<size_t>(shape.token_history), -1);
+  note_row_widths();
+}
+
+void SequenceState::note_row_widths() {
+  int64_t kv = -2, index = 0;  // -2: no layer seen yet
+  for (const auto* layers : {&layers_, &mtp_layers_}) {
+    for (const LayerState& ls : *layers) {
+      kv = kv == -2 || kv == ls.head_dim ? ls.head_dim : -1;
+      if (ls.index_head_dim != 0)
+        index = index == 0 || index == ls.index_head_dim ? ls.index_head_dim : -1;
+    }
+  }
+  uniform_kv_width_ = kv == -2 ? -1 : kv;
+  uniform_index_width_ = index;
 }
 
 int64_t SequenceState::pages_for(const StateShape& s, int64_t page_bytes, int64_t num_tokens) {
@@ -323,6 +341,7 @@ SequenceState::SequenceState(const model::ModelConfig& config,
     final_positions_.assign(static_cast<size_t>(max_rollback + 1), -1);
     ok_ = ok_ && final_streams_.reserve(max_rollback + 1);
   }
+  note_row_widths();
 }
 
 int64_t SequenceState::pages_for(const model::ModelConfig& c,

@@ -299,6 +299,12 @@ class SequenceState {
   // Aborts (DSI_CHECK) when an invariant is broken: entry counts vs num_tokens, row windows,
   // page ownership.
   void check_integrity() const;
+  // The K=V row width every layer (MTP layers included) was made with, -1 where they differ;
+  // the index-key width of every layer that has index keys, 0 where none has, -1 where they
+  // differ. Fixed at construction (check_row_format reads them instead of every layer: a
+  // 256-sequence step touched ~2,300 layer states for it).
+  int64_t uniform_kv_width() const { return uniform_kv_width_; }
+  int64_t uniform_index_width() const { return uniform_index_width_; }
 
  private:
   friend struct ImageAccess;  // capture_state and image_pages (state_image.cc)
@@ -307,6 +313,7 @@ class SequenceState {
                               const PageWriter&,
                               const ImageOptions&);
   void trim(LayerState& ls) const;
+  void note_row_widths();  // the constructors' last step
   PageArena* arena_;
   int64_t id_;
   bool ok_ = true;
@@ -314,6 +321,8 @@ class SequenceState {
   int64_t max_rollback_ = 0;
   int64_t sliding_window_ = 0;
   int64_t hc_width_ = 0;
+  int64_t uniform_kv_width_ = -1;
+  int64_t uniform_index_width_ = -1;
   std::vector<LayerState> layers_;
   std::vector<LayerState> mtp_layers_;
   int64_t mtp_num_tokens_ = 0;

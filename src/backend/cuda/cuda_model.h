@@ -427,6 +427,7 @@ class CudaModel final : public backend::Model {
     bool has_parts = false;
   };
   HostPhases host_phases_;
+  std::vector<const state::SequenceState*> seen_states_;  // forward_batch_impl's scratch
   void host_begin();
   void host_mark(int phase);  // phase 1..3 ends now (its first mark; later ones are ignored)
   void host_end(bool decode);
