@@ -38,15 +38,19 @@ void pad_to(std::vector<T>& v, int64_t n) {
 // of the bundled model built ~150 vectors per pass (a tenth of its planning time in allocation),
 // and storage that is reused is also warm in the cache. Every use starts with assign or clear.
 struct Scratch {
-  // plan_compressor
-  std::vector<int64_t> local_dest, comp_ring_dest, refs, block, out_off, closed;
-  // plan_pass
-  std::vector<int32_t> tok, row_span;
-  std::vector<int64_t> pos, span_pos;
-  std::vector<int64_t> key_begin, ring_dest, select_begin, index_page_begin, entry_page_begin,
-      visible;
-  std::vector<int32_t> index_pages, entry_pages, ring_pages, ring_page_begin, hca_pages,
-      hca_page_begin;
+  struct Compressor {  // plan_compressor
+    std::vector<int64_t> local_dest, ring_dest, refs, block, out_off, closed;
+  } comp;
+  struct Rows {  // plan_pass: the pass's rows and spans
+    std::vector<int32_t> tok, row_span;
+    std::vector<int64_t> pos, span_pos;
+  } rows;
+  struct Layer {  // plan_pass: one layer's arrays (declaration order: the binding's)
+    std::vector<int64_t> key_begin, ring_dest, select_begin, index_page_begin, entry_page_begin,
+        visible;
+    std::vector<int32_t> index_pages, entry_pages, ring_pages, ring_page_begin, hca_pages,
+        hca_page_begin;
+  } layer;
 };
 
 Scratch& scratch() {
@@ -70,13 +74,7 @@ CompressorPlan plan_compressor(const PlanContext& ctx,
   const int64_t d = index ? c.index_head_dim : c.head_dim;
   const int64_t row_width = 2 * (overlap ? 2 : 1) * d;  // [kv | score]
   const int64_t nc = (overlap ? 2 : 1) * m;
-  Scratch& S = scratch();
-  std::vector<int64_t>& local_dest = S.local_dest;
-  std::vector<int64_t>& ring_dest = S.comp_ring_dest;
-  std::vector<int64_t>& refs = S.refs;
-  std::vector<int64_t>& block = S.block;
-  std::vector<int64_t>& out_off = S.out_off;
-  std::vector<int64_t>& closed = S.closed;
+  auto& [local_dest, ring_dest, refs, block, out_off, closed] = scratch().comp;
   local_dest.assign(static_cast<size_t>(rows), kNone);
   ring_dest.assign(static_cast<size_t>(rows), kNone);
   refs.clear();
@@ -162,9 +160,7 @@ void plan_pass(const PlanContext& ctx,
   const auto& c = *ctx.config;
   const int64_t window = c.sliding_window;
   out->rows = rows;
-  Scratch& S = scratch();
-  std::vector<int32_t>& tok = S.tok;
-  std::vector<int64_t>& pos = S.pos;
+  auto& [tok, row_span, pos, span_pos] = scratch().rows;
   tok.assign(static_cast<size_t>(rows), 0);
   pos.assign(static_cast<size_t>(rows), 0);
   for (const SeqSpan& s : spans) {
@@ -175,8 +171,6 @@ void plan_pass(const PlanContext& ctx,
   }
   out->tokens = pack.add(tok);
   out->positions = pack.add(pos);
-  std::vector<int32_t>& row_span = S.row_span;
-  std::vector<int64_t>& span_pos = S.span_pos;
   row_span.assign(static_cast<size_t>(std::max<int64_t>(rows, 1)), -1);
   span_pos.clear();
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -217,18 +211,18 @@ void plan_pass(const PlanContext& ctx,
       lp.index_comp = plan_compressor(ctx, spans, l, plan, true, rows, pack);
 
     // Key counts only: the lists themselves are expanded on the device (launch_expand_keys).
-    std::vector<int64_t>& key_begin = S.key_begin;
-    std::vector<int64_t>& ring_dest = S.ring_dest;
-    std::vector<int64_t>& select_begin = S.select_begin;
-    std::vector<int32_t>& index_pages = S.index_pages;
-    std::vector<int32_t>& entry_pages = S.entry_pages;
-    std::vector<int32_t>& ring_pages = S.ring_pages;
-    std::vector<int32_t>& ring_page_begin = S.ring_page_begin;
-    std::vector<int32_t>& hca_pages = S.hca_pages;
-    std::vector<int32_t>& hca_page_begin = S.hca_page_begin;
-    std::vector<int64_t>& index_page_begin = S.index_page_begin;
-    std::vector<int64_t>& entry_page_begin = S.entry_page_begin;
-    std::vector<int64_t>& visible = S.visible;
+    auto& [key_begin,
+           ring_dest,
+           select_begin,
+           index_page_begin,
+           entry_page_begin,
+           visible,
+           index_pages,
+           entry_pages,
+           ring_pages,
+           ring_page_begin,
+           hca_pages,
+           hca_page_begin] = scratch().layer;
     key_begin.assign(static_cast<size_t>(rows + 1), 0);
     ring_dest.assign(static_cast<size_t>(rows), kNone);
     select_begin.assign(static_cast<size_t>(rows), 0);
