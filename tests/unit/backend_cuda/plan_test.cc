@@ -276,13 +276,12 @@ namespace {
 // The host planning of one decode step of 64 sequences at 8192 tokens of context on four
 // real-width V4-Flash layers (what `dsinfer bench` decodes at batch 64): the part of a decode
 // step the GPU waits for unless the step loop overlaps it. For the record, and a loose bound.
-TEST(ForwardPlan, PlansADecodeStepOf64SequencesAt8kContext) {
-  auto cfg = model::v4_flash_preset_config(4);
-  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
-  const model::ModelConfig& c = *cfg;
+// Times the planning of graph-replayed decode steps of `batch` sequences at `ctx_len` tokens of
+// context (best of `reps` successive steps after the first), as run_batch plans them.
+void time_decode_plans(
+    const model::ModelConfig& c, int64_t ctx_len, int64_t batch, int reps, const char* what) {
   auto arena =
       state::PageArena::growable(state::default_page_bytes(c), state::PageArena::Storage::kNone);
-  const int64_t ctx_len = 8192, batch = 64;
   HostPack pack;
   PassPlan plan;
   PlanContext pc;
@@ -303,7 +302,7 @@ TEST(ForwardPlan, PlansADecodeStepOf64SequencesAt8kContext) {
   pc.fixed_shape = true;  // a graph-replayed decode step
   std::vector<uint8_t> staging;
   double best_ms = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {  // successive steps; the first sizes the pack
+  for (int rep = 0; rep <= reps; ++rep) {  // successive steps; the first sizes the pack
     std::vector<SeqSpan> spans;
     for (int64_t i = 0; i < batch; ++i) {
       ASSERT_TRUE(seqs[i]->reserve(1));
@@ -321,12 +320,27 @@ TEST(ForwardPlan, PlansADecodeStepOf64SequencesAt8kContext) {
       best_ms = std::min(best_ms, ms);
     for (auto& st : seqs) st->advance(1);  // as run_batch does after the launches
   }
-  std::printf(
-      "[plan] decode step, 64 sequences at 8192 tokens, 4 Flash layers: %.2f MB packed, "
-      "%.3f ms (best of 4)\n",
-      static_cast<double>(pack.host_bytes()) / 1e6,
-      best_ms);
+  std::printf("[plan] decode step, %s: %.2f MB packed, %.3f ms (best of %d)\n",
+              what,
+              static_cast<double>(pack.host_bytes()) / 1e6,
+              best_ms,
+              reps);
   EXPECT_LT(best_ms, 200.0);  // loose: a shared CI core; the device run reports the real gap
+}
+
+TEST(ForwardPlan, PlansADecodeStepOf64SequencesAt8kContext) {
+  auto cfg = model::v4_flash_preset_config(4);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  time_decode_plans(*cfg, 8192, 64, 4, "64 sequences at 8192 tokens, 4 Flash layers");
+}
+
+// The bundled model's large decode batch, where the backend's planning is most of the GPU's idle
+// time between steps (docs/performance.md, thirty-fourth session).
+TEST(ForwardPlan, PlansADecodeStepOf256BundledSequences) {
+  auto cfg =
+      model::load_model_config(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  time_decode_plans(*cfg, 512, 256, 50, "256 sequences at 512 tokens, the bundled model");
 }
 
 // A fixed-shape pass (a graph-replayed step) keeps one layout, and so one graph key, while a
