@@ -202,9 +202,9 @@ class Model {
     double host_launch_ms = 0;
     double host_wait_ms = 0;
     double host_after_ms = 0;
-    // Of the forwards' `before` (a drafting call's is not split): the batch's checks (items
-    // validated, state reserved) and the planning (key lists, page tables, the pack laid out);
-    // the rest is the plan's staging and upload.
+    // Of `before`: the batch's checks (items validated, state reserved) and the planning (key
+    // lists, page tables, the pack laid out: a drafting call's first pack); the rest is the
+    // plan's staging and upload.
     double host_checks_ms = 0;
     double host_plan_ms = 0;
   };

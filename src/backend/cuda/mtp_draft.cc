@@ -64,6 +64,7 @@ Status CudaModel::mtp_draft_impl(std::span<backend::DraftItem> items) {
   }
   if (active.empty() && catch_up.empty())
     return Status();
+  host_phases_.checked = std::chrono::steady_clock::now();  // (before's parts, host_end)
   DSI_RETURN_IF_ERROR(ensure_pool(*arena));
   if (!catch_up.empty())
     DSI_RETURN_IF_ERROR(mtp_catch_up_only(items, catch_up, *arena));
@@ -219,6 +220,10 @@ Status CudaModel::mtp_draft_impl(std::span<backend::DraftItem> items) {
   // drops the captured graphs).
   auto upload = [&](HostPack& pack, uint8_t** dev) -> Status {
     pack.layout(fixed);
+    if (!host_phases_.has_parts) {  // the first upload ends the planning part of `before`
+      host_phases_.planned = std::chrono::steady_clock::now();
+      host_phases_.has_parts = true;
+    }
     mark_launch_start();
     DSI_RETURN_IF_ERROR(upload_pack(pack, dev));
     host_mark(1);
