@@ -417,6 +417,16 @@ void EngineLoop::publish() {
     g.device_puts = st.device_tier.puts;
     g.device_rejected = st.device_tier.rejected;
   }
+  const auto& p = st.phases;
+  g.step_phase_s = {p.schedule, p.draft, p.prepare, p.forward, p.finish};
+  const backend::Model::DeviceTiming d = engine_->model().decode_timing();
+  g.device_timing = d.busy_ms > 0 || d.idle_ms > 0;
+  g.device_busy_s = d.busy_ms * 1e-3;
+  g.device_idle_s = d.idle_ms * 1e-3;
+  g.backend_host_s = {d.host_before_ms * 1e-3,
+                      d.host_launch_ms * 1e-3,
+                      d.host_wait_ms * 1e-3,
+                      d.host_after_ms * 1e-3};
   if (st.speculative.mode != spec::Mode::kOff) {
     g.spec_verified = st.spec.verified;
     g.spec_accepted = st.spec.accepted;

@@ -32,6 +32,19 @@ void sample(std::string* out, const std::string& name, int64_t v) {
   *out += '\n';
 }
 
+// Samples of one metric labelled by `label`, a value per name.
+template <size_t N>
+void labelled_seconds(std::string* out,
+                      const char* name,
+                      const char* label,
+                      const std::array<const char*, N>& names,
+                      const std::array<double, N>& values) {
+  for (size_t i = 0; i < N; ++i) {
+    *out +=
+        std::string(name) + "{" + label + "=\"" + names[i] + "\"} " + fmt_double(values[i]) + "\n";
+  }
+}
+
 // One unlabelled integer metric: its HELP and TYPE lines and its sample.
 void metric(std::string* out, const char* name, const char* type, const char* help, int64_t v) {
   header(out, name, type, help);
@@ -193,6 +206,42 @@ EngineGauges Metrics::gauges() const {
 }
 
 namespace {
+// The step loop's time: the engine's phases always, the device's timing where measured.
+void render_step_time(const EngineGauges& g, std::string* out) {
+  header(out,
+         "dsinfer_engine_step_phase_seconds_total",
+         "counter",
+         "Wall time of the engine's step phases (schedule, draft, prepare, forward: the backend's "
+         "batched call whole, finish).");
+  labelled_seconds(out,
+                   "dsinfer_engine_step_phase_seconds_total",
+                   "phase",
+                   std::array<const char*, 5>{"schedule", "draft", "prepare", "forward", "finish"},
+                   g.step_phase_s);
+  if (!g.device_timing)
+    return;
+  header(out,
+         "dsinfer_gpu_decode_busy_seconds_total",
+         "counter",
+         "GPU time of decode-shaped launches (decode steps, verifications, drafting calls).");
+  *out += "dsinfer_gpu_decode_busy_seconds_total " + fmt_double(g.device_busy_s) + "\n";
+  header(out,
+         "dsinfer_gpu_decode_idle_seconds_total",
+         "counter",
+         "GPU idle time between consecutive decode-shaped launches: the host's share of a step.");
+  *out += "dsinfer_gpu_decode_idle_seconds_total " + fmt_double(g.device_idle_s) + "\n";
+  header(out,
+         "dsinfer_backend_host_seconds_total",
+         "counter",
+         "The backend's host time in decode-shaped calls, by phase: before the GPU can start "
+         "(checks, planning, upload), launch, wait (blocked on the GPU), after.");
+  labelled_seconds(out,
+                   "dsinfer_backend_host_seconds_total",
+                   "phase",
+                   std::array<const char*, 4>{"before", "launch", "wait", "after"},
+                   g.backend_host_s);
+}
+
 void render_prefix_cache(const EngineGauges& g, std::string* out) {
   const kvstore::StoreStats& kv = g.kv;
   const char* tiers[2] = {"host", "ssd"};
@@ -406,6 +455,7 @@ std::string Metrics::render() const {
   sample(&out, "dsinfer_engine_preemptions_total", gauges_.preemptions);
   if (gauges_.prefix_cache)
     render_prefix_cache(gauges_, &out);
+  render_step_time(gauges_, &out);
   if (!gauges_.spec_verified.empty()) {
     auto labelled = [&out](const char* name, const char* label, size_t i, int64_t v) {
       out += std::string(name) + "{" + label + "=\"" + std::to_string(i) + "\"} " +

@@ -2,6 +2,7 @@
 // counters, gauges and fixed-bucket histograms behind one mutex. Thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -69,6 +70,17 @@ struct EngineGauges {
   int64_t spec_steps = 0;
   int64_t spec_resumed = 0;
   int64_t spec_tokens = 0;
+  // Where the step loop's time goes (seconds, summed over steps): the engine's phases
+  // (EngineStats::phases: schedule, draft, prepare, forward, finish) and, where the backend
+  // measures them (CUDA: device_timing), the device's busy and idle time in decode-shaped calls
+  // and the backend's host time in them by phase (before, launch, wait, after;
+  // backend::Model::DeviceTiming). Idle over busy + idle is the share of a decode step the GPU
+  // waits for the host.
+  std::array<double, 5> step_phase_s{};
+  bool device_timing = false;
+  double device_busy_s = 0;
+  double device_idle_s = 0;
+  std::array<double, 4> backend_host_s{};
 };
 
 class Metrics {

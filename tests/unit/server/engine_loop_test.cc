@@ -130,6 +130,12 @@ TEST(EngineLoop, ModelOutputRunsToLength) {
   EXPECT_EQ(sink->completion.finish, recipe::FinishReason::kLength);
   const std::string metrics = f.metrics.render();
   EXPECT_NE(metrics.find("dsinfer_generation_tokens_total 12\n"), std::string::npos) << metrics;
+  // The engine's step phases were timed; the device's timing is the CUDA backend's alone.
+  EXPECT_TRUE(testing::eventually([&] { return f.metrics.gauges().step_phase_s[3] > 0; }));
+  EXPECT_NE(metrics.find("dsinfer_engine_step_phase_seconds_total{phase=\"forward\"} "),
+            std::string::npos)
+      << metrics;
+  EXPECT_EQ(metrics.find("dsinfer_gpu_decode_busy_seconds_total"), std::string::npos) << metrics;
 }
 
 TEST(EngineLoop, AbortFreesStateAtOnce) {

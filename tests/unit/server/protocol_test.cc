@@ -452,6 +452,45 @@ TEST(ServerMetrics, PrefixCacheCaptures) {
   EXPECT_EQ(off.render().find("dsinfer_prefix_cache_"), std::string::npos);
 }
 
+// Where the step loop's time goes: the engine's phases always; the device's busy and idle time
+// and the backend's host phases only where the backend measures them (CUDA).
+TEST(ServerMetrics, StepTime) {
+  Metrics m;
+  EngineGauges g;
+  g.step_phase_s = {0.5, 0.25, 0.125, 8.0, 1.5};
+  m.set_gauges(g);
+  std::string text = m.render();
+  for (const char* line : {
+           "# TYPE dsinfer_engine_step_phase_seconds_total counter\n",
+           "dsinfer_engine_step_phase_seconds_total{phase=\"schedule\"} 0.5\n",
+           "dsinfer_engine_step_phase_seconds_total{phase=\"draft\"} 0.25\n",
+           "dsinfer_engine_step_phase_seconds_total{phase=\"prepare\"} 0.125\n",
+           "dsinfer_engine_step_phase_seconds_total{phase=\"forward\"} 8\n",
+           "dsinfer_engine_step_phase_seconds_total{phase=\"finish\"} 1.5\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+  }
+  EXPECT_EQ(text.find("dsinfer_gpu_decode_"), std::string::npos);
+  EXPECT_EQ(text.find("dsinfer_backend_host_seconds_total"), std::string::npos);
+  g.device_timing = true;
+  g.device_busy_s = 7.5;
+  g.device_idle_s = 0.25;
+  g.backend_host_s = {0.125, 0.0625, 7.0, 0.03125};
+  m.set_gauges(g);
+  text = m.render();
+  for (const char* line : {
+           "# TYPE dsinfer_gpu_decode_busy_seconds_total counter\n",
+           "dsinfer_gpu_decode_busy_seconds_total 7.5\n",
+           "dsinfer_gpu_decode_idle_seconds_total 0.25\n",
+           "dsinfer_backend_host_seconds_total{phase=\"before\"} 0.125\n",
+           "dsinfer_backend_host_seconds_total{phase=\"launch\"} 0.0625\n",
+           "dsinfer_backend_host_seconds_total{phase=\"wait\"} 7\n",
+           "dsinfer_backend_host_seconds_total{phase=\"after\"} 0.03125\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+  }
+}
+
 TEST(ServerMetrics, SpeculativeDecoding) {
   Metrics m;
   EngineGauges g;
