@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -207,6 +208,19 @@ class Model {
     // plan's staging and upload.
     double host_checks_ms = 0;
     double host_plan_ms = 0;
+    // The host phases by name, in this order: the first kHostPhases partition the calls' host
+    // time, the rest are parts of `before` (what bench and /metrics report).
+    static constexpr size_t kHostPhases = 4;
+    static constexpr std::array<const char*, 6> kHostPhaseNames = {
+        "before", "launch", "wait", "after", "before_checks", "before_plan"};
+    std::array<double, 6> host_phase_ms() const {
+      return {host_before_ms,
+              host_launch_ms,
+              host_wait_ms,
+              host_after_ms,
+              host_checks_ms,
+              host_plan_ms};
+    }
   };
   virtual DeviceTiming decode_timing() const { return {}; }
   // Whether a fixed-shape step of `batch` sequences x `tokens_per_seq` tokens each would replay

@@ -53,18 +53,8 @@ struct Run {
 
 constexpr std::array<const char*, 5> kPhaseNames = {
     "schedule", "draft", "prepare", "forward", "finish"};
-// The backend's host phases, then two parts of `before` (DeviceTiming::host_checks_ms, plan).
-constexpr std::array<const char*, 6> kHostPhaseNames = {
-    "before", "launch", "wait", "after", "before_checks", "before_plan"};
-
-std::array<double, 6> host_ms(const backend::Model::DeviceTiming& d) {
-  return {d.host_before_ms,
-          d.host_launch_ms,
-          d.host_wait_ms,
-          d.host_after_ms,
-          d.host_checks_ms,
-          d.host_plan_ms};
-}
+using Timing = backend::Model::DeviceTiming;
+constexpr const auto& kHostPhaseNames = Timing::kHostPhaseNames;
 
 std::array<double, 5> phase_seconds(const engine::EngineStats& st) {
   const auto& p = st.phases;
@@ -218,7 +208,7 @@ Result<Run> run_once(
       const backend::Model::DeviceTiming d1 = e.model().decode_timing();
       busy_ms += d1.busy_ms - d0.busy_ms;
       idle_ms += d1.idle_ms - d0.idle_ms;
-      const std::array<double, 6> h0 = host_ms(d0), h1 = host_ms(d1);
+      const std::array<double, 6> h0 = d0.host_phase_ms(), h1 = d1.host_phase_ms();
       for (size_t i = 0; i < h1.size(); ++i) host_total[i] += h1[i] - h0[i];
       full_steps += e.stats().steps - steps0;
       const std::array<double, 5> p1 = phase_seconds(e.stats());
@@ -577,7 +567,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
       for (size_t p = 0; p < kHostPhaseNames.size(); ++p) {
         const double v = median(host_phases[bi][mi][p]);
         hp[kHostPhaseNames[p]] = v;
-        host_sum += p < 4 ? v : 0.0;
+        host_sum += p < Timing::kHostPhases ? v : 0.0;
       }
       row["backend_host_ms"] = host_sum > 0 ? hp : json(nullptr);
       if (wave_off > 0)

@@ -423,10 +423,8 @@ void EngineLoop::publish() {
   g.device_timing = d.busy_ms > 0 || d.idle_ms > 0;
   g.device_busy_s = d.busy_ms * 1e-3;
   g.device_idle_s = d.idle_ms * 1e-3;
-  g.backend_host_s = {d.host_before_ms * 1e-3,
-                      d.host_launch_ms * 1e-3,
-                      d.host_wait_ms * 1e-3,
-                      d.host_after_ms * 1e-3};
+  const auto host_ms = d.host_phase_ms();
+  for (size_t p = 0; p < g.backend_host_s.size(); ++p) g.backend_host_s[p] = host_ms[p] * 1e-3;
   if (st.speculative.mode != spec::Mode::kOff) {
     g.spec_verified = st.spec.verified;
     g.spec_accepted = st.spec.accepted;

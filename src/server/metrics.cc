@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 
@@ -235,11 +236,11 @@ void render_step_time(const EngineGauges& g, std::string* out) {
          "counter",
          "The backend's host time in decode-shaped calls, by phase: before the GPU can start "
          "(checks, planning, upload), launch, wait (blocked on the GPU), after.");
-  labelled_seconds(out,
-                   "dsinfer_backend_host_seconds_total",
-                   "phase",
-                   std::array<const char*, 4>{"before", "launch", "wait", "after"},
-                   g.backend_host_s);
+  // (The partition only, not before's parts: the phases sum to the calls' host time.)
+  using Timing = backend::Model::DeviceTiming;
+  std::array<const char*, Timing::kHostPhases> names{};
+  std::copy_n(Timing::kHostPhaseNames.begin(), names.size(), names.begin());
+  labelled_seconds(out, "dsinfer_backend_host_seconds_total", "phase", names, g.backend_host_s);
 }
 
 void render_prefix_cache(const EngineGauges& g, std::string* out) {

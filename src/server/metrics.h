@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/model.h"
 #include "kvstore/store.h"
 
 namespace dsinfer::server {
@@ -80,7 +81,7 @@ struct EngineGauges {
   bool device_timing = false;
   double device_busy_s = 0;
   double device_idle_s = 0;
-  std::array<double, 4> backend_host_s{};
+  std::array<double, backend::Model::DeviceTiming::kHostPhases> backend_host_s{};
 };
 
 class Metrics {
