@@ -11,6 +11,7 @@
 #include <functional>
 #include <set>
 #include <string_view>
+#include <thread>
 
 #include "backend/cuda/launch_helpers.h"
 #include "backend/cuda/select_device.h"
@@ -103,6 +104,13 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
     m->options_.draft_slot_by_steps = std::strcmp(v, "exact") != 0;
   if (const char* v = std::getenv("DSINFER_DEFER_DRAFTS"); v != nullptr && *v != '\0')
     m->options_.defer_drafts = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("DSINFER_PLAN_THREADS"); v != nullptr && *v != '\0')
+    m->options_.plan_threads = std::atoi(v);
+  int plan_threads = m->options_.plan_threads;
+  if (plan_threads <= 0)
+    plan_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+  if (plan_threads > 1)
+    m->plan_pool_ = std::make_unique<ThreadPool>(plan_threads);
   int64_t expert_first = 0;
   int64_t expert_count = -1;
   if (options.comm != nullptr) {
@@ -669,6 +677,7 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   ctx.page_floats = arena->page_floats();
   ctx.fixed_shape = decode;
   ctx.kv_width = kv_width();
+  ctx.pool = plan_pool_.get();
   plan_pass(ctx, spans, tokens, rows, L->pack, &L->main);
 
   // Head rows: per item the last row or all rows (fixed shape: every row).
@@ -1052,7 +1061,7 @@ Status CudaModel::upload_pack(const HostPack& pack, uint8_t** dev) {
   // returns before it runs): wait for it before writing pinned_ again.
   if (staging_free_)
     DSI_RETURN_IF_ERROR(device::check_cuda(cudaEventSynchronize(staging_free_), "pinned staging"));
-  pack.copy_to(pinned_.as<uint8_t>());
+  pack.copy_to(pinned_.as<uint8_t>(), plan_pool_.get());
   *dev = static_cast<uint8_t*>(pack_dev_);
   DSI_RETURN_IF_ERROR(device::check_cuda(cudaMemcpyAsync(pack_dev_,
                                                          pinned_.get(),

@@ -29,6 +29,7 @@
 #include "backend/cuda/workspace.h"
 #include "backend/deferred_drafts.h"
 #include "backend/model.h"
+#include "base/thread_pool.h"
 #include "comm/comm.h"
 #include "device/allocator.h"
 #include "device/stream.h"
@@ -59,6 +60,10 @@ struct CudaModelOptions {
   // main chain; the same bits either way.
   // DSINFER_SIDE_STREAMS=0 in the environment turns them off.
   bool side_streams = true;
+  // Threads that plan a large pass's layers side by side (forward_plan.h, PlanContext::pool;
+  // the same plan as one thread's): 0 picks half the hardware threads, at most 8; 1 plans on the
+  // calling thread alone. DSINFER_PLAN_THREADS in the environment overrides it.
+  int plan_threads = 0;
   // Every linear on the kernels whose summation order is the same at every batch size, so a
   // token's logits do not depend on what else is in the batch (no wgmma GEMMs: slower prefill).
   bool batch_invariant = false;
@@ -376,6 +381,7 @@ class CudaModel final : public backend::Model {
   std::optional<parallel::ExpertPartition> partition_;  // set with options_.comm
   device::Stream stream_;
   SideStreams sides_;
+  std::unique_ptr<ThreadPool> plan_pool_;  // null: plans on the calling thread
   std::unique_ptr<Workspace> ws_;
   // The device mirror of each arena this model has seen: pool_/arena_ are the current one.
   std::map<const state::PageArena*, StatePool> pools_;

@@ -58,6 +58,41 @@ Scratch& scratch() {
   return s;
 }
 
+// A layer's arrays in the pack: the slots HostPack::add_slots set aside for it, filled in order
+// (layer_arrays of them), so that layers can be planned on several threads at once and still
+// give the pack, and so the layout, that planning them one after another gives.
+struct Slots {
+  HostPack* pack = nullptr;
+  int32_t next = 0;
+  int32_t end = 0;
+  template <typename T>
+  int32_t add(const std::vector<T>& v) {
+    DSI_CHECK(next < end, "a layer plans more pack arrays than layer_arrays counts");
+    pack->put(next, v);
+    return next++;
+  }
+  template <typename T>
+  int32_t reserve_device(int64_t count) {
+    DSI_CHECK(next < end, "a layer plans more pack arrays than layer_arrays counts");
+    pack->put_device<T>(next, count);
+    return next++;
+  }
+};
+
+// The pack arrays plan_layer adds for a layer: each compressor's five, then the attention's
+// key_begin, key_refs, ring_pages, ring_page_begin and ring_dest, HCA's two entry page lists and
+// CSA's six indexer arrays.
+int32_t layer_arrays(const model::LayerPlan& plan) {
+  const bool csa = plan.attention == AttentionType::kCsa;
+  const bool hca = plan.attention == AttentionType::kHca;
+  return (csa ? 10 : hca ? 5 : 0) + 5 + (hca ? 2 : 0) + (csa ? 6 : 0);
+}
+
+// Passes of at least this many rows plan their layers on the context's pool (PlanContext::pool):
+// a 256-sequence decode step of the bundled model spent 0.16 ms planning on the device host,
+// 10% of the step's GPU time (docs/performance.md, thirty-fourth session).
+constexpr int64_t kParallelRows = 32;
+
 // The compressor of one layer over every span: candidate references of the entries that close
 // in this pass (rows before the pass from the ring, rows of the pass from the local buffer),
 // then the metadata appends. `index` selects the indexer compressor.
@@ -67,7 +102,7 @@ CompressorPlan plan_compressor(const PlanContext& ctx,
                                const model::LayerPlan& plan,
                                bool index,
                                int64_t rows,
-                               HostPack& pack) {
+                               Slots& pack) {
   const auto& c = *ctx.config;
   const bool overlap = plan.attention == AttentionType::kCsa;
   const int64_t m = plan.compress_ratio;
@@ -138,6 +173,169 @@ CompressorPlan plan_compressor(const PlanContext& ctx,
   return cp;
 }
 
+// One layer of plan_pass: its compressors, then its attention's key counts and page tables.
+void plan_layer(const PlanContext& ctx,
+                const std::vector<SeqSpan>& spans,
+                size_t l,
+                const model::LayerPlan& plan,
+                int64_t rows,
+                int64_t seq_pad,
+                Slots& pack,
+                LayerPass* out) {
+  const auto& c = *ctx.config;
+  const int64_t window = c.sliding_window;
+  LayerPass& lp = *out;
+  const bool csa = plan.attention == AttentionType::kCsa;
+  const bool hca = plan.attention == AttentionType::kHca;
+  // Compressors first: their entries are written before attention reads them.
+  if (csa || hca)
+    lp.comp = plan_compressor(ctx, spans, l, plan, false, rows, pack);
+  if (csa)
+    lp.index_comp = plan_compressor(ctx, spans, l, plan, true, rows, pack);
+
+  // Key counts only: the lists themselves are expanded on the device (launch_expand_keys).
+  auto& [key_begin,
+         ring_dest,
+         select_begin,
+         index_page_begin,
+         entry_page_begin,
+         visible,
+         index_pages,
+         entry_pages,
+         ring_pages,
+         ring_page_begin,
+         hca_pages,
+         hca_page_begin] = scratch().layer;
+  key_begin.assign(static_cast<size_t>(rows + 1), 0);
+  ring_dest.assign(static_cast<size_t>(rows), kNone);
+  select_begin.assign(static_cast<size_t>(rows), 0);
+  index_pages.clear();
+  entry_pages.clear();
+  ring_pages.clear();
+  ring_page_begin.clear();
+  hca_pages.clear();
+  hca_page_begin.clear();
+  index_page_begin.assign(static_cast<size_t>(rows), 0);
+  entry_page_begin.assign(static_cast<size_t>(rows), 0);
+  visible.assign(static_cast<size_t>(rows), 0);
+  int64_t max_visible = 0;
+  int64_t max_hca = 0;    // HCA entries of a row
+  int64_t max_pages = 1;  // entry (and index key) pages of a sequence
+  int64_t next_row = 0;
+  int64_t nkeys = 0;
+  auto close_rows_until = [&](int64_t r) {  // padding rows: no keys (CSA: unused slots)
+    for (; next_row < r; ++next_row) {
+      if (csa) {
+        select_begin[static_cast<size_t>(next_row)] = nkeys;
+        nkeys += c.index_topk;
+      }
+      key_begin[static_cast<size_t>(next_row + 1)] = nkeys;
+    }
+  };
+  for (const SeqSpan& s : spans) {
+    close_rows_until(s.begin);
+    state::LayerState& ls = layer_state(s, l);
+    if (lp.ring_capacity == 0) {
+      lp.ring_capacity = ls.ring_capacity;
+      lp.ring_rows_per_page = ls.ring.rows_per_page();
+      lp.entry_rows_per_page = ls.entries.rows_per_page();
+    }
+    DSI_CHECK(lp.ring_capacity == ls.ring_capacity &&
+                  lp.ring_rows_per_page == ls.ring.rows_per_page() &&
+                  lp.entry_rows_per_page == ls.entries.rows_per_page(),
+              "sequences of one pass disagree on a layer's ring or entry layout");
+    DSI_CHECK(ls.ring.width() == (ctx.kv_width > 0 ? ctx.kv_width : c.head_dim),
+              "sequence %lld's K=V rows are %lld floats wide, the pass plans %lld",
+              static_cast<long long>(s.st->id()),
+              static_cast<long long>(ls.ring.width()),
+              static_cast<long long>(ctx.kv_width > 0 ? ctx.kv_width : c.head_dim));
+    ring_page_begin.push_back(static_cast<int32_t>(ring_pages.size()));
+    ring_pages.insert(ring_pages.end(), ls.ring.pages().begin(), ls.ring.pages().end());
+    if (hca) {
+      hca_page_begin.push_back(static_cast<int32_t>(hca_pages.size()));
+      hca_pages.insert(hca_pages.end(), ls.entries.pages().begin(), ls.entries.pages().end());
+    }
+    max_pages = std::max<int64_t>({max_pages,
+                                   static_cast<int64_t>(ls.entries.pages().size()),
+                                   static_cast<int64_t>(ls.index_keys.pages().size())});
+    const int64_t ipb = static_cast<int64_t>(index_pages.size());
+    const int64_t epb = static_cast<int64_t>(entry_pages.size());
+    if (csa) {
+      index_pages.insert(
+          index_pages.end(), ls.index_keys.pages().begin(), ls.index_keys.pages().end());
+      entry_pages.insert(entry_pages.end(), ls.entries.pages().begin(), ls.entries.pages().end());
+    }
+    for (int64_t t = 0; t < s.n; ++t) {
+      const int64_t p0 = s.first + t;
+      const int64_t r = s.begin + t;
+      nkeys += std::min<int64_t>(p0 + 1, window);
+      if (hca) {
+        nkeys += (p0 + 1) / plan.compress_ratio;
+        max_hca = std::max(max_hca, (p0 + 1) / plan.compress_ratio);
+      } else if (csa) {
+        const int64_t vis = (p0 + 1) / plan.compress_ratio;
+        visible[static_cast<size_t>(r)] = vis;
+        max_visible = std::max(max_visible, vis);
+        index_page_begin[static_cast<size_t>(r)] = ipb;
+        entry_page_begin[static_cast<size_t>(r)] = epb;
+        select_begin[static_cast<size_t>(r)] = nkeys;
+        nkeys += c.index_topk;
+      }
+      key_begin[static_cast<size_t>(r + 1)] = nkeys;
+      if (t >= s.n - ls.ring_capacity)
+        ring_dest[static_cast<size_t>(r)] = ls.ring.pool_offset(p0 % ls.ring_capacity);
+    }
+    next_row = s.begin + s.n;
+  }
+  close_rows_until(rows);
+  lp.key_begin = pack.add(key_begin);
+  int64_t key_room = nkeys;
+  if (ctx.fixed_shape) {  // every row: the whole window, the HCA entries' bucket, the top-k
+    const int64_t per_row = window + (hca ? bucket(max_hca) : 0) + (csa ? c.index_topk : 0);
+    DSI_CHECK(nkeys <= rows * per_row, "fixed-shape key bound");
+    key_room = rows * per_row;
+    const int64_t page_room = seq_pad * pow2_at_least(max_pages);
+    const int64_t ring_room =
+        seq_pad * static_cast<int64_t>(ring_pages.size() / std::max<size_t>(spans.size(), 1));
+    pad_to(ring_pages, ring_room);
+    pad_to(ring_page_begin, seq_pad);
+    pad_to(hca_pages, hca ? page_room : 0);
+    pad_to(hca_page_begin, hca ? seq_pad : 0);
+    pad_to(index_pages, csa ? page_room : 0);
+    pad_to(entry_pages, csa ? page_room : 0);
+  }
+  lp.key_refs = pack.reserve_device<int64_t>(std::max<int64_t>(key_room, 1));
+  if (ring_pages.empty())
+    ring_pages.push_back(0);
+  if (ring_page_begin.empty())
+    ring_page_begin.push_back(0);
+  lp.ring_pages = pack.add(ring_pages);
+  lp.ring_page_begin = pack.add(ring_page_begin);
+  if (hca) {
+    if (hca_pages.empty())
+      hca_pages.push_back(0);
+    if (hca_page_begin.empty())
+      hca_page_begin.push_back(0);
+    lp.hca_pages = pack.add(hca_pages);
+    lp.hca_page_begin = pack.add(hca_page_begin);
+    lp.hca_ratio = plan.compress_ratio;
+  }
+  lp.ring_dest = pack.add(ring_dest);
+  if (csa) {
+    if (index_pages.empty())
+      index_pages.push_back(0);
+    if (entry_pages.empty())
+      entry_pages.push_back(0);
+    lp.index_pages = pack.add(index_pages);
+    lp.index_page_begin = pack.add(index_page_begin);
+    lp.visible = pack.add(visible);
+    lp.entry_pages = pack.add(entry_pages);
+    lp.entry_page_begin = pack.add(entry_page_begin);
+    lp.select_begin = pack.add(select_begin);
+    lp.visible_room = ctx.fixed_shape ? bucket(max_visible) : max_visible;
+  }
+}
+
 }  // namespace
 
 void append_geometry_key(const PassPlan& plan, std::vector<int64_t>* key) {
@@ -158,7 +356,6 @@ void plan_pass(const PlanContext& ctx,
                HostPack& pack,
                PassPlan* out) {
   const auto& c = *ctx.config;
-  const int64_t window = c.sliding_window;
   out->rows = rows;
   auto& [tok, row_span, pos, span_pos] = scratch().rows;
   tok.assign(static_cast<size_t>(rows), 0);
@@ -199,158 +396,20 @@ void plan_pass(const PlanContext& ctx,
   const std::vector<model::LayerPlan>& plans = mtp ? c.mtp_layers : c.layers;
   const size_t n_layers = mtp ? 1 : plans.size();
   out->layers.assign(n_layers, LayerPass());
-  for (size_t l = 0; l < n_layers; ++l) {
-    const model::LayerPlan& plan = plans[l];
-    LayerPass& lp = out->layers[l];
-    const bool csa = plan.attention == AttentionType::kCsa;
-    const bool hca = plan.attention == AttentionType::kHca;
-    // Compressors first: their entries are written before attention reads them.
-    if (csa || hca)
-      lp.comp = plan_compressor(ctx, spans, l, plan, false, rows, pack);
-    if (csa)
-      lp.index_comp = plan_compressor(ctx, spans, l, plan, true, rows, pack);
-
-    // Key counts only: the lists themselves are expanded on the device (launch_expand_keys).
-    auto& [key_begin,
-           ring_dest,
-           select_begin,
-           index_page_begin,
-           entry_page_begin,
-           visible,
-           index_pages,
-           entry_pages,
-           ring_pages,
-           ring_page_begin,
-           hca_pages,
-           hca_page_begin] = scratch().layer;
-    key_begin.assign(static_cast<size_t>(rows + 1), 0);
-    ring_dest.assign(static_cast<size_t>(rows), kNone);
-    select_begin.assign(static_cast<size_t>(rows), 0);
-    index_pages.clear();
-    entry_pages.clear();
-    ring_pages.clear();
-    ring_page_begin.clear();
-    hca_pages.clear();
-    hca_page_begin.clear();
-    index_page_begin.assign(static_cast<size_t>(rows), 0);
-    entry_page_begin.assign(static_cast<size_t>(rows), 0);
-    visible.assign(static_cast<size_t>(rows), 0);
-    int64_t max_visible = 0;
-    int64_t max_hca = 0;    // HCA entries of a row
-    int64_t max_pages = 1;  // entry (and index key) pages of a sequence
-    int64_t next_row = 0;
-    int64_t nkeys = 0;
-    auto close_rows_until = [&](int64_t r) {  // padding rows: no keys (CSA: unused slots)
-      for (; next_row < r; ++next_row) {
-        if (csa) {
-          select_begin[static_cast<size_t>(next_row)] = nkeys;
-          nkeys += c.index_topk;
-        }
-        key_begin[static_cast<size_t>(next_row + 1)] = nkeys;
-      }
-    };
-    for (const SeqSpan& s : spans) {
-      close_rows_until(s.begin);
-      state::LayerState& ls = layer_state(s, l);
-      if (lp.ring_capacity == 0) {
-        lp.ring_capacity = ls.ring_capacity;
-        lp.ring_rows_per_page = ls.ring.rows_per_page();
-        lp.entry_rows_per_page = ls.entries.rows_per_page();
-      }
-      DSI_CHECK(lp.ring_capacity == ls.ring_capacity &&
-                    lp.ring_rows_per_page == ls.ring.rows_per_page() &&
-                    lp.entry_rows_per_page == ls.entries.rows_per_page(),
-                "sequences of one pass disagree on a layer's ring or entry layout");
-      DSI_CHECK(ls.ring.width() == (ctx.kv_width > 0 ? ctx.kv_width : c.head_dim),
-                "sequence %lld's K=V rows are %lld floats wide, the pass plans %lld",
-                static_cast<long long>(s.st->id()),
-                static_cast<long long>(ls.ring.width()),
-                static_cast<long long>(ctx.kv_width > 0 ? ctx.kv_width : c.head_dim));
-      ring_page_begin.push_back(static_cast<int32_t>(ring_pages.size()));
-      ring_pages.insert(ring_pages.end(), ls.ring.pages().begin(), ls.ring.pages().end());
-      if (hca) {
-        hca_page_begin.push_back(static_cast<int32_t>(hca_pages.size()));
-        hca_pages.insert(hca_pages.end(), ls.entries.pages().begin(), ls.entries.pages().end());
-      }
-      max_pages = std::max<int64_t>({max_pages,
-                                     static_cast<int64_t>(ls.entries.pages().size()),
-                                     static_cast<int64_t>(ls.index_keys.pages().size())});
-      const int64_t ipb = static_cast<int64_t>(index_pages.size());
-      const int64_t epb = static_cast<int64_t>(entry_pages.size());
-      if (csa) {
-        index_pages.insert(
-            index_pages.end(), ls.index_keys.pages().begin(), ls.index_keys.pages().end());
-        entry_pages.insert(entry_pages.end(), ls.entries.pages().begin(), ls.entries.pages().end());
-      }
-      for (int64_t t = 0; t < s.n; ++t) {
-        const int64_t p0 = s.first + t;
-        const int64_t r = s.begin + t;
-        nkeys += std::min<int64_t>(p0 + 1, window);
-        if (hca) {
-          nkeys += (p0 + 1) / plan.compress_ratio;
-          max_hca = std::max(max_hca, (p0 + 1) / plan.compress_ratio);
-        } else if (csa) {
-          const int64_t vis = (p0 + 1) / plan.compress_ratio;
-          visible[static_cast<size_t>(r)] = vis;
-          max_visible = std::max(max_visible, vis);
-          index_page_begin[static_cast<size_t>(r)] = ipb;
-          entry_page_begin[static_cast<size_t>(r)] = epb;
-          select_begin[static_cast<size_t>(r)] = nkeys;
-          nkeys += c.index_topk;
-        }
-        key_begin[static_cast<size_t>(r + 1)] = nkeys;
-        if (t >= s.n - ls.ring_capacity)
-          ring_dest[static_cast<size_t>(r)] = ls.ring.pool_offset(p0 % ls.ring_capacity);
-      }
-      next_row = s.begin + s.n;
-    }
-    close_rows_until(rows);
-    lp.key_begin = pack.add(key_begin);
-    int64_t key_room = nkeys;
-    if (ctx.fixed_shape) {  // every row: the whole window, the HCA entries' bucket, the top-k
-      const int64_t per_row = window + (hca ? bucket(max_hca) : 0) + (csa ? c.index_topk : 0);
-      DSI_CHECK(nkeys <= rows * per_row, "fixed-shape key bound");
-      key_room = rows * per_row;
-      const int64_t page_room = seq_pad * pow2_at_least(max_pages);
-      const int64_t ring_room =
-          seq_pad * static_cast<int64_t>(ring_pages.size() / std::max<size_t>(spans.size(), 1));
-      pad_to(ring_pages, ring_room);
-      pad_to(ring_page_begin, seq_pad);
-      pad_to(hca_pages, hca ? page_room : 0);
-      pad_to(hca_page_begin, hca ? seq_pad : 0);
-      pad_to(index_pages, csa ? page_room : 0);
-      pad_to(entry_pages, csa ? page_room : 0);
-    }
-    lp.key_refs = pack.reserve_device<int64_t>(std::max<int64_t>(key_room, 1));
-    if (ring_pages.empty())
-      ring_pages.push_back(0);
-    if (ring_page_begin.empty())
-      ring_page_begin.push_back(0);
-    lp.ring_pages = pack.add(ring_pages);
-    lp.ring_page_begin = pack.add(ring_page_begin);
-    if (hca) {
-      if (hca_pages.empty())
-        hca_pages.push_back(0);
-      if (hca_page_begin.empty())
-        hca_page_begin.push_back(0);
-      lp.hca_pages = pack.add(hca_pages);
-      lp.hca_page_begin = pack.add(hca_page_begin);
-      lp.hca_ratio = plan.compress_ratio;
-    }
-    lp.ring_dest = pack.add(ring_dest);
-    if (csa) {
-      if (index_pages.empty())
-        index_pages.push_back(0);
-      if (entry_pages.empty())
-        entry_pages.push_back(0);
-      lp.index_pages = pack.add(index_pages);
-      lp.index_page_begin = pack.add(index_page_begin);
-      lp.visible = pack.add(visible);
-      lp.entry_pages = pack.add(entry_pages);
-      lp.entry_page_begin = pack.add(entry_page_begin);
-      lp.select_begin = pack.add(select_begin);
-      lp.visible_room = ctx.fixed_shape ? bucket(max_visible) : max_visible;
-    }
+  std::vector<int32_t> first(n_layers);
+  for (size_t l = 0; l < n_layers; ++l) first[l] = pack.add_slots(layer_arrays(plans[l]));
+  auto one = [&](int64_t layer) {
+    const size_t l = static_cast<size_t>(layer);
+    Slots slots{&pack, first[l], first[l] + layer_arrays(plans[l])};
+    plan_layer(ctx, spans, l, plans[l], rows, seq_pad, slots, &out->layers[l]);
+    DSI_CHECK(slots.next == slots.end, "layer %zu planned fewer pack arrays than counted", l);
+  };
+  // Each layer's planning reads and advances that layer's state only (its LayerState of every
+  // sequence), and each thread keeps its own scratch arrays.
+  if (ctx.pool != nullptr && n_layers > 1 && rows >= kParallelRows) {
+    ctx.pool->run(static_cast<int64_t>(n_layers), one);
+  } else {
+    for (size_t l = 0; l < n_layers; ++l) one(static_cast<int64_t>(l));
   }
 }
 

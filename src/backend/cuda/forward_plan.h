@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/host_pack.h"
+#include "base/thread_pool.h"
 #include "model/config.h"
 #include "state/sequence_state.h"
 
@@ -94,6 +95,9 @@ struct PlanContext {
   // Row width (floats) of the sequences' K=V rows: state::kv_row_floats of the backend's row
   // format (0: the config's head_dim, fp32 rows).
   int64_t kv_width = 0;
+  // Where a large pass plans its layers side by side (null: one after another). The plan is the
+  // same either way.
+  ThreadPool* pool = nullptr;
 };
 
 // Appends to a graph key what a pass's launches take by value rather than from the plan's

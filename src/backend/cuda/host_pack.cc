@@ -36,11 +36,18 @@ std::vector<int64_t> HostPack::layout_key() const {
   return k;
 }
 
-void HostPack::copy_to(uint8_t* dst) const {
-  for (size_t i = 0; i < used_; ++i) {
-    const Array& a = arrays_[i];
+void HostPack::copy_to(uint8_t* dst, ThreadPool* pool) const {
+  auto one = [&](int64_t i) {
+    const Array& a = arrays_[static_cast<size_t>(i)];
     if (!a.bytes.empty())
       std::memcpy(dst + a.offset, a.bytes.data(), a.bytes.size());
+  };
+  // (A 256-sequence decode step of the bundled model packs 0.4 MB in ~100 arrays.)
+  constexpr int64_t kParallelBytes = 256 << 10;
+  if (pool != nullptr && host_total_ >= kParallelBytes) {
+    pool->run(static_cast<int64_t>(used_), one);
+  } else {
+    for (size_t i = 0; i < used_; ++i) one(static_cast<int64_t>(i));
   }
 }
 

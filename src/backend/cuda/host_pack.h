@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/thread_pool.h"
 
 namespace dsinfer::gpu {
 
@@ -24,28 +25,39 @@ class HostPack {
   }
   template <typename T>
   int32_t add(const std::vector<T>& v) {
-    if (used_ == arrays_.size())
-      arrays_.emplace_back();
-    Array& a = arrays_[used_];
-    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
-    a.bytes.assign(p, p + v.size() * sizeof(T));  // one pass, into the kept capacity
-    a.device_bytes = -1;
-    a.room = 0;
-    a.offset = 0;
-    return static_cast<int32_t>(used_++);
+    const int32_t id = add_slots(1);
+    put(id, v);
+    return id;
   }
   // An array of `count` T that only the device writes (e.g. key lists expanded by a kernel): it
   // takes room in the device layout, after every host array, and is never copied.
   template <typename T>
   int32_t reserve_device(int64_t count) {
-    if (used_ == arrays_.size())
-      arrays_.emplace_back();
-    Array& a = arrays_[used_];
+    const int32_t id = add_slots(1);
+    put_device<T>(id, count);
+    return id;
+  }
+  // `n` arrays in a row, filled later by put / put_device (each exactly once): the ids first ..
+  // first + n - 1. Filling distinct slots from several threads at once is safe; adding is not.
+  int32_t add_slots(int32_t n) {
+    const size_t first = used_;
+    used_ += static_cast<size_t>(n);
+    if (arrays_.size() < used_)
+      arrays_.resize(used_);
+    return static_cast<int32_t>(first);
+  }
+  template <typename T>
+  void put(int32_t id, const std::vector<T>& v) {
+    Array& a = slot(id);
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    a.bytes.assign(p, p + v.size() * sizeof(T));  // one pass, into the kept capacity
+    a.device_bytes = -1;
+  }
+  template <typename T>
+  void put_device(int32_t id, int64_t count) {
+    Array& a = slot(id);
     a.bytes.clear();
     a.device_bytes = count * static_cast<int64_t>(sizeof(T));
-    a.room = 0;
-    a.offset = 0;
-    return static_cast<int32_t>(used_++);
   }
   // The host copy of an array (tests, diagnostics).
   template <typename T>
@@ -70,7 +82,9 @@ class HostPack {
   }
   // The room of every array (the layout): equal vectors mean equal layouts.
   std::vector<int64_t> layout_key() const;
-  void copy_to(uint8_t* dst) const;
+  // Writes the host arrays at their offsets. With a pool, a large pack's arrays are copied by
+  // its threads side by side.
+  void copy_to(uint8_t* dst, ThreadPool* pool = nullptr) const;
   template <typename T>
   T* resolve(uint8_t* base, int32_t id) const {
     DSI_CHECK(id >= 0 && id < static_cast<int32_t>(used_), "pack array %d", id);
@@ -84,6 +98,13 @@ class HostPack {
     int64_t room = 0;
     int64_t offset = 0;
   };
+  Array& slot(int32_t id) {
+    DSI_CHECK(id >= 0 && static_cast<size_t>(id) < used_, "pack array %d", id);
+    Array& a = arrays_[static_cast<size_t>(id)];
+    a.room = 0;
+    a.offset = 0;
+    return a;
+  }
   std::vector<Array> arrays_;  // [0, used_) are this pack's arrays; the rest keep storage
   size_t used_ = 0;
   int64_t total_ = 0;

@@ -20,7 +20,6 @@
 #include <new>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -258,32 +257,6 @@ TEST(FastGemm, ThreadedEqualsSingleThreaded) {
   cpu::fast::gemm(view, x.data(), cols, n, a.data(), rows, nullptr);
   cpu::fast::gemm(view, x.data(), cols, n, b.data(), rows, &pool);
   EXPECT_EQ(a, b);
-}
-
-// Many short runs back to back (workers often still asleep or still leaving the previous run):
-// every task of every run runs exactly once, and runs from two threads take turns.
-TEST(FastThreadPool, EveryTaskOnceAcrossManyRuns) {
-  cpu::fast::ThreadPool pool(4);
-  std::vector<std::atomic<int>> hits(64);
-  auto many = [&](int runs) {
-    for (int r = 0; r < runs; ++r) {
-      const int64_t tasks = 1 + r % 64;
-      pool.run(tasks, [&](int64_t t) { hits[static_cast<size_t>(t)].fetch_add(1); });
-    }
-  };
-  std::thread other([&] { many(2000); });
-  many(2000);
-  other.join();
-  int64_t expected_total = 0;
-  for (int r = 0; r < 2000; ++r) expected_total += 2 * (1 + r % 64);
-  int64_t total = 0;
-  for (size_t t = 0; t < hits.size(); ++t) {
-    int64_t want = 0;
-    for (int r = 0; r < 2000; ++r) want += (static_cast<int64_t>(t) < 1 + r % 64) ? 2 : 0;
-    EXPECT_EQ(hits[t].load(), want) << "task " << t;
-    total += hits[t].load();
-  }
-  EXPECT_EQ(total, expected_total);
 }
 
 std::string bundled_model() {

@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -278,8 +279,12 @@ namespace {
 // step the GPU waits for unless the step loop overlaps it. For the record, and a loose bound.
 // Times the planning of graph-replayed decode steps of `batch` sequences at `ctx_len` tokens of
 // context (best of `reps` successive steps after the first), as run_batch plans them.
-void time_decode_plans(
-    const model::ModelConfig& c, int64_t ctx_len, int64_t batch, int reps, const char* what) {
+void time_decode_plans(const model::ModelConfig& c,
+                       int64_t ctx_len,
+                       int64_t batch,
+                       int reps,
+                       const char* what,
+                       ThreadPool* pool = nullptr) {
   auto arena =
       state::PageArena::growable(state::default_page_bytes(c), state::PageArena::Storage::kNone);
   HostPack pack;
@@ -300,6 +305,7 @@ void time_decode_plans(
   }
   const std::vector<int32_t> toks = ids(static_cast<int>(batch), 5);
   pc.fixed_shape = true;  // a graph-replayed decode step
+  pc.pool = pool;
   std::vector<uint8_t> staging;
   double best_ms = 1e30;
   for (int rep = 0; rep <= reps; ++rep) {  // successive steps; the first sizes the pack
@@ -313,18 +319,19 @@ void time_decode_plans(
     plan_pass(pc, spans, toks, batch, pack, &plan);
     pack.layout(true);
     staging.resize(static_cast<size_t>(pack.host_bytes()));
-    pack.copy_to(staging.data());
+    pack.copy_to(staging.data(), pool);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (rep > 0)
       best_ms = std::min(best_ms, ms);
     for (auto& st : seqs) st->advance(1);  // as run_batch does after the launches
   }
-  std::printf("[plan] decode step, %s: %.2f MB packed, %.3f ms (best of %d)\n",
+  std::printf("[plan] decode step, %s: %.2f MB packed, %.3f ms (best of %d, %d threads)\n",
               what,
               static_cast<double>(pack.host_bytes()) / 1e6,
               best_ms,
-              reps);
+              reps,
+              pool != nullptr ? pool->threads() : 1);
   EXPECT_LT(best_ms, 200.0);  // loose: a shared CI core; the device run reports the real gap
 }
 
@@ -341,6 +348,141 @@ TEST(ForwardPlan, PlansADecodeStepOf256BundledSequences) {
       model::load_model_config(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini/config.json");
   ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
   time_decode_plans(*cfg, 512, 256, 50, "256 sequences at 512 tokens, the bundled model");
+  // Its layers side by side, as the CUDA backend plans large passes.
+  ThreadPool pool(
+      static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency()))));
+  time_decode_plans(*cfg, 512, 256, 50, "256 sequences at 512 tokens, the bundled model", &pool);
+}
+
+// Layers planned side by side on a pool (PlanContext::pool, passes of many rows) give the plan
+// that planning them one after another gives: the same pack, byte for byte and in the same
+// layout, the same array ids, and the same metadata left in every sequence. Prefill chunks,
+// decode steps and verification-shaped steps, packed and fixed-shape, over sequences of
+// different lengths.
+TEST(ForwardPlan, LayersPlannedOnAPoolGiveTheSamePlan) {
+  auto cfg =
+      model::load_model_config(std::string(DSI_SOURCE_DIR) + "/models/dsv4-mini/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  const model::ModelConfig& c = *cfg;
+  ThreadPool pool(4);
+  struct World {
+    std::unique_ptr<state::PageArena> arena;
+    std::vector<std::unique_ptr<state::SequenceState>> seqs;
+    HostPack pack;
+    PassPlan plan;
+  };
+  World w[2];  // [0]: one layer after another, [1]: on the pool
+  const int64_t batch = 48;
+  std::mt19937 g(11);
+  std::vector<int64_t> lens;
+  for (int64_t i = 0; i < batch; ++i) lens.push_back(1 + static_cast<int64_t>(g() % 400));
+  auto compare = [&](const char* what) {
+    SCOPED_TRACE(what);
+    ASSERT_EQ(w[0].pack.layout_key(), w[1].pack.layout_key());
+    ASSERT_EQ(w[0].pack.host_bytes(), w[1].pack.host_bytes());
+    std::vector<uint8_t> a(static_cast<size_t>(w[0].pack.host_bytes()));
+    std::vector<uint8_t> b(a.size());
+    w[0].pack.copy_to(a.data());
+    w[1].pack.copy_to(b.data());
+    ASSERT_TRUE(a == b);
+    std::vector<int64_t> ka, kb;
+    append_geometry_key(w[0].plan, &ka);
+    append_geometry_key(w[1].plan, &kb);
+    ASSERT_EQ(ka, kb);
+    ASSERT_EQ(w[0].plan.layers.size(), w[1].plan.layers.size());
+    for (size_t l = 0; l < w[0].plan.layers.size(); ++l) {
+      const LayerPass& x = w[0].plan.layers[l];
+      const LayerPass& y = w[1].plan.layers[l];
+      const std::vector<int64_t> xs = {x.key_begin,
+                                       x.key_refs,
+                                       x.ring_pages,
+                                       x.ring_dest,
+                                       x.hca_pages,
+                                       x.index_pages,
+                                       x.visible,
+                                       x.select_begin,
+                                       x.comp.n_entries,
+                                       x.comp.token_refs,
+                                       x.comp.out_offset,
+                                       x.index_comp.block,
+                                       x.index_comp.ring_dest};
+      const std::vector<int64_t> ys = {y.key_begin,
+                                       y.key_refs,
+                                       y.ring_pages,
+                                       y.ring_dest,
+                                       y.hca_pages,
+                                       y.index_pages,
+                                       y.visible,
+                                       y.select_begin,
+                                       y.comp.n_entries,
+                                       y.comp.token_refs,
+                                       y.comp.out_offset,
+                                       y.index_comp.block,
+                                       y.index_comp.ring_dest};
+      ASSERT_EQ(xs, ys) << "layer " << l;
+    }
+    for (size_t i = 0; i < w[0].seqs.size(); ++i) {
+      for (size_t l = 0; l < c.layers.size(); ++l) {
+        const state::LayerState& x = w[0].seqs[i]->layers()[l];
+        const state::LayerState& y = w[1].seqs[i]->layers()[l];
+        ASSERT_EQ(x.num_entries, y.num_entries) << "sequence " << i << " layer " << l;
+        ASSERT_EQ(x.comp_rows.end_pos(), y.comp_rows.end_pos());
+        ASSERT_EQ(x.index_rows.end_pos(), y.index_rows.end_pos());
+      }
+    }
+  };
+  for (int k = 0; k < 2; ++k) {
+    w[k].arena =
+        state::PageArena::growable(state::default_page_bytes(c), state::PageArena::Storage::kNone);
+  }
+  // Prefills, one sequence each (the longer ones past kParallelRows).
+  for (int64_t i = 0; i < batch; ++i) {
+    const std::vector<int32_t> prompt = ids(static_cast<int>(lens[i]), 7);
+    for (int k = 0; k < 2; ++k) {
+      PlanContext pc;
+      pc.config = &c;
+      pc.page_floats = w[k].arena->page_floats();
+      pc.pool = k == 1 ? &pool : nullptr;
+      w[k].seqs.push_back(std::make_unique<state::SequenceState>(c, w[k].arena.get(), i, 4));
+      ASSERT_TRUE(w[k].seqs.back()->reserve(lens[i]));
+      w[k].pack.clear();
+      plan_pass(pc,
+                {SeqSpan{w[k].seqs.back().get(), 0, lens[i], 0, false}},
+                prompt,
+                lens[i],
+                w[k].pack,
+                &w[k].plan);
+      w[k].pack.layout(false);
+      w[k].seqs.back()->advance(lens[i]);
+    }
+    compare("prefill");
+  }
+  // Decode and verification-shaped steps of every sequence.
+  for (int step = 0; step < 24; ++step) {
+    const int64_t L = step % 3 == 2 ? 3 : 1;
+    const bool fixed = step % 2 == 0;
+    const int64_t rows = fixed ? pow2_at_least(batch) * L : batch * L;
+    const std::vector<int32_t> toks = ids(static_cast<int>(rows), 100 + step);
+    for (int k = 0; k < 2; ++k) {
+      PlanContext pc;
+      pc.config = &c;
+      pc.page_floats = w[k].arena->page_floats();
+      pc.fixed_shape = fixed;
+      pc.slot_rows = fixed ? L : 0;
+      pc.pool = k == 1 ? &pool : nullptr;
+      std::vector<SeqSpan> spans;
+      for (int64_t i = 0; i < batch; ++i) {
+        state::SequenceState& st = *w[k].seqs[i];
+        ASSERT_TRUE(st.reserve(L));
+        spans.push_back(SeqSpan{&st, st.num_tokens(), L, i * L, false});
+      }
+      w[k].pack.clear();
+      plan_pass(pc, spans, toks, rows, w[k].pack, &w[k].plan);
+      w[k].pack.layout(fixed);
+      for (auto& st : w[k].seqs) st->advance(L);
+    }
+    compare(fixed ? "fixed-shape step" : "packed step");
+  }
 }
 
 // A fixed-shape pass (a graph-replayed step) keeps one layout, and so one graph key, while a

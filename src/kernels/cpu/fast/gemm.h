@@ -10,9 +10,13 @@
 
 #include <cstdint>
 
+namespace dsinfer {
+class ThreadPool;
+}  // namespace dsinfer
+
 namespace dsinfer::cpu::fast {
 
-class ThreadPool;
+using ThreadPool = dsinfer::ThreadPool;
 
 enum class WeightElem { kF32, kBF16 };
 
