@@ -90,8 +90,10 @@ int32_t layer_arrays(const model::LayerPlan& plan) {
 
 // Passes of at least this many rows plan their layers on the context's pool (PlanContext::pool):
 // a 256-sequence decode step of the bundled model spent 0.16 ms planning on the device host,
-// 10% of the step's GPU time (docs/performance.md, thirty-fourth session).
-constexpr int64_t kParallelRows = 32;
+// 10% of the step's GPU time (docs/performance.md, thirty-fourth session), 0.21 ms in the plan
+// test on an H100 host against 0.14 ms on four threads. At 64 rows (0.05 ms) the threads'
+// wake-ups cost what they saved (thirty-fifth session).
+constexpr int64_t kParallelRows = 128;
 
 // The compressor of one layer over every span: candidate references of the entries that close
 // in this pass (rows before the pass from the ring, rows of the pass from the local buffer),
