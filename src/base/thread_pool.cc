@@ -1,13 +1,11 @@
 // ThreadPool: workers sleep on a condition variable between runs; the caller works too.
 #include "base/thread_pool.h"
 
-#include <chrono>
-
 #include "base/check.h"
 
 namespace dsinfer {
 
-ThreadPool::ThreadPool(int threads, int spin_us) : spin_us_(spin_us) {
+ThreadPool::ThreadPool(int threads) {
   if (threads <= 0)
     threads = static_cast<int>(std::thread::hardware_concurrency());
   if (threads < 1)
@@ -60,7 +58,6 @@ void ThreadPool::run_erased(int64_t tasks, TaskFn fn, void* ctx) {
     run = run_;
     done_.store(0, std::memory_order_relaxed);
     claim_.store(static_cast<uint64_t>(run.generation) << 32, std::memory_order_release);
-    published_.store(run.generation, std::memory_order_release);
   }
   wake_.notify_all();
   drain(run);
@@ -73,12 +70,6 @@ void ThreadPool::run_erased(int64_t tasks, TaskFn fn, void* ctx) {
 void ThreadPool::worker_loop() {
   uint32_t seen = 0;
   for (;;) {
-    if (spin_us_ > 0) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
-      while (published_.load(std::memory_order_acquire) == seen &&
-             std::chrono::steady_clock::now() < until) {
-      }
-    }
     Run run;
     {
       std::unique_lock<std::mutex> lock(mu_);

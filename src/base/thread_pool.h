@@ -21,10 +21,7 @@ namespace dsinfer {
 class ThreadPool {
  public:
   // threads <= 0: the number of hardware threads (at least 1). The calling thread counts as one.
-  // spin_us > 0: a worker that finished its tasks keeps watching for the next run that long
-  // before it sleeps (a run that follows within it starts without a wake-up's latency, at the
-  // cost of that much CPU time per worker and run).
-  explicit ThreadPool(int threads, int spin_us = 0);
+  explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -70,9 +67,7 @@ class ThreadPool {
   // claims nothing, and a new run need not wait for such latecomers (a planner's two runs per
   // step did: the second waited for the slowest wake-up of the first).
   std::atomic<uint64_t> claim_{0};
-  std::atomic<int64_t> done_{0};        // tasks of the current run finished
-  std::atomic<uint32_t> published_{0};  // run_.generation, for spinning workers
-  int spin_us_ = 0;
+  std::atomic<int64_t> done_{0};  // tasks of the current run finished
 };
 
 }  // namespace dsinfer

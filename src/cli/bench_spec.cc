@@ -51,15 +51,9 @@ struct Run {
   int64_t shape_warmups = 0;
 };
 
-constexpr std::array<const char*, 5> kPhaseNames = {
-    "schedule", "draft", "prepare", "forward", "finish"};
+constexpr const auto& kPhaseNames = engine::EngineStats::StepPhases::kNames;
 using Timing = backend::Model::DeviceTiming;
 constexpr const auto& kHostPhaseNames = Timing::kHostPhaseNames;
-
-std::array<double, 5> phase_seconds(const engine::EngineStats& st) {
-  const auto& p = st.phases;
-  return {p.schedule, p.draft, p.prepare, p.forward, p.finish};
-}
 
 spec::Stats minus(const spec::Stats& a, const spec::Stats& b) {
   spec::Stats d = a;
@@ -197,7 +191,7 @@ Result<Run> run_once(
     const double t0 = now_s();
     const backend::Model::DeviceTiming d0 = e.model().decode_timing();
     const int64_t steps0 = e.stats().steps;
-    const std::array<double, 5> p0 = phase_seconds(e.stats());
+    const std::array<double, 5> p0 = e.stats().phases.seconds();
     bool full = !any_done();
     if (!full)
       ++short_waves;
@@ -211,7 +205,7 @@ Result<Run> run_once(
       const std::array<double, 6> h0 = d0.host_phase_ms(), h1 = d1.host_phase_ms();
       for (size_t i = 0; i < h1.size(); ++i) host_total[i] += h1[i] - h0[i];
       full_steps += e.stats().steps - steps0;
-      const std::array<double, 5> p1 = phase_seconds(e.stats());
+      const std::array<double, 5> p1 = e.stats().phases.seconds();
       for (size_t i = 0; i < p1.size(); ++i) phase_s[i] += p1[i] - p0[i];
     };
     while (e.step()) {

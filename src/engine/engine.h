@@ -3,6 +3,7 @@
 // Not thread-safe: one thread drives step(); a later server puts an inbox in front of it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -130,6 +131,10 @@ struct EngineStats {
     double prepare = 0;   // the forward's items: tokens, drafts, sampling requests
     double forward = 0;   // Model::forward_batch
     double finish = 0;    // sampling on the host where needed, acceptance, rollback, outputs
+    // The phases by name, in this order (what bench and /metrics report).
+    static constexpr std::array<const char*, 5> kNames = {
+        "schedule", "draft", "prepare", "forward", "finish"};
+    std::array<double, 5> seconds() const { return {schedule, draft, prepare, forward, finish}; }
   } phases;
 };
 

@@ -417,8 +417,7 @@ void EngineLoop::publish() {
     g.device_puts = st.device_tier.puts;
     g.device_rejected = st.device_tier.rejected;
   }
-  const auto& p = st.phases;
-  g.step_phase_s = {p.schedule, p.draft, p.prepare, p.forward, p.finish};
+  g.step_phase_s = st.phases.seconds();
   const backend::Model::DeviceTiming d = engine_->model().decode_timing();
   g.device_timing = d.busy_ms > 0 || d.idle_ms > 0;
   g.device_busy_s = d.busy_ms * 1e-3;

@@ -4,6 +4,8 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "engine/engine.h"
+
 namespace dsinfer::server {
 
 namespace {
@@ -217,7 +219,7 @@ void render_step_time(const EngineGauges& g, std::string* out) {
   labelled_seconds(out,
                    "dsinfer_engine_step_phase_seconds_total",
                    "phase",
-                   std::array<const char*, 5>{"schedule", "draft", "prepare", "forward", "finish"},
+                   engine::EngineStats::StepPhases::kNames,
                    g.step_phase_s);
   if (!g.device_timing)
     return;

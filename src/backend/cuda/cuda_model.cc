@@ -109,11 +109,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& c
   int plan_threads = m->options_.plan_threads;
   if (plan_threads <= 0)
     plan_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
-  int plan_spin_us = 0;  // (an experiment's switch: how long the planner's threads stay awake)
-  if (const char* v = std::getenv("DSINFER_PLAN_SPIN_US"); v != nullptr && *v != '\0')
-    plan_spin_us = std::atoi(v);
   if (plan_threads > 1)
-    m->plan_pool_ = std::make_unique<ThreadPool>(plan_threads, plan_spin_us);
+    m->plan_pool_ = std::make_unique<ThreadPool>(plan_threads);
   int64_t expert_first = 0;
   int64_t expert_count = -1;
   if (options.comm != nullptr) {

@@ -61,9 +61,11 @@ struct CudaModelOptions {
   // DSINFER_SIDE_STREAMS=0 in the environment turns them off.
   bool side_streams = true;
   // Threads that plan a large pass's layers side by side (forward_plan.h, PlanContext::pool;
-  // the same plan as one thread's): 0 picks half the hardware threads, at most 8; 1 plans on the
-  // calling thread alone. DSINFER_PLAN_THREADS in the environment overrides it.
-  int plan_threads = 0;
+  // the same plan as one thread's): 1 plans on the calling thread alone (the default: on an H100
+  // host the pool did not move a step beyond the noise, docs/performance.md, thirty-fifth
+  // session); 0 picks half the hardware threads, at most 8. DSINFER_PLAN_THREADS in the
+  // environment overrides it.
+  int plan_threads = 1;
   // Every linear on the kernels whose summation order is the same at every batch size, so a
   // token's logits do not depend on what else is in the batch (no wgmma GEMMs: slower prefill).
   bool batch_invariant = false;

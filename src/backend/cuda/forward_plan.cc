@@ -307,31 +307,25 @@ void plan_layer(const PlanContext& ctx,
     pad_to(entry_pages, csa ? page_room : 0);
   }
   lp.key_refs = pack.reserve_device<int64_t>(std::max<int64_t>(key_room, 1));
-  if (ring_pages.empty())
-    ring_pages.push_back(0);
-  if (ring_page_begin.empty())
-    ring_page_begin.push_back(0);
-  lp.ring_pages = pack.add(ring_pages);
-  lp.ring_page_begin = pack.add(ring_page_begin);
+  // A list with no pages gets one unread entry: every array the kernels take has an address.
+  auto add_pages = [&](std::vector<int32_t>& v) {
+    if (v.empty())
+      v.push_back(0);
+    return pack.add(v);
+  };
+  lp.ring_pages = add_pages(ring_pages);
+  lp.ring_page_begin = add_pages(ring_page_begin);
   if (hca) {
-    if (hca_pages.empty())
-      hca_pages.push_back(0);
-    if (hca_page_begin.empty())
-      hca_page_begin.push_back(0);
-    lp.hca_pages = pack.add(hca_pages);
-    lp.hca_page_begin = pack.add(hca_page_begin);
+    lp.hca_pages = add_pages(hca_pages);
+    lp.hca_page_begin = add_pages(hca_page_begin);
     lp.hca_ratio = plan.compress_ratio;
   }
   lp.ring_dest = pack.add(ring_dest);
   if (csa) {
-    if (index_pages.empty())
-      index_pages.push_back(0);
-    if (entry_pages.empty())
-      entry_pages.push_back(0);
-    lp.index_pages = pack.add(index_pages);
+    lp.index_pages = add_pages(index_pages);
     lp.index_page_begin = pack.add(index_page_begin);
     lp.visible = pack.add(visible);
-    lp.entry_pages = pack.add(entry_pages);
+    lp.entry_pages = add_pages(entry_pages);
     lp.entry_page_begin = pack.add(entry_page_begin);
     lp.select_begin = pack.add(select_begin);
     lp.visible_room = ctx.fixed_shape ? bucket(max_visible) : max_visible;
