@@ -51,6 +51,11 @@ struct ForwardOutputs {
   sampling::SampleResult sample;
   // With ForwardOptions::sample_rows: every row's pick, in row order ([n]; logits then empty).
   std::vector<sampling::SampleResult> row_samples;
+  // With ForwardOptions::may_defer: the backend returned before the pick was known, leaving it
+  // on the device (asynchronous scheduling). `sampled` and `sample` are written, and this flag
+  // cleared, by the time the backend's next forward_batch or complete_deferred_samples() returns;
+  // the outputs must stay where they are until then.
+  bool deferred = false;
 };
 
 struct ForwardOptions {
@@ -73,6 +78,14 @@ struct ForwardOptions {
   // (the values given there are ignored), and that call's DraftItem tokens and probs are written
   // by the time forward_batch returns. 0: every token as given.
   int32_t device_drafts = 0;
+  // Asynchronous scheduling (backends whose can_defer_samples() is true): the host prepares the
+  // next step while the device runs this one. may_defer (with `sample`): the pick may stay on the
+  // device (ForwardOutputs::deferred); a backend defers a call's picks all or none, and only
+  // when every item that samples allows it and no logits come back. device_token: tokens[0] is
+  // this sequence's pick that the previous forward_batch call left on the device, taken there
+  // (the value given is a placeholder); the rest of the chunk as given.
+  bool may_defer = false;
+  bool device_token = false;
 };
 
 // One sequence's chunk in a batched forward. `status` reports a per-item failure (bad token id,
@@ -181,6 +194,12 @@ class Model {
   virtual int32_t text_prompt_bos() const { return -1; }
   // Whether forward honours ForwardOptions::sample (otherwise it returns logits as usual).
   virtual bool can_sample() const { return false; }
+  // Whether forward_batch honours ForwardOptions::may_defer and device_token (asynchronous
+  // scheduling). complete_deferred_samples() waits for the picks the latest call deferred and
+  // writes them into their outputs (a no-op when none are outstanding); a later forward_batch
+  // does the same after enqueueing its own work.
+  virtual bool can_defer_samples() const { return false; }
+  virtual Status complete_deferred_samples() { return Status(); }
   // True when steps whose sequences all feed the same number of tokens run much cheaper than
   // mixed ones (CUDA: replayed from graphs): a speculating engine then drafts and verifies the
   // same number of drafts for every sequence, also past a request's max_tokens near its end (the

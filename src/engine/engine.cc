@@ -242,6 +242,9 @@ constexpr int64_t kCaptureIdBase = int64_t{5} << 60;
 Engine::Engine() : assemblies_(std::make_shared<Assemblies>()) {}
 
 Engine::~Engine() {
+  // (The picks of a step in flight are written into this engine's outputs: wait for them.)
+  if (!in_flight_.empty())
+    (void)model_->complete_deferred_samples();
   drain_captures();
 }
 
@@ -320,6 +323,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
   e->config_ = config;
   e->ckpt_ = std::move(ckpt);
   e->model_ = std::move(model);
+  e->defer_ok_ =
+      config.async_scheduling && e->model_->can_defer_samples() && !e->model_->lockstep();
   // Speculative decoding: the checkpoint's drafter, where this backend can run it.
   e->spec_ = config.speculative;
   if (const char* v = std::getenv("DSINFER_SPEC_TRACE"); v != nullptr && v[0] == '1')
@@ -585,6 +590,9 @@ void Engine::finish(Request& r, FinishReason why) {
     }
   }
   held_units_.erase(r.id);
+  // (A pick still in flight for it is dropped when it arrives: resolve_in_flight.)
+  r.awaiting_pick = false;
+  r.pending_tokens = 0;
   r.finish_reason = why;
   r.state = (why == FinishReason::kAbort || why == FinishReason::kError) ? RequestState::kAborted
                                                                          : RequestState::kFinished;
@@ -651,6 +659,12 @@ void Engine::start_forks(Request& parent, std::span<const float> logits) {
   }
 }
 
+// Steps in a row for which auto must find that speculation pays at the step's decode batch
+// before a request that stopped speculating resumes (as many as a speculating request needs to
+// stop while the acceptance rates still lean on their prior): a batch size at the edge does not
+// switch it back and forth.
+constexpr int32_t kResumeAfterSteps = 16;
+
 void Engine::run_chunks() {
   // Every scheduled chunk in one batched forward; then sampling and stop checks per chunk.
   const size_t n = plan_.chunks.size();
@@ -678,6 +692,20 @@ void Engine::run_chunks() {
   const int64_t spec_tokens = stats_.spec.spec_tokens;
   const int64_t spec_steps = stats_.spec.spec_steps;
   step_depth_ = 0;
+  // Asynchronous scheduling: the drafter reads a speculating request's last token, so a step in
+  // which one may draft (or resume drafting, resume_drafting) first takes the picks in flight.
+  if (!in_flight_.empty() && drafter_) {
+    bool drafting = false;
+    for (const ScheduledChunk& c : plan_.chunks) {
+      const Request& r = *c.request;
+      drafting |= (r.pending_tokens > 0 && !r.spec_disabled) ||
+                  r.spec_resume_steps + 1 >= kResumeAfterSteps;
+    }
+    if (drafting)
+      drain_in_flight();
+    if (!failure_.ok())
+      return;
+  }
   const double t_draft = now_s();
   if (drafter_ && !plan_drafts())
     return;
@@ -701,6 +729,7 @@ void Engine::run_chunks() {
   }
   items_.clear();
   item_chunk_.clear();
+  bool defer = defer_ok_;
   for (size_t i = 0; i < n; ++i) {
     const ScheduledChunk& c = plan_.chunks[i];
     Request& r = *c.request;
@@ -726,6 +755,23 @@ void Engine::run_chunks() {
     // A verification: the pending token followed by its drafts, with every position's logits.
     for (int32_t d = 0; d < k; ++d) tokens[c.num_tokens + d] = drafts_[i].tokens[d];
     backend::ForwardItem item;
+    // A token still being sampled by the step in flight: the backend takes it on the device.
+    if (r.pending_tokens > 0) {
+      DSI_CHECK(
+          c.num_tokens == 1 && k == 0 && c.first_pos + 1 == r.num_tokens() && !in_flight_.empty(),
+          "request %lld: a pending token outside a plain decode of the step after its "
+          "pick's (chunk of %lld at %lld, %d drafts, %lld tokens)",
+          static_cast<long long>(r.id),
+          static_cast<long long>(c.num_tokens),
+          static_cast<long long>(c.first_pos),
+          k,
+          static_cast<long long>(r.num_tokens()));
+      tokens[0] = 0;
+      item.options.device_token = true;
+    }
+    DSI_CHECK(std::find(tokens.begin(), tokens.end(), Request::kPendingToken) == tokens.end(),
+              "request %lld: an unknown token in a chunk",
+              static_cast<long long>(r.id));
     item.state = &st;
     item.tokens = tokens;
     item.options.want_logits = c.samples;
@@ -743,14 +789,17 @@ void Engine::run_chunks() {
     else if (k > 0 && prepare_backend_verify(c, i, k))
       item.options.sample_rows = verify_reqs_[i];
     item.out = &outs_[i];
+    defer = defer && can_defer(i, item);
     items_.push_back(item);
     item_chunk_.push_back(i);
   }
+  for (backend::ForwardItem& it : items_) it.options.may_defer = defer;
   if (items_.empty() && !model_->lockstep()) {
     // (Drafts left on the device are completed by the forward that verifies them: the drafter
     // resizes their storage at its next call.)
     DSI_CHECK(std::find(chunk_deferred_.begin(), chunk_deferred_.end(), 1) == chunk_deferred_.end(),
               "drafts left on the device without their verification");
+    drain_in_flight();
     return;
   }
   const double t_forward = now_s();
@@ -762,13 +811,44 @@ void Engine::run_chunks() {
     fail_all(model_->health());
     return;
   }
+  // The step before this one, if it left its picks on the device: the call wrote them.
+  if (!in_flight_.empty())
+    resolve_in_flight();
+  bool deferred = false;
   for (size_t k = 0; k < items_.size(); ++k) {
     const size_t i = item_chunk_[k];
+    Request& r = *plan_.chunks[i].request;
+    // (The backend writes a deferred pick into outs_[i] later, whether or not it is still wanted:
+    // the outputs stay where they are, below.)
+    deferred |= outs_[i].deferred;
+    if (r.done())
+      continue;  // (ended by a pick of the step before: this chunk ran for nothing)
+    if (outs_[i].deferred) {
+      // Launched, its pick still on the device: the request goes on as if it had its token
+      // (the next step takes it on the device) unless that token is its last by length.
+      r.num_computed += plan_.chunks[i].num_tokens;
+      r.awaiting_pick = true;
+      const int64_t out = static_cast<int64_t>(r.output.size()) + 1;
+      r.pending_tokens = out < r.spec.max_tokens && r.num_tokens() + 1 < max_model_len_ ? 1 : 0;
+      in_flight_.push_back({r.id, i});
+      continue;
+    }
     if (drafter_ && items_[k].status.ok() && plan_.chunks[i].samples &&
         !plan_.chunks[i].request->output.empty() && !outs_[i].sampled) {
       finish_verify(i, outs_[i]);
     } else {
       finish_chunk(plan_.chunks[i], items_[k].status, outs_[i]);
+    }
+  }
+  if (deferred) {
+    // The backend writes the picks there at its next call: keep them still (and complete them
+    // when no request waits for them any more, so that no later call writes into outs_).
+    std::swap(outs_, in_flight_outs_);
+    ++stats_.async_steps;
+    if (in_flight_.empty()) {
+      const Status c = model_->complete_deferred_samples();
+      if (!c.ok())
+        fail_all(model_->health().ok() ? c : model_->health());
     }
   }
   stats_.phases.finish += now_s() - t_finish;
@@ -897,12 +977,6 @@ void Engine::classify_step() {
   step_b_ = b;
   step_depth_ = off == b ? -1 : std::max(step_depth_, 0);
 }
-
-// Steps in a row for which auto must find that speculation pays at the step's decode batch
-// before a request that stopped speculating resumes (as many as a speculating request needs to
-// stop while the acceptance rates still lean on their prior): a batch size at the edge does not
-// switch it back and forth.
-constexpr int32_t kResumeAfterSteps = 16;
 
 void Engine::resume_drafting() {
   int64_t decodes = 0;
@@ -1201,6 +1275,7 @@ void Engine::finish_verify(size_t i, backend::ForwardOutputs& out) {
 
 void Engine::fail_all(const Status& why) {
   failure_ = why;
+  in_flight_.clear();
   for (auto& [id, r] : requests_) {
     if (!r->done()) {
       r->error = why.message();
@@ -1256,6 +1331,53 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
   if (r.output.empty())
     start_forks(r, logits);  // before sample() uses the logits as scratch
   accept_token(r, sample_for(r, logits));
+}
+
+bool Engine::can_defer(size_t i, const backend::ForwardItem& it) const {
+  // A plain decode sampled in the backend whose next step needs nothing of its token but the
+  // token itself: no penalties counting it (the device sampler takes them from the host), no
+  // token mask (the grammar moves with it), no drafter reading it, no prefix-cache unit stored
+  // where it ends (finish_chunk's snapshot).
+  const ScheduledChunk& c = plan_.chunks[i];
+  const Request& r = *c.request;
+  return it.options.sample != nullptr && it.options.sample->allowed.empty() &&
+         it.options.sample_rows.empty() && !it.options.run_mtp && it.options.device_drafts == 0 &&
+         chunk_k_[i] == 0 && c.num_tokens == 1 && c.samples && r.state == RequestState::kDecoding &&
+         !r.spec.token_mask && !sampling::uses_penalties(r.spec.sampling) &&
+         !(store_ && c.first_pos + c.num_tokens == r.snapshot_at);
+}
+
+void Engine::resolve_in_flight() {
+  std::vector<std::pair<RequestId, size_t>> done;
+  done.swap(in_flight_);
+  for (const auto& [id, slot] : done) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second->awaiting_pick)
+      continue;  // ended (aborted) since its step was launched
+    Request& r = *it->second;
+    const backend::ForwardOutputs& o = in_flight_outs_[slot];
+    DSI_CHECK(!o.deferred && o.sampled,
+              "request %lld: the backend did not deliver a deferred pick",
+              static_cast<long long>(id));
+    r.awaiting_pick = false;
+    r.pending_tokens = 0;
+    // A request preempted meanwhile stays waiting (its recomputation starts from these tokens).
+    const bool waiting = r.state == RequestState::kWaiting;
+    accept_token(r, o.sample);
+    if (waiting && !r.done())
+      r.state = RequestState::kWaiting;
+  }
+}
+
+void Engine::drain_in_flight() {
+  if (in_flight_.empty())
+    return;
+  const Status s = model_->complete_deferred_samples();
+  if (!s.ok()) {
+    fail_all(model_->health().ok() ? s : model_->health());
+    return;
+  }
+  resolve_in_flight();
 }
 
 bool Engine::prepare_backend_sample(const ScheduledChunk& c, size_t slot) {
@@ -1377,6 +1499,7 @@ bool Engine::step() {
   if (!failure_.ok())
     return false;
   if (scheduler_->idle()) {
+    drain_in_flight();  // (picks of requests aborted since)
     // Lockstep (expert parallelism over several processes): an idle rank still runs the pass
     // that serves the other ranks' tokens; the driver decides when every rank is done.
     if (model_->lockstep()) {
@@ -1395,6 +1518,11 @@ bool Engine::step() {
   if (!pending_fault_.ok()) {  // a state admitted without its contents (cache_restore)
     fail_all(model_->health().ok() ? pending_fault_ : model_->health());
     return false;
+  }
+  if (plan_.chunks.empty() && !in_flight_.empty()) {
+    // Every running request awaits its last pick (or was preempted): take the picks first.
+    drain_in_flight();
+    return failure_.ok() && (!scheduler_->idle() || !captures_.empty());
   }
   if (plan_.chunks.empty()) {
     // Nothing fits even with every sequence preempted: fail the oldest waiting request instead

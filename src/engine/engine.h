@@ -51,6 +51,12 @@ struct EngineConfig {
   // of [vocab] logits per sequence); requests that need the logits on the host (top_logprobs,
   // speculative verification, the first token of shared-prompt choices) still get them.
   bool backend_sampling = true;
+  // Asynchronous scheduling, on a backend whose can_defer_samples() is true (CUDA): a step of
+  // plain decodes sampled in the backend returns before its picks are known; the host plans and
+  // launches the next step while the device runs it (each request's token taken on the device),
+  // and reads the picks one step later. Steps with speculation, penalties, token masks,
+  // top_logprobs or prefill chunks wait for the device as before (docs/gpu.md).
+  bool async_scheduling = false;
   // CUDA: every linear on kernels whose summation order does not depend on the batch, so a
   // request's logits are bit-identical whatever else is batched with it (slower prefill).
   bool batch_invariant = false;
@@ -99,6 +105,8 @@ struct EngineStats {
   int64_t prompt_tokens = 0;  // prompt tokens prefilled (recomputation included)
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
+  // Steps launched while the step before them still ran (asynchronous scheduling).
+  int64_t async_steps = 0;
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t state_bytes_used = 0;
@@ -257,6 +265,13 @@ class Engine {
   void finish_verify(size_t i, backend::ForwardOutputs& out);
   void fail_all(const Status& why);
   void finish(Request& r, FinishReason why);
+  // Asynchronous scheduling: whether chunk i (item `it`) may leave its pick on the device.
+  bool can_defer(size_t i, const backend::ForwardItem& it) const;
+  // The step in flight's picks, which the backend has written (a later forward_batch or
+  // complete_deferred_samples returned): each request takes its token (accept_token).
+  void resolve_in_flight();
+  // Waits for the step in flight's picks and resolves them (before work that needs the tokens).
+  void drain_in_flight();
   // Stores a sampled token, applies the stop conditions and calls the token callback.
   void accept_token(Request& r, const sampling::SampleResult& sr);
   // Whether chunk c's token is sampled in the backend (ForwardOptions::sample); if so, fills
@@ -319,6 +334,11 @@ class Engine {
   StepPlan plan_;
   std::vector<std::vector<int32_t>> chunk_tokens_;
   std::vector<backend::ForwardOutputs> outs_;
+  // Asynchronous scheduling: the step whose picks are still on the device (its requests and
+  // their slots in in_flight_outs_, where the backend writes them), none when empty.
+  bool defer_ok_ = false;
+  std::vector<std::pair<RequestId, size_t>> in_flight_;
+  std::vector<backend::ForwardOutputs> in_flight_outs_;
   std::vector<backend::ForwardItem> items_;
   std::vector<size_t> item_chunk_;
   Status failure_;  // a device failure: every request failed, step() does nothing more

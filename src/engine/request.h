@@ -113,12 +113,25 @@ struct Request {
   int32_t spec_idle_steps = 0;
   int32_t spec_resume_steps = 0;
   bool spec_disabled = false;
+  // Asynchronous scheduling (EngineConfig::async_scheduling): this request's next token is being
+  // sampled by a step still running on the device (awaiting_pick), and, when it can go on after
+  // that token, the token already counts as one to feed (pending_tokens = 1, its value unknown
+  // until the step's outputs arrive: the next step takes it on the device).
+  bool awaiting_pick = false;
+  int32_t pending_tokens = 0;
 
-  // Tokens the model must see: prompt followed by generated output.
-  int64_t num_tokens() const { return static_cast<int64_t>(spec.prompt.size() + output.size()); }
+  // Tokens the model must see: prompt followed by generated output (and a pending token).
+  int64_t num_tokens() const {
+    return static_cast<int64_t>(spec.prompt.size() + output.size()) + pending_tokens;
+  }
+  // The token at position i; kPendingToken for a pending token.
+  static constexpr int32_t kPendingToken = -1;
   int32_t token_at(int64_t i) const {
     const int64_t p = static_cast<int64_t>(spec.prompt.size());
-    return i < p ? spec.prompt[static_cast<size_t>(i)] : output[static_cast<size_t>(i - p)];
+    if (i < p)
+      return spec.prompt[static_cast<size_t>(i)];
+    return i - p < static_cast<int64_t>(output.size()) ? output[static_cast<size_t>(i - p)]
+                                                       : kPendingToken;
   }
   bool done() const { return state == RequestState::kFinished || state == RequestState::kAborted; }
 };

@@ -127,7 +127,9 @@ void Scheduler::plan(StepPlan& plan) {
   for (Request* r : snapshot_) {
     if (budget == 0)
       break;
-    if (r->state != RequestState::kDecoding)
+    // (Asynchronous scheduling: a request whose last token is still being sampled has nothing
+    // left to feed.)
+    if (r->state != RequestState::kDecoding || r->num_computed >= r->num_tokens())
       continue;
     if (reserve(r, 1))
       schedule(r, 1);
@@ -184,6 +186,9 @@ void Scheduler::check_integrity() const {
     DSI_CHECK(r->num_computed == 0,
               "waiting request %lld has computed tokens",
               static_cast<long long>(r->id));
+    DSI_CHECK(!r->awaiting_pick && r->pending_tokens == 0,
+              "waiting request %lld still awaits a pick between steps",
+              static_cast<long long>(r->id));
     DSI_CHECK(std::find(running_.begin(), running_.end(), r) == running_.end(),
               "request %lld both waiting and running",
               static_cast<long long>(r->id));
@@ -197,8 +202,14 @@ void Scheduler::check_integrity() const {
     DSI_CHECK(r->num_computed <= r->num_tokens(),
               "request %lld computed past its tokens",
               static_cast<long long>(r->id));
+    DSI_CHECK(r->pending_tokens == 0 || (r->awaiting_pick && r->pending_tokens == 1),
+              "request %lld has %d pending tokens without a pick in flight",
+              static_cast<long long>(r->id),
+              r->pending_tokens);
     if (r->state == RequestState::kDecoding) {
-      DSI_CHECK(r->num_computed == r->num_tokens() - 1,
+      // (A request awaiting its last pick has fed every token it will have.)
+      const int64_t fed = r->awaiting_pick && r->pending_tokens == 0 ? 0 : 1;
+      DSI_CHECK(r->num_computed == r->num_tokens() - fed,
                 "decoding request %lld has %lld of %lld tokens computed",
                 static_cast<long long>(r->id),
                 static_cast<long long>(r->num_computed),

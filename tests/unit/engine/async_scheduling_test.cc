@@ -1,0 +1,338 @@
+// Asynchronous scheduling (EngineConfig::async_scheduling): a step of plain decodes sampled in
+// the backend returns before its picks are known (ForwardOutputs::deferred), the engine plans and
+// launches the next step with each request's token taken "on the device"
+// (ForwardOptions::device_token) and reads the picks one step later. The backend here is the CPU
+// reference behind that protocol: it samples on the host, holds each deferred pick back until its
+// next call (the output poisoned meanwhile), substitutes device tokens from its own picks and
+// counts every breach of the protocol. Every output must equal the synchronous engine's: stops,
+// preemption, mixed steps, settings that cannot be deferred (penalties, masks, top_logprobs),
+// shared-prompt choices, speculation and aborts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "engine/engine.h"
+#include "model/checkpoint.h"
+#include "spec/config.h"
+#include "unit/engine/engine_test_util.h"
+
+namespace dsinfer::engine {
+namespace {
+
+std::shared_ptr<const model::Checkpoint> fixture() {
+  return test_support::tiny_fixture();
+}
+
+constexpr int32_t kPoison = -777;
+
+class DeferringModel final : public test_support::CpuBackedModel {
+ public:
+  using CpuBackedModel::CpuBackedModel;
+
+  Status forward_batch(std::span<backend::ForwardItem> items) override {
+    // The picks the previous call left on the device: what device tokens may take.
+    std::map<const state::SequenceState*, int32_t> on_device;
+    on_device.swap(picks_);
+    std::vector<Held> held;
+    held.swap(held_);
+    bool defer = !items.empty();
+    for (backend::ForwardItem& it : items) {
+      if (it.out) {
+        it.out->sampled = false;
+        it.out->deferred = false;
+      }
+      std::vector<int32_t> tokens(it.tokens.begin(), it.tokens.end());
+      if (it.options.device_token) {
+        auto d = on_device.find(it.state);
+        if (d == on_device.end() || tokens.empty()) {
+          ADD_FAILURE() << "a device token of sequence " << it.state->id()
+                        << " without a deferred pick";
+          ++protocol_errors;
+          it.status = invalid_argument("a device token without a deferred pick");
+          defer = false;
+          continue;
+        }
+        tokens[0] = d->second;
+        ++device_tokens;
+      }
+      it.status = cpu_.forward(*it.state, tokens, it.options, it.out);
+      const backend::SampleRequest* q = it.options.sample;
+      defer = defer && it.status.ok() && q && it.out && it.options.may_defer;
+      if (!it.status.ok() || !q || !it.out)
+        continue;
+      EXPECT_TRUE(it.options.sample_rows.empty());
+      it.out->sample = sampling::sample(
+          it.out->logits, *q->config, *q->penalties, q->step, scratch_, q->allowed);
+      it.out->sampled = true;
+      it.out->logits.clear();
+      if (it.options.may_defer && (!q->allowed.empty() || sampling::uses_penalties(*q->config))) {
+        ADD_FAILURE() << "may_defer with a mask or penalties";
+        ++protocol_errors;
+      }  // the engine must not defer what the next step needs on the host
+    }
+    if (defer) {
+      // Held back until the next call: the outputs poisoned meanwhile.
+      for (backend::ForwardItem& it : items) {
+        held_.push_back({it.out, it.out->sample});
+        picks_[it.state] = it.out->sample.token;
+        it.out->deferred = true;
+        it.out->sampled = false;
+        it.out->sample.token = kPoison;
+      }
+      ++deferred_calls;
+    }
+    deliver(held);
+    return Status();
+  }
+  Status complete_deferred_samples() override {
+    std::vector<Held> held;
+    held.swap(held_);
+    deliver(held);
+    return Status();
+  }
+  bool can_sample() const override { return true; }
+  bool can_defer_samples() const override { return true; }
+  bool can_draft() const override { return cpu_.can_draft(); }
+  Status mtp_draft_batch(std::span<backend::DraftItem> items) override {
+    return cpu_.mtp_draft_batch(items);
+  }
+  const char* name() const override { return "cpu+deferred-sampling"; }
+
+  int64_t deferred_calls = 0;
+  int64_t device_tokens = 0;
+  int64_t protocol_errors = 0;
+
+ private:
+  struct Held {
+    backend::ForwardOutputs* out;
+    sampling::SampleResult pick;
+  };
+  void deliver(const std::vector<Held>& held) {
+    for (const Held& h : held) {
+      if (!h.out->deferred || h.out->sample.token != kPoison) {
+        ADD_FAILURE() << "a deferred output rewritten before its delivery";
+        ++protocol_errors;
+      }  // rewritten (or read and reused) before its delivery
+      h.out->sample = h.pick;
+      h.out->sampled = true;
+      h.out->deferred = false;
+    }
+  }
+
+  std::map<const state::SequenceState*, int32_t> picks_;
+  std::vector<Held> held_;
+  sampling::SamplerScratch scratch_;
+};
+
+struct AsyncRun {
+  std::vector<std::vector<int32_t>> outputs;
+  std::vector<std::vector<float>> logprobs;
+  std::vector<FinishReason> reasons;
+  std::vector<std::vector<int32_t>> streamed;  // the callbacks' tokens
+  std::vector<int> finished_events;
+  int64_t async_steps = 0;
+  int64_t deferred_calls = 0;
+  int64_t device_tokens = 0;
+  int64_t protocol_errors = 0;
+  int64_t preemptions = 0;
+};
+
+struct AsyncSetup {
+  bool async = false;
+  int64_t budget_bytes = int64_t{64} << 20;
+  SchedulerConfig scheduler;
+  std::string speculative = "off";
+  // Requests aborted from outside once the engine has run this many steps (id index -> step).
+  std::map<size_t, int64_t> abort_at;
+};
+
+AsyncRun run(const AsyncSetup& setup, std::vector<RequestSpec> specs) {
+  EngineConfig cfg;
+  cfg.state_budget_bytes = setup.budget_bytes;
+  cfg.page_bytes = state::min_page_bytes(fixture()->config());
+  cfg.scheduler = setup.scheduler;
+  cfg.async_scheduling = setup.async;
+  auto sp = spec::parse_config(setup.speculative);
+  EXPECT_TRUE(sp.ok());
+  cfg.speculative = *sp;
+  auto probe = std::make_unique<DeferringModel>(*fixture());
+  DeferringModel* model = probe.get();
+  auto e = Engine::create(cfg, fixture(), std::move(probe));
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  AsyncRun r;
+  const size_t n = specs.size();
+  r.streamed.resize(n);
+  r.finished_events.assign(n, 0);
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < n; ++i) {
+    auto id = (*e)->submit(std::move(specs[i]), [&r, i](const TokenEvent& ev) {
+      r.streamed[i].push_back(ev.token);
+      r.finished_events[i] += ev.finished ? 1 : 0;
+    });
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  int64_t steps = 0;
+  while ((*e)->step()) {
+    (*e)->check_integrity();
+    ++steps;
+    for (const auto& [i, at] : setup.abort_at) {
+      if (at == steps)
+        (*e)->abort(ids[i], "test");
+    }
+    (*e)->check_integrity();
+  }
+  (*e)->check_integrity();
+  for (RequestId id : ids) {
+    const Request* q = (*e)->request(id);
+    EXPECT_TRUE(q->done());
+    r.outputs.push_back(q->output);
+    r.logprobs.push_back(q->output_logprobs);
+    r.reasons.push_back(q->finish_reason);
+  }
+  r.async_steps = (*e)->stats().async_steps;
+  r.preemptions = (*e)->stats().preemptions;
+  r.deferred_calls = model->deferred_calls;
+  r.device_tokens = model->device_tokens;
+  r.protocol_errors = model->protocol_errors;
+  return r;
+}
+
+// 16 requests of plain settings (greedy and seeded, with logprobs and stop ids), and three of
+// every five with something the next step needs on the host (penalties, a mask, top_logprobs).
+std::vector<RequestSpec> mix(uint32_t seed, bool stops) {
+  std::mt19937 g(seed);
+  std::vector<RequestSpec> v;
+  for (int i = 0; i < 16; ++i) {
+    RequestSpec s;
+    const int len = 1 + static_cast<int>(g() % 30);
+    for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(2 + g() % 500));
+    s.max_tokens = 6 + static_cast<int64_t>(g() % 18);
+    s.ignore_eos = true;
+    s.sampling.seed = 100 + static_cast<uint64_t>(i);
+    s.sampling.temperature = i % 2 == 0 ? 0.0f : 0.9f;
+    s.sampling.top_p = 0.95f;
+    s.sampling.logprobs = i % 3 == 0;
+    if (stops)  // frequent ids of this fixture's outputs end some requests early
+      s.stop_token_ids = {static_cast<int32_t>(2 + g() % 500), 17, 101, 250, 333, 404};
+    // (Short: while one of them runs, no step is deferred.)
+    if (i % 5 >= 1 && i % 5 <= 3)
+      s.max_tokens = 2 + static_cast<int64_t>(g() % 3);
+    if (i % 5 == 1)
+      s.sampling.presence_penalty = 0.7f;
+    if (i % 5 == 2)
+      s.token_mask = std::make_unique<test_support::PositionalMask>();
+    if (i % 5 == 3)
+      s.sampling.top_logprobs = 2;
+    v.push_back(std::move(s));
+  }
+  return v;
+}
+
+void expect_equal(const AsyncRun& a, const AsyncRun& sync) {
+  EXPECT_EQ(a.outputs, sync.outputs);
+  EXPECT_EQ(a.logprobs, sync.logprobs);
+  EXPECT_EQ(a.reasons, sync.reasons);
+  EXPECT_EQ(a.streamed, a.outputs);  // every token streamed once, in order
+  for (size_t i = 0; i < a.finished_events.size(); ++i) EXPECT_EQ(a.finished_events[i], 1) << i;
+  EXPECT_EQ(a.protocol_errors, 0);
+}
+
+TEST(AsyncScheduling, OutputsEqualSynchronousSteps) {
+  for (bool stops : {false, true}) {
+    SCOPED_TRACE(stops ? "with stop ids" : "to max_tokens");
+    const AsyncRun sync = run({}, mix(5, stops));
+    AsyncSetup a;
+    a.async = true;
+    const AsyncRun async = run(a, mix(5, stops));
+    expect_equal(async, sync);
+    EXPECT_EQ(sync.async_steps, 0);
+    EXPECT_GT(async.async_steps, 0);
+    EXPECT_EQ(async.deferred_calls, async.async_steps);
+    EXPECT_GT(async.device_tokens, 0);
+    if (stops) {
+      const auto stopped =
+          std::count(sync.reasons.begin(), sync.reasons.end(), FinishReason::kStop);
+      EXPECT_GT(stopped, 0);
+    }
+  }
+}
+
+TEST(AsyncScheduling, OutputsEqualSynchronousStepsUnderPreemption) {
+  const auto& mc = fixture()->config();
+  const int64_t page = state::min_page_bytes(mc);
+  const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 0);
+  AsyncSetup tight;
+  tight.async = true;
+  tight.budget_bytes = (2 * fixed + 8) * page;
+  tight.scheduler.max_tokens_per_step = 64;
+  tight.scheduler.prefill_chunk = 4;
+  const AsyncRun sync = run({}, mix(9, true));
+  const AsyncRun async = run(tight, mix(9, true));
+  EXPECT_GT(async.preemptions, 0);
+  EXPECT_GT(async.async_steps, 0);
+  expect_equal(async, sync);
+}
+
+// Only plain decodes are launched ahead: requests that all use penalties never are.
+TEST(AsyncScheduling, StepsThatNeedTheirTokensOnTheHostAreNotDeferred) {
+  auto specs = [] {
+    std::vector<RequestSpec> v = mix(3, false);
+    for (RequestSpec& s : v) s.sampling.frequency_penalty = 0.3f;
+    return v;
+  };
+  AsyncSetup a;
+  a.async = true;
+  const AsyncRun sync = run({}, specs());
+  const AsyncRun async = run(a, specs());
+  EXPECT_EQ(async.async_steps, 0);
+  expect_equal(async, sync);
+}
+
+// A speculating engine: steps in which a request drafts take the picks in flight first, and the
+// outputs stay those of the synchronous engine (fixed depth and auto).
+TEST(AsyncScheduling, SpeculationWaitsForThePicksInFlight) {
+  for (const char* mode : {"fixed:2", "auto"}) {
+    SCOPED_TRACE(mode);
+    AsyncSetup s;
+    s.speculative = mode;
+    const AsyncRun sync = run(s, mix(13, true));
+    s.async = true;
+    const AsyncRun async = run(s, mix(13, true));
+    expect_equal(async, sync);
+  }
+}
+
+// Aborted while a pick is in flight: the request ends aborted with the tokens it had, its pick
+// is dropped, and the other requests' outputs are those of the synchronous engine.
+TEST(AsyncScheduling, AbortsWhileAPickIsInFlight) {
+  AsyncSetup a;
+  a.async = true;
+  for (size_t i = 0; i < 16; i += 3) a.abort_at[i] = 4 + static_cast<int64_t>(i % 4);
+  const AsyncRun sync = run({}, mix(21, false));
+  const AsyncRun async = run(a, mix(21, false));
+  EXPECT_EQ(async.protocol_errors, 0);
+  EXPECT_GT(async.async_steps, 0);
+  for (size_t i = 0; i < 16; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(async.streamed[i], async.outputs[i]);
+    if (a.abort_at.count(i) && async.reasons[i] == FinishReason::kAbort) {
+      // A prefix of what it would have generated.
+      ASSERT_LE(async.outputs[i].size(), sync.outputs[i].size());
+      EXPECT_TRUE(
+          std::equal(async.outputs[i].begin(), async.outputs[i].end(), sync.outputs[i].begin()));
+      EXPECT_EQ(async.finished_events[i], 0);
+    } else {
+      EXPECT_EQ(async.outputs[i], sync.outputs[i]);
+      EXPECT_EQ(async.finished_events[i], 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsinfer::engine
