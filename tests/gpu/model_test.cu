@@ -1648,6 +1648,89 @@ TEST(CudaEngine, DeviceSamplingEqualsHostSampling) {
   }
 }
 
+// Asynchronous scheduling on CUDA (EngineConfig::async_scheduling): decode steps launched before
+// the previous step's picks are home, their tokens scattered from the device sampler's output
+// (ForwardOptions::device_token), the picks written out one call later. On the bundled model
+// (batch-invariant: a request that stopped one step earlier in one run and not yet in the other
+// changes no one's logits), greedy and seeded requests with logprobs, stop ids that end some of
+// them early, a few with penalties (their steps wait for the device) and more requests than run
+// at once (prefill chunks beside decodes): every token and logprob equals the synchronous
+// engine's, with graphs and eagerly, and most decode steps were launched ahead.
+TEST(CudaEngine, AsyncSchedulingEqualsSynchronousSteps) {
+  SKIP_WITHOUT_GPU();
+  auto ckpt = open_model("models/dsv4-mini");
+  if (!ckpt)
+    GTEST_SKIP() << "models/dsv4-mini is not here";
+  struct Out {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<float>> logprobs;
+    engine::EngineStats stats;
+  };
+  auto run = [&](bool async, bool graphs, const std::vector<int32_t>& stops) {
+    engine::EngineConfig ec;
+    ec.device = engine::Device::kCuda;
+    ec.numerics = model::Numerics::kDeepSeek;
+    ec.batch_invariant = true;
+    ec.cuda_graphs = graphs;
+    ec.async_scheduling = async;
+    ec.state_budget_bytes = int64_t{512} << 20;
+    ec.scheduler.max_running = 16;
+    ec.scheduler.prefill_chunk = 32;
+    auto e = engine::Engine::create(ec, ckpt);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    std::mt19937 g(31);
+    std::vector<engine::RequestId> ids;
+    for (int i = 0; i < 24; ++i) {
+      engine::RequestSpec s;
+      const int len = 4 + static_cast<int>(g() % 60);
+      for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(100 + g() % 3000));
+      s.max_tokens = 8 + static_cast<int64_t>(g() % 40);
+      s.ignore_eos = true;
+      s.sampling.seed = 500 + static_cast<uint64_t>(i);
+      s.sampling.temperature = i % 3 == 0 ? 0.0f : 0.8f;
+      s.sampling.top_p = 0.9f;
+      s.sampling.logprobs = i % 2 == 0;
+      if (i % 8 == 5)
+        s.sampling.presence_penalty = 0.5f;
+      if (static_cast<size_t>(i) < stops.size() && stops[static_cast<size_t>(i)] >= 0)
+        s.stop_token_ids = {stops[static_cast<size_t>(i)]};
+      auto id = (*e)->submit(std::move(s));
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    while ((*e)->step()) (*e)->check_integrity();
+    Out o;
+    for (engine::RequestId id : ids) {
+      const engine::Request* r = (*e)->request(id);
+      EXPECT_EQ(r->state, engine::RequestState::kFinished) << r->error;
+      o.tokens.push_back(r->output);
+      o.logprobs.push_back(r->output_logprobs);
+    }
+    o.stats = (*e)->stats();
+    return o;
+  };
+  // Stop ids: every third request's token at its sixth position (it stops there, or earlier).
+  const Out free_run = run(false, true, {});
+  std::vector<int32_t> stops(24, -1);
+  for (size_t i = 0; i < 24; i += 3) {
+    if (free_run.tokens[i].size() > 6)
+      stops[i] = free_run.tokens[i][5];
+  }
+  const Out sync = run(false, true, stops);
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    const Out async = run(true, graphs, stops);
+    EXPECT_EQ(async.tokens, sync.tokens);
+    EXPECT_EQ(async.logprobs, sync.logprobs);
+    EXPECT_EQ(sync.stats.async_steps, 0);
+    std::printf("[async] %s: %lld of %lld steps launched ahead\n",
+                graphs ? "graphs" : "eager",
+                static_cast<long long>(async.stats.async_steps),
+                static_cast<long long>(async.stats.steps));
+    EXPECT_GT(async.stats.async_steps, async.stats.steps / 4);
+  }
+}
+
 // The CUDA engine configuration of the speculative tests: deepseek numerics, batch-invariant
 // (a position's logits do not depend on the chunk that computes it), 512 MiB of state, 32-token
 // prefill chunks, speculation `mode` (spec::parse_config).

@@ -64,7 +64,15 @@ CudaModel::~CudaModel() {
   (void)writes_.drain();
   clear_graphs();
   for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
-  for (cudaEvent_t e : {fwd_start_, fwd_end_, prev_end_, staging_free_}) {
+  for (cudaEvent_t e : {win_start_[0],
+                        win_start_[1],
+                        win_start_[2],
+                        win_end_[0],
+                        win_end_[1],
+                        win_end_[2],
+                        picks_ready_[0],
+                        picks_ready_[1],
+                        staging_free_}) {
     if (e)
       (void)cudaEventDestroy(e);
   }
@@ -80,32 +88,44 @@ CudaModel::~CudaModel() {
   }
 }
 
+namespace {
+// An integer setting from the environment, when set: a value that is not a number in [lo, hi]
+// leaves *value as it is, with a warning.
+template <typename T>
+void env_int(const char* name, long long lo, long long hi, T* value) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0')
+    return;
+  char* end = nullptr;
+  const long long t = std::strtoll(v, &end, 10);
+  if (*end == '\0' && t >= lo && t <= hi) {
+    *value = static_cast<T>(t);
+    return;
+  }
+  std::fprintf(stderr,
+               "dsinfer: warning: %s=%s is not a number in %lld..%lld; using %lld\n",
+               name,
+               v,
+               lo,
+               hi,
+               static_cast<long long>(*value));
+}
+}  // namespace
+
 Result<std::unique_ptr<CudaModel>> CudaModel::create(const model::ModelConfig& config,
                                                      const model::ModelWeights& weights,
                                                      model::Numerics numerics,
                                                      const CudaModelOptions& options) {
   DSI_RETURN_IF_ERROR(gpu::select_device(options.device));
   std::unique_ptr<CudaModel> m(new CudaModel(config, numerics, options));
-  if (const char* v = std::getenv("DSINFER_GRAPH_TOKENS"); v != nullptr && *v != '\0') {
-    char* end = nullptr;
-    const long long t = std::strtoll(v, &end, 10);
-    if (*end == '\0' && t >= 1 && t <= 64)
-      m->options_.max_graph_tokens = t;
-    else
-      std::fprintf(
-          stderr,
-          "dsinfer: warning: DSINFER_GRAPH_TOKENS=%s is not a number in 1..64; using %lld\n",
-          v,
-          static_cast<long long>(m->options_.max_graph_tokens));
-  }
+  env_int("DSINFER_GRAPH_TOKENS", 1, 64, &m->options_.max_graph_tokens);
   if (const char* v = std::getenv("DSINFER_SIDE_STREAMS"); v != nullptr && *v != '\0')
     m->options_.side_streams = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("DSINFER_DRAFT_SLOT"); v != nullptr && *v != '\0')
     m->options_.draft_slot_by_steps = std::strcmp(v, "exact") != 0;
   if (const char* v = std::getenv("DSINFER_DEFER_DRAFTS"); v != nullptr && *v != '\0')
     m->options_.defer_drafts = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("DSINFER_PLAN_THREADS"); v != nullptr && *v != '\0')
-    m->options_.plan_threads = std::atoi(v);
+  env_int("DSINFER_PLAN_THREADS", 0, 256, &m->options_.plan_threads);
   int plan_threads = m->options_.plan_threads;
   if (plan_threads <= 0)
     plan_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
@@ -259,41 +279,50 @@ Status CudaModel::mark(size_t i) {
 
 void CudaModel::mark_launch_start() {
   if (launch_open_)
-    return;           // a drafting call's window, still open, takes this launch in
-  if (!fwd_start_) {  // timing events for CudaModelStats::decode_idle_ms (none: not measured)
-    for (cudaEvent_t* e : {&fwd_start_, &fwd_end_, &prev_end_}) {
-      if (cudaEventCreate(e) != cudaSuccess)
-        *e = nullptr;
+    return;            // a drafting call's window, still open, takes this launch in
+  if (!win_events_) {  // timing events for CudaModelStats::decode_idle_ms (none: not measured)
+    win_events_ = true;
+    for (int i = 0; i < 3; ++i) {
+      for (cudaEvent_t* e : {&win_start_[i], &win_end_[i]}) {
+        if (cudaEventCreate(e) != cudaSuccess) {
+          *e = nullptr;
+          win_events_ = false;
+        }
+      }
     }
+    if (!win_events_)
+      (void)cudaGetLastError();
   }
-  if (fwd_start_)
-    (void)cudaEventRecord(fwd_start_, stream_.get());
+  win_ = (win_ + 1) % 3;
+  if (win_events_)
+    (void)cudaEventRecord(win_start_[win_], stream_.get());
 }
 
 void CudaModel::mark_launch_end() {
   launch_open_ = false;  // (the forward after a deferred drafting call closes its window)
-  if (fwd_end_)
-    (void)cudaEventRecord(fwd_end_, stream_.get());
+  if (win_events_)
+    (void)cudaEventRecord(win_end_[win_], stream_.get());
 }
 
-// After a forward's (or drafting call's) final synchronisation: its GPU time and, when the launch
-// before it was decode-shaped too, the idle gap between them (CudaModelStats). Measurement only:
-// a failing event call leaves the figures out, never the forward.
-void CudaModel::account_decode_gap(bool decode) {
-  if (!decode || !fwd_start_ || !fwd_end_ || !prev_end_) {
-    have_prev_end_ = false;
+// Once a window's work is done (a forward's or drafting call's final synchronisation, or its
+// deferred picks in): its GPU time and, when the window accounted before it was decode-shaped
+// too, the idle gap between them (CudaModelStats). Measurement only: a failing event call leaves
+// the figures out, never the forward.
+void CudaModel::account_window(bool decode, int window) {
+  if (!decode || !win_events_) {
+    prev_win_ = -1;
     return;
   }
   float busy = 0.0f;
-  if (cudaEventElapsedTime(&busy, fwd_start_, fwd_end_) == cudaSuccess)
+  if (cudaEventElapsedTime(&busy, win_start_[window], win_end_[window]) == cudaSuccess)
     stats_.decode_gpu_ms += busy;
   float idle = 0.0f;
-  if (have_prev_end_ && cudaEventElapsedTime(&idle, prev_end_, fwd_start_) == cudaSuccess) {
-    stats_.decode_idle_ms += idle;
+  if (prev_win_ >= 0 && prev_win_ != window &&
+      cudaEventElapsedTime(&idle, win_end_[prev_win_], win_start_[window]) == cudaSuccess) {
+    stats_.decode_idle_ms += std::max(idle, 0.0f);
     ++stats_.decode_gaps;
   }
-  std::swap(prev_end_, fwd_end_);
-  have_prev_end_ = true;
+  prev_win_ = window;
 }
 
 Status CudaModel::forward(state::SequenceState& st,
@@ -305,10 +334,68 @@ Status CudaModel::forward(state::SequenceState& st,
 
 Status CudaModel::forward_batch(std::span<backend::ForwardItem> items) {
   host_begin();
+  // The previous forward's picks still on the device: this forward's device tokens read them,
+  // and they are written out once its own work is queued.
+  std::swap(prior_picks_, picks_);
+  DSI_CHECK(!picks_.pending, "deferred picks of two forwards ago were never written out");
+  picks_.rows.clear();
+  picks_.outs.clear();
+  picks_.pending = false;
   const Status s = forward_batch_impl(items);
   const Status drafts = complete_deferred_drafts();
+  const Status prior = deliver_picks(prior_picks_);
   host_end(call_decode_);
-  return s.ok() ? drafts : s;
+  return !s.ok() ? s : !drafts.ok() ? drafts : prior;
+}
+
+int64_t CudaModel::DeferredPicks::find(const state::SequenceState* st) const {
+  auto it = std::lower_bound(
+      rows.begin(), rows.end(), st, [](const auto& e, const state::SequenceState* s) {
+        return e.first < s;
+      });
+  return it != rows.end() && it->first == st ? it->second : -1;
+}
+
+Status CudaModel::deliver_picks(DeferredPicks& p) {
+  if (!p.pending)
+    return Status();
+  p.pending = false;
+  DSI_RETURN_IF_ERROR(
+      device::check_cuda(cudaEventSynchronize(picks_ready_[p.which]), "deferred picks"));
+  for (const auto& [out, row] : p.outs) {
+    out->sample = sampler_.result(p.which, row);
+    out->sampled = true;
+    out->deferred = false;
+  }
+  account_window(p.decode, p.window);
+  return Status();
+}
+
+Status CudaModel::complete_deferred_samples() {
+  return deliver_picks(picks_);
+}
+
+int64_t CudaModel::plan_device_tokens(std::span<const backend::ForwardItem> items,
+                                      std::span<const size_t> active,
+                                      std::span<const SeqSpan> spans,
+                                      HostPack& pack,
+                                      int32_t* src_id,
+                                      int32_t* dst_id) const {
+  std::vector<int32_t> src, dst;
+  for (size_t k = 0; k < active.size(); ++k) {
+    const backend::ForwardItem& it = items[active[k]];
+    if (!it.options.device_token)
+      continue;
+    const int64_t row = prior_picks_.find(it.state);
+    DSI_CHECK(row >= 0, "a device token without a deferred pick (checked on entry)");
+    src.push_back(static_cast<int32_t>(row));
+    dst.push_back(static_cast<int32_t>(spans[k].begin));
+  }
+  if (src.empty())
+    return 0;
+  *src_id = pack.add(src);
+  *dst_id = pack.add(dst);
+  return static_cast<int64_t>(src.size());
 }
 
 void CudaModel::host_begin() {
@@ -413,6 +500,7 @@ Status CudaModel::forward_batch_impl(std::span<backend::ForwardItem> items) {
       it.out->mtp_logits.clear();
       it.out->mtp_count = 0;
       it.out->sampled = false;
+      it.out->deferred = false;
       it.out->row_samples.clear();
     }
     if (it.options.device_drafts != 0) {
@@ -430,10 +518,20 @@ Status CudaModel::forward_batch_impl(std::span<backend::ForwardItem> items) {
         continue;
       }
     }
+    if (it.options.device_token &&
+        (it.tokens.empty() || it.options.run_mtp || it.options.device_drafts != 0 ||
+         prior_picks_.find(it.state) < 0)) {
+      it.status = invalid_argument(
+          "a token to take on the device where the previous forward left no pick for this "
+          "sequence (or with drafts or the MTP pass)");
+      continue;
+    }
     bool bad = false;
     for (size_t t = 0; t < it.tokens.size() && !bad; ++t) {
       if (t >= 1 && t <= static_cast<size_t>(it.options.device_drafts))
         continue;  // (placeholders: the drafts are taken on the device)
+      if (t == 0 && it.options.device_token)
+        continue;  // (a placeholder: the previous forward's pick)
       if (it.tokens[t] < 0 || it.tokens[t] >= c.vocab_size) {
         it.status = invalid_argument(
             str_format("token id %d at index %zu is outside the vocabulary [0, %lld)",
@@ -785,6 +883,10 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   int32_t drafts_src = -1, drafts_dst = -1;
   const int64_t device_drafts =
       plan_device_drafts(items, active, spans, L->pack, &drafts_src, &drafts_dst);
+  // Tokens the previous forward picked on the device (ForwardOptions::device_token).
+  int32_t picks_src = -1, picks_dst = -1;
+  const int64_t device_tokens =
+      plan_device_tokens(items, active, spans, L->pack, &picks_src, &picks_dst);
 
   // One transfer of the plan.
   L->pack.layout(decode);
@@ -809,6 +911,15 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
                                     L->pack.resolve<int32_t>(L->dev, L->main.tokens),
                                     L->pack.resolve<int32_t>(L->dev, drafts_dst),
                                     device_drafts,
+                                    stream_.get()));
+  }
+  if (device_tokens > 0) {
+    DSI_RETURN_IF_ERROR(
+        cuda::launch_scatter_tokens(sampler_.device_tokens(),
+                                    L->pack.resolve<int32_t>(L->dev, picks_src),
+                                    L->pack.resolve<int32_t>(L->dev, L->main.tokens),
+                                    L->pack.resolve<int32_t>(L->dev, picks_dst),
+                                    device_tokens,
                                     stream_.get()));
   }
 
@@ -884,11 +995,45 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
                                                            stream_.get()),
                                            "copying MTP logits"));
   }
+  // Asynchronous scheduling: every item samples one row on the device and allows its pick to
+  // stay there (ForwardOptions::may_defer), nothing else comes back: return once the work is
+  // queued; the picks are written out by the next call (deliver_picks).
+  bool defer = !sample_rows.empty() && main_floats == 0 && mtp_floats == 0 && !profiling_now_;
+  for (size_t k = 0; k < active.size() && defer; ++k) {
+    const backend::ForwardItem& it = items[active[k]];
+    defer = it.out && it.options.may_defer && it.options.sample && it.options.sample_rows.empty() &&
+            sample_slot[active[k]] >= 0;
+  }
   host_mark(2);
   mark_launch_end();
-  DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "forward"));
-  host_mark(3);
-  account_decode_gap(decode);
+  if (defer) {
+    const int which = sampler_.current();
+    if (!picks_ready_[which]) {
+      DSI_RETURN_IF_ERROR(
+          device::check_cuda(cudaEventCreateWithFlags(&picks_ready_[which], cudaEventDisableTiming),
+                             "deferred picks event"));
+    }
+    DSI_RETURN_IF_ERROR(device::check_cuda(cudaEventRecord(picks_ready_[which], stream_.get()),
+                                           "deferred picks event"));
+    picks_.which = which;
+    picks_.window = win_;
+    picks_.decode = decode;
+    picks_.pending = true;
+    for (size_t k = 0; k < active.size(); ++k) {
+      const backend::ForwardItem& it = items[active[k]];
+      const auto row = static_cast<size_t>(sample_slot[active[k]]);
+      picks_.rows.push_back({it.state, static_cast<int64_t>(row)});
+      picks_.outs.push_back({it.out, row});
+      it.out->deferred = true;
+      it.out->logits.clear();
+    }
+    std::sort(picks_.rows.begin(), picks_.rows.end());
+  } else {
+    DSI_RETURN_IF_ERROR(device::sync_stream(stream_.get(), "forward"));
+    host_mark(3);
+    DSI_RETURN_IF_ERROR(deliver_picks(prior_picks_));  // (home too: its window comes first)
+    account_decode_gap(decode);
+  }
   spare_pack_ = std::move(L->pack);
   if (profiling_now_) {
     profiling_now_ = false;
@@ -909,6 +1054,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
       for (int64_t j = 0; j < s.n; ++j)
         it.out->row_samples.push_back(sampler_.result(first + static_cast<size_t>(j)));
       it.out->logits.clear();
+    } else if (defer) {
+      // (Its pick is written out later: deliver_picks.)
     } else if (it.out && sample_slot[active[k]] >= 0) {
       it.out->sampled = true;
       it.out->sample = sampler_.result(static_cast<size_t>(sample_slot[active[k]]));

@@ -172,6 +172,11 @@ class CudaModel final : public backend::Model {
   Status health() const override;
   // ForwardOptions::sample: sampled on the device (DeviceSampler, kernels/cuda/sampling.h).
   bool can_sample() const override { return true; }
+  // Asynchronous scheduling (ForwardOptions::may_defer / device_token): a forward whose items all
+  // sample in the backend may return once its work is queued; the next forward takes its picks
+  // on the device and, once its own work is queued, waits for them and writes them out.
+  bool can_defer_samples() const override { return true; }
+  Status complete_deferred_samples() override;
   int64_t shape_warmups() const override { return stats_.shape_warmups; }
   DeviceTiming decode_timing() const override {
     return {stats_.decode_gpu_ms,
@@ -419,6 +424,30 @@ class CudaModel final : public backend::Model {
                              int32_t* src_id,
                              int32_t* dst_id) const;
   Status forward_batch_impl(std::span<backend::ForwardItem> items);
+  // Asynchronous scheduling: the picks a forward left on the device (ForwardOptions::may_defer),
+  // by sequence (sorted: a later forward's device tokens look their rows up) and by output.
+  struct DeferredPicks {
+    std::vector<std::pair<const state::SequenceState*, int64_t>> rows;  // sequence -> pick row
+    std::vector<std::pair<backend::ForwardOutputs*, size_t>> outs;      // output -> pick row
+    int which = 0;         // the sampler's buffer set (DeviceSampler::result)
+    int window = 0;        // the forward's timing window, accounted once the picks are in
+    bool decode = false;   // ... as a decode-shaped one
+    bool pending = false;  // outputs not written yet
+    int64_t find(const state::SequenceState* st) const;  // its pick row, -1: none
+  };
+  // picks_: the latest forward's (pending until written); prior_picks_: during a forward, the
+  // previous one's, whose rows its device tokens read and which it writes out after its launch.
+  DeferredPicks picks_, prior_picks_;
+  cudaEvent_t picks_ready_[2] = {nullptr, nullptr};  // per sampler set: its results are home
+  Status deliver_picks(DeferredPicks& p);
+  // The ForwardOptions::device_token rows of a forward's items: the previous forward's pick rows
+  // and the token rows they go to, added to the pack; returns their number.
+  int64_t plan_device_tokens(std::span<const backend::ForwardItem> items,
+                             std::span<const size_t> active,
+                             std::span<const SeqSpan> spans,
+                             HostPack& pack,
+                             int32_t* src_id,
+                             int32_t* dst_id) const;
   // Set by upload_pack after its copy from pinned_ is queued: the next upload_pack waits for it
   // before it writes pinned_ again (a deferred drafting call returns with its copy queued).
   cudaEvent_t staging_free_ = nullptr;
@@ -461,17 +490,21 @@ class CudaModel final : public backend::Model {
   HostPack spare_pack_;       // the plan pack's storage, kept from forward to forward
   bool profiling_now_ = false;
   std::vector<cudaEvent_t> events_;
-  // CudaModelStats::decode_gpu_ms / decode_idle_ms: this forward's start and end, and the end of
-  // the previous decode forward (when the forward before this one was a decode forward).
-  cudaEvent_t fwd_start_ = nullptr;
-  cudaEvent_t fwd_end_ = nullptr;
-  cudaEvent_t prev_end_ = nullptr;
-  bool have_prev_end_ = false;
-  // Timing events around one forward or drafting call (from the plan's upload to the last
-  // result copy), then its accounting after the synchronisation.
+  // CudaModelStats::decode_gpu_ms / decode_idle_ms: each launch window's (a forward's or drafting
+  // call's work, from the plan's upload to the last result copy) start and end events, in a ring
+  // of three (a forward whose picks are deferred is accounted during the next call, after that
+  // call's window started), and the last accounted decode window (-1: the call before was not
+  // decode-shaped). Events not created (an error): nothing measured.
+  cudaEvent_t win_start_[3] = {nullptr, nullptr, nullptr};
+  cudaEvent_t win_end_[3] = {nullptr, nullptr, nullptr};
+  bool win_events_ = false;
+  int win_ = 0;
+  int prev_win_ = -1;
   void mark_launch_start();
   void mark_launch_end();
-  void account_decode_gap(bool decode);
+  // After the window's work is done: its GPU time and the idle gap since the previous one.
+  void account_decode_gap(bool decode) { account_window(decode, win_); }
+  void account_window(bool decode, int window);
   std::vector<float> profile_ms_;
 };
 

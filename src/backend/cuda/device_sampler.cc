@@ -61,7 +61,11 @@ Status DeviceSampler::launch(const float* logits,
                              std::span<const Row> rows,
                              cudaStream_t stream) {
   const size_t n = rows.size();
-  last_.clear();
+  // Each launch in the other buffer set: the previous launch's picks may still be on their way
+  // back (asynchronous scheduling reads them after this launch is queued).
+  cur_ ^= 1;
+  Set& set = sets_[cur_];
+  set.logprobs.clear();
   if (n == 0)
     return Status();
   const size_t words = static_cast<size_t>((vocab + 31) / 32);
@@ -113,13 +117,13 @@ Status DeviceSampler::launch(const float* logits,
   }
   const Layout l = layout(n, pen_token_.size(), masks, words);
   const size_t out_bytes = n * (sizeof(int32_t) + sizeof(float));
-  if (staging_.size() < l.bytes || results_.size() < out_bytes) {
+  if (set.staging.size() < l.bytes || set.results.size() < out_bytes) {
     DSI_RETURN_IF_ERROR(device::sync_stream(stream, "sampling staging"));
-    if (staging_.size() < l.bytes) {
-      DSI_ASSIGN_OR_RETURN(staging_, device::PinnedBuffer::allocate(l.bytes + l.bytes / 2));
+    if (set.staging.size() < l.bytes) {
+      DSI_ASSIGN_OR_RETURN(set.staging, device::PinnedBuffer::allocate(l.bytes + l.bytes / 2));
     }
-    if (results_.size() < out_bytes) {
-      DSI_ASSIGN_OR_RETURN(results_, device::PinnedBuffer::allocate(2 * out_bytes));
+    if (set.results.size() < out_bytes) {
+      DSI_ASSIGN_OR_RETURN(set.results, device::PinnedBuffer::allocate(2 * out_bytes));
     }
   }
   DSI_RETURN_IF_ERROR(
@@ -129,7 +133,7 @@ Status DeviceSampler::launch(const float* logits,
   const size_t ws = cuda::sample_workspace_bytes(static_cast<int64_t>(n), vocab);
   DSI_RETURN_IF_ERROR(grow_device(&ws_dev_, &ws_cap_, ws, stream, "cudaMalloc (sampling)"));
 
-  uint8_t* host = staging_.as<uint8_t>();
+  uint8_t* host = set.staging.as<uint8_t>();
   auto* reqs = reinterpret_cast<cuda::SamplingRequest*>(host + l.requests);
   uint32_t* mask_host = reinterpret_cast<uint32_t*>(host + l.masks);
   int32_t mask_row = 0;
@@ -157,7 +161,7 @@ Status DeviceSampler::launch(const float* logits,
       std::fill(dst + k, dst + words, 0u);  // past the mask: not allowed (apply_token_mask)
       d.mask_row = mask_row++;
     }
-    last_.push_back(&q);
+    set.logprobs.push_back(c.logprobs ? 1 : 0);
   }
   std::memcpy(host + l.penalty_begin, pen_begin_.data(), pen_begin_.size() * sizeof(int64_t));
   if (!pen_token_.empty()) {
@@ -188,16 +192,19 @@ Status DeviceSampler::launch(const float* logits,
   p.out_logprobs = reinterpret_cast<float*>(static_cast<int32_t*>(out_dev_) + n);
   DSI_RETURN_IF_ERROR(cuda::launch_sample(p, stream));
   return device::check_cuda(
-      cudaMemcpyAsync(results_.get(), out_dev_, out_bytes, cudaMemcpyDeviceToHost, stream),
+      cudaMemcpyAsync(set.results.get(), out_dev_, out_bytes, cudaMemcpyDeviceToHost, stream),
       "copying the sampled tokens");
 }
 
-sampling::SampleResult DeviceSampler::result(size_t i) const {
-  DSI_CHECK(i < last_.size(), "sampled row %zu of %zu", i, last_.size());
+sampling::SampleResult DeviceSampler::result(int which, size_t i) const {
+  DSI_CHECK(which == 0 || which == 1, "sampler buffer set %d", which);
+  const Set& set = sets_[which];
+  const size_t n = set.logprobs.size();
+  DSI_CHECK(i < n, "sampled row %zu of %zu", i, n);
   sampling::SampleResult r;
-  r.token = results_.as<int32_t>()[i];
-  if (last_[i]->config->logprobs)
-    r.logprob = reinterpret_cast<const float*>(results_.as<int32_t>() + last_.size())[i];
+  r.token = set.results.as<int32_t>()[i];
+  if (set.logprobs[i])
+    r.logprob = reinterpret_cast<const float*>(set.results.as<int32_t>() + n)[i];
   return r;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -30,10 +31,16 @@ class DeviceSampler {
   ~DeviceSampler();
 
   // Enqueues the sampling of `rows` from `logits` ([*, vocab], device) on `stream`, and the copy
-  // of the results to host memory. The results are valid once the stream has synchronized.
+  // of the results to host memory. The results are valid once the stream has synchronized. Two
+  // launches in a row use two sets of host buffers (current() says which), so that a launch's
+  // results can be read after the next launch was queued (asynchronous scheduling); the rows'
+  // requests are not used after launch returns.
   Status launch(const float* logits, int64_t vocab, std::span<const Row> rows, cudaStream_t stream);
-  // Row i's result (after the stream synchronized); logprob only when its config asks for it.
-  sampling::SampleResult result(size_t i) const;
+  int current() const { return cur_; }
+  // Row i's result of the launch that used buffer set `which` (once its copy has arrived);
+  // logprob only when its config asked for it.
+  sampling::SampleResult result(int which, size_t i) const;
+  sampling::SampleResult result(size_t i) const { return result(cur_, i); }
   // The last launch's picked tokens on the device ([rows], int32; valid in stream order after
   // it): what chained work (the next drafting step's embedding) reads without a round trip.
   const int32_t* device_tokens() const { return static_cast<const int32_t*>(out_dev_); }
@@ -48,16 +55,20 @@ class DeviceSampler {
  private:
   Status grow_device(void** buf, size_t* cap, size_t bytes, cudaStream_t stream, const char* what);
 
-  device::PinnedBuffer staging_;  // the blob going up
-  device::PinnedBuffer results_;  // [n] tokens, then [n] logprobs, coming back
+  struct Set {
+    device::PinnedBuffer staging;   // the blob going up
+    device::PinnedBuffer results;   // [n] tokens, then [n] logprobs, coming back
+    std::vector<uint8_t> logprobs;  // per row: whether its config asked for the logprob
+  };
+  std::array<Set, 2> sets_;
+  int cur_ = 1;  // the latest launch's set
   void* blob_dev_ = nullptr;
   size_t blob_cap_ = 0;
   void* out_dev_ = nullptr;
   size_t out_cap_ = 0;
   void* ws_dev_ = nullptr;
   size_t ws_cap_ = 0;
-  std::vector<const backend::SampleRequest*> last_;  // the rows of the last launch
-  std::vector<int32_t> pen_token_;                   // host scratch for the CSR
+  std::vector<int32_t> pen_token_;  // host scratch for the CSR
   std::vector<int32_t> pen_count_;
   std::vector<int64_t> pen_begin_;
 };

@@ -32,7 +32,8 @@ Status CudaModel::mtp_draft_batch(std::span<backend::DraftItem> items) {
 
 Status CudaModel::mtp_draft_impl(std::span<backend::DraftItem> items) {
   DSI_RETURN_IF_ERROR(health());
-  DSI_RETURN_IF_ERROR(complete_deferred_drafts());  // (a call with no verification after it)
+  DSI_RETURN_IF_ERROR(complete_deferred_drafts());   // (a call with no verification after it)
+  DSI_RETURN_IF_ERROR(complete_deferred_samples());  // (its window is accounted before these)
   for (backend::DraftItem& it : items) it.deferred = false;
   const auto& c = config_;
   const int64_t width = c.hc_mult * c.hidden_size;
