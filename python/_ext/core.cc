@@ -80,6 +80,7 @@ class Engine {
          int64_t max_model_len,
          const std::string& model_version,
          bool cuda_graphs,
+         bool async_scheduling,
          const std::string& cpu_kernels,
          int cpu_threads) {
     cli::EngineFlags f;
@@ -92,6 +93,7 @@ class Engine {
     f.max_model_len = max_model_len;
     f.model_version = model_version;
     f.no_cuda_graphs = !cuda_graphs;
+    f.async_scheduling = async_scheduling;
     f.cpu_kernels = cpu_kernels;
     f.cpu_threads = cpu_threads;
     if (max_num_seqs < 1)
@@ -353,6 +355,7 @@ NB_MODULE(_core, m) {
                     int64_t,
                     const std::string&,
                     bool,
+                    bool,
                     const std::string&,
                     int>(),
            nb::arg("model"),
@@ -364,6 +367,7 @@ NB_MODULE(_core, m) {
            nb::arg("max_model_len"),
            nb::arg("model_version"),
            nb::arg("cuda_graphs"),
+           nb::arg("async_scheduling"),
            nb::arg("cpu_kernels"),
            nb::arg("cpu_threads"))
       .def("generate",

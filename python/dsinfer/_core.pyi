@@ -19,6 +19,7 @@ class Engine:
         max_model_len: int,
         model_version: str,
         cuda_graphs: bool,
+        async_scheduling: bool,
         cpu_kernels: str,
         cpu_threads: int,
     ) -> None: ...

@@ -40,6 +40,8 @@ class LLM:
         model_version: prompt format of chat(): "auto" (V4.1's for a V4.1 checkpoint, else
             "v4"), "v4", "v4-0731" or "v4.1". The resolved value is `LLM.model_version`.
         cuda_graphs: replay decode steps from CUDA graphs (CUDA only).
+        async_scheduling: launch each decode step before the previous one's tokens are back
+            (CUDA only; steps with penalties, structured outputs or speculation wait).
         cpu_kernels: device "cpu": "fast" (batched vectorised GEMMs on a thread pool) or
             "reference" (the plain reference implementation; same greedy tokens).
         cpu_threads: threads of the fast CPU path (0: $DSINFER_CPU_THREADS or all).
@@ -61,6 +63,7 @@ class LLM:
         max_model_len: Optional[int] = None,
         model_version: str = "auto",
         cuda_graphs: bool = True,
+        async_scheduling: bool = True,
         cpu_kernels: str = "fast",
         cpu_threads: int = 0,
     ) -> None:
@@ -76,6 +79,7 @@ class LLM:
             max_model_len=max_model_len or 0,
             model_version=model_version,
             cuda_graphs=cuda_graphs,
+            async_scheduling=async_scheduling,
             cpu_kernels=cpu_kernels,
             cpu_threads=cpu_threads,
         )

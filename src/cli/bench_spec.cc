@@ -293,6 +293,11 @@ void SpecBenchFlags::add_to(CLI::App* cmd) {
                   "With --speculative: accept each verified draft with this probability whatever "
                   "the target says (a trained-like acceptance for random-weight checkpoints whose "
                   "drafter accepts nothing; step costs are real, tokens are not the model's)");
+  cmd->add_flag("--no-async-scheduling",
+                no_async,
+                "With --speculative: every engine waits for each step's tokens (by default, as "
+                "`generate` and `serve`, a step of plain decodes is launched while the one before "
+                "it runs: `off`, and auto's steps without speculation)");
 }
 
 void SpecBenchFlags::apply(SpecBenchArgs* s) const {
@@ -301,6 +306,7 @@ void SpecBenchFlags::apply(SpecBenchArgs* s) const {
   s->prompt_text = prompt_text;
   s->interleave = interleave;
   s->forced_acceptance = forced_acceptance;
+  s->async_scheduling = !no_async;
 }
 
 int run_spec_bench(const SpecBenchArgs& a) {
@@ -337,6 +343,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   if (a.forced_acceptance < 0 || a.forced_acceptance > 1)
     return fail(invalid_argument("--forced-acceptance must be in [0, 1]"));
   base.forced_acceptance = a.forced_acceptance;
+  base.async_scheduling = a.async_scheduling;
   PromptSource prompts;
   if (!a.prompt_text.empty()) {
     auto text = load_prompt_text(a.prompt_text, base.model_dir, a.prompt);
@@ -505,6 +512,7 @@ int run_spec_bench(const SpecBenchArgs& a) {
   out["min_requests_per_run"] = kMinRequests;
   // Forced: the drafts' acceptance is injected (step costs real, tokens not the model's).
   out["forced_acceptance"] = a.forced_acceptance;
+  out["async_scheduling"] = a.async_scheduling;
   json rows = json::array();
   std::string table = str_format("%6s %-8s %10s %7s %13s %10s %7s %s\n",
                                  "batch",

@@ -42,6 +42,7 @@ struct SpecBenchArgs {
   // memory for every mode's weights and state.
   bool interleave = false;
   double forced_acceptance = 0;  // EngineConfig::forced_acceptance (0: the drafter's own)
+  bool async_scheduling = true;  // EngineConfig::async_scheduling (the command line's default)
   std::string output;
 };
 
@@ -51,7 +52,8 @@ Result<std::vector<std::string>> expand_spec_modes(const std::vector<std::string
 int run_spec_bench(const SpecBenchArgs& a);
 
 // The flags of `bench --speculative` that both builds' bench commands take alike (the modes,
-// --warmup, --prompt-text, --interleave-modes, --forced-acceptance): registered on `cmd`, read
+// --warmup, --prompt-text, --interleave-modes, --forced-acceptance, --no-async-scheduling):
+// registered on `cmd`, read
 // into the SpecBenchArgs they configure by apply().
 struct SpecBenchFlags {
   std::vector<std::string> modes;
@@ -59,6 +61,7 @@ struct SpecBenchFlags {
   std::string prompt_text;
   bool interleave = false;
   double forced_acceptance = 0;
+  bool no_async = false;
   CLI::Option* speculative = nullptr;  // --speculative (count() > 0: the speculative bench)
 
   void add_to(CLI::App* cmd);

@@ -35,8 +35,16 @@ namespace {
 using json = nlohmann::ordered_json;
 
 // Decode steps: how the next tokens are chosen (the timed runs of each decode batch).
-enum class SampleMode { kDeviceGreedy, kDeviceSampled, kLogitsToHost, kHostSampled };
-constexpr int64_t kDecodeRuns = 4;  // timed decode runs per batch (one per mode)
+// kDeviceGreedyAsync: greedy on the device, each step launched before the previous one's picks
+// are known and fed by them on the device (the engine's asynchronous scheduling).
+enum class SampleMode {
+  kDeviceGreedy,
+  kDeviceSampled,
+  kLogitsToHost,
+  kHostSampled,
+  kDeviceGreedyAsync
+};
+constexpr int64_t kDecodeRuns = 6;  // decode runs per batch (one per mode, and warm-ups)
 
 struct BenchArgs {
   std::string model_dir;
@@ -372,24 +380,39 @@ int run_bench(const BenchArgs& a) {
     std::vector<backend::SampleRequest> sreq(static_cast<size_t>(batch));
     sampling::SamplerScratch scratch;
     int64_t pos = 0;  // tokens decoded so far (the RNG counter)
+    // Asynchronous steps: the outputs alternate (the previous step's picks are written into
+    // theirs during the next call), and whether the previous step left its picks on the device.
+    std::vector<backend::ForwardOutputs> async_outs[2] = {
+        std::vector<backend::ForwardOutputs>(static_cast<size_t>(batch)),
+        std::vector<backend::ForwardOutputs>(static_cast<size_t>(batch))};
+    int parity = 0;
+    bool primed = false;
     auto step = [&](SampleMode mode) -> Status {
       const int64_t k = pos++;
+      const bool async = mode == SampleMode::kDeviceGreedyAsync;
+      std::vector<backend::ForwardOutputs>& o = async ? async_outs[parity] : outs;
       std::vector<backend::ForwardItem> items(static_cast<size_t>(batch));
       for (int64_t i = 0; i < batch; ++i) {
         step_tokens[i] = {static_cast<int32_t>((k * 7919 + i * 104729) % cfg.vocab_size)};
         items[i].state = seqs[i].get();
         items[i].tokens = step_tokens[i];
         items[i].options = last;
-        if (mode == SampleMode::kDeviceGreedy || mode == SampleMode::kDeviceSampled) {
-          sreq[i].config = mode == SampleMode::kDeviceGreedy ? &greedy_cfg : &sampled_cfg;
+        if (mode != SampleMode::kLogitsToHost && mode != SampleMode::kHostSampled) {
+          sreq[i].config = mode == SampleMode::kDeviceSampled ? &sampled_cfg : &greedy_cfg;
           sreq[i].penalties = &no_penalties;
           sreq[i].step = static_cast<uint64_t>(k);
           items[i].options.sample = &sreq[i];
         }
-        items[i].out = &outs[i];
+        items[i].options.may_defer = async;
+        items[i].options.device_token = async && primed;
+        items[i].out = &o[static_cast<size_t>(i)];
       }
       DSI_RETURN_IF_ERROR(m.forward_batch(items));
       for (const auto& it : items) DSI_RETURN_IF_ERROR(it.status);
+      if (async) {
+        primed = o[0].deferred;
+        parity ^= 1;
+      }
       if (mode == SampleMode::kHostSampled) {
         for (auto& o : outs) {
           (void)sampling::sample(
@@ -401,7 +424,15 @@ int run_bench(const BenchArgs& a) {
     auto time_steps = [&](SampleMode mode, int64_t steps) -> Result<double> {
       const double t = now_s();
       for (int64_t j = 0; j < steps; ++j) DSI_RETURN_IF_ERROR(step(mode));
+      DSI_RETURN_IF_ERROR(m.complete_deferred_samples());  // (the last asynchronous step's)
+      primed = false;
       return (now_s() - t) / static_cast<double>(steps);
+    };
+    // The GPU's idle time between decode steps over a run (CudaModelStats::decode_idle_ms).
+    auto idle_fraction = [](const gpu::CudaModelStats& b, const gpu::CudaModelStats& e) {
+      const double busy = e.decode_gpu_ms - b.decode_gpu_ms;
+      const double idle = e.decode_idle_ms - b.decode_idle_ms;
+      return busy + idle > 0 ? idle / (busy + idle) : 0.0;
     };
     const int64_t warm = 3;
     for (int64_t k = 0; k < warm; ++k) {
@@ -448,6 +479,17 @@ int run_bench(const BenchArgs& a) {
       sampling_ms[name] = *t * 1e3;
     }
     sampling_ms["device_greedy"] = step_s * 1e3;
+    // Asynchronous scheduling's steps (each launched before the previous one's picks are home),
+    // after two untimed ones (the shapes with device tokens captured; and the gap after the host
+    // sampler's steps above is not one of the timed run's).
+    if (Result<double> w = time_steps(SampleMode::kDeviceGreedyAsync, 2); !w.ok())
+      return fail(w.status());
+    const gpu::CudaModelStats async0 = m.stats();
+    Result<double> async_s = time_steps(SampleMode::kDeviceGreedyAsync, a.decode_steps);
+    if (!async_s.ok())
+      return fail(async_s.status());
+    const gpu::CudaModelStats async1 = m.stats();
+    sampling_ms["device_greedy_async"] = *async_s * 1e3;
     // One more step, eager and profiled, for the per-layer split.
     m.set_cuda_graphs(false);
     m.set_profile(true);
@@ -464,39 +506,39 @@ int run_bench(const BenchArgs& a) {
                            context + warm,
                            4.0 * static_cast<double>(state::kv_row_floats(cfg, m.row_format())),
                            4.0 * static_cast<double>(state::index_row_floats(cfg, m.row_format())));
-    json row = {
-        {"batch", batch},
-        {"context", context},
-        {"steps", a.decode_steps},
-        {"step_ms", step_s * 1e3},
-        {"tokens_per_s", static_cast<double>(batch) / step_s},
-        {"cuda_graph_replays", after.graph_replays - before.graph_replays},
-        // The GPU's idle time between the timed steps (CudaModelStats::decode_idle_ms).
-        {"gpu_idle_ms_per_step",
-         after.decode_gaps > before.decode_gaps
-             ? (after.decode_idle_ms - before.decode_idle_ms) /
-                   static_cast<double>(after.decode_gaps - before.decode_gaps)
-             : 0.0},
-        {"gpu_idle_fraction",
-         after.decode_gpu_ms + after.decode_idle_ms > before.decode_gpu_ms + before.decode_idle_ms
-             ? (after.decode_idle_ms - before.decode_idle_ms) /
-                   (after.decode_gpu_ms - before.decode_gpu_ms + after.decode_idle_ms -
-                    before.decode_idle_ms)
-             : 0.0},
-        {"backend_host_ms", host_phases_json},
-        {"step_ms_by_sampling", sampling_ms},
-        {"bytes_per_step", cost.bytes()},
-        {"achieved_bytes_per_s", cost.bytes() / step_s},
-        {"flops_per_step", cost.flops()},
-        {"per_layer_eager", per_layer(cfg, prof)}};
-    if (copy_bw > 0)
+    json row = {{"batch", batch},
+                {"context", context},
+                {"steps", a.decode_steps},
+                {"step_ms", step_s * 1e3},
+                {"tokens_per_s", static_cast<double>(batch) / step_s},
+                {"cuda_graph_replays", after.graph_replays - before.graph_replays},
+                // The GPU's idle time between the timed steps (CudaModelStats::decode_idle_ms).
+                {"gpu_idle_ms_per_step",
+                 after.decode_gaps > before.decode_gaps
+                     ? (after.decode_idle_ms - before.decode_idle_ms) /
+                           static_cast<double>(after.decode_gaps - before.decode_gaps)
+                     : 0.0},
+                {"gpu_idle_fraction", idle_fraction(before, after)},
+                {"async_gpu_idle_fraction", idle_fraction(async0, async1)},
+                {"backend_host_ms", host_phases_json},
+                {"step_ms_by_sampling", sampling_ms},
+                {"bytes_per_step", cost.bytes()},
+                {"achieved_bytes_per_s", cost.bytes() / step_s},
+                {"flops_per_step", cost.flops()},
+                {"per_layer_eager", per_layer(cfg, prof)}};
+    // The engine's decode step with asynchronous scheduling (its default on CUDA).
+    row["async_step_ms"] = *async_s * 1e3;
+    if (copy_bw > 0) {
       row["fraction_of_copy_bandwidth"] = cost.bytes() / step_s / copy_bw;
+      row["async_fraction_of_copy_bandwidth"] = cost.bytes() / *async_s / copy_bw;
+    }
     if (fp8_peak > 0)
       row["fraction_of_fp8_peak"] = cost.flops() / step_s / fp8_peak;
     std::fprintf(stderr,
                  "[bench] decode batch %lld at %lld context: %.3f ms/step, %.1f tok/s (tokens "
                  "chosen on the device; top-p on the device %.3f ms, logits to the host %.3f "
-                 "ms, top-p on the host %.3f ms; GPU idle between steps %.1f%%)\n",
+                 "ms, top-p on the host %.3f ms; GPU idle between steps %.1f%%; launched "
+                 "ahead %.3f ms/step, GPU idle %.1f%%)\n",
                  static_cast<long long>(batch),
                  static_cast<long long>(context),
                  step_s * 1e3,
@@ -504,7 +546,9 @@ int run_bench(const BenchArgs& a) {
                  sampling_ms["device_top_p"].get<double>(),
                  sampling_ms["logits_to_host"].get<double>(),
                  sampling_ms["logits_to_host_top_p"].get<double>(),
-                 100.0 * row["gpu_idle_fraction"].get<double>());
+                 100.0 * row["gpu_idle_fraction"].get<double>(),
+                 sampling_ms["device_greedy_async"].get<double>(),
+                 100.0 * row["async_gpu_idle_fraction"].get<double>());
     decode.push_back(row);
   }
   out["decode"] = decode;

@@ -137,9 +137,16 @@ int emit_results(const GenerateArgs& a,
     if (!out)
       return fail(io_error("--output: cannot write " + a.output));
   }
+  std::string first_error;
   for (const json& o : results) {
-    if (!o.contains("output_token_ids")) {
+    // A request that failed (a bad input line, or an engine error after it started: no memory,
+    // a device fault) carries an error.
+    if (o.contains("error")) {
       ++failed;
+      if (first_error.empty())
+        first_error = o["error"].get<std::string>();
+    }
+    if (!o.contains("output_token_ids")) {
       if (out.is_open())
         out << o.dump() << "\n";
       continue;
@@ -180,6 +187,8 @@ int emit_results(const GenerateArgs& a,
                1e3 * percentile(tpot, 0.9),
                1e3 * percentile(tpot, 0.99),
                static_cast<long long>(preemptions));
+  if (!first_error.empty())
+    std::fprintf(stderr, "[generate] first error: %s\n", first_error.c_str());
   if (!spec_line.empty())
     std::fprintf(stderr, "[generate] %s\n", spec_line.c_str());
   return failed == static_cast<int64_t>(results.size()) ? 1 : 0;
@@ -411,6 +420,12 @@ int run_generate(const GenerateArgs& a) {
   std::string spec_line;
   if (st.speculative.mode != spec::Mode::kOff) {
     spec_line = "speculative " + spec::to_string(st.speculative) + ": " + st.spec.summary();
+  }
+  if (st.async_steps > 0) {
+    spec_line += str_format("%sasynchronous scheduling: %lld of %lld steps launched ahead",
+                            spec_line.empty() ? "" : " | ",
+                            static_cast<long long>(st.async_steps),
+                            static_cast<long long>(st.steps));
   }
   return emit_results(a, results, tok != nullptr, wall, st.preemptions, spec_line);
 }

@@ -166,6 +166,12 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_flag("--no-cuda-graphs",
                 f->no_cuda_graphs,
                 "Launch decode steps eagerly instead of replaying CUDA graphs");
+  cmd->add_flag("--async-scheduling,!--no-async-scheduling",
+                f->async_scheduling,
+                "CUDA: launch each decode step before the previous one's tokens are back (the "
+                "host prepares step N+1 while the GPU runs step N; steps of plain decodes "
+                "without speculation, penalties or structured outputs). Default on; "
+                "--no-async-scheduling waits for every step's tokens");
   cmd->add_flag("--batch-invariant",
                 f->batch_invariant,
                 "CUDA: a request's logits do not depend on the rest of the batch (every linear "
@@ -257,6 +263,7 @@ Result<EngineSetup> resolve_engine_flags(const EngineFlags& f) {
   s.config.cpu_threads = f.cpu_threads;
   s.config.cuda_graphs = !f.no_cuda_graphs;
   s.config.batch_invariant = f.batch_invariant;
+  s.config.async_scheduling = f.async_scheduling;
   if (f.ep < 0)
     return invalid_argument("--ep must be >= 0");
   if (f.ep > 0 && s.config.device != engine::Device::kCuda)

@@ -56,6 +56,7 @@ struct EngineFlags {
   int cpu_threads = 0;
   bool no_cuda_graphs = false;
   bool batch_invariant = false;
+  bool async_scheduling = true;  // --no-async-scheduling
   int ep = 0;
   std::string speculative;  // empty: auto where the checkpoint has a drafter
 };

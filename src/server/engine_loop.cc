@@ -399,6 +399,7 @@ void EngineLoop::publish() {
   g.state_max_context = st.state_max_context;
   g.steps = st.steps;
   g.preemptions = st.preemptions;
+  g.async_steps = st.async_steps;
   if (const kvstore::KvStore* kv = engine_->kv_store()) {
     g.prefix_cache = true;
     g.cache_lookups = st.cache_lookups;

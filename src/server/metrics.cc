@@ -456,6 +456,11 @@ std::string Metrics::render() const {
   sample(&out, "dsinfer_engine_steps_total", gauges_.steps);
   header(&out, "dsinfer_engine_preemptions_total", "counter", "Sequences preempted for memory.");
   sample(&out, "dsinfer_engine_preemptions_total", gauges_.preemptions);
+  header(&out,
+         "dsinfer_engine_async_steps_total",
+         "counter",
+         "Steps launched before the previous step's tokens were back (--async-scheduling).");
+  sample(&out, "dsinfer_engine_async_steps_total", gauges_.async_steps);
   if (gauges_.prefix_cache)
     render_prefix_cache(gauges_, &out);
   render_step_time(gauges_, &out);

@@ -44,6 +44,7 @@ struct EngineGauges {
   int64_t state_max_context = 0;     // tokens of context one sequence can hold
   int64_t steps = 0;
   int64_t preemptions = 0;
+  int64_t async_steps = 0;
   // Prefix cache (when the engine has one).
   bool prefix_cache = false;
   int64_t cache_lookups = 0;
