@@ -405,7 +405,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config,
                                         config.backend_sampling && e->model_->can_sample(),
                                         4,
                                         2.0,
-                                        config.clock);
+                                        config.clock,
+                                        e->defer_ok_);
       if (!t.ok())
         return t.status();
       e->step_times_ = std::move(t).value();

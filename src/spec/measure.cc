@@ -20,7 +20,8 @@ Result<StepTimes> measure_step_times(backend::Model& model,
                                      bool backend_sampling,
                                      int reps,
                                      double budget_s,
-                                     const std::function<double()>& clock) {
+                                     const std::function<double()>& clock,
+                                     bool launch_ahead) {
   auto now_s = [&clock] {
     if (clock)
       return clock();
@@ -74,6 +75,32 @@ Result<StepTimes> measure_step_times(backend::Model& model,
   auto rollback = [&](size_t b, int64_t k) {
     for (size_t i = 0; i < b; ++i) DSI_RETURN_IF_ERROR(seqs[i]->rollback(k));
     return Status();
+  };
+  // Plain decodes launched ahead (launch_ahead): `ahead` steps in a row, each but the first
+  // taking its token from the previous step's pick on the device, the outputs alternating (the
+  // backend writes a step's picks during the next call); the caller rolls them back.
+  launch_ahead =
+      launch_ahead && backend_sampling && model.can_sample() && model.can_defer_samples();
+  const int64_t ahead = std::min<int64_t>(4, max_k + 1);
+  std::vector<backend::ForwardOutputs> ahead_outs[2] = {
+      std::vector<backend::ForwardOutputs>(seqs.size()),
+      std::vector<backend::ForwardOutputs>(seqs.size())};
+  auto run_ahead = [&](size_t b, const backend::ForwardOptions& plain) -> Status {
+    for (int64_t j = 0; j < ahead; ++j) {
+      std::vector<backend::ForwardOutputs>& o = ahead_outs[j % 2];
+      items.assign(b, backend::ForwardItem{});
+      for (size_t i = 0; i < b; ++i) {
+        items[i].state = seqs[i].get();
+        items[i].tokens = std::span<const int32_t>(tail.data() + j, 1);
+        items[i].options = plain;
+        items[i].options.may_defer = true;
+        items[i].options.device_token = j > 0;
+        items[i].out = &o[i];
+      }
+      DSI_RETURN_IF_ERROR(model.forward_batch(items));
+      for (const auto& it : items) DSI_RETURN_IF_ERROR(it.status);
+    }
+    return model.complete_deferred_samples();
   };
   {
     // The prompts, with logits so that every weight has been used once (a backend may convert
@@ -188,10 +215,19 @@ Result<StepTimes> measure_step_times(backend::Model& model,
       for (int w = 0; w < 2; ++w) {
         DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), 1), plain));
         DSI_RETURN_IF_ERROR(rollback(b, 1));
+        if (launch_ahead) {
+          DSI_RETURN_IF_ERROR(run_ahead(b, plain));
+          DSI_RETURN_IF_ERROR(rollback(b, ahead));
+        }
       }
     }
     for (int r = 0; r < reps; ++r) {
-      {
+      if (launch_ahead) {
+        const double t0 = now_s();
+        DSI_RETURN_IF_ERROR(run_ahead(b, plain));
+        off = std::min(off, (now_s() - t0) / static_cast<double>(ahead));
+        DSI_RETURN_IF_ERROR(rollback(b, ahead));
+      } else {
         const double t0 = now_s();
         DSI_RETURN_IF_ERROR(run(b, std::span<const int32_t>(tail.data(), 1), plain));
         sample_rows(b);

@@ -25,6 +25,9 @@ namespace dsinfer::spec {
 // steps without drafts in the backend (Engine::prepare_backend_sample), so off and depth 0 are
 // timed that way (only the token comes back); otherwise every returned row is sampled on the host.
 // clock: seconds on the engine's clock (EngineConfig::clock); unset: the steady clock.
+// launch_ahead (with backend_sampling, on a backend whose can_defer_samples() is true): the
+// engine launches its plain decode steps ahead (EngineConfig::async_scheduling), so off is timed
+// as a run of such steps, each launched before the previous one's pick is back, per step.
 Result<StepTimes> measure_step_times(backend::Model& model,
                                      Drafter& drafter,
                                      state::PageArena& arena,
@@ -33,6 +36,7 @@ Result<StepTimes> measure_step_times(backend::Model& model,
                                      bool backend_sampling = false,
                                      int reps = 4,
                                      double budget_s = 2.0,
-                                     const std::function<double()>& clock = {});
+                                     const std::function<double()>& clock = {},
+                                     bool launch_ahead = false);
 
 }  // namespace dsinfer::spec

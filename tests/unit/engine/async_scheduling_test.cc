@@ -19,6 +19,8 @@
 #include "engine/engine.h"
 #include "model/checkpoint.h"
 #include "spec/config.h"
+#include "spec/drafter.h"
+#include "spec/measure.h"
 #include "unit/engine/engine_test_util.h"
 
 namespace dsinfer::engine {
@@ -92,6 +94,7 @@ class DeferringModel final : public test_support::CpuBackedModel {
   Status complete_deferred_samples() override {
     std::vector<Held> held;
     held.swap(held_);
+    completions += held.empty() ? 0 : 1;
     deliver(held);
     return Status();
   }
@@ -105,6 +108,7 @@ class DeferringModel final : public test_support::CpuBackedModel {
 
   int64_t deferred_calls = 0;
   int64_t device_tokens = 0;
+  int64_t completions = 0;  // complete_deferred_samples calls that wrote picks
   int64_t protocol_errors = 0;
 
  private:
@@ -330,6 +334,34 @@ TEST(AsyncScheduling, AbortsWhileAPickIsInFlight) {
     } else {
       EXPECT_EQ(async.outputs[i], sync.outputs[i]);
       EXPECT_EQ(async.finished_events[i], 1);
+    }
+  }
+}
+
+// Auto's start-up measurement times off as the engine runs it: with launch_ahead, plain decode
+// steps launched ahead in a row (the first without, the others with device tokens), their picks
+// completed at the end; every throwaway sequence rolled back and released.
+TEST(AsyncScheduling, StartUpMeasurementTimesOffLaunchedAhead) {
+  const auto& mc = fixture()->config();
+  for (bool ahead : {false, true}) {
+    SCOPED_TRACE(ahead ? "launched ahead" : "waiting");
+    DeferringModel model(*fixture());
+    auto arena = state::PageArena::growable(state::default_page_bytes(mc));
+    spec::MtpDrafter drafter(&model, 2);
+    auto t = spec::measure_step_times(model, drafter, *arena, 2, 2, true, 1, 2.0, {}, ahead);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE(t->valid());
+    for (double off : t->off_s) EXPECT_GT(off, 0);
+    EXPECT_EQ(model.protocol_errors, 0);
+    EXPECT_EQ(arena->used_bytes(), 0);
+    if (ahead) {
+      // Batch sizes 1 and 2, each two untimed runs and one timed of three steps (max_k + 1),
+      // the second and third with a device token per sequence.
+      EXPECT_EQ(model.deferred_calls, 2 * 3 * 3);
+      EXPECT_EQ(model.device_tokens, 3 * 2 * (1 + 2));
+      EXPECT_EQ(model.completions, 2 * 3);
+    } else {
+      EXPECT_EQ(model.deferred_calls, 0);
     }
   }
 }
