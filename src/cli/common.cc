@@ -168,9 +168,9 @@ void add_engine_flags(CLI::App* cmd, EngineFlags* f) {
                 "Launch decode steps eagerly instead of replaying CUDA graphs");
   cmd->add_flag("--async-scheduling,!--no-async-scheduling",
                 f->async_scheduling,
-                "CUDA: launch each decode step before the previous one's tokens are back (the "
-                "host prepares step N+1 while the GPU runs step N; steps of plain decodes "
-                "without speculation, penalties or structured outputs). Default on; "
+                "CUDA: launch each step before the previous one's tokens are back (the host "
+                "prepares step N+1 while the GPU runs step N; steps without speculation, "
+                "penalties, structured outputs or top_logprobs). Default on; "
                 "--no-async-scheduling waits for every step's tokens");
   cmd->add_flag("--batch-invariant",
                 f->batch_invariant,

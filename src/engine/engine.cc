@@ -826,8 +826,13 @@ void Engine::run_chunks() {
       continue;  // (ended by a pick of the step before: this chunk ran for nothing)
     if (outs_[i].deferred) {
       // Launched, its pick still on the device: the request goes on as if it had its token
-      // (the next step takes it on the device) unless that token is its last by length.
-      r.num_computed += plan_.chunks[i].num_tokens;
+      // (the next step takes it on the device) unless that token is its last by length. (A
+      // prompt's last chunk: the request becomes a decoding one when its first token arrives.)
+      const ScheduledChunk& c = plan_.chunks[i];
+      const int64_t plen = static_cast<int64_t>(r.spec.prompt.size());
+      stats_.prompt_tokens +=
+          std::min(c.first_pos + c.num_tokens, plen) - std::min(c.first_pos, plen);
+      r.num_computed += c.num_tokens;
       r.awaiting_pick = true;
       const int64_t out = static_cast<int64_t>(r.output.size()) + 1;
       r.pending_tokens = out < r.spec.max_tokens && r.num_tokens() + 1 < max_model_len_ ? 1 : 0;
@@ -1335,17 +1340,23 @@ void Engine::finish_chunk(const ScheduledChunk& c, const Status& s, backend::For
 }
 
 bool Engine::can_defer(size_t i, const backend::ForwardItem& it) const {
-  // A plain decode sampled in the backend whose next step needs nothing of its token but the
-  // token itself: no penalties counting it (the device sampler takes them from the host), no
-  // token mask (the grammar moves with it), no drafter reading it, no prefix-cache unit stored
-  // where it ends (finish_chunk's snapshot).
+  // Nothing of the chunk comes back to the host before the next step is planned: a prompt chunk
+  // before the prompt's end (no logits), or a chunk whose token is sampled in the backend and
+  // whose next step needs nothing of that token but the token itself: no penalties counting it
+  // (the device sampler takes them from the host), no token mask (the grammar moves with it),
+  // no drafter reading it. Neither where a prefix-cache unit is stored (finish_chunk's snapshot).
   const ScheduledChunk& c = plan_.chunks[i];
   const Request& r = *c.request;
+  if (store_ && c.first_pos + c.num_tokens == r.snapshot_at)
+    return false;
+  if (it.options.run_mtp && it.options.want_mtp_logits)
+    return false;
+  if (!c.samples)
+    return !it.options.want_logits;
   return it.options.sample != nullptr && it.options.sample->allowed.empty() &&
          it.options.sample_rows.empty() && !it.options.run_mtp && it.options.device_drafts == 0 &&
-         chunk_k_[i] == 0 && c.num_tokens == 1 && c.samples && r.state == RequestState::kDecoding &&
-         !r.spec.token_mask && !sampling::uses_penalties(r.spec.sampling) &&
-         !(store_ && c.first_pos + c.num_tokens == r.snapshot_at);
+         chunk_k_[i] == 0 && !r.spec.token_mask && !sampling::uses_penalties(r.spec.sampling) &&
+         (r.state == RequestState::kDecoding || r.state == RequestState::kPrefilling);
 }
 
 void Engine::resolve_in_flight() {

@@ -51,11 +51,12 @@ struct EngineConfig {
   // of [vocab] logits per sequence); requests that need the logits on the host (top_logprobs,
   // speculative verification, the first token of shared-prompt choices) still get them.
   bool backend_sampling = true;
-  // Asynchronous scheduling, on a backend whose can_defer_samples() is true (CUDA): a step of
-  // plain decodes sampled in the backend returns before its picks are known; the host plans and
-  // launches the next step while the device runs it (each request's token taken on the device),
-  // and reads the picks one step later. Steps with speculation, penalties, token masks,
-  // top_logprobs or prefill chunks wait for the device as before (docs/gpu.md).
+  // Asynchronous scheduling, on a backend whose can_defer_samples() is true (CUDA): a step whose
+  // tokens are all sampled in the backend (decodes, prompts' last chunks; prompt chunks beside
+  // them) returns before its picks are known; the host plans and launches the next step while
+  // the device runs it (each request's token taken on the device), and reads the picks one step
+  // later. Steps with speculation, penalties, token masks or top_logprobs wait for the device as
+  // before (docs/gpu.md).
   bool async_scheduling = false;
   // CUDA: every linear on kernels whose summation order does not depend on the batch, so a
   // request's logits are bit-identical whatever else is batched with it (slower prefill).

@@ -142,6 +142,8 @@ void Scheduler::plan(StepPlan& plan) {
     if (r->state != RequestState::kPrefilling || scheduled(r))
       continue;
     const int64_t n = prefill_len(*r, budget);
+    if (n < 1)
+      continue;  // (its prompt computed, its first token still being sampled: its last one)
     if (reserve(r, n))
       schedule(r, n);
   }

@@ -995,14 +995,17 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
                                                            stream_.get()),
                                            "copying MTP logits"));
   }
-  // Asynchronous scheduling: every item samples one row on the device and allows its pick to
-  // stay there (ForwardOptions::may_defer), nothing else comes back: return once the work is
-  // queued; the picks are written out by the next call (deliver_picks).
+  // Asynchronous scheduling: every item allows it (ForwardOptions::may_defer) and either samples
+  // one row on the device or wants nothing back (a prompt chunk before the prompt's end); no
+  // logits come back: return once the work is queued; the picks are written out by the next
+  // call (deliver_picks).
   bool defer = !sample_rows.empty() && main_floats == 0 && mtp_floats == 0 && !profiling_now_;
   for (size_t k = 0; k < active.size() && defer; ++k) {
     const backend::ForwardItem& it = items[active[k]];
-    defer = it.out && it.options.may_defer && it.options.sample && it.options.sample_rows.empty() &&
-            sample_slot[active[k]] >= 0;
+    const bool picks = it.out && it.options.sample && it.options.sample_rows.empty() &&
+                       sample_slot[active[k]] >= 0;
+    const bool nothing = sample_slot[active[k]] < 0 && !(it.out && it.options.want_logits);
+    defer = it.options.may_defer && (picks || nothing);
   }
   host_mark(2);
   mark_launch_end();
@@ -1021,6 +1024,8 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     picks_.pending = true;
     for (size_t k = 0; k < active.size(); ++k) {
       const backend::ForwardItem& it = items[active[k]];
+      if (sample_slot[active[k]] < 0)
+        continue;  // (nothing to write out)
       const auto row = static_cast<size_t>(sample_slot[active[k]]);
       picks_.rows.push_back({it.state, static_cast<int64_t>(row)});
       picks_.outs.push_back({it.out, row});

@@ -43,6 +43,7 @@ class DeferringModel final : public test_support::CpuBackedModel {
     std::vector<Held> held;
     held.swap(held_);
     bool defer = !items.empty();
+    bool any_pick = false;
     for (backend::ForwardItem& it : items) {
       if (it.out) {
         it.out->sampled = false;
@@ -64,7 +65,12 @@ class DeferringModel final : public test_support::CpuBackedModel {
       }
       it.status = cpu_.forward(*it.state, tokens, it.options, it.out);
       const backend::SampleRequest* q = it.options.sample;
-      defer = defer && it.status.ok() && q && it.out && it.options.may_defer;
+      // As CudaModel: every item allows it and samples, or wants nothing back (a prompt chunk
+      // before the prompt's end); at least one pick.
+      const bool picks = q && it.out;
+      const bool nothing = !q && !(it.out && it.options.want_logits);
+      defer = defer && it.status.ok() && it.options.may_defer && (picks || nothing);
+      any_pick = any_pick || picks;
       if (!it.status.ok() || !q || !it.out)
         continue;
       EXPECT_TRUE(it.options.sample_rows.empty());
@@ -77,9 +83,15 @@ class DeferringModel final : public test_support::CpuBackedModel {
         ++protocol_errors;
       }  // the engine must not defer what the next step needs on the host
     }
-    if (defer) {
+    if (defer && any_pick) {
       // Held back until the next call: the outputs poisoned meanwhile.
+      bool prompt_chunk = false;
       for (backend::ForwardItem& it : items) {
+        prompt_chunk = prompt_chunk || !it.options.sample || it.tokens.size() > 1;
+        if (!it.options.sample)
+          continue;
+        if (it.tokens.size() > 1)
+          ++deferred_first_tokens;  // (a prompt's last chunk: decodes are one token)
         held_.push_back({it.out, it.out->sample});
         picks_[it.state] = it.out->sample.token;
         it.out->deferred = true;
@@ -87,6 +99,7 @@ class DeferringModel final : public test_support::CpuBackedModel {
         it.out->sample.token = kPoison;
       }
       ++deferred_calls;
+      deferred_with_prompt_chunks += prompt_chunk ? 1 : 0;
     }
     deliver(held);
     return Status();
@@ -109,6 +122,10 @@ class DeferringModel final : public test_support::CpuBackedModel {
   int64_t deferred_calls = 0;
   int64_t device_tokens = 0;
   int64_t completions = 0;  // complete_deferred_samples calls that wrote picks
+  // Deferred calls with a prompt chunk in them, and first tokens deferred (sampled after a
+  // prompt's last chunk of more than one token).
+  int64_t deferred_with_prompt_chunks = 0;
+  int64_t deferred_first_tokens = 0;
   int64_t protocol_errors = 0;
 
  private:
@@ -144,6 +161,8 @@ struct AsyncRun {
   int64_t device_tokens = 0;
   int64_t protocol_errors = 0;
   int64_t preemptions = 0;
+  int64_t deferred_with_prompt_chunks = 0;
+  int64_t deferred_first_tokens = 0;
 };
 
 struct AsyncSetup {
@@ -153,6 +172,8 @@ struct AsyncSetup {
   std::string speculative = "off";
   // Requests aborted from outside once the engine has run this many steps (id index -> step).
   std::map<size_t, int64_t> abort_at;
+  // Requests submitted once the engine has run this many steps (the others at once).
+  std::map<size_t, int64_t> submit_at;
 };
 
 AsyncRun run(const AsyncSetup& setup, std::vector<RequestSpec> specs) {
@@ -172,22 +193,37 @@ AsyncRun run(const AsyncSetup& setup, std::vector<RequestSpec> specs) {
   const size_t n = specs.size();
   r.streamed.resize(n);
   r.finished_events.assign(n, 0);
-  std::vector<RequestId> ids;
-  for (size_t i = 0; i < n; ++i) {
+  std::vector<RequestId> ids(n, 0);
+  auto submit = [&](size_t i) {
     auto id = (*e)->submit(std::move(specs[i]), [&r, i](const TokenEvent& ev) {
       r.streamed[i].push_back(ev.token);
       r.finished_events[i] += ev.finished ? 1 : 0;
     });
     EXPECT_TRUE(id.ok()) << id.status().to_string();
-    ids.push_back(*id);
+    ids[i] = *id;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (setup.submit_at.count(i) == 0)
+      submit(i);
   }
   int64_t steps = 0;
-  while ((*e)->step()) {
+  auto later = [&] {
+    for (const auto& [i, at] : setup.submit_at) {
+      if (at > steps)
+        return true;
+    }
+    return false;
+  };
+  while ((*e)->step() || later()) {
     (*e)->check_integrity();
     ++steps;
     for (const auto& [i, at] : setup.abort_at) {
       if (at == steps)
         (*e)->abort(ids[i], "test");
+    }
+    for (const auto& [i, at] : setup.submit_at) {
+      if (at == steps)
+        submit(i);
     }
     (*e)->check_integrity();
   }
@@ -204,6 +240,8 @@ AsyncRun run(const AsyncSetup& setup, std::vector<RequestSpec> specs) {
   r.deferred_calls = model->deferred_calls;
   r.device_tokens = model->device_tokens;
   r.protocol_errors = model->protocol_errors;
+  r.deferred_with_prompt_chunks = model->deferred_with_prompt_chunks;
+  r.deferred_first_tokens = model->deferred_first_tokens;
   return r;
 }
 
@@ -281,6 +319,43 @@ TEST(AsyncScheduling, OutputsEqualSynchronousStepsUnderPreemption) {
   EXPECT_GT(async.preemptions, 0);
   EXPECT_GT(async.async_steps, 0);
   expect_equal(async, sync);
+}
+
+// Requests arriving while others decode: their prompt chunks run beside the decodes, and such
+// steps are launched ahead too (the chunks before a prompt's end want nothing back; a prompt's
+// last chunk samples its first token on the device), with small prefill chunks and a tight
+// budget (preemption) as well.
+TEST(AsyncScheduling, PromptChunksBesideDecodesAreLaunchedAhead) {
+  const auto& mc = fixture()->config();
+  const int64_t page = state::min_page_bytes(mc);
+  const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 0);
+  for (bool tight : {false, true}) {
+    SCOPED_TRACE(tight ? "tight memory" : "roomy");
+    auto specs = [] {
+      std::vector<RequestSpec> v = mix(17, true);
+      for (size_t i = 0; i < v.size(); ++i) {
+        v[i].prompt.resize(8 + 3 * i, static_cast<int32_t>(40 + i));  // several chunks each
+        v[i].max_tokens += 6;
+      }
+      return v;
+    };
+    AsyncSetup s;
+    s.scheduler.prefill_chunk = 5;
+    s.scheduler.max_tokens_per_step = 24;
+    // Tight: every request at once, admitted as memory frees; roomy: arriving over the run.
+    if (tight)
+      s.budget_bytes = (2 * fixed + 8) * page;
+    for (size_t i = 4; i < 16 && !tight; ++i) s.submit_at[i] = static_cast<int64_t>(2 * i);
+    const AsyncRun sync = run(s, specs());
+    s.async = true;
+    const AsyncRun async = run(s, specs());
+    expect_equal(async, sync);
+    EXPECT_GT(async.deferred_with_prompt_chunks, 0);
+    EXPECT_GT(async.deferred_first_tokens, 0);
+    if (tight) {
+      EXPECT_GT(async.preemptions, 0);
+    }
+  }
 }
 
 // Only plain decodes are launched ahead: requests that all use penalties never are.
