@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "kvstore/store.h"
 #include "model/checkpoint.h"
 #include "spec/config.h"
 #include "spec/drafter.h"
@@ -356,6 +357,82 @@ TEST(AsyncScheduling, PromptChunksBesideDecodesAreLaunchedAhead) {
       EXPECT_GT(async.preemptions, 0);
     }
   }
+}
+
+// The prefix cache beside launched-ahead steps: a conversation whose every turn's prompt is the
+// previous turn's prompt and output plus new tokens, some turns ended by a stop id (a request
+// that a pick ends has run one more step: the unit stored at its end holds that position too).
+// Every turn equals the uncached synchronous engine's, and the later turns start from stored
+// units.
+TEST(AsyncScheduling, PrefixCacheConversationEqualsTheUncachedEngine) {
+  auto engine = [](bool async, bool cache) {
+    EngineConfig cfg;
+    cfg.state_budget_bytes = int64_t{64} << 20;
+    cfg.page_bytes = state::min_page_bytes(fixture()->config());
+    cfg.scheduler.prefill_chunk = 32;
+    cfg.async_scheduling = async;
+    if (cache) {
+      kvstore::KvStoreOptions o;
+      o.host_bytes = int64_t{64} << 20;
+      auto store = kvstore::KvStore::open(o);
+      EXPECT_TRUE(store.ok()) << store.status().to_string();
+      cfg.prefix_cache.store = std::shared_ptr<kvstore::KvStore>(std::move(store).value());
+      cfg.prefix_cache.block = 16;
+      cfg.prefix_cache.min_tokens = 4;
+      cfg.prefix_cache.interval = 0;
+    }
+    auto e = Engine::create(cfg, fixture(), std::make_unique<DeferringModel>(*fixture()));
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return std::move(e).value();
+  };
+  struct Turn {
+    std::vector<int32_t> output;
+    std::vector<float> logprobs;
+    int64_t cached = 0;
+  };
+  auto turn = [](Engine& e, const std::vector<int32_t>& prompt, int32_t stop) {
+    RequestSpec s;
+    s.prompt = prompt;
+    s.max_tokens = 10;
+    s.sampling.temperature = 0.0f;
+    s.sampling.logprobs = true;
+    s.ignore_eos = true;
+    if (stop >= 0)
+      s.stop_token_ids = {stop};
+    auto id = e.submit(std::move(s));
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    while (e.step()) e.check_integrity();
+    e.wait_stored_captures();
+    const Request* r = e.request(*id);
+    Turn t{r->output, r->output_logprobs, r->cached_tokens};
+    e.release(*id);
+    return t;
+  };
+  auto plain = engine(false, false);
+  auto cached = engine(true, true);
+  std::mt19937 g(77);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back(static_cast<int32_t>(2 + g() % 500));
+  int64_t cached_tokens = 0;
+  for (int t = 0; t < 6; ++t) {
+    SCOPED_TRACE("turn " + std::to_string(t));
+    // Odd turns stop at their fifth token's id (at its first occurrence).
+    int32_t stop = -1;
+    if (t % 2 == 1)
+      stop = turn(*plain, prompt, -1).output[4];
+    const Turn want = turn(*plain, prompt, stop);
+    const Turn got = turn(*cached, prompt, stop);
+    EXPECT_EQ(got.output, want.output);
+    EXPECT_EQ(got.logprobs, want.logprobs);
+    if (t > 0) {
+      EXPECT_GT(got.cached, 0);
+    }
+    cached_tokens += got.cached;
+    prompt.insert(prompt.end(), want.output.begin(), want.output.end());
+    for (int i = 0; i < 5; ++i) prompt.push_back(static_cast<int32_t>(2 + g() % 500));
+  }
+  EXPECT_GT(cached->stats().async_steps, 0);
+  EXPECT_GT(cached_tokens, 0);
 }
 
 // Only plain decodes are launched ahead: requests that all use penalties never are.
