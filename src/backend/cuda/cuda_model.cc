@@ -12,6 +12,7 @@
 #include <set>
 #include <string_view>
 #include <thread>
+#include <tuple>
 
 #include "backend/cuda/launch_helpers.h"
 #include "backend/cuda/select_device.h"
@@ -375,29 +376,6 @@ Status CudaModel::complete_deferred_samples() {
   return deliver_picks(picks_);
 }
 
-int64_t CudaModel::plan_device_tokens(std::span<const backend::ForwardItem> items,
-                                      std::span<const size_t> active,
-                                      std::span<const SeqSpan> spans,
-                                      HostPack& pack,
-                                      int32_t* src_id,
-                                      int32_t* dst_id) const {
-  std::vector<int32_t> src, dst;
-  for (size_t k = 0; k < active.size(); ++k) {
-    const backend::ForwardItem& it = items[active[k]];
-    if (!it.options.device_token)
-      continue;
-    const int64_t row = prior_picks_.find(it.state);
-    DSI_CHECK(row >= 0, "a device token without a deferred pick (checked on entry)");
-    src.push_back(static_cast<int32_t>(row));
-    dst.push_back(static_cast<int32_t>(spans[k].begin));
-  }
-  if (src.empty())
-    return 0;
-  *src_id = pack.add(src);
-  *dst_id = pack.add(dst);
-  return static_cast<int64_t>(src.size());
-}
-
 void CudaModel::host_begin() {
   host_phases_.t[0] = std::chrono::steady_clock::now();
   host_phases_.reached = 0;
@@ -454,30 +432,39 @@ Status CudaModel::complete_deferred_drafts() {
   return Status();
 }
 
-int64_t CudaModel::plan_device_drafts(std::span<const backend::ForwardItem> items,
-                                      std::span<const size_t> active,
-                                      std::span<const SeqSpan> spans,
-                                      HostPack& pack,
-                                      int32_t* src_id,
-                                      int32_t* dst_id) const {
-  std::vector<int32_t> src, dst;
+void CudaModel::plan_token_scatters(std::span<const backend::ForwardItem> items,
+                                    std::span<const size_t> active,
+                                    std::span<const SeqSpan> spans,
+                                    HostPack& pack,
+                                    TokenScatter* drafts,
+                                    TokenScatter* picks) const {
+  std::vector<int32_t> dsrc, ddst, psrc, pdst;
   for (size_t k = 0; k < active.size(); ++k) {
     const backend::ForwardItem& it = items[active[k]];
-    if (it.options.device_drafts < 1)
-      continue;
-    const backend::DeferredDrafts::Entry* d = deferred_.find(it.state);
-    DSI_CHECK(d != nullptr && it.options.device_drafts <= d->steps,
-              "device drafts of a sequence without as many deferred drafts (checked on entry)");
-    for (int32_t j = 0; j < it.options.device_drafts; ++j) {
-      src.push_back(static_cast<int32_t>(deferred_.index(*d, j)));
-      dst.push_back(static_cast<int32_t>(spans[k].begin + 1 + j));
+    const auto row = static_cast<int32_t>(spans[k].begin);
+    if (it.options.device_drafts >= 1) {
+      const backend::DeferredDrafts::Entry* d = deferred_.find(it.state);
+      DSI_CHECK(d != nullptr && it.options.device_drafts <= d->steps,
+                "device drafts of a sequence without as many deferred drafts (checked on entry)");
+      for (int32_t j = 0; j < it.options.device_drafts; ++j) {
+        dsrc.push_back(static_cast<int32_t>(deferred_.index(*d, j)));
+        ddst.push_back(row + 1 + j);
+      }
+    }
+    if (it.options.device_token) {
+      const int64_t pick = prior_picks_.find(it.state);
+      DSI_CHECK(pick >= 0, "a device token without a deferred pick (checked on entry)");
+      psrc.push_back(static_cast<int32_t>(pick));
+      pdst.push_back(row);
     }
   }
-  if (src.empty())
-    return 0;
-  *src_id = pack.add(src);
-  *dst_id = pack.add(dst);
-  return static_cast<int64_t>(src.size());
+  for (auto [src, dst, out] : {std::tuple{&dsrc, &ddst, drafts}, std::tuple{&psrc, &pdst, picks}}) {
+    if (src->empty())
+      continue;
+    out->src = pack.add(*src);
+    out->dst = pack.add(*dst);
+    out->n = static_cast<int64_t>(src->size());
+  }
 }
 
 Status CudaModel::forward_batch_impl(std::span<backend::ForwardItem> items) {
@@ -879,14 +866,9 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
     L->final_dest = L->pack.add(dest);
   }
 
-  // Drafts the drafting call left on the device (ForwardOptions::device_drafts): where they go.
-  int32_t drafts_src = -1, drafts_dst = -1;
-  const int64_t device_drafts =
-      plan_device_drafts(items, active, spans, L->pack, &drafts_src, &drafts_dst);
-  // Tokens the previous forward picked on the device (ForwardOptions::device_token).
-  int32_t picks_src = -1, picks_dst = -1;
-  const int64_t device_tokens =
-      plan_device_tokens(items, active, spans, L->pack, &picks_src, &picks_dst);
+  // Tokens taken on the device: a drafting call's drafts, the previous forward's picks.
+  TokenScatter drafts, picks;
+  plan_token_scatters(items, active, spans, L->pack, &drafts, &picks);
 
   // One transfer of the plan.
   L->pack.layout(decode);
@@ -902,24 +884,18 @@ Status CudaModel::run_batch(std::span<backend::ForwardItem> items,
   DSI_ASSIGN_OR_RETURN(bool moved, ws_->consolidate());
   if (moved)
     clear_graphs();
-  // The drafts into the token rows, in stream order after the drafting call's picks and the
-  // plan's copy, before the launches (or the graph) that read them.
-  if (device_drafts > 0) {
+  // The drafts and picks into the token rows, in stream order after the calls that made them and
+  // the plan's copy, before the launches (or the graph) that read them.
+  for (auto [from, sc] : {std::pair{static_cast<const int32_t*>(draft_picks_), &drafts},
+                          std::pair{sampler_.device_tokens(), &picks}}) {
+    if (sc->n == 0)
+      continue;
     DSI_RETURN_IF_ERROR(
-        cuda::launch_scatter_tokens(static_cast<const int32_t*>(draft_picks_),
-                                    L->pack.resolve<int32_t>(L->dev, drafts_src),
+        cuda::launch_scatter_tokens(from,
+                                    L->pack.resolve<int32_t>(L->dev, sc->src),
                                     L->pack.resolve<int32_t>(L->dev, L->main.tokens),
-                                    L->pack.resolve<int32_t>(L->dev, drafts_dst),
-                                    device_drafts,
-                                    stream_.get()));
-  }
-  if (device_tokens > 0) {
-    DSI_RETURN_IF_ERROR(
-        cuda::launch_scatter_tokens(sampler_.device_tokens(),
-                                    L->pack.resolve<int32_t>(L->dev, picks_src),
-                                    L->pack.resolve<int32_t>(L->dev, L->main.tokens),
-                                    L->pack.resolve<int32_t>(L->dev, picks_dst),
-                                    device_tokens,
+                                    L->pack.resolve<int32_t>(L->dev, sc->dst),
+                                    sc->n,
                                     stream_.get()));
   }
 

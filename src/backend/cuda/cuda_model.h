@@ -414,15 +414,20 @@ class CudaModel final : public backend::Model {
   // queued so far) and writes them.
   backend::DeferredDrafts deferred_;
   Status complete_deferred_drafts();
-  // The ForwardOptions::device_drafts rows of a forward's items (item active[k]'s tokens at rows
-  // spans[k].begin ...): the picks' indices and the token rows they go to, added to the plan's
-  // pack (*src_id, *dst_id); returns their number (0: none, nothing added).
-  int64_t plan_device_drafts(std::span<const backend::ForwardItem> items,
-                             std::span<const size_t> active,
-                             std::span<const SeqSpan> spans,
-                             HostPack& pack,
-                             int32_t* src_id,
-                             int32_t* dst_id) const;
+  // Tokens a forward takes on the device (item active[k]'s tokens at rows spans[k].begin ...):
+  // the drafts a drafting call left there (ForwardOptions::device_drafts: tokens 1..k, from
+  // draft_picks_) and the previous forward's picks (ForwardOptions::device_token: token 0, from
+  // the sampler's output). Each kind's source indices and token rows in the plan's pack.
+  struct TokenScatter {
+    int32_t src = -1, dst = -1;  // pack arrays
+    int64_t n = 0;               // 0: none (nothing added)
+  };
+  void plan_token_scatters(std::span<const backend::ForwardItem> items,
+                           std::span<const size_t> active,
+                           std::span<const SeqSpan> spans,
+                           HostPack& pack,
+                           TokenScatter* drafts,
+                           TokenScatter* picks) const;
   Status forward_batch_impl(std::span<backend::ForwardItem> items);
   // Asynchronous scheduling: the picks a forward left on the device (ForwardOptions::may_defer),
   // by sequence (sorted: a later forward's device tokens look their rows up) and by output.
@@ -440,14 +445,6 @@ class CudaModel final : public backend::Model {
   DeferredPicks picks_, prior_picks_;
   cudaEvent_t picks_ready_[2] = {nullptr, nullptr};  // per sampler set: its results are home
   Status deliver_picks(DeferredPicks& p);
-  // The ForwardOptions::device_token rows of a forward's items: the previous forward's pick rows
-  // and the token rows they go to, added to the pack; returns their number.
-  int64_t plan_device_tokens(std::span<const backend::ForwardItem> items,
-                             std::span<const size_t> active,
-                             std::span<const SeqSpan> spans,
-                             HostPack& pack,
-                             int32_t* src_id,
-                             int32_t* dst_id) const;
   // Set by upload_pack after its copy from pinned_ is queued: the next upload_pack waits for it
   // before it writes pinned_ again (a deferred drafting call returns with its copy queued).
   cudaEvent_t staging_free_ = nullptr;

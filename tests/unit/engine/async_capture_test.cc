@@ -166,11 +166,7 @@ std::unique_ptr<Engine> make_plain() {
   return std::move(e).value();
 }
 
-struct Turn {
-  std::vector<int32_t> output;
-  std::vector<float> logprobs;
-  int64_t cached = 0;
-};
+using test_support::Turn;
 
 RequestId submit(Engine& e, const std::vector<int32_t>& prompt) {
   RequestSpec s;

@@ -385,11 +385,6 @@ TEST(AsyncScheduling, PrefixCacheConversationEqualsTheUncachedEngine) {
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     return std::move(e).value();
   };
-  struct Turn {
-    std::vector<int32_t> output;
-    std::vector<float> logprobs;
-    int64_t cached = 0;
-  };
   auto turn = [](Engine& e, const std::vector<int32_t>& prompt, int32_t stop) {
     RequestSpec s;
     s.prompt = prompt;
@@ -404,7 +399,7 @@ TEST(AsyncScheduling, PrefixCacheConversationEqualsTheUncachedEngine) {
     while (e.step()) e.check_integrity();
     e.wait_stored_captures();
     const Request* r = e.request(*id);
-    Turn t{r->output, r->output_logprobs, r->cached_tokens};
+    test_support::Turn t{r->output, r->output_logprobs, r->cached_tokens};
     e.release(*id);
     return t;
   };
@@ -420,8 +415,8 @@ TEST(AsyncScheduling, PrefixCacheConversationEqualsTheUncachedEngine) {
     int32_t stop = -1;
     if (t % 2 == 1)
       stop = turn(*plain, prompt, -1).output[4];
-    const Turn want = turn(*plain, prompt, stop);
-    const Turn got = turn(*cached, prompt, stop);
+    const test_support::Turn want = turn(*plain, prompt, stop);
+    const test_support::Turn got = turn(*cached, prompt, stop);
     EXPECT_EQ(got.output, want.output);
     EXPECT_EQ(got.logprobs, want.logprobs);
     if (t > 0) {

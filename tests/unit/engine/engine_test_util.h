@@ -77,6 +77,14 @@ class CpuBackedModel : public BatchedTestModel {
   cpu::CpuModel cpu_;
 };
 
+// One finished request of a conversation test (the prefix cache): its output, logprobs and the
+// prompt tokens it restored from the cache.
+struct Turn {
+  std::vector<int32_t> output;
+  std::vector<float> logprobs;
+  int64_t cached = 0;
+};
+
 // A request of the engine tests: a prompt and how many tokens to generate.
 struct Case {
   std::vector<int32_t> prompt;

@@ -248,11 +248,7 @@ TEST(StateImage, UnwrittenRingSlotsCarryNoOtherSequencesData) {
 }
 
 // Engine level.
-struct Turn {
-  std::vector<int32_t> output;
-  std::vector<float> logprobs;
-  int64_t cached = 0;
-};
+using test_support::Turn;
 
 std::string temp_dir(const std::string& name) {
   const fs::path p =
