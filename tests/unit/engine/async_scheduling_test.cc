@@ -175,6 +175,7 @@ struct AsyncSetup {
   std::map<size_t, int64_t> abort_at;
   // Requests submitted once the engine has run this many steps (the others at once).
   std::map<size_t, int64_t> submit_at;
+  int64_t max_model_len = 0;  // EngineConfig::max_model_len (0: the model's)
 };
 
 AsyncRun run(const AsyncSetup& setup, std::vector<RequestSpec> specs) {
@@ -183,6 +184,7 @@ AsyncRun run(const AsyncSetup& setup, std::vector<RequestSpec> specs) {
   cfg.page_bytes = state::min_page_bytes(fixture()->config());
   cfg.scheduler = setup.scheduler;
   cfg.async_scheduling = setup.async;
+  cfg.max_model_len = setup.max_model_len;
   auto sp = spec::parse_config(setup.speculative);
   EXPECT_TRUE(sp.ok());
   cfg.speculative = *sp;
@@ -428,6 +430,82 @@ TEST(AsyncScheduling, PrefixCacheConversationEqualsTheUncachedEngine) {
   }
   EXPECT_GT(cached->stats().async_steps, 0);
   EXPECT_GT(cached_tokens, 0);
+}
+
+// Random workloads (20 here; 300 passed when it was written), each run waiting and launched ahead:
+// prompts of 1..40 tokens, 1..12 tokens to generate, stop ids, greedy and seeded sampling, some
+// requests with settings that cannot be deferred, arrivals during the run, prefill chunks of 1..16
+// tokens, a context limit, tight memory (preemption) and speculation (fixed, auto) in some of them.
+TEST(AsyncScheduling, RandomWorkloadsEqualSynchronousSteps) {
+  const auto& mc = fixture()->config();
+  const int64_t page = state::min_page_bytes(mc);
+  const int64_t fixed = state::SequenceState::pages_for(mc, page, 1, 0);
+  int64_t deferred = 0, preempted = 0;
+  for (uint32_t seed = 0; seed < 20; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 g(1000 + seed);
+    const int n = 2 + static_cast<int>(g() % 10);
+    // A context limit in a third of the workloads: every request fits it at submit, some exactly.
+    const int64_t max_len = g() % 3 == 0 ? 30 + static_cast<int64_t>(g() % 20) : 0;
+    auto specs = [&, seed] {
+      std::mt19937 h(seed);
+      std::vector<RequestSpec> v;
+      for (int i = 0; i < n; ++i) {
+        RequestSpec s;
+        const int len = 1 + static_cast<int>(h() % 40);
+        for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(2 + h() % 500));
+        s.max_tokens = 1 + static_cast<int64_t>(h() % 12);
+        if (max_len > 0) {
+          s.prompt.resize(std::min<size_t>(s.prompt.size(), static_cast<size_t>(max_len - 1)));
+          s.max_tokens = std::min(s.max_tokens, max_len - static_cast<int64_t>(s.prompt.size()));
+        }
+        s.ignore_eos = h() % 2 == 0;
+        s.sampling.seed = h();
+        s.sampling.temperature = h() % 3 == 0 ? 0.0f : 0.9f;
+        s.sampling.logprobs = h() % 2 == 0;
+        if (h() % 3 == 0)
+          s.stop_token_ids = {17, 101, 250, 333, 404, static_cast<int32_t>(2 + h() % 500)};
+        switch (h() % 8) {
+          case 0:
+            s.sampling.repetition_penalty = 1.2f;
+            break;
+          case 1:
+            s.token_mask = std::make_unique<test_support::PositionalMask>();
+            break;
+          case 2:
+            s.sampling.top_logprobs = 1;
+            break;
+          default:
+            break;
+        }
+        v.push_back(std::move(s));
+      }
+      return v;
+    };
+    AsyncSetup s;
+    s.scheduler.prefill_chunk = 1 + static_cast<int64_t>(g() % 16);
+    s.scheduler.max_tokens_per_step = s.scheduler.prefill_chunk + static_cast<int64_t>(g() % 24);
+    s.scheduler.max_running = 1 + static_cast<int64_t>(g() % 8);
+    s.max_model_len = max_len;
+    // Speculation in some: its steps wait for the picks in flight (the outputs are the same
+    // whatever depth auto picks: every draw is keyed by position).
+    static const char* const kModes[] = {"off", "off", "fixed:2", "auto"};
+    s.speculative = kModes[g() % 4];
+    if (g() % 3 == 0)
+      s.budget_bytes = (2 * fixed + 4 + static_cast<int64_t>(g() % 8)) * page;
+    for (int i = 0; i < n; ++i) {
+      if (g() % 2 == 0)
+        s.submit_at[static_cast<size_t>(i)] = 1 + static_cast<int64_t>(g() % 12);
+    }
+    const AsyncRun sync = run(s, specs());
+    s.async = true;
+    const AsyncRun async = run(s, specs());
+    expect_equal(async, sync);
+    deferred += async.async_steps;
+    preempted += async.preemptions;
+  }
+  EXPECT_GT(deferred, 0);
+  EXPECT_GT(preempted, 0);
 }
 
 // Only plain decodes are launched ahead: requests that all use penalties never are.
