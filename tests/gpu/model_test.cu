@@ -1731,6 +1731,105 @@ TEST(CudaEngine, AsyncSchedulingEqualsSynchronousSteps) {
   }
 }
 
+// Random workloads on the fixture, waiting and launched ahead (batch-invariant deepseek numerics,
+// graphs): prompts of 1..40 tokens, 1..12 tokens out, stop ids, greedy and seeded sampling with
+// logprobs, a penalty or a mask in some requests, arrivals during the run, prefill chunks of
+// 1..16 tokens, 1..8 running at once, tight memory in some (preemption). Every token, logprob and
+// finish reason equals the waiting engine's.
+TEST(CudaEngine, AsyncSchedulingRandomWorkloads) {
+  SKIP_WITHOUT_GPU();
+  auto ckpt = open_model("tests/fixtures/tiny-a/official");
+  ASSERT_TRUE(ckpt);
+  const auto& mc = ckpt->config();
+  int64_t launched_ahead = 0;
+  for (uint32_t seed = 0; seed < 8; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 g(2000 + seed);
+    engine::EngineConfig ec;
+    ec.device = engine::Device::kCuda;
+    ec.numerics = model::Numerics::kDeepSeek;
+    ec.batch_invariant = true;
+    ec.scheduler.prefill_chunk = 1 + static_cast<int64_t>(g() % 16);
+    ec.scheduler.max_tokens_per_step = ec.scheduler.prefill_chunk + static_cast<int64_t>(g() % 24);
+    ec.scheduler.max_running = 1 + static_cast<int64_t>(g() % 8);
+    ec.page_bytes = state::min_page_bytes(mc);
+    const int64_t fixed = state::SequenceState::pages_for(mc, ec.page_bytes, 1, 0);
+    ec.state_budget_bytes = g() % 3 == 0
+                                ? (2 * fixed + 4 + static_cast<int64_t>(g() % 8)) * ec.page_bytes
+                                : int64_t{64} << 20;
+    const int n = 2 + static_cast<int>(g() % 10);
+    std::vector<int64_t> submit_at(static_cast<size_t>(n), 0);
+    for (int64_t& at : submit_at) at = g() % 2 ? 0 : 1 + static_cast<int64_t>(g() % 12);
+    struct Out {
+      std::vector<std::vector<int32_t>> tokens;
+      std::vector<std::vector<float>> logprobs;
+      std::vector<engine::FinishReason> reasons;
+      int64_t async_steps = 0;
+    };
+    auto run = [&](bool async) {
+      engine::EngineConfig c = ec;
+      c.async_scheduling = async;
+      auto e = engine::Engine::create(c, ckpt);
+      EXPECT_TRUE(e.ok()) << e.status().to_string();
+      std::mt19937 h(seed);
+      std::vector<engine::RequestSpec> specs;
+      for (int i = 0; i < n; ++i) {
+        engine::RequestSpec s;
+        const int len = 1 + static_cast<int>(h() % 40);
+        for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(2 + h() % 500));
+        s.max_tokens = 1 + static_cast<int64_t>(h() % 12);
+        s.ignore_eos = h() % 2 == 0;
+        s.sampling.seed = h();
+        s.sampling.temperature = h() % 3 == 0 ? 0.0f : 0.9f;
+        s.sampling.logprobs = h() % 2 == 0;
+        if (h() % 3 == 0)
+          s.stop_token_ids = {17, 101, 250, 333, 404, static_cast<int32_t>(2 + h() % 500)};
+        const uint32_t kind = h() % 8;
+        if (kind == 0)
+          s.sampling.repetition_penalty = 1.2f;
+        if (kind == 1)
+          s.token_mask = std::make_unique<engine::test_support::PositionalMask>();
+        specs.push_back(std::move(s));
+      }
+      std::vector<engine::RequestId> ids(static_cast<size_t>(n), 0);
+      int64_t steps = 0;
+      bool more = true;
+      while (true) {
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (ids[i] == 0 && submit_at[i] <= steps) {
+            auto id = (*e)->submit(std::move(specs[i]));
+            EXPECT_TRUE(id.ok()) << id.status().to_string();
+            ids[i] = *id;
+          }
+        }
+        const bool pending = std::find(ids.begin(), ids.end(), 0) != ids.end();
+        more = (*e)->step();
+        (*e)->check_integrity();
+        ++steps;
+        if (!more && !pending)
+          break;
+      }
+      Out o;
+      for (engine::RequestId id : ids) {
+        const engine::Request* r = (*e)->request(id);
+        EXPECT_TRUE(r->done());
+        o.tokens.push_back(r->output);
+        o.logprobs.push_back(r->output_logprobs);
+        o.reasons.push_back(r->finish_reason);
+      }
+      o.async_steps = (*e)->stats().async_steps;
+      return o;
+    };
+    const Out sync = run(false);
+    const Out async = run(true);
+    EXPECT_EQ(async.tokens, sync.tokens);
+    EXPECT_EQ(async.logprobs, sync.logprobs);
+    EXPECT_EQ(async.reasons, sync.reasons);
+    launched_ahead += async.async_steps;
+  }
+  EXPECT_GT(launched_ahead, 0);
+}
+
 // The CUDA engine configuration of the speculative tests: deepseek numerics, batch-invariant
 // (a position's logits do not depend on the chunk that computes it), 512 MiB of state, 32-token
 // prefill chunks, speculation `mode` (spec::parse_config).
