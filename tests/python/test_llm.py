@@ -199,6 +199,13 @@ def test_engine_flags(model_dir):
     assert [len(o.token_ids) <= 4 for o in out] == [True] * 3
     with pytest.raises(ValueError):
         small.generate("x", SamplingParams(max_tokens=100), use_tqdm=False)
+    # async_scheduling=False (CUDA's `--no-async-scheduling`; the CPU backend always waits): the
+    # same greedy tokens.
+    waiting = LLM(model=model_dir, max_model_len=64, max_num_seqs=2, state_memory=64 << 20,
+                  numerics="deepseek", async_scheduling=False)
+    again = waiting.generate(["a", "b", "c"], SamplingParams(temperature=0, max_tokens=4),
+                             use_tqdm=False)
+    assert [o.token_ids for o in again] == [o.token_ids for o in out]
 
 
 def test_interrupt_leaves_engine_usable(llm):
