@@ -1771,26 +1771,8 @@ TEST(CudaEngine, AsyncSchedulingRandomWorkloads) {
       c.async_scheduling = async;
       auto e = engine::Engine::create(c, ckpt);
       EXPECT_TRUE(e.ok()) << e.status().to_string();
-      std::mt19937 h(seed);
-      std::vector<engine::RequestSpec> specs;
-      for (int i = 0; i < n; ++i) {
-        engine::RequestSpec s;
-        const int len = 1 + static_cast<int>(h() % 40);
-        for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(2 + h() % 500));
-        s.max_tokens = 1 + static_cast<int64_t>(h() % 12);
-        s.ignore_eos = h() % 2 == 0;
-        s.sampling.seed = h();
-        s.sampling.temperature = h() % 3 == 0 ? 0.0f : 0.9f;
-        s.sampling.logprobs = h() % 2 == 0;
-        if (h() % 3 == 0)
-          s.stop_token_ids = {17, 101, 250, 333, 404, static_cast<int32_t>(2 + h() % 500)};
-        const uint32_t kind = h() % 8;
-        if (kind == 0)
-          s.sampling.repetition_penalty = 1.2f;
-        if (kind == 1)
-          s.token_mask = std::make_unique<engine::test_support::PositionalMask>();
-        specs.push_back(std::move(s));
-      }
+      std::vector<engine::RequestSpec> specs =
+          engine::test_support::random_requests(seed, n, 0, false);
       std::vector<engine::RequestId> ids(static_cast<size_t>(n), 0);
       int64_t steps = 0;
       bool more = true;

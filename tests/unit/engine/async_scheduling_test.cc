@@ -447,41 +447,7 @@ TEST(AsyncScheduling, RandomWorkloadsEqualSynchronousSteps) {
     const int n = 2 + static_cast<int>(g() % 10);
     // A context limit in a third of the workloads: every request fits it at submit, some exactly.
     const int64_t max_len = g() % 3 == 0 ? 30 + static_cast<int64_t>(g() % 20) : 0;
-    auto specs = [&, seed] {
-      std::mt19937 h(seed);
-      std::vector<RequestSpec> v;
-      for (int i = 0; i < n; ++i) {
-        RequestSpec s;
-        const int len = 1 + static_cast<int>(h() % 40);
-        for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(2 + h() % 500));
-        s.max_tokens = 1 + static_cast<int64_t>(h() % 12);
-        if (max_len > 0) {
-          s.prompt.resize(std::min<size_t>(s.prompt.size(), static_cast<size_t>(max_len - 1)));
-          s.max_tokens = std::min(s.max_tokens, max_len - static_cast<int64_t>(s.prompt.size()));
-        }
-        s.ignore_eos = h() % 2 == 0;
-        s.sampling.seed = h();
-        s.sampling.temperature = h() % 3 == 0 ? 0.0f : 0.9f;
-        s.sampling.logprobs = h() % 2 == 0;
-        if (h() % 3 == 0)
-          s.stop_token_ids = {17, 101, 250, 333, 404, static_cast<int32_t>(2 + h() % 500)};
-        switch (h() % 8) {
-          case 0:
-            s.sampling.repetition_penalty = 1.2f;
-            break;
-          case 1:
-            s.token_mask = std::make_unique<test_support::PositionalMask>();
-            break;
-          case 2:
-            s.sampling.top_logprobs = 1;
-            break;
-          default:
-            break;
-        }
-        v.push_back(std::move(s));
-      }
-      return v;
-    };
+    auto specs = [&, seed] { return test_support::random_requests(seed, n, max_len, true); };
     AsyncSetup s;
     s.scheduler.prefill_chunk = 1 + static_cast<int64_t>(g() % 16);
     s.scheduler.max_tokens_per_step = s.scheduler.prefill_chunk + static_cast<int64_t>(g() % 24);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -263,6 +264,44 @@ inline std::vector<std::vector<int32_t>> resume_test_prompts() {
       prompts[i].push_back(static_cast<int32_t>(100 + g() % 3000));
   }
   return prompts;
+}
+
+// n random requests of the asynchronous-scheduling tests (seeded): prompts of 1..40 ids in
+// 2..501 and 1..12 tokens out (within max_len when > 0), EOS stopping half of them, greedy or
+// seeded at temperature 0.9, logprobs in half, stop ids in a third; one in eight with a
+// repetition penalty, one in eight with a token mask, and where `top_logprobs`, one in eight
+// with top_logprobs.
+inline std::vector<RequestSpec> random_requests(uint32_t seed,
+                                                int n,
+                                                int64_t max_len,
+                                                bool top_logprobs) {
+  std::mt19937 h(seed);
+  std::vector<RequestSpec> v;
+  for (int i = 0; i < n; ++i) {
+    RequestSpec s;
+    const int len = 1 + static_cast<int>(h() % 40);
+    for (int j = 0; j < len; ++j) s.prompt.push_back(static_cast<int32_t>(2 + h() % 500));
+    s.max_tokens = 1 + static_cast<int64_t>(h() % 12);
+    if (max_len > 0) {
+      s.prompt.resize(std::min<size_t>(s.prompt.size(), static_cast<size_t>(max_len - 1)));
+      s.max_tokens = std::min(s.max_tokens, max_len - static_cast<int64_t>(s.prompt.size()));
+    }
+    s.ignore_eos = h() % 2 == 0;
+    s.sampling.seed = h();
+    s.sampling.temperature = h() % 3 == 0 ? 0.0f : 0.9f;
+    s.sampling.logprobs = h() % 2 == 0;
+    if (h() % 3 == 0)
+      s.stop_token_ids = {17, 101, 250, 333, 404, static_cast<int32_t>(2 + h() % 500)};
+    const uint32_t kind = h() % 8;
+    if (kind == 0)
+      s.sampling.repetition_penalty = 1.2f;
+    if (kind == 1)
+      s.token_mask = std::make_unique<PositionalMask>();
+    if (kind == 2 && top_logprobs)
+      s.sampling.top_logprobs = 1;
+    v.push_back(std::move(s));
+  }
+  return v;
 }
 
 }  // namespace dsinfer::engine::test_support
