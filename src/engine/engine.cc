@@ -756,7 +756,8 @@ void Engine::run_chunks() {
     // A verification: the pending token followed by its drafts, with every position's logits.
     for (int32_t d = 0; d < k; ++d) tokens[c.num_tokens + d] = drafts_[i].tokens[d];
     backend::ForwardItem item;
-    // A token still being sampled by the step in flight: the backend takes it on the device.
+    // A token still being sampled by the step in flight (the only position token_at answers
+    // kPendingToken for): the backend takes it on the device.
     if (r.pending_tokens > 0) {
       DSI_CHECK(
           c.num_tokens == 1 && k == 0 && c.first_pos + 1 == r.num_tokens() && !in_flight_.empty(),
@@ -770,9 +771,6 @@ void Engine::run_chunks() {
       tokens[0] = 0;
       item.options.device_token = true;
     }
-    DSI_CHECK(std::find(tokens.begin(), tokens.end(), Request::kPendingToken) == tokens.end(),
-              "request %lld: an unknown token in a chunk",
-              static_cast<long long>(r.id));
     item.state = &st;
     item.tokens = tokens;
     item.options.want_logits = c.samples;
@@ -1360,9 +1358,10 @@ bool Engine::can_defer(size_t i, const backend::ForwardItem& it) const {
 }
 
 void Engine::resolve_in_flight() {
-  std::vector<std::pair<RequestId, size_t>> done;
-  done.swap(in_flight_);
-  for (const auto& [id, slot] : done) {
+  // (Through a second list, its storage kept from step to step: the step's own deferred picks
+  // go into in_flight_ afterwards.)
+  resolving_.swap(in_flight_);
+  for (const auto& [id, slot] : resolving_) {
     auto it = requests_.find(id);
     if (it == requests_.end() || !it->second->awaiting_pick)
       continue;  // ended (aborted) since its step was launched
@@ -1379,6 +1378,7 @@ void Engine::resolve_in_flight() {
     if (waiting && !r.done())
       r.state = RequestState::kWaiting;
   }
+  resolving_.clear();
 }
 
 void Engine::drain_in_flight() {

@@ -339,6 +339,7 @@ class Engine {
   // their slots in in_flight_outs_, where the backend writes them), none when empty.
   bool defer_ok_ = false;
   std::vector<std::pair<RequestId, size_t>> in_flight_;
+  std::vector<std::pair<RequestId, size_t>> resolving_;  // resolve_in_flight's
   std::vector<backend::ForwardOutputs> in_flight_outs_;
   std::vector<backend::ForwardItem> items_;
   std::vector<size_t> item_chunk_;
