@@ -4,6 +4,8 @@
 // 2 t + {0, 1} of the output, the m16n8 accumulator layout of mma.sync and wgmma alike.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "kernels/cuda/attention.h"
@@ -17,7 +19,11 @@ namespace dsinfer::cuda::attn {
 // accumulators with its m (the running maximum, or the power-of-two reference M of the BF16
 // kernel) and l into part = [nsplit][nq][heads][D + 2].
 // kBf16Out: the kernel may be asked for out_bf16 (the wgmma kernel; the mma.sync kernels would
-// spill at dim 512 with that epilogue compiled in).
+// spill at dim 512 with that epilogue compiled in), with rope_cs the query's inverse-rotation
+// table (rope_cos_sin(pos, inv_freq[j], true) for j < rope_half, in shared memory): the sines and
+// cosines once per query instead of inlined for every column pair, whose code (~14k
+// instructions) overflowed the instruction cache once per query (8k prefill, ncu: 28% of the
+// stall samples waiting for instructions).
 template <int D, int NT, bool kBf16Out = false>
 __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
                                              int64_t qi,
@@ -32,7 +38,8 @@ __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
                                              float m1,
                                              float l0,
                                              float l1,
-                                             const float (&o)[NT][4]) {
+                                             const float (&o)[NT][4],
+                                             const float2* rope_cs = nullptr) {
   constexpr int HALF = D / 2;
   const int64_t heads = p.heads;
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -40,11 +47,12 @@ __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   if (kBf16Out && nsplit == 1 && p.out_bf16 != nullptr) {
-    // Normalised, the RoPE dims turned back (rope_kernel's inverse, same operations), BF16.
+    // Normalised, the RoPE dims turned back (rope_kernel's inverse, same operations), BF16
+    // (RNE, two values per conversion).
     const float i0 = 1.0f / l0;
     const float i1 = 1.0f / l1;
-    const int64_t rope_from = D - 2 * p.rope_half;
-    const float pos = p.rope_half > 0 ? static_cast<float>(p.positions[qi]) : 0.0f;
+    const int rope_from = D - 2 * static_cast<int>(p.rope_half);
+    uint16_t* row = p.out_bf16 + qi * p.out_bf16_ld;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int d = half * HALF + 8 * nt + 2 * t;
@@ -53,19 +61,14 @@ __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
       float a1 = o[nt][2] * i1;
       float b1 = o[nt][3] * i1;
       if (d >= rope_from) {
-        const float f = p.inv_freq[(d - rope_from) / 2];
-        rope_rotate(a0, b0, pos, f, /*inverse=*/true);
-        rope_rotate(a1, b1, pos, f, /*inverse=*/true);
+        const float2 cs = rope_cs[(d - rope_from) >> 1];
+        rope_apply(a0, b0, cs);
+        rope_apply(a1, b1, cs);
       }
-      uint16_t* row = p.out_bf16 + qi * p.out_bf16_ld + d;
-      if (r0 < heads) {
-        *reinterpret_cast<uint32_t*>(row + r0 * D) =
-            numeric::f32_to_bf16(a0) | (uint32_t{numeric::f32_to_bf16(b0)} << 16);
-      }
-      if (r1 < heads) {
-        *reinterpret_cast<uint32_t*>(row + r1 * D) =
-            numeric::f32_to_bf16(a1) | (uint32_t{numeric::f32_to_bf16(b1)} << 16);
-      }
+      if (r0 < heads)
+        *reinterpret_cast<__nv_bfloat162*>(row + r0 * D + d) = __floats2bfloat162_rn(a0, b0);
+      if (r1 < heads)
+        *reinterpret_cast<__nv_bfloat162*>(row + r1 * D + d) = __floats2bfloat162_rn(a1, b1);
     }
   } else if (nsplit == 1) {
     const float i0 = 1.0f / l0;

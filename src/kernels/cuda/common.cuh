@@ -32,16 +32,21 @@ __device__ __forceinline__ I last_at_most(const T* a, I n, T v) {
 
 // RoPE's rotation of one pair (a, b) by the angle pos * inv_freq, each product and sum rounded
 // as cpu::rope_apply rounds them; inverse rotates back (the sine negated). Every kernel that
-// rotates (the fused norm, the RoPE op, the compressor, attention's output un-rotation) uses it.
-__device__ __forceinline__ void rope_rotate(
-    float& a, float& b, float pos, float inv_freq, bool inverse = false) {
+// rotates (the fused norm, the RoPE op, the compressor, attention's output un-rotation) uses it,
+// or rope_cos_sin once per angle and rope_apply per pair (the same operations, the same bits).
+__device__ __forceinline__ float2 rope_cos_sin(float pos, float inv_freq, bool inverse = false) {
   const float angle = __fmul_rn(pos, inv_freq);
-  const float c = cosf(angle);
-  const float s = inverse ? -sinf(angle) : sinf(angle);
+  return make_float2(cosf(angle), inverse ? -sinf(angle) : sinf(angle));
+}
+__device__ __forceinline__ void rope_apply(float& a, float& b, float2 cs) {
   const float x = a;
   const float y = b;
-  a = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
-  b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+  a = __fsub_rn(__fmul_rn(x, cs.x), __fmul_rn(y, cs.y));
+  b = __fadd_rn(__fmul_rn(x, cs.y), __fmul_rn(y, cs.x));
+}
+__device__ __forceinline__ void rope_rotate(
+    float& a, float& b, float pos, float inv_freq, bool inverse = false) {
+  rope_apply(a, b, rope_cos_sin(pos, inv_freq, inverse));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
