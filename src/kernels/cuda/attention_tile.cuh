@@ -95,13 +95,16 @@ __device__ __forceinline__ void finish_query(const SinkAttentionParams& p,
     // scratch from the workspace): half the store instructions of scalar stores, each sector of
     // a row written by one instruction. Measured (H200, decode batch 1, ncu): two thirds of the
     // kernel's stall samples sat on the scalar stores.
+    // (__stcg: st.global.cg.v2; through a plain float2 pointer nvcc split each pair into two
+    // 4-byte stores in the wgmma kernel, whose decode splits then spent 65% of their stall
+    // samples waiting on the store queue, H100 ncu.)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int d = half * HALF + 8 * nt + 2 * t;
       if (r0 < heads)
-        *reinterpret_cast<float2*>(base + r0 * stride + d) = make_float2(o[nt][0], o[nt][1]);
+        __stcg(reinterpret_cast<float2*>(base + r0 * stride + d), make_float2(o[nt][0], o[nt][1]));
       if (r1 < heads)
-        *reinterpret_cast<float2*>(base + r1 * stride + d) = make_float2(o[nt][2], o[nt][3]);
+        __stcg(reinterpret_cast<float2*>(base + r1 * stride + d), make_float2(o[nt][2], o[nt][3]));
     }
     if (half == 0 && t == 0) {
       if (r0 < heads) {
