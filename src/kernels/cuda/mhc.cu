@@ -232,9 +232,9 @@ __global__ void __launch_bounds__(kDmmaWarps * 32) hc_mix_dmma_kernel(DmmaArgs a
                     elem(xv[0], i), elem(xv[1], i), elem(xv[2], i), elem(xv[3], i)};
                 v[m][k][i] = post_elem<4>(4, pk, elem(fv, i), comb, k, xj);
               }
-              if (z0)
-                *reinterpret_cast<float4*>(a.pending.x_out + t * width + k * hidden + c) =
-                    make_float4(v[m][k][0], v[m][k][1], v[m][k][2], v[m][k][3]);
+              if (z0)  // (st.global.cg.v4: a plain float4 store was split into four here)
+                __stcg(reinterpret_cast<float4*>(a.pending.x_out + t * width + k * hidden + c),
+                       make_float4(v[m][k][0], v[m][k][1], v[m][k][2], v[m][k][3]));
             }
           } else {
 #pragma unroll
