@@ -10,7 +10,6 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/common.cuh"
-#include "numeric/float_formats.h"
 
 namespace dsinfer::cuda::attn {
 
