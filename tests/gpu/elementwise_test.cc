@@ -441,6 +441,25 @@ TEST_F(GpuTest, QuantSimIsBitExact) {
   }
 }
 
+// quant.cuh's FP8 simulation by the hardware conversions (cvt.rn.satfinite.e4m3 and the E4M3 ->
+// FP16 decode, the scale's reciprocal instead of a division) equals numeric::'s software rounding
+// for every fp32 input, at the smallest activation scale, 1, a large one and an infinite one.
+TEST_F(GpuTest, Fp8HardwareRoundingEqualsSoftware) {
+  for (const float s : {std::ldexp(1.0f, -22), 1.0f, std::ldexp(1.0f, 40), INFINITY}) {
+    SCOPED_TRACE("scale " + std::to_string(s));
+    DevVec<unsigned long long> bad(std::vector<unsigned long long>(3, 0));
+    DevVec<uint32_t> first(std::vector<uint32_t>(3, 0xffffffffu));
+    launch_fp8_rounding_check(s, bad.get(), first.get(), nullptr);
+    sync();
+    const std::vector<unsigned long long> n = bad.download();
+    const std::vector<uint32_t> f = first.download();
+    const char* what[3] = {"code", "decode", "scaled value"};
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(n[k], 0u) << what[k] << ": first differing input bits 0x" << std::hex << f[k];
+    }
+  }
+}
+
 TEST(GpuOpsArgs, RmsNormBf16OutputValidates) {
   float* some = reinterpret_cast<float*>(uintptr_t{256});
   uint16_t* bits = reinterpret_cast<uint16_t*>(uintptr_t{256});

@@ -264,5 +264,11 @@ inline std::unique_ptr<TestWeight> make_weight(Fmt f, int64_t rows, int64_t cols
 void launch_illegal_write(cudaStream_t stream);
 void launch_uniform_from(
     const uint64_t* seeds, const uint64_t* counters, double* out, int n, cudaStream_t stream);
+// Counts of every fp32 input where the hardware FP8 rounding of quant.cuh differs from the
+// software one (bad[3], first[3]: see test_kernels.cu); first[] must start at 0xffffffff.
+void launch_fp8_rounding_check(float s,
+                               unsigned long long* bad,
+                               uint32_t* first,
+                               cudaStream_t stream);
 
 }  // namespace dsinfer::cuda::test

@@ -31,9 +31,10 @@ __device__ __forceinline__ void pack_kv_row(const float* x,
     const float* v = x + b * 64;
     float amax = fmaxf(fabsf(v[lane]), fabsf(v[lane + 32]));
     amax = warp_max(amax);
-    const float s = numeric::pow2_ceil(fmaxf(amax, numeric::kActAmaxFloor) / numeric::kFp8Max);
-    o[b * 64 + lane] = numeric::f32_to_fp8_e4m3(clamp_sym(v[lane] / s, numeric::kFp8Max));
-    o[b * 64 + lane + 32] = numeric::f32_to_fp8_e4m3(clamp_sym(v[lane + 32] / s, numeric::kFp8Max));
+    const float s = quant_scale(amax, QuantSim::kFp8);
+    const float inv_s = 1.0f / s;  // x * inv_s == x / s (fp8_sim_value)
+    o[b * 64 + lane] = fp8_code_clamped(v[lane] * inv_s);
+    o[b * 64 + lane + 32] = fp8_code_clamped(v[lane + 32] * inv_s);
     if (lane == 0)
       scales[b] = numeric::e8m0_from_pow2(s);
   }

@@ -3,6 +3,9 @@
 // IEEE operations in the same order per value: bit-identical to the CPU.
 #pragma once
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -27,11 +30,35 @@ __device__ __forceinline__ float quant_scale(float amax, QuantSim kind) {
   return 1.0f;
 }
 
+// The E4M3 code of q clamped to +-448: numeric::f32_to_fp8_e4m3(clamp_sym(q, 448)) by the
+// hardware conversion (round to nearest even, saturating), which gives the same code for every
+// clamped non-NaN value (GpuTest.Fp8HardwareRoundingEqualsSoftware checks all 2^32 inputs); NaN
+// keeps the software path's code.
+__device__ __forceinline__ uint8_t fp8_code_clamped(float q) {
+  const float c = clamp_sym(q, numeric::kFp8Max);
+  if (c != c)
+    return numeric::f32_to_fp8_e4m3(c);
+  return __nv_cvt_float_to_fp8(c, __NV_SATFINITE, __NV_E4M3);
+}
+
+// numeric::fp8_e4m3_to_f32 by the hardware conversion (through FP16, exact for every E4M3
+// value); the NaN codes keep the software path's NaN.
+__device__ __forceinline__ float fp8_decode(uint8_t code) {
+  if ((code & 0x7fu) == 0x7fu)
+    return numeric::fp8_e4m3_to_f32(code);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+}
+
+// x / s for a UE8M0 scale s >= 2^-126 (quant_scale's kFp8 scales are >= 2^-22, or inf / -0 from
+// non-finite maxima): 1 / s is exact, so x * (1 / s) is the same correctly rounded quotient, and
+// the reciprocal is computed once per block instead of a division per value.
+__device__ __forceinline__ float fp8_sim_value(float x, float s, float inv_s) {
+  return fp8_decode(fp8_code_clamped(x * inv_s)) * s;
+}
+
 __device__ __forceinline__ float quant_value(float x, float s, QuantSim kind) {
-  if (kind == QuantSim::kFp8) {
-    const float q = clamp_sym(x / s, numeric::kFp8Max);
-    return numeric::fp8_e4m3_to_f32(numeric::f32_to_fp8_e4m3(q)) * s;
-  }
+  if (kind == QuantSim::kFp8)
+    return fp8_sim_value(x, s, 1.0f / s);
   if (kind == QuantSim::kFp4) {
     const float q = clamp_sym(x / s, numeric::kFp4Max);
     return numeric::fp4_e2m1_to_f32(numeric::f32_to_fp4_e2m1(q)) * s;
