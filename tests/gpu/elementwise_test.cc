@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -184,6 +185,93 @@ TEST_F(GpuTest, RmsNormWritesTheFp8ActivationsOfItsOutput) {
           RmsNormParams{.x = dummy, .rows = 1, .dim = 4, .out = dummy, .act_codes = codes}, nullptr)
           .code(),
       StatusCode::kInvalidArgument);
+}
+
+// Few rows (decode) take the split kernel, one block per row with a warp per 128 columns; many
+// rows the one-warp-per-row kernel. The same rows through both give the same bits in every
+// output the norm writes: fp32 rows (weighted or not, with RoPE), BF16 rows, record-rounded rows
+// and FP8 activations (in the split kernel at every width; after the many-row norm by the
+// quantisation pass at 512 and 1024 dims).
+TEST_F(GpuTest, RmsNormSplitKernelEqualsOneWarpPerRow) {
+  uint32_t seed = 900;
+  const int64_t many = 600;  // > the split kernel's row limit
+  for (int64_t dim : {256, 512, 1024}) {
+    for (int mode = 0; mode < 5; ++mode) {  // 0 plain, 1 RoPE, 2 RoPE + BF16, 3 records, 4 FP8
+      SCOPED_TRACE("dim " + std::to_string(dim) + " mode " + std::to_string(mode));
+      const int64_t half = mode == 0 || mode == 4 ? 0 : 32;
+      const int64_t heads = 4;
+      const std::vector<float> x = normal_floats(static_cast<size_t>(many * dim), seed++, 3.0f);
+      const std::vector<float> w = normal_floats(static_cast<size_t>(dim), seed++);
+      std::vector<int64_t> pos(static_cast<size_t>(many / heads));
+      for (size_t t = 0; t < pos.size(); ++t) pos[t] = static_cast<int64_t>(t * 7919 % 100000);
+      std::vector<float> inv(static_cast<size_t>(std::max<int64_t>(half, 1)));
+      for (int64_t i = 0; i < half; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / (2.0f * half));
+      DevVec<float> d_w(w);
+      DevVec<int64_t> d_pos(pos);
+      DevVec<float> d_inv(inv);
+      struct Out {
+        std::vector<float> f;
+        std::vector<uint16_t> b;
+        std::vector<uint8_t> codes;
+        std::vector<float> scales;
+      };
+      auto run = [&](int64_t rows) -> Out {
+        DevVec<float> d_x(x);
+        DevVec<float> d_out(static_cast<size_t>(rows * dim));
+        DevVec<uint16_t> d_b(static_cast<size_t>(rows * dim));
+        DevVec<uint8_t> d_codes(static_cast<size_t>(rows * dim));
+        DevVec<float> d_scales(static_cast<size_t>(rows * dim / 128));
+        RmsNormParams p{.x = d_x.get(), .rows = rows, .dim = dim, .weight = d_w.get(), .eps = 1e-6f};
+        p.out = d_out.get();
+        if (half > 0) {
+          p.rope_positions = d_pos.get();
+          p.rope_inv_freq = d_inv.get();
+          p.rope_half = half;
+          p.rope_rows_per_token = heads;
+        }
+        if (mode == 2) {
+          p.out = nullptr;
+          p.out_bf16 = d_b.get();
+        }
+        if (mode == 3)
+          p.store_fp8_block = 64;
+        if (mode == 4) {
+          p.act_codes = d_codes.get();
+          p.act_scales = d_scales.get();
+        }
+        DSI_EXPECT_OK_CONTINUE(launch_rms_norm(p, nullptr));
+        sync();
+        Out o;
+        if (mode == 2) {
+          o.b = d_b.download();
+        } else {
+          o.f = d_out.download();
+        }
+        if (mode == 4) {
+          o.codes = d_codes.download();
+          o.scales = d_scales.download();
+        }
+        return o;
+      };
+      const Out all = run(many);
+      for (int64_t rows : {1, 5, 64}) {
+        SCOPED_TRACE("rows " + std::to_string(rows));
+        const Out few = run(rows);
+        const size_t n = static_cast<size_t>(rows * dim);
+        if (mode == 2) {
+          EXPECT_TRUE(std::equal(few.b.begin(), few.b.end(), all.b.begin()));
+        } else {
+          expect_bits(std::vector<float>(all.f.begin(), all.f.begin() + n), few.f, "rows");
+        }
+        if (mode == 4) {
+          EXPECT_TRUE(std::equal(few.codes.begin(), few.codes.end(), all.codes.begin()));
+          expect_bits(std::vector<float>(all.scales.begin(), all.scales.begin() + n / 128),
+                      few.scales,
+                      "scales");
+        }
+      }
+    }
+  }
 }
 
 // RMSNorm with the RoPE of the last 2 * half dims in the same launch (q: rows_per_token heads;

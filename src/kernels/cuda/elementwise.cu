@@ -3,6 +3,7 @@
 // operation (explicit __fmul_rn/__fadd_rn where the CPU's order must be kept without FMA
 // contraction).
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -21,6 +22,18 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;
 // rms_norm_warp_kernel: two rows per warp from this many blocks' worth of rows on.
 constexpr int kRmsPairsFromBlocks = 4096;
+// rms_norm_split_kernel (one block per row) up to this many rows: decode steps (batch x the q
+// norm's heads) rather than prefill chunks.
+constexpr int64_t kRmsSplitMaxRows = 512;
+
+// DSINFER_RMS_SPLIT=0: the one-warp-per-row kernel for every row count (an A/B switch).
+bool rms_split_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("DSINFER_RMS_SPLIT");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
 
 unsigned grid_1d(int64_t work) {
   return static_cast<unsigned>(std::clamp<int64_t>(work, 1, kMaxBlocks));
@@ -71,6 +84,80 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
 // kernel's tail instead of costing a round trip after the sum). R rows per warp at a time (R = 2
 // for many rows: the second row's loads in flight with the first's, and each block works twice as
 // long), each row's arithmetic the same.
+//
+// Slice j of row r (float4 j of every lane, columns 128 j ..) after the sum: scaled by rinv and
+// the weight, rotated, rounded as a record, stored, and quantised as activation block j. The
+// one-warp-per-row kernel runs it for j = 0 .. V - 1, the split kernel's warp j for its own j.
+__device__ __forceinline__ void rms_norm_slice(const RmsNormParams& p,
+                                               int64_t r,
+                                               int j,
+                                               float4 x,
+                                               const float (&w)[4],
+                                               const float (&f)[2],
+                                               float rinv,
+                                               float pos,
+                                               int64_t c_rope,
+                                               int sim_lanes) {
+  const int lane = threadIdx.x & 31;
+  const int64_t c = 128 * j + 4 * lane;
+  float e[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    e[i] = __fmul_rn(e[i], rinv);
+    if (p.weight)
+      e[i] = __fmul_rn(w[i], e[i]);
+  }
+  if (p.rope_half > 0 && c >= c_rope) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rope_rotate(e[2 * h], e[2 * h + 1], pos, f[h]);
+  }
+  if (sim_lanes > 0) {  // warp-uniform: every lane reaches the shuffles
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(e[i]));
+    for (int m = 1; m < sim_lanes; m <<= 1)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const bool fp8 = c < c_rope;  // the RoPE dims are stored as BF16
+    const float sc = fp8 ? quant_scale(amax, QuantSim::kFp8) : 1.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      e[i] = quant_value(e[i], sc, fp8 ? QuantSim::kFp8 : QuantSim::kBf16);
+  }
+  if (p.out_bf16 != nullptr) {
+    *reinterpret_cast<uint2*>(p.out_bf16 + r * p.dim + c) =
+        make_uint2(mma::pack_bf16(e[0], e[1]), mma::pack_bf16(e[2], e[3]));
+  } else {
+    *reinterpret_cast<float4*>(p.out + r * p.dim + c) = make_float4(e[0], e[1], e[2], e[3]);
+  }
+  if (p.act_codes != nullptr) {  // warp-uniform; activation block j is this warp's e values
+    uint32_t packed = 0;
+    const float s = act_quant_warp_block(e, &packed);
+    *reinterpret_cast<uint32_t*>(p.act_codes + r * p.dim + c) = packed;
+    if (lane == 0)
+      p.act_scales[r * (p.dim / 128) + j] = s;
+  }
+}
+
+// 1 / sqrt(mean square + eps) from the row's sum of squares (every lane after the butterfly).
+__device__ __forceinline__ float rms_rinv(double ss, const RmsNormParams& p) {
+  return 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(p.dim)) + p.eps);
+}
+
+__device__ __forceinline__ float rms_rope_pos(const RmsNormParams& p, int64_t r) {
+  return p.rope_half > 0 ? static_cast<float>(p.rope_positions[r / p.rope_rows_per_token]) : 0.0f;
+}
+
+// The weight and RoPE frequency of this lane's columns in slice j (constants).
+__device__ __forceinline__ void rms_slice_constants(
+    const RmsNormParams& p, int j, int64_t c_rope, float (&w)[4], float (&f)[2]) {
+  const int64_t c = 128 * j + 4 * (threadIdx.x & 31);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = p.weight ? __ldg(p.weight + c + i) : 1.0f;
+  const bool rot = p.rope_half > 0 && c >= c_rope;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) f[h] = rot ? __ldg(p.rope_inv_freq + (c - c_rope) / 2 + h) : 0;
+}
+
 template <int V>
 __device__ __forceinline__ void rms_norm_warp_row(const RmsNormParams& p,
                                                   int64_t r,
@@ -79,7 +166,6 @@ __device__ __forceinline__ void rms_norm_warp_row(const RmsNormParams& p,
                                                   const float (&fq)[V][2],
                                                   int64_t c_rope,
                                                   int sim_lanes) {
-  const int lane = threadIdx.x & 31;
   double ss = 0.0;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -89,48 +175,50 @@ __device__ __forceinline__ void rms_norm_warp_row(const RmsNormParams& p,
     ss += static_cast<double>(v[j].w) * v[j].w;
   }
   ss = warp_sum(ss);
-  const float rinv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(p.dim)) + p.eps);
-  const float pos =
-      p.rope_half > 0 ? static_cast<float>(p.rope_positions[r / p.rope_rows_per_token]) : 0.0f;
+  const float rinv = rms_rinv(ss, p);
+  const float pos = rms_rope_pos(p, r);
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int64_t c = 128 * j + 4 * lane;
-    float e[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+  for (int j = 0; j < V; ++j) rms_norm_slice(p, r, j, v[j], wv[j], fq[j], rinv, pos, c_rope, sim_lanes);
+}
+
+// Few rows (decode): one block of V warps per row, warp j holding slice j, so that the slices'
+// scaling, RoPE, record rounding and activation quantisation run side by side instead of one
+// after another in one warp (and each warp executes one slice's code, not V unrolled copies).
+// The sum keeps the one-warp kernel's order, hence its bits: warp 0 adds each lane's squares in
+// column order from shared memory (slice 0's four values, then slice 1's, ...), then the same
+// butterfly; the double products of floats are exact, so fused or not they add the same values.
+template <int V>
+__global__ void __launch_bounds__(32 * V) rms_norm_split_kernel(RmsNormParams p) {
+  __shared__ float4 sx[V][32];
+  __shared__ float s_rinv;
+  const int lane = threadIdx.x & 31;
+  const int j = threadIdx.x >> 5;
+  const int64_t c_rope = p.dim - 2 * p.rope_half;
+  float w[4];
+  float f[2];
+  pdl_begin_after([&] { rms_slice_constants(p, j, c_rope, w, f); });
+  const int sim_lanes = static_cast<int>(p.store_fp8_block / 4);
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const float4 x = *reinterpret_cast<const float4*>(p.x + r * p.dim + 128 * j + 4 * lane);
+    sx[j][lane] = x;
+    __syncthreads();
+    if (j == 0) {
+      double ss = 0.0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      e[i] = __fmul_rn(e[i], rinv);
-      if (p.weight)
-        e[i] = __fmul_rn(wv[j][i], e[i]);
-    }
-    if (p.rope_half > 0 && c >= c_rope) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) rope_rotate(e[2 * h], e[2 * h + 1], pos, fq[j][h]);
-    }
-    if (sim_lanes > 0) {  // warp-uniform: every lane reaches the shuffles
-      float amax = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(e[i]));
-      for (int m = 1; m < sim_lanes; m <<= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-      const bool fp8 = c < c_rope;  // the RoPE dims are stored as BF16
-      const float sc = fp8 ? quant_scale(amax, QuantSim::kFp8) : 1.0f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        e[i] = quant_value(e[i], sc, fp8 ? QuantSim::kFp8 : QuantSim::kBf16);
-    }
-    if (p.out_bf16 != nullptr) {
-      *reinterpret_cast<uint2*>(p.out_bf16 + r * p.dim + c) =
-          make_uint2(mma::pack_bf16(e[0], e[1]), mma::pack_bf16(e[2], e[3]));
-    } else {
-      *reinterpret_cast<float4*>(p.out + r * p.dim + c) = make_float4(e[0], e[1], e[2], e[3]);
-    }
-    if (p.act_codes != nullptr) {  // warp-uniform; activation block j is this warp's e values
-      uint32_t packed = 0;
-      const float s = act_quant_warp_block(e, &packed);
-      *reinterpret_cast<uint32_t*>(p.act_codes + r * p.dim + c) = packed;
+      for (int k = 0; k < V; ++k) {
+        const float4 v = sx[k][lane];
+        ss += static_cast<double>(v.x) * v.x;
+        ss += static_cast<double>(v.y) * v.y;
+        ss += static_cast<double>(v.z) * v.z;
+        ss += static_cast<double>(v.w) * v.w;
+      }
+      ss = warp_sum(ss);
       if (lane == 0)
-        p.act_scales[r * (p.dim / 128) + j] = s;
+        s_rinv = rms_rinv(ss, p);
     }
+    __syncthreads();
+    rms_norm_slice(p, r, j, x, w, f, s_rinv, rms_rope_pos(p, r), c_rope, sim_lanes);
+    __syncthreads();  // sx and s_rinv are rewritten by the next row
   }
 }
 
@@ -144,15 +232,7 @@ __global__ void __launch_bounds__(kThreads, R == 2 && V <= 4 ? 3 : 1)
   float fq[V][2];
   pdl_begin_after([&] {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int64_t c = 128 * j + 4 * lane;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) wv[j][i] = p.weight ? __ldg(p.weight + c + i) : 1.0f;
-      const bool rot = p.rope_half > 0 && c >= c_rope;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        fq[j][h] = rot ? __ldg(p.rope_inv_freq + (c - c_rope) / 2 + h) : 0;
-    }
+    for (int j = 0; j < V; ++j) rms_slice_constants(p, j, c_rope, wv[j], fq[j]);
   });
   const int sim_lanes = static_cast<int>(p.store_fp8_block / 4);  // lanes per FP8 block
   const int64_t stride = static_cast<int64_t>(gridDim.x) * per_block;
@@ -355,6 +435,8 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
         "rms_norm: BF16 output needs dim a multiple of 128 (<= 1024), 16-byte "
         "aligned rows and a RoPE slice starting at a multiple of 4");
   DSI_RETURN_IF_ERROR(require(p.store_fp8_block >= 0, "rms_norm", "store_fp8_block < 0"));
+  // Few rows: one block per row, a warp per 128-column slice (rms_norm_split_kernel).
+  const bool split = warp_path && v >= 2 && p.rows <= kRmsSplitMaxRows && rms_split_enabled();
   if (p.act_codes != nullptr || p.act_scales != nullptr) {
     if (!p.act_codes || !p.act_scales || !p.out || p.out_bf16)
       return invalid_argument(
@@ -363,7 +445,8 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     // one or two blocks (the bundled model's q norm and MTP norms: +2% tokens/s at batch 1 on
     // the H200); at V4's 1024-dim q norm the eight blocks in one warp made the batch-1 step 4%
     // slower than the separate pass (nineteenth session, A/B on one machine).
-    if (!warp_path || v > 2 || p.store_fp8_block > 0) {  // the norm, then the quantisation pass
+    // The split kernel (few rows) quantises each slice in its own warp at any width.
+    if (!warp_path || (v > 2 && !split) || p.store_fp8_block > 0) {  // the norm, then the pass
       RmsNormParams q = p;
       q.act_codes = nullptr;
       q.act_scales = nullptr;
@@ -396,6 +479,13 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     qs.len = p.dim - qs.len;
     qs.kind = QuantSim::kBf16;
     return launch_quant_sim(qs, stream);
+  }
+  if (split) {
+    auto* k = v == 2 ? rms_norm_split_kernel<2>
+              : v == 4 ? rms_norm_split_kernel<4>
+                       : rms_norm_split_kernel<8>;
+    launch_pdl(k, static_cast<unsigned>(p.rows), static_cast<unsigned>(32 * v), 0, stream, p);
+    return launched("rms_norm launch");
   }
   if (warp_path) {
     // Two rows per warp at a time once there are more rows than one row per warp of a full
