@@ -38,8 +38,8 @@ __global__ void fp8_rounding_kernel(float s, unsigned long long* bad, uint32_t* 
     const uint8_t hw = fp8_code_clamped(x);
     const uint8_t sw = numeric::f32_to_fp8_e4m3(clamp_sym(x, numeric::kFp8Max));
     const bool bad_code = hw != sw;
-    const bool bad_decode = __float_as_uint(fp8_decode(sw)) !=
-                            __float_as_uint(numeric::fp8_e4m3_to_f32(sw));
+    const bool bad_decode =
+        __float_as_uint(fp8_decode(sw)) != __float_as_uint(numeric::fp8_e4m3_to_f32(sw));
     const float want =
         numeric::fp8_e4m3_to_f32(numeric::f32_to_fp8_e4m3(clamp_sym(x / s, numeric::kFp8Max))) * s;
     const bool bad_value = __float_as_uint(fp8_sim_value(x, s, inv_s)) != __float_as_uint(want);

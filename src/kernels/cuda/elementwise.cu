@@ -178,7 +178,8 @@ __device__ __forceinline__ void rms_norm_warp_row(const RmsNormParams& p,
   const float rinv = rms_rinv(ss, p);
   const float pos = rms_rope_pos(p, r);
 #pragma unroll
-  for (int j = 0; j < V; ++j) rms_norm_slice(p, r, j, v[j], wv[j], fq[j], rinv, pos, c_rope, sim_lanes);
+  for (int j = 0; j < V; ++j)
+    rms_norm_slice(p, r, j, v[j], wv[j], fq[j], rinv, pos, c_rope, sim_lanes);
 }
 
 // Few rows (decode): one block of V warps per row, warp j holding slice j, so that the slices'
@@ -481,7 +482,7 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     return launch_quant_sim(qs, stream);
   }
   if (split) {
-    auto* k = v == 2 ? rms_norm_split_kernel<2>
+    auto* k = v == 2   ? rms_norm_split_kernel<2>
               : v == 4 ? rms_norm_split_kernel<4>
                        : rms_norm_split_kernel<8>;
     launch_pdl(k, static_cast<unsigned>(p.rows), static_cast<unsigned>(32 * v), 0, stream, p);
