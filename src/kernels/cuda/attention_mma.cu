@@ -508,6 +508,8 @@ constexpr int kMaxSplits = 32;
 constexpr int kMergeThreads = 128;
 constexpr int kMergeDims = 4;
 constexpr int kMergeChunk = 8;
+// The finish's inverse RoPE: a per-row table of cosines and negated sines, rope_half <= this.
+constexpr int64_t kMergeMaxRopeHalf = 256;
 
 // Finish (finish_out): each head's last 2 * rope_half dims turned back by RoPE at the query's
 // position, as rope_kernel's inverse (pair (d, d + 1) on threads x, x ^ 1 of one warp), then every
@@ -530,6 +532,7 @@ __global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(con
   pdl_begin();
   __shared__ float wraw[kMaxSplits];
   __shared__ float lw[kMaxSplits];
+  __shared__ float2 rope_cs[kMergeMaxRopeHalf];
   const int64_t stride = dim + 2;
   const int64_t plane = nq * heads * stride;  // one split's rows
   constexpr int64_t kSlab = kMergeThreads * kMergeDims;
@@ -546,6 +549,14 @@ __global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(con
         }
     };
     load_chunk(0, 0);
+    // The row's inverse-RoPE table (rope_cos_sin once per pair instead of an inlined sinf / cosf
+    // in both threads of every pair: the same operations, the same bits), published by the
+    // barrier below.
+    if (fin.on && fin.rope_half > 0) {
+      const float pos = static_cast<float>(fin.positions[row / heads]);
+      for (int64_t i = threadIdx.x; i < fin.rope_half; i += blockDim.x)
+        rope_cs[i] = rope_cos_sin(pos, fin.inv_freq[i], /*inverse=*/true);
+    }
     if (threadIdx.x < 32) {
       // Lane s loads split s's (m, l) (all in flight together).
       const int s = threadIdx.x;
@@ -586,7 +597,6 @@ __global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(con
       }
       if (fin.on) {
         const int64_t c_rope = dim - 2 * fin.rope_half;
-        const float pos = fin.rope_half > 0 ? static_cast<float>(fin.positions[row / heads]) : 0.0f;
 #pragma unroll
         for (int k = 0; k < kMergeDims; ++k) {
           const int64_t d = d0 + threadIdx.x + k * kMergeThreads;  // parity of threadIdx.x
@@ -595,7 +605,7 @@ __global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(con
             const bool even = (d & 1) == 0;
             float a = even ? acc[k] : other;
             float b = even ? other : acc[k];
-            rope_rotate(a, b, pos, fin.inv_freq[(d - c_rope) / 2], /*inverse=*/true);
+            rope_apply(a, b, rope_cs[(d - c_rope) / 2]);
             acc[k] = even ? a : b;
           }
           acc[k] = numeric::round_to_bf16(acc[k]);
@@ -614,6 +624,8 @@ __global__ void __launch_bounds__(kMergeThreads) sink_attention_merge_kernel(con
 
 template <int D>
 Status launch_attention_d(const SinkAttentionParams& p, cudaStream_t stream) {
+  static_assert(D / 2 <= kMergeMaxRopeHalf,
+                "the merge's RoPE table (finish_out: 2 rope_half <= D)");
   const int hw = static_cast<int>(ceil_div(p.heads, 16));
   const bool bf16 = p.bf16_operands;
   const size_t smem = bf16 ? attn_bf16_smem_bytes(D, 16 * hw) : attn_smem_bytes(D, 16 * hw);
