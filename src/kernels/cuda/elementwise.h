@@ -52,9 +52,10 @@ struct RmsNormParams {
   int64_t store_fp8_block = 0;
   // Optional: the fp32 output rows also quantised as a linear's FP8 activations (fp8_gemm.h
   // Fp8Acts, 1x128 UE8M0 blocks, launch_quantize_fp8's bits): codes [rows, fp8_acts_ld(dim)],
-  // scales [rows, fp8_acts_ld(dim) / 128]. Written by the norm kernel itself for rows of 128 or
-  // 256 dims (a norm feeding an FP8 linear without a quantisation launch between them); elsewhere
-  // by a launch_quantize_fp8 after it. Needs `out`, not `out_bf16`.
+  // scales [rows, fp8_acts_ld(dim) / 128]. Written by the norm kernel itself (a norm feeding an
+  // FP8 linear without a quantisation launch between them) for rows of 128 or 256 dims, and for
+  // up to 512 rows of 256-1,024 dims (the split kernel); elsewhere by a launch_quantize_fp8 after
+  // it. Needs `out`, not `out_bf16`.
   uint8_t* act_codes = nullptr;
   float* act_scales = nullptr;
 };
