@@ -274,13 +274,25 @@ cat >"$TMP/in.jsonl" <<'JSONL'
 not json
 {"prompt_token_ids": [0, 7], "temperature": -1}
 JSONL
-"$DSI" generate --model "$TMP/m" --input "$TMP/in.jsonl" --output "$TMP/out.jsonl" 2>/dev/null
+"$DSI" generate --model "$TMP/m" --input "$TMP/in.jsonl" --output "$TMP/out.jsonl" 2>"$TMP/jsonl.err"
+rc=$?
+check "jsonl: exit 0 while some requests succeed" test "$rc" -eq 0
 check "jsonl: five output lines" test "$(wc -l <"$TMP/out.jsonl")" -eq 5
+check "jsonl: the summary counts the failed lines" contains "$TMP/jsonl.err" "5 requests (3 failed)"
+check "jsonl: the summary names the first error" contains "$TMP/jsonl.err" "first error: .*prompt is empty"
 check "jsonl: line 1 ok" sh -c "sed -n 1p '$TMP/out.jsonl' | grep -q '\"finish_reason\":\"length\"'"
 check "jsonl: empty prompt error" sh -c "sed -n 2p '$TMP/out.jsonl' | grep -q 'prompt is empty'"
 check "jsonl: line 3 ok" sh -c "sed -n 3p '$TMP/out.jsonl' | grep -q '\"index\":2,\"text\"'"
 check "jsonl: bad json error" sh -c "sed -n 4p '$TMP/out.jsonl' | grep -q 'not valid JSON'"
 check "jsonl: bad temperature error" sh -c "sed -n 5p '$TMP/out.jsonl' | grep -q 'temperature'"
+# Every request failed: exit 1, each line still answered.
+printf '%s\n' 'not json' '{"prompt_token_ids": [0, 99999999]}' >"$TMP/bad.jsonl"
+"$DSI" generate --model "$TMP/m" --input "$TMP/bad.jsonl" --output "$TMP/bad_out.jsonl" \
+  2>"$TMP/bad.err"
+rc=$?
+check "jsonl: exit 1 when every request failed" test "$rc" -eq 1
+check "jsonl: all-failed summary" contains "$TMP/bad.err" "2 requests (2 failed)"
+check "jsonl: out-of-vocabulary id named" sh -c "sed -n 2p '$TMP/bad_out.jsonl' | grep -q '99999999'"
 
 # Text prompts need a tokenizer; the error says so.
 "$DSI" generate --model "$TMP/m" --prompt "hello" >"$TMP/err.txt" 2>&1
