@@ -599,7 +599,8 @@ TEST_P(CudaModelTest, StateImageCapturedInTheBackgroundContinuesBitForBit) {
 // ForwardOptions::sample_rows on CUDA: every row of a chunk sampled on the device equals the
 // host sampler on the same chunk's copied logits (greedy rows, and a row with drafts as
 // extra_output under penalties); requests for every row that are malformed (one request short,
-// with last_logits_only, with a mask) fail their own item with invalid_argument while the item
+// with last_logits_only, with a mask), and a token to take on the device where no forward left a
+// pick (ForwardOptions::device_token), fail their own item with invalid_argument while the item
 // beside them is computed.
 TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
   OPEN_CASE_OR_SKIP();
@@ -659,7 +660,7 @@ TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
   EXPECT_EQ(out_b.logits, ref_out.logits);
   // Malformed: each fails its item only.
   const uint32_t mask[1] = {1u};
-  for (int bad = 0; bad < 3; ++bad) {
+  for (int bad = 0; bad < 4; ++bad) {
     SCOPED_TRACE("bad request " + std::to_string(bad));
     std::vector<backend::SampleRequest> r = rows;
     state::SequenceState c(cfg, arena.get(), 10 + bad, 0, m.row_format());
@@ -674,6 +675,10 @@ TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
     if (bad == 2)
       r[1].allowed = mask;
     it[0].options.sample_rows = r;
+    if (bad == 3) {  // no sampling asked for; a device token without a pick left for it
+      it[0].options.sample_rows = {};
+      it[0].options.device_token = true;
+    }
     backend::ForwardOutputs oc, od;
     it[0].out = &oc;
     it[1].state = &d;
@@ -681,6 +686,9 @@ TEST_P(CudaModelTest, SampleRowsEqualHostSamplingAndBadRequestsFailTheirItem) {
     it[1].out = &od;
     ASSERT_TRUE(m.forward_batch(it).ok());
     EXPECT_EQ(it[0].status.code(), StatusCode::kInvalidArgument);
+    if (bad == 3)
+      EXPECT_NE(it[0].status.message().find("left no pick"), std::string::npos)
+          << it[0].status.to_string();
     EXPECT_EQ(c.num_tokens(), 0);
     EXPECT_TRUE(it[1].status.ok());
     EXPECT_EQ(od.logits, ref_out.logits);
