@@ -449,7 +449,6 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     // step 4% slower than the separate pass (nineteenth session, A/B on one machine). The split
     // kernel quantises each block in its own warp: the q norm with its activations 4.5 us per
     // layer at batch 1 against 10.2 + 3.2 us for the norm and the pass (ncu, H100, 38th session).
-    // The split kernel (few rows) quantises each slice in its own warp at any width.
     if (!warp_path || (v > 2 && !split) || p.store_fp8_block > 0) {  // the norm, then the pass
       RmsNormParams q = p;
       q.act_codes = nullptr;
