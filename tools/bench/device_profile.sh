@@ -3,7 +3,8 @@
 # Systems capture (or, where nsys is missing, one Nsight Compute pass timing every kernel) per run
 # kind (the timed prefill of 8192 tokens, and of 1024 with DSINFER_PROFILE_KINDS=prefill1k; the
 # timed decode steps at batch 1 and 64 with 8192 tokens of context), each reduced to a per-kernel CSV (total time, instances)
-# and, on stdout, the top-15 kernels and the time by part of the model (kernel_parts.py).
+# and, on stdout, the top-15 kernels and the time by part of the model (kernel_parts.py). Under ncu,
+# DSINFER_PROFILE_CACHE=none keeps the caches warm between kernels (default: flushed).
 #
 # Usage: tools/bench/device_profile.sh [BIN_DIR] [OUT_DIR]   (defaults: build/bin, $OUT or /tmp)
 # Needs nsys (the CUDA toolkit ships it) and python3; writes OUT_DIR/kern_<kind>.csv.
@@ -35,7 +36,10 @@ if [ -z "$NSYS" ]; then
       decode64) args=(--prefill 128 --decode-batch 64 --context 8192 --decode-steps 1
                       --profile-range decode) ;;
     esac
-    "$NCU" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+    # DSINFER_PROFILE_CACHE=none keeps the caches between kernels (closer to a graph replay's
+    # times for short kernels; the default flushes them before each kernel, as ncu does).
+    "$NCU" --profile-from-start off --clock-control none \
+      --cache-control "${DSINFER_PROFILE_CACHE:-all}" --metrics gpu__time_duration.sum --csv \
       "$BIN/dsinfer" bench --model "$CKPT" --no-ceilings --repeats 1 "${args[@]}" \
       >"$OUTDIR/ncu_$kind.csv" 2>"$OUTDIR/ncu_$kind.err" ||
       { echo "[profile] $kind failed:"; tail -5 "$OUTDIR/ncu_$kind.err"; continue; }
