@@ -300,11 +300,14 @@ struct Greedy {
   std::vector<float> logits;  // every step's last-row logits, concatenated
 };
 
-// Prefill `prompt`, then `steps` greedy tokens, one forward per token.
+// Prefill `prompt`, then `steps` greedy tokens, one forward per token. With `follow`, each step
+// feeds follow[i] instead of its own pick (the picks are still recorded): the other model's
+// sequence, so that both are compared on the same contexts.
 Greedy greedy(backend::Model& m,
               const model::ModelConfig& cfg,
               const std::vector<int32_t>& prompt,
-              int steps) {
+              int steps,
+              const std::vector<int32_t>* follow = nullptr) {
   auto arena = state::PageArena::growable(state::default_page_bytes(cfg));
   state::SequenceState st(cfg, arena.get(), 0, 0);
   backend::ForwardOptions last;
@@ -321,7 +324,7 @@ Greedy greedy(backend::Model& m,
     const int32_t next = static_cast<int32_t>(
         std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
     g.tokens.push_back(next);
-    in = {next};
+    in = {follow != nullptr ? (*follow)[static_cast<size_t>(i)] : next};
   }
   return g;
 }
@@ -382,15 +385,27 @@ void check_prompt_set(model::Numerics numerics, int steps, size_t prompts) {
   ASSERT_EQ(ids.size(), std::size(kPrompts));
   double worst = 0;
   for (size_t p = 0; p < std::min(prompts, ids.size()); ++p) {
+    // The fast model follows the reference's tokens: every step compares the same context.
     const Greedy r = greedy(ref, cfg, ids[p], steps);
-    const Greedy f = greedy(fast, cfg, ids[p], steps);
-    EXPECT_EQ(f.tokens, r.tokens) << "prompt " << p << ": greedy tokens differ";
+    const Greedy f = greedy(fast, cfg, ids[p], steps, &r.tokens);
+    ASSERT_EQ(f.tokens.size(), r.tokens.size());
+    // The same pick at every step, except where the reference's own logits put the two picks
+    // within the logit budget of each other (a near-tie that the kernels' summation order, and in
+    // deepseek numerics a rounding point, may break either way).
+    const size_t vocab = static_cast<size_t>(cfg.vocab_size);
+    for (size_t i = 0; i < r.tokens.size(); ++i) {
+      if (f.tokens[i] == r.tokens[i])
+        continue;
+      const float* lr = r.logits.data() + i * vocab;
+      EXPECT_LE(lr[r.tokens[i]] - lr[f.tokens[i]], budget(numerics).max_abs)
+          << "prompt " << p << " step " << i << ": greedy picks differ beyond a near-tie";
+    }
     const LogitDiff d = logit_diff(f.logits, r.logits);
     EXPECT_LE(d.max_abs, budget(numerics).max_abs) << "prompt " << p;
     EXPECT_LE(d.mean_abs, budget(numerics).mean_abs) << "prompt " << p;
     worst = std::max(worst, d.max_abs);
   }
-  std::printf("[cpu fast] %s numerics: %zu prompts x %d greedy tokens equal, max|dlogit| %.3g\n",
+  std::printf("[cpu fast] %s numerics: %zu prompts x %d tokens, max|dlogit| %.3g\n",
               model::numerics_name(numerics),
               std::min(prompts, ids.size()),
               steps,
