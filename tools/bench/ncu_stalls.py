@@ -123,7 +123,11 @@ def main():
         ap.print_usage()
         return 2
     with open(a.csv, errors="replace") as f:
-        summarise(f.read(), a.top, a.window)
+        text = f.read()
+    try:
+        summarise(text, a.top, a.window)
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        sys.stderr.close()
     return 0
 
 
